@@ -1,0 +1,50 @@
+# gpuops — the two commands a newcomer needs: `make demo` and `make test`.
+# Both create .venv when missing, install the package with its test extras, and install the
+# Debian packages prometheus and prometheus-alertmanager when their binaries are missing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DURATION ?= 0
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup lint types contracts pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+/usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager:
+	@echo "installing Debian packages prometheus and prometheus-alertmanager"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager
+
+setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager
+
+demo: setup
+	$(BIN)/gpuops demo --duration $(DURATION)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types: setup
+	$(BIN)/mypy
+
+contracts: setup
+	$(BIN)/lint-imports
+
+pytest: setup
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test: lint types contracts pytest
+
+bench: setup
+	$(BIN)/python -m tests.benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,10 @@
+"""`gpuops audit` commands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(name="audit")
+def audit() -> None:
+    """(under construction)"""

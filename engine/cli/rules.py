@@ -1,0 +1,10 @@
+"""`gpuops rules` commands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(name="rules")
+def rules() -> None:
+    """(under construction)"""

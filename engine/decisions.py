@@ -1,0 +1,151 @@
+"""The plain, frozen values that flow between the engine's stages (DESIGN.md section 2).
+
+Produced by ``engine.prometheus`` (Sample) and ``engine.evaluation`` (Decision), finished by
+``engine.guardrails`` (verdict) and ``engine.actions`` (Outcome), consumed by ``engine.audit``.
+This module imports nothing of the engine: every other module may import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def freeze(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A read-only copy of ``mapping`` (so frozen values stay frozen all the way down)."""
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of an instant PromQL result."""
+
+    labels: Mapping[str, str]
+    value: float
+    timestamp: float
+
+
+class Transition(StrEnum):
+    """What happened to a target: it started firing, it cleared, or an alert resolved it."""
+
+    FIRE = "fire"
+    CLEAR = "clear"
+    RESOLVE = "resolve"
+
+
+class Verdict(StrEnum):
+    """What the guardrails decided. Suppressions carry their reason: ``suppressed:cooldown``."""
+
+    EXECUTE = "execute"
+    DRY_RUN = "dry_run"
+    AWAITING_APPROVAL = "awaiting_approval"
+    SUPPRESSED = "suppressed"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an action is applied to: a stable key and the labels it was built from."""
+
+    key: str
+    labels: Mapping[str, str]
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str], names: tuple[str, ...] | None) -> Target:
+        """Build the target of a series; ``names`` picks the identifying labels (None: all)."""
+        picked = {k: labels.get(k, "") for k in names} if names else dict(labels)
+        picked.pop("__name__", None)
+        key = ",".join(f"{k}={picked[k]}" for k in sorted(picked))
+        return cls(key=key, labels=freeze(picked))
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """An action as a policy declares it: verb, executor name, parameters."""
+
+    type: str
+    executor: str
+    params: Mapping[str, Any] = EMPTY
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why a decision was taken: the query, the value seen, and since when the condition held."""
+
+    expr: str
+    value: float | None
+    pending_since: float | None
+    observed_at: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision of one policy about one target, with its guardrail verdict.
+
+    ``id`` is stable: the same policy, target, episode, transition and repeat give the same id,
+    so a retried or replayed decision is recognised by executors and by the audit index.
+    """
+
+    id: str
+    policy: str
+    group: str
+    target: Target
+    transition: Transition
+    action: ActionSpec | None
+    evidence: Evidence
+    at: float
+    episode_start: float
+    verdict: str = Verdict.EXECUTE.value
+    reason: str = ""
+    mode: str = "enforce"
+    labels: Mapping[str, str] = EMPTY
+    annotations: Mapping[str, str] = EMPTY
+
+    def with_verdict(self, verdict: str, reason: str) -> Decision:
+        return replace(self, verdict=verdict, reason=reason)
+
+    @property
+    def suppressed(self) -> bool:
+        return self.verdict.startswith(Verdict.SUPPRESSED.value)
+
+
+def decision_id(policy: str, target_key: str, episode_start: float, transition: str, repeat: int = 0) -> str:
+    """The stable id of a decision (hex, 24 characters)."""
+    raw = f"{policy}\x1f{target_key}\x1f{episode_start:.3f}\x1f{transition}\x1f{repeat}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+class OutcomeStatus(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running an action did."""
+
+    status: OutcomeStatus
+    attempts: int = 0
+    duration_s: float = 0.0
+    error: str | None = None
+    changed: Mapping[str, Any] = field(default=EMPTY)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is OutcomeStatus.SUCCESS
+
+
+@dataclass(frozen=True)
+class SkippedEvaluation:
+    """A policy evaluation that did not happen because its data was missing (query failed)."""
+
+    policy: str
+    group: str
+    at: float
+    error: str
