@@ -1,0 +1,91 @@
+"""The validated, frozen form of a rule set. Durations are seconds (float).
+
+Built by ``engine.rules.loader``; read by evaluation, guardrails and the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from engine.decisions import EMPTY, ActionSpec
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One policy of a group (a rule of DESIGN.md section 4)."""
+
+    name: str
+    group: str
+    expr: str | None
+    """PromQL; None only for policies triggered by Alertmanager alone."""
+    action: ActionSpec
+    description: str = ""
+    for_s: float = 0.0
+    keep_firing_for_s: float = 0.0
+    clear_expr: str | None = None
+    target: tuple[str, ...] | None = None
+    """Labels that identify what is acted on; None: all labels of the series."""
+    on_clear: ActionSpec | None = None
+    cooldown_s: float = 0.0
+    repeat_interval_s: float | None = None
+    """Act again while still firing after this long; None: once per episode."""
+    max_per_hour: int | None = None
+    max_fraction: float | None = None
+    mode: str = "dry-run"
+    """enforce | dry-run (dry-run is the default for a new policy)."""
+    on_no_data: str = "hold"
+    """hold | skip: what a failed query does (neither ever acts)."""
+    approval: str = "none"
+    """none | required."""
+    schedule: str | None = None
+    """Cron expression: evaluated at these times instead of on the group interval."""
+    trigger_alertmanager: Mapping[str, str] | None = None
+    """Alert labels that trigger this policy through the Alertmanager webhook."""
+    labels: Mapping[str, str] = EMPTY
+    annotations: Mapping[str, str] = EMPTY
+    source: str = ""
+    """Where it was defined: ``file:line``."""
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    interval_s: float
+    policies: tuple[Policy, ...]
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    groups: tuple[Group, ...] = ()
+    files: tuple[str, ...] = ()
+
+    def policies(self) -> Iterator[Policy]:
+        for group in self.groups:
+            yield from group.policies
+
+    def policy(self, name: str) -> Policy | None:
+        return next((p for p in self.policies() if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class RuleError:
+    """One problem in a rule file, printed as ``file:line: message``."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+@dataclass
+class RulesError(Exception):
+    """A rule set that cannot be used; the running rules stay in place."""
+
+    errors: list[RuleError] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
