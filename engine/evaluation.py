@@ -1,0 +1,210 @@
+"""Pure evaluation of one policy: (policy, query result, previous state, now) → (decisions, state).
+
+DESIGN.md section 5. Per (policy, target key) a target is ``pending`` then ``firing``, exactly
+like a Prometheus alerting rule, plus hysteresis (``clear_expr``), ``keep_firing_for``,
+``repeat_interval`` and stable decision ids. No I/O, no clock, no globals: the live loop
+(``engine.runtime``), Alertmanager triggers and backtests all call ``evaluate`` unchanged; the
+guardrails (``engine.guardrails``) judge its decisions afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from engine.decisions import (
+    EMPTY,
+    Decision,
+    Evidence,
+    Sample,
+    SkippedEvaluation,
+    Target,
+    Transition,
+    decision_id,
+    freeze,
+)
+from engine.rules.model import Policy
+from engine.rules.templating import render
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    FIRING = "firing"
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """What the engine remembers about one target of one policy."""
+
+    status: Status
+    active_since: float
+    """When the target entered the result: the episode's start, part of its decision ids."""
+    last_seen: float
+    value: float | None
+    labels: Mapping[str, str]
+    fired_at: float | None = None
+    last_fire_at: float | None = None
+    """When the last ``fire`` decision was made (repeat_interval counts from here)."""
+    repeats: int = 0
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The state of one policy: its non-inactive targets by key."""
+
+    targets: Mapping[str, TargetState] = field(default=EMPTY)
+
+    def firing(self) -> list[str]:
+        return [k for k, t in self.targets.items() if t.status is Status.FIRING]
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """What the runtime got for a policy at ``now``.
+
+    ``clear_samples`` is the result of ``clear_expr`` (None when the policy has none or when no
+    target was firing); ``error`` says the query failed, which changes no state.
+    """
+
+    samples: tuple[Sample, ...] = ()
+    clear_samples: tuple[Sample, ...] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    decisions: tuple[Decision, ...]
+    state: PolicyState
+    skipped: SkippedEvaluation | None = None
+
+
+def index_targets(policy: Policy, samples: Iterable[Sample]) -> dict[str, tuple[Target, Sample]]:
+    """Group samples by target key; several series of one target keep the first one seen."""
+    found: dict[str, tuple[Target, Sample]] = {}
+    for sample in samples:
+        target = Target.from_labels(sample.labels, policy.target)
+        found.setdefault(target.key, (target, sample))
+    return found
+
+
+def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step:
+    """Advance ``policy``'s state machine to ``now`` with ``result``."""
+    if result.error is not None:
+        return _no_data(policy, result.error, state, now)
+
+    matched = index_targets(policy, result.samples)
+    cleared = (
+        set(index_targets(policy, result.clear_samples))
+        if result.clear_samples is not None
+        else set()
+    )
+    targets: dict[str, TargetState] = {}
+    decisions: list[Decision] = []
+
+    for key, (target, sample) in matched.items():
+        prev = state.targets.get(key)
+        if prev is not None and prev.status is Status.FIRING and key in cleared:
+            decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, sample.value))
+            continue
+        current = _observe(prev, target, sample, now)
+        current, decision = _advance(policy, target, current, now)
+        if decision is not None:
+            decisions.append(decision)
+        targets[key] = current
+
+    for key, prev in state.targets.items():
+        if key in matched:
+            continue
+        if prev.status is Status.PENDING:
+            continue  # left the result before `for` elapsed: back to inactive, no decision
+        target = Target(key=key, labels=prev.labels)
+        if policy.clear_expr is not None:
+            if key in cleared:
+                decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
+            else:
+                targets[key] = prev  # hysteresis: firing until clear_expr matches
+        elif now - prev.last_seen >= policy.keep_firing_for_s:
+            decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
+        else:
+            targets[key] = prev
+
+    return Step(tuple(decisions), PolicyState(freeze(targets)))
+
+
+def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
+    """A failed query acts on nothing. ``hold`` keeps every timer; ``skip`` drops pending ones
+    (the condition must then be seen continuously again for the whole ``for``)."""
+    if policy.on_no_data == "skip":
+        kept = {k: t for k, t in state.targets.items() if t.status is Status.FIRING}
+        state = PolicyState(freeze(kept))
+    return Step((), state, SkippedEvaluation(policy.name, policy.group, now, error))
+
+
+def _observe(prev: TargetState | None, target: Target, sample: Sample, now: float) -> TargetState:
+    if prev is None:
+        return TargetState(Status.PENDING, now, now, sample.value, target.labels)
+    return replace(prev, last_seen=now, value=sample.value)
+
+
+def _advance(
+    policy: Policy, target: Target, current: TargetState, now: float
+) -> tuple[TargetState, Decision | None]:
+    if current.status is Status.PENDING:
+        if now - current.active_since < policy.for_s:
+            return current, None
+        current = replace(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
+        return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
+    if (
+        policy.repeat_interval_s is not None
+        and current.last_fire_at is not None
+        and now - current.last_fire_at >= policy.repeat_interval_s
+    ):
+        current = replace(current, last_fire_at=now, repeats=current.repeats + 1)
+        return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
+    return current, None
+
+
+def _decide(
+    policy: Policy,
+    target: Target,
+    state: TargetState,
+    transition: Transition,
+    now: float,
+    value: float | None,
+) -> Decision:
+    fire = transition is Transition.FIRE
+    action = policy.action if fire else policy.on_clear
+    repeat = state.repeats if fire else 0
+    return Decision(
+        id=decision_id(policy.name, target.key, state.active_since, transition.value, repeat),
+        policy=policy.name,
+        group=policy.group,
+        target=target,
+        transition=transition,
+        action=action,
+        evidence=Evidence(
+            expr=(policy.expr or "") if fire else (policy.clear_expr or policy.expr or ""),
+            value=value,
+            pending_since=state.active_since,
+            observed_at=now,
+        ),
+        at=now,
+        episode_start=state.active_since,
+        mode=policy.mode,
+        labels=policy.labels,
+        annotations=freeze(
+            {k: render(v, target.labels, value) for k, v in policy.annotations.items()}
+        ),
+        reason=_reason(policy, transition, state, now),
+    )
+
+
+def _reason(policy: Policy, transition: Transition, state: TargetState, now: float) -> str:
+    if transition is Transition.FIRE:
+        if state.repeats:
+            return f"still firing after repeat_interval (repeat {state.repeats})"
+        return f"condition held for {now - state.active_since:.0f}s (for: {policy.for_s:.0f}s)"
+    if policy.clear_expr is not None:
+        return "clear_expr matched"
+    return "target left the result"
