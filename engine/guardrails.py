@@ -1,0 +1,122 @@
+"""Guardrails: the pure judgement that turns an evaluated decision into a verdict (DESIGN.md §6).
+
+Called by ``engine.runtime`` after ``engine.evaluation``; hands back the decision with its
+verdict and the next ``GuardrailState``. Checks, in order: kill switch, pause, schedule,
+cooldown, ``max_per_hour``, ``max_fraction`` of the policy's population, the global budget,
+then dry-run and approval. Undo actions (``clear``) pass cooldown and rate limits — restoring a
+GPU must never be blocked by the limits of the action it undoes. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
+from engine.rules.model import Policy
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Execution:
+    at: float
+    policy: str
+    target: str
+
+
+@dataclass(frozen=True)
+class GuardrailState:
+    """Executed fire actions: the last one per (policy, target) and those of the last hour."""
+
+    last_action: Mapping[str, float] = field(default=EMPTY)
+    recent: tuple[Execution, ...] = ()
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the runtime knows at judgement time."""
+
+    kill_switch: bool = False
+    paused: bool = False
+    engine_dry_run: bool = False
+    """Engine-wide dry-run: every policy behaves as if its mode were dry-run."""
+    global_max_per_hour: int | None = None
+    population: int | None = None
+    """How many targets the policy's selector covers now (for ``max_fraction``)."""
+    in_schedule: bool = True
+    approved: bool = False
+    """An admin granted this decision (it was awaiting approval)."""
+
+
+def cooldown_key(policy: str, target: str) -> str:
+    return f"{policy}\x1f{target}"
+
+
+def judge(
+    decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
+) -> tuple[Decision, GuardrailState]:
+    """The verdict for ``decision`` and the state after it (which changes only on execute)."""
+    recent = tuple(e for e in state.recent if now - e.at < HOUR)
+    state = GuardrailState(state.last_action, recent)
+    suppressed = _suppression(decision, policy, state, ctx, now)
+    if suppressed is not None:
+        reason_code, why = suppressed
+        return decision.with_verdict(f"{Verdict.SUPPRESSED.value}:{reason_code}", why), state
+    if ctx.engine_dry_run or policy.mode == "dry-run":
+        why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
+        return decision.with_verdict(Verdict.DRY_RUN.value, why), state
+    fire = decision.transition is Transition.FIRE
+    if fire and policy.approval == "required" and not ctx.approved:
+        why = "policy requires approval; waiting for an admin to grant or deny it"
+        return decision.with_verdict(Verdict.AWAITING_APPROVAL.value, why), state
+    verdict = decision.with_verdict(Verdict.EXECUTE.value, decision.reason)
+    if not fire or decision.action is None:
+        return verdict, state
+    key = cooldown_key(decision.policy, decision.target.key)
+    last = dict(state.last_action)
+    last[key] = now
+    execution = Execution(now, decision.policy, decision.target.key)
+    return verdict, GuardrailState(freeze(last), (*recent, execution))
+
+
+def _suppression(
+    decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
+) -> tuple[str, str] | None:
+    if ctx.kill_switch:
+        return "kill_switch", "the kill switch is on: no action runs"
+    if ctx.paused:
+        return "paused", "the engine is paused"
+    if decision.transition is not Transition.FIRE or decision.action is None:
+        return None
+    if not ctx.in_schedule:
+        return "schedule", f"outside the policy's schedule {policy.schedule!r}"
+    last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
+    if last is not None and now - last < policy.cooldown_s:
+        left = policy.cooldown_s - (now - last)
+        return "cooldown", (
+            f"cooldown {policy.cooldown_s:.0f}s: last action on this target "
+            f"{now - last:.0f}s ago, {left:.0f}s left"
+        )
+    mine = [e for e in state.recent if e.policy == decision.policy]
+    if policy.max_per_hour is not None and len(mine) >= policy.max_per_hour:
+        return "max_per_hour", (
+            f"{len(mine)} actions in the last hour, limit max_per_hour={policy.max_per_hour}"
+        )
+    if policy.max_fraction is not None:
+        if ctx.population is None:
+            return "max_fraction", "population unknown (its query failed): blast radius unchecked"
+        allowed = max(1, math.floor(policy.max_fraction * ctx.population))
+        acted = {e.target for e in mine}
+        if decision.target.key not in acted and len(acted) >= allowed:
+            return "max_fraction", (
+                f"{len(acted)} of {ctx.population} targets acted on in the last hour, limit "
+                f"max_fraction={policy.max_fraction:g} allows {allowed}"
+            )
+    if ctx.global_max_per_hour is not None and len(state.recent) >= ctx.global_max_per_hour:
+        return "global_budget", (
+            f"{len(state.recent)} actions in the last hour across all policies, "
+            f"global budget {ctx.global_max_per_hour}"
+        )
+    return None
