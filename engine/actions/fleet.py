@@ -1,0 +1,77 @@
+"""The ``fleet`` executor: the simulated fleet's control API (``exporters.fleet``).
+
+Maps verbs to control endpoints; the target's labels name the GPU (``uuid``), node (``node``)
+or pool (``pool``). Every call carries the decision id, which the fleet uses to make a repeated
+call a no-op. 5xx, timeouts and refused connections are temporary; 4xx are permanent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+
+from engine.actions.base import PermanentError, TemporaryError
+from engine.decisions import Decision
+
+
+class FleetExecutor:
+    name = "fleet"
+    verbs: frozenset[str] | None = frozenset(
+        {"reclaim", "downclock", "restore_clocks", "scale_out", "scale_in", "migrate"}
+    )
+
+    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+        settings = dict(settings or {})
+        self.url = str(settings.get("url", "http://127.0.0.1:9400")).rstrip("/")
+        self.timeout_s = float(settings.get("timeout_s", 5.0))
+        self.session = requests.Session()
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        assert decision.action is not None
+        verb = decision.action.type
+        params = dict(decision.action.params)
+        labels = decision.target.labels
+        body: dict[str, Any] = {"decision_id": decision.id}
+        if verb == "reclaim":
+            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/reclaim"
+        elif verb == "downclock":
+            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
+            if "max_clock_mhz" not in params:
+                raise PermanentError("downclock needs params.max_clock_mhz")
+            body["max_clock_mhz"] = int(params["max_clock_mhz"])
+        elif verb == "restore_clocks":
+            method, path = "DELETE", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
+        elif verb in ("scale_out", "scale_in"):
+            pool = labels.get("pool") or str(params.get("pool", "default"))
+            method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
+            body["nodes"] = int(params.get("nodes", 1))
+        else:  # migrate
+            method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/migrate"
+        return self._call(method, path, body)
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        try:
+            resp = self.session.request(method, self.url + path, json=body, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise TemporaryError(f"fleet control API {self.url} unreachable: {exc}") from exc
+        if resp.status_code >= 500:
+            raise TemporaryError(f"fleet answered {resp.status_code} to {method} {path}")
+        try:
+            payload = resp.json()
+        except ValueError:
+            payload = {"error": resp.text[:256]}
+        if resp.status_code >= 400:
+            raise PermanentError(
+                f"fleet refused {method} {path}: {resp.status_code} {payload.get('error', '')}"
+            )
+        changed = payload.get("changed", payload)
+        return changed if isinstance(changed, dict) else {"result": changed}
+
+
+def _need(labels: Mapping[str, str], name: str, verb: str) -> str:
+    value = labels.get(name)
+    if not value:
+        raise PermanentError(f"{verb} needs the target label {name!r}; the target has {dict(labels)}")
+    return value

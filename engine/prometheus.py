@@ -1,0 +1,90 @@
+"""The engine's window on Prometheus: instant queries through prometheus-api-client.
+
+Called by ``engine.runtime``; returns ``Sample`` values. Every failure (connection refused,
+timeout, HTTP error, bad PromQL, a result that is not a vector) becomes a ``QueryError`` with the
+original chained, so the runtime can turn it into a skipped evaluation. Any server speaking the
+Prometheus HTTP API works (Thanos, Mimir, VictoriaMetrics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+from engine.decisions import Sample, freeze
+
+MAX_ERROR_CHARS = 256
+
+
+class PrometheusError(Exception):
+    """Base of what this module raises."""
+
+
+class QueryError(PrometheusError):
+    """A query did not produce a usable result; nothing may be concluded from it."""
+
+
+class PrometheusClient:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._conn = PrometheusConnect(
+            url=self.url, headers=dict(headers or {}), disable_ssl=False, session=session
+        )
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now)."""
+        params: dict[str, Any] = {} if at is None else {"time": f"{at:.3f}"}
+        try:
+            raw = self._conn.custom_query(expr, params=params, timeout=self.timeout_s)
+        except PrometheusApiClientException as exc:
+            raise QueryError(f"Prometheus rejected {expr!r}: {_cap(exc)}") from exc
+        except requests.Timeout as exc:
+            raise QueryError(f"Prometheus at {self.url} timed out after {self.timeout_s}s") from exc
+        except requests.RequestException as exc:
+            raise QueryError(f"Prometheus at {self.url} unreachable: {_cap(exc)}") from exc
+        except ValueError as exc:  # a body that is not JSON
+            raise QueryError(f"Prometheus at {self.url} sent an unreadable answer") from exc
+        return parse_vector(raw, expr)
+
+
+def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
+    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample)."""
+    if isinstance(raw, list) and len(raw) == 2 and not isinstance(raw[0], dict):
+        return (Sample(freeze({}), _float(raw[1]), float(raw[0])),)
+    if not isinstance(raw, list):
+        raise QueryError(f"{expr!r} did not return a vector")
+    samples = []
+    for item in raw:
+        try:
+            ts, value = item["value"]
+            labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
+        v = _float(value)
+        if math.isnan(v):
+            continue
+        samples.append(Sample(freeze(labels), v, float(ts)))
+    return tuple(samples)
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise QueryError(f"not a number: {value!r:.50}") from exc
+
+
+def _cap(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"

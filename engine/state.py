@@ -1,0 +1,220 @@
+"""Durable engine state in one SQLite file: policy states, guardrail windows, decisions, controls,
+approvals and Alertmanager episodes. A restart neither re-fires nor forgets (DESIGN.md §5).
+
+Called by ``engine.runtime`` (and the API through it). Values in, values out: it serialises the
+frozen values of ``engine.evaluation`` and ``engine.guardrails`` as JSON. One connection guarded
+by a lock; every write is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.decisions import freeze
+from engine.evaluation import PolicyState, Status, TargetState
+from engine.guardrails import Execution, GuardrailState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS guardrails (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (
+    id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT NULL, transition TEXT NOT NULL,
+    verdict TEXT NOT NULL, at REAL NOT NULL, status TEXT NOT NULL, outcome TEXT, data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
+CREATE TABLE IF NOT EXISTS controls (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS approvals (
+    decision_id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT NULL,
+    requested_at REAL NOT NULL, expires_at REAL NOT NULL, status TEXT NOT NULL,
+    decided_by TEXT, decided_at REAL, data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alert_episodes (
+    fingerprint TEXT NOT NULL, starts_at TEXT NOT NULL, status TEXT NOT NULL, seen_at REAL NOT NULL,
+    PRIMARY KEY (fingerprint, starts_at, status)
+);
+"""
+
+
+class StateStore:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # --- policy state -------------------------------------------------------------------
+    def policy_state(self, policy: str) -> PolicyState:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT data FROM policy_state WHERE policy = ?", (policy,)
+            ).fetchone()
+        return _policy_state_from_json(row[0]) if row else PolicyState()
+
+    def policy_names(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT policy FROM policy_state")]
+
+    @staticmethod
+    def save_policy_state(db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO policy_state (policy, data) VALUES (?, ?)",
+            (policy, _policy_state_to_json(state)),
+        )
+
+    # --- guardrails ---------------------------------------------------------------------
+    def guardrail_state(self) -> GuardrailState:
+        with self._lock:
+            row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
+        if not row:
+            return GuardrailState()
+        data = json.loads(row[0])
+        return GuardrailState(
+            freeze(data["last_action"]),
+            tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
+        )
+
+    @staticmethod
+    def save_guardrail_state(db: sqlite3.Connection, state: GuardrailState) -> None:
+        data = {
+            "last_action": dict(state.last_action),
+            "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
+        }
+        db.execute("INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),))
+
+    # --- decisions ----------------------------------------------------------------------
+    @staticmethod
+    def record_decision(db: sqlite3.Connection, doc: Mapping[str, Any], status: str) -> bool:
+        """Insert a decision; False when its id is already known (a replay: do not act again)."""
+        cur = db.execute(
+            "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
+            " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                doc["id"], doc["policy"], doc["target"]["key"], doc["transition"],
+                doc["verdict"], doc["at"], status, json.dumps(doc),
+            ),
+        )
+        return cur.rowcount == 1
+
+    def finish_decision(self, decision_id: str, outcome: Mapping[str, Any]) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE decisions SET status = 'done', outcome = ? WHERE id = ?",
+                (json.dumps(outcome), decision_id),
+            )
+
+    def decision(self, decision_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT data, status, outcome FROM decisions WHERE id = ?", (decision_id,)
+            ).fetchone()
+        return _decision_row(row) if row else None
+
+    def decisions(
+        self, policy: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        sql = "SELECT data, status, outcome FROM decisions WHERE 1=1"
+        args: list[Any] = []
+        if policy:
+            sql += " AND policy = ?"
+            args.append(policy)
+        if since is not None:
+            sql += " AND at >= ?"
+            args.append(since)
+        sql += " ORDER BY at DESC, rowid DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            return [_decision_row(r) for r in self._db.execute(sql, args)]
+
+    # --- controls (kill switch, pause) -----------------------------------------------------
+    def control(self, name: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM controls WHERE name = ?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def set_control(self, name: str, value: str | None) -> None:
+        with self.transaction() as db:
+            if value is None:
+                db.execute("DELETE FROM controls WHERE name = ?", (name,))
+            else:
+                db.execute("INSERT OR REPLACE INTO controls VALUES (?, ?)", (name, value))
+
+    # --- Alertmanager episodes -----------------------------------------------------------
+    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
+        """Record an alert episode; True when it was already recorded (a retried webhook)."""
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO alert_episodes VALUES (?, ?, ?, ?)",
+                (fingerprint, starts_at, status, now),
+            )
+            return cur.rowcount == 0
+
+
+def _decision_row(row: tuple[str, str, str | None]) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(row[0])
+    data["status"] = row[1]
+    data["outcome"] = json.loads(row[2]) if row[2] else None
+    return data
+
+
+def _policy_state_to_json(state: PolicyState) -> str:
+    return json.dumps(
+        {
+            key: {
+                "status": t.status.value,
+                "active_since": t.active_since,
+                "last_seen": t.last_seen,
+                "value": t.value,
+                "labels": dict(t.labels),
+                "fired_at": t.fired_at,
+                "last_fire_at": t.last_fire_at,
+                "repeats": t.repeats,
+            }
+            for key, t in state.targets.items()
+        }
+    )
+
+
+def _policy_state_from_json(text: str) -> PolicyState:
+    raw = json.loads(text)
+    return PolicyState(
+        freeze(
+            {
+                key: TargetState(
+                    status=Status(t["status"]),
+                    active_since=t["active_since"],
+                    last_seen=t["last_seen"],
+                    value=t["value"],
+                    labels=freeze(t["labels"]),
+                    fired_at=t["fired_at"],
+                    last_fire_at=t["last_fire_at"],
+                    repeats=t["repeats"],
+                )
+                for key, t in raw.items()
+            }
+        )
+    )
