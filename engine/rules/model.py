@@ -32,6 +32,9 @@ class Policy:
     """Act again while still firing after this long; None: once per episode."""
     max_per_hour: int | None = None
     max_fraction: float | None = None
+    population: str | None = None
+    """PromQL whose series count is the population ``max_fraction`` is a fraction of
+    (``limits.population``); None: the targets of the ``expr`` with its comparisons dropped."""
     mode: str = "dry-run"
     """enforce | dry-run (dry-run is the default for a new policy)."""
     on_no_data: str = "hold"
