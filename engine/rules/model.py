@@ -34,7 +34,8 @@ class Policy:
     max_fraction: float | None = None
     population: str | None = None
     """PromQL whose series count is the population ``max_fraction`` is a fraction of
-    (``limits.population``); None: the targets of the ``expr`` with its comparisons dropped."""
+    (``limits.population``). None: every distinct combination of the ``target`` labels in any
+    series, ``count(group by (node, uuid) ({node!="", uuid!=""}))`` for ``target: [node, uuid]``."""
     mode: str = "dry-run"
     """enforce | dry-run (dry-run is the default for a new policy)."""
     on_no_data: str = "hold"
