@@ -50,6 +50,10 @@ class Policy:
     annotations: Mapping[str, str] = EMPTY
     source: str = ""
     """Where it was defined: ``file:line``."""
+    path: str = ""
+    """Where in its file: ``groups[0].rules[1]`` (for messages about it, e.g. from promtool)."""
+    key_lines: Mapping[str, int] = EMPTY
+    """Line of each key of the policy in its file (``{"expr": 12}``), for messages."""
 
 
 @dataclass(frozen=True)
