@@ -1,0 +1,133 @@
+"""Prometheus collectors of the simulated fleet: one per node (``nvml_*`` series, as the real
+NVML exporter names them, plus ``node`` and ``pool``) and one for the fleet (``gpuops_*``).
+
+Registered by ``exporters.fleet.sim`` in a private ``CollectorRegistry`` per listener (never the
+global one). Each ``collect`` reads one copy from ``exporters.fleet.cluster``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporters.fleet.cluster import Cluster
+from exporters.fleet.model import GpuReading
+
+_GPU = ["gpu", "uuid", "node", "pool"]
+_MHZ = 1_000_000
+
+
+def _gpu_labels(r: GpuReading) -> list[str]:
+    return [str(r.index), r.uuid, r.node, r.pool]
+
+
+class NodeCollector(Collector):
+    """The ``nvml_*`` series of every GPU of one node."""
+
+    def __init__(self, cluster: Cluster, node: str, driver_version: str) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.driver_version = driver_version
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families([]))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(self.cluster.gpu_readings(self.node)))
+
+    def _families(self, readings: list[GpuReading]) -> list[Metric]:
+        up = GaugeMetricFamily("nvml_gpu_up", "1 when the GPU answers NVML queries.", labels=_GPU)
+        info = GaugeMetricFamily(
+            "nvml_gpu_info",
+            "Identity of the GPU; always 1.",
+            labels=[*_GPU, "name", "model", "driver_version", "pci_bus_id"],
+        )
+        gauges = {
+            key: GaugeMetricFamily(name, text, labels=_GPU)
+            for key, name, text in (
+                ("util", "nvml_gpu_utilization_ratio", "GPU busy time share, 0-1."),
+                ("memutil", "nvml_gpu_memory_utilization_ratio", "Memory used share, 0-1."),
+                ("total", "nvml_gpu_memory_total_bytes", "Total GPU memory."),
+                ("used", "nvml_gpu_memory_used_bytes", "Used GPU memory."),
+                ("free", "nvml_gpu_memory_free_bytes", "Free GPU memory."),
+                ("power", "nvml_gpu_power_usage_watts", "Power draw."),
+                ("limit", "nvml_gpu_power_limit_watts", "Enforced power limit."),
+                ("temp", "nvml_gpu_temperature_celsius", "GPU core temperature."),
+            )
+        }
+        clock = GaugeMetricFamily(
+            "nvml_gpu_clock_hertz", "Current clock frequency.", labels=[*_GPU, "clock"]
+        )
+        clock_max = GaugeMetricFamily(
+            "nvml_gpu_clock_max_hertz",
+            "Maximum supported clock frequency.",
+            labels=[*_GPU, "clock"],
+        )
+        energy = CounterMetricFamily(
+            "nvml_gpu_energy_joules", "Energy consumed since the driver loaded.", labels=_GPU
+        )
+        for r in readings:
+            labels = _gpu_labels(r)
+            up.add_metric(labels, 1.0)
+            info.add_metric([*labels, r.name, r.model, self.driver_version, r.pci_bus_id], 1.0)
+            gauges["util"].add_metric(labels, r.utilization)
+            gauges["memutil"].add_metric(labels, r.memory_used_bytes / r.memory_total_bytes)
+            gauges["total"].add_metric(labels, r.memory_total_bytes)
+            gauges["used"].add_metric(labels, r.memory_used_bytes)
+            gauges["free"].add_metric(labels, r.memory_total_bytes - r.memory_used_bytes)
+            gauges["power"].add_metric(labels, r.power_watts)
+            gauges["limit"].add_metric(labels, r.power_limit_watts)
+            gauges["temp"].add_metric(labels, r.temperature_celsius)
+            for name, now, top in (
+                ("graphics", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
+                ("sm", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
+                ("memory", r.memory_clock_mhz, r.max_memory_clock_mhz),
+            ):
+                clock.add_metric([*labels, name], now * _MHZ)
+                clock_max.add_metric([*labels, name], top * _MHZ)
+            energy.add_metric(labels, r.energy_joules)
+        return [up, info, *gauges.values(), clock, clock_max, energy]
+
+
+class FleetCollector(Collector):
+    """The ``gpuops_*`` fleet series the policies need: allocation, queue, nodes, jobs."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.cluster.fleet_reading()
+        allocated = GaugeMetricFamily(
+            "gpuops_gpu_allocated",
+            "1 when a job holds the GPU; free GPUs are 0 with empty job and project.",
+            labels=["node", "uuid", "job", "project"],
+        )
+        for node, uuid, job, project in r.allocations:
+            allocated.add_metric([node, uuid, job, project], 1.0 if job else 0.0)
+        yield allocated
+        queue = GaugeMetricFamily(
+            "gpuops_queue_pending_jobs", "Jobs waiting for GPUs.", labels=["pool"]
+        )
+        for pool, n in sorted(r.queue.items()):
+            queue.add_metric([pool], n)
+        yield queue
+        nodes = GaugeMetricFamily(
+            "gpuops_fleet_nodes",
+            "Nodes by pool and state (up|failed|drained).",
+            labels=["pool", "state"],
+        )
+        for (pool, state), n in sorted(r.nodes.items()):
+            nodes.add_metric([pool, state], n)
+        yield nodes
+        running = GaugeMetricFamily("gpuops_jobs_running", "Running jobs.", labels=["pool"])
+        for pool, n in sorted(r.running.items()):
+            running.add_metric([pool], n)
+        yield running
+        yield CounterMetricFamily(
+            "gpuops_jobs_migrated", "Jobs moved off nodes by migrate.", value=r.migrated
+        )
+        yield CounterMetricFamily(
+            "gpuops_gpus_reclaimed", "GPUs' jobs ended by reclaim.", value=r.reclaimed
+        )

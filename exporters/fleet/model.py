@@ -1,0 +1,207 @@
+"""The mutable parts of the simulated fleet (GPUs, nodes, jobs) and how a GPU's readings move.
+
+Owned by ``exporters.fleet.cluster``, which holds the one lock every change happens under;
+nothing else mutates these objects. Collectors and the control API read copies.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from exporters.fleet.config import GpuModel
+
+_PROFILE_MEMORY = {"training": 0.85, "notebook": 0.30, "inference": 0.45, "light": 0.20}
+
+
+def profile_utilization(profile: str, t: float, phase: float, rng: random.Random) -> float:
+    """Utilization (0-1) of a GPU running a job of ``profile`` at simulated time ``t``.
+
+    training ~0.9, notebook ~0.02 (idle but allocated), light ~0.25, inference bursty: a slow
+    wave between ~0.05 and ~0.85 with noise. ``phase`` de-synchronises jobs.
+    """
+    if profile == "training":
+        value = 0.9 + rng.uniform(-0.04, 0.04)
+    elif profile == "notebook":
+        value = 0.02 + rng.uniform(-0.015, 0.015)
+    elif profile == "light":
+        value = 0.25 + rng.uniform(-0.03, 0.03)
+    else:  # inference
+        wave = 0.5 + 0.5 * math.sin(2 * math.pi * (t / 90.0) + phase)
+        value = 0.05 + 0.8 * wave**2 + rng.uniform(-0.05, 0.05)
+    return min(max(value, 0.0), 1.0)
+
+
+def profile_memory_fraction(profile: str) -> float:
+    """Typical share of GPU memory a job of ``profile`` holds."""
+    return _PROFILE_MEMORY.get(profile, 0.5)
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    model: GpuModel
+    pci_bus_id: str
+    job: str | None = None
+    utilization: float = 0.0
+    memory_used: int = 0
+    temperature: float = 32.0
+    power: float = 0.0
+    energy_joules: float = 0.0
+    clock_locked_mhz: int | None = None
+
+    def __post_init__(self) -> None:
+        self.power = self.model.idle_power_watts
+
+    @property
+    def max_clock_mhz(self) -> int:
+        return self.model.max_clock_mhz
+
+    def graphics_clock_mhz(self) -> int:
+        """Current graphics/SM clock: idles low, boosts with load, never above a lock."""
+        m = self.model
+        clock = m.min_clock_mhz + (m.max_clock_mhz - m.min_clock_mhz) * min(
+            1.0, 0.15 + self.utilization * 1.2
+        )
+        if self.clock_locked_mhz is not None:
+            clock = min(clock, self.clock_locked_mhz)
+        return int(clock)
+
+    def step(self, dt: float, utilization: float, memory_fraction: float) -> None:
+        """Advance readings by ``dt`` simulated seconds towards the given load."""
+        self.utilization = utilization
+        self.memory_used = int(self.model.memory_bytes * memory_fraction)
+        m = self.model
+        clock_share = self.graphics_clock_mhz() / m.max_clock_mhz
+        target_power = m.idle_power_watts + (m.power_limit_watts - m.idle_power_watts) * (
+            utilization * clock_share
+        )
+        self.power = min(target_power, m.power_limit_watts)
+        self.energy_joules += self.power * dt
+        target_temp = 30.0 + 52.0 * utilization * clock_share
+        alpha = min(1.0, dt / 20.0)
+        self.temperature += (target_temp - self.temperature) * alpha
+
+
+@dataclass
+class Node:
+    name: str
+    pool: str
+    model: GpuModel
+    gpus: list[Gpu]
+    seq: int
+    failed: bool = False
+    drained: bool = False
+    port: int | None = None
+
+    @property
+    def state(self) -> str:
+        """up | failed | drained, as ``gpuops_fleet_nodes{state}`` and the state API say."""
+        if self.failed:
+            return "failed"
+        return "drained" if self.drained else "up"
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.failed and not self.drained
+
+    def free_gpus(self) -> list[Gpu]:
+        return [g for g in self.gpus if g.job is None]
+
+
+@dataclass
+class Job:
+    id: str
+    project: str
+    profile: str
+    gpus: int
+    pool: str
+    priority: int
+    duration_s: float | None
+    memory_fraction: float
+    submitted_at: float
+    phase: float
+    state: str = "queued"
+    """queued | running (finished and reclaimed jobs leave the cluster)."""
+    node: str | None = None
+    gpu_uuids: list[str] = field(default_factory=list)
+    remaining_s: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "project": self.project,
+            "profile": self.profile,
+            "gpus": self.gpus,
+            "state": self.state,
+            "node": self.node,
+            "pool": self.pool,
+            "priority": self.priority,
+            "gpu_uuids": list(self.gpu_uuids),
+            "duration_s": self.duration_s,
+            "remaining_s": self.remaining_s,
+        }
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """What one GPU reports at one instant; a copy, safe to read without the cluster lock."""
+
+    node: str
+    pool: str
+    index: int
+    uuid: str
+    name: str
+    model: str
+    pci_bus_id: str
+    utilization: float
+    memory_total_bytes: int
+    memory_used_bytes: int
+    power_watts: float
+    power_limit_watts: float
+    temperature_celsius: float
+    energy_joules: float
+    graphics_clock_mhz: int
+    memory_clock_mhz: int
+    max_graphics_clock_mhz: int
+    max_memory_clock_mhz: int
+
+    @classmethod
+    def of(cls, node: Node, gpu: Gpu) -> GpuReading:
+        m = gpu.model
+        return cls(
+            node=node.name,
+            pool=node.pool,
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=m.name,
+            model=m.short,
+            pci_bus_id=gpu.pci_bus_id,
+            utilization=gpu.utilization,
+            memory_total_bytes=m.memory_bytes,
+            memory_used_bytes=gpu.memory_used,
+            power_watts=gpu.power,
+            power_limit_watts=m.power_limit_watts,
+            temperature_celsius=gpu.temperature,
+            energy_joules=gpu.energy_joules,
+            graphics_clock_mhz=gpu.graphics_clock_mhz(),
+            memory_clock_mhz=m.memory_clock_mhz,
+            max_graphics_clock_mhz=m.max_clock_mhz,
+            max_memory_clock_mhz=m.memory_clock_mhz,
+        )
+
+
+@dataclass(frozen=True)
+class FleetReading:
+    """The fleet-level series at one instant (see ``exporters.fleet.collectors``)."""
+
+    allocations: tuple[tuple[str, str, str, str], ...]
+    """(node, uuid, job, project) per GPU; job and project are "" on a free GPU."""
+    queue: dict[str, int]
+    nodes: dict[tuple[str, str], int]
+    """(pool, state) -> node count, every state present for every pool."""
+    running: dict[str, int]
+    migrated: int
+    reclaimed: int

@@ -1,0 +1,197 @@
+"""The actions the fleet offers: reclaim, clocks, scale out/in, migrate, fail/restore, and the
+scenario injections (profile change, burst).
+
+Called by the control API (``exporters.fleet.control``) and by in-process users through
+``FleetSim``. Each takes the cluster lock, applies one change and returns what changed as a
+JSON-ready dict (empty when there was nothing to do, so a retry is a no-op success). Topology
+changes notify the cluster's owner after the lock is released.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from exporters.fleet.cluster import Cluster
+from exporters.fleet.config import PROFILES, JobSpec
+from exporters.fleet.errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+MAX_NODES_PER_CALL = 64
+MAX_BURST = 10_000
+
+Changed = dict[str, object]
+
+
+def reclaim(cluster: Cluster, uuid: str) -> Changed:
+    """End the job holding GPU ``uuid``; all of its GPUs become free. A free GPU: no-op."""
+    with cluster.lock:
+        node, gpu = cluster.find_gpu(uuid)
+        if gpu.job is None:
+            return {}
+        job = cluster.job(gpu.job)
+        freed = cluster.release(job)
+        cluster.counters["reclaimed"] += 1
+        cluster.schedule()
+        log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
+        return {
+            "uuid": uuid,
+            "node": node.name,
+            "job": job.id,
+            "project": job.project,
+            "released_gpus": freed,
+        }
+
+
+def lock_clocks(cluster: Cluster, uuid: str, max_clock_mhz: int) -> Changed:
+    """Cap GPU ``uuid``'s graphics/SM clock at ``max_clock_mhz`` (within its supported range)."""
+    with cluster.lock:
+        node, gpu = cluster.find_gpu(uuid)
+        low, high = gpu.model.min_clock_mhz, gpu.model.max_clock_mhz
+        if not low <= max_clock_mhz <= high:
+            raise BadRequest(
+                f"max_clock_mhz {max_clock_mhz} is outside the supported range {low}-{high} MHz "
+                f"of {gpu.model.name}"
+            )
+        previous = gpu.clock_locked_mhz
+        if previous == max_clock_mhz:
+            return {}
+        gpu.clock_locked_mhz = max_clock_mhz
+        cluster.counters["downclocked"] += 1
+        return {
+            "uuid": uuid,
+            "node": node.name,
+            "max_clock_mhz": max_clock_mhz,
+            "previous": previous,
+        }
+
+
+def reset_clocks(cluster: Cluster, uuid: str) -> Changed:
+    """Remove the clock lock of GPU ``uuid``; no-op when it has none."""
+    with cluster.lock:
+        node, gpu = cluster.find_gpu(uuid)
+        previous = gpu.clock_locked_mhz
+        if previous is None:
+            return {}
+        gpu.clock_locked_mhz = None
+        cluster.counters["restored"] += 1
+        return {"uuid": uuid, "node": node.name, "max_clock_mhz": None, "previous": previous}
+
+
+def _node_count(nodes: int) -> int:
+    if not 1 <= nodes <= MAX_NODES_PER_CALL:
+        raise BadRequest(f"nodes must be within [1, {MAX_NODES_PER_CALL}], got {nodes}")
+    return nodes
+
+
+def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
+    """Add ``nodes`` nodes to ``pool``; queued jobs are placed on them at once."""
+    with cluster.lock:
+        cluster.pool(pool)
+        added = [cluster.add_node(pool).name for _ in range(_node_count(nodes))]
+        cluster.counters["nodes_added"] += len(added)
+        cluster.schedule()
+    log.info("pool %s scaled out by %s", pool, added)
+    cluster.notify_topology()
+    return {"pool": pool, "added": added}
+
+
+def scale_in(cluster: Cluster, pool: str, nodes: int) -> Changed:
+    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first."""
+    with cluster.lock:
+        cluster.pool(pool)
+        idle = [
+            n
+            for n in cluster.nodes.values()
+            if n.pool == pool and all(g.job is None for g in n.gpus)
+        ]
+        idle.sort(key=lambda n: (n.state == "up", -n.seq))
+        removed = [n.name for n in idle[: _node_count(nodes)]]
+        for name in removed:
+            del cluster.nodes[name]
+    if not removed:
+        return {}
+    log.info("pool %s scaled in: removed %s", pool, removed)
+    cluster.notify_topology()
+    return {"pool": pool, "removed": removed}
+
+
+def migrate(cluster: Cluster, node_name: str) -> Changed:
+    """Drain ``node_name`` and move its jobs to free GPUs on other up nodes, else to the queue."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        job_ids = sorted({g.job for g in node.gpus if g.job is not None})
+        if node.drained and not job_ids:
+            return {}
+        node.drained = True
+        moved: list[dict[str, object]] = []
+        requeued: list[str] = []
+        for job_id in job_ids:
+            job = cluster.job(job_id)
+            cluster.requeue(job)
+            cluster.schedule()
+            if job.state == "running":
+                moved.append({"job": job.id, "from": node.name, "to": job.node})
+            else:
+                requeued.append(job.id)
+        cluster.counters["migrated"] += len(job_ids)
+        state = node.state
+    log.info("migrated off %s: moved %s, requeued %s", node_name, moved, requeued)
+    cluster.notify_topology()
+    return {"node": node_name, "state": state, "moved": moved, "requeued": requeued}
+
+
+def fail(cluster: Cluster, node_name: str) -> Changed:
+    """Fail ``node_name``: its listener closes (Prometheus sees up == 0), its jobs stall."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        if node.failed:
+            return {}
+        node.failed = True
+    log.info("node %s failed", node_name)
+    cluster.notify_topology()
+    return {"node": node_name, "state": "failed"}
+
+
+def restore(cluster: Cluster, node_name: str) -> Changed:
+    """Bring ``node_name`` back up (clears failed and drained); its listener re-opens."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        if not node.failed and not node.drained:
+            return {}
+        previous = node.state
+        node.failed = False
+        node.drained = False
+        cluster.schedule()
+    log.info("node %s restored (was %s)", node_name, previous)
+    cluster.notify_topology()
+    return {"node": node_name, "state": "up", "previous": previous}
+
+
+def set_profile(cluster: Cluster, job_id: str, profile: str) -> Changed:
+    """Change the utilization profile of a queued or running job."""
+    if profile not in PROFILES:
+        raise BadRequest(f"profile {profile!r} is unknown; use one of {list(PROFILES)}")
+    with cluster.lock:
+        job = cluster.job(job_id)
+        previous = job.profile
+        if previous == profile:
+            return {}
+        job.profile = profile
+        return {"job": job_id, "profile": profile, "previous": previous}
+
+
+def burst(cluster: Cluster, pool: str, count: int, gpus: int, duration_s: float | None) -> Changed:
+    """Submit ``count`` training jobs of ``gpus`` GPUs to ``pool`` at once."""
+    if not 1 <= count <= MAX_BURST:
+        raise BadRequest(f"count must be within [1, {MAX_BURST}], got {count}")
+    with cluster.lock:
+        cluster.pool(pool)
+        spec = JobSpec("training", gpus, "burst", pool, duration_s=duration_s)
+        jobs = [cluster.submit(spec) for _ in range(count)]
+        return {
+            "pool": pool,
+            "jobs": [j.id for j in jobs],
+            "placed": sum(j.state == "running" for j in jobs),
+            "queued": sum(j.state == "queued" for j in jobs),
+        }
