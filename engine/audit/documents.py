@@ -1,0 +1,219 @@
+"""ECS 9.x documents for decisions, outcomes, skipped evaluations and user operations.
+
+Pure functions called by ``engine.audit.log.AuditLog``; every field is an ECS field of
+``ecs_flat_9.4.0.yml`` (with an allowed value where ECS lists them) or lives under ``gpuops.*``.
+``tests/unit/audit/test_documents.py`` checks that against the reference file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
+
+ECS_VERSION = "9.4.0"
+DECISION_DATASET = "gpuops.decision"
+AUDIT_DATASET = "gpuops.audit"
+
+_LOGIN_ACTIONS = frozenset({"login", "authenticate", "authentication", "token"})
+_READ_PREFIXES = ("get", "list", "query", "read", "search", "explain", "show", "export")
+_AUTH_ERRORS = ("401", "403", "unauthorized", "unauthorised", "forbidden", "token")
+
+
+def iso(ts: float) -> str:
+    """An epoch timestamp as ISO 8601 with milliseconds in UTC (what ``date`` fields take)."""
+    return (
+        datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def event_id(*parts: str) -> str:
+    """A deterministic document id: the same parts give the same id (a retry is a 409)."""
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+
+
+def _number(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy of an executor's params or changes (mappings, sequences, scalars)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def _base(dataset: str, namespace: str, at: float, now: float) -> dict[str, Any]:
+    return {
+        "@timestamp": iso(at),
+        "ecs": {"version": ECS_VERSION},
+        "data_stream": {"type": "logs", "dataset": dataset, "namespace": namespace},
+        "event": {"kind": "event", "dataset": dataset, "module": "gpuops", "created": iso(now)},
+    }
+
+
+def _decision_outcome(decision: Decision, outcome: Outcome | None) -> str:
+    if outcome is None or decision.verdict != Verdict.EXECUTE.value:
+        return "unknown"
+    if outcome.status is OutcomeStatus.SUCCESS:
+        return "success"
+    if outcome.status is OutcomeStatus.FAILURE:
+        return "failure"
+    return "unknown"
+
+
+def decision_document(
+    decision: Decision, outcome: Outcome | None, host_name: str, namespace: str, now: float
+) -> dict[str, Any]:
+    """The document of one decision (``outcome`` None when it was not executed)."""
+    status = outcome.status.value if outcome is not None else "none"
+    ecs_outcome = _decision_outcome(decision, outcome)
+    action = decision.action.type if decision.action is not None else decision.transition.value
+    doc = _base(DECISION_DATASET, namespace, decision.at, now)
+    executed = ecs_outcome in ("success", "failure")
+    doc["event"].update(
+        {
+            "id": event_id(decision.id, decision.verdict, status),
+            "category": ["host"],
+            "type": ["change"] if executed else ["info"],
+            "action": action,
+            "outcome": ecs_outcome,
+        }
+    )
+    if decision.reason:
+        doc["event"]["reason"] = decision.reason
+    if outcome is not None:
+        doc["event"]["duration"] = int(round(outcome.duration_s * 1e9))
+    target = ", ".join(f"{k}={v}" for k, v in sorted(decision.target.labels.items()))
+    message = f"{decision.policy} {decision.transition.value} on {target or decision.target.key}"
+    message += f": {decision.verdict}"
+    if decision.reason:
+        message += f" ({decision.reason})"
+    if outcome is not None:
+        message += f", {outcome.status.value}"
+        if outcome.error:
+            message += f": {outcome.error}"
+    doc["message"] = message
+    doc["rule"] = {"name": decision.policy, "ruleset": decision.group}
+    doc["host"] = {"name": host_name}
+    doc["labels"] = {str(k): str(v) for k, v in decision.target.labels.items()}
+    gpuops: dict[str, Any] = {
+        "decision": {"id": decision.id, "episode_start": iso(decision.episode_start)},
+        "verdict": decision.verdict,
+        "reason": decision.reason,
+        "transition": decision.transition.value,
+        "mode": decision.mode,
+        "target": {"key": decision.target.key, "labels": dict(doc["labels"])},
+        "evidence": {
+            "expr": decision.evidence.expr,
+            "value": _number(decision.evidence.value),
+            "observed_at": iso(decision.evidence.observed_at),
+        },
+    }
+    if decision.evidence.pending_since is not None:
+        gpuops["evidence"]["pending_since"] = iso(decision.evidence.pending_since)
+    if decision.labels:
+        gpuops["policy"] = {"labels": {str(k): str(v) for k, v in decision.labels.items()}}
+    if decision.action is not None:
+        gpuops["executor"] = decision.action.executor
+        gpuops["action"] = {"type": decision.action.type, "params": _plain(decision.action.params)}
+    if outcome is not None:
+        gpuops["outcome"] = {
+            "status": outcome.status.value,
+            "attempts": outcome.attempts,
+            "changed": _plain(outcome.changed),
+        }
+        if outcome.error:
+            doc["error"] = {"message": outcome.error}
+    doc["gpuops"] = gpuops
+    return doc
+
+
+def skipped_document(
+    skipped: SkippedEvaluation, host_name: str, namespace: str, now: float
+) -> dict[str, Any]:
+    """The document of an evaluation that did not happen (its query failed)."""
+    doc = _base(DECISION_DATASET, namespace, skipped.at, now)
+    doc["event"].update(
+        {
+            "id": event_id(skipped.policy, skipped.group, f"{skipped.at:.6f}", "skipped"),
+            "category": ["database"],
+            "type": ["error"],
+            "action": "skipped_evaluation",
+            "outcome": "unknown",
+            "reason": "query failed",
+        }
+    )
+    doc["message"] = f"{skipped.policy} evaluation skipped: query failed: {skipped.error}"
+    doc["rule"] = {"name": skipped.policy, "ruleset": skipped.group}
+    doc["host"] = {"name": host_name}
+    doc["error"] = {"message": skipped.error}
+    doc["gpuops"] = {"verdict": "skipped", "reason": "query failed"}
+    return doc
+
+
+def operation_document(
+    *,
+    user: str,
+    roles: Sequence[str],
+    action: str,
+    outcome: str,
+    source_ip: str | None,
+    message: str,
+    details: Mapping[str, Any] | None,
+    error: str | None,
+    host_name: str,
+    namespace: str,
+    now: float,
+) -> dict[str, Any]:
+    """The document of one user operation (API call, CLI operation, failed login)."""
+    ecs_outcome = outcome if outcome in ("success", "failure", "unknown") else "unknown"
+    doc = _base(AUDIT_DATASET, namespace, now, now)
+    verb = action.lower()
+    if verb in _LOGIN_ACTIONS:
+        category, types = "authentication", ["start"]
+    else:
+        category = "api"
+        types = ["access"] if verb.startswith(_READ_PREFIXES) else ["change"]
+        lowered = (error or "").lower()
+        if ecs_outcome == "failure" and any(word in lowered for word in _AUTH_ERRORS):
+            types.append("denied")
+    doc["event"].update(
+        {
+            "id": uuid.uuid4().hex,
+            "category": [category],
+            "type": types,
+            "action": action,
+            "outcome": ecs_outcome,
+        }
+    )
+    doc["message"] = message
+    doc["user"] = {"name": user, "roles": list(roles)}
+    doc["host"] = {"name": host_name}
+    if source_ip:
+        doc["source"] = {"ip": source_ip}
+    if error:
+        doc["error"] = {"message": error}
+    gpuops: dict[str, Any] = {"operation": {"outcome": outcome}}
+    if details:
+        gpuops["operation"]["details"] = _plain(details)
+    doc["gpuops"] = gpuops
+    return doc
+
+
+def stream_of(doc: Mapping[str, Any]) -> str:
+    """The data stream of a document, by the data stream naming scheme: type-dataset-namespace."""
+    ds = doc.get("data_stream") or {}
+    kind, dataset = ds.get("type", "logs"), ds.get("dataset", AUDIT_DATASET)
+    return f"{kind}-{dataset}-{ds.get('namespace', 'default')}"

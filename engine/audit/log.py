@@ -1,0 +1,153 @@
+"""``AuditLog``: the audit trail's front door (DESIGN.md section 8).
+
+Called by ``engine.runtime`` for every decision, outcome and skipped evaluation, and by
+``engine.api`` / ``engine.cli`` for every user operation. Each call turns its values into one
+ECS document (``engine.audit.documents``), appends it fsync'd to the spool and returns its
+``event.id``; the shipper thread sends the spool to Elasticsearch. No call ever waits for
+Elasticsearch or raises because of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from elasticsearch import Elasticsearch
+from prometheus_client import CollectorRegistry
+
+from engine.audit.client import make_client
+from engine.audit.documents import decision_document, operation_document, skipped_document
+from engine.audit.metrics import AuditMetrics
+from engine.audit.settings import AuditSettings
+from engine.audit.shipper import Shipper
+from engine.audit.spool import Spool
+from engine.decisions import Decision, Outcome, SkippedEvaluation
+
+log = logging.getLogger(__name__)
+
+
+class AuditLog:
+    """Spools audit documents and ships them to Elasticsearch in the background."""
+
+    def __init__(
+        self,
+        settings: AuditSettings,
+        host_name: str,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        client_factory: Callable[[], Elasticsearch] | None = None,
+    ) -> None:
+        """Open the spool (taking its writer lock). ``registry``: where the metrics go (a
+        private registry when None); ``clock``: wall-clock seconds for ``event.created`` and
+        operations' ``@timestamp``; ``client_factory``: builds the Elasticsearch client."""
+        self.settings = settings
+        self.host_name = host_name
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = AuditMetrics(self.registry)
+        self._clock = clock
+        self._spool = Spool(
+            settings.spool_dir,
+            segment_max_bytes=settings.segment_max_bytes,
+            segment_max_age_s=settings.segment_max_age_s,
+            max_bytes=settings.max_spool_bytes,
+            full_policy=settings.full_policy,
+            fsync=settings.fsync,
+            metrics=self.metrics,
+        )
+        self._spool.open()
+        self._shipper: Shipper | None = None
+        if settings.elasticsearch_url:
+            factory = client_factory or (lambda: make_client(settings))
+            self._shipper = Shipper(self._spool, settings, self.metrics, factory)
+        self._closed = False
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.settings.spool_dir
+
+    @property
+    def pending(self) -> int:
+        """Documents in the spool not yet acknowledged by Elasticsearch."""
+        return self._spool.documents
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the shipper thread (nothing to do without ``elasticsearch_url``)."""
+        if self._shipper is not None:
+            self._shipper.start()
+            log.info("audit: shipping %s to %s", self.spool_dir, self.settings.elasticsearch_url)
+        else:
+            log.info("audit: no Elasticsearch configured; %s is the audit store", self.spool_dir)
+
+    def close(self) -> None:
+        """Ship what can be shipped within ``close_timeout_s``, stop, release the spool."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._shipper is not None:
+            self._shipper.stop(self.settings.close_timeout_s)
+        self._spool.close()
+
+    def __enter__(self) -> AuditLog:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- recording --------------------------------------------------------------------------
+
+    def decision(self, decision: Decision, outcome: Outcome | None) -> str:
+        """Record a decision (``outcome`` None when not executed); returns its ``event.id``."""
+        doc = decision_document(
+            decision, outcome, self.host_name, self.settings.namespace, self._clock()
+        )
+        return self._append(doc)
+
+    def skipped(self, skipped: SkippedEvaluation) -> str:
+        """Record an evaluation skipped because its query failed; returns its ``event.id``."""
+        doc = skipped_document(skipped, self.host_name, self.settings.namespace, self._clock())
+        return self._append(doc)
+
+    def operation(
+        self,
+        user: str,
+        roles: Sequence[str],
+        action: str,
+        outcome: str,
+        source_ip: str | None,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        error: str | None = None,
+    ) -> str:
+        """Record a user operation (API call, CLI operation, failed login); returns its id.
+
+        ``outcome``: success | failure | unknown.
+        """
+        doc = operation_document(
+            user=user,
+            roles=roles,
+            action=action,
+            outcome=outcome,
+            source_ip=source_ip,
+            message=message,
+            details=details,
+            error=error,
+            host_name=self.host_name,
+            namespace=self.settings.namespace,
+            now=self._clock(),
+        )
+        return self._append(doc)
+
+    def _append(self, doc: dict[str, Any]) -> str:
+        event_id = str(doc["event"]["id"])
+        try:
+            self._spool.append(doc)
+        except OSError as exc:
+            self.metrics.dropped.labels(policy="write_error").inc()
+            log.error("audit: could not write document %s to the spool: %s", event_id, exc)
+        return event_id

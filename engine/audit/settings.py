@@ -1,0 +1,96 @@
+"""Settings of the audit trail (DESIGN.md section 8): where the spool lives, how big it may grow,
+where Elasticsearch is and how the shipper talks to it.
+
+Built by ``engine.runtime`` / ``engine.cli`` from the engine configuration and handed to
+``engine.audit.AuditLog``. Every field has a default and says its unit and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+FullPolicy = Literal["drop_oldest", "reject_new"]
+
+
+def default_templates_dir() -> Path:
+    """``elk/elasticsearch`` of the source tree (the Docker image ships it at the same place)."""
+    return Path(__file__).resolve().parents[2] / "elk" / "elasticsearch"
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """How audit documents are spooled and shipped."""
+
+    spool_dir: Path
+    """Directory of the spool segments (``segment-<seq>.jsonl``); created when missing."""
+
+    elasticsearch_url: str | None = None
+    """``http(s)://host:9200``; None: no shipper, the spool is the audit store."""
+
+    elasticsearch_api_key: str | None = field(default=None, repr=False)
+    """API key (base64 ``id:key``) sent as ``Authorization: ApiKey``; never logged."""
+
+    elasticsearch_username: str | None = None
+    elasticsearch_password: str | None = field(default=None, repr=False)
+    """Basic authentication, used when no API key is given; never logged."""
+
+    ca_certs: Path | None = None
+    """CA bundle for an https URL signed by a private CA."""
+
+    segment_max_bytes: int = 4 * 1024 * 1024
+    """A segment is sealed (and becomes shippable) when it reaches this size, in bytes."""
+
+    segment_max_age_s: float = 1.0
+    """...or when its first document is this many seconds old: bounds audit latency."""
+
+    max_spool_bytes: int = 256 * 1024 * 1024
+    """Upper bound of the spool on disk, in bytes (about 300k decision documents)."""
+
+    full_policy: FullPolicy = "drop_oldest"
+    """What happens when the spool is full. ``drop_oldest``: delete the oldest sealed segments
+    until the new document fits (retention, like Fluent Bit's ``storage.total_limit_size``);
+    ``reject_new``: keep what is there and drop the new document. Either way decisions never
+    block, the loss is logged at ERROR and counted in ``gpuops_audit_dropped_total``."""
+
+    fsync: bool = True
+    """fsync every appended document before ``decision()`` returns: an acknowledged event
+    survives a crash of the process and of the machine. Turning it off survives only the
+    former."""
+
+    bulk_max_documents: int = 500
+    """Documents per bulk request."""
+
+    bulk_max_bytes: int = 5 * 1024 * 1024
+    """Bytes of NDJSON per bulk request (Elasticsearch's advice: a few MiB)."""
+
+    request_timeout_s: float = 10.0
+    """Timeout of one request to Elasticsearch, in seconds."""
+
+    backoff_initial_s: float = 0.5
+    """First retry delay after a 429/502/503/504 or a connection error, doubled each time."""
+
+    backoff_max_s: float = 30.0
+    """Longest retry delay, in seconds: a long outage is polled this often."""
+
+    poll_interval_s: float = 0.5
+    """How often the shipper looks for work when nothing wakes it, in seconds."""
+
+    close_timeout_s: float = 5.0
+    """How long ``close()`` keeps shipping what is left before it leaves it in the spool."""
+
+    install_templates: bool = True
+    """Install the index templates, component templates and ILM policy before shipping."""
+
+    templates_dir: Path = field(default_factory=default_templates_dir)
+    """Where the template JSON files are (``elk/elasticsearch``)."""
+
+    namespace: str = "default"
+    """Data stream namespace: documents go to ``logs-gpuops.decision-<namespace>`` and
+    ``logs-gpuops.audit-<namespace>``."""
+
+    @property
+    def dead_letter_dir(self) -> Path:
+        """Documents Elasticsearch refused for good, with the reason (``dead-letter.jsonl``)."""
+        return self.spool_dir / "dead-letter"
