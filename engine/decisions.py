@@ -70,7 +70,7 @@ class ActionSpec:
 
     type: str
     executor: str
-    params: Mapping[str, Any] = EMPTY
+    params: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,8 @@ class Decision:
     verdict: str = Verdict.EXECUTE.value
     reason: str = ""
     mode: str = "enforce"
-    labels: Mapping[str, str] = EMPTY
-    annotations: Mapping[str, str] = EMPTY
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: EMPTY)
 
     def with_verdict(self, verdict: str, reason: str) -> Decision:
         return replace(self, verdict=verdict, reason=reason)
@@ -134,7 +134,7 @@ class Outcome:
     attempts: int = 0
     duration_s: float = 0.0
     error: str | None = None
-    changed: Mapping[str, Any] = field(default=EMPTY)
+    changed: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
     @property
     def ok(self) -> bool:

@@ -47,13 +47,16 @@ class TargetState:
     last_fire_at: float | None = None
     """When the last ``fire`` decision was made (repeat_interval counts from here)."""
     repeats: int = 0
+    absent_since: float | None = None
+    """First evaluation at which a firing target was missing (``keep_firing_for`` counts from
+    here, as in Prometheus)."""
 
 
 @dataclass(frozen=True)
 class PolicyState:
     """The state of one policy: its non-inactive targets by key."""
 
-    targets: Mapping[str, TargetState] = field(default=EMPTY)
+    targets: Mapping[str, TargetState] = field(default_factory=lambda: EMPTY)
 
     def firing(self) -> list[str]:
         return [k for k, t in self.targets.items() if t.status is Status.FIRING]
@@ -124,10 +127,12 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
                 decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
             else:
                 targets[key] = prev  # hysteresis: firing until clear_expr matches
-        elif now - prev.last_seen >= policy.keep_firing_for_s:
-            decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
         else:
-            targets[key] = prev
+            absent_since = prev.absent_since if prev.absent_since is not None else now
+            if now - absent_since >= policy.keep_firing_for_s:
+                decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
+            else:
+                targets[key] = replace(prev, absent_since=absent_since)
 
     return Step(tuple(decisions), PolicyState(freeze(targets)))
 
@@ -144,7 +149,7 @@ def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step
 def _observe(prev: TargetState | None, target: Target, sample: Sample, now: float) -> TargetState:
     if prev is None:
         return TargetState(Status.PENDING, now, now, sample.value, target.labels)
-    return replace(prev, last_seen=now, value=sample.value)
+    return replace(prev, last_seen=now, value=sample.value, absent_since=None)
 
 
 def _advance(

@@ -30,7 +30,7 @@ class Execution:
 class GuardrailState:
     """Executed fire actions: the last one per (policy, target) and those of the last hour."""
 
-    last_action: Mapping[str, float] = field(default=EMPTY)
+    last_action: Mapping[str, float] = field(default_factory=lambda: EMPTY)
     recent: tuple[Execution, ...] = ()
 
 

@@ -193,6 +193,7 @@ def _policy_state_to_json(state: PolicyState) -> str:
                 "fired_at": t.fired_at,
                 "last_fire_at": t.last_fire_at,
                 "repeats": t.repeats,
+                "absent_since": t.absent_since,
             }
             for key, t in state.targets.items()
         }
@@ -213,6 +214,7 @@ def _policy_state_from_json(text: str) -> PolicyState:
                     fired_at=t["fired_at"],
                     last_fire_at=t["last_fire_at"],
                     repeats=t["repeats"],
+                    absent_since=t.get("absent_since"),
                 )
                 for key, t in raw.items()
             }

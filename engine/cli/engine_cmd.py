@@ -1,10 +1,75 @@
-"""`gpuops engine` commands."""
+"""`gpuops engine run`: the long-running engine process."""
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
 import click
+from prometheus_client import start_http_server
+
+from engine.config import ConfigError, load_config
+from engine.rules.model import RulesError
+from engine.runtime import Engine
+
+log = logging.getLogger(__name__)
 
 
 @click.group(name="engine")
 def engine() -> None:
-    """(under construction)"""
+    """Run and inspect the automation engine."""
+
+
+@engine.command(name="run")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Engine configuration file (YAML): Prometheus URL, rule paths, state file, audit, executors.",
+)
+@click.option("--dry-run", is_flag=True, help="Record every decision but execute nothing.")
+def run(config_path: Path, dry_run: bool) -> None:
+    """Evaluate the policies until SIGTERM or Ctrl-C; SIGHUP reloads the rules."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if dry_run:
+        config = config.model_copy(
+            update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}
+        )
+    eng = Engine(config)
+    try:
+        eng.start()
+    except RulesError as exc:
+        eng.stop()
+        raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            log.info("SIGHUP: reloading rules")
+            eng.reload()
+        else:
+            stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if config.metrics_listen:
+        host, _, port = config.metrics_listen.rpartition(":")
+        server, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=eng.metrics.registry)
+        log.info("engine metrics at http://%s/metrics", config.metrics_listen)
+    else:
+        server = None
+    log.info("engine running against %s; audit spool %s", config.prometheus.url, config.audit.spool_dir)
+    try:
+        stopping.wait()
+    finally:
+        log.info("stopping")
+        eng.stop()
+        if server is not None:
+            server.shutdown()

@@ -46,13 +46,13 @@ class Policy:
     """Cron expression: evaluated at these times instead of on the group interval."""
     trigger_alertmanager: Mapping[str, str] | None = None
     """Alert labels that trigger this policy through the Alertmanager webhook."""
-    labels: Mapping[str, str] = EMPTY
-    annotations: Mapping[str, str] = EMPTY
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     source: str = ""
     """Where it was defined: ``file:line``."""
     path: str = ""
     """Where in its file: ``groups[0].rules[1]`` (for messages about it, e.g. from promtool)."""
-    key_lines: Mapping[str, int] = EMPTY
+    key_lines: Mapping[str, int] = field(default_factory=lambda: EMPTY)
     """Line of each key of the policy in its file (``{"expr": 12}``), for messages."""
 
 

@@ -1,0 +1,110 @@
+"""The engine's configuration file (``gpuops engine run --config FILE``), validated at the edge.
+
+Read by ``engine.cli`` and handed to ``engine.runtime`` as frozen settings. Relative paths are
+resolved against the config file's directory. Secrets (tokens, passwords) may be given as
+``*_file`` paths or environment variables and never appear in logs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.rules.durations import parse_duration
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the file and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, int | float):
+        return float(value)
+    return parse_duration(str(value))
+
+
+class PrometheusSettings(_Model):
+    url: str = "http://127.0.0.1:9090"
+    """Base URL of a server speaking the Prometheus HTTP API."""
+    timeout: float = 10.0
+    """Seconds before a query counts as failed (a skipped evaluation, never an action)."""
+
+    _t = field_validator("timeout", mode="before")(_seconds)
+
+
+class AuditConfig(_Model):
+    spool_dir: Path = Path("var/audit")
+    """Local spool of ECS documents; the audit store itself when Elasticsearch is not set."""
+    elasticsearch_url: str | None = None
+
+
+class GuardrailSettings(_Model):
+    global_max_per_hour: int | None = Field(default=None, ge=0)
+    """Executed actions per hour across all policies; None: no global budget."""
+    dry_run: bool = False
+    """Engine-wide dry-run: decisions are recorded, nothing is executed."""
+    kill_switch_file: Path | None = None
+    """While this file exists, no action runs (every decision is audited as suppressed)."""
+    approval_ttl: float = 3600.0
+    """Seconds a pending approval waits before it expires."""
+
+    _t = field_validator("approval_ttl", mode="before")(_seconds)
+
+
+class EngineConfig(_Model):
+    prometheus: PrometheusSettings = PrometheusSettings()
+    rules: list[Path] = [Path("rules")]
+    """Rule files or directories (their *.yaml files)."""
+    state_file: Path = Path("var/gpuops-state.sqlite")
+    audit: AuditConfig = AuditConfig()
+    guardrails: GuardrailSettings = GuardrailSettings()
+    executors: dict[str, dict[str, Any]] = {}
+    """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``."""
+    metrics_listen: str | None = "127.0.0.1:9842"
+    """host:port of the engine's own /metrics; None: not served."""
+    reload_check_interval: float = 2.0
+    """Seconds between checks of the rule files for changes (SIGHUP reloads at once)."""
+
+    _t = field_validator("reload_check_interval", mode="before")(_seconds)
+
+    def resolved(self, base: Path) -> EngineConfig:
+        def fix(p: Path) -> Path:
+            return p if p.is_absolute() else (base / p)
+
+        return self.model_copy(
+            update={
+                "rules": [fix(p) for p in self.rules],
+                "state_file": fix(self.state_file),
+                "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
+                "guardrails": self.guardrails.model_copy(
+                    update={
+                        "kill_switch_file": fix(self.guardrails.kill_switch_file)
+                        if self.guardrails.kill_switch_file
+                        else None
+                    }
+                ),
+            }
+        )
+
+
+def load_config(path: Path) -> EngineConfig:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return EngineConfig.model_validate(raw).resolved(path.parent.resolve())
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from None

@@ -1,0 +1,78 @@
+"""The engine's own Prometheus metrics, on a registry the runtime owns (never the global one).
+
+Created by ``engine.runtime``; served by the runtime's metrics listener and by the API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    registry: CollectorRegistry
+    evaluations: Counter
+    evaluation_duration: Histogram
+    query_failures: Counter
+    decisions: Counter
+    actions: Counter
+    action_duration: Histogram
+    rules_loaded: Gauge
+    reloads: Counter
+    last_reload_success: Gauge
+    kill_switch: Gauge
+    paused: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> EngineMetrics:
+        r = registry or CollectorRegistry()
+        return cls(
+            registry=r,
+            evaluations=Counter(
+                "gpuops_engine_evaluations", "Policy evaluations.", ["group", "policy"], registry=r
+            ),
+            evaluation_duration=Histogram(
+                "gpuops_engine_evaluation_duration_seconds",
+                "Wall time of one evaluation of a group, queries and judgement included.",
+                ["group"],
+                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+                registry=r,
+            ),
+            query_failures=Counter(
+                "gpuops_engine_query_failures",
+                "Queries that failed; their evaluations were skipped and changed no state.",
+                ["policy"],
+                registry=r,
+            ),
+            decisions=Counter(
+                "gpuops_engine_decisions",
+                "Decisions by policy, transition and verdict.",
+                ["policy", "transition", "verdict"],
+                registry=r,
+            ),
+            actions=Counter(
+                "gpuops_engine_actions",
+                "Executed actions by executor, action type and outcome.",
+                ["executor", "action", "outcome"],
+                registry=r,
+            ),
+            action_duration=Histogram(
+                "gpuops_engine_action_duration_seconds",
+                "Wall time of executed actions, retries included.",
+                ["executor"],
+                registry=r,
+            ),
+            rules_loaded=Gauge("gpuops_engine_policies", "Policies in the running rule set.", registry=r),
+            reloads=Counter(
+                "gpuops_engine_rule_reloads", "Rule reloads by result.", ["result"], registry=r
+            ),
+            last_reload_success=Gauge(
+                "gpuops_engine_last_reload_success_timestamp_seconds",
+                "When the running rule set was loaded.",
+                registry=r,
+            ),
+            kill_switch=Gauge("gpuops_engine_kill_switch", "1 while the kill switch is on.", registry=r),
+            paused=Gauge("gpuops_engine_paused", "1 while the engine is paused.", registry=r),
+        )

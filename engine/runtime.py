@@ -1,0 +1,386 @@
+"""The live engine: the one module that sees the whole flow (DESIGN.md section 2).
+
+Loads rules, schedules each group on its interval (APScheduler), queries Prometheus, runs the
+pure evaluation and guardrails, persists state before acting, runs actions on a worker pool
+through the executors, and audits every decision, outcome and skipped evaluation. Used by
+``gpuops engine run``, the demo and the API. The clock is injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from engine.actions.base import Executor, ExecutorRegistry, execute
+from engine.audit import AuditLog, AuditSettings
+from engine.config import EngineConfig
+from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
+from engine.evaluation import PolicyState, QueryResult, evaluate
+from engine.guardrails import Context, judge
+from engine.metrics import EngineMetrics
+from engine.prometheus import PrometheusClient, QueryError
+from engine.rules.loader import load_rules
+from engine.rules.model import Group, Policy, RuleSet, RulesError
+from engine.state import StateStore
+
+log = logging.getLogger(__name__)
+
+DecisionListener = Callable[[Decision, Outcome | None], None]
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    policies: int
+    errors: tuple[str, ...] = ()
+
+
+class Engine:
+    """One engine instance. ``start`` schedules it; ``evaluate_group`` runs one cycle (tests)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        executors: ExecutorRegistry | None = None,
+        audit: AuditLog | None = None,
+        prometheus: PrometheusClient | None = None,
+        metrics: EngineMetrics | None = None,
+        listener: DecisionListener | None = None,
+        action_workers: int = 4,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics or EngineMetrics.create()
+        self.registry = executors or ExecutorRegistry.from_entry_points()
+        self.audit = audit or AuditLog(
+            AuditSettings(
+                spool_dir=config.audit.spool_dir,
+                elasticsearch_url=config.audit.elasticsearch_url,
+            ),
+            host_name=socket.gethostname(),
+        )
+        self.prometheus = prometheus or PrometheusClient(
+            config.prometheus.url, timeout_s=config.prometheus.timeout
+        )
+        self.store = StateStore(config.state_file)
+        self.listener = listener
+        self.rules = RuleSet()
+        self._rule_mtimes: dict[str, float] = {}
+        self._executors: dict[str, Executor] = {}
+        self._lock = threading.RLock()  # one evaluation judges and persists at a time
+        self._pool = ThreadPoolExecutor(action_workers, thread_name_prefix="gpuops-action")
+        self._pending: set[Future[None]] = set()
+        self._scheduler: BackgroundScheduler | None = None
+
+    # --- rules ---------------------------------------------------------------------------
+    def reload(self, strict: bool = False) -> ReloadResult:
+        """Load the rule files; on any error keep the running rules and report file:line
+        (``strict``: raise the ``RulesError`` instead, for the first load)."""
+        try:
+            rules = load_rules(self.config.rules)
+        except RulesError as exc:
+            self.metrics.reloads.labels("failure").inc()
+            if strict:
+                raise
+            for err in exc.errors:
+                log.error("rules not reloaded: %s", err)
+            return ReloadResult(False, sum(1 for _ in self.rules.policies()), tuple(map(str, exc.errors)))
+        with self._lock:
+            self.rules = rules
+            self._rule_mtimes = self._mtimes()
+        count = sum(1 for _ in rules.policies())
+        self.metrics.reloads.labels("success").inc()
+        self.metrics.rules_loaded.set(count)
+        self.metrics.last_reload_success.set(self.clock())
+        log.info("loaded %d policies in %d groups from %s", count, len(rules.groups),
+                 ", ".join(rules.files) or "no files")
+        if self._scheduler is not None:
+            self._schedule_groups()
+        return ReloadResult(True, count)
+
+    def _mtimes(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for path in self.config.rules:
+            files = sorted(path.glob("*.y*ml")) if path.is_dir() else [path]
+            for f in files:
+                try:
+                    found[str(f)] = f.stat().st_mtime
+                except OSError:
+                    found[str(f)] = math.nan
+        return found
+
+    def check_reload(self) -> None:
+        """Reload when a rule file was added, removed or changed since the last attempt."""
+        current = self._mtimes()
+        if current != self._rule_mtimes:
+            self._rule_mtimes = current
+            self.reload()
+
+    # --- controls --------------------------------------------------------------------------
+    def kill_switch_on(self) -> bool:
+        f = self.config.guardrails.kill_switch_file
+        return self.store.control("kill_switch") is not None or bool(f and f.exists())
+
+    def paused(self) -> bool:
+        return self.store.control("paused") is not None
+
+    # --- evaluation ------------------------------------------------------------------------
+    def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        started = time.monotonic()
+        for policy in group.policies:
+            if policy.expr is None or (policy.schedule is not None) != scheduled:
+                continue
+            try:
+                self.evaluate_policy(policy)
+            except Exception:  # one broken policy must not stop the others
+                log.exception("evaluation of policy %s failed", policy.name)
+        self.metrics.evaluation_duration.labels(group.name).observe(time.monotonic() - started)
+
+    def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
+        now = self.clock() if now is None else now
+        self.metrics.evaluations.labels(policy.group, policy.name).inc()
+        state = self.store.policy_state(policy.name)
+        result = self._query(policy, now, has_firing=bool(state.firing()))
+        step = evaluate(policy, result, state, now)
+        if step.skipped is not None:
+            self._skipped(step.skipped)
+        population = self._population(policy, now) if step.decisions else None
+        return self._decide(policy, step.decisions, step.state, now, population)
+
+    def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
+        assert policy.expr is not None
+        try:
+            samples = self.prometheus.query(policy.expr, at=now)
+            clear = None
+            if policy.clear_expr is not None and has_firing:
+                clear = self.prometheus.query(policy.clear_expr, at=now)
+        except QueryError as exc:
+            self.metrics.query_failures.labels(policy.name).inc()
+            return QueryResult(error=str(exc))
+        return QueryResult(samples, clear)
+
+    def _population(self, policy: Policy, now: float) -> int | None:
+        if policy.max_fraction is None:
+            return None
+        expr = policy.population
+        if expr is None and policy.target:
+            by = ", ".join(policy.target)
+            matchers = ", ".join(f'{name}!=""' for name in policy.target)
+            expr = f"group by ({by}) ({{{matchers}}})"
+        if expr is None:
+            return None
+        try:
+            return len(self.prometheus.query(expr, at=now))
+        except QueryError as exc:
+            log.warning("population of %s unknown: %s", policy.name, exc)
+            return None
+
+    def _skipped(self, skipped: SkippedEvaluation) -> None:
+        log.warning("skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error)
+        self.audit.skipped(skipped)
+
+    def _decide(
+        self,
+        policy: Policy,
+        decisions: tuple[Decision, ...],
+        next_state: PolicyState,
+        now: float,
+        population: int | None,
+    ) -> list[Decision]:
+        judged: list[Decision] = []
+        to_run: list[Decision] = []
+        with self._lock:
+            gstate = self.store.guardrail_state()
+            ctx = Context(
+                kill_switch=self.kill_switch_on(),
+                paused=self.paused(),
+                engine_dry_run=self.config.guardrails.dry_run,
+                global_max_per_hour=self.config.guardrails.global_max_per_hour,
+                population=population,
+            )
+            for decision in decisions:
+                decision, gstate = judge(decision, policy, gstate, ctx, now)
+                judged.append(decision)
+            with self.store.transaction() as db:
+                self.store.save_policy_state(db, policy.name, next_state)
+                self.store.save_guardrail_state(db, gstate)
+                for decision in judged:
+                    runs = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
+                    fresh = self.store.record_decision(
+                        db, decision_doc(decision), "started" if runs else "done"
+                    )
+                    if runs and fresh:
+                        to_run.append(decision)
+        for decision in judged:
+            self.metrics.decisions.labels(
+                decision.policy, decision.transition.value, decision.verdict
+            ).inc()
+            if decision in to_run:
+                self._submit(decision)
+            else:
+                self._record(decision, None)
+        return judged
+
+    # --- actions ---------------------------------------------------------------------------
+    def _submit(self, decision: Decision) -> None:
+        future = self._pool.submit(self._run, decision)
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+
+    def _run(self, decision: Decision) -> None:
+        assert decision.action is not None
+        name = decision.action.executor
+        try:
+            executor = self._executor(name)
+        except KeyError as exc:
+            outcome = Outcome(OutcomeStatus.FAILURE, error=str(exc.args[0]))
+        else:
+            outcome = execute(executor, decision)
+        self.metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
+        self.metrics.action_duration.labels(name).observe(outcome.duration_s)
+        self.store.finish_decision(decision.id, outcome_doc(outcome))
+        self._record(decision, outcome)
+
+    def _executor(self, name: str) -> Executor:
+        with self._lock:
+            if name not in self._executors:
+                self._executors[name] = self.registry.create(name, self.config.executors.get(name))
+            return self._executors[name]
+
+    def _record(self, decision: Decision, outcome: Outcome | None) -> None:
+        try:
+            self.audit.decision(decision, outcome)
+        finally:
+            if self.listener is not None:
+                self.listener(decision, outcome)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no action is running (tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._pending and time.monotonic() < deadline:
+            for future in list(self._pending):
+                try:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception:  # the action's own failure is already its outcome
+                    log.debug("action future ended with an error", exc_info=True)
+        return not self._pending
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load rules (a bad rule set at start is fatal), start audit and the scheduler."""
+        self.reload(strict=True)
+        self.audit.start()
+        self._scheduler = BackgroundScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+        )
+        self._schedule_groups()
+        self._scheduler.add_job(
+            self.check_reload,
+            IntervalTrigger(seconds=self.config.reload_check_interval),
+            id="gpuops-rules-watch",
+        )
+        self._scheduler.start()
+
+    def _schedule_groups(self) -> None:
+        assert self._scheduler is not None
+        wanted: set[str] = set()
+        for group in self.rules.groups:
+            job_id = f"group:{group.name}"
+            wanted.add(job_id)
+            self._scheduler.add_job(
+                self.evaluate_group,
+                IntervalTrigger(seconds=group.interval_s),
+                args=[group],
+                id=job_id,
+                replace_existing=True,
+                next_run_time=_utcnow(),
+            )
+            for policy in group.policies:
+                if policy.schedule is None or policy.expr is None:
+                    continue
+                job_id = f"schedule:{policy.name}"
+                wanted.add(job_id)
+                one = replace(group, policies=(policy,))
+                self._scheduler.add_job(
+                    self.evaluate_group,
+                    CronTrigger.from_crontab(policy.schedule),
+                    args=[one, True],
+                    id=job_id,
+                    replace_existing=True,
+                )
+        for job in self._scheduler.get_jobs():
+            if job.id.startswith(("group:", "schedule:")) and job.id not in wanted:
+                job.remove()
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        self.wait_idle()
+        self._pool.shutdown(wait=True)
+        self.audit.close()
+        self.store.close()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def decision_doc(decision: Decision) -> dict[str, Any]:
+    """The JSON form of a decision stored in the state database (and served by the API)."""
+    action = decision.action
+    return {
+        "id": decision.id,
+        "policy": decision.policy,
+        "group": decision.group,
+        "target": {"key": decision.target.key, "labels": dict(decision.target.labels)},
+        "transition": decision.transition.value,
+        "action": None
+        if action is None
+        else {"type": action.type, "executor": action.executor, "params": _plain(action.params)},
+        "verdict": decision.verdict,
+        "reason": decision.reason,
+        "mode": decision.mode,
+        "at": decision.at,
+        "episode_start": decision.episode_start,
+        "evidence": {
+            "expr": decision.evidence.expr,
+            "value": decision.evidence.value,
+            "pending_since": decision.evidence.pending_since,
+            "observed_at": decision.evidence.observed_at,
+        },
+        "annotations": dict(decision.annotations),
+    }
+
+
+def outcome_doc(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "status": outcome.status.value,
+        "attempts": outcome.attempts,
+        "duration_s": outcome.duration_s,
+        "error": outcome.error,
+        "changed": _plain(outcome.changed),
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+

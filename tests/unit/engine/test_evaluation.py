@@ -1,0 +1,146 @@
+"""Table-driven tests of the pure evaluation state machine, with an injected clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine.decisions import ActionSpec, Sample, Transition, decision_id, freeze
+from engine.evaluation import PolicyState, QueryResult, Status, evaluate
+from engine.rules.model import Policy
+
+POLICY = Policy(
+    name="reclaim",
+    group="g",
+    expr="util < 0.2",
+    action=ActionSpec("reclaim", "fleet"),
+    on_clear=ActionSpec("restore_clocks", "fleet"),
+    for_s=60,
+    target=("uuid",),
+    mode="enforce",
+    annotations=freeze({"summary": "GPU {{ $labels.uuid }} at {{ $value }}"}),
+)
+
+
+def s(uuid: str, value: float = 0.1, **extra: str) -> Sample:
+    return Sample(freeze({"uuid": uuid, **extra}), value, 0.0)
+
+
+def run(policy: Policy, steps: list[tuple[float, QueryResult]]) -> list[tuple[float, str, str]]:
+    """Evaluate each (now, result) in turn; return (now, transition, target key) per decision."""
+    state = PolicyState()
+    out = []
+    for now, result in steps:
+        step = evaluate(policy, result, state, now)
+        state = step.state
+        out += [(now, d.transition.value, d.target.key) for d in step.decisions]
+    return out
+
+
+A = QueryResult((s("a"),))
+NONE = QueryResult(())
+DOWN = QueryResult(error="Prometheus unreachable")
+
+
+@pytest.mark.parametrize(
+    ("name", "policy", "steps", "expected"),
+    [
+        ("fires after for", POLICY, [(0, A), (30, A), (60, A), (90, A)], [(60, "fire", "uuid=a")]),
+        ("vanishing while pending resets", POLICY, [(0, A), (30, NONE), (60, A), (90, A), (120, A)],
+         [(120, "fire", "uuid=a")]),
+        ("flapping input never fires", POLICY,
+         [(t, A if i % 2 == 0 else NONE) for i, t in enumerate(range(0, 600, 30))], []),
+        ("clears when it leaves the result", POLICY, [(0, A), (60, A), (90, NONE)],
+         [(60, "fire", "uuid=a"), (90, "clear", "uuid=a")]),
+        ("for 0 fires at once", replace(POLICY, for_s=0), [(0, A)], [(0, "fire", "uuid=a")]),
+        ("outage mid-pending holds the timer", POLICY, [(0, A), (30, DOWN), (60, A)],
+         [(60, "fire", "uuid=a")]),
+        ("outage with on_no_data skip restarts the timer", replace(POLICY, on_no_data="skip"),
+         [(0, A), (30, DOWN), (60, A), (90, A), (120, A)], [(120, "fire", "uuid=a")]),
+        ("outage while firing neither clears nor fires", POLICY,
+         [(0, A), (60, A), (90, DOWN), (120, DOWN), (150, A)], [(60, "fire", "uuid=a")]),
+        ("keep_firing_for delays the clear", replace(POLICY, keep_firing_for_s=60),
+         [(0, A), (60, A), (90, NONE), (120, NONE), (150, NONE)],
+         [(60, "fire", "uuid=a"), (150, "clear", "uuid=a")]),
+        ("repeat_interval fires again", replace(POLICY, repeat_interval_s=100),
+         [(0, A), (60, A), (120, A), (160, A), (200, A), (260, A)],
+         [(60, "fire", "uuid=a"), (160, "fire", "uuid=a"), (260, "fire", "uuid=a")]),
+        ("two targets are independent", POLICY,
+         [(0, QueryResult((s("a"),))), (30, QueryResult((s("a"), s("b")))),
+          (60, QueryResult((s("a"), s("b")))), (90, QueryResult((s("b"),)))],
+         [(60, "fire", "uuid=a"), (90, "fire", "uuid=b"), (90, "clear", "uuid=a")]),
+        ("series of one target collapse", POLICY,
+         [(0, QueryResult((s("a", node="n1"), s("a", node="n2")))), (60, A)],
+         [(60, "fire", "uuid=a")]),
+    ],
+)
+def test_state_machine(name: str, policy: Policy, steps, expected) -> None:
+    assert sorted(run(policy, steps)) == sorted(expected), name
+
+
+def test_clear_expr_hysteresis_keeps_firing_until_clear_matches() -> None:
+    policy = replace(POLICY, clear_expr="util > 0.5")
+    state = PolicyState()
+    seen = []
+    for now, result in [
+        (0, A),
+        (60, A),
+        (90, QueryResult((), clear_samples=())),  # left expr, but clear_expr not matched
+        (120, QueryResult((), clear_samples=())),
+        (150, QueryResult((), clear_samples=(s("a", 0.7),))),
+    ]:
+        step = evaluate(policy, result, state, now)
+        state = step.state
+        seen += [(now, d.transition.value) for d in step.decisions]
+    assert seen == [(60, "fire"), (150, "clear")]
+    assert state.targets == {}
+
+
+def test_clear_expr_wins_over_expr_when_both_match() -> None:
+    policy = replace(POLICY, clear_expr="util > 0.5", for_s=0)
+    step = evaluate(policy, A, PolicyState(), 0)
+    step = evaluate(policy, QueryResult((s("a"),), clear_samples=(s("a"),)), step.state, 10)
+    assert [d.transition for d in step.decisions] == [Transition.CLEAR]
+
+
+def test_failed_query_changes_no_state_and_is_reported() -> None:
+    step = evaluate(POLICY, A, PolicyState(), 0)
+    after = evaluate(POLICY, DOWN, step.state, 30)
+    assert after.state == step.state
+    assert after.decisions == ()
+    assert after.skipped is not None and after.skipped.error == "Prometheus unreachable"
+
+
+def test_decision_ids_are_stable_per_episode() -> None:
+    first = run_decisions(POLICY, [(0, A), (60, A)])
+    again = run_decisions(POLICY, [(0, A), (60, A)])
+    later = run_decisions(POLICY, [(100, A), (160, A)])
+    assert first[0].id == again[0].id == decision_id("reclaim", "uuid=a", 0.0, "fire")
+    assert first[0].id != later[0].id
+
+
+def test_decisions_carry_action_evidence_and_rendered_annotations() -> None:
+    fire, clear = run_decisions(POLICY, [(0, QueryResult((s("a", 0.05),))), (60, A), (70, NONE)])
+    assert fire.action == POLICY.action and clear.action == POLICY.on_clear
+    assert fire.evidence.pending_since == 0 and fire.evidence.value == 0.1
+    assert fire.annotations["summary"] == "GPU a at 0.1"
+    assert fire.target.labels == {"uuid": "a"}
+    assert "held for 60s" in fire.reason
+
+
+def test_pending_and_firing_states_are_visible() -> None:
+    step = evaluate(POLICY, A, PolicyState(), 0)
+    assert step.state.targets["uuid=a"].status is Status.PENDING
+    step = evaluate(POLICY, A, step.state, 60)
+    assert step.state.firing() == ["uuid=a"]
+
+
+def run_decisions(policy: Policy, steps: list[tuple[float, QueryResult]]):
+    state = PolicyState()
+    out = []
+    for now, result in steps:
+        step = evaluate(policy, result, state, now)
+        state = step.state
+        out += list(step.decisions)
+    return out

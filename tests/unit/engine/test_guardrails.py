@@ -1,0 +1,112 @@
+"""The guardrails' verdicts, each suppression with its reason, and the state they keep."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id, freeze
+from engine.guardrails import Context, GuardrailState, judge
+from engine.rules.model import Policy
+
+POLICY = Policy(
+    name="reclaim", group="g", expr="x", action=ActionSpec("reclaim", "fleet"),
+    target=("uuid",), mode="enforce", cooldown_s=600,
+)
+
+
+def fire(target: str, policy: Policy = POLICY, transition: Transition = Transition.FIRE) -> Decision:
+    t = Target(f"uuid={target}", freeze({"uuid": target}))
+    return Decision(
+        id=decision_id(policy.name, t.key, 0, transition.value), policy=policy.name, group="g",
+        target=t, transition=transition,
+        action=policy.action if transition is Transition.FIRE else policy.on_clear,
+        evidence=Evidence("x", 0.1, 0, 0), at=0, episode_start=0,
+    )
+
+
+def verdicts(policy: Policy, targets: list[tuple[float, str]], ctx: Context = Context()) -> list[str]:
+    state = GuardrailState()
+    out = []
+    for now, target in targets:
+        decision, state = judge(fire(target, policy), policy, state, ctx, now)
+        out.append(decision.verdict)
+    return out
+
+
+def test_execute_by_default_in_enforce_mode() -> None:
+    assert verdicts(POLICY, [(0, "a")]) == ["execute"]
+
+
+def test_dry_run_policy_and_engine() -> None:
+    assert verdicts(replace(POLICY, mode="dry-run"), [(0, "a")]) == ["dry_run"]
+    assert verdicts(POLICY, [(0, "a")], Context(engine_dry_run=True)) == ["dry_run"]
+
+
+def test_dry_run_does_not_start_a_cooldown() -> None:
+    policy = replace(POLICY, mode="dry-run")
+    assert verdicts(policy, [(0, "a"), (10, "a")]) == ["dry_run", "dry_run"]
+
+
+def test_cooldown_per_target() -> None:
+    got = verdicts(POLICY, [(0, "a"), (100, "a"), (100, "b"), (601, "a")])
+    assert got == ["execute", "suppressed:cooldown", "execute", "execute"]
+
+
+def test_cooldown_reason_says_how_long_is_left() -> None:
+    state = GuardrailState()
+    _, state = judge(fire("a"), POLICY, state, Context(), 0)
+    decision, _ = judge(fire("a"), POLICY, state, Context(), 100)
+    assert decision.reason == "cooldown 600s: last action on this target 100s ago, 500s left"
+
+
+def test_max_per_hour_window_slides() -> None:
+    policy = replace(POLICY, max_per_hour=2, cooldown_s=0)
+    got = verdicts(policy, [(0, "a"), (10, "b"), (20, "c"), (3601, "d")])
+    assert got == ["execute", "execute", "suppressed:max_per_hour", "execute"]
+
+
+def test_max_fraction_of_population() -> None:
+    # a policy matching 6 of 10 GPUs with max_fraction 0.1 acts on 1 of them
+    policy = replace(POLICY, max_fraction=0.1, cooldown_s=0)
+    got = verdicts(policy, [(0, t) for t in "abcdef"], Context(population=10))
+    assert got == ["execute"] + ["suppressed:max_fraction"] * 5
+    got = verdicts(replace(policy, max_fraction=0.25), [(0, t) for t in "abcdef"], Context(population=10))
+    assert got.count("execute") == 2
+
+
+def test_max_fraction_without_population_suppresses() -> None:
+    policy = replace(POLICY, max_fraction=0.5)
+    assert verdicts(policy, [(0, "a")], Context(population=None)) == ["suppressed:max_fraction"]
+
+
+def test_global_budget() -> None:
+    policy = replace(POLICY, cooldown_s=0)
+    got = verdicts(policy, [(0, "a"), (1, "b"), (2, "c")], Context(global_max_per_hour=2))
+    assert got == ["execute", "execute", "suppressed:global_budget"]
+
+
+def test_kill_switch_and_pause_suppress_everything_including_undo() -> None:
+    clear = fire("a", replace(POLICY, on_clear=ActionSpec("restore_clocks", "fleet")), Transition.CLEAR)
+    d, _ = judge(clear, POLICY, GuardrailState(), Context(kill_switch=True), 0)
+    assert d.verdict == "suppressed:kill_switch"
+    d, _ = judge(fire("a"), POLICY, GuardrailState(), Context(paused=True), 0)
+    assert d.verdict == "suppressed:paused"
+
+
+def test_undo_passes_cooldown_and_limits() -> None:
+    policy = replace(POLICY, on_clear=ActionSpec("restore_clocks", "fleet"), max_per_hour=1)
+    state = GuardrailState()
+    _, state = judge(fire("a", policy), policy, state, Context(), 0)
+    d, _ = judge(fire("a", policy, Transition.CLEAR), policy, state, Context(), 1)
+    assert d.verdict == "execute"
+
+
+def test_schedule_window() -> None:
+    policy = replace(POLICY, schedule="*/5 22-23 * * *")
+    assert verdicts(policy, [(0, "a")], Context(in_schedule=False)) == ["suppressed:schedule"]
+
+
+def test_approval_required_waits_until_granted() -> None:
+    policy = replace(POLICY, approval="required")
+    assert verdicts(policy, [(0, "a")]) == ["awaiting_approval"]
+    assert verdicts(policy, [(0, "a")], Context(approved=True)) == ["execute"]
