@@ -1,10 +1,110 @@
-"""`gpuops fleet` commands."""
+"""`gpuops fleet` commands: `gpuops fleet sim` runs the simulated GPU fleet until Ctrl-C.
+
+A thin front over ``exporters.fleet.FleetSim``; logging is configured by ``engine.cli``.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import click
+
+from exporters.fleet import FleetConfig, FleetSim, PoolSpec
+
+log = logging.getLogger(__name__)
 
 
 @click.group(name="fleet")
 def fleet() -> None:
-    """(under construction)"""
+    """The simulated GPU fleet: nodes, jobs, a queue and a control API."""
+
+
+@fleet.command(name="sim")
+@click.option("--nodes", default=4, show_default=True, help="Nodes at start.")
+@click.option("--gpus-per-node", default=4, show_default=True, help="GPUs on every node.")
+@click.option("--pool", default="default", show_default=True, help="Name of the node pool.")
+@click.option(
+    "--model",
+    default="A100",
+    show_default=True,
+    type=click.Choice(["A100", "H100", "T4"]),
+    help="GPU model of every node.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--control-port",
+    default=9400,
+    show_default=True,
+    help="Port of the control API and the fleet /metrics (0: a free port).",
+)
+@click.option(
+    "--first-node-port",
+    default=9401,
+    show_default=True,
+    help="Node n serves /metrics on this port + n (0: free ports).",
+)
+@click.option(
+    "--sd-file",
+    default="gpu-nodes.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Prometheus file_sd JSON file kept current with the node targets.",
+)
+@click.option("--seed", default=42, show_default=True, help="Seed of every random choice.")
+@click.option(
+    "--arrival-rate",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Background job arrivals per minute (0: none).",
+)
+@click.option(
+    "--speed",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Simulated seconds per real second.",
+)
+def sim(
+    nodes: int,
+    gpus_per_node: int,
+    pool: str,
+    model: str,
+    host: str,
+    control_port: int,
+    first_node_port: int,
+    sd_file: str,
+    seed: int,
+    arrival_rate: float,
+    speed: float,
+) -> None:
+    """Run the simulated fleet until Ctrl-C."""
+    config = FleetConfig(
+        pools=(PoolSpec(pool, nodes, gpus_per_node, model),),
+        seed=seed,
+        arrival_rate_per_min=arrival_rate,
+        speed=speed,
+        host=host,
+        control_port=control_port,
+        first_node_port=first_node_port,
+        sd_file=sd_file,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    stop = threading.Event()
+    with FleetSim(config) as fleet_sim:
+        for node, port in sorted(fleet_sim.node_ports.items()):
+            log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)
+        log.info("control API: %s/api/v1/state", fleet_sim.control_url)
+        log.info(
+            "file_sd: %s; Prometheus scrape config:\n%s",
+            fleet_sim.sd_file,
+            fleet_sim.scrape_config(),
+        )
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            log.info("stopping the fleet")

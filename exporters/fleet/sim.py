@@ -41,7 +41,7 @@ class FleetSim:
         self._ticker: threading.Thread | None = None
         self._tmpdir: str | None = None
         if self.config.sd_file is not None:
-            self._sd_file = Path(self.config.sd_file)
+            self._sd_file = Path(self.config.sd_file).resolve()
         else:
             self._tmpdir = tempfile.mkdtemp(prefix="gpuops-fleet-")
             self._sd_file = Path(self._tmpdir) / "gpu-nodes.json"
