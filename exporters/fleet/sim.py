@@ -163,7 +163,11 @@ class FleetSim:
                 if failed:
                     listener.close()
                 elif not listener.is_open:
-                    listener.open()
+                    try:
+                        listener.open()
+                    except OSError as exc:  # port taken: the node stays unreachable, as if down
+                        log.error("node %s cannot listen on port %d: %s", name, listener.port, exc)
+                        continue
                     log.info("node %s serves /metrics on %s:%d", name, self.host, listener.port)
             with self.cluster.lock:
                 for name, listener in self._listeners.items():
