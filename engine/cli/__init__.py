@@ -51,6 +51,8 @@ def configure_logging(level: str, json_format: bool) -> None:
     root.setLevel(level.upper())
     # prometheus-api-client and urllib3 are chatty at INFO/DEBUG.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
+    # APScheduler logs every job run at INFO.
+    logging.getLogger("apscheduler").setLevel(max(root.level, logging.WARNING))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
