@@ -1,10 +1,104 @@
-"""`gpuops rules` commands."""
+"""``gpuops rules check|export|test``: validate, export and unit-test policy files.
+
+A thin front over ``engine.rules.loader`` (schema), ``engine.rules.promql`` (promtool),
+``engine.rules.export`` (Prometheus rule file) and ``engine.policytest`` (policy unit tests).
+Problems are printed one per line as ``FILE:LINE: message``; exit 0 when all is well, 1 when not.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
+
+from engine.rules.export import export_rules
+from engine.rules.loader import load_rules
+from engine.rules.model import RuleError, RulesError, RuleSet
+from engine.rules.promql import PromtoolError
+from engine.rules.promql import check as check_promql
+
+_PATHS = click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+
+
+def _report(errors: list[RuleError]) -> None:
+    for error in errors:
+        click.echo(str(error))
+    files = len({e.file for e in errors})
+    noun = "error" if len(errors) == 1 else "errors"
+    click.echo(f"{len(errors)} {noun} in {files} file{'s' if files != 1 else ''}", err=True)
+
+
+def _load(paths: tuple[Path, ...]) -> RuleSet:
+    try:
+        return load_rules(paths)
+    except RulesError as exc:
+        _report(exc.errors)
+        sys.exit(1)
 
 
 @click.group(name="rules")
 def rules() -> None:
-    """(under construction)"""
+    """Check, export and unit-test policy files (rules/*.yaml)."""
+
+
+@rules.command("check")
+@_PATHS
+@click.option(
+    "--no-promql",
+    is_flag=True,
+    help="Skip the PromQL check by promtool (schema only; for machines without promtool).",
+)
+def check(paths: tuple[Path, ...], no_promql: bool) -> None:
+    """Validate policy files or directories; print every problem as FILE:LINE: message."""
+    ruleset = _load(paths)
+    if not no_promql:
+        try:
+            errors = check_promql(ruleset)
+        except PromtoolError as exc:
+            raise click.ClickException(str(exc)) from None
+        if errors:
+            _report(errors)
+            sys.exit(1)
+    count = sum(1 for _ in ruleset.policies())
+    checked = "schema" if no_promql else "schema and PromQL"
+    click.echo(
+        f"OK: {count} policies in {len(ruleset.groups)} groups from {len(ruleset.files)} "
+        f"files ({checked} checked)"
+    )
+
+
+@rules.command("export")
+@_PATHS
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the Prometheus rule file here instead of to standard output.",
+)
+def export(paths: tuple[Path, ...], output: Path | None) -> None:
+    """Write the policies as a plain Prometheus rule file of alerting rules."""
+    text = export_rules(_load(paths))
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+
+
+@rules.command("test")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--prometheus-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the test Prometheus to start.",
+)
+def test(files: tuple[Path, ...], prometheus_timeout: float) -> None:
+    """Run policy unit tests: input series, expected decisions, PromQL by a real Prometheus."""
+    from engine.policytest import run_test_files  # starts processes: imported only when used
+
+    ok = run_test_files(list(files), echo=click.echo, start_timeout=prometheus_timeout)
+    sys.exit(0 if ok else 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -49,7 +49,8 @@ def known_executors() -> list[str]:
 
 def rule_files(paths: Sequence[Path | str]) -> tuple[list[Path], list[RuleError]]:
     """The files named by ``paths``: files as given, directories as their ``*.yaml``/``*.yml``
-    (not recursive, sorted by name)."""
+    (not recursive, sorted by name). A missing path or an empty directory is an error (whose
+    ``file`` is the path as given, so errors sort in the order of ``paths``)."""
     files: list[Path] = []
     errors: list[RuleError] = []
     for raw in paths:
@@ -79,15 +80,27 @@ def load_rules(paths: Sequence[Path | str]) -> RuleSet:
             errors.append(RuleError(str(path), 0, "cannot read: not UTF-8 text"))
         except OSError as exc:
             errors.append(RuleError(str(path), 0, f"cannot read: {exc.strerror or exc}"))
-    return _load(texts, errors)
+    order = [str(p) for p in files] + [e.file for e in errors]
+    return _load(texts, errors, sorted(order, key=_given_order(paths)))
+
+
+def _given_order(paths: Sequence[Path | str]) -> Callable[[str], int]:
+    given = [Path(p) for p in paths]
+
+    def rank(name: str) -> int:
+        path = Path(name)
+        return next((i for i, p in enumerate(given) if p == path or p == path.parent), len(given))
+
+    return rank
 
 
 def load_rules_text(text: str, filename: str) -> RuleSet:
     """Load and validate one rule file given as text (``filename`` is used in messages)."""
-    return _load([(text, filename)], [])
+    return _load([(text, filename)], [], [filename])
 
 
-def _load(texts: list[tuple[str, str]], errors: list[RuleError]) -> RuleSet:
+def _load(texts: list[tuple[str, str]], errors: list[RuleError], order: list[str]) -> RuleSet:
+    """Validate ``texts`` (text, file name); errors are sorted by ``order`` of files, then line."""
     groups: list[Group] = []
     names: list[_Name] = []
     context = {"executors": known_executors()}
@@ -98,8 +111,8 @@ def _load(texts: list[tuple[str, str]], errors: list[RuleError]) -> RuleSet:
         names.extend(reader.names)
     errors.extend(_duplicates(names))
     if errors:
-        order = {name: index for index, (_, name) in enumerate(texts)}
-        raise RulesError(sorted(errors, key=lambda e: (order.get(e.file, -1), e.line)))
+        rank = {name: index for index, name in reversed(list(enumerate(order)))}
+        raise RulesError(sorted(errors, key=lambda e: (rank.get(e.file, len(rank)), e.line)))
     ruleset = RuleSet(groups=tuple(groups), files=tuple(name for _, name in texts))
     log.debug("loaded %d policies from %d files", sum(1 for _ in ruleset.policies()), len(texts))
     return ruleset

@@ -6,7 +6,6 @@ positions recorded while parsing; produces ``file:line: groups[0].rules[1].for: 
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from engine.rules.model import RuleError
-from engine.rules.schema import allowed_keys, describe
+from engine.rules.schema import allowed_keys, describe, suggest
 from engine.rules.yamlsource import Positions, YamlPath, YamlProblem
 
 _EXPECTED = {
@@ -56,9 +55,7 @@ def from_yaml(file: str, problem: YamlProblem) -> RuleError:
 
 def unknown_key(key: str, allowed: list[str]) -> str:
     """``unknown key "cooldwn", did you mean "cooldown"? (allowed: a, b)``."""
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f', did you mean "{close[0]}"?' if close else ""
-    return f"unknown key {json.dumps(key)}{hint} (allowed: {', '.join(allowed)})"
+    return f"unknown key {json.dumps(key)}{suggest(key, allowed)} (allowed: {', '.join(allowed)})"
 
 
 def _model_at(
@@ -109,7 +106,7 @@ def _one(
     if kind in _EXPECTED:
         message = f"expected {_EXPECTED[kind]}, found {describe(found)}"
     elif kind == "too_short":
-        message = f"must not be empty, found {describe(found)}"
+        message = "must not be empty"
     else:
         message = str(err["msg"])
     return located(file, positions.line(path), path, message)

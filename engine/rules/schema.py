@@ -8,9 +8,10 @@ loader adds file, line and key.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Annotated, Any
 
@@ -38,10 +39,16 @@ def describe(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, dict):
-        return "a mapping"
+        return "a mapping" if value else "an empty mapping"
     if isinstance(value, list):
-        return "a list"
+        return "a list" if value else "an empty list"
     return type(value).__name__
+
+
+def suggest(found: Any, allowed: Sequence[str]) -> str:
+    """``, did you mean "enforce"?`` when ``found`` is close to one of ``allowed``, else ``""``."""
+    close = difflib.get_close_matches(found, allowed, n=1) if isinstance(found, str) else []
+    return f', did you mean "{close[0]}"?' if close else ""
 
 
 def _fail(kind: str, message: str) -> PydanticCustomError:
@@ -107,7 +114,9 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in allowed:
             raise _fail(
-                "choice", f"invalid value {describe(value)} (allowed: {', '.join(allowed)})"
+                "choice",
+                f"invalid value {describe(value)}{suggest(value, allowed)} "
+                f"(allowed: {', '.join(allowed)})",
             )
         return str(value)
 
@@ -204,7 +213,9 @@ class ActionModel(_Strict):
         known = (info.context or {}).get("executors")
         if known is not None and value not in known:
             raise _fail(
-                "executor", f"unknown executor {describe(value)} (allowed: {', '.join(known)})"
+                "executor",
+                f"unknown executor {describe(value)}{suggest(value, known)} "
+                f"(allowed: {', '.join(known)})",
             )
         return value
 

@@ -168,7 +168,8 @@ def _syntax_problem(exc: yaml.YAMLError) -> YamlProblem:
         parts = [p for p in (exc.context, exc.problem) if p]
         if exc.context_mark is not None and exc.problem_mark is not None and exc.context:
             parts[0] = f"{exc.context} (line {exc.context_mark.line + 1})"
-        return YamlProblem(line, (), "YAML syntax error: " + ", ".join(parts))
+        hint = " (check the indentation of this line)" if "<block end>" in str(exc.problem) else ""
+        return YamlProblem(line, (), "YAML syntax error: " + ", ".join(parts) + hint)
     return YamlProblem(1, (), f"YAML syntax error: {exc}")
 
 

@@ -1,0 +1,101 @@
+"""``gpuops rules check|export`` through click, without promtool (``--no-promql``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from engine.cli import cli
+from engine.rules import promql
+
+ROOT = Path(__file__).resolve().parents[3]
+INVALID = ROOT / "tests" / "fixtures" / "rules" / "invalid"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["rules", *args], catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_check_valid_rules_exits_0() -> None:
+    code, out, _ = run("check", "--no-promql", str(ROOT / "rules"))
+    assert code == 0
+    assert out == "OK: 4 policies in 2 groups from 2 files (schema checked)\n"
+
+
+def test_check_invalid_rules_prints_file_line_message_and_exits_1() -> None:
+    path = INVALID / "many-mistakes.yaml"
+    code, out, err = run("check", "--no-promql", str(path))
+    assert code == 1
+    expected = (
+        (INVALID / "many-mistakes.expected").read_text().replace("many-mistakes.yaml", str(path))
+    )
+    assert out == expected
+    assert err == "6 errors in 1 file\n"
+
+
+def test_check_reports_errors_of_all_files(tmp_path: Path) -> None:
+    code, out, err = run(
+        "check", "--no-promql", str(INVALID / "unknown-key.yaml"), str(INVALID / "bad.yaml")
+    )
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"{INVALID / 'unknown-key.yaml'}:6: ")
+    assert (
+        out.splitlines()[1] == f"{INVALID / 'bad.yaml'}:0: cannot read: no such file or directory"
+    )
+    assert err == "2 errors in 2 files\n"
+
+
+def test_check_says_clearly_when_promtool_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> str:
+        raise promql.PromtoolError("promtool not found on PATH, so PromQL was not checked")
+
+    monkeypatch.setattr(promql, "find_promtool", missing)
+    code, _, err = run("check", str(ROOT / "rules"))
+    assert code == 1
+    assert err == "Error: promtool not found on PATH, so PromQL was not checked\n"
+
+
+def test_export_writes_one_alerting_rule_per_policy(tmp_path: Path) -> None:
+    out_file = tmp_path / "exported.yaml"
+    code, _, err = run("export", str(ROOT / "rules"), "-o", str(out_file))
+    assert code == 0
+    assert err == f"wrote {out_file}\n"
+    exported = yaml.safe_load(out_file.read_text())
+    rules = {r["alert"]: r for g in exported["groups"] for r in g["rules"]}
+    assert sorted(rules) == [
+        "downclock-underused-gpus",
+        "migrate-off-down-nodes",
+        "reclaim-idle-gpus",
+        "scale-out-on-queue",
+    ]
+    reclaim = rules["reclaim-idle-gpus"]
+    assert reclaim["for"] == "10m"
+    assert reclaim["labels"] == {
+        "team": "platform",
+        "severity": "info",
+        "gpuops_policy": "reclaim-idle-gpus",
+    }
+    assert reclaim["annotations"]["summary"] == (
+        "GPU {{ $labels.uuid }} on {{ $labels.node }} idle while allocated"
+    )
+    assert [g["interval"] for g in exported["groups"]] == ["15s", "30s"]
+
+
+def test_export_to_stdout_skips_alertmanager_only_policies() -> None:
+    code, out, _ = run(
+        "export", str(ROOT / "tests" / "fixtures" / "rules" / "valid" / "minimal.yaml")
+    )
+    assert code == 0
+    assert "# Not exported (triggered by Alertmanager only): drain-on-gpu-fell-off-bus\n" in out
+    exported = yaml.safe_load(out)
+    assert [r["alert"] for r in exported["groups"][0]["rules"]] == ["log-down-nodes"]
+
+
+def test_export_of_invalid_rules_exits_1() -> None:
+    code, out, _ = run("export", str(INVALID / "unknown-key.yaml"))
+    assert code == 1
+    assert "unknown key" in out
