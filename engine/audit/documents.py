@@ -8,6 +8,7 @@ Pure functions called by ``engine.audit.log.AuditLog``; every field is an ECS fi
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -202,7 +203,9 @@ def operation_document(
     doc["user"] = {"name": user, "roles": list(roles)}
     doc["host"] = {"name": host_name}
     if source_ip:
-        doc["source"] = {"ip": source_ip}
+        doc["source"] = {"address": source_ip}
+        if _is_ip(source_ip):
+            doc["source"]["ip"] = source_ip
     if error:
         doc["error"] = {"message": error}
     gpuops: dict[str, Any] = {"operation": {"outcome": outcome}}
@@ -210,6 +213,14 @@ def operation_document(
         gpuops["operation"]["details"] = _plain(details)
     doc["gpuops"] = gpuops
     return doc
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def stream_of(doc: Mapping[str, Any]) -> str:

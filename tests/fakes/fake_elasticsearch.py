@@ -1,0 +1,516 @@
+"""A small, honest fake of Elasticsearch 8.x on a loopback port (DESIGN.md section 12).
+
+Used by the audit tests and the audit benchmark with the real ``elasticsearch`` client. It
+follows the wire contract: ``X-Elastic-Product: Elasticsearch`` on every 2xx, compatible-with
+media types, ``GET /``, ``PUT/POST /_bulk`` NDJSON with per-item statuses, data streams created
+from matching index templates (with the built-in ``logs`` template at priority 100), op_type
+``create`` only and ``@timestamp`` required in data streams, 409 on a duplicate ``_id``, field
+values checked against the mapped type (400 per item), ILM policies, component and index
+templates, and search (``fake_es_search``). Faults: ``fail_next(status, times, scope)`` for
+request- or item-level errors, ``delay_s`` for slow answers, ``stop()``/``start()`` for an
+outage on the same port.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.fake_es_search import (
+    Doc,
+    DslError,
+    Mapping_,
+    aggregate,
+    check_value,
+    matcher,
+    sort_key,
+    values_of,
+)
+
+VERSION = "8.19.3"
+_ACCEPTED_TYPES = ("application/json", "application/x-ndjson")
+_BUILTIN_LOGS = {
+    "index_patterns": ["logs-*-*"],
+    "priority": 100,
+    "data_stream": {},
+    "composed_of": [],
+    "template": {"mappings": {"properties": {"@timestamp": {"type": "date"}}}},
+}
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, kind: str, reason: str, product: bool = True) -> None:
+        super().__init__(reason)
+        self.status, self.kind, self.reason, self.product = status, kind, reason, product
+
+    def body(self) -> dict[str, Any]:
+        cause = {"type": self.kind, "reason": self.reason}
+        return {"error": {"root_cause": [cause], **cause}, "status": self.status}
+
+
+class Stream:
+    """A data stream (or a plain index): its mapping and documents by ``_id``."""
+
+    def __init__(self, name: str, mappings: Mapping[str, Any], data_stream: bool) -> None:
+        self.name = name
+        self.data_stream = data_stream
+        day = datetime.now(tz=UTC).strftime("%Y.%m.%d")
+        self.index = f".ds-{name}-{day}-000001" if data_stream else name
+        self.mapping = Mapping_(mappings)
+        self.docs: dict[str, dict[str, Any]] = {}
+
+
+class FakeElasticsearch:
+    """The fake cluster. ``with FakeElasticsearch() as es: es.url``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.ilm: dict[str, Any] = {}
+        self.component_templates: dict[str, Any] = {}
+        self.index_templates: dict[str, Any] = {"logs": _BUILTIN_LOGS}
+        self.streams: dict[str, Stream] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.delay_s = 0.0
+        self._faults: list[tuple[str, int]] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- control ----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeElasticsearch:
+        fake = self
+
+        class Handler(_Handler):
+            es = fake
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="fake-es", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Close the listener (connections are refused until ``start()``); data is kept."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @contextmanager
+    def outage(self) -> Iterator[None]:
+        self.stop()
+        try:
+            yield
+        finally:
+            self.start()
+
+    def __enter__(self) -> FakeElasticsearch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def fail_next(self, status: int, times: int = 1, scope: str = "request") -> None:
+        """Answer the next ``times`` bulk requests (scope ``request``) or bulk items (``item``)
+        with ``status`` (429, 503, 400...)."""
+        with self.lock:
+            self._faults.extend([(scope, status)] * times)
+
+    def take_fault(self, scope: str) -> int | None:
+        with self.lock:
+            for i, (where, status) in enumerate(self._faults):
+                if where == scope:
+                    del self._faults[i]
+                    return status
+        return None
+
+    def documents(self, stream: str) -> list[dict[str, Any]]:
+        with self.lock:
+            found = self.streams.get(stream)
+            return list(found.docs.values()) if found else []
+
+    # -- templates and streams --------------------------------------------------------------
+
+    def template_for(self, name: str) -> dict[str, Any] | None:
+        matching = [
+            t
+            for t in self.index_templates.values()
+            if any(fnmatch.fnmatchcase(name, p) for p in _patterns(t))
+        ]
+        return max(matching, key=lambda t: int(t.get("priority", 0)), default=None)
+
+    def effective_mappings(self, template: Mapping[str, Any]) -> dict[str, Any]:
+        merged: dict[str, Any] = {"properties": {}, "dynamic_templates": []}
+        parts = [self.component_templates[c]["template"] for c in template.get("composed_of", [])]
+        for part in [*parts, template.get("template") or {}]:
+            mappings = part.get("mappings") or {}
+            _merge(merged["properties"], mappings.get("properties") or {})
+            merged["dynamic_templates"] += mappings.get("dynamic_templates") or []
+            if "dynamic" in mappings:
+                merged["dynamic"] = mappings["dynamic"]
+        return merged
+
+    def stream(self, name: str) -> Stream:
+        with self.lock:
+            if name not in self.streams:
+                template = self.template_for(name) or {}
+                is_ds = "data_stream" in template
+                self.streams[name] = Stream(name, self.effective_mappings(template), is_ds)
+            return self.streams[name]
+
+    def resolve(self, expression: str, allow_no_indices: bool) -> list[Stream]:
+        found: list[Stream] = []
+        for part in expression.split(","):
+            hits = [
+                s
+                for s in self.streams.values()
+                if fnmatch.fnmatchcase(s.name, part) or fnmatch.fnmatchcase(s.index, part)
+            ]
+            if not hits and "*" not in part and not allow_no_indices and part != "_all":
+                raise HttpError(404, "index_not_found_exception", f"no such index [{part}]")
+            found += [h for h in hits if h not in found]
+        return found
+
+
+def _patterns(template: Mapping[str, Any]) -> list[str]:
+    raw = template.get("index_patterns") or []
+    return [raw] if isinstance(raw, str) else list(raw)
+
+
+def _merge(into: dict[str, Any], props: Mapping[str, Any]) -> None:
+    for key, spec in props.items():
+        if key in into and "properties" in spec and "properties" in into[key]:
+            _merge(into[key]["properties"], spec["properties"])
+        else:
+            into[key] = json.loads(json.dumps(spec))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    es: FakeElasticsearch
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        return
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        split = urlsplit(self.path)
+        params = {k: v[-1] for k, v in parse_qs(split.query).items()}
+        parts = [p for p in split.path.split("/") if p]
+        self.es.requests.append((method, split.path))
+        if self.es.delay_s:
+            time.sleep(self.es.delay_s)
+        try:
+            self._check_media_types(raw)
+            status, body = self._route(method, parts, params, raw)
+        except HttpError as exc:
+            self._send(exc.status, exc.body(), product=exc.product)
+        except DslError as exc:
+            self._send(400, HttpError(400, exc.kind, exc.reason).body())
+        else:
+            self._send(status, body, head=method == "HEAD")
+
+    def _check_media_types(self, raw: bytes) -> None:
+        for header in ("Accept", "Content-Type"):
+            value = self.headers.get(header) or ""
+            if "compatible-with=" in value and value.split("compatible-with=")[1][:1] not in "78":
+                raise HttpError(400, "media_type_header_exception", f"Invalid {header} [{value}]")
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if raw and ctype.replace("vnd.elasticsearch+", "") not in _ACCEPTED_TYPES:
+            raise HttpError(
+                406, "media_type_header_exception", f"Content-Type [{ctype}] is not supported"
+            )
+
+    def _send(self, status: int, body: Any, product: bool = True, head: bool = False) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        compat = "compatible-with=8" in (self.headers.get("Accept") or "")
+        ctype = (
+            "application/vnd.elasticsearch+json;compatible-with=8" if compat else "application/json"
+        )
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        if product and (200 <= status < 300 or status == 429 or status < 500):
+            self.send_header("X-Elastic-Product", "Elasticsearch")
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)
+
+    def _route(
+        self, method: str, parts: list[str], params: dict[str, str], raw: bytes
+    ) -> tuple[int, Any]:
+        es = self.es
+        if not parts and method in ("GET", "HEAD"):
+            return 200, _info()
+        if parts[-1] == "_bulk" and method in ("PUT", "POST"):
+            return self._bulk(parts[0] if len(parts) == 2 else None, raw)
+        if parts[-1] == "_search" and method in ("GET", "POST"):
+            return 200, self._search(parts[0] if len(parts) == 2 else "*", params, raw)
+        if parts[-1] == "_refresh":
+            return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
+        stores = {
+            ("_ilm", "policy"): es.ilm,
+            ("_component_template",): es.component_templates,
+            ("_index_template",): es.index_templates,
+            ("_data_stream",): None,
+        }
+        key = tuple(parts[:-1])
+        if key in stores and method in ("PUT", "POST"):
+            return self._put_object(parts, stores[key], raw)
+        if key in stores and method == "GET":
+            return self._get_object(parts, stores[key])
+        raise HttpError(
+            400, "illegal_argument_exception", f"no handler for [{method} /{'/'.join(parts)}]"
+        )
+
+    def _put_object(
+        self, parts: list[str], store: dict[str, Any] | None, raw: bytes
+    ) -> tuple[int, Any]:
+        if store is None:
+            raise HttpError(400, "illegal_argument_exception", "data streams come from templates")
+        body = json.loads(raw or b"{}")
+        name = parts[-1]
+        if parts[0] == "_ilm" and "policy" not in body:
+            raise HttpError(400, "x_content_parse_exception", "required [policy] is missing")
+        if parts[0] == "_component_template" and "template" not in body:
+            raise HttpError(400, "x_content_parse_exception", "required [template] is missing")
+        if parts[0] == "_index_template":
+            if not _patterns(body):
+                raise HttpError(
+                    400, "action_request_validation_exception", "index patterns are missing"
+                )
+            missing = [
+                c for c in body.get("composed_of", []) if c not in self.es.component_templates
+            ]
+            if missing:
+                raise HttpError(
+                    400,
+                    "invalid_index_template_exception",
+                    f"index template [{name}] specifies component templates {missing} "
+                    "that do not exist",
+                )
+        with self.es.lock:
+            store[name] = body
+        return 200, {"acknowledged": True}
+
+    def _get_object(self, parts: list[str], store: dict[str, Any] | None) -> tuple[int, Any]:
+        name = parts[-1]
+        if store is None:
+            found = [s for s in self.es.streams.values() if s.name == name and s.data_stream]
+            if not found:
+                raise HttpError(404, "index_not_found_exception", f"no such index [{name}]")
+            return 200, {
+                "data_streams": [{"name": name, "indices": [{"index_name": found[0].index}]}]
+            }
+        if name not in store:
+            raise HttpError(404, "resource_not_found_exception", f"[{name}] not found")
+        if parts[0] == "_ilm":
+            return 200, {name: {"version": 1, "policy": store[name]["policy"]}}
+        label = "component_templates" if parts[0] == "_component_template" else "index_templates"
+        kind = "component_template" if parts[0] == "_component_template" else "index_template"
+        return 200, {label: [{"name": name, kind: store[name]}]}
+
+    def _bulk(self, default_index: str | None, raw: bytes) -> tuple[int, Any]:
+        status = self.es.take_fault("request")
+        if status is not None:
+            if status == 429:
+                raise HttpError(
+                    429, "es_rejected_execution_exception", "rejected execution of bulk"
+                )
+            raise HttpError(status, "fake_fault", f"injected {status}", product=False)
+        lines = [line for line in raw.split(b"\n") if line.strip()]
+        started = time.monotonic()
+        items: list[dict[str, Any]] = []
+        i = 0
+        while i < len(lines):
+            action = json.loads(lines[i])
+            ((op, meta),) = action.items()
+            source = json.loads(lines[i + 1]) if op != "delete" else None
+            i += 1 if op == "delete" else 2
+            items.append({op: self._bulk_item(op, meta, source, default_index)})
+        errors = any(next(iter(it.values()))["status"] >= 300 for it in items)
+        took = int((time.monotonic() - started) * 1000)
+        return 200, {"errors": errors, "took": took, "items": items}
+
+    def _bulk_item(
+        self, op: str, meta: Mapping[str, Any], source: Any, default_index: str | None
+    ) -> dict[str, Any]:
+        name = meta.get("_index") or default_index or ""
+        doc_id = str(meta.get("_id") or uuid.uuid4().hex[:20])
+        fault = self.es.take_fault("item")
+
+        def error(status: int, kind: str, reason: str, index: str) -> dict[str, Any]:
+            return {
+                "_index": index,
+                "_id": doc_id,
+                "status": status,
+                "error": {"type": kind, "reason": reason},
+            }
+
+        if fault is not None:
+            return error(fault, "es_rejected_execution_exception", "injected item fault", name)
+        with self.es.lock:
+            stream = self.es.stream(name)
+            index = stream.index
+            if stream.data_stream and op != "create":
+                return error(
+                    400,
+                    "illegal_argument_exception",
+                    "only write ops with an op_type of create are allowed in data streams",
+                    index,
+                )
+            if stream.data_stream and not values_of(source, "@timestamp"):
+                return error(
+                    400,
+                    "document_parsing_exception",
+                    "data stream timestamp field [@timestamp] is missing",
+                    index,
+                )
+            problem = _validate(source, stream.mapping)
+            if problem:
+                return error(400, "document_parsing_exception", problem, index)
+            if doc_id in stream.docs and op == "create":
+                return error(
+                    409,
+                    "version_conflict_engine_exception",
+                    f"[{doc_id}]: version conflict, document already exists (current version [1])",
+                    index,
+                )
+            stream.docs[doc_id] = source
+            seq = len(stream.docs) - 1
+        return {
+            "_index": index,
+            "_id": doc_id,
+            "_version": 1,
+            "result": "created",
+            "_shards": {"total": 1, "successful": 1, "failed": 0},
+            "_seq_no": seq,
+            "_primary_term": 1,
+            "status": 201,
+        }
+
+    def _search(self, expression: str, params: dict[str, str], raw: bytes) -> dict[str, Any]:
+        body = json.loads(raw or b"{}")
+        allow = (
+            params.get("allow_no_indices", "true") == "true"
+            or params.get("ignore_unavailable") == "true"
+        )
+        with self.es.lock:
+            streams = self.es.resolve(expression, allow)
+            docs: list[tuple[Doc, Stream, str]] = [
+                ((src, s.mapping), s, i) for s in streams for i, src in s.docs.items()
+            ]
+        test = matcher(body.get("query") or {"match_all": {}})
+        hits = [entry for entry in docs if test(entry[0])]
+        if "sort" in body:
+            hits.sort(key=lambda e: sort_key(body["sort"])(e[0]))
+        start, size = int(body.get("from", 0)), int(body.get("size", 10))
+        out: dict[str, Any] = {
+            "took": 1,
+            "timed_out": False,
+            "_shards": {
+                "total": len(streams),
+                "successful": len(streams),
+                "skipped": 0,
+                "failed": 0,
+            },
+            "hits": {
+                "total": {
+                    "value": min(len(hits), 10000),
+                    "relation": "eq" if len(hits) <= 10000 else "gte",
+                },
+                "max_score": None,
+                "hits": [
+                    {"_index": s.index, "_id": i, "_score": None, "_source": d[0]}
+                    for d, s, i in hits[start : start + size]
+                ],
+            },
+        }
+        aggs = body.get("aggs") or body.get("aggregations")
+        if aggs:
+            out["aggregations"] = aggregate(aggs, [d for d, _, _ in hits])
+        return out
+
+
+def _validate(source: Mapping[str, Any], mapping: Mapping_) -> str | None:
+    def walk(node: Any, prefix: str) -> str | None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                path = f"{prefix}{key}"
+                sample = None if isinstance(value, Mapping | list) else value
+                kind = mapping.field_type(path, sample)
+                if kind == "flattened":
+                    continue
+                if kind is None and mapping.dynamic == "strict" and not isinstance(value, Mapping):
+                    return (
+                        f"[1:1] mapping set to strict, dynamic introduction of [{path}] "
+                        "is not allowed"
+                    )
+                if kind and kind != "object":
+                    for item in value if isinstance(value, list) else [value]:
+                        problem = check_value(kind, item, mapping.fields.get(path, {}))
+                        if problem:
+                            return f"failed to parse field [{path}] of type [{kind}]: {problem}"
+                    continue
+                problem = walk(value, path + ".")
+                if problem:
+                    return problem
+        return None
+
+    return walk(source, "")
+
+
+def _info() -> dict[str, Any]:
+    return {
+        "name": "fake-node",
+        "cluster_name": "fake",
+        "cluster_uuid": "fakeclusteruuid000000",
+        "version": {
+            "number": VERSION,
+            "build_flavor": "default",
+            "build_type": "docker",
+            "build_hash": "0" * 40,
+            "build_date": "2025-01-01T00:00:00.000Z",
+            "build_snapshot": False,
+            "lucene_version": "9.12.0",
+            "minimum_wire_compatibility_version": "7.17.0",
+            "minimum_index_compatibility_version": "7.0.0",
+        },
+        "tagline": "You Know, for Search",
+    }
