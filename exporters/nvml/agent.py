@@ -59,7 +59,8 @@ class ClockAgent:
                     entry["power_limit_range_watts"] = [low / 1000, high / 1000]
                 except AgentError as exc:
                     entry["error"] = exc.message
-            locked = self._locked.get((str(dev.index), dev.uuid))
+            with self._lock:
+                locked = self._locked.get((str(dev.index), dev.uuid))
             entry["locked_clocks_mhz"] = list(locked) if locked else None
             out.append(entry)
         return out
