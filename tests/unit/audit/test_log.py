@@ -9,33 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.audit import AuditLog, AuditSettings, SpoolLockedError
-from engine.decisions import (
-    ActionSpec,
-    Decision,
-    Evidence,
-    Outcome,
-    OutcomeStatus,
-    SkippedEvaluation,
-    Target,
-    Transition,
-    decision_id,
-)
-
-
-def make_decision(verdict: str = "execute", policy: str = "reclaim-idle-gpus") -> Decision:
-    target = Target.from_labels({"node": "n1", "uuid": "GPU-1"}, ("node", "uuid"))
-    return Decision(
-        id=decision_id(policy, target.key, 1000.0, "fire"),
-        policy=policy,
-        group="gpu-efficiency",
-        target=target,
-        transition=Transition.FIRE,
-        action=ActionSpec("reclaim", "fleet", {"grace": 30}),
-        evidence=Evidence("up == 0", 0.1, 900.0, 1000.0),
-        at=1000.0,
-        episode_start=900.0,
-        verdict=verdict,
-    )
+from engine.decisions import Outcome, OutcomeStatus, SkippedEvaluation
+from tests.unit.audit.factories import make_decision
 
 
 def spool_lines(directory: Path) -> list[dict[str, object]]:

@@ -1,0 +1,47 @@
+"""Builders of decisions and helpers shared by the audit tests (not a test module)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id
+
+
+def make_decision(
+    verdict: str = "execute",
+    policy: str = "reclaim-idle-gpus",
+    labels: Mapping[str, str] | None = None,
+    at: float = 1_700_000_000.0,
+    transition: Transition = Transition.FIRE,
+    action: str | None = "reclaim",
+    reason: str = "",
+    episode: float | None = None,
+) -> Decision:
+    target_labels = dict(labels or {"node": "n1", "uuid": "GPU-1"})
+    target = Target.from_labels(target_labels, tuple(sorted(target_labels)))
+    start = at - 600 if episode is None else episode
+    return Decision(
+        id=decision_id(policy, target.key, start, transition.value),
+        policy=policy,
+        group="gpu-efficiency",
+        target=target,
+        transition=transition,
+        action=ActionSpec(action, "fleet", {"grace_s": 30}) if action else None,
+        evidence=Evidence("max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.2", 0.05, start, at),
+        at=at,
+        episode_start=start,
+        verdict=verdict,
+        reason=reason,
+        mode="enforce",
+        labels={"team": "platform"},
+    )
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
+        time.sleep(0.01)
