@@ -51,7 +51,7 @@ def suggest(found: Any, allowed: Sequence[str]) -> str:
     return f', did you mean "{close[0]}"?' if close else ""
 
 
-def _fail(kind: str, message: str) -> PydanticCustomError:
+def fail(kind: str, message: str) -> PydanticCustomError:
     # Passed as context so that braces in user input are not read as message placeholders.
     return PydanticCustomError(kind, "{message}", {"message": message})
 
@@ -62,7 +62,7 @@ def _duration(value: Any) -> float:
             return parse_duration(value)
         except DurationError:
             pass
-    raise _fail(
+    raise fail(
         "duration",
         f"invalid duration {describe(value)} (expected a Prometheus duration such as 30s, 5m, 1h)",
     )
@@ -71,27 +71,27 @@ def _duration(value: Any) -> float:
 def _positive_duration(value: Any) -> float:
     seconds = _duration(value)
     if seconds <= 0:
-        raise _fail("duration", f"duration must be longer than 0, found {describe(value)}")
+        raise fail("duration", f"duration must be longer than 0, found {describe(value)}")
     return seconds
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str):
-        raise _fail("string", f"expected a string, found {describe(value)}")
+        raise fail("string", f"expected a string, found {describe(value)}")
     return value
 
 
 def _non_empty(value: Any) -> str:
     text = _text(value)
     if not text.strip():
-        raise _fail("string", "must not be empty")
+        raise fail("string", "must not be empty")
     return text
 
 
 def _label_name(value: Any) -> str:
     name = _text(value)
     if not LABEL_NAME.fullmatch(name):
-        raise _fail(
+        raise fail(
             "label_name",
             f"invalid label name {describe(value)} (allowed: letters, digits and _, "
             "not starting with a digit)",
@@ -102,7 +102,7 @@ def _label_name(value: Any) -> str:
 def _policy_name(value: Any) -> str:
     name = _non_empty(value)
     if not POLICY_NAME.fullmatch(name):
-        raise _fail(
+        raise fail(
             "policy_name",
             f"invalid policy name {describe(value)} (allowed: letters, digits, -, _ and ., "
             "starting with a letter)",
@@ -110,10 +110,10 @@ def _policy_name(value: Any) -> str:
     return name
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
+def choice(*allowed: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in allowed:
-            raise _fail(
+            raise fail(
                 "choice",
                 f"invalid value {describe(value)}{suggest(value, allowed)} "
                 f"(allowed: {', '.join(allowed)})",
@@ -125,7 +125,7 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
 
 def _fraction(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise _fail(
+        raise fail(
             "fraction",
             f"invalid fraction {describe(value)} (allowed: a number greater than 0 and at most "
             "1, such as 0.25)",
@@ -135,7 +135,7 @@ def _fraction(value: Any) -> float:
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(
+        raise fail(
             "positive_int", f"invalid count {describe(value)} (allowed: a whole number >= 1)"
         )
     return value
@@ -144,7 +144,7 @@ def _positive_int(value: Any) -> int:
 def _cron(value: Any) -> str:
     text = _non_empty(value)
     if len(text.split()) != 5:
-        raise _fail(
+        raise fail(
             "cron",
             f"invalid schedule {describe(value)} (expected 5 cron fields: minute hour "
             'day-of-month month day-of-week, such as "*/5 22-23,0-5 * * *")',
@@ -152,19 +152,19 @@ def _cron(value: Any) -> str:
     try:
         CronTrigger.from_crontab(text)
     except ValueError as exc:
-        raise _fail("cron", f"invalid schedule {describe(value)} ({exc})") from None
+        raise fail("cron", f"invalid schedule {describe(value)} ({exc})") from None
     return text
 
 
 def _unique_labels(value: Any) -> list[str]:
     if not isinstance(value, list):
-        raise _fail("list", f"expected a list of label names, found {describe(value)}")
+        raise fail("list", f"expected a list of label names, found {describe(value)}")
     if not value:
-        raise _fail("list", "must name at least one label (omit target to use all labels)")
+        raise fail("list", "must name at least one label (omit target to use all labels)")
     names = [_label_name(v) for v in value]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise _fail("list", f"label {json.dumps(repeated[0])} is named more than once")
+        raise fail("list", f"label {json.dumps(repeated[0])} is named more than once")
     return names
 
 
@@ -184,7 +184,7 @@ def _template(value: Any) -> str:
     text = _text(value)
     problem = template_problem(text)
     if problem:
-        raise _fail("template", problem)
+        raise fail("template", problem)
     return text
 
 
@@ -212,7 +212,7 @@ class ActionModel(_Strict):
     def _known_executor(cls, value: str, info: ValidationInfo) -> str:
         known = (info.context or {}).get("executors")
         if known is not None and value not in known:
-            raise _fail(
+            raise fail(
                 "executor",
                 f"unknown executor {describe(value)}{suggest(value, known)} "
                 f"(allowed: {', '.join(known)})",
@@ -250,9 +250,9 @@ class RuleModel(_Strict):
     cooldown: Duration = 0.0
     repeat_interval: PositiveDuration | None = None
     limits: LimitsModel | None = None
-    mode: Annotated[str, BeforeValidator(_choice("enforce", "dry-run"))] = "dry-run"
-    on_no_data: Annotated[str, BeforeValidator(_choice("hold", "skip"))] = "hold"
-    approval: Annotated[str, BeforeValidator(_choice("none", "required"))] = "none"
+    mode: Annotated[str, BeforeValidator(choice("enforce", "dry-run"))] = "dry-run"
+    on_no_data: Annotated[str, BeforeValidator(choice("hold", "skip"))] = "hold"
+    approval: Annotated[str, BeforeValidator(choice("none", "required"))] = "none"
     schedule: Annotated[str, BeforeValidator(_cron)] | None = None
     trigger: TriggerModel | None = None
     labels: dict[LabelName, Template] = Field(default_factory=dict)
