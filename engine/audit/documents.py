@@ -94,7 +94,7 @@ def decision_document(
     )
     if decision.reason:
         doc["event"]["reason"] = decision.reason
-    if outcome is not None:
+    if outcome is not None and math.isfinite(outcome.duration_s):
         doc["event"]["duration"] = int(round(outcome.duration_s * 1e9))
     target = ", ".join(f"{k}={v}" for k, v in sorted(decision.target.labels.items()))
     message = f"{decision.policy} {decision.transition.value} on {target or decision.target.key}"

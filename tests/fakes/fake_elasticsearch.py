@@ -13,8 +13,10 @@ outage on the same port.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
+import socket
 import threading
 import time
 import uuid
@@ -82,6 +84,7 @@ class FakeElasticsearch:
         self.delay_s = 0.0
         self._faults: list[tuple[str, int]] = []
         self._server: ThreadingHTTPServer | None = None
+        self.connections: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
         self.port = 0
 
@@ -111,6 +114,11 @@ class FakeElasticsearch:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self.lock:  # a real outage also breaks the client's keep-alive connections
+            for conn in list(self.connections):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            self.connections.clear()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -208,6 +216,17 @@ class _Handler(BaseHTTPRequestHandler):
     es: FakeElasticsearch
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        with self.es.lock:
+            self.es.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.es.lock:
+            self.es.connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         return

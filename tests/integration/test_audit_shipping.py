@@ -1,0 +1,186 @@
+"""The shipper against the fake Elasticsearch with the real client: data streams, op_type create,
+_id = event.id, 409 as stored, retries with backoff, dead letters, templates (issue 4, item 3)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
+
+from engine.audit import AuditLog, AuditSettings
+from engine.cli import cli
+from tests.fakes.fake_elasticsearch import FakeElasticsearch
+from tests.unit.audit.factories import make_decision, wait_until
+
+DECISIONS = "logs-gpuops.decision-default"
+AUDIT = "logs-gpuops.audit-default"
+
+
+@pytest.fixture
+def es() -> Iterator[FakeElasticsearch]:
+    with FakeElasticsearch() as fake:
+        yield fake
+
+
+def settings(spool: Path, es: FakeElasticsearch) -> AuditSettings:
+    return AuditSettings(
+        spool_dir=spool,
+        elasticsearch_url=es.url,
+        segment_max_age_s=0.0,
+        poll_interval_s=0.01,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+        request_timeout_s=2.0,
+    )
+
+
+def record(audit: AuditLog, n: int) -> list[str]:
+    return [
+        audit.decision(make_decision(labels={"node": f"n{i}", "uuid": f"GPU-{i}"}), None)
+        for i in range(n)
+    ]
+
+
+def sample(audit: AuditLog, name: str, **labels: str) -> float:
+    return audit.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_documents_reach_their_data_streams_and_segments_are_deleted(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        ids = record(audit, 5)
+        op = audit.operation("alice", ["admin"], "pause", "success", "127.0.0.1", "paused")
+        wait_until(lambda: audit.pending == 0, what="the spool to drain")
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
+    assert [d["event"]["id"] for d in es.documents(AUDIT)] == [op]
+    assert es.streams[DECISIONS].data_stream
+    assert list(tmp_path.glob("segment-*.jsonl")) == []
+    assert ("PUT", "/_index_template/logs-gpuops.decision") in es.requests
+    assert sample(audit, "gpuops_audit_shipped_documents_total", result="created") == 6
+
+
+def test_a_document_sent_again_is_a_409_and_counts_as_stored(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    with AuditLog(settings(tmp_path / "a", es), host_name="h") as first:
+        ids = record(first, 3)
+        wait_until(lambda: first.pending == 0)
+    with AuditLog(settings(tmp_path / "b", es), host_name="h") as again:
+        assert record(again, 3) == ids
+        wait_until(lambda: again.pending == 0)
+    assert len(es.documents(DECISIONS)) == 3
+    assert sample(again, "gpuops_audit_shipped_documents_total", result="duplicate") == 3
+    assert not (tmp_path / "b" / "dead-letter").exists()
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_whole_request_errors_are_retried(
+    tmp_path: Path, es: FakeElasticsearch, status: int
+) -> None:
+    es.fail_next(status, times=3)
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        ids = record(audit, 4)
+        wait_until(lambda: audit.pending == 0)
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
+    assert sample(audit, "gpuops_audit_retried_documents_total", reason=f"http_{status}") >= 4
+    assert sample(audit, "gpuops_audit_bulk_requests_total", result="retry") == 3
+
+
+def test_item_level_429_is_retried_alone(tmp_path: Path, es: FakeElasticsearch) -> None:
+    es.fail_next(429, times=2, scope="item")
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        audit.start()
+        ids = record(audit, 5)
+        wait_until(lambda: audit.pending == 0)
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
+    assert sample(audit, "gpuops_audit_retried_documents_total", reason="item_429") == 2
+    assert sample(audit, "gpuops_audit_shipped_documents_total", result="created") == 5
+
+
+def test_other_item_errors_go_to_the_dead_letter_file_with_the_reason(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    # a segment left by an older engine whose document the template refuses (duration: long)
+    bad = {
+        "@timestamp": "2024-01-01T00:00:00.000Z",
+        "data_stream": {"type": "logs", "dataset": "gpuops.decision", "namespace": "default"},
+        "event": {"id": "old-1", "duration": "1.5s"},
+    }
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "segment-000000000001.jsonl").write_text(json.dumps(bad) + "\n")
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        good = record(audit, 2)
+        wait_until(lambda: audit.pending == 0)
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(good)
+    lines = (tmp_path / "dead-letter" / "dead-letter.jsonl").read_text().splitlines()
+    (entry,) = [json.loads(x) for x in lines]
+    assert entry["status"] == 400
+    assert entry["document"] == bad
+    assert "event.duration" in entry["reason"]
+    assert sample(audit, "gpuops_audit_dead_lettered_documents_total") == 1
+    assert list(tmp_path.glob("segment-*.jsonl")) == []
+
+
+def test_an_outage_never_blocks_decisions_and_loses_nothing(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    registry = CollectorRegistry()
+    with AuditLog(settings(tmp_path, es), host_name="h", registry=registry) as audit:
+        first = record(audit, 3)
+        wait_until(lambda: audit.pending == 0)
+        with es.outage():
+            during = [
+                audit.decision(make_decision(labels={"node": "o", "uuid": str(i)}), None)
+                for i in range(20)
+            ]
+            wait_until(
+                lambda: (
+                    (
+                        registry.get_sample_value(
+                            "gpuops_audit_retried_documents_total", {"reason": "connection"}
+                        )
+                        or 0
+                    )
+                    > 0
+                ),
+                what="a retry during the outage",
+            )
+            assert registry.get_sample_value("gpuops_audit_spool_documents") == 20
+        wait_until(lambda: audit.pending == 0, what="the spool to drain after the outage")
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(first + during)
+
+
+def test_close_leaves_what_it_could_not_ship_for_the_next_start(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    config = replace(settings(tmp_path, es), close_timeout_s=0.2)
+    with es.outage():
+        with AuditLog(config, host_name="h") as audit:
+            ids = record(audit, 4)
+        assert audit.pending == 4
+    with AuditLog(config, host_name="h") as audit:
+        wait_until(lambda: audit.pending == 0)
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
+
+
+def test_templates_install_idempotently_from_the_cli(es: FakeElasticsearch) -> None:
+    runner = CliRunner()
+    for _ in range(2):
+        result = runner.invoke(cli, ["elk", "install", "--url", es.url])
+        assert result.exit_code == 0, result.output
+    assert "installed index/logs-gpuops.decision" in result.output
+    assert set(es.component_templates) == {"gpuops-ecs", "gpuops-fields", "gpuops-settings"}
+    assert es.index_templates["logs-gpuops.audit"]["priority"] > 500
+    assert "gpuops-audit" in es.ilm
+
+
+def test_elk_install_reports_an_unreachable_server() -> None:
+    result = CliRunner().invoke(cli, ["elk", "install", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "installing ilm gpuops-audit: ConnectionError" in result.output

@@ -1,0 +1,106 @@
+"""The spool: fsync'd segments, restart, torn lines, and the bounded policy when full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from engine.audit.metrics import AuditMetrics
+from engine.audit.settings import FullPolicy
+from engine.audit.spool import Spool, read_spool, segment_paths
+
+
+def make_spool(
+    directory: Path, max_bytes: int = 10_000, policy: FullPolicy = "drop_oldest"
+) -> tuple[Spool, CollectorRegistry]:
+    registry = CollectorRegistry()
+    spool = Spool(
+        directory,
+        segment_max_bytes=1_000,
+        segment_max_age_s=60.0,
+        max_bytes=max_bytes,
+        full_policy=policy,
+        fsync=True,
+        metrics=AuditMetrics(registry),
+    )
+    spool.open()
+    return spool, registry
+
+
+def doc(n: int) -> dict[str, object]:
+    return {"event": {"id": f"id-{n:04d}"}, "message": "x" * 80}
+
+
+def ids(directory: Path) -> list[str]:
+    return [d["event"]["id"] for d in read_spool(directory)]
+
+
+def test_segments_roll_at_their_size_and_a_restart_starts_a_new_one(tmp_path: Path) -> None:
+    spool, _ = make_spool(tmp_path)
+    for n in range(25):
+        assert spool.append(doc(n))
+    spool.close()
+    before = segment_paths(tmp_path)
+    assert len(before) == 3
+    spool, registry = make_spool(tmp_path)
+    assert registry.get_sample_value("gpuops_audit_spool_documents") == 25
+    spool.append(doc(25))
+    spool.close()
+    after = segment_paths(tmp_path)
+    assert after[:3] == before and len(after) == 4
+    assert ids(tmp_path) == [f"id-{n:04d}" for n in range(26)]
+
+
+def test_a_torn_last_line_of_a_killed_writer_is_skipped(tmp_path: Path) -> None:
+    spool, _ = make_spool(tmp_path)
+    spool.append(doc(1))
+    spool.close()
+    with segment_paths(tmp_path)[0].open("ab") as fh:
+        fh.write(b'{"event": {"id": "torn"')
+    assert ids(tmp_path) == ["id-0001"]
+    spool, registry = make_spool(tmp_path)
+    assert registry.get_sample_value("gpuops_audit_spool_documents") == 1
+    spool.close()
+
+
+def test_full_spool_drops_the_oldest_segment_and_counts_it(tmp_path: Path) -> None:
+    spool, registry = make_spool(tmp_path, max_bytes=3_000)
+    for n in range(40):
+        assert spool.append(doc(n))
+    kept = ids(tmp_path)
+    assert kept[-1] == "id-0039" and kept == sorted(kept)
+    dropped = registry.get_sample_value(
+        "gpuops_audit_dropped_documents_total", {"policy": "drop_oldest"}
+    )
+    assert dropped == 40 - len(kept)
+    assert spool.size <= 3_000
+    assert registry.get_sample_value("gpuops_audit_spool_bytes") == spool.size
+    spool.close()
+
+
+def test_full_spool_with_reject_new_keeps_the_oldest(tmp_path: Path) -> None:
+    spool, registry = make_spool(tmp_path, max_bytes=3_000, policy="reject_new")
+    results = [spool.append(doc(n)) for n in range(40)]
+    kept = ids(tmp_path)
+    assert kept == [f"id-{n:04d}" for n in range(len(kept))]
+    assert results.count(False) == 40 - len(kept)
+    rejected = registry.get_sample_value(
+        "gpuops_audit_dropped_documents_total", {"policy": "reject_new"}
+    )
+    assert rejected == 40 - len(kept)
+    spool.close()
+
+
+def test_sealed_segments_are_removed_only_when_asked(tmp_path: Path) -> None:
+    spool, registry = make_spool(tmp_path)
+    spool.append(doc(1))
+    assert spool.sealed() == []
+    assert spool.seal(only_if_older_than_s=60.0) is False
+    assert spool.seal() is True
+    (segment,) = spool.sealed()
+    spool.append(doc(2))
+    spool.remove(segment)
+    assert ids(tmp_path) == ["id-0002"]
+    assert registry.get_sample_value("gpuops_audit_spool_documents") == 1
+    spool.close()
