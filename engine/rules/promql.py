@@ -107,7 +107,8 @@ def _error(policies: list[Policy], match: re.Match[str]) -> RuleError:
         line += int(position.group("row"))
         detail = f"column {position.group('column')}: {position.group('rest')}"
         return RuleError(file, line, f"{where}: invalid PromQL at {detail} (promtool check rules)")
-    shown = json.dumps(" ".join(query.split()))
+    flat = " ".join(query.split())
+    shown = f"'{flat}'" if "'" not in flat else json.dumps(flat)
     return RuleError(
         file, line, f"{where}: invalid PromQL {shown}: {message} (promtool check rules)"
     )
