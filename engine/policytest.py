@@ -5,7 +5,11 @@ OpenMetrics text (each test in its own day, so that range selectors never see an
 data), turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``, and served
 by a real Prometheus (``engine.promproc``). Each policy is then queried at every evaluation step
 (``/api/v1/query?time=``) and the results go through the pure ``engine.evaluation.evaluate``,
-exactly as the live loop does. The decisions made are compared with the expected ones.
+exactly as the live loop does. The decisions made are compared with the expected ones: they
+are the evaluation's decisions, before the guardrails (mode, cooldown, limits, approval) judge
+them, so a test says what the policy decides, not what a given engine state lets through.
+Every policy with an ``expr`` is evaluated at each ``evaluation_interval`` step (``schedule``
+and Alertmanager triggers are the runtime's business and are not simulated).
 
 OpenMetrics cannot carry Prometheus' staleness marker: ``stale`` ends a series, and its last
 value stays visible for the lookback delta (set ``lookback_delta`` in the test file to shorten).

@@ -21,12 +21,15 @@ from engine.rules.promql import check as check_promql
 _PATHS = click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _report(errors: list[RuleError]) -> None:
     for error in errors:
         click.echo(str(error))
     files = len({e.file for e in errors})
-    noun = "error" if len(errors) == 1 else "errors"
-    click.echo(f"{len(errors)} {noun} in {files} file{'s' if files != 1 else ''}", err=True)
+    click.echo(f"{_count(len(errors), 'error')} in {_count(files, 'file')}", err=True)
 
 
 def _load(paths: tuple[Path, ...]) -> RuleSet:
@@ -63,8 +66,9 @@ def check(paths: tuple[Path, ...], no_promql: bool) -> None:
     count = sum(1 for _ in ruleset.policies())
     checked = "schema" if no_promql else "schema and PromQL"
     click.echo(
-        f"OK: {count} policies in {len(ruleset.groups)} groups from {len(ruleset.files)} "
-        f"files ({checked} checked)"
+        f"OK: {count} {'policy' if count == 1 else 'policies'} in "
+        f"{_count(len(ruleset.groups), 'group')} from {_count(len(ruleset.files), 'file')} "
+        f"({checked} checked)"
     )
 
 
