@@ -114,7 +114,9 @@ class Decision:
         return self.verdict.startswith(Verdict.SUPPRESSED.value)
 
 
-def decision_id(policy: str, target_key: str, episode_start: float, transition: str, repeat: int = 0) -> str:
+def decision_id(
+    policy: str, target_key: str, episode_start: float, transition: str, repeat: int = 0
+) -> str:
     """The stable id of a decision (hex, 24 characters)."""
     raw = f"{policy}\x1f{target_key}\x1f{episode_start:.3f}\x1f{transition}\x1f{repeat}"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]

@@ -9,6 +9,7 @@ process it started, on Ctrl-C too.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import threading
@@ -80,7 +81,8 @@ class DemoReport:
         c = self.counters
         lines.append(
             f"GPUs reclaimed: {c.get('reclaimed', 0)}   nodes added: {c.get('nodes_added', 0)}   "
-            f"jobs migrated: {c.get('migrated', 0)}   GPUs downclocked: {c.get('downclocked', 0)}   "
+            f"jobs migrated: {c.get('migrated', 0)}   "
+            f"GPUs downclocked: {c.get('downclocked', 0)}   "
             f"clocks restored: {c.get('restored', 0)}"
         )
         lines.append(
@@ -128,49 +130,68 @@ class Demo:
     def run(self, stop: threading.Event | None = None) -> DemoReport:
         stop = stop or threading.Event()
         s = self.settings
-        with tempfile.TemporaryDirectory(prefix="gpuops-demo-") as tmp:
-            workdir = s.workdir or Path(tmp)
+        with contextlib.ExitStack() as stack:
+            workdir = s.workdir or Path(stack.enter_context(_tempdir()))
             audit_dir = s.audit_dir or workdir / "audit"
             self.report.audit_dir = audit_dir
             self.out(f"audit spool: {audit_dir}")
-            fleet_cfg = FleetConfig.single_pool(
-                nodes=s.nodes, gpus_per_node=s.gpus_per_node, seed=s.seed,
-                sd_file=str(workdir / "fleet-targets.json"), arrival_rate_per_min=0.0,
+            fleet = stack.enter_context(self._fleet(workdir))
+            prom = self._prometheus(workdir, fleet)
+            stack.callback(prom.stop)
+            prom.start()
+            self.say(f"Prometheus: {prom.url}")
+            engine = Engine(
+                self._engine_config(workdir, audit_dir, prom, fleet), listener=self.on_decision
             )
-            with FleetSim(fleet_cfg) as fleet:
-                self.say(f"simulated fleet: {s.nodes} nodes x {s.gpus_per_node} GPUs, control API {fleet.control_url}")
-                prom_cfg = PROMETHEUS_CONFIG.format(interval=s.scrape_interval) + fleet.scrape_config(
-                    s.scrape_interval
-                )
-                prom = PrometheusServer(
-                    workdir / "prometheus", prom_cfg, extra_args=["--storage.tsdb.retention.time=1d"]
-                )
-                prom.start()
-                try:
-                    self.say(f"Prometheus: {prom.url}")
-                    config = EngineConfig(
-                        prometheus=PrometheusSettings(url=prom.url, timeout=5.0),
-                        rules=[s.rules],
-                        state_file=workdir / "engine-state.sqlite",
-                        audit=AuditConfig(spool_dir=audit_dir),
-                        executors={"fleet": {"url": fleet.control_url}},
-                        metrics_listen=None,
-                    )
-                    engine = Engine(config, listener=self.on_decision)
-                    engine.start()
-                    try:
-                        self.say(f"engine: {sum(1 for _ in engine.rules.policies())} policies from {s.rules}")
-                        self._play(fleet, stop)
-                    finally:
-                        engine.stop()
-                    self.report.end_utilization = _allocated_utilization(fleet.control_url)
-                    self.report.counters = dict(_state(fleet.control_url).get("counters", {}))
-                finally:
-                    prom.stop()
+            engine.start()
+            try:
+                policies = sum(1 for _ in engine.rules.policies())
+                self.say(f"engine: {policies} policies from {s.rules}")
+                self._play(fleet, stop)
+            finally:
+                engine.stop()
+            self.report.end_utilization = _allocated_utilization(fleet.control_url)
+            self.report.counters = dict(_state(fleet.control_url).get("counters", {}))
             self.report.audit_documents = sum(
                 len(p.read_text().splitlines()) for p in audit_dir.glob("*.jsonl")
             )
         return self.report
+
+    def _fleet(self, workdir: Path) -> FleetSim:
+        s = self.settings
+        fleet = FleetSim(
+            FleetConfig.single_pool(
+                nodes=s.nodes,
+                gpus_per_node=s.gpus_per_node,
+                seed=s.seed,
+                sd_file=str(workdir / "fleet-targets.json"),
+                arrival_rate_per_min=0.0,
+            )
+        )
+        fleet.start()
+        self.say(
+            f"simulated fleet: {s.nodes} nodes x {s.gpus_per_node} GPUs at {fleet.control_url}"
+        )
+        return fleet
+
+    def _prometheus(self, workdir: Path, fleet: FleetSim) -> PrometheusServer:
+        interval = self.settings.scrape_interval
+        config = PROMETHEUS_CONFIG.format(interval=interval) + fleet.scrape_config(interval)
+        return PrometheusServer(
+            workdir / "prometheus", config, extra_args=["--storage.tsdb.retention.time=1d"]
+        )
+
+    def _engine_config(
+        self, workdir: Path, audit_dir: Path, prom: PrometheusServer, fleet: FleetSim
+    ) -> EngineConfig:
+        return EngineConfig(
+            prometheus=PrometheusSettings(url=prom.url, timeout=5.0),
+            rules=[self.settings.rules],
+            state_file=workdir / "engine-state.sqlite",
+            audit=AuditConfig(spool_dir=audit_dir),
+            executors={"fleet": {"url": fleet.control_url}},
+            metrics_listen=None,
+        )
 
     def _play(self, fleet: FleetSim, stop: threading.Event) -> None:
         s = self.settings
@@ -216,6 +237,10 @@ class Demo:
                 if not any(g.get("clock_locked_mhz") for g in node.get("gpus", [])):
                     return str(node["name"])
         return None
+
+
+def _tempdir() -> contextlib.AbstractContextManager[str]:
+    return tempfile.TemporaryDirectory(prefix="gpuops-demo-")
 
 
 def _state(url: str) -> dict[str, Any]:

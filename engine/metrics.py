@@ -64,7 +64,9 @@ class EngineMetrics:
                 ["executor"],
                 registry=r,
             ),
-            rules_loaded=Gauge("gpuops_engine_policies", "Policies in the running rule set.", registry=r),
+            rules_loaded=Gauge(
+                "gpuops_engine_policies", "Policies in the running rule set.", registry=r
+            ),
             reloads=Counter(
                 "gpuops_engine_rule_reloads", "Rule reloads by result.", ["result"], registry=r
             ),
@@ -73,6 +75,8 @@ class EngineMetrics:
                 "When the running rule set was loaded.",
                 registry=r,
             ),
-            kill_switch=Gauge("gpuops_engine_kill_switch", "1 while the kill switch is on.", registry=r),
+            kill_switch=Gauge(
+                "gpuops_engine_kill_switch", "1 while the kill switch is on.", registry=r
+            ),
             paused=Gauge("gpuops_engine_paused", "1 while the engine is paused.", registry=r),
         )

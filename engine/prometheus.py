@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from engine.decisions import Sample, freeze
 

@@ -32,7 +32,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def find_binary(*names: str) -> str:
     for name in names:
-        path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+        path = shutil.which(name) or (
+            f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None
+        )
         if path:
             return path
     raise ProcessError(
@@ -63,8 +65,11 @@ class _Server:
         binary = find_binary(*self.binary_names)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [binary, *self.args()], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                [binary, *self.args()],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self.wait_ready(timeout)
         log.info("%s ready at %s (pid %d)", self.kind, self.url, self.proc.pid)
@@ -114,7 +119,11 @@ class PrometheusServer(_Server):
     kind = "prometheus"
 
     def __init__(
-        self, workdir: Path, config: str, port: int | None = None, extra_args: list[str] | None = None
+        self,
+        workdir: Path,
+        config: str,
+        port: int | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         super().__init__(workdir, port)
         self.config_path = self.workdir / "prometheus.yml"

@@ -32,7 +32,7 @@ from engine.guardrails import Context, judge
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.rules.loader import load_rules
-from engine.rules.model import Group, Policy, RuleSet, RulesError
+from engine.rules.model import Group, Policy, RulesError, RuleSet
 from engine.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,9 @@ class Engine:
                 raise
             for err in exc.errors:
                 log.error("rules not reloaded: %s", err)
-            return ReloadResult(False, sum(1 for _ in self.rules.policies()), tuple(map(str, exc.errors)))
+            return ReloadResult(
+                False, sum(1 for _ in self.rules.policies()), tuple(map(str, exc.errors))
+            )
         with self._lock:
             self.rules = rules
             self._rule_mtimes = self._mtimes()
@@ -106,8 +108,12 @@ class Engine:
         self.metrics.reloads.labels("success").inc()
         self.metrics.rules_loaded.set(count)
         self.metrics.last_reload_success.set(self.clock())
-        log.info("loaded %d policies in %d groups from %s", count, len(rules.groups),
-                 ", ".join(rules.files) or "no files")
+        log.info(
+            "loaded %d policies in %d groups from %s",
+            count,
+            len(rules.groups),
+            ", ".join(rules.files) or "no files",
+        )
         if self._scheduler is not None:
             self._schedule_groups()
         return ReloadResult(True, count)
@@ -190,7 +196,9 @@ class Engine:
             return None
 
     def _skipped(self, skipped: SkippedEvaluation) -> None:
-        log.warning("skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error)
+        log.warning(
+            "skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error
+        )
         self.audit.skipped(skipped)
 
     def _decide(
@@ -383,4 +391,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
-

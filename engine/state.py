@@ -104,7 +104,9 @@ class StateStore:
             "last_action": dict(state.last_action),
             "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
         }
-        db.execute("INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),))
+        db.execute(
+            "INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),)
+        )
 
     # --- decisions ----------------------------------------------------------------------
     @staticmethod
@@ -114,8 +116,14 @@ class StateStore:
             "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
             " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                doc["id"], doc["policy"], doc["target"]["key"], doc["transition"],
-                doc["verdict"], doc["at"], status, json.dumps(doc),
+                doc["id"],
+                doc["policy"],
+                doc["target"]["key"],
+                doc["transition"],
+                doc["verdict"],
+                doc["at"],
+                status,
+                json.dumps(doc),
             ),
         )
         return cur.rowcount == 1

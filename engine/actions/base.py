@@ -117,13 +117,21 @@ def execute(
             if attempt >= retry.attempts:
                 log.warning(
                     "%s %s on %s failed after %d attempts: %s",
-                    executor.name, verb, decision.target.key, attempt, exc,
+                    executor.name,
+                    verb,
+                    decision.target.key,
+                    attempt,
+                    exc,
                 )
                 return _failed(exc, attempt, clock() - started)
             wait = min(exc.delay if exc.delay is not None else delay, retry.max_backoff_s)
             log.info(
                 "%s %s on %s: %s; will try again in %.1f seconds",
-                executor.name, verb, decision.target.key, exc, wait,
+                executor.name,
+                verb,
+                decision.target.key,
+                exc,
+                wait,
             )
             sleep(wait)
             delay *= 2

@@ -73,5 +73,7 @@ class FleetExecutor:
 def _need(labels: Mapping[str, str], name: str, verb: str) -> str:
     value = labels.get(name)
     if not value:
-        raise PermanentError(f"{verb} needs the target label {name!r}; the target has {dict(labels)}")
+        raise PermanentError(
+            f"{verb} needs the target label {name!r}; the target has {dict(labels)}"
+        )
     return value

@@ -24,8 +24,9 @@ class AnomalySettings:
 
     since: float
     until: float
-    flap_min_transitions: int = 4
-    """fire + clear decisions of one policy on one target: 4 is two full episodes."""
+    flap_min_episodes: int = 3
+    """Episodes (clear transitions) of one policy on one target: firing and clearing this often
+    in the window is flapping (a threshold too close to the noise, or a missing clear_expr)."""
     repeat_min_actions: int = 3
     """Executed actions on one target."""
     node_min_failures: int = 3
@@ -65,16 +66,16 @@ def find_anomalies(backend: Backend, settings: AnomalySettings) -> list[Finding]
 
 def _flapping(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[Finding]:
     groups = backend.group(
-        all_of(window, Term("gpuops.transition", ("fire", "clear"))),
+        all_of(window, Term("gpuops.transition", ("clear",))),
         "decision",
-        [Level("rule.name", 1000), Level("gpuops.target.key", 50, s.flap_min_transitions)],
+        [Level("rule.name", 1000), Level("gpuops.target.key", 50, s.flap_min_episodes)],
     )
     return [
         Finding(
             "flapping_policy",
             {"policy": g.keys[0], "target": g.keys[1]},
             g.counts[1],
-            f"policy {g.keys[0]} fired/cleared {g.counts[1]} times on {g.keys[1]}",
+            f"policy {g.keys[0]} fired and cleared {g.counts[1]} times on {g.keys[1]}",
         )
         for g in groups
     ]

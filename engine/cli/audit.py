@@ -172,7 +172,7 @@ def search(
 @_SPOOL
 @click.option("--since", default="24h", show_default=True, help="Start: 30m, 2h, 7d ago or ISO.")
 @_UNTIL
-@click.option("--flap-min", default=4, show_default=True, help="fire+clear per policy/target.")
+@click.option("--flap-min", default=3, show_default=True, help="Episodes per policy/target.")
 @click.option("--repeat-min", default=3, show_default=True, help="Executed actions per target.")
 @click.option("--node-failures-min", default=3, show_default=True, help="Failures per node.")
 @click.option("--oom-min", default=2, show_default=True, help="GPU out-of-memory events per job.")
@@ -198,7 +198,7 @@ def anomalies(
     settings = AnomalySettings(
         since=parse_when(since, now),
         until=parse_when(until, now),
-        flap_min_transitions=flap_min,
+        flap_min_episodes=flap_min,
         repeat_min_actions=repeat_min,
         node_min_failures=node_failures_min,
         oom_min_failures=oom_min,

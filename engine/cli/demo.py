@@ -14,37 +14,58 @@ from engine.demo import DEMO_RULES, Demo, DemoSettings
 
 @click.command(name="demo")
 @click.option(
-    "--duration", default=0, show_default=True, type=click.FloatRange(min=0),
+    "--duration",
+    default=0,
+    show_default=True,
+    type=click.FloatRange(min=0),
     help="Seconds to run; 0 runs until Ctrl-C.",
 )
 @click.option(
-    "--audit-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--audit-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
     help="Directory of the audit spool (ECS JSON lines); default: a temporary directory.",
 )
 @click.option(
-    "--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
     help="Keep Prometheus data and engine state here instead of a temporary directory.",
 )
 @click.option(
-    "--rules", "rules_path", type=click.Path(exists=True, path_type=Path), default=DEMO_RULES,
-    show_default=True, help="Policies to run (demo-scale versions of rules/*.yaml).",
+    "--rules",
+    "rules_path",
+    type=click.Path(exists=True, path_type=Path),
+    default=DEMO_RULES,
+    show_default=True,
+    help="Policies to run (demo-scale versions of rules/*.yaml).",
 )
 @click.option("--nodes", default=4, show_default=True, help="Simulated nodes at start.")
 @click.option("--gpus-per-node", default=4, show_default=True, help="GPUs per simulated node.")
 @click.option("--seed", default=42, show_default=True, help="Seed of the simulated fleet.")
 def demo(
-    duration: float, audit_dir: Path | None, workdir: Path | None, rules_path: Path,
-    nodes: int, gpus_per_node: int, seed: int,
+    duration: float,
+    audit_dir: Path | None,
+    workdir: Path | None,
+    rules_path: Path,
+    nodes: int,
+    gpus_per_node: int,
+    seed: int,
 ) -> None:
     """Run the simulated fleet, a real Prometheus and the engine; print each decision."""
     parent = click.get_current_context().parent
-    if parent is not None and parent.get_parameter_source("log_level") is not None:
-        if parent.get_parameter_source("log_level").name == "DEFAULT":
-            # the demo's own lines tell the story; components speak up only when it matters
-            logging.getLogger().setLevel(logging.WARNING)
+    source = parent.get_parameter_source("log_level") if parent is not None else None
+    if source is click.core.ParameterSource.DEFAULT:
+        # the demo's own lines tell the story; components speak up only when it matters
+        logging.getLogger().setLevel(logging.WARNING)
     settings = DemoSettings(
-        duration_s=duration, workdir=workdir, audit_dir=audit_dir, rules=rules_path,
-        nodes=nodes, gpus_per_node=gpus_per_node, seed=seed,
+        duration_s=duration,
+        workdir=workdir,
+        audit_dir=audit_dir,
+        rules=rules_path,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        seed=seed,
     )
     started = time.monotonic()
     stop = threading.Event()

@@ -29,7 +29,7 @@ def engine() -> None:
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     required=True,
-    help="Engine configuration file (YAML): Prometheus URL, rule paths, state file, audit, executors.",
+    help="Engine configuration (YAML): Prometheus, rules, state file, audit, executors.",
 )
 @click.option("--dry-run", is_flag=True, help="Record every decision but execute nothing.")
 def run(config_path: Path, dry_run: bool) -> None:
@@ -61,11 +61,15 @@ def run(config_path: Path, dry_run: bool) -> None:
         signal.signal(sig, on_signal)
     if config.metrics_listen:
         host, _, port = config.metrics_listen.rpartition(":")
-        server, thread = start_http_server(int(port), addr=host or "127.0.0.1", registry=eng.metrics.registry)
+        server, thread = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=eng.metrics.registry
+        )
         log.info("engine metrics at http://%s/metrics", config.metrics_listen)
     else:
         server = None
-    log.info("engine running against %s; audit spool %s", config.prometheus.url, config.audit.spool_dir)
+    log.info(
+        "engine running against %s; audit spool %s", config.prometheus.url, config.audit.spool_dir
+    )
     try:
         stopping.wait()
     finally:

@@ -5,6 +5,6 @@
 and key. Used by ``engine.evaluation`` (model only) and ``engine.runtime`` (loader).
 """
 
-from engine.rules.model import Group, Policy, RuleError, RuleSet, RulesError
+from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
 
 __all__ = ["Group", "Policy", "RuleError", "RuleSet", "RulesError"]

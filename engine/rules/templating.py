@@ -26,4 +26,6 @@ def render(template: str, labels: Mapping[str, str], value: float | None) -> str
 
 def unknown_placeholders(template: str) -> list[str]:
     """Placeholders in ``template`` that ``render`` does not understand."""
-    return [m.group(0) for m in ANY_BRACES.finditer(template) if not PLACEHOLDER.fullmatch(m.group(0))]
+    return [
+        m.group(0) for m in ANY_BRACES.finditer(template) if not PLACEHOLDER.fullmatch(m.group(0))
+    ]

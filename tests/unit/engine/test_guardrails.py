@@ -9,26 +9,40 @@ from engine.guardrails import Context, GuardrailState, judge
 from engine.rules.model import Policy
 
 POLICY = Policy(
-    name="reclaim", group="g", expr="x", action=ActionSpec("reclaim", "fleet"),
-    target=("uuid",), mode="enforce", cooldown_s=600,
+    name="reclaim",
+    group="g",
+    expr="x",
+    action=ActionSpec("reclaim", "fleet"),
+    target=("uuid",),
+    mode="enforce",
+    cooldown_s=600,
 )
 
 
-def fire(target: str, policy: Policy = POLICY, transition: Transition = Transition.FIRE) -> Decision:
+def fire(
+    target: str, policy: Policy = POLICY, transition: Transition = Transition.FIRE
+) -> Decision:
     t = Target(f"uuid={target}", freeze({"uuid": target}))
     return Decision(
-        id=decision_id(policy.name, t.key, 0, transition.value), policy=policy.name, group="g",
-        target=t, transition=transition,
+        id=decision_id(policy.name, t.key, 0, transition.value),
+        policy=policy.name,
+        group="g",
+        target=t,
+        transition=transition,
         action=policy.action if transition is Transition.FIRE else policy.on_clear,
-        evidence=Evidence("x", 0.1, 0, 0), at=0, episode_start=0,
+        evidence=Evidence("x", 0.1, 0, 0),
+        at=0,
+        episode_start=0,
     )
 
 
-def verdicts(policy: Policy, targets: list[tuple[float, str]], ctx: Context = Context()) -> list[str]:
+def verdicts(
+    policy: Policy, targets: list[tuple[float, str]], ctx: Context | None = None
+) -> list[str]:
     state = GuardrailState()
     out = []
     for now, target in targets:
-        decision, state = judge(fire(target, policy), policy, state, ctx, now)
+        decision, state = judge(fire(target, policy), policy, state, ctx or Context(), now)
         out.append(decision.verdict)
     return out
 
@@ -70,7 +84,9 @@ def test_max_fraction_of_population() -> None:
     policy = replace(POLICY, max_fraction=0.1, cooldown_s=0)
     got = verdicts(policy, [(0, t) for t in "abcdef"], Context(population=10))
     assert got == ["execute"] + ["suppressed:max_fraction"] * 5
-    got = verdicts(replace(policy, max_fraction=0.25), [(0, t) for t in "abcdef"], Context(population=10))
+    got = verdicts(
+        replace(policy, max_fraction=0.25), [(0, t) for t in "abcdef"], Context(population=10)
+    )
     assert got.count("execute") == 2
 
 
@@ -86,7 +102,9 @@ def test_global_budget() -> None:
 
 
 def test_kill_switch_and_pause_suppress_everything_including_undo() -> None:
-    clear = fire("a", replace(POLICY, on_clear=ActionSpec("restore_clocks", "fleet")), Transition.CLEAR)
+    clear = fire(
+        "a", replace(POLICY, on_clear=ActionSpec("restore_clocks", "fleet")), Transition.CLEAR
+    )
     d, _ = judge(clear, POLICY, GuardrailState(), Context(kill_switch=True), 0)
     assert d.verdict == "suppressed:kill_switch"
     d, _ = judge(fire("a"), POLICY, GuardrailState(), Context(paused=True), 0)
