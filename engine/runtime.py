@@ -26,7 +26,19 @@ from apscheduler.triggers.interval import IntervalTrigger
 from engine.actions.base import Executor, ExecutorRegistry, execute
 from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
-from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
+from engine.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    Outcome,
+    OutcomeStatus,
+    SkippedEvaluation,
+    Target,
+    Transition,
+    Verdict,
+    decision_id,
+    freeze,
+)
 from engine.evaluation import PolicyState, QueryResult, evaluate
 from engine.guardrails import Context, judge
 from engine.metrics import EngineMetrics
@@ -38,6 +50,10 @@ from engine.state import StateStore
 log = logging.getLogger(__name__)
 
 DecisionListener = Callable[[Decision, Outcome | None], None]
+
+
+class ApprovalError(Exception):
+    """An approval that cannot be granted or denied (not pending, expired, policy gone)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +160,15 @@ class Engine:
     def paused(self) -> bool:
         return self.store.control("paused") is not None
 
+    def set_control(self, name: str, on: bool, user: str) -> None:
+        """Turn ``kill_switch`` or ``paused`` on or off (persisted: survives a restart)."""
+        if name not in ("kill_switch", "paused"):
+            raise ValueError(f"unknown control {name!r} (known: kill_switch, paused)")
+        self.store.set_control(name, f"{user}@{self.clock():.0f}" if on else None)
+        gauge = self.metrics.kill_switch if name == "kill_switch" else self.metrics.paused
+        gauge.set(1 if on else 0)
+        log.warning("%s turned %s by %s", name, "on" if on else "off", user)
+
     # --- evaluation ------------------------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
@@ -205,7 +230,7 @@ class Engine:
         self,
         policy: Policy,
         decisions: tuple[Decision, ...],
-        next_state: PolicyState,
+        next_state: PolicyState | None,
         now: float,
         population: int | None,
     ) -> list[Decision]:
@@ -224,15 +249,18 @@ class Engine:
                 decision, gstate = judge(decision, policy, gstate, ctx, now)
                 judged.append(decision)
             with self.store.transaction() as db:
-                self.store.save_policy_state(db, policy.name, next_state)
+                if next_state is not None:
+                    self.store.save_policy_state(db, policy.name, next_state)
                 self.store.save_guardrail_state(db, gstate)
                 for decision in judged:
                     runs = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
-                    fresh = self.store.record_decision(
-                        db, decision_doc(decision), "started" if runs else "done"
-                    )
+                    doc = decision_doc(decision)
+                    fresh = self.store.record_decision(db, doc, "started" if runs else "done")
                     if runs and fresh:
                         to_run.append(decision)
+                    if fresh and decision.verdict == Verdict.AWAITING_APPROVAL.value:
+                        ttl = self.config.guardrails.approval_ttl
+                        self.store.save_approval(db, doc, now, now + ttl)
         for decision in judged:
             self.metrics.decisions.labels(
                 decision.policy, decision.transition.value, decision.verdict
@@ -241,6 +269,107 @@ class Engine:
                 self._submit(decision)
             else:
                 self._record(decision, None)
+        return judged
+
+    # --- approvals -------------------------------------------------------------------------
+    def grant(self, decision_id: str, user: str) -> Decision:
+        """Run a decision that waited for approval (the kill switch and pause still apply)."""
+        now = self.clock()
+        self.expire_approvals()
+        approval = self.store.approval(decision_id)
+        if approval is None:
+            raise LookupError(f"no approval for decision {decision_id}")
+        if approval["status"] != "pending":
+            raise ApprovalError(f"decision {decision_id} is {approval['status']}, not pending")
+        decision = decision_from_doc(approval["decision"])
+        policy = self.rules.policy(decision.policy)
+        if policy is None:
+            raise ApprovalError(f"policy {decision.policy!r} is no longer loaded")
+        with self._lock:
+            gstate = self.store.guardrail_state()
+            ctx = Context(
+                kill_switch=self.kill_switch_on(),
+                paused=self.paused(),
+                approved=True,
+                global_max_per_hour=self.config.guardrails.global_max_per_hour,
+                population=self._population(policy, now),
+            )
+            judged, gstate = judge(decision, policy, gstate, ctx, now)
+            judged = replace(judged, reason=f"approved by {user}; {judged.reason}")
+            if judged.verdict != Verdict.EXECUTE.value:
+                raise ApprovalError(
+                    f"granted but not runnable now: {judged.verdict}: {judged.reason}"
+                )
+            if self.store.settle_approval(decision_id, "granted", user, now) is None:
+                raise ApprovalError(f"decision {decision_id} was settled meanwhile")
+            with self.store.transaction() as db:
+                self.store.save_guardrail_state(db, gstate)
+        self.metrics.decisions.labels(judged.policy, judged.transition.value, judged.verdict).inc()
+        self._submit(judged)
+        return judged
+
+    def deny(self, decision_id: str, user: str) -> Decision:
+        approval = self.store.settle_approval(decision_id, "denied", user, self.clock())
+        if approval is None:
+            raise ApprovalError(f"decision {decision_id} is not pending approval")
+        decision = decision_from_doc(approval["decision"]).with_verdict(
+            f"{Verdict.SUPPRESSED.value}:denied", f"denied by {user}"
+        )
+        self._record(decision, None)
+        return decision
+
+    def expire_approvals(self) -> list[Decision]:
+        now = self.clock()
+        expired = []
+        for approval in self.store.expired_approvals(now):
+            if self.store.settle_approval(approval["decision_id"], "expired", None, now) is None:
+                continue
+            decision = decision_from_doc(approval["decision"]).with_verdict(
+                f"{Verdict.SUPPRESSED.value}:approval_expired",
+                f"nobody granted it within {self.config.guardrails.approval_ttl:.0f}s",
+            )
+            self._record(decision, None)
+            expired.append(decision)
+        return expired
+
+    # --- Alertmanager triggers -----------------------------------------------------------------
+    def handle_alert(self, alert: Mapping[str, Any]) -> list[Decision]:
+        """Decide on one Alertmanager alert (webhook v4 ``alerts[]`` item): a firing alert runs
+        the ``action`` of every policy whose ``trigger.alertmanager`` labels it carries, a
+        resolved one their ``on_clear``. Ids come from (policy, target, startsAt), so a retried
+        webhook never acts twice."""
+        now = self.clock()
+        labels = {str(k): str(v) for k, v in dict(alert.get("labels", {})).items()}
+        firing = alert.get("status", "firing") == "firing"
+        episode = _epoch(str(alert.get("startsAt", ""))) or now
+        judged: list[Decision] = []
+        for policy in self.rules.policies():
+            match = policy.trigger_alertmanager
+            if not match or any(labels.get(k) != v for k, v in match.items()):
+                continue
+            target = Target.from_labels(labels, policy.target)
+            transition = Transition.FIRE if firing else Transition.CLEAR
+            decision = Decision(
+                id=decision_id(policy.name, target.key, episode, transition.value),
+                policy=policy.name,
+                group=policy.group,
+                target=target,
+                transition=transition,
+                action=policy.action if firing else policy.on_clear,
+                evidence=Evidence(
+                    expr=f"alertmanager: {labels.get('alertname', '')}",
+                    value=None,
+                    pending_since=episode,
+                    observed_at=now,
+                ),
+                at=now,
+                episode_start=episode,
+                mode=policy.mode,
+                labels=policy.labels,
+                reason=f"alert {labels.get('alertname', '?')} {'firing' if firing else 'resolved'}",
+            )
+            population = self._population(policy, now)
+            judged += self._decide(policy, (decision,), None, now, population)
         return judged
 
     # --- actions ---------------------------------------------------------------------------
@@ -296,6 +425,9 @@ class Engine:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
         self._schedule_groups()
+        self._scheduler.add_job(
+            self.expire_approvals, IntervalTrigger(seconds=30), id="gpuops-approvals-expiry"
+        )
         self._scheduler.add_job(
             self.check_reload,
             IntervalTrigger(seconds=self.config.reload_check_interval),
@@ -373,6 +505,36 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
         },
         "annotations": dict(decision.annotations),
     }
+
+
+def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
+    """The inverse of ``decision_doc``."""
+    action = doc.get("action")
+    ev = doc["evidence"]
+    return Decision(
+        id=doc["id"],
+        policy=doc["policy"],
+        group=doc["group"],
+        target=Target(doc["target"]["key"], freeze(doc["target"]["labels"])),
+        transition=Transition(doc["transition"]),
+        action=None
+        if action is None
+        else ActionSpec(action["type"], action["executor"], freeze(action.get("params") or {})),
+        evidence=Evidence(ev["expr"], ev["value"], ev["pending_since"], ev["observed_at"]),
+        at=doc["at"],
+        episode_start=doc["episode_start"],
+        verdict=doc["verdict"],
+        reason=doc.get("reason", ""),
+        mode=doc.get("mode", "enforce"),
+        annotations=freeze(doc.get("annotations") or {}),
+    )
+
+
+def _epoch(rfc3339: str) -> float | None:
+    try:
+        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def outcome_doc(outcome: Outcome) -> dict[str, Any]:

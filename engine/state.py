@@ -171,6 +171,62 @@ class StateStore:
             else:
                 db.execute("INSERT OR REPLACE INTO controls VALUES (?, ?)", (name, value))
 
+    # --- approvals -----------------------------------------------------------------------
+    @staticmethod
+    def save_approval(
+        db: sqlite3.Connection, doc: Mapping[str, Any], requested_at: float, expires_at: float
+    ) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO approvals (decision_id, policy, target, requested_at,"
+            " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+            (
+                doc["id"],
+                doc["policy"],
+                doc["target"]["key"],
+                requested_at,
+                expires_at,
+                json.dumps(doc),
+            ),
+        )
+
+    def approvals(self, status: str | None = None) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT decision_id, policy, target, requested_at, expires_at, status, decided_by,"
+            " decided_at, data FROM approvals"
+        )
+        args: tuple[Any, ...] = ()
+        if status:
+            sql += " WHERE status = ?"
+            args = (status,)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY requested_at DESC", args).fetchall()
+        return [_approval_row(r) for r in rows]
+
+    def approval(self, decision_id: str) -> dict[str, Any] | None:
+        return next((a for a in self.approvals() if a["decision_id"] == decision_id), None)
+
+    def settle_approval(
+        self, decision_id: str, status: str, user: str | None, now: float
+    ) -> dict[str, Any] | None:
+        """Move a pending approval to ``status``; None when it was not pending any more."""
+        with self.transaction() as db:
+            cur = db.execute(
+                "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
+                " WHERE decision_id = ? AND status = 'pending'",
+                (status, user, now, decision_id),
+            )
+            if cur.rowcount != 1:
+                return None
+            if status == "granted":
+                db.execute(
+                    "UPDATE decisions SET verdict = 'execute', status = 'started' WHERE id = ?",
+                    (decision_id,),
+                )
+        return self.approval(decision_id)
+
+    def expired_approvals(self, now: float) -> list[dict[str, Any]]:
+        return [a for a in self.approvals("pending") if a["expires_at"] <= now]
+
     # --- Alertmanager episodes -----------------------------------------------------------
     def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
@@ -180,6 +236,22 @@ class StateStore:
                 (fingerprint, starts_at, status, now),
             )
             return cur.rowcount == 0
+
+
+def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    keys = (
+        "decision_id",
+        "policy",
+        "target",
+        "requested_at",
+        "expires_at",
+        "status",
+        "decided_by",
+        "decided_at",
+    )
+    out = dict(zip(keys, row[:-1], strict=True))
+    out["decision"] = json.loads(row[-1])
+    return out
 
 
 def _decision_row(row: tuple[str, str, str | None]) -> dict[str, Any]:
