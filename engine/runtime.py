@@ -101,6 +101,7 @@ class Engine:
         self._pool = ThreadPoolExecutor(action_workers, thread_name_prefix="gpuops-action")
         self._pending: set[Future[None]] = set()
         self._scheduler: BackgroundScheduler | None = None
+        self._stopped = False
 
     # --- rules ---------------------------------------------------------------------------
     def reload(self, strict: bool = False) -> ReloadResult:
@@ -467,6 +468,10 @@ class Engine:
                 job.remove()
 
     def stop(self) -> None:
+        """Stop scheduling, let running actions finish, close audit and state (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None

@@ -257,7 +257,8 @@ class _FileReader:
                 value_line=True,
             )
         if model.expr is None:
-            for key in ("clear_expr", "on_clear", "schedule", "keep_firing_for"):
+            # on_clear stays allowed: a resolved Alertmanager alert runs it
+            for key in ("clear_expr", "schedule", "keep_firing_for"):
                 if key in model.model_fields_set:
                     self._error((*path, key), f"{key} needs an expr (this policy has none)")
         if model.limits and model.limits.population and model.limits.max_fraction is None:

@@ -1,0 +1,252 @@
+"""The runtime with fakes at our own boundary: a scripted Prometheus client, a recording
+executor and an injected clock. Covers persistence, replays, controls, approvals, alerts and
+live reload; the real loop is in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.actions.base import ExecutorRegistry
+from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from engine.decisions import Decision, Sample, freeze
+from engine.prometheus import QueryError
+from engine.runtime import ApprovalError, Engine
+
+RULES = """
+groups:
+  - name: g
+    interval: 10s
+    rules:
+      - policy: reclaim
+        expr: util < 0.2
+        for: 60s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        cooldown: 1h
+        mode: enforce
+      - policy: drain
+        trigger: {alertmanager: {alertname: GPUFellOffBus}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        on_clear: {type: restore, executor: log}
+        mode: enforce
+"""
+
+
+class FakePrometheus:
+    """Answers each expr from ``results``; an Exception value is raised as a QueryError."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, Any] = {}
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        value = self.results.get(expr, ())
+        if isinstance(value, Exception):
+            raise QueryError(str(value))
+        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in value)
+
+
+class Recording:
+    name = "log"
+    verbs = None
+
+    def __init__(self, log: list[Decision]) -> None:
+        self.log = log
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        self.log.append(decision)
+        return {"done": decision.action.type if decision.action else ""}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def make(tmp_path: Path):
+    engines: list[Engine] = []
+    ran: list[Decision] = []
+    prom = FakePrometheus()
+    clock = Clock()
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "p.yaml").write_text(RULES)
+
+    def make_engine(**guardrails: Any) -> Engine:
+        registry = ExecutorRegistry()
+        registry.register("log", lambda settings: Recording(ran))
+        config = EngineConfig(
+            prometheus=PrometheusSettings(url="http://unused"),
+            rules=[tmp_path / "rules"],
+            state_file=tmp_path / "state.sqlite",
+            audit=AuditConfig(spool_dir=tmp_path / "audit"),
+            guardrails=GuardrailSettings(**guardrails),
+            metrics_listen=None,
+        )
+        engine = Engine(config, clock=clock, executors=registry, prometheus=prom)  # type: ignore[arg-type]
+        engines.append(engine)
+        engine.reload(strict=True)
+        return engine
+
+    make_engine.ran = ran  # type: ignore[attr-defined]
+    make_engine.prom = prom  # type: ignore[attr-defined]
+    make_engine.clock = clock  # type: ignore[attr-defined]
+    make_engine.dir = tmp_path  # type: ignore[attr-defined]
+    yield make_engine
+    for engine in engines:
+        engine.stop()
+
+
+def cycle(engine: Engine, seconds: float = 0) -> list[Decision]:
+    engine.clock.now += seconds  # type: ignore[attr-defined]
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None
+    decisions = engine.evaluate_policy(policy)
+    assert engine.wait_idle(10)
+    return decisions
+
+
+def audit_docs(root: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for p in sorted((root / "audit").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
+
+
+def test_fires_after_for_and_audits_the_outcome(make) -> None:
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    assert cycle(engine) == []
+    (decision,) = cycle(engine, 60)
+    assert decision.verdict == "execute"
+    assert [d.id for d in make.ran] == [decision.id]
+    stored = engine.store.decision(decision.id)
+    assert stored is not None and stored["outcome"]["status"] == "success"
+    engine.audit.close()
+    docs = [d for d in audit_docs(make.dir) if d.get("rule", {}).get("name") == "reclaim"]
+    assert [d["event"]["outcome"] for d in docs] == ["success"]
+
+
+def test_state_survives_a_new_engine_on_the_same_file(make) -> None:
+    first = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(first, 0)
+    cycle(first, 30)
+    first.stop()
+    second = make()
+    (decision,) = cycle(second, 30)  # 60 s after the target appeared, not 60 s after restart
+    assert decision.evidence.pending_since == make.clock.now - 60
+    assert cycle(second, 30) == []  # firing: no second action
+    assert len(make.ran) == 1
+
+
+def test_query_failure_changes_nothing_and_is_audited(make) -> None:
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    before = engine.store.policy_state("reclaim")
+    make.prom.results["util < 0.2"] = RuntimeError("connection refused")
+    assert cycle(engine, 60) == []
+    assert engine.store.policy_state("reclaim") == before
+    assert make.ran == []
+    engine.audit.close()
+    skipped = [d for d in audit_docs(make.dir) if "connection refused" in json.dumps(d)]
+    assert skipped
+
+
+def test_kill_switch_file_suppresses_and_audits(make, tmp_path: Path) -> None:
+    kill = tmp_path / "KILL"
+    engine = make(kill_switch_file=kill)
+    kill.touch()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (decision,) = cycle(engine, 60)
+    assert decision.verdict == "suppressed:kill_switch"
+    assert make.ran == []
+
+
+def test_pause_is_persisted(make) -> None:
+    engine = make()
+    engine.set_control("paused", True, "alice")
+    engine.stop()
+    again = make()
+    assert again.paused()
+    again.set_control("paused", False, "alice")
+    assert not again.paused()
+    with pytest.raises(ValueError, match="unknown control"):
+        again.set_control("nap", True, "alice")
+
+
+def test_approval_grant_runs_the_action_once(make, tmp_path: Path) -> None:
+    (tmp_path / "rules" / "p.yaml").write_text(RULES.replace("cooldown: 1h", "approval: required"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (decision,) = cycle(engine, 60)
+    assert decision.verdict == "awaiting_approval"
+    assert [a["decision_id"] for a in engine.store.approvals("pending")] == [decision.id]
+    granted = engine.grant(decision.id, "admin")
+    engine.wait_idle(10)
+    assert granted.verdict == "execute" and "approved by admin" in granted.reason
+    assert [d.id for d in make.ran] == [decision.id]
+    with pytest.raises(ApprovalError, match="granted, not pending"):
+        engine.grant(decision.id, "admin")
+
+
+def test_approval_expires(make, tmp_path: Path) -> None:
+    (tmp_path / "rules" / "p.yaml").write_text(RULES.replace("cooldown: 1h", "approval: required"))
+    engine = make(approval_ttl=300)
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (decision,) = cycle(engine, 60)
+    make.clock.now += 301
+    (expired,) = engine.expire_approvals()
+    assert expired.verdict == "suppressed:approval_expired"
+    with pytest.raises(ApprovalError):
+        engine.deny(decision.id, "admin")
+    assert make.ran == []
+
+
+def test_alert_fires_once_per_episode_and_resolves_with_on_clear(make) -> None:
+    engine = make()
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n1", "instance": "x"},
+        "startsAt": "2026-11-30T08:00:00Z",
+        "fingerprint": "abc",
+    }
+    (fired,) = engine.handle_alert(alert)
+    again = engine.handle_alert(alert)  # Alertmanager retried the webhook
+    engine.wait_idle(10)
+    assert fired.target.labels == {"node": "n1"}
+    assert [d.id for d in again] == [fired.id]
+    (cleared,) = engine.handle_alert({**alert, "status": "resolved"})
+    engine.wait_idle(10)
+    assert [d.action.type for d in make.ran if d.action] == ["migrate", "restore"]
+    assert cleared.transition.value == "clear"
+    other = engine.handle_alert({**alert, "labels": {"alertname": "Other", "node": "n1"}})
+    assert other == []
+
+
+def test_invalid_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
+    engine = make()
+    rule_file = tmp_path / "rules" / "p.yaml"
+    rule_file.write_text(RULES.replace("for: 60s", "for: sixty"))
+    result = engine.reload()
+    assert not result.ok
+    assert any(f"{rule_file}:" in e and "invalid duration" in e for e in result.errors)
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None and policy.for_s == 60
+    rule_file.write_text(RULES.replace("for: 60s", "for: 2m"))
+    engine.check_reload()
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None and policy.for_s == 120
