@@ -10,7 +10,7 @@ GPU must never be blocked by the limits of the action it undoes. No I/O, no cloc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
@@ -58,31 +58,60 @@ def judge(
     decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
 ) -> tuple[Decision, GuardrailState]:
     """The verdict for ``decision`` and the state after it (which changes only on execute)."""
-    recent = tuple(e for e in state.recent if now - e.at < HOUR)
-    state = GuardrailState(state.last_action, recent)
-    suppressed = _suppression(decision, policy, state, ctx, now)
+    (judged,), state = judge_all((decision,), policy, state, ctx, now)
+    return judged, state
+
+
+def judge_all(
+    decisions: Sequence[Decision], policy: Policy, state: GuardrailState, ctx: Context, now: float
+) -> tuple[list[Decision], GuardrailState]:
+    """Judge one policy's decisions of one cycle in order, each seeing the executions approved
+    before it. Linear in the number of decisions and of executions in the window."""
+    window = _Window(state, policy.name, now)
+    out = [_verdict(d, policy, window, ctx, now) for d in decisions]
+    return out, window.state()
+
+
+class _Window:
+    """A working copy of the state for one judgement: the last hour, counted once."""
+
+    def __init__(self, state: GuardrailState, policy: str, now: float) -> None:
+        self.last_action = dict(state.last_action)
+        self.recent = [e for e in state.recent if now - e.at < HOUR]
+        self.mine = sum(1 for e in self.recent if e.policy == policy)
+        self.acted = {e.target for e in self.recent if e.policy == policy}
+
+    def add(self, execution: Execution) -> None:
+        self.last_action[cooldown_key(execution.policy, execution.target)] = execution.at
+        self.recent.append(execution)
+        self.mine += 1
+        self.acted.add(execution.target)
+
+    def state(self) -> GuardrailState:
+        return GuardrailState(freeze(self.last_action), tuple(self.recent))
+
+
+def _verdict(
+    decision: Decision, policy: Policy, window: _Window, ctx: Context, now: float
+) -> Decision:
+    suppressed = _suppression(decision, policy, window, ctx, now)
     if suppressed is not None:
         reason_code, why = suppressed
-        return decision.with_verdict(f"{Verdict.SUPPRESSED.value}:{reason_code}", why), state
+        return decision.with_verdict(f"{Verdict.SUPPRESSED.value}:{reason_code}", why)
     if ctx.engine_dry_run or policy.mode == "dry-run":
         why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
-        return decision.with_verdict(Verdict.DRY_RUN.value, why), state
+        return decision.with_verdict(Verdict.DRY_RUN.value, why)
     fire = decision.transition is Transition.FIRE
     if fire and policy.approval == "required" and not ctx.approved:
         why = "policy requires approval; waiting for an admin to grant or deny it"
-        return decision.with_verdict(Verdict.AWAITING_APPROVAL.value, why), state
-    verdict = decision.with_verdict(Verdict.EXECUTE.value, decision.reason)
-    if not fire or decision.action is None:
-        return verdict, state
-    key = cooldown_key(decision.policy, decision.target.key)
-    last = dict(state.last_action)
-    last[key] = now
-    execution = Execution(now, decision.policy, decision.target.key)
-    return verdict, GuardrailState(freeze(last), (*recent, execution))
+        return decision.with_verdict(Verdict.AWAITING_APPROVAL.value, why)
+    if fire and decision.action is not None:
+        window.add(Execution(now, decision.policy, decision.target.key))
+    return decision.with_verdict(Verdict.EXECUTE.value, decision.reason)
 
 
 def _suppression(
-    decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
+    decision: Decision, policy: Policy, window: _Window, ctx: Context, now: float
 ) -> tuple[str, str] | None:
     if ctx.kill_switch:
         return "kill_switch", "the kill switch is on: no action runs"
@@ -92,31 +121,30 @@ def _suppression(
         return None
     if not ctx.in_schedule:
         return "schedule", f"outside the policy's schedule {policy.schedule!r}"
-    last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
+    last = window.last_action.get(cooldown_key(decision.policy, decision.target.key))
     if last is not None and now - last < policy.cooldown_s:
         left = policy.cooldown_s - (now - last)
         return "cooldown", (
             f"cooldown {policy.cooldown_s:.0f}s: last action on this target "
             f"{now - last:.0f}s ago, {left:.0f}s left"
         )
-    mine = [e for e in state.recent if e.policy == decision.policy]
-    if policy.max_per_hour is not None and len(mine) >= policy.max_per_hour:
+    if policy.max_per_hour is not None and window.mine >= policy.max_per_hour:
         return "max_per_hour", (
-            f"{len(mine)} actions in the last hour, limit max_per_hour={policy.max_per_hour}"
+            f"{window.mine} actions in the last hour, limit max_per_hour={policy.max_per_hour}"
         )
     if policy.max_fraction is not None:
         if ctx.population is None:
             return "max_fraction", "population unknown (its query failed): blast radius unchecked"
         allowed = max(1, math.floor(policy.max_fraction * ctx.population))
-        acted = {e.target for e in mine}
-        if decision.target.key not in acted and len(acted) >= allowed:
+        acted = len(window.acted)
+        if decision.target.key not in window.acted and acted >= allowed:
             return "max_fraction", (
-                f"{len(acted)} of {ctx.population} targets acted on in the last hour, limit "
+                f"{acted} of {ctx.population} targets acted on in the last hour, limit "
                 f"max_fraction={policy.max_fraction:g} allows {allowed}"
             )
-    if ctx.global_max_per_hour is not None and len(state.recent) >= ctx.global_max_per_hour:
+    if ctx.global_max_per_hour is not None and len(window.recent) >= ctx.global_max_per_hour:
         return "global_budget", (
-            f"{len(state.recent)} actions in the last hour across all policies, "
+            f"{len(window.recent)} actions in the last hour across all policies, "
             f"global budget {ctx.global_max_per_hour}"
         )
     return None

@@ -40,7 +40,7 @@ from engine.decisions import (
     freeze,
 )
 from engine.evaluation import PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, judge
+from engine.guardrails import Context, judge, judge_all
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.rules.loader import load_rules
@@ -235,7 +235,6 @@ class Engine:
         now: float,
         population: int | None,
     ) -> list[Decision]:
-        judged: list[Decision] = []
         to_run: list[Decision] = []
         with self._lock:
             gstate = self.store.guardrail_state()
@@ -246,9 +245,7 @@ class Engine:
                 global_max_per_hour=self.config.guardrails.global_max_per_hour,
                 population=population,
             )
-            for decision in decisions:
-                decision, gstate = judge(decision, policy, gstate, ctx, now)
-                judged.append(decision)
+            judged, gstate = judge_all(decisions, policy, gstate, ctx, now)
             with self.store.transaction() as db:
                 if next_state is not None:
                     self.store.save_policy_state(db, policy.name, next_state)
