@@ -250,3 +250,17 @@ def test_invalid_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
     engine.check_reload()
     policy = engine.rules.policy("reclaim")
     assert policy is not None and policy.for_s == 120
+
+
+def test_scheduled_policies_run_on_their_cron_job_only(make, tmp_path: Path) -> None:
+    scheduled = RULES.replace(
+        "        cooldown: 1h\n", '        cooldown: 1h\n        schedule: "*/5 22-23 * * *"\n'
+    )
+    (tmp_path / "rules" / "p.yaml").write_text(scheduled)
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    group = engine.rules.groups[0]
+    engine.evaluate_group(group)  # the group interval skips a scheduled policy
+    assert engine.store.policy_state("reclaim").targets == {}
+    engine.evaluate_group(group, scheduled=True)  # what its cron job runs
+    assert list(engine.store.policy_state("reclaim").targets) == ["uuid=a"]
