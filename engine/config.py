@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.rules.durations import parse_duration
 
@@ -58,6 +65,54 @@ class GuardrailSettings(_Model):
     _t = field_validator("approval_ttl", mode="before")(_seconds)
 
 
+class QuotaSettings(_Model):
+    """Elastic quota requests (``/api/v1/quota-requests``): how an approved request is applied."""
+
+    executor: str = "log"
+    """Executor that applies and undoes a request (``log`` records only; ``fleet`` scales)."""
+    grant_action: str = "scale_out"
+    """Verb run when a request is approved."""
+    undo_action: str = "scale_in"
+    """Verb run when an approved request ends (its duration is over)."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs one node adds: ``nodes = ceil(gpus / gpus_per_node)`` is passed to the executor."""
+    pool: str = "default"
+    """Pool the nodes are added to (the ``pool`` target label)."""
+    max_gpus: int = Field(default=64, ge=1)
+    """Largest request accepted (GPUs)."""
+    max_duration: float = 7 * 24 * 3600.0
+    """Longest request accepted (seconds; Prometheus durations allowed: ``7d``)."""
+    check_interval: float = 10.0
+    """Seconds between checks for requests that ended or whose approval window passed."""
+
+    _t = field_validator("max_duration", "check_interval", mode="before")(_seconds)
+
+
+class ApiSettings(_Model):
+    """The REST API (``engine.api``): served by ``gpuops engine run`` when ``listen`` is set."""
+
+    listen: str | None = None
+    """host:port to serve the API on (``127.0.0.1:9843``); None: no API."""
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain); with ``tls_key_file`` the API speaks HTTPS only."""
+    tls_key_file: Path | None = None
+    tokens_file: Path | None = None
+    """YAML ``users: [{name, roles, token_sha256}]``; re-read on SIGHUP and POST /auth/reload."""
+    tokens_env: str = "GPUOPS_API_TOKENS"
+    """Environment variable holding the same YAML (used when set; merged with the file)."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+    alert_queue_size: int = Field(default=10_000, ge=1)
+    """Alertmanager alerts waiting for the worker; when full the receiver answers 503."""
+    quota: QuotaSettings = QuotaSettings()
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        return self
+
+
 class EngineConfig(_Model):
     prometheus: PrometheusSettings = PrometheusSettings()
     rules: list[Path] = [Path("rules")]
@@ -71,6 +126,7 @@ class EngineConfig(_Model):
     """host:port of the engine's own /metrics; None: not served."""
     reload_check_interval: float = 2.0
     """Seconds between checks of the rule files for changes (SIGHUP reloads at once)."""
+    api: ApiSettings = ApiSettings()
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
 
@@ -83,6 +139,13 @@ class EngineConfig(_Model):
                 "rules": [fix(p) for p in self.rules],
                 "state_file": fix(self.state_file),
                 "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
+                "api": self.api.model_copy(
+                    update={
+                        key: fix(value)
+                        for key in ("tls_cert_file", "tls_key_file", "tokens_file")
+                        if (value := getattr(self.api, key)) is not None
+                    }
+                ),
                 "guardrails": self.guardrails.model_copy(
                     update={
                         "kill_switch_file": fix(self.guardrails.kill_switch_file)

@@ -25,6 +25,11 @@ _COMMANDS = (
     ("engine.cli.audit", "audit"),
     ("engine.cli.elk", "elk"),
     ("engine.cli.demo", "demo"),
+    ("engine.cli.remote", "decisions"),
+    ("engine.cli.remote", "approvals"),
+    ("engine.cli.remote", "quota"),
+    ("engine.cli.remote", "control"),
+    ("engine.cli.remote", "token"),
 )
 
 

@@ -11,6 +11,8 @@ from types import FrameType
 import click
 from prometheus_client import start_http_server
 
+from engine.api import ApiServer, TokensError, create_app
+from engine.api.server import ApiServerError
 from engine.config import ConfigError, load_config
 from engine.rules.model import RulesError
 from engine.runtime import Engine
@@ -49,11 +51,17 @@ def run(config_path: Path, dry_run: bool) -> None:
         eng.stop()
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
     stopping = threading.Event()
+    api = _start_api(eng) if config.api.listen else None
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
-            log.info("SIGHUP: reloading rules")
+            log.info("SIGHUP: reloading rules%s", " and API users" if api else "")
             eng.reload()
+            if api is not None:
+                try:
+                    api.app.state.api.tokens.reload()
+                except TokensError as exc:
+                    log.error("API users not reloaded, the current ones stay: %s", exc)
         else:
             stopping.set()
 
@@ -74,6 +82,22 @@ def run(config_path: Path, dry_run: bool) -> None:
         stopping.wait()
     finally:
         log.info("stopping")
+        if api is not None:
+            api.stop()
         eng.stop()
         if server is not None:
             server.shutdown()
+
+
+def _start_api(eng: Engine) -> ApiServer:
+    """Serve the REST API (``api.listen``), over TLS when a certificate is configured."""
+    settings = eng.config.api
+    assert settings.listen is not None
+    try:
+        app = create_app(eng, settings)
+        return ApiServer(
+            app, settings.listen, settings.tls_cert_file, settings.tls_key_file
+        ).start()
+    except (TokensError, ApiServerError) as exc:
+        eng.stop()
+        raise click.ClickException(f"API not started, engine stopped: {exc}") from None

@@ -1,4 +1,5 @@
-"""``gpuops rules check|export|test``: validate, export and unit-test policy files.
+"""``gpuops rules check|export|test``: validate, export and unit-test policy files; and
+``gpuops rules list|show|reload|validate-remote`` against a running engine's API.
 
 A thin front over ``engine.rules.loader`` (schema), ``engine.rules.promql`` (promtool),
 ``engine.rules.export`` (Prometheus rule file) and ``engine.policytest`` (policy unit tests).
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from engine.cli.api_client import api_options, remote_call, show
 from engine.rules.export import export_rules
 from engine.rules.loader import load_rules
 from engine.rules.model import RuleError, RulesError, RuleSet
@@ -106,3 +109,58 @@ def test(files: tuple[Path, ...], prometheus_timeout: float) -> None:
 
     ok = run_test_files(list(files), echo=click.echo, start_timeout=prometheus_timeout)
     sys.exit(0 if ok else 1)
+
+
+# --- against a running engine (its REST API) ---------------------------------------------------
+
+
+@rules.command("list")
+@api_options
+def listremote_call(as_json: bool, **kw: Any) -> None:
+    """The policies a running engine has loaded."""
+    payload = remote_call(kw, "GET", "/rules")
+    columns = (
+        ("policy", lambda p: p["name"]),
+        ("group", lambda p: p["group"]),
+        ("mode", lambda p: p["mode"]),
+        ("action", lambda p: f"{p['action']['type']}@{p['action']['executor']}"),
+        ("source", lambda p: p["source"]),
+    )
+    show(payload, as_json, payload["policies"], columns)
+
+
+@rules.command("show")
+@click.argument("name")
+@api_options
+def showremote_call(name: str, as_json: bool, **kw: Any) -> None:
+    """One policy of a running engine, every setting."""
+    show(remote_call(kw, "GET", f"/rules/{name}"), as_json)
+
+
+@rules.command("reload")
+@api_options
+def reloadremote_call(as_json: bool, **kw: Any) -> None:
+    """Make a running engine read its rule files again (admin); errors keep the old rules."""
+    show(remote_call(kw, "POST", "/rules/reload"), as_json)
+
+
+@rules.command("validate-remote")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--promql", is_flag=True, help="Also have the engine check PromQL with promtool.")
+@api_options
+def validateremote_call(file: Path, promql: bool, as_json: bool, **kw: Any) -> None:
+    """Have a running engine validate FILE; problems print as FILE:LINE: message."""
+    payload = remote_call(
+        kw,
+        "POST",
+        "/rules/validate",
+        params={"filename": file.name, "promql": str(promql).lower()},
+        text=file.read_text(encoding="utf-8"),
+    )
+    if as_json:
+        show(payload, True)
+    else:
+        for error in payload["errors"]:
+            click.echo(error["text"])
+        click.echo("OK" if payload["ok"] else f"{_count(len(payload['errors']), 'error')}")
+    sys.exit(0 if payload["ok"] else 1)

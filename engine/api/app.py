@@ -1,0 +1,133 @@
+"""``create_app(engine, settings)``: the engine's REST API (DESIGN.md section 9) as a FastAPI app.
+
+Routes live under ``/api/v1`` (one module per resource in ``engine.api.routes``), behind
+``engine.api.gate`` (size limit, authentication, audit of every call) and the permission checks
+of ``engine.api.auth``. ``/healthz`` and ``/metrics`` are open and not audited. No global app:
+``gpuops engine run`` (through ``engine.api.server``) and the tests each build their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine import __version__
+from engine.api.alerts import AlertWorker
+from engine.api.context import ApiContext
+from engine.api.gate import ApiGate
+from engine.api.quota import QuotaManager, QuotaStore
+from engine.api.routes import alertmanager, control, decisions, quota, rules
+from engine.api.tokens import TokenStore
+from engine.config import ApiSettings
+from engine.runtime import Engine
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1"
+
+
+def create_app(
+    engine: Engine,
+    settings: ApiSettings,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """The API of ``engine``. Users are loaded now (``TokensError`` when they cannot be); the
+    alert worker and the quota ticker run while the app's lifespan does."""
+    tokens = TokenStore(settings.tokens_file, settings.tokens_env, environ)
+    tokens.reload()
+    registry = CollectorRegistry()
+    context = ApiContext(
+        engine=engine,
+        settings=settings,
+        tokens=tokens,
+        quota=QuotaManager(engine, settings.quota, QuotaStore(engine.store.path)),
+        alerts=AlertWorker(engine, settings.alert_queue_size, registry),
+        registry=registry,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context.start()
+        try:
+            yield
+        finally:
+            context.stop()
+            context.quota.store.close()
+
+    app = FastAPI(
+        title="gpuops engine API",
+        version=__version__,
+        description="Rules, decisions, approvals, quota requests and controls of a gpuops "
+        "engine. Every call needs a bearer token; see docs/api.md for roles.",
+        openapi_url=f"{PREFIX}/openapi.json",
+        docs_url=f"{PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.api = context
+    errors: dict[int | str, dict[str, Any]] = {
+        code: {"description": text, "content": {"application/json": {}}}
+        for code, text in (
+            (401, "No or an invalid token."),
+            (403, "The user's roles lack the permission."),
+            (413, "The body is too large."),
+        )
+    }
+    for module in (rules, decisions, quota, control, alertmanager):
+        app.include_router(module.router, prefix=PREFIX, responses=errors)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(
+        ApiGate,
+        tokens=tokens,
+        record=engine.audit.operation,
+        max_body_bytes=settings.max_body_bytes,
+        prefix=PREFIX,
+        open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs"}),
+    )
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz() -> dict[str, Any]:
+        """Liveness: the process answers and its state file can be read."""
+        return {"status": "ok", "paused": engine.paused(), "kill_switch": engine.kill_switch_on()}
+
+    @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
+    def metrics() -> PlainTextResponse:
+        """The engine's, the audit's and the API's Prometheus metrics."""
+        registries = (engine.metrics.registry, engine.audit.registry, registry)
+        body = b"".join(generate_latest(r) for r in registries)
+        return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _remember(request: Request, reason: str) -> None:
+    request.state.gpuops_reason = reason
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    _remember(request, detail)
+    return JSONResponse({"detail": detail}, exc.status_code, headers=exc.headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 with every problem as ``where: what`` (inputs are not echoed back)."""
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))}
+        for err in exc.errors()
+    ]
+    reason = "; ".join(f"{'.'.join(p['loc'])}: {p['msg']}" for p in problems) or "invalid request"
+    _remember(request, reason)
+    return JSONResponse({"detail": reason, "errors": problems}, 422)

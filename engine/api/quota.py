@@ -1,0 +1,317 @@
+"""Elastic quota requests: "N more GPUs for project X for 8 hours" (DESIGN.md section 6).
+
+A developer files a request (pending); an admin approves or denies it; an approved request runs
+the configured executor's grant verb (``scale_out`` with ``nodes = ceil(gpus / gpus_per_node)``)
+and, when its duration is over, the undo verb (``scale_in``) — both as decisions the engine
+records and audits. Requests live in the ``quota_requests`` table of the engine's state file,
+so a restart neither forgets an active grant nor leaves one applied forever. Used by
+``engine.api.routes.quota`` and the API's ticker thread (``tick``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from engine.actions.base import Executor, execute
+from engine.config import QuotaSettings
+from engine.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    Outcome,
+    OutcomeStatus,
+    Target,
+    Transition,
+)
+from engine.decisions import decision_id as make_decision_id
+from engine.runtime import Engine, decision_doc, outcome_doc
+from engine.state import StateStore
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS quota_requests (
+    id TEXT PRIMARY KEY, data TEXT NOT NULL, status TEXT NOT NULL, requested_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status);
+"""
+
+STATUSES = ("pending", "applying", "active", "releasing", "ended", "denied", "expired", "failed")
+
+
+class QuotaError(Exception):
+    """A request that cannot be approved, denied or filed (the message says why)."""
+
+
+@dataclass(frozen=True)
+class QuotaRequest:
+    id: str
+    project: str
+    gpus: int
+    duration_s: float
+    reason: str
+    requested_by: str
+    requested_at: float
+    expires_at: float
+    """Until when an admin can approve it."""
+    status: str = "pending"
+    nodes: int = 0
+    pool: str = "default"
+    decided_by: str | None = None
+    decided_at: float | None = None
+    starts_at: float | None = None
+    ends_at: float | None = None
+    grant_decision: str | None = None
+    undo_decision: str | None = None
+    error: str | None = None
+
+
+class QuotaStore:
+    """The ``quota_requests`` table (its own connection to the engine's state file)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout = 10000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def add(self, request: QuotaRequest) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO quota_requests VALUES (?, ?, ?, ?)",
+                (request.id, json.dumps(asdict(request)), request.status, request.requested_at),
+            )
+
+    def get(self, request_id: str) -> QuotaRequest | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT data FROM quota_requests WHERE id = ?", (request_id,)
+            ).fetchone()
+        return QuotaRequest(**json.loads(row[0])) if row else None
+
+    def list(self, status: str | None = None, limit: int = 1000) -> list[QuotaRequest]:
+        sql, args = "SELECT data FROM quota_requests", [] if status is None else [status]
+        if status is not None:
+            sql += " WHERE status = ?"
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY requested_at DESC LIMIT ?", [*args, limit])
+            return [QuotaRequest(**json.loads(r[0])) for r in rows.fetchall()]
+
+    def move(self, request: QuotaRequest, expected: str) -> bool:
+        """Store ``request`` if the stored one is still in status ``expected`` (compare and set:
+        two admins approving at once apply it once)."""
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE quota_requests SET data = ?, status = ? WHERE id = ? AND status = ?",
+                (json.dumps(asdict(request)), request.status, request.id, expected),
+            )
+            return cur.rowcount == 1
+
+
+class QuotaManager:
+    """Files, approves, denies and ends quota requests through the engine's executors."""
+
+    def __init__(self, engine: Engine, settings: QuotaSettings, store: QuotaStore) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.store = store
+        self._executors: dict[str, Executor] = {}
+        self._lock = threading.Lock()  # one apply/undo at a time
+        self._recovered = False
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.engine.clock
+
+    def submit(
+        self, project: str, gpus: int, duration_s: float, reason: str, user: str
+    ) -> QuotaRequest:
+        if gpus > self.settings.max_gpus:
+            raise QuotaError(f"gpus: {gpus} is more than the limit of {self.settings.max_gpus}")
+        if not 0 < duration_s <= self.settings.max_duration:
+            raise QuotaError(
+                f"duration: {duration_s:.0f}s is not between 1s and the limit of "
+                f"{self.settings.max_duration:.0f}s"
+            )
+        now = self.clock()
+        request = QuotaRequest(
+            id="q" + secrets.token_hex(8),
+            project=project,
+            gpus=gpus,
+            duration_s=duration_s,
+            reason=reason,
+            requested_by=user,
+            requested_at=now,
+            expires_at=now + self.engine.config.guardrails.approval_ttl,
+            nodes=math.ceil(gpus / self.settings.gpus_per_node),
+            pool=self.settings.pool,
+        )
+        self.store.add(request)
+        log.info("quota request %s: %d GPUs for %s by %s", request.id, gpus, project, user)
+        return request
+
+    def get(self, request_id: str) -> QuotaRequest:
+        request = self.store.get(request_id)
+        if request is None:
+            raise LookupError(f"no quota request {request_id}")
+        return request
+
+    def approve(self, request_id: str, user: str) -> QuotaRequest:
+        request = self._pending(request_id)
+        if self.engine.kill_switch_on() or self.engine.paused():
+            raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
+        now = self.clock()
+        applying = replace(request, status="applying", decided_by=user, decided_at=now)
+        if not self.store.move(applying, "pending"):
+            raise QuotaError(f"quota request {request_id} was settled meanwhile")
+        return self._apply(applying)
+
+    def deny(self, request_id: str, user: str) -> QuotaRequest:
+        request = self._pending(request_id)
+        denied = replace(request, status="denied", decided_by=user, decided_at=self.clock())
+        if not self.store.move(denied, "pending"):
+            raise QuotaError(f"quota request {request_id} was settled meanwhile")
+        return denied
+
+    def _pending(self, request_id: str) -> QuotaRequest:
+        self.tick()
+        request = self.get(request_id)
+        if request.status != "pending":
+            raise QuotaError(f"quota request {request_id} is {request.status}, not pending")
+        return request
+
+    def tick(self) -> None:
+        """Expire unapproved requests, end those whose time is over, finish interrupted ones."""
+        now = self.clock()
+        for request in self.store.list("pending"):
+            if request.expires_at <= now:
+                self.store.move(replace(request, status="expired"), "pending")
+        if not self._recovered:  # approvals interrupted by a restart: finish them once
+            self._recovered = True
+            for request in self.store.list("applying"):
+                self._apply(request)
+        due = [r for r in self.store.list("active") if r.ends_at is not None and r.ends_at <= now]
+        for request in due + self.store.list("releasing"):
+            if self.engine.kill_switch_on():
+                log.warning(
+                    "quota request %s is due to end; held while the kill switch is on", request.id
+                )
+                continue
+            self._release(request)
+
+    def _apply(self, request: QuotaRequest) -> QuotaRequest:
+        decision = self._decision(request, Transition.FIRE, self.settings.grant_action)
+        outcome = self._run(decision)
+        now = self.clock()
+        if outcome.ok:
+            done = replace(
+                request,
+                status="active",
+                starts_at=now,
+                ends_at=now + request.duration_s,
+                grant_decision=decision.id,
+                error=None,
+            )
+        else:
+            done = replace(
+                request, status="failed", grant_decision=decision.id, error=outcome.error
+            )
+        self.store.move(done, "applying")
+        return done
+
+    def _release(self, request: QuotaRequest) -> QuotaRequest:
+        releasing = replace(request, status="releasing")
+        if request.status == "active" and not self.store.move(releasing, "active"):
+            return request
+        decision = self._decision(request, Transition.CLEAR, self.settings.undo_action)
+        outcome = self._run(decision)
+        if not outcome.ok:  # stays releasing: tried again on the next tick
+            self.store.move(replace(releasing, error=outcome.error), "releasing")
+            return releasing
+        ended = replace(releasing, status="ended", undo_decision=decision.id, error=None)
+        self.store.move(ended, "releasing")
+        return ended
+
+    def _decision(self, request: QuotaRequest, transition: Transition, verb: str) -> Decision:
+        target = Target.from_labels(
+            {"project": request.project, "pool": request.pool, "quota_request": request.id}, None
+        )
+        now = self.clock()
+        what = f"{request.gpus} GPUs ({request.nodes} nodes) for {request.project}"
+        reason = (
+            f"quota request {request.id} approved by {request.decided_by}: {what}"
+            if transition is Transition.FIRE
+            else f"quota request {request.id} ended: {what} released"
+        )
+        return Decision(
+            id=make_decision_id("quota", target.key, request.requested_at, transition.value),
+            policy="quota-request",
+            group="quota",
+            target=target,
+            transition=transition,
+            action=ActionSpec(
+                verb,
+                self.settings.executor,
+                {"nodes": request.nodes, "gpus": request.gpus, "pool": request.pool},
+            ),
+            evidence=Evidence(
+                expr=f"quota request {request.id}: {request.reason or 'no reason given'}",
+                value=float(request.gpus),
+                pending_since=request.requested_at,
+                observed_at=now,
+            ),
+            at=now,
+            episode_start=request.requested_at,
+            reason=reason,
+        )
+
+    def _run(self, decision: Decision) -> Outcome:
+        """Record, execute and audit one quota action like any engine decision. A decision id
+        already done is not run again (a restart between acting and recording)."""
+        assert decision.action is not None
+        store: StateStore = self.engine.store
+        with self._lock:
+            known = store.decision(decision.id)
+            if known is not None and known["status"] == "done" and known["outcome"]:
+                prior = known["outcome"]
+                return Outcome(OutcomeStatus(prior["status"]), error=prior.get("error"))
+            with store.transaction() as db:
+                store.record_decision(db, decision_doc(decision), "started")
+            name = decision.action.executor
+            try:
+                executor = self._executor(name)
+            except KeyError as exc:
+                outcome = Outcome(OutcomeStatus.FAILURE, error=str(exc.args[0]))
+            else:
+                outcome = execute(executor, decision)
+            store.finish_decision(decision.id, outcome_doc(outcome))
+        metrics = self.engine.metrics
+        metrics.decisions.labels(decision.policy, decision.transition.value, decision.verdict).inc()
+        metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
+        self.engine.audit.decision(decision, outcome)
+        return outcome
+
+    def _executor(self, name: str) -> Executor:
+        if name not in self._executors:
+            self._executors[name] = self.engine.registry.create(
+                name, self.engine.config.executors.get(name)
+            )
+        return self._executors[name]
+
+
+def request_doc(request: QuotaRequest) -> dict[str, Any]:
+    """The JSON form served by the API."""
+    return asdict(request)

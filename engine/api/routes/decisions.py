@@ -1,0 +1,170 @@
+"""``/api/v1/decisions`` and ``/api/v1/approvals``: query decisions, explain one, list pending
+approvals, grant or deny them. Reads the engine's state store; grant/deny go through the
+engine, which runs the guardrails again (kill switch and pause still apply).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+
+from engine.api.auth import require
+from engine.api.context import ApiContext, api_context
+from engine.api.routes.rules import policy_doc
+from engine.api.schemas import ID_PATTERN, NAME_PATTERN
+from engine.api.tokens import Permission, Principal
+from engine.runtime import ApprovalError, decision_doc
+
+router = APIRouter(tags=["decisions"])
+
+Ctx = Annotated[ApiContext, Depends(api_context)]
+DecisionId = Annotated[str, Path(pattern=ID_PATTERN, description="Decision id.")]
+_SCAN = 10_000
+"""Most recent decisions scanned for the filters the state store does not index."""
+
+
+@router.get("/decisions")
+def list_decisions(
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.DECISIONS_READ))],
+    policy: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    verdict: Annotated[
+        str | None,
+        Query(
+            max_length=100,
+            description="execute, dry_run, suppressed (any "
+            "reason) or suppressed:<reason>, awaiting_approval.",
+        ),
+    ] = None,
+    transition: Literal["fire", "clear", "resolve"] | None = None,
+    target: Annotated[
+        str | None, Query(max_length=200, description="Substring of the target key.")
+    ] = None,
+    since: Annotated[float | None, Query(ge=0, le=1e11, description="Unix seconds.")] = None,
+    until: Annotated[float | None, Query(ge=0, le=1e11, description="Unix seconds.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Any:
+    """Decisions, newest first, filtered."""
+    filtered = verdict or transition or target or until is not None
+    rows = ctx.engine.store.decisions(policy, since, _SCAN if filtered else limit)
+    found = []
+    for row in rows:
+        if verdict and not (row["verdict"] == verdict or row["verdict"].startswith(verdict + ":")):
+            continue
+        if transition and row["transition"] != transition:
+            continue
+        if target and target not in row["target"]["key"]:
+            continue
+        if until is not None and row["at"] > until:
+            continue
+        found.append(row)
+        if len(found) >= limit:
+            break
+    return {"decisions": found}
+
+
+def _decision(ctx: ApiContext, decision_id: str) -> dict[str, Any]:
+    row = ctx.engine.store.decision(decision_id)
+    if row is None:
+        raise HTTPException(404, f"no decision {decision_id}")
+    return row
+
+
+@router.get("/decisions/{decision_id}")
+def show_decision(
+    decision_id: DecisionId,
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.DECISIONS_READ))],
+) -> Any:
+    """One decision as stored, with its outcome."""
+    return _decision(ctx, decision_id)
+
+
+@router.get("/decisions/{decision_id}/explain")
+def explain_decision(
+    decision_id: DecisionId,
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.DECISIONS_READ))],
+) -> Any:
+    """Why a decision was taken and what the guardrails made of it."""
+    row = _decision(ctx, decision_id)
+    policy = ctx.engine.rules.policy(row["policy"])
+    approval = ctx.engine.store.approval(decision_id)
+    evidence = row["evidence"]
+    verdict: str = row["verdict"]
+    lines = [
+        f"policy {row['policy']} decided to {row['transition']} on {row['target']['key']}",
+        f"because {evidence['expr']!r} returned {evidence['value']}"
+        + (f" (pending since {evidence['pending_since']})" if evidence["pending_since"] else ""),
+        f"guardrails: {verdict}" + (f" — {row['reason']}" if row.get("reason") else ""),
+    ]
+    if row.get("outcome"):
+        outcome = row["outcome"]
+        lines.append(
+            f"outcome: {outcome['status']} after {outcome['attempts']} attempts"
+            + (f": {outcome['error']}" if outcome.get("error") else "")
+        )
+    return {
+        "id": decision_id,
+        "policy": policy_doc(policy, detail=True) if policy else None,
+        "policy_loaded": policy is not None,
+        "expr": evidence["expr"],
+        "evidence": evidence,
+        "guardrails": {
+            "verdict": verdict,
+            "reason": row.get("reason", ""),
+            "executed": verdict == "execute",
+            "suppressed_by": verdict.partition(":")[2] or None,
+        },
+        "action": row.get("action"),
+        "status": row.get("status"),
+        "outcome": row.get("outcome"),
+        "approval": None
+        if approval is None
+        else {k: v for k, v in approval.items() if k != "decision"},
+        "explanation": lines,
+    }
+
+
+@router.get("/approvals", tags=["approvals"])
+def list_approvals(
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.APPROVALS_READ))],
+    status: Literal["pending", "granted", "denied", "expired"] | None = None,
+) -> Any:
+    """Approvals (expired ones are settled first), newest first."""
+    ctx.engine.expire_approvals()
+    return {"approvals": ctx.engine.store.approvals(status)}
+
+
+def _settle(ctx: ApiContext, decision_id: str, user: str, grant: bool) -> Any:
+    try:
+        decision = (ctx.engine.grant if grant else ctx.engine.deny)(decision_id, user)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc.args[0])) from None
+    except ApprovalError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return decision_doc(decision)
+
+
+@router.post("/approvals/{decision_id}/grant", tags=["approvals"])
+def grant_approval(
+    decision_id: DecisionId,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Permission.APPROVALS_DECIDE))],
+) -> Any:
+    """Run a decision that waits for approval (409 when it is not pending or not runnable)."""
+    return _settle(ctx, decision_id, principal.name, grant=True)
+
+
+@router.post("/approvals/{decision_id}/deny", tags=["approvals"])
+def deny_approval(
+    decision_id: DecisionId,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Permission.APPROVALS_DECIDE))],
+) -> Any:
+    """Refuse a decision that waits for approval."""
+    if ctx.engine.store.approval(decision_id) is None:
+        raise HTTPException(404, f"no approval for decision {decision_id}")
+    return _settle(ctx, decision_id, principal.name, grant=False)

@@ -1,0 +1,246 @@
+"""``/api/v1/rules`` and ``/api/v1/rule-files``: list and show policies, validate a posted file,
+reload, and (admins) write a rule file into the rules directory.
+
+Rule files are found among the configured rule paths by their plain name only — a name is never
+joined into a path unless it matches ``FILE_PATTERN`` and resolves inside the rules directory, so
+``../`` and absolute names are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from engine.api.auth import require
+from engine.api.context import ApiContext, api_context
+from engine.api.schemas import FILE_PATTERN, NAME_PATTERN
+from engine.api.tokens import Permission, Principal
+from engine.rules.loader import load_rules_text, rule_files
+from engine.rules.model import Policy, RuleError, RulesError
+from engine.rules.promql import PromtoolError
+from engine.rules.promql import check as check_promql
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["rules"])
+
+Ctx = Annotated[ApiContext, Depends(api_context)]
+PolicyName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="Policy name.")]
+FileName = Annotated[str, PathParam(pattern=FILE_PATTERN, description="Rule file name.")]
+_TEXT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"text/plain": {"schema": {"type": "string", "maxLength": 1048576}}},
+        "description": "A rule file (YAML).",
+    }
+}
+
+
+def policy_doc(policy: Policy, detail: bool = False) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": policy.name,
+        "group": policy.group,
+        "mode": policy.mode,
+        "action": {"type": policy.action.type, "executor": policy.action.executor},
+        "trigger": dict(policy.trigger_alertmanager) if policy.trigger_alertmanager else None,
+        "schedule": policy.schedule,
+        "source": policy.source,
+    }
+    if detail:
+        doc.update(
+            description=policy.description,
+            expr=policy.expr,
+            clear_expr=policy.clear_expr,
+            for_s=policy.for_s,
+            keep_firing_for_s=policy.keep_firing_for_s,
+            target=list(policy.target) if policy.target else None,
+            on_clear=None
+            if policy.on_clear is None
+            else {"type": policy.on_clear.type, "executor": policy.on_clear.executor},
+            cooldown_s=policy.cooldown_s,
+            repeat_interval_s=policy.repeat_interval_s,
+            max_per_hour=policy.max_per_hour,
+            max_fraction=policy.max_fraction,
+            approval=policy.approval,
+            on_no_data=policy.on_no_data,
+            labels=dict(policy.labels),
+            annotations=dict(policy.annotations),
+        )
+        doc["action"]["params"] = dict(policy.action.params)
+    return doc
+
+
+def _errors(errors: list[RuleError]) -> list[dict[str, Any]]:
+    return [{"file": e.file, "line": e.line, "message": e.message, "text": str(e)} for e in errors]
+
+
+@router.get("/rules")
+def list_rules(ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]) -> Any:
+    """The running policies."""
+    rules = ctx.engine.rules
+    return {"files": list(rules.files), "policies": [policy_doc(p) for p in rules.policies()]}
+
+
+@router.get("/rules/{name}")
+def show_rule(
+    name: PolicyName, ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
+) -> Any:
+    """One running policy, every setting."""
+    policy = ctx.engine.rules.policy(name)
+    if policy is None:
+        raise HTTPException(404, f"no policy named {name!r} is loaded")
+    return policy_doc(policy, detail=True)
+
+
+def _validate(text: str, filename: str, promql: bool) -> dict[str, Any]:
+    try:
+        ruleset = load_rules_text(text, filename)
+    except RulesError as exc:
+        return {"ok": False, "policies": 0, "errors": _errors(exc.errors), "promql_checked": False}
+    result: dict[str, Any] = {
+        "ok": True,
+        "policies": sum(1 for _ in ruleset.policies()),
+        "errors": [],
+        "promql_checked": False,
+    }
+    if promql:
+        try:
+            errors = check_promql(ruleset, timeout=20.0)
+        except PromtoolError as exc:
+            result["note"] = f"PromQL not checked: {exc}"
+            return result
+        result.update(ok=not errors, errors=_errors(errors), promql_checked=True)
+    return result
+
+
+async def _text(request: Request) -> str:
+    try:
+        return (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPException(400, "the body is not UTF-8 text") from None
+
+
+@router.post("/rules/validate", openapi_extra=_TEXT_BODY)
+async def validate_rules(
+    request: Request,
+    _: Annotated[Principal, Depends(require(Permission.RULES_VALIDATE))],
+    filename: Annotated[str, Query(pattern=FILE_PATTERN)] = "posted.yaml",
+    promql: Annotated[bool, Query(description="Also check PromQL with promtool.")] = False,
+) -> Any:
+    """Validate a rule file (the body, YAML); errors are ``file:line: message``."""
+    text = await _text(request)
+    return await anyio.to_thread.run_sync(_validate, text, filename, promql)
+
+
+def _reload_answer(ctx: ApiContext) -> Any:
+    result = ctx.engine.reload()
+    if not result.ok:
+        return JSONResponse(
+            {
+                "detail": f"rules not reloaded ({len(result.errors)} errors); "
+                f"the running {result.policies} policies stay in place",
+                "errors": list(result.errors),
+            },
+            status_code=422,
+        )
+    return {"ok": True, "policies": result.policies}
+
+
+@router.post("/rules/reload")
+def reload_rules(
+    ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_WRITE))]
+) -> Any:
+    """Read the rule files again; on any error the running rules stay (422 with the errors)."""
+    return _reload_answer(ctx)
+
+
+def _files(ctx: ApiContext) -> dict[str, Path]:
+    found, _ = rule_files(ctx.engine.config.rules)
+    by_name: dict[str, Path] = {}
+    for path in found:
+        by_name.setdefault(path.name, path)
+    return by_name
+
+
+@router.get("/rule-files")
+def list_rule_files(
+    ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
+) -> Any:
+    """The rule files the engine reads."""
+    return {"files": sorted(_files(ctx))}
+
+
+@router.get("/rule-files/{name}", response_class=PlainTextResponse)
+def show_rule_file(
+    name: FileName, ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
+) -> Any:
+    """The text of one rule file."""
+    path = _files(ctx).get(name)
+    if path is None:
+        raise HTTPException(404, f"no rule file named {name!r}")
+    return PlainTextResponse(path.read_text(encoding="utf-8"), media_type="text/plain")
+
+
+def _rules_dir(ctx: ApiContext) -> Path:
+    for path in ctx.engine.config.rules:
+        if path.is_dir():
+            return path.resolve()
+    raise HTTPException(409, "no rules directory is configured; rule files cannot be written")
+
+
+@router.put("/rule-files/{name}", openapi_extra=_TEXT_BODY)
+async def put_rule_file(
+    name: FileName,
+    request: Request,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Permission.RULES_WRITE))],
+) -> Any:
+    """Write a rule file into the rules directory (validated first) and reload; when the whole
+    rule set does not load, the previous file is put back (422 with the errors)."""
+    text = await _text(request)
+    return await anyio.to_thread.run_sync(_write_rule_file, ctx, name, text, principal.name)
+
+
+def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
+    checked = _validate(text, name, promql=False)
+    if not checked["ok"]:
+        return JSONResponse(
+            {"detail": f"{name} is not a valid rule file", "errors": checked["errors"]}, 422
+        )
+    directory = _rules_dir(ctx)
+    target = (directory / name).resolve()
+    if target.parent != directory:
+        raise HTTPException(400, f"{name!r} is not a plain file name inside the rules directory")
+    previous = target.read_bytes() if target.exists() else None
+    _atomic_write(target, text.encode("utf-8"))
+    answer = _reload_answer(ctx)
+    if isinstance(answer, JSONResponse):
+        if previous is None:
+            target.unlink()
+        else:
+            _atomic_write(target, previous)
+        ctx.engine.reload()
+        return answer
+    log.info("rule file %s written by %s", target, user)
+    return {**answer, "file": name}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpuops-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

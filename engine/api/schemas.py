@@ -1,0 +1,90 @@
+"""Request bodies the API validates (pydantic), and the shapes of its common answers.
+
+Used by the route modules of ``engine.api.routes``; FastAPI turns them into the OpenAPI spec.
+Unknown fields in user requests are errors; Alertmanager payloads tolerate new fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.rules.durations import parse_duration
+
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,199}$"
+"""Policy names (as the rule schema allows them)."""
+FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\.ya?ml$"
+"""Rule file names: a plain name ending .yaml or .yml, no directories."""
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class ErrorOut(BaseModel):
+    detail: Any = Field(description="Why the request was refused.")
+
+
+class QuotaRequestIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Project.")
+    gpus: int = Field(ge=1, le=100_000, description="Extra GPUs wanted.")
+    duration: str | float = Field(
+        description="How long: seconds, or a Prometheus duration such as 8h."
+    )
+    reason: str = Field(default="", max_length=1000)
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str | float) -> float:
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(value)
+            except ValueError as exc:
+                raise ValueError(f"not a duration: {exc}") from None
+        if not 0 < seconds < float("inf"):
+            raise ValueError("must be a positive duration")
+        return seconds
+
+
+class Alert(BaseModel):
+    """One alert of an Alertmanager webhook notification (payload version 4)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    annotations: dict[str, str] = {}
+    startsAt: str = Field(max_length=64)
+    endsAt: str = Field(default="", max_length=64)
+    generatorURL: str = Field(default="", max_length=4096)
+    fingerprint: str = Field(min_length=1, max_length=64)
+
+
+class AlertmanagerPayload(BaseModel):
+    """Alertmanager's webhook notification, version 4."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal["4"]
+    groupKey: str = Field(max_length=4096)
+    truncatedAlerts: int = 0
+    status: Literal["firing", "resolved"]
+    receiver: str = Field(max_length=1024)
+    groupLabels: dict[str, str] = {}
+    commonLabels: dict[str, str] = {}
+    commonAnnotations: dict[str, str] = {}
+    externalURL: str = Field(default="", max_length=4096)
+    alerts: list[Alert] = Field(max_length=10_000)
+
+
+class AlertsQueued(BaseModel):
+    queued: int
+
+
+class ControlState(BaseModel):
+    paused: bool
+    kill_switch: bool
+    policies: int
+    version: str
