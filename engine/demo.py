@@ -26,7 +26,7 @@ from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome
 from engine.promproc import PrometheusServer
 from engine.runtime import Engine
-from exporters.fleet import FleetConfig, FleetSim
+from exporters.fleet import FleetConfig, FleetSim, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class Demo:
                 seed=s.seed,
                 sd_file=str(workdir / "fleet-targets.json"),
                 arrival_rate_per_min=0.0,
+                initial_jobs=demo_workload(s.nodes, s.gpus_per_node),
             )
         )
         fleet.start()
@@ -237,6 +238,19 @@ class Demo:
                 if not any(g.get("clock_locked_mhz") for g in node.get("gpus", [])):
                     return str(node["name"])
         return None
+
+
+def demo_workload(nodes: int, gpus: int) -> tuple[JobSpec, ...]:
+    """Every node but the last trains on all its GPUs; the last one holds an idle notebook
+    (reclaim), a lightly used job (downclock), training on the rest, and one free GPU."""
+    jobs = [JobSpec("training", gpus, "vision", node=f"node-{i}") for i in range(nodes - 1)]
+    last = f"node-{nodes - 1}"
+    jobs.append(JobSpec("notebook", 1, "research", node=last))
+    if gpus >= 3:
+        jobs.append(JobSpec("light", 1, "recsys", node=last))
+    if gpus >= 4:
+        jobs.append(JobSpec("training", gpus - 3, "nlp", node=last))
+    return tuple(jobs)
 
 
 def _tempdir() -> contextlib.AbstractContextManager[str]:
