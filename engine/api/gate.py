@@ -56,41 +56,50 @@ class ApiGate:
             await self.app(scope, receive, send)
             return
         state: dict[str, Any] = scope.setdefault("state", {})
-        sent = {"status": 0}
-
-        async def send_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                sent["status"] = message["status"]
-            await send(message)
-
+        sent = {"status": 0, "audited": False}
         claimed = "anonymous"
         principal: Principal | None = None
+
+        async def audit_once() -> None:
+            if not sent["audited"]:
+                sent["audited"] = True
+                await self._audit(scope, state, principal, claimed, sent["status"] or 500)
+
+        async def send_audited(message: Message) -> None:
+            # The call is audited before the last byte of the answer leaves: whoever got an
+            # answer finds its audit record.
+            if message["type"] == "http.response.start":
+                sent["status"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                await audit_once()
+            await send(message)
+
         try:
             principal, claimed, reason = self._authenticate(scope)
             if principal is None:
                 state["gpuops_reason"] = reason
                 await _reply(
-                    send_status, 401, reason, {"www-authenticate": 'Bearer realm="gpuops"'}
+                    send_audited, 401, reason, {"www-authenticate": 'Bearer realm="gpuops"'}
                 )
                 return
             state["principal"] = principal
             problem = self._length_problem(scope)
             if problem is not None:
                 state["gpuops_reason"] = problem[1]
-                await _reply(send_status, problem[0], problem[1])
+                await _reply(send_audited, problem[0], problem[1])
                 return
-            await self.app(scope, self._limited(receive), send_status)
+            await self.app(scope, self._limited(receive), send_audited)
         except _TooLarge:
             reason = f"request body larger than {self.max_body_bytes} bytes"
             state["gpuops_reason"] = reason
             if not sent["status"]:
-                await _reply(send_status, 413, reason)
+                await _reply(send_audited, 413, reason)
         except Exception as exc:
             state.setdefault("gpuops_reason", f"internal error: {type(exc).__name__}")
             sent["status"] = sent["status"] or 500
             raise
         finally:
-            await self._audit(scope, state, principal, claimed, sent["status"] or 500)
+            await audit_once()
 
     def _authenticate(self, scope: Scope) -> tuple[Principal | None, str, str]:
         header = _header(scope, b"authorization")

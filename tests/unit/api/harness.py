@@ -1,0 +1,203 @@
+"""A real engine behind a real API server on a free loopback port, for the API tests (unit and
+integration): users of every role, an injected clock, the audit spool to read back."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from engine.api import ApiServer, create_app, hash_token
+from engine.audit.spool import read_spool
+from engine.config import ApiSettings, AuditConfig, EngineConfig, QuotaSettings
+from engine.decisions import Decision, Outcome
+from engine.runtime import Engine
+
+RULES = """\
+groups:
+  - name: api-test
+    interval: 1h
+    rules:
+      - policy: drain-on-gpu-fell-off-bus
+        trigger: {alertmanager: {alertname: GPUFellOffBus}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        on_clear: {type: notify, executor: log}
+        mode: enforce
+      - policy: reclaim-with-approval
+        trigger: {alertmanager: {alertname: GPUIdle}}
+        target: [node, uuid]
+        action: {type: reclaim, executor: log}
+        mode: enforce
+        approval: required
+"""
+
+USERS = {
+    "admin": ("alice", ["admin"]),
+    "developer": ("dave", ["developer"]),
+    "auditor": ("audrey", ["auditor"]),
+    "alertmanager": ("am", ["alertmanager"]),
+}
+
+
+class Clock:
+    """Wall-clock seconds that tests move forward."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def write_tokens(path: Path, tokens: dict[str, str], roles: list[str] | None = None) -> None:
+    users = [
+        {"name": USERS[role][0], "roles": USERS[role][1], "token_sha256": hash_token(token)}
+        for role, token in tokens.items()
+        if roles is None or role in roles
+    ]
+    path.write_text(yaml.safe_dump({"users": users}))
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class Harness:
+    tmp: Path
+    engine: Engine
+    server: ApiServer
+    tokens: dict[str, str]
+    clock: Clock
+    session: requests.Session = field(default_factory=requests.Session)
+    decisions: list[tuple[Decision, Outcome | None]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def tokens_file(self) -> Path:
+        return self.tmp / "tokens.yaml"
+
+    def call(self, role: str | None, method: str, path: str, **kw: Any) -> requests.Response:
+        headers = dict(kw.pop("headers", {}))
+        if role is not None:
+            headers["Authorization"] = f"Bearer {self.tokens[role]}"
+        kw.setdefault("timeout", 30)
+        return self.session.request(method, f"{self.url}{path}", headers=headers, **kw)
+
+    def audit(self) -> list[dict[str, Any]]:
+        return list(read_spool(self.tmp / "audit"))
+
+    def operations(self) -> list[dict[str, Any]]:
+        return [d for d in self.audit() if d["event"]["dataset"] == "gpuops.audit"]
+
+    def alert(self, name: str, status: str = "firing", **labels: str) -> dict[str, Any]:
+        all_labels = {"alertname": name, **labels}
+        return {
+            "status": status,
+            "labels": all_labels,
+            "annotations": {},
+            "startsAt": "2030-01-01T00:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "",
+            "fingerprint": hash_token(repr(sorted(all_labels.items())))[:16],
+        }
+
+    def notify(self, *alerts: dict[str, Any], role: str = "alertmanager") -> requests.Response:
+        status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
+        payload = {
+            "version": "4",
+            "groupKey": "{}:{}",
+            "truncatedAlerts": 0,
+            "status": status,
+            "receiver": "gpuops",
+            "groupLabels": {},
+            "commonLabels": {},
+            "commonAnnotations": {},
+            "externalURL": "http://alertmanager",
+            "alerts": list(alerts),
+        }
+        return self.call(role, "POST", "/api/v1/alertmanager", json=payload)
+
+    def settle(self) -> None:
+        """Wait until queued alerts are handled and their actions ran."""
+        assert self.server.app.state.api.alerts.wait_idle(10)
+        assert self.engine.wait_idle(10)
+
+    def record(self, decision: Decision, outcome: Outcome | None) -> None:
+        with self.lock:
+            self.decisions.append((decision, outcome))
+
+    def executed(self, policy: str) -> list[Outcome]:
+        with self.lock:
+            return [o for d, o in self.decisions if d.policy == policy and o is not None]
+
+
+@contextmanager
+def running_api(
+    tmp: Path,
+    *,
+    rules: str = RULES,
+    quota: QuotaSettings | None = None,
+    executors: dict[str, dict[str, Any]] | None = None,
+    api: dict[str, Any] | None = None,
+) -> Iterator[Harness]:
+    (tmp / "rules").mkdir(exist_ok=True)
+    (tmp / "rules" / "api-test.yaml").write_text(rules)
+    tokens = {role: f"{role}-{secrets.token_urlsafe(24)}" for role in USERS}
+    write_tokens(tmp / "tokens.yaml", tokens)
+    settings = ApiSettings(
+        tokens_file=tmp / "tokens.yaml",
+        quota=quota or QuotaSettings(check_interval=3600),
+        **(api or {}),
+    )
+    config = EngineConfig(
+        rules=[tmp / "rules"],
+        state_file=tmp / "state.sqlite",
+        audit=AuditConfig(spool_dir=tmp / "audit"),
+        executors=executors or {},
+        metrics_listen=None,
+        api=settings,
+    )
+    clock = Clock()
+    holder: list[Harness] = []
+    engine = Engine(config, clock=clock, listener=lambda d, o: holder[0].record(d, o))
+    try:
+        engine.reload(strict=True)
+        server = ApiServer(
+            create_app(engine, settings, environ={}),
+            "127.0.0.1:0",
+            settings.tls_cert_file,
+            settings.tls_key_file,
+        )
+        harness = Harness(tmp, engine, server, tokens, clock)
+        holder.append(harness)
+        server.start()
+        try:
+            yield harness
+        finally:
+            harness.session.close()
+            server.stop()
+    finally:
+        engine.stop()

@@ -1,0 +1,76 @@
+"""``POST /api/v1/alertmanager``: v4 payloads queued and answered at once, deduped by
+(fingerprint, startsAt, status) across restarts; firing → action, resolved → on_clear."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.unit.api.harness import Harness, running_api
+
+POLICY = "drain-on-gpu-fell-off-bus"
+
+
+def test_firing_alert_runs_the_action_once_however_often_delivered(api: Harness) -> None:
+    alert = api.alert("GPUFellOffBus", node="n1", severity="critical")
+    started = time.monotonic()
+    resp = api.notify(alert)
+    assert time.monotonic() - started < 1.0
+    assert resp.json() == {"queued": 1}
+    for _ in range(3):
+        assert api.notify(alert).status_code == 200
+    api.settle()
+    [outcome] = api.executed(POLICY)
+    assert outcome.ok
+    [decision] = [d for d, o in api.decisions if o is not None]
+    assert decision.target.key == "node=n1" and decision.action is not None
+    assert decision.action.type == "migrate"
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_api_alerts_total{result="duplicate"} 3.0' in metrics
+
+
+def test_resolved_alert_runs_on_clear(api: Harness) -> None:
+    alert = api.alert("GPUFellOffBus", node="n1")
+    api.notify(alert)
+    api.notify({**alert, "status": "resolved", "endsAt": "2030-01-01T00:05:00Z"})
+    api.settle()
+    done = [
+        (d.transition.value, d.action.type if d.action else None) for d, o in api.decisions if o
+    ]
+    assert done == [("fire", "migrate"), ("clear", "notify")]
+
+
+def test_alert_matching_no_policy_does_nothing(api: Harness) -> None:
+    api.notify(api.alert("SomethingElse", node="n1"))
+    api.settle()
+    assert api.decisions == []
+
+
+def test_dedupe_survives_a_restart(tmp_path: Path) -> None:
+    with running_api(tmp_path) as first:
+        alert = first.alert("GPUFellOffBus", node="n1")
+        first.notify(alert)
+        first.settle()
+        assert len(first.executed(POLICY)) == 1
+    with running_api(tmp_path) as second:
+        assert second.notify(alert).status_code == 200
+        second.settle()
+        assert second.executed(POLICY) == []
+        assert second.decisions == []
+
+
+def test_invalid_payloads_are_422_with_the_reason(api: Harness) -> None:
+    v3 = api.call("alertmanager", "POST", "/api/v1/alertmanager", json={"version": "3"})
+    assert v3.status_code == 422
+    assert "body.version: Input should be '4'" in v3.json()["detail"]
+    no_fp = {k: v for k, v in api.alert("X").items() if k != "fingerprint"}
+    missing = api.notify(no_fp)
+    assert missing.status_code == 422 and "fingerprint: Field required" in missing.json()["detail"]
+
+
+def test_full_queue_is_503_so_alertmanager_retries(tmp_path: Path) -> None:
+    with running_api(tmp_path, api={"alert_queue_size": 1}) as api:
+        alerts = [api.alert("GPUFellOffBus", node=f"n{i}") for i in range(2)]
+        resp = api.notify(*alerts)
+        assert resp.status_code == 503
+        assert resp.json() == {"detail": "the alert queue is full; Alertmanager will retry"}
