@@ -213,3 +213,34 @@ def _reason(policy: Policy, transition: Transition, state: TargetState, now: flo
     if policy.clear_expr is not None:
         return "clear_expr matched"
     return "target left the result"
+
+
+def evaluate_alert(
+    policy: Policy, labels: Mapping[str, str], firing: bool, episode_start: float, now: float
+) -> Decision | None:
+    """The decision of an Alertmanager-triggered policy about one alert; None when the policy's
+    ``trigger.alertmanager`` labels are not all on the alert. ``episode_start`` (the alert's
+    ``startsAt``) makes the id stable: a retried webhook yields the same decision."""
+    match = policy.trigger_alertmanager
+    if not match or any(labels.get(k) != v for k, v in match.items()):
+        return None
+    target = Target.from_labels(labels, policy.target)
+    transition = Transition.FIRE if firing else Transition.CLEAR
+    name = labels.get("alertname", "?")
+    return Decision(
+        id=decision_id(policy.name, target.key, episode_start, transition.value),
+        policy=policy.name,
+        group=policy.group,
+        target=target,
+        transition=transition,
+        action=policy.action if firing else policy.on_clear,
+        evidence=Evidence(
+            expr=f"alertmanager: {name}", value=None, pending_since=episode_start, observed_at=now
+        ),
+        at=now,
+        episode_start=episode_start,
+        mode=policy.mode,
+        labels=policy.labels,
+        annotations=freeze({k: render(v, labels, None) for k, v in policy.annotations.items()}),
+        reason=f"alert {name} {'firing' if firing else 'resolved'}",
+    )

@@ -26,23 +26,12 @@ from apscheduler.triggers.interval import IntervalTrigger
 from engine.actions.base import Executor, ExecutorRegistry, execute
 from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
-from engine.decisions import (
-    ActionSpec,
-    Decision,
-    Evidence,
-    Outcome,
-    OutcomeStatus,
-    SkippedEvaluation,
-    Target,
-    Transition,
-    Verdict,
-    decision_id,
-    freeze,
-)
-from engine.evaluation import PolicyState, QueryResult, evaluate
+from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
+from engine.evaluation import PolicyState, QueryResult, evaluate, evaluate_alert
 from engine.guardrails import Context, judge, judge_all
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
+from engine.records import decision_doc, decision_from_doc, outcome_doc
 from engine.rules.loader import load_rules
 from engine.rules.model import Group, Policy, RulesError, RuleSet
 from engine.state import StateStore
@@ -342,32 +331,10 @@ class Engine:
         episode = _epoch(str(alert.get("startsAt", ""))) or now
         judged: list[Decision] = []
         for policy in self.rules.policies():
-            match = policy.trigger_alertmanager
-            if not match or any(labels.get(k) != v for k, v in match.items()):
-                continue
-            target = Target.from_labels(labels, policy.target)
-            transition = Transition.FIRE if firing else Transition.CLEAR
-            decision = Decision(
-                id=decision_id(policy.name, target.key, episode, transition.value),
-                policy=policy.name,
-                group=policy.group,
-                target=target,
-                transition=transition,
-                action=policy.action if firing else policy.on_clear,
-                evidence=Evidence(
-                    expr=f"alertmanager: {labels.get('alertname', '')}",
-                    value=None,
-                    pending_since=episode,
-                    observed_at=now,
-                ),
-                at=now,
-                episode_start=episode,
-                mode=policy.mode,
-                labels=policy.labels,
-                reason=f"alert {labels.get('alertname', '?')} {'firing' if firing else 'resolved'}",
-            )
-            population = self._population(policy, now)
-            judged += self._decide(policy, (decision,), None, now, population)
+            decision = evaluate_alert(policy, labels, firing, episode, now)
+            if decision is not None:
+                population = self._population(policy, now)
+                judged += self._decide(policy, (decision,), None, now, population)
         return judged
 
     # --- actions ---------------------------------------------------------------------------
@@ -482,76 +449,8 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def decision_doc(decision: Decision) -> dict[str, Any]:
-    """The JSON form of a decision stored in the state database (and served by the API)."""
-    action = decision.action
-    return {
-        "id": decision.id,
-        "policy": decision.policy,
-        "group": decision.group,
-        "target": {"key": decision.target.key, "labels": dict(decision.target.labels)},
-        "transition": decision.transition.value,
-        "action": None
-        if action is None
-        else {"type": action.type, "executor": action.executor, "params": _plain(action.params)},
-        "verdict": decision.verdict,
-        "reason": decision.reason,
-        "mode": decision.mode,
-        "at": decision.at,
-        "episode_start": decision.episode_start,
-        "evidence": {
-            "expr": decision.evidence.expr,
-            "value": decision.evidence.value,
-            "pending_since": decision.evidence.pending_since,
-            "observed_at": decision.evidence.observed_at,
-        },
-        "annotations": dict(decision.annotations),
-    }
-
-
-def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
-    """The inverse of ``decision_doc``."""
-    action = doc.get("action")
-    ev = doc["evidence"]
-    return Decision(
-        id=doc["id"],
-        policy=doc["policy"],
-        group=doc["group"],
-        target=Target(doc["target"]["key"], freeze(doc["target"]["labels"])),
-        transition=Transition(doc["transition"]),
-        action=None
-        if action is None
-        else ActionSpec(action["type"], action["executor"], freeze(action.get("params") or {})),
-        evidence=Evidence(ev["expr"], ev["value"], ev["pending_since"], ev["observed_at"]),
-        at=doc["at"],
-        episode_start=doc["episode_start"],
-        verdict=doc["verdict"],
-        reason=doc.get("reason", ""),
-        mode=doc.get("mode", "enforce"),
-        annotations=freeze(doc.get("annotations") or {}),
-    )
-
-
 def _epoch(rfc3339: str) -> float | None:
     try:
         return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def outcome_doc(outcome: Outcome) -> dict[str, Any]:
-    return {
-        "status": outcome.status.value,
-        "attempts": outcome.attempts,
-        "duration_s": outcome.duration_s,
-        "error": outcome.error,
-        "changed": _plain(outcome.changed),
-    }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
