@@ -33,7 +33,8 @@ from engine.decisions import (
     Transition,
 )
 from engine.decisions import decision_id as make_decision_id
-from engine.runtime import Engine, decision_doc, outcome_doc
+from engine.records import decision_doc, outcome_doc
+from engine.runtime import Engine
 from engine.state import StateStore
 
 log = logging.getLogger(__name__)
