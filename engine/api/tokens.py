@@ -160,22 +160,28 @@ class TokenStore:
         """Read the file and the variable again; on error keep the current users and raise."""
         environ = os.environ if self._environ is None else self._environ
         users: list[_User] = []
+        sources: list[str] = []
         if self.tokens_file is not None:
+            sources.append(str(self.tokens_file))
             try:
                 text = self.tokens_file.read_text(encoding="utf-8")
             except OSError as exc:
                 raise TokensError(f"{self.tokens_file}: cannot read: {exc.strerror}") from None
             users += parse_users(text, str(self.tokens_file))
         if environ.get(self.env_name):
+            sources.append(f"${self.env_name}")
             users += parse_users(environ[self.env_name], f"${self.env_name}")
         names = [u.name for u in users]
         hashes = [u.token_sha256 for u in users]
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
-            raise TokensError(f"user {twice[0]!r} is defined more than once")
+            raise TokensError(f"{' + '.join(sources)}: user {twice[0]!r} is defined more than once")
         if len(set(hashes)) != len(hashes):
             twice = sorted({u.name for u in users if hashes.count(u.token_sha256) > 1})
-            raise TokensError(f"users {', '.join(twice)} share one token; give each its own")
+            raise TokensError(
+                f"{' + '.join(sources)}: users {', '.join(twice)} share one token; "
+                "give each its own"
+            )
         with self._lock:
             self._users = tuple(users)
         log.info("API users loaded: %d", len(users))

@@ -1,0 +1,187 @@
+"""Quota requests: file → approve → applied by the executor → undone at expiry; deny, expiry
+of unapproved requests, limits, the kill switch, and persistence across a restart."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import QuotaSettings
+from tests.unit.api.harness import Harness, running_api
+
+
+class FakeFleet:
+    """The fleet control API's scale endpoints on a loopback port: records each call."""
+
+    def __init__(self) -> None:
+        calls: list[tuple[str, dict[str, Any]]] = []
+        self.calls = calls
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append((self.path, body))
+                out = json.dumps({"changed": {"nodes": body["nodes"]}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever)
+
+    def __enter__(self) -> FakeFleet:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def fleet() -> Iterator[FakeFleet]:
+    with FakeFleet() as fake:
+        yield fake
+
+
+def _settings(**kw: Any) -> QuotaSettings:
+    return QuotaSettings(executor="fleet", gpus_per_node=4, pool="a100", check_interval=3600, **kw)
+
+
+def _submit(api: Harness, gpus: int = 5, duration: str = "8h") -> dict[str, Any]:
+    resp = api.call(
+        "developer",
+        "POST",
+        "/api/v1/quota-requests",
+        json={"project": "vision", "gpus": gpus, "duration": duration, "reason": "deadline"},
+    )
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def test_approved_request_scales_out_and_is_undone_at_expiry(
+    tmp_path: Path, fleet: FakeFleet
+) -> None:
+    executors = {"fleet": {"url": fleet.url}}
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        filed = _submit(api)
+        assert filed["status"] == "pending" and filed["nodes"] == 2
+        assert filed["requested_by"] == "dave"
+        assert fleet.calls == []
+        approved = api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve")
+        body = approved.json()
+        assert body["status"] == "active", body
+        assert body["ends_at"] == pytest.approx(api.clock.now + 8 * 3600)
+        assert fleet.calls == [("/api/v1/pools/a100/scale_out", fleet.calls[0][1])]
+        assert fleet.calls[0][1]["nodes"] == 2
+        quota = api.server.app.state.api.quota
+        api.clock.advance(8 * 3600 - 1)
+        quota.tick()
+        assert len(fleet.calls) == 1
+        api.clock.advance(2)
+        quota.tick()
+        assert [path for path, _ in fleet.calls] == [
+            "/api/v1/pools/a100/scale_out",
+            "/api/v1/pools/a100/scale_in",
+        ]
+        shown = api.call("auditor", "GET", f"/api/v1/quota-requests/{filed['id']}").json()
+        assert shown["status"] == "ended"
+        decisions = api.call(
+            "auditor", "GET", "/api/v1/decisions", params={"policy": "quota-request"}
+        )
+        kinds = [(d["transition"], d["action"]["type"]) for d in decisions.json()["decisions"]]
+        assert kinds == [("clear", "scale_in"), ("fire", "scale_out")]
+        audited = [
+            d["gpuops"]
+            for d in api.audit()
+            if d["event"]["dataset"] == "gpuops.decision"
+            and d.get("rule", {}).get("name") == "quota-request"
+        ]
+        assert len(audited) == 2
+
+
+def test_active_request_survives_a_restart_and_still_ends(tmp_path: Path, fleet: FakeFleet) -> None:
+    executors = {"fleet": {"url": fleet.url}}
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        filed = _submit(api, gpus=1, duration="1h")
+        api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve")
+        ends_at = api.clock.now + 3600
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        active = api.call("auditor", "GET", "/api/v1/quota-requests", params={"status": "active"})
+        assert [r["id"] for r in active.json()["requests"]] == [filed["id"]]
+        api.clock.now = ends_at + 1
+        api.server.app.state.api.quota.tick()
+        assert [path.rsplit("/", 1)[1] for path, _ in fleet.calls] == ["scale_out", "scale_in"]
+
+
+def test_deny_expire_and_limits(api: Harness) -> None:
+    denied = _submit(api)
+    resp = api.call("admin", "POST", f"/api/v1/quota-requests/{denied['id']}/deny")
+    assert resp.json()["status"] == "denied" and resp.json()["decided_by"] == "alice"
+    again = api.call("admin", "POST", f"/api/v1/quota-requests/{denied['id']}/approve")
+    assert again.status_code == 409
+    assert again.json()["detail"] == f"quota request {denied['id']} is denied, not pending"
+    stale = _submit(api)
+    api.clock.advance(api.engine.config.guardrails.approval_ttl + 1)
+    late = api.call("admin", "POST", f"/api/v1/quota-requests/{stale['id']}/approve")
+    assert late.status_code == 409 and "expired" in late.json()["detail"]
+    too_many = api.call(
+        "developer",
+        "POST",
+        "/api/v1/quota-requests",
+        json={"project": "x", "gpus": 1000, "duration": "1h"},
+    )
+    assert too_many.status_code == 422
+    assert too_many.json()["detail"] == "gpus: 1000 is more than the limit of 64"
+    bad_duration = api.call(
+        "developer",
+        "POST",
+        "/api/v1/quota-requests",
+        json={"project": "x", "gpus": 1, "duration": "soon"},
+    )
+    assert bad_duration.status_code == 422 and "not a duration" in bad_duration.json()["detail"]
+    missing = api.call("admin", "POST", "/api/v1/quota-requests/q404/approve")
+    assert missing.status_code == 404 and missing.json() == {"detail": "no quota request q404"}
+
+
+def test_kill_switch_blocks_approval_and_holds_the_undo(api: Harness) -> None:
+    filed = _submit(api, duration="1h")
+    api.engine.set_control("kill_switch", True, "test")
+    blocked = api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve")
+    assert blocked.status_code == 409 and "kill switch" in blocked.json()["detail"]
+    api.engine.set_control("kill_switch", False, "test")
+    assert (
+        api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve").json()["status"]
+        == "active"
+    )
+    api.engine.set_control("kill_switch", True, "test")
+    api.clock.advance(3601)
+    quota = api.server.app.state.api.quota
+    quota.tick()
+    assert quota.get(filed["id"]).status == "active"
+    api.engine.set_control("kill_switch", False, "test")
+    quota.tick()
+    assert quota.get(filed["id"]).status == "ended"
+
+
+def test_failed_apply_is_reported_not_hidden(tmp_path: Path) -> None:
+    executors = {"fleet": {"url": "http://127.0.0.1:9", "timeout_s": 0.5}}
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        filed = _submit(api)
+        resp = api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve")
+        body = resp.json()
+        assert body["status"] == "failed"
+        assert "unreachable" in body["error"]
