@@ -301,6 +301,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._bulk(parts[0] if len(parts) == 2 else None, raw)
         if parts[-1] == "_search" and method in ("GET", "POST"):
             return 200, self._search(parts[0] if len(parts) == 2 else "*", params, raw)
+        if len(parts) == 3 and parts[1] in ("_create", "_doc") and method in ("PUT", "POST"):
+            op = "create" if parts[1] == "_create" or params.get("op_type") == "create" else "index"
+            item = self._bulk_item(op, {"_index": parts[0], "_id": parts[2]}, json.loads(raw), None)
+            if item["status"] >= 300:
+                error = item["error"]
+                raise HttpError(item["status"], error["type"], error["reason"])
+            return 201, {k: v for k, v in item.items() if k != "status"}
         if parts[-1] == "_refresh":
             return 200, {"_shards": {"total": 1, "successful": 1, "failed": 0}}
         stores = {

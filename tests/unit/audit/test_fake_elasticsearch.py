@@ -1,0 +1,121 @@
+"""The fake Elasticsearch keeps the wire contract the real client and real servers have."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from elastic_transport import ConnectionTimeout
+from elasticsearch import ApiError, BadRequestError, ConflictError, Elasticsearch
+
+from engine.audit.settings import default_templates_dir
+from engine.audit.templates import install_templates
+from tests.fakes.fake_elasticsearch import FakeElasticsearch
+
+DOC = {"@timestamp": "2025-01-01T00:00:00Z", "event": {"id": "e1", "action": "reclaim"}}
+STREAM = "logs-gpuops.decision-default"
+
+
+@pytest.fixture
+def es() -> Iterator[tuple[FakeElasticsearch, Elasticsearch]]:
+    with FakeElasticsearch() as fake:
+        client = Elasticsearch(fake.url, max_retries=0)
+        install_templates(client, default_templates_dir())
+        yield fake, client
+        client.close()
+
+
+def test_the_real_client_accepts_it_and_every_2xx_has_the_product_header(
+    es: tuple[FakeElasticsearch, Elasticsearch],
+) -> None:
+    fake, client = es
+    assert client.info()["version"]["number"].startswith("8.")
+    with urllib.request.urlopen(fake.url) as response:
+        assert response.headers["X-Elastic-Product"] == "Elasticsearch"
+
+
+def test_duplicate_create_is_409_and_data_streams_take_only_create(
+    es: tuple[FakeElasticsearch, Elasticsearch],
+) -> None:
+    _, client = es
+    client.create(index=STREAM, id="e1", document=DOC)
+    with pytest.raises(ConflictError):
+        client.create(index=STREAM, id="e1", document=DOC)
+    items = client.bulk(operations=[{"index": {"_index": STREAM}}, DOC])["items"]
+    assert items[0]["index"]["status"] == 400
+    assert "op_type of create" in items[0]["index"]["error"]["reason"]
+    assert client.indices.get_data_stream(name=STREAM)["data_streams"][0]["name"] == STREAM
+
+
+def test_mapped_types_are_enforced_per_item(es: tuple[FakeElasticsearch, Elasticsearch]) -> None:
+    _, client = es
+    bad = {**DOC, "source": {"ip": "nope"}}
+    items = client.bulk(operations=[{"create": {"_index": STREAM, "_id": "x"}}, bad])["items"]
+    assert items[0]["create"]["status"] == 400
+    assert items[0]["create"]["error"]["type"] == "document_parsing_exception"
+
+
+def test_injected_faults_and_unsupported_requests(
+    es: tuple[FakeElasticsearch, Elasticsearch],
+) -> None:
+    fake, client = es
+    client.create(index=STREAM, id="e1", document={**DOC, "message": "text"})
+    fake.fail_next(503)
+    with pytest.raises(ApiError) as caught:
+        client.bulk(operations=[{"create": {"_index": STREAM, "_id": "y"}}, DOC])
+    assert caught.value.meta.status == 503
+    client = client.options()  # a fresh view; the failed node is back after its timeout
+    fake.delay_s = 0.3
+    with pytest.raises(ConnectionTimeout):
+        client.options(request_timeout=0.05).info()
+    fake.delay_s = 0.0
+    with pytest.raises(BadRequestError, match="Text fields are not optimised"):
+        client.search(index=STREAM, aggs={"m": {"terms": {"field": "message"}}}, size=0)
+    with pytest.raises(BadRequestError, match="unknown query"):
+        client.search(index=STREAM, query={"fuzzy": {"message": "x"}})
+
+
+def test_search_and_aggregations(es: tuple[FakeElasticsearch, Elasticsearch]) -> None:
+    _, client = es
+    for n, action in enumerate(["reclaim", "reclaim", "migrate"]):
+        doc = {
+            **DOC,
+            "event": {"id": f"s{n}", "action": action},
+            "message": f"GPU out of memory {n}",
+        }
+        client.create(index=STREAM, id=f"s{n}", document=doc)
+    body = client.search(
+        index="logs-gpuops.*",
+        query={"bool": {"filter": [{"match_phrase": {"message": "out of memory"}}]}},
+        aggs={
+            "a": {
+                "terms": {"field": "event.action"},
+                "aggs": {"n": {"cardinality": {"field": "event.id"}}},
+            }
+        },
+        sort=[{"event.id": "desc"}],
+        size=2,
+    )
+    assert [h["_id"] for h in body["hits"]["hits"]] == ["s2", "s1"]
+    assert body["hits"]["total"]["value"] == 3
+    buckets = [
+        (b["key"], b["doc_count"], b["n"]["value"]) for b in body["aggregations"]["a"]["buckets"]
+    ]
+    assert buckets == [("reclaim", 2, 2), ("migrate", 1, 1)]
+
+
+def test_index_templates_need_their_component_templates(tmp_path: Path) -> None:
+    with FakeElasticsearch() as fake:
+        request = urllib.request.Request(
+            f"{fake.url}/_index_template/t",
+            data=json.dumps({"index_patterns": ["x-*"], "composed_of": ["missing"]}).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request)
+        caught.value.close()
+        assert caught.value.code == 400
