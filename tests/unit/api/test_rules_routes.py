@@ -97,3 +97,12 @@ def test_writing_an_invalid_or_conflicting_file_changes_nothing(api: Harness) ->
         "reclaim-with-approval",
     ]
     assert sorted(p.name for p in (api.tmp / "rules").iterdir()) == ["api-test.yaml"]
+
+
+def test_validate_reports_unreadable_characters_as_a_line_error(api: Harness) -> None:
+    resp = api.call(
+        "developer", "POST", "/api/v1/rules/validate", data="groups:\n  - x\u009c\n".encode()
+    )
+    body = resp.json()
+    assert body["ok"] is False
+    assert body["errors"][0]["text"].startswith("posted.yaml:2: cannot read the file: ")
