@@ -50,6 +50,20 @@ class Context:
     """An admin granted this decision (it was awaiting approval)."""
 
 
+def population_expr(policy: Policy) -> str | None:
+    """The query whose series count is the population ``max_fraction`` applies to:
+    ``limits.population``, else every distinct combination of the ``target`` labels."""
+    if policy.max_fraction is None:
+        return None
+    if policy.population is not None:
+        return policy.population
+    if not policy.target:
+        return None
+    by = ", ".join(policy.target)
+    matchers = ", ".join(f'{name}!=""' for name in policy.target)
+    return f"group by ({by}) ({{{matchers}}})"
+
+
 def cooldown_key(policy: str, target: str) -> str:
     return f"{policy}\x1f{target}"
 

@@ -9,7 +9,9 @@ Prometheus HTTP API works (Thanos, Mimir, VictoriaMetrics).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -46,8 +48,15 @@ class PrometheusClient:
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now)."""
         params: dict[str, Any] = {} if at is None else {"time": f"{at:.3f}"}
-        try:
+        with self._errors(expr):
             raw = self._conn.custom_query(expr, params=params, timeout=self.timeout_s)
+        return parse_vector(raw, expr)
+
+    @contextmanager
+    def _errors(self, expr: str) -> Iterator[None]:
+        """Turn whatever the client raises into a ``QueryError`` (original chained)."""
+        try:
+            yield
         except PrometheusApiClientException as exc:
             raise QueryError(f"Prometheus rejected {expr!r}: {_cap(exc)}") from exc
         except requests.Timeout as exc:
@@ -56,7 +65,47 @@ class PrometheusClient:
             raise QueryError(f"Prometheus at {self.url} unreachable: {_cap(exc)}") from exc
         except ValueError as exc:  # a body that is not JSON
             raise QueryError(f"Prometheus at {self.url} sent an unreadable answer") from exc
-        return parse_vector(raw, expr)
+
+    def query_range(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> dict[float, tuple[Sample, ...]]:
+        """Evaluate ``expr`` at every ``step_s`` from ``start`` to ``end`` (unix seconds):
+        the samples of each step by its timestamp (steps without any sample are absent).
+        Long ranges are split so that no request asks for more than 10,000 points."""
+        by_step: dict[float, list[Sample]] = {}
+        chunk = step_s * 10_000
+        at = start
+        while at <= end:
+            stop = min(end, at + chunk - step_s)
+            for labels, values in self._range_chunk(expr, at, stop, step_s):
+                for ts, value in values:
+                    v = _float(value)
+                    if not math.isnan(v):
+                        by_step.setdefault(float(ts), []).append(Sample(labels, v, float(ts)))
+            at = stop + step_s
+        return {ts: tuple(samples) for ts, samples in by_step.items()}
+
+    def _range_chunk(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> list[tuple[Mapping[str, str], list[Any]]]:
+        with self._errors(expr):
+            raw = self._conn.custom_query_range(
+                expr,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{step_s:g}",
+                timeout=self.timeout_s,
+            )
+        if not isinstance(raw, list):
+            raise QueryError(f"{expr!r} did not return a matrix")
+        out = []
+        for item in raw:
+            try:
+                labels = freeze({str(k): str(v) for k, v in item.get("metric", {}).items()})
+                out.append((labels, list(item["values"])))
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
+        return out
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:

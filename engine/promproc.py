@@ -124,16 +124,18 @@ class PrometheusServer(_Server):
         config: str,
         port: int | None = None,
         extra_args: list[str] | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         super().__init__(workdir, port)
         self.config_path = self.workdir / "prometheus.yml"
         self.config_path.write_text(config)
         self.extra_args = list(extra_args or [])
+        self.data_dir = data_dir or self.workdir / "data"
 
     def args(self) -> list[str]:
         return [
             f"--config.file={self.config_path}",
-            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--storage.tsdb.path={self.data_dir}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--web.enable-lifecycle",
             *self.extra_args,

@@ -28,7 +28,7 @@ from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
 from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
 from engine.evaluation import PolicyState, QueryResult, evaluate, evaluate_alert
-from engine.guardrails import Context, judge, judge_all
+from engine.guardrails import Context, judge, judge_all, population_expr
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
@@ -77,6 +77,7 @@ class Engine:
                 elasticsearch_url=config.audit.elasticsearch_url,
             ),
             host_name=socket.gethostname(),
+            registry=self.metrics.registry,
         )
         self.prometheus = prometheus or PrometheusClient(
             config.prometheus.url, timeout_s=config.prometheus.timeout
@@ -195,13 +196,7 @@ class Engine:
         return QueryResult(samples, clear)
 
     def _population(self, policy: Policy, now: float) -> int | None:
-        if policy.max_fraction is None:
-            return None
-        expr = policy.population
-        if expr is None and policy.target:
-            by = ", ".join(policy.target)
-            matchers = ", ".join(f'{name}!=""' for name in policy.target)
-            expr = f"group by ({by}) ({{{matchers}}})"
+        expr = population_expr(policy)
         if expr is None:
             return None
         try:
@@ -348,8 +343,8 @@ class Engine:
         name = decision.action.executor
         try:
             executor = self._executor(name)
-        except KeyError as exc:
-            outcome = Outcome(OutcomeStatus.FAILURE, error=str(exc.args[0]))
+        except (KeyError, ValueError, TypeError) as exc:  # unknown executor, bad settings
+            outcome = Outcome(OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}")
         else:
             outcome = execute(executor, decision)
         self.metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()

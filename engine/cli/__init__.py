@@ -25,6 +25,7 @@ _COMMANDS = (
     ("engine.cli.audit", "audit"),
     ("engine.cli.elk", "elk"),
     ("engine.cli.demo", "demo"),
+    ("engine.cli.backtest", "backtest"),
     ("engine.cli.remote", "decisions"),
     ("engine.cli.remote", "approvals"),
     ("engine.cli.remote", "quota"),

@@ -1,0 +1,94 @@
+"""Backtests: run policies over Prometheus history with the same pure evaluation and guardrails
+as the live loop, and report what they would have decided (``gpuops backtest run``).
+
+Each policy's ``expr`` (and ``clear_expr``, and the ``max_fraction`` population) is fetched once
+as a range query (``engine.prometheus.PrometheusClient.query_range``), then stepped through at
+the query's resolution: ``evaluate`` then ``judge_all`` at every step, state carried over.
+Nothing is executed and nothing is audited. Called by ``engine.cli.backtest``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from engine.decisions import Decision
+from engine.evaluation import PolicyState, QueryResult, evaluate
+from engine.guardrails import Context, GuardrailState, judge_all, population_expr
+from engine.prometheus import PrometheusClient
+from engine.rules.model import Policy
+
+
+@dataclass(frozen=True)
+class PolicyBacktest:
+    policy: str
+    steps: int
+    decisions: tuple[Decision, ...]
+    firing_steps: int = 0
+    """Steps at which at least one target was firing."""
+
+    def summary(self) -> Counter[str]:
+        """Counts by ``transition verdict``, e.g. ``fire execute``, ``fire suppressed:cooldown``."""
+        return Counter(f"{d.transition.value} {d.verdict}" for d in self.decisions)
+
+
+@dataclass(frozen=True)
+class Backtest:
+    start: float
+    end: float
+    step_s: float
+    results: tuple[PolicyBacktest, ...] = field(default_factory=tuple)
+
+
+def run_backtest(
+    policies: Iterable[Policy],
+    client: PrometheusClient,
+    start: float,
+    end: float,
+    step_s: float,
+    keep_mode: bool = False,
+) -> Backtest:
+    """Backtest every policy that has an ``expr`` over [start, end] at ``step_s``.
+
+    ``keep_mode``: judge dry-run policies as dry-run (default: as if enforced, since the point
+    of a backtest is what a policy *would* do)."""
+    start = float(math.floor(start))
+    results = []
+    for policy in policies:
+        if policy.expr is None:
+            continue
+        judged_as = policy if keep_mode else replace(policy, mode="enforce")
+        results.append(_one(judged_as, client, start, end, step_s))
+    return Backtest(start, end, step_s, tuple(results))
+
+
+def _one(
+    policy: Policy, client: PrometheusClient, start: float, end: float, step_s: float
+) -> PolicyBacktest:
+    assert policy.expr is not None
+    main = client.query_range(policy.expr, start, end, step_s)
+    clear = client.query_range(policy.clear_expr, start, end, step_s) if policy.clear_expr else None
+    pop_expr = population_expr(policy)
+    population = client.query_range(pop_expr, start, end, step_s) if pop_expr else None
+    state = PolicyState()
+    guard = GuardrailState()
+    decisions: list[Decision] = []
+    firing_steps = 0
+    steps = int((end - start) // step_s) + 1
+    for i in range(steps):
+        now = start + i * step_s
+        result = QueryResult(
+            main.get(now, ()),
+            clear.get(now, ()) if clear is not None and state.firing() else None,
+        )
+        step = evaluate(policy, result, state, now)
+        state = step.state
+        if step.decisions:
+            ctx = Context(population=len(population.get(now, ())) if population else None)
+            judged, guard = judge_all(step.decisions, policy, guard, ctx, now)
+            decisions.extend(judged)
+        if state.firing():
+            firing_steps += 1
+    return PolicyBacktest(policy.name, steps, tuple(decisions), firing_steps)
