@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ class ApiServerError(RuntimeError):
 class ApiServer:
     def __init__(
         self,
-        app: FastAPI,
+        app: ASGIApp,
         listen: str,
         tls_cert_file: Path | None = None,
         tls_key_file: Path | None = None,

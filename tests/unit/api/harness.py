@@ -14,8 +14,10 @@ from typing import Any
 
 import requests
 import yaml
+from starlette.types import ASGIApp
 
 from engine.api import ApiServer, create_app, hash_token
+from engine.api.context import ApiContext
 from engine.audit.spool import read_spool
 from engine.config import ApiSettings, AuditConfig, EngineConfig, QuotaSettings
 from engine.decisions import Decision, Outcome
@@ -85,6 +87,7 @@ class Harness:
     tmp: Path
     engine: Engine
     server: ApiServer
+    context: ApiContext
     tokens: dict[str, str]
     clock: Clock
     session: requests.Session = field(default_factory=requests.Session)
@@ -142,7 +145,7 @@ class Harness:
 
     def settle(self) -> None:
         """Wait until queued alerts are handled and their actions ran."""
-        assert self.server.app.state.api.alerts.wait_idle(10)
+        assert self.context.alerts.wait_idle(10)
         assert self.engine.wait_idle(10)
 
     def record(self, decision: Decision, outcome: Outcome | None) -> None:
@@ -162,8 +165,11 @@ def running_api(
     quota: QuotaSettings | None = None,
     executors: dict[str, dict[str, Any]] | None = None,
     api: dict[str, Any] | None = None,
+    wrap: Callable[[ASGIApp], ASGIApp] | None = None,
 ) -> Iterator[Harness]:
-    (tmp / "rules").mkdir(exist_ok=True)
+    """An engine with ``rules`` and its API on a free port; ``wrap`` puts ASGI middleware of
+    the test's own in front (fault injection)."""
+    (tmp / "rules").mkdir(parents=True, exist_ok=True)
     (tmp / "rules" / "api-test.yaml").write_text(rules)
     tokens = {role: f"{role}-{secrets.token_urlsafe(24)}" for role in USERS}
     write_tokens(tmp / "tokens.yaml", tokens)
@@ -185,13 +191,14 @@ def running_api(
     engine = Engine(config, clock=clock, listener=lambda d, o: holder[0].record(d, o))
     try:
         engine.reload(strict=True)
+        app = create_app(engine, settings, environ={})
         server = ApiServer(
-            create_app(engine, settings, environ={}),
+            wrap(app) if wrap else app,
             "127.0.0.1:0",
             settings.tls_cert_file,
             settings.tls_key_file,
         )
-        harness = Harness(tmp, engine, server, tokens, clock)
+        harness = Harness(tmp, engine, server, app.state.api, tokens, clock)
         holder.append(harness)
         server.start()
         try:

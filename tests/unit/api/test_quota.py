@@ -87,7 +87,7 @@ def test_approved_request_scales_out_and_is_undone_at_expiry(
         assert body["ends_at"] == pytest.approx(api.clock.now + 8 * 3600)
         assert fleet.calls == [("/api/v1/pools/a100/scale_out", fleet.calls[0][1])]
         assert fleet.calls[0][1]["nodes"] == 2
-        quota = api.server.app.state.api.quota
+        quota = api.context.quota
         api.clock.advance(8 * 3600 - 1)
         quota.tick()
         assert len(fleet.calls) == 1
@@ -123,7 +123,7 @@ def test_active_request_survives_a_restart_and_still_ends(tmp_path: Path, fleet:
         active = api.call("auditor", "GET", "/api/v1/quota-requests", params={"status": "active"})
         assert [r["id"] for r in active.json()["requests"]] == [filed["id"]]
         api.clock.now = ends_at + 1
-        api.server.app.state.api.quota.tick()
+        api.context.quota.tick()
         assert [path.rsplit("/", 1)[1] for path, _ in fleet.calls] == ["scale_out", "scale_in"]
 
 
@@ -169,7 +169,7 @@ def test_kill_switch_blocks_approval_and_holds_the_undo(api: Harness) -> None:
     )
     api.engine.set_control("kill_switch", True, "test")
     api.clock.advance(3601)
-    quota = api.server.app.state.api.quota
+    quota = api.context.quota
     quota.tick()
     assert quota.get(filed["id"]).status == "active"
     api.engine.set_control("kill_switch", False, "test")

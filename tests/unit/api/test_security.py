@@ -171,7 +171,7 @@ def test_path_traversal_in_policy_names_is_refused(api: Harness, name: str) -> N
 
 
 def test_body_over_the_limit_is_413(api: Harness) -> None:
-    big = b"#" * (api.server.app.state.api.settings.max_body_bytes + 1)
+    big = b"#" * (api.context.settings.max_body_bytes + 1)
     resp = api.call("developer", "POST", "/api/v1/rules/validate", data=big)
     assert resp.status_code == 413
     assert "exceeds the limit" in resp.json()["detail"]
