@@ -8,7 +8,6 @@ port, temporary data dir, 1 s scrapes) and engine running the demo-scale policie
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,16 +22,7 @@ from engine.demo import DEMO_RULES, PROMETHEUS_CONFIG
 from engine.promproc import PrometheusServer
 from engine.runtime import Engine
 from exporters.fleet import FleetConfig, FleetSim, JobSpec
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+from tests.waiting import wait_for
 
 
 @dataclass

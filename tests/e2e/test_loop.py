@@ -9,7 +9,8 @@ import json
 import pytest
 
 from exporters.fleet import JobSpec
-from tests.e2e.conftest import StartLoop, wait_for
+from tests.e2e.conftest import StartLoop
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -3,8 +3,7 @@ as up == 0, and a scaled-out node's new target."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +12,9 @@ import requests
 
 from engine.promproc import PrometheusServer
 from exporters.fleet import FleetConfig, FleetSim
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

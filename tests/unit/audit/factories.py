@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 
 from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id
+from tests.waiting import wait_for
 
 
 def make_decision(
@@ -39,9 +39,5 @@ def make_decision(
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or condition}")
-        time.sleep(0.01)
+    """``tests.waiting.wait_for`` under the name the audit tests use."""
+    wait_for(condition, timeout_s, what, interval=0.01)

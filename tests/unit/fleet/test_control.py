@@ -10,8 +10,7 @@ import pytest
 import requests
 
 from exporters.fleet import FleetSim
-
-from .conftest import wait_for
+from tests.waiting import wait_for
 
 
 def api(fleet: FleetSim, method: str, path: str, body: Any = None) -> requests.Response:

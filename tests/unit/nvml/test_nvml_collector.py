@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,6 +12,7 @@ from exporters.nvml.collector import NvmlCollector
 from exporters.nvml.events import XidWatcher
 from exporters.nvml.fake import FakeNvml
 from exporters.nvml.session import NvmlSession
+from tests.waiting import wait_for
 
 GIB = 2**30
 
@@ -46,13 +45,6 @@ def names(
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float], gpu: str | None = None
 ) -> set[str]:
     return {n for (n, labels) in samples if gpu is None or ("gpu", gpu) in labels}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 def test_registering_touches_no_nvml() -> None:
