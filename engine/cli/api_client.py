@@ -28,7 +28,8 @@ class ApiClient:
         self.session = requests.Session()
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
-        self.session.verify = False if insecure else (ca_file or True)
+        # Given per request: a session's verify loses to REQUESTS_CA_BUNDLE in the environment.
+        self.verify: bool | str = False if insecure else (ca_file or True)
 
     def call(
         self,
@@ -49,6 +50,7 @@ class ApiClient:
                 data=text.encode("utf-8") if text is not None else None,
                 headers=headers,
                 timeout=60,
+                verify=self.verify,
             )
         except requests.RequestException as exc:
             raise click.ClickException(
