@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from engine.api import ApiServer, TokensError, create_app
 from engine.api.server import ApiServerError
+from engine.api.tokens import TokenStore
 from engine.config import ConfigError, load_config
 from engine.rules.model import RulesError
 from engine.runtime import Engine
@@ -51,15 +52,15 @@ def run(config_path: Path, dry_run: bool) -> None:
         eng.stop()
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
     stopping = threading.Event()
-    api = _start_api(eng) if config.api.listen else None
+    api, users = _start_api(eng) if config.api.listen else (None, None)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             log.info("SIGHUP: reloading rules%s", " and API users" if api else "")
             eng.reload()
-            if api is not None:
+            if users is not None:
                 try:
-                    api.app.state.api.tokens.reload()
+                    users.reload()
                 except TokensError as exc:
                     log.error("API users not reloaded, the current ones stay: %s", exc)
         else:
@@ -89,8 +90,9 @@ def run(config_path: Path, dry_run: bool) -> None:
             server.shutdown()
 
 
-def _start_api(eng: Engine) -> ApiServer:
-    """Serve the REST API (``api.listen``), over TLS when a certificate is configured."""
+def _start_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
+    """Serve the REST API (``api.listen``), over TLS when a certificate is configured; returns
+    the server and its users (reloaded on SIGHUP)."""
     settings = eng.config.api
     assert settings.listen is not None
     try:
