@@ -1,0 +1,260 @@
+"""docker-compose.yml, the Dockerfile and deploy/ (DESIGN.md section 10): the compose file
+against the compose specification, every host path they name exists, the engine config loads,
+the one-shot scripts do what the services expect of them.
+
+Docker cannot run here: the stack is checked by schema and by its pieces, not by starting it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from engine.api.tokens import hash_token, parse_users
+from engine.config import load_config
+
+REPO = Path(__file__).resolve().parents[3]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+COMPOSE_SPEC = REPO / ".." / "shared" / "reference" / "compose-spec.json"
+DOCKERFILE = REPO / "Dockerfile"
+ENGINE_CONFIG = REPO / "deploy" / "engine" / "engine.yaml"
+
+
+def compose() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+    return doc
+
+
+def services() -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = compose()["services"]
+    return result
+
+
+def schema_errors(doc: dict[str, Any]) -> list[str]:
+    jsonschema = pytest.importorskip("jsonschema")
+    if not COMPOSE_SPEC.is_file():
+        pytest.skip(f"the compose specification is not at {COMPOSE_SPEC.resolve()}")
+    validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))
+    return [
+        f"{'/'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in validator.iter_errors(doc)
+    ]
+
+
+def test_compose_file_validates_against_the_compose_specification() -> None:
+    assert schema_errors(compose()) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("services", "engine", "restart_policy"), "always"),  # not a service key
+        (("services", "engine", "depends_on", "fleet", "condition"), "service_ready"),
+        (("services", "grafana", "ports"), "3000"),  # a list, not a string
+    ],
+)
+def test_a_broken_compose_file_fails_the_schema(path: tuple[str, ...], value: Any) -> None:
+    doc = copy.deepcopy(compose())
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert schema_errors(doc), f"setting {'.'.join(path)} = {value!r} went unnoticed"
+
+
+def test_the_stack_has_every_service_of_the_design() -> None:
+    assert {
+        "prometheus",
+        "alertmanager",
+        "grafana",
+        "elasticsearch",
+        "kibana",
+        "fleet",
+        "engine",
+        "setup",
+        "nvml-exporter",
+    } <= services().keys()
+
+
+def test_every_bind_mounted_host_path_exists() -> None:
+    checked = 0
+    for name, service in services().items():
+        for volume in service.get("volumes", []):
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (REPO / source).resolve().exists(), f"{name}: {source} is not in the repo"
+                checked += 1
+    assert checked >= 6
+
+
+def test_named_volumes_are_declared() -> None:
+    declared = set(compose()["volumes"])
+    for name, service in services().items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/")):
+                assert source in declared, f"{name}: volume {source} is not declared"
+
+
+def test_depends_on_waits_for_health_where_there_is_a_healthcheck() -> None:
+    all_services = services()
+    for name, service in all_services.items():
+        for dep, cond in service.get("depends_on", {}).items():
+            assert dep in all_services, f"{name} depends on unknown {dep}"
+            if "healthcheck" in all_services[dep]:
+                assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
+            else:
+                assert cond["condition"] == "service_completed_successfully", f"{name} -> {dep}"
+
+
+def test_elastic_stack_pins_one_8x_version_matching_the_client_major() -> None:
+    es = services()["elasticsearch"]["image"]
+    kibana = services()["kibana"]["image"]
+    es_version = es.rsplit(":", 1)[1]
+    assert kibana.rsplit(":", 1)[1] == es_version
+    assert re.fullmatch(r"8\.\d+\.\d+", es_version), es_version
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'"elasticsearch>=8[^"]*<9"', pyproject), "client is not pinned to 8.x"
+    env = services()["elasticsearch"]["environment"]
+    assert env["discovery.type"] == "single-node"
+    assert env["xpack.security.enabled"] == "false"
+    assert "mem_limit" in services()["elasticsearch"]
+
+
+def test_services_run_the_real_cli() -> None:
+    """Every gpuops command of the compose file names a real subcommand and only its options."""
+    import click
+
+    from engine.cli import cli
+
+    for name in ("fleet", "engine", "nvml-exporter"):
+        argv = [a.split("=")[0] for a in services()[name]["command"]]
+        command: click.Command = cli
+        for word in (a for a in argv if not a.startswith("-")):
+            if isinstance(command, click.Group) and word in command.commands:
+                command = command.commands[word]
+        assert not isinstance(command, click.Group), f"{name}: {argv} names no command"
+        options = {opt for param in command.params for opt in param.opts}
+        for option in (a for a in argv if a.startswith("-")):
+            assert option in options, f"{name}: {option} is not an option of {command.name}"
+
+
+def test_nvml_exporter_is_a_gpu_profile_with_a_device_reservation() -> None:
+    exporter = services()["nvml-exporter"]
+    assert exporter["profiles"] == ["gpu"]
+    devices = exporter["deploy"]["resources"]["reservations"]["devices"]
+    assert devices and devices[0]["capabilities"] == ["gpu"]
+    assert all("profiles" not in s for n, s in services().items() if n != "nvml-exporter")
+
+
+def test_engine_config_of_the_stack_loads() -> None:
+    config = load_config(ENGINE_CONFIG)
+    assert config.prometheus.url == "http://prometheus:9090"
+    assert config.audit.elasticsearch_url == "http://elasticsearch:9200"
+    assert config.executors["fleet"]["url"] == "http://fleet:9400"
+    assert config.metrics_listen == "0.0.0.0:9842"
+    assert config.rules == [Path("/app/rules")]
+    engine = services()["engine"]
+    assert engine["command"] == ["engine", "run", "--config", "/etc/gpuops/engine.yaml"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in engine["volumes"]}
+    assert mounts["/etc/gpuops/engine.yaml"] == "./deploy/engine/engine.yaml"
+    # state, spool and kill switch on the named volume, the tokens file on the secrets volume
+    state = mounts["/var/lib/gpuops/state"]
+    assert state in compose()["volumes"]
+    for path in (config.state_file, config.audit.spool_dir, config.guardrails.kill_switch_file):
+        assert str(path).startswith("/var/lib/gpuops/state/")
+    assert str(config.api.tokens_file).startswith("/etc/gpuops/secrets/")
+
+
+def test_dockerfile_copies_paths_that_exist_and_the_code_needs() -> None:
+    text = DOCKERFILE.read_text()
+    sources = [
+        src
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for src in line.split()[1:-1]
+    ]
+    assert sources
+    for src in sources:
+        assert (REPO / src).exists(), f"Dockerfile copies {src}, which is not in the repo"
+    # engine.audit.settings and engine.demo find these relative to the source tree
+    for needed in ("engine", "exporters", "rules", "elk", "deploy", "pyproject.toml", "README.md"):
+        assert needed in sources, f"the image lacks {needed}"
+    assert "FROM python:3.11-slim" in text
+    assert re.search(r"^USER (?!root)\S+", text, re.M), "the image must not run as root"
+    assert 'ENTRYPOINT ["gpuops"]' in text
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert not set(sources) & set(ignored), "the Dockerfile copies what .dockerignore drops"
+
+
+def test_scripts_the_one_shot_services_run_are_in_the_image() -> None:
+    for name in ("setup", "tokens"):
+        entrypoint = services()[name]["entrypoint"]
+        script = entrypoint[-1]
+        assert script.startswith("/app/deploy/"), script
+        assert (REPO / script.removeprefix("/app/")).is_file()
+        assert services()[name]["restart"] == "no"
+
+
+def test_setup_installs_templates_and_imports_every_kibana_file() -> None:
+    script = (REPO / "deploy" / "setup" / "setup.sh").read_text()
+    assert 'gpuops elk install --url "$es"' in script
+    assert "/api/saved_objects/_import?overwrite=true" in script
+    assert "kbn-xsrf: true" in script
+    assert "/app/elk/kibana/*.ndjson" in script
+    assert list((REPO / "elk" / "kibana").glob("*.ndjson"))
+    subprocess.run(["sh", "-n", str(REPO / "deploy" / "setup" / "setup.sh")], check=True)
+
+
+def test_tokens_script_makes_tokens_the_engine_accepts(tmp_path: Path) -> None:
+    script = REPO / "deploy" / "engine" / "init-tokens.sh"
+    env = {"PATH": "/usr/bin:/bin", "GPUOPS_SECRETS_DIR": str(tmp_path)}
+    subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
+    users = parse_users((tmp_path / "tokens.yaml").read_text(), "tokens.yaml")
+    by_name = {u.name: u for u in users}
+    for name, role in (("alertmanager", "alertmanager"), ("admin", "admin")):
+        token = (tmp_path / f"{name}-token").read_text().strip()
+        assert len(token) >= 32
+        assert by_name[name].roles == (role,)
+        assert by_name[name].token_sha256 == hash_token(token)
+    assert (tmp_path / "admin-token").stat().st_mode & 0o077 == 0
+    before = (tmp_path / "tokens.yaml").read_text()
+    subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
+    assert (tmp_path / "tokens.yaml").read_text() == before, "a second start replaced the tokens"
+
+
+def test_alertmanager_sends_to_the_engine_with_the_token_file_the_tokens_service_writes() -> None:
+    config = yaml.safe_load((REPO / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+    (receiver,) = config["receivers"]
+    (webhook,) = receiver["webhook_configs"]
+    assert webhook["url"] == "http://engine:9843/api/v1/alertmanager"
+    auth = webhook["http_config"]["authorization"]
+    assert auth["type"] == "Bearer"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in services()["alertmanager"]["volumes"]}
+    secrets_dir = str(Path(auth["credentials_file"]).parent)
+    assert mounts[secrets_dir] == "gpuops-secrets"
+    assert Path(auth["credentials_file"]).name == "alertmanager-token"
+    assert load_config(ENGINE_CONFIG).api.listen == "0.0.0.0:9843"
+
+
+@pytest.mark.integration
+def test_alertmanager_config_passes_amtool() -> None:
+    amtool = shutil.which("amtool") or "/usr/bin/amtool"
+    if not Path(amtool).exists():
+        pytest.skip("amtool is not installed (Debian package prometheus-alertmanager)")
+    result = subprocess.run(
+        [amtool, "check-config", str(REPO / "deploy" / "alertmanager" / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
