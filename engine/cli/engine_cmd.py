@@ -97,9 +97,8 @@ def _start_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
     assert settings.listen is not None
     try:
         app = create_app(eng, settings)
-        return ApiServer(
-            app, settings.listen, settings.tls_cert_file, settings.tls_key_file
-        ).start()
+        server = ApiServer(app, settings.listen, settings.tls_cert_file, settings.tls_key_file)
+        return server.start(), app.state.api.tokens
     except (TokensError, ApiServerError) as exc:
         eng.stop()
         raise click.ClickException(f"API not started, engine stopped: {exc}") from None
