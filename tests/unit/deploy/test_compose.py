@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -39,7 +40,6 @@ def services() -> dict[str, dict[str, Any]]:
 
 
 def schema_errors(doc: dict[str, Any]) -> list[str]:
-    jsonschema = pytest.importorskip("jsonschema")
     if not COMPOSE_SPEC.is_file():
         pytest.skip(f"the compose specification is not at {COMPOSE_SPEC.resolve()}")
     validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))
