@@ -104,7 +104,8 @@ def create_app(
     def metrics() -> PlainTextResponse:
         """The engine's, the audit's and the API's Prometheus metrics."""
         registries = (engine.metrics.registry, engine.audit.registry, registry)
-        body = b"".join(generate_latest(r) for r in registries)
+        unique = {id(r): r for r in registries}.values()  # the audit may share the engine's
+        body = b"".join(generate_latest(r) for r in unique)
         return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -126,7 +126,8 @@ def test_health_metrics_and_whoami(api: Harness) -> None:
     _fire(api, "GPUFellOffBus", node="n1")
     metrics = api.call(None, "GET", "/metrics").text
     assert 'gpuops_api_alerts_total{result="handled"} 1.0' in metrics
-    assert "gpuops_engine_decisions_total" in metrics
+    assert metrics.count("# HELP gpuops_engine_decisions_total ") == 1
+    assert "# HELP gpuops_audit_" in metrics
     who = api.call("developer", "GET", "/api/v1/auth/whoami").json()
     assert who["name"] == "dave" and "quota:request" in who["permissions"]
     assert "approvals:decide" not in who["permissions"]
