@@ -33,6 +33,11 @@ def fleet() -> None:
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
+    "--advertise-host",
+    default=None,
+    help="Host written into the file_sd targets (default: --host), e.g. a container name.",
+)
+@click.option(
     "--control-port",
     default=9400,
     show_default=True,
@@ -72,6 +77,7 @@ def sim(
     pool: str,
     model: str,
     host: str,
+    advertise_host: str | None,
     control_port: int,
     first_node_port: int,
     sd_file: str,
@@ -86,6 +92,7 @@ def sim(
         arrival_rate_per_min=arrival_rate,
         speed=speed,
         host=host,
+        advertise_host=advertise_host,
         control_port=control_port,
         first_node_port=first_node_port,
         sd_file=sd_file,

@@ -31,6 +31,7 @@ def write_targets(path: Path, host: str, nodes: Iterable[tuple[str, str, int]]) 
     try:
         with os.fdopen(fd, "w") as out:
             json.dump(groups, out, indent=2)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; Prometheus may run as another user
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
