@@ -180,7 +180,22 @@ def parse_yaml(text: str) -> tuple[Any, Positions, list[YamlProblem]]:
     tabs = _tab_problems(text)
     if tabs:
         return None, positions, tabs
-    loader = _LineLoader(text)
+    try:
+        loader = _LineLoader(text)  # PyYAML's reader checks for unprintable characters here
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        return (
+            None,
+            positions,
+            [
+                YamlProblem(
+                    line,
+                    (),
+                    f"unprintable character U+{int(exc.character):04X} (YAML allows printable "
+                    "characters only; remove it)",
+                )
+            ],
+        )
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:

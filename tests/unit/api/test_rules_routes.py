@@ -105,4 +105,7 @@ def test_validate_reports_unreadable_characters_as_a_line_error(api: Harness) ->
     )
     body = resp.json()
     assert body["ok"] is False
-    assert body["errors"][0]["text"].startswith("posted.yaml:2: cannot read the file: ")
+    assert body["errors"][0]["text"] == (
+        "posted.yaml:2: unprintable character U+009C (YAML allows printable characters only; "
+        "remove it)"
+    )
