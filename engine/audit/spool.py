@@ -101,6 +101,7 @@ class Spool:
         self._sealed: list[Segment] = []
         self._active: Segment | None = None
         self._fh: IO[bytes] | None = None
+        self._closed = False
         self._lock_fh: IO[bytes] | None = None
         self._next_seq = 1
 
@@ -136,6 +137,7 @@ class Spool:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._close_active()
             if self._lock_fh is not None:
                 self._lock_fh.close()
@@ -160,6 +162,8 @@ class Spool:
                 os.fsync(self._fh.fileno())
             self._active.documents += 1
             self._active.size += len(line)
+            if self._closed:  # a late document after close: kept, but no handle left open
+                self._close_active()
             self._metrics.spooled.inc()
             self._update_gauges()
             return True

@@ -104,3 +104,12 @@ def test_sealed_segments_are_removed_only_when_asked(tmp_path: Path) -> None:
     assert ids(tmp_path) == ["id-0002"]
     assert registry.get_sample_value("gpuops_audit_spool_documents") == 1
     spool.close()
+
+
+def test_a_document_after_close_is_kept_without_leaving_a_file_open(tmp_path: Path) -> None:
+    spool, _ = make_spool(tmp_path)
+    spool.append(doc(0))
+    spool.close()
+    assert spool.append(doc(1))  # a late decision of a stopping engine
+    assert spool._fh is None
+    assert ids(tmp_path) == ["id-0000", "id-0001"]
