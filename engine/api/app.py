@@ -24,7 +24,7 @@ from engine.api.alerts import AlertWorker
 from engine.api.context import ApiContext
 from engine.api.gate import ApiGate
 from engine.api.quota import QuotaManager, QuotaStore
-from engine.api.routes import alertmanager, control, decisions, quota, rules
+from engine.api.routes import alertmanager, audit, control, decisions, quota, rules
 from engine.api.tokens import TokenStore
 from engine.config import ApiSettings
 from engine.runtime import Engine
@@ -82,7 +82,7 @@ def create_app(
             (413, "The body is too large."),
         )
     }
-    for module in (rules, decisions, quota, control, alertmanager):
+    for module in (rules, decisions, quota, control, alertmanager, audit):
         app.include_router(module.router, prefix=PREFIX, responses=errors)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

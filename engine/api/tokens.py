@@ -43,6 +43,7 @@ class Permission(StrEnum):
     ENGINE_CONTROL = "engine:control"
     AUTH_RELOAD = "auth:reload"
     ALERTS_RECEIVE = "alerts:receive"
+    AUDIT_READ = "audit:read"
 
 
 _READ = frozenset(
@@ -59,7 +60,7 @@ ROLE_PERMISSIONS: Mapping[str, frozenset[Permission]] = MappingProxyType(
     {
         "admin": frozenset(Permission),
         "developer": _READ | {Permission.RULES_VALIDATE, Permission.QUOTA_REQUEST},
-        "auditor": _READ,
+        "auditor": _READ | {Permission.AUDIT_READ},
         "alertmanager": frozenset({Permission.ALERTS_RECEIVE}),
     }
 )
