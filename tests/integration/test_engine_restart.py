@@ -27,7 +27,7 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-FOR_S = 8
+FOR_S = 12  # long enough that a slow restart (< 12 s) still tells the original deadline apart
 
 RULES = f"""
 groups:
