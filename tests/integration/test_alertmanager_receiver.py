@@ -13,7 +13,8 @@ import requests
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.promproc import AlertmanagerServer, PrometheusServer
-from tests.unit.api.harness import Harness, running_api, wait_for
+from tests.unit.api.harness import Harness, running_api
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from engine.cli import cli
 from engine.promproc import free_port
-from tests.unit.api.harness import RULES, USERS, running_api, wait_for, write_tokens
+from tests.unit.api.harness import RULES, USERS, running_api, write_tokens
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -72,16 +72,6 @@ def write_tokens(path: Path, tokens: dict[str, str], roles: list[str] | None = N
     path.write_text(yaml.safe_dump({"users": users}))
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 @dataclass
 class Harness:
     tmp: Path
