@@ -46,7 +46,7 @@ class DemoSettings:
     workdir: Path | None = None
     """Where Prometheus data, engine state and the default audit spool go; None: a temp dir."""
     audit_dir: Path | None = None
-    """The audit spool (ECS JSON lines); None: ``<workdir>/audit``."""
+    """The audit spool (ECS JSON lines); None: a new temporary directory, kept at exit."""
     rules: Path = DEMO_RULES
     nodes: int = 4
     gpus_per_node: int = 4
@@ -90,6 +90,7 @@ class DemoReport:
             f"start {_fmt(self.start_utilization)} -> end {_fmt(self.end_utilization)}"
         )
         lines.append(f"audit spool: {self.audit_dir} ({self.audit_documents} ECS documents)")
+        lines.append(f"  search it: gpuops audit search --spool-dir {self.audit_dir}")
         return "\n".join(lines)
 
 
@@ -132,9 +133,10 @@ class Demo:
         s = self.settings
         with contextlib.ExitStack() as stack:
             workdir = s.workdir or Path(stack.enter_context(_tempdir()))
-            audit_dir = s.audit_dir or workdir / "audit"
+            # the audit trail outlives the demo (Prometheus data and engine state do not)
+            audit_dir = s.audit_dir or Path(tempfile.mkdtemp(prefix="gpuops-demo-audit-"))
             self.report.audit_dir = audit_dir
-            self.out(f"audit spool: {audit_dir}")
+            self.out(f"audit spool: {audit_dir} (ECS JSON lines, kept after the demo)")
             fleet = stack.enter_context(self._fleet(workdir))
             prom = self._prometheus(workdir, fleet)
             stack.callback(prom.stop)

@@ -92,6 +92,7 @@ class Engine:
         self._pending: set[Future[None]] = set()
         self._scheduler: BackgroundScheduler | None = None
         self._stopped = False
+        self._epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
 
     # --- rules ---------------------------------------------------------------------------
     def reload(self, strict: bool = False) -> ReloadResult:
@@ -163,14 +164,25 @@ class Engine:
     # --- evaluation ------------------------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
+        now = self.clock() if scheduled else self._tick(group)
         for policy in group.policies:
             if policy.expr is None or (policy.schedule is not None) != scheduled:
                 continue
             try:
-                self.evaluate_policy(policy)
+                self.evaluate_policy(policy, now)
             except Exception:  # one broken policy must not stop the others
                 log.exception("evaluation of policy %s failed", policy.name)
         self.metrics.evaluation_duration.labels(group.name).observe(time.monotonic() - started)
+
+    def _tick(self, group: Group) -> float:
+        """The evaluation time of this run of ``group``: its schedule's grid point, as
+        Prometheus does, so that `for: 5s` on a 5 s interval holds after exactly one interval
+        however late the scheduler's thread woke up."""
+        now = self.clock()
+        epoch = self._epochs.get(group.name)
+        if epoch is None:
+            return now
+        return epoch + round((now - epoch) / group.interval_s) * group.interval_s
 
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         now = self.clock() if now is None else now
@@ -401,6 +413,7 @@ class Engine:
         for group in self.rules.groups:
             job_id = f"group:{group.name}"
             wanted.add(job_id)
+            self._epochs[group.name] = self.clock()
             self._scheduler.add_job(
                 self.evaluate_group,
                 IntervalTrigger(seconds=group.interval_s),

@@ -24,7 +24,7 @@ from engine.demo import DEMO_RULES, Demo, DemoSettings
     "--audit-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Directory of the audit spool (ECS JSON lines); default: a temporary directory.",
+    help="Directory of the audit spool (ECS JSON lines); default: a new temporary one, kept.",
 )
 @click.option(
     "--workdir",

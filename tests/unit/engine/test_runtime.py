@@ -264,3 +264,20 @@ def test_scheduled_policies_run_on_their_cron_job_only(make, tmp_path: Path) -> 
     assert engine.store.policy_state("reclaim").targets == {}
     engine.evaluate_group(group, scheduled=True)  # what its cron job runs
     assert list(engine.store.policy_state("reclaim").targets) == ["uuid=a"]
+
+
+def test_scheduled_group_runs_evaluate_at_their_grid_point(make) -> None:
+    """A run that starts late still evaluates at its grid time, so `for` is met after exactly
+    `for` seconds of schedule, as in Prometheus."""
+    engine = make()
+    group = engine.rules.groups[0]  # interval 10s; reclaim has for: 60s
+    engine._epochs[group.name] = make.clock.now
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    engine.evaluate_group(group)
+    for _ in range(6):
+        make.clock.now += 9.997  # the scheduler woke a little early each time
+        engine.evaluate_group(group)
+    engine.wait_idle(10)
+    assert len(make.ran) == 1
+    (decision,) = make.ran
+    assert decision.evidence.pending_since + 60 == decision.at
