@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -69,11 +71,16 @@ def demo(
     )
     started = time.monotonic()
     stop = threading.Event()
-    runner = Demo(settings, out=click.echo)
-    try:
-        report = runner.run(stop)
-    except KeyboardInterrupt:
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # first Ctrl-C or SIGTERM: stop gracefully (every process stopped, summary printed);
+        # a second one interrupts at once
+        click.echo(f"\n{signal.Signals(signum).name}: stopping the demo", err=True)
         stop.set()
-        click.echo("interrupted: everything the demo started has been stopped", err=True)
-        raise
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    runner = Demo(settings, out=click.echo)
+    report = runner.run(stop)
     click.echo(report.summary(time.monotonic() - started))
