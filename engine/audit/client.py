@@ -51,8 +51,8 @@ def wrap(exc: Exception, what: str) -> ElasticsearchError:
         status = exc.meta.status
         message = f"{what}: HTTP {status}: {cap(exc.body)}"
         if status in RETRYABLE_STATUSES:
-            return RetryableError(message)
-        return ElasticsearchError(message)
+            return RetryableError(message, status)
+        return ElasticsearchError(message, status)
     if isinstance(exc, ConnectionTimeout | TransportConnectionError):
         return RetryableError(f"{what}: {type(exc).__name__}: {cap(exc)}")
     if isinstance(exc, TransportError):

@@ -25,7 +25,12 @@ class SpoolLockedError(AuditError):
 
 
 class ElasticsearchError(AuditError):
-    """Elasticsearch could not be reached or answered with an error."""
+    """Elasticsearch could not be reached or answered with an error (``status``: its HTTP
+    status, when it answered)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RetryableError(ElasticsearchError):

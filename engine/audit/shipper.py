@@ -130,14 +130,32 @@ class Shipper:
 
     def _ship_segment(self, segment: Segment) -> None:
         pending = list(read_segment(segment.path))
+        limit = self._settings.bulk_max_documents
         while pending:
-            batch = self._batch(pending)
+            batch = self._batch(pending, limit)
             try:
                 retry = self._send(batch)
             except RetryableError as exc:
                 self._metrics.bulk_requests.labels(result="retry").inc()
                 self._metrics.retried.labels(reason=_reason(exc)).inc(len(batch))
                 self._backoff(f"bulk request failed: {exc}")
+                continue
+            except ElasticsearchError as exc:
+                # Never stop shipping: the documents stay in the spool until Elasticsearch
+                # takes them. A request refused as a whole for its content (400, 413) is split
+                # until the one document it cannot take goes to the dead-letter file; anything
+                # else (401, 403, 500, ...) is retried with backoff until someone fixes it.
+                self._metrics.bulk_requests.labels(result="error").inc()
+                if exc.status in (400, 413):
+                    if len(batch) > 1:
+                        limit = max(1, len(batch) // 2)
+                        continue
+                    self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+                    pending = pending[1:]
+                    limit = self._settings.bulk_max_documents
+                    continue
+                self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(len(batch))
+                self._backoff(f"bulk request refused: {exc}")
                 continue
             done = len(batch) - len(retry)
             pending = retry + pending[len(batch) :]
@@ -147,15 +165,12 @@ class Shipper:
                 self._failures = 0
         self._spool.remove(segment)
 
-    def _batch(self, pending: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _batch(self, pending: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
         batch: list[dict[str, Any]] = []
         size = 0
         for doc in pending:
             size += len(json.dumps(doc)) + 100
-            if batch and (
-                len(batch) >= self._settings.bulk_max_documents
-                or size > self._settings.bulk_max_bytes
-            ):
+            if batch and (len(batch) >= limit or size > self._settings.bulk_max_bytes):
                 break
             batch.append(doc)
         return batch

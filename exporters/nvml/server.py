@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import logging
 import threading
 from collections.abc import Callable
@@ -157,8 +158,12 @@ class _Handler(BaseHTTPRequestHandler):
 
             def power() -> dict[str, Any]:
                 watts = body.get("watts")
-                if not isinstance(watts, int | float) or isinstance(watts, bool):
-                    raise _BadRequest("watts must be a number")
+                if (
+                    not isinstance(watts, int | float)
+                    or isinstance(watts, bool)
+                    or not math.isfinite(watts)
+                ):
+                    raise _BadRequest("watts must be a finite number")
                 return agent.set_power_limit(ref, float(watts), decision)
 
             self._answer(power)
@@ -176,7 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
         return app.agent
 
     def _body(self) -> dict[str, Any] | None:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._json(400, {"error": "Content-Length must be a non-negative integer"})
+            return None
         if length > MAX_BODY:
             self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
             return None

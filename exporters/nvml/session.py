@@ -93,7 +93,7 @@ class NvmlSession:
         try:
             self.driver_version = str(self.backend.nvmlSystemGetDriverVersion())
             self._devices = tuple(self._enumerate())
-        except nvml.DRIVER_LEVEL as exc:
+        except nvml.NVMLError as exc:  # any error here: not usable now, try again next time
             self._report_unusable(exc)
             try:
                 self.backend.nvmlShutdown()

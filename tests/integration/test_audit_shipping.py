@@ -39,10 +39,10 @@ def settings(spool: Path, es: FakeElasticsearch) -> AuditSettings:
     )
 
 
-def record(audit: AuditLog, n: int) -> list[str]:
+def record(audit: AuditLog, n: int, first: int = 0) -> list[str]:
     return [
         audit.decision(make_decision(labels={"node": f"n{i}", "uuid": f"GPU-{i}"}), None)
-        for i in range(n)
+        for i in range(first, first + n)
     ]
 
 
@@ -184,3 +184,42 @@ def test_elk_install_reports_an_unreachable_server() -> None:
     result = CliRunner().invoke(cli, ["elk", "install", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "installing ilm gpuops-audit: ConnectionError" in result.output
+
+
+@pytest.mark.parametrize("status", [401, 403, 500])
+def test_other_whole_request_errors_never_stop_shipping(
+    tmp_path: Path, es: FakeElasticsearch, status: int
+) -> None:
+    es.fail_next(status, times=2)
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        first = record(audit, 3)
+        wait_until(lambda: audit.pending == 0, what="the spool to drain after the errors")
+        later = record(audit, 2, first=3)  # the shipper is still alive
+        wait_until(lambda: audit.pending == 0, what="later documents")
+        assert sample(audit, "gpuops_audit_bulk_requests_total", result="error") == 2
+    stored = sorted(d["event"]["id"] for d in es.documents(DECISIONS))
+    assert stored == sorted(first + later)
+
+
+def test_a_request_too_large_is_split(tmp_path: Path, es: FakeElasticsearch) -> None:
+    es.fail_next(413, times=1)
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        ids = record(audit, 4)
+        audit.close()
+    assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
+    assert not (tmp_path / "dead-letter").exists()
+
+
+def test_a_document_refused_alone_goes_to_the_dead_letter_file(
+    tmp_path: Path, es: FakeElasticsearch
+) -> None:
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        es.fail_next(400, times=1)
+        (refused,) = record(audit, 1)
+        wait_until(lambda: audit.pending == 0, what="the refused document to leave the spool")
+        (accepted,) = record(audit, 1, first=1)
+        wait_until(lambda: audit.pending == 0, what="the next document")
+    assert [d["event"]["id"] for d in es.documents(DECISIONS)] == [accepted]
+    dead = (tmp_path / "dead-letter" / "dead-letter.jsonl").read_text().splitlines()
+    (entry,) = [json.loads(line) for line in dead]
+    assert entry["status"] == 400 and entry["document"]["event"]["id"] == refused
