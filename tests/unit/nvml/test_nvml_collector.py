@@ -291,3 +291,31 @@ def test_fake_returns_pynvml_types_and_units() -> None:
     with pytest.raises(nvml.NVMLError):  # pynvml's base class catches the fake's errors
         fake.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
     fake.nvmlShutdown()
+
+
+def test_an_ordinary_error_while_enumerating_is_retried_and_xids_still_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = scenarios.healthy_h100(2)
+    real_count = fake.nvmlDeviceGetCount
+    failures = iter([nvml.Unknown()])
+
+    def flaky_count() -> int:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+        return real_count()
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetCount", flaky_count)
+    registry, session, watcher = build(fake, xids=True)
+    assert watcher is not None
+    watcher.start()  # its first look at the GPUs meets the error
+    try:
+        wait_for(lambda: watcher.watching == 2, what="the XID watcher to recover")
+        fake.inject_xid(0, 31)
+        g0 = {"gpu": "0", "uuid": fake.gpus[0].uuid}
+        wait_for(lambda: value(scrape(registry), "nvml_gpu_xid_errors_total", **g0, xid="31"))
+        assert value(scrape(registry), "nvml_exporter_up") == 1.0
+    finally:
+        watcher.stop()
+    assert session.initialized
