@@ -32,8 +32,9 @@ from engine.guardrails import Context, judge, judge_all, population_expr
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
+from engine.rules import promql
 from engine.rules.loader import load_rules
-from engine.rules.model import Group, Policy, RulesError, RuleSet
+from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
 from engine.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Engine:
         self._scheduler: BackgroundScheduler | None = None
         self._stopped = False
         self._epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
+        self._promtool_warned = False
 
     # --- rules ---------------------------------------------------------------------------
     def reload(self, strict: bool = False) -> ReloadResult:
@@ -100,6 +102,9 @@ class Engine:
         (``strict``: raise the ``RulesError`` instead, for the first load)."""
         try:
             rules = load_rules(self.config.rules)
+            problems = self._check_promql(rules) + self._check_verbs(rules)
+            if problems:
+                raise RulesError(problems)
         except RulesError as exc:
             self.metrics.reloads.labels("failure").inc()
             if strict:
@@ -125,6 +130,36 @@ class Engine:
         if self._scheduler is not None:
             self._schedule_groups()
         return ReloadResult(True, count)
+
+    def _check_promql(self, rules: RuleSet) -> list[RuleError]:
+        """PromQL checked by a real parser (promtool) before the rules replace running ones."""
+        try:
+            return promql.check(rules)
+        except promql.PromtoolError as exc:
+            if not self._promtool_warned:
+                log.warning("PromQL of reloaded rules not checked: %s", exc)
+                self._promtool_warned = True
+            return []
+
+    def _check_verbs(self, rules: RuleSet) -> list[RuleError]:
+        """Every action's verb is one its executor does (an unknown executor: the loader)."""
+        errors = []
+        for policy in rules.policies():
+            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
+                if action is None:
+                    continue
+                verbs = self.registry.verbs(action.executor)
+                if verbs is not None and action.type not in verbs:
+                    file, _, line = policy.source.rpartition(":")
+                    errors.append(
+                        RuleError(
+                            file,
+                            policy.key_lines.get(key, int(line or 0)),
+                            f"{policy.path}.{key}.type: executor {action.executor!r} does not "
+                            f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
+                        )
+                    )
+        return errors
 
     def _mtimes(self) -> dict[str, float]:
         found: dict[str, float] = {}
@@ -393,6 +428,7 @@ class Engine:
         """Load rules (a bad rule set at start is fatal), start audit and the scheduler."""
         self.reload(strict=True)
         self.audit.start()
+        self._resume_unfinished()
         self._scheduler = BackgroundScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
         )
@@ -406,6 +442,16 @@ class Engine:
             id="gpuops-rules-watch",
         )
         self._scheduler.start()
+
+    def _resume_unfinished(self) -> None:
+        """Run again the actions a crash interrupted (recorded ``started``, never finished):
+        executors are idempotent by decision id, so one that did run has no second effect."""
+        for doc in self.store.unfinished():
+            decision = decision_from_doc(doc)
+            log.warning(
+                "resuming action %s of %s interrupted by a restart", decision.id, decision.policy
+            )
+            self._submit(decision)
 
     def _schedule_groups(self) -> None:
         assert self._scheduler is not None

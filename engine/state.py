@@ -142,6 +142,14 @@ class StateStore:
             ).fetchone()
         return _decision_row(row) if row else None
 
+    def unfinished(self) -> list[dict[str, Any]]:
+        """Decisions recorded to run whose outcome never came (the engine stopped in between)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT data, status, outcome FROM decisions WHERE status = 'started' ORDER BY at"
+            ).fetchall()
+        return [_decision_row(r) for r in rows]
+
     def decisions(
         self, policy: str | None = None, since: float | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:

@@ -70,6 +70,12 @@ class ExecutorRegistry:
     def names(self) -> list[str]:
         return sorted(self._factories)
 
+    def verbs(self, name: str) -> frozenset[str] | None:
+        """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
+        factory = self._factories.get(name)
+        verbs = getattr(factory, "verbs", None)
+        return verbs if isinstance(verbs, frozenset) else None
+
     def create(self, name: str, settings: Mapping[str, Any] | None = None) -> Executor:
         try:
             factory = self._factories[name]

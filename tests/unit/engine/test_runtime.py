@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine.actions.base import ExecutorRegistry
+from engine.actions.fleet import FleetExecutor
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision, Sample, freeze
 from engine.prometheus import QueryError
@@ -281,3 +282,46 @@ def test_scheduled_group_runs_evaluate_at_their_grid_point(make) -> None:
     assert len(make.ran) == 1
     (decision,) = make.ran
     assert decision.evidence.pending_since + 60 == decision.at
+
+
+def test_invalid_promql_in_an_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
+    engine = make()
+    rule_file = tmp_path / "rules" / "p.yaml"
+    rule_file.write_text(RULES.replace("expr: util < 0.2", "expr: sum(rate(util[5m]) >"))
+    result = engine.reload()
+    assert not result.ok
+    assert any("invalid PromQL" in e and f"{rule_file}:" in e for e in result.errors), result
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None and policy.expr == "util < 0.2"
+
+
+def test_a_verb_the_executor_does_not_do_is_a_rule_error(make, tmp_path: Path) -> None:
+    engine = make()
+    engine.registry.register("fleet", FleetExecutor)
+    rule_file = tmp_path / "rules" / "p.yaml"
+    rule_file.write_text(
+        RULES.replace("{type: reclaim, executor: log}", "{type: reclaimm, executor: fleet}")
+    )
+    result = engine.reload()
+    assert not result.ok
+    assert result.errors == (
+        f"{rule_file}:10: groups[0].rules[0].action.type: executor 'fleet' does not do "
+        "'reclaimm' (it does: downclock, migrate, reclaim, restore_clocks, scale_in, scale_out)",
+    )
+
+
+def test_an_action_interrupted_by_a_crash_runs_at_start(make) -> None:
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None
+    engine._submit = lambda decision: None  # the crash: recorded `started`, never run
+    (decision,) = engine.evaluate_policy(policy, make.clock.now + 60)
+    assert [d["id"] for d in engine.store.unfinished()] == [decision.id]
+    engine.stop()
+    restarted = make()
+    restarted.start()
+    assert restarted.wait_idle(10)
+    assert [d.id for d in make.ran] == [decision.id]
+    assert restarted.store.unfinished() == []
