@@ -70,7 +70,8 @@ def _one(
     assert policy.expr is not None
     main = client.query_range(policy.expr, start, end, step_s)
     clear = client.query_range(policy.clear_expr, start, end, step_s) if policy.clear_expr else None
-    pop_expr = population_expr(policy)
+    names = {n for samples in main.values() for sample in samples for n in sample.labels}
+    pop_expr = population_expr(policy, names)
     population = client.query_range(pop_expr, start, end, step_s) if pop_expr else None
     state = PolicyState()
     guard = GuardrailState()

@@ -10,7 +10,7 @@ GPU must never be blocked by the limits of the action it undoes. No I/O, no cloc
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
@@ -50,17 +50,19 @@ class Context:
     """An admin granted this decision (it was awaiting approval)."""
 
 
-def population_expr(policy: Policy) -> str | None:
+def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | None:
     """The query whose series count is the population ``max_fraction`` applies to:
-    ``limits.population``, else every distinct combination of the ``target`` labels."""
+    ``limits.population``, else every distinct combination of the target labels in any series
+    — the policy's ``target``, or (without one) ``label_names``, the labels of its targets."""
     if policy.max_fraction is None:
         return None
     if policy.population is not None:
         return policy.population
-    if not policy.target:
+    names = sorted(policy.target or {n for n in label_names if n != "__name__"})
+    if not names:
         return None
-    by = ", ".join(policy.target)
-    matchers = ", ".join(f'{name}!=""' for name in policy.target)
+    by = ", ".join(names)
+    matchers = ", ".join(f'{name}!=""' for name in names)
     return f"group by ({by}) ({{{matchers}}})"
 
 
@@ -148,7 +150,9 @@ def _suppression(
         )
     if policy.max_fraction is not None:
         if ctx.population is None:
-            return "max_fraction", "population unknown (its query failed): blast radius unchecked"
+            return "max_fraction", (
+                "population unknown (no population query, or it failed): blast radius unchecked"
+            )
         allowed = max(1, math.floor(policy.max_fraction * ctx.population))
         acted = len(window.acted)
         if decision.target.key not in window.acted and acted >= allowed:

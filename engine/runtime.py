@@ -13,7 +13,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -227,7 +227,7 @@ class Engine:
         step = evaluate(policy, result, state, now)
         if step.skipped is not None:
             self._skipped(step.skipped)
-        population = self._population(policy, now) if step.decisions else None
+        population = self._population(policy, now, step.decisions) if step.decisions else None
         return self._decide(policy, step.decisions, step.state, now, population)
 
     def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
@@ -242,8 +242,10 @@ class Engine:
             return QueryResult(error=str(exc))
         return QueryResult(samples, clear)
 
-    def _population(self, policy: Policy, now: float) -> int | None:
-        expr = population_expr(policy)
+    def _population(
+        self, policy: Policy, now: float, decisions: Iterable[Decision] = ()
+    ) -> int | None:
+        expr = population_expr(policy, {n for d in decisions for n in d.target.labels})
         if expr is None:
             return None
         try:
@@ -321,7 +323,7 @@ class Engine:
                 paused=self.paused(),
                 approved=True,
                 global_max_per_hour=self.config.guardrails.global_max_per_hour,
-                population=self._population(policy, now),
+                population=self._population(policy, now, (decision,)),
             )
             judged, gstate = judge(decision, policy, gstate, ctx, now)
             judged = replace(judged, reason=f"approved by {user}; {judged.reason}")
@@ -375,7 +377,7 @@ class Engine:
         for policy in self.rules.policies():
             decision = evaluate_alert(policy, labels, firing, episode, now)
             if decision is not None:
-                population = self._population(policy, now)
+                population = self._population(policy, now, (decision,))
                 judged += self._decide(policy, (decision,), None, now, population)
         return judged
 

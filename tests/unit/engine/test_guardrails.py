@@ -128,3 +128,15 @@ def test_approval_required_waits_until_granted() -> None:
     policy = replace(POLICY, approval="required")
     assert verdicts(policy, [(0, "a")]) == ["awaiting_approval"]
     assert verdicts(policy, [(0, "a")], Context(approved=True)) == ["execute"]
+
+
+def test_population_of_a_policy_without_target_uses_its_targets_labels() -> None:
+    from engine.guardrails import population_expr
+
+    policy = replace(POLICY, target=None, max_fraction=0.25)
+    expr = population_expr(policy, {"node", "job", "__name__"})
+    assert expr == 'group by (job, node) ({job!="", node!=""})'
+    assert population_expr(replace(policy, population="up")) == "up"
+    assert population_expr(replace(policy, max_fraction=None)) is None
+    assert population_expr(POLICY) is None  # no max_fraction
+    assert population_expr(replace(POLICY, max_fraction=0.5)) == 'group by (uuid) ({uuid!=""})'

@@ -325,3 +325,20 @@ def test_an_action_interrupted_by_a_crash_runs_at_start(make) -> None:
     assert restarted.wait_idle(10)
     assert [d.id for d in make.ran] == [decision.id]
     assert restarted.store.unfinished() == []
+
+
+def test_max_fraction_without_target_counts_the_targets_labels(make, tmp_path: Path) -> None:
+    rules = RULES.replace("        target: [uuid]\n", "").replace(
+        "cooldown: 1h", "limits: {max_fraction: 0.25}"
+    )
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    down = [{"node": f"n{i}", "job": "gpu-nodes"} for i in range(3)]
+    make.prom.results["util < 0.2"] = down
+    make.prom.results['group by (job, node) ({job!="", node!=""})'] = [
+        {"node": f"n{i}", "job": "gpu-nodes"} for i in range(8)
+    ]
+    cycle(engine)
+    decisions = cycle(engine, 60)
+    verdicts = sorted(d.verdict for d in decisions)
+    assert verdicts == ["execute", "execute", "suppressed:max_fraction"]  # 25% of 8 nodes
