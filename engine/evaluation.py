@@ -218,11 +218,13 @@ def _reason(policy: Policy, transition: Transition, state: TargetState, now: flo
 def evaluate_alert(
     policy: Policy, labels: Mapping[str, str], firing: bool, episode_start: float, now: float
 ) -> Decision | None:
-    """The decision of an Alertmanager-triggered policy about one alert; None when the policy's
-    ``trigger.alertmanager`` labels are not all on the alert. ``episode_start`` (the alert's
+    """The decision of an Alertmanager-triggered policy about one alert; None unless the alert
+    carries all the policy's ``trigger.alertmanager`` labels, or is the policy's own alert
+    exported by ``gpuops rules export`` (label ``gpuops_policy``). ``episode_start`` (the alert's
     ``startsAt``) makes the id stable: a retried webhook yields the same decision."""
     match = policy.trigger_alertmanager
-    if not match or any(labels.get(k) != v for k, v in match.items()):
+    exported = labels.get("gpuops_policy") == policy.name  # from `gpuops rules export`
+    if not exported and (not match or any(labels.get(k) != v for k, v in match.items())):
         return None
     target = Target.from_labels(labels, policy.target)
     transition = Transition.FIRE if firing else Transition.CLEAR

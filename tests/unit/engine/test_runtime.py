@@ -342,3 +342,18 @@ def test_max_fraction_without_target_counts_the_targets_labels(make, tmp_path: P
     decisions = cycle(engine, 60)
     verdicts = sorted(d.verdict for d in decisions)
     assert verdicts == ["execute", "execute", "suppressed:max_fraction"]  # 25% of 8 nodes
+
+
+def test_an_exported_policy_alert_routed_back_acts(make) -> None:
+    """`gpuops rules export` alerts carry gpuops_policy: Prometheus evaluates, the engine acts."""
+    engine = make()
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "reclaim", "gpuops_policy": "reclaim", "uuid": "GPU-1"},
+        "startsAt": "2026-11-30T08:00:00Z",
+    }
+    (decision,) = engine.handle_alert(alert)
+    engine.wait_idle(10)
+    assert decision.policy == "reclaim" and decision.target.labels == {"uuid": "GPU-1"}
+    assert [d.action.type for d in make.ran if d.action] == ["reclaim"]
+    assert engine.handle_alert({**alert, "labels": {**alert["labels"], "gpuops_policy": "x"}}) == []
