@@ -261,6 +261,15 @@ class _FileReader:
             for key in ("clear_expr", "schedule", "keep_firing_for"):
                 if key in model.model_fields_set:
                     self._error((*path, key), f"{key} needs an expr (this policy has none)")
+        if model.schedule is not None:
+            for field_name, key in (("for_", "for"), ("keep_firing_for", "keep_firing_for")):
+                if field_name in model.model_fields_set:
+                    self._error(
+                        (*path, key),
+                        f"{key} needs continuous evaluation, but a policy with a schedule is "
+                        "evaluated only at its cron times (remove it; use repeat_interval to act "
+                        "again while the condition holds)",
+                    )
         if model.limits and model.limits.population and model.limits.max_fraction is None:
             self._error(
                 (*path, "limits", "population"),

@@ -22,7 +22,7 @@ VALID = ROOT / "tests" / "fixtures" / "rules" / "valid"
     ("sources", "alerts"),
     [
         ([ROOT / "rules"], 4),
-        ([VALID / "full.yaml", VALID / "minimal.yaml", VALID / "two-files"], 4),
+        ([VALID / "full.yaml", VALID / "minimal.yaml", VALID / "two-files"], 5),
     ],
     ids=["shipped", "fixtures"],
 )

@@ -19,7 +19,7 @@ def test_full_fixture_sets_every_field() -> None:
     (group,) = ruleset.groups
     assert (group.name, group.interval_s) == ("everything", 60.0)
     assert group.source == f"{VALID / 'full.yaml'}:3"
-    (policy,) = group.policies
+    policy, scheduled = group.policies
     assert policy.name == "all-keys"
     assert policy.group == "everything"
     assert policy.description == "A policy that sets every key."
@@ -43,7 +43,8 @@ def test_full_fixture_sets_every_field() -> None:
     assert (policy.max_per_hour, policy.max_fraction) == (20, 0.1)
     assert policy.population == "gpuops_gpu_allocated"
     assert (policy.mode, policy.on_no_data, policy.approval) == ("enforce", "skip", "required")
-    assert policy.schedule == "*/5 22-23,0-5 * * *"
+    assert policy.schedule is None
+    assert scheduled.schedule == "*/5 22-23,0-5 * * *"
     assert dict(policy.trigger_alertmanager or {}) == {
         "alertname": "GPUUnderused",
         "severity": "info",
