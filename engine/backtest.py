@@ -13,10 +13,11 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from engine.decisions import Decision
-from engine.evaluation import PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, GuardrailState, judge_all, population_expr
+from engine.evaluation import PolicyState, QueryResult, evaluate, settle
+from engine.guardrails import Context, GuardrailState, judge_all, population_expr, retry_time
 from engine.prometheus import PrometheusClient
 from engine.rules.model import Policy
 
@@ -89,6 +90,7 @@ def _one(
         if step.decisions:
             ctx = Context(population=len(population.get(now, ())) if population else None)
             judged, guard = judge_all(step.decisions, policy, guard, ctx, now)
+            state = settle(state, judged, partial(retry_time, policy=policy, state=guard, now=now))
             decisions.extend(judged)
         if state.firing():
             firing_steps += 1

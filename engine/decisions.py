@@ -100,6 +100,8 @@ class Decision:
     evidence: Evidence
     at: float
     episode_start: float
+    repeat: int = 0
+    """How many decisions of this target's episode came before this one (part of its id)."""
     verdict: str = Verdict.EXECUTE.value
     reason: str = ""
     mode: str = "enforce"

@@ -9,7 +9,7 @@ guardrails (``engine.guardrails``) judge its decisions afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -21,6 +21,7 @@ from engine.decisions import (
     SkippedEvaluation,
     Target,
     Transition,
+    Verdict,
     decision_id,
     freeze,
 )
@@ -31,6 +32,8 @@ from engine.rules.templating import render
 class Status(StrEnum):
     PENDING = "pending"
     FIRING = "firing"
+    CLEARING = "clearing"
+    """Cleared, but its undo (``on_clear``) was held back by the guardrails: tried again."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,11 @@ class TargetState:
     absent_since: float | None = None
     """First evaluation at which a firing target was missing (``keep_firing_for`` counts from
     here, as in Prometheus)."""
+    acted: bool = False
+    """This episode's action ran (or would have, in dry-run): its clear runs ``on_clear``."""
+    retry_at: float | None = None
+    """A fire (or, while clearing, a clear) that the guardrails held back is decided again at
+    this time if the target is still in the same state."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class PolicyState:
     targets: Mapping[str, TargetState] = field(default_factory=lambda: EMPTY)
 
     def firing(self) -> list[str]:
-        return [k for k, t in self.targets.items() if t.status is Status.FIRING]
+        return [k for k, t in self.targets.items() if t.status is not Status.PENDING]
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,10 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
         if prev is not None and prev.status is Status.FIRING and key in cleared:
             decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, sample.value))
             continue
+        if prev is not None and prev.status is Status.CLEARING:
+            # the condition is back before its undo could run: the action's effect is still
+            # in place, so the target is firing again without acting again
+            prev = replace(prev, status=Status.FIRING, retry_at=None)
         current = _observe(prev, target, sample, now)
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
@@ -122,6 +134,13 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
         if prev.status is Status.PENDING:
             continue  # left the result before `for` elapsed: back to inactive, no decision
         target = Target(key=key, labels=prev.labels)
+        if prev.status is Status.CLEARING:
+            if prev.retry_at is not None and now >= prev.retry_at:
+                retry = replace(prev, repeats=prev.repeats + 1)
+                decisions.append(_decide(policy, target, retry, Transition.CLEAR, now, prev.value))
+            else:
+                targets[key] = prev
+            continue
         if policy.clear_expr is not None:
             if key in cleared:
                 decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, prev.value))
@@ -160,12 +179,13 @@ def _advance(
             return current, None
         current = replace(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
-    if (
+    held_back = current.retry_at is not None and now >= current.retry_at
+    if held_back or (
         policy.repeat_interval_s is not None
         and current.last_fire_at is not None
         and now - current.last_fire_at >= policy.repeat_interval_s
     ):
-        current = replace(current, last_fire_at=now, repeats=current.repeats + 1)
+        current = replace(current, last_fire_at=now, repeats=current.repeats + 1, retry_at=None)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
     return current, None
 
@@ -179,8 +199,9 @@ def _decide(
     value: float | None,
 ) -> Decision:
     fire = transition is Transition.FIRE
-    action = policy.action if fire else policy.on_clear
-    repeat = state.repeats if fire else 0
+    # undo only what was done: a fire held back, denied or awaiting approval has nothing to undo
+    action = policy.action if fire else (policy.on_clear if state.acted else None)
+    repeat = state.repeats
     return Decision(
         id=decision_id(policy.name, target.key, state.active_since, transition.value, repeat),
         policy=policy.name,
@@ -196,6 +217,7 @@ def _decide(
         ),
         at=now,
         episode_start=state.active_since,
+        repeat=repeat,
         mode=policy.mode,
         labels=policy.labels,
         annotations=freeze(
@@ -208,8 +230,12 @@ def _decide(
 def _reason(policy: Policy, transition: Transition, state: TargetState, now: float) -> str:
     if transition is Transition.FIRE:
         if state.repeats:
-            return f"still firing after repeat_interval (repeat {state.repeats})"
+            return f"still firing (decision {state.repeats + 1} of this episode)"
         return f"condition held for {now - state.active_since:.0f}s (for: {policy.for_s:.0f}s)"
+    if state.status is Status.CLEARING:
+        return "cleared earlier; its undo was held back and is tried again"
+    if policy.on_clear is not None and not state.acted:
+        return "target cleared; nothing to undo (the action did not run)"
     if policy.clear_expr is not None:
         return "clear_expr matched"
     return "target left the result"
@@ -246,3 +272,37 @@ def evaluate_alert(
         annotations=freeze({k: render(v, labels, None) for k, v in policy.annotations.items()}),
         reason=f"alert {name} {'firing' if firing else 'resolved'}",
     )
+
+
+def settle(
+    state: PolicyState,
+    judged: Iterable[Decision],
+    retry_at: Callable[[Decision], float],
+) -> PolicyState:
+    """Feed the guardrails' verdicts back into the state: an executed (or dry-run) fire marks
+    its target as acted on; a suppressed fire or a suppressed undo is decided again at
+    ``retry_at(decision)`` while the target stays in the same state."""
+    targets = dict(state.targets)
+    for decision in judged:
+        key = decision.target.key
+        current = targets.get(key)
+        held = decision.suppressed and decision.action is not None
+        if decision.transition is Transition.FIRE:
+            if current is None:
+                continue
+            if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
+                targets[key] = replace(current, acted=current.acted or decision.action is not None)
+            elif held:
+                targets[key] = replace(current, retry_at=retry_at(decision))
+        elif held and current is None:  # an undo that did not run: keep trying
+            targets[key] = TargetState(
+                Status.CLEARING,
+                active_since=decision.episode_start,
+                last_seen=decision.at,
+                value=decision.evidence.value,
+                labels=decision.target.labels,
+                acted=True,
+                retry_at=retry_at(decision),
+                repeats=decision.repeat,
+            )
+    return PolicyState(freeze(targets))

@@ -17,6 +17,9 @@ from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
 from engine.rules.model import Policy
 
 HOUR = 3600.0
+RETRY_S = 60.0
+"""How soon a decision held back by the kill switch, a pause, a budget or the blast radius is
+decided again (cooldown and max_per_hour know exactly when they will allow it)."""
 
 
 @dataclass(frozen=True)
@@ -166,3 +169,17 @@ def _suppression(
             f"global budget {ctx.global_max_per_hour}"
         )
     return None
+
+
+def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
+    """When a decision the guardrails suppressed may be decided again with a chance to pass."""
+    reason = decision.verdict.partition(":")[2]
+    if reason == "cooldown":
+        last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
+        if last is not None:
+            return max(now, last + policy.cooldown_s)
+    if reason == "max_per_hour":
+        mine = [e.at for e in state.recent if e.policy == decision.policy and now - e.at < HOUR]
+        if mine:
+            return max(now, min(mine) + HOUR)
+    return now + RETRY_S

@@ -37,6 +37,7 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
         "mode": decision.mode,
         "at": decision.at,
         "episode_start": decision.episode_start,
+        "repeat": decision.repeat,
         "evidence": {
             "expr": decision.evidence.expr,
             "value": decision.evidence.value,
@@ -63,6 +64,7 @@ def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
         evidence=Evidence(ev["expr"], ev["value"], ev["pending_since"], ev["observed_at"]),
         at=doc["at"],
         episode_start=doc["episode_start"],
+        repeat=int(doc.get("repeat", 0)),
         verdict=doc["verdict"],
         reason=doc.get("reason", ""),
         mode=doc.get("mode", "enforce"),

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -26,9 +27,16 @@ from apscheduler.triggers.interval import IntervalTrigger
 from engine.actions.base import Executor, ExecutorRegistry, execute
 from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
-from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
-from engine.evaluation import PolicyState, QueryResult, evaluate, evaluate_alert
-from engine.guardrails import Context, judge, judge_all, population_expr
+from engine.decisions import (
+    Decision,
+    Outcome,
+    OutcomeStatus,
+    SkippedEvaluation,
+    Transition,
+    Verdict,
+)
+from engine.evaluation import PolicyState, QueryResult, evaluate, evaluate_alert, settle
+from engine.guardrails import Context, judge, judge_all, population_expr, retry_time
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
@@ -279,6 +287,9 @@ class Engine:
                 population=population,
             )
             judged, gstate = judge_all(decisions, policy, gstate, ctx, now)
+            if next_state is not None:
+                retry = partial(retry_time, policy=policy, state=gstate, now=now)
+                next_state = settle(next_state, judged, retry)
             with self.store.transaction() as db:
                 if next_state is not None:
                     self.store.save_policy_state(db, policy.name, next_state)
@@ -293,6 +304,8 @@ class Engine:
                         ttl = self.config.guardrails.approval_ttl
                         self.store.save_approval(db, doc, now, now + ttl)
         for decision in judged:
+            if decision.transition is Transition.CLEAR:
+                self._cancel_approvals(decision, now)
             self.metrics.decisions.labels(
                 decision.policy, decision.transition.value, decision.verdict
             ).inc()
@@ -303,6 +316,15 @@ class Engine:
         return judged
 
     # --- approvals -------------------------------------------------------------------------
+    def _cancel_approvals(self, cleared: Decision, now: float) -> None:
+        """A target cleared while its action waited for approval: nothing is left to approve."""
+        for approval in self.store.cancel_approvals(cleared.policy, cleared.target.key, now):
+            decision = decision_from_doc(approval["decision"]).with_verdict(
+                f"{Verdict.SUPPRESSED.value}:approval_cancelled",
+                "the condition cleared before anyone granted it",
+            )
+            self._record(decision, None)
+
     def grant(self, decision_id: str, user: str) -> Decision:
         """Run a decision that waited for approval (the kill switch and pause still apply)."""
         now = self.clock()
@@ -333,8 +355,10 @@ class Engine:
                 )
             if self.store.settle_approval(decision_id, "granted", user, now) is None:
                 raise ApprovalError(f"decision {decision_id} was settled meanwhile")
+            state = settle(self.store.policy_state(policy.name), (judged,), lambda d: now)
             with self.store.transaction() as db:
                 self.store.save_guardrail_state(db, gstate)
+                self.store.save_policy_state(db, policy.name, state)  # acted: undo on clear
         self.metrics.decisions.labels(judged.policy, judged.transition.value, judged.verdict).inc()
         self._submit(judged)
         return judged

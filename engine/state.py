@@ -232,6 +232,17 @@ class StateStore:
                 )
         return self.approval(decision_id)
 
+    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]:
+        """Cancel the pending approvals of one target (its condition cleared meanwhile)."""
+        pending = [
+            a for a in self.approvals("pending") if a["policy"] == policy and a["target"] == target
+        ]
+        return [
+            settled
+            for a in pending
+            if (settled := self.settle_approval(a["decision_id"], "cancelled", None, now))
+        ]
+
     def expired_approvals(self, now: float) -> list[dict[str, Any]]:
         return [a for a in self.approvals("pending") if a["expires_at"] <= now]
 
@@ -282,6 +293,8 @@ def _policy_state_to_json(state: PolicyState) -> str:
                 "last_fire_at": t.last_fire_at,
                 "repeats": t.repeats,
                 "absent_since": t.absent_since,
+                "acted": t.acted,
+                "retry_at": t.retry_at,
             }
             for key, t in state.targets.items()
         }
@@ -303,6 +316,8 @@ def _policy_state_from_json(text: str) -> PolicyState:
                     last_fire_at=t["last_fire_at"],
                     repeats=t["repeats"],
                     absent_since=t.get("absent_since"),
+                    acted=t.get("acted", False),
+                    retry_at=t.get("retry_at"),
                 )
                 for key, t in raw.items()
             }

@@ -136,6 +136,7 @@ def _print(result: Backtest, show: int, as_json: bool) -> None:
                             {
                                 "at": _iso(d.at),
                                 "transition": d.transition.value,
+                                "repeat": d.repeat,
                                 "target": d.target.key,
                                 "verdict": d.verdict,
                                 "reason": d.reason,

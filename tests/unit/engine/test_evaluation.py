@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
-from engine.decisions import ActionSpec, Sample, Transition, decision_id, freeze
-from engine.evaluation import PolicyState, QueryResult, Status, evaluate
+from engine.decisions import ActionSpec, Decision, Sample, Transition, decision_id, freeze
+from engine.evaluation import PolicyState, QueryResult, Status, evaluate, settle
 from engine.rules.model import Policy
 
 POLICY = Policy(
@@ -161,7 +162,9 @@ def test_decision_ids_are_stable_per_episode() -> None:
 
 
 def test_decisions_carry_action_evidence_and_rendered_annotations() -> None:
-    fire, clear = run_decisions(POLICY, [(0, QueryResult((s("a", 0.05),))), (60, A), (70, NONE)])
+    fire, clear = run_decisions(
+        POLICY, [(0, QueryResult((s("a", 0.05),))), (60, A), (70, NONE)], executed=True
+    )
     assert fire.action == POLICY.action and clear.action == POLICY.on_clear
     assert fire.evidence.pending_since == 0 and fire.evidence.value == 0.1
     assert fire.annotations["summary"] == "GPU a at 0.1"
@@ -176,11 +179,75 @@ def test_pending_and_firing_states_are_visible() -> None:
     assert step.state.firing() == ["uuid=a"]
 
 
-def run_decisions(policy: Policy, steps: list[tuple[float, QueryResult]]):
+def run_decisions(
+    policy: Policy,
+    steps: list[tuple[float, QueryResult]],
+    executed: bool = False,
+    verdict: Callable[[Decision], str] | None = None,
+):
+    """Evaluate each step; with ``executed`` (or a ``verdict`` function) feed verdicts back
+    through ``settle`` as the runtime does (retries 100 s after a suppression)."""
     state = PolicyState()
     out = []
     for now, result in steps:
         step = evaluate(policy, result, state, now)
         state = step.state
-        out += list(step.decisions)
+        judged = list(step.decisions)
+        if verdict is not None or executed:
+            judged = [
+                d.with_verdict(verdict(d) if verdict else "execute", d.reason) for d in judged
+            ]
+            state = settle(state, judged, lambda d, now=now: now + 100)
+        out += judged
     return out
+
+
+def test_a_clear_undoes_only_what_ran() -> None:
+    steps = [(0, A), (60, A), (70, NONE)]
+    fire, clear = run_decisions(POLICY, steps, verdict=lambda d: "awaiting_approval")
+    assert clear.action is None and "nothing to undo" in clear.reason
+    fire, clear = run_decisions(POLICY, steps, executed=True)
+    assert clear.action == POLICY.on_clear
+
+
+def test_a_suppressed_fire_is_decided_again_at_its_retry_time() -> None:
+    first = {"done": False}
+
+    def cooldown_once(d: Decision) -> str:
+        if d.transition is Transition.FIRE and not first["done"]:
+            first["done"] = True
+            return "suppressed:cooldown"
+        return "execute"
+
+    steps = [(t, A) for t in range(0, 300, 30)]
+    decisions = run_decisions(POLICY, steps, verdict=cooldown_once)
+    assert [(d.at, d.verdict) for d in decisions] == [(60, "suppressed:cooldown"), (180, "execute")]
+    assert decisions[0].id != decisions[1].id and decisions[1].repeat == 1
+
+
+def test_an_undo_held_back_is_tried_again_and_a_returning_condition_cancels_it() -> None:
+    held = {"n": 0}
+
+    def kill_first_clear(d: Decision) -> str:
+        if d.transition is Transition.CLEAR and held["n"] == 0:
+            held["n"] += 1
+            return "suppressed:kill_switch"
+        return "execute"
+
+    steps = [(0, A), (60, A), (90, NONE), (150, NONE), (200, NONE)]
+    got = [
+        (d.at, d.transition.value, d.verdict)
+        for d in run_decisions(POLICY, steps, verdict=kill_first_clear)
+    ]
+    assert got == [
+        (60, "fire", "execute"),
+        (90, "clear", "suppressed:kill_switch"),
+        (200, "clear", "execute"),
+    ]
+    # the condition returns while the undo waits: firing again, no second action
+    steps = [(0, A), (60, A), (90, NONE), (120, A), (300, A)]
+    held["n"] = 0
+    got = [
+        (d.at, d.transition.value) for d in run_decisions(POLICY, steps, verdict=kill_first_clear)
+    ]
+    assert got == [(60, "fire"), (90, "clear")]

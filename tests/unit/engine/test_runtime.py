@@ -254,9 +254,7 @@ def test_invalid_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
 
 
 def test_scheduled_policies_run_on_their_cron_job_only(make, tmp_path: Path) -> None:
-    scheduled = RULES.replace(
-        "        cooldown: 1h\n", '        cooldown: 1h\n        schedule: "*/5 22-23 * * *"\n'
-    )
+    scheduled = RULES.replace("        for: 60s\n", '        schedule: "*/5 22-23 * * *"\n')
     (tmp_path / "rules" / "p.yaml").write_text(scheduled)
     engine = make()
     make.prom.results["util < 0.2"] = [{"uuid": "a"}]
@@ -357,3 +355,53 @@ def test_an_exported_policy_alert_routed_back_acts(make) -> None:
     assert decision.policy == "reclaim" and decision.target.labels == {"uuid": "GPU-1"}
     assert [d.action.type for d in make.ran if d.action] == ["reclaim"]
     assert engine.handle_alert({**alert, "labels": {**alert["labels"], "gpuops_policy": "x"}}) == []
+
+
+def test_cooldown_then_the_same_episode_acts_when_it_ends(make) -> None:
+    """A target idle again within the cooldown is reclaimed when the cooldown ends."""
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (first,) = cycle(engine, 60)
+    make.prom.results["util < 0.2"] = []
+    cycle(engine, 10)  # cleared
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine, 10)
+    (held,) = cycle(engine, 60)
+    assert held.verdict == "suppressed:cooldown"
+    for _ in range(20):  # 1h cooldown from the first action, evaluated every 3 minutes
+        cycle(engine, 180)
+    assert [d.verdict for d in make.ran] == ["execute", "execute"]
+    assert make.ran[1].at >= first.at + 3600
+
+
+def test_an_undo_held_by_the_kill_switch_runs_when_it_is_off(make, tmp_path: Path) -> None:
+    undo = "cooldown: 1h\n        on_clear: {type: restore, executor: log}"
+    (tmp_path / "rules" / "p.yaml").write_text(RULES.replace("cooldown: 1h", undo, 1))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    cycle(engine, 60)
+    engine.set_control("kill_switch", True, "ops")
+    make.prom.results["util < 0.2"] = []
+    (clear,) = cycle(engine, 10)
+    assert clear.verdict == "suppressed:kill_switch" and clear.action is not None
+    engine.set_control("kill_switch", False, "ops")
+    cycle(engine, 30)  # before the retry time: nothing yet
+    cycle(engine, 60)
+    assert [d.action.type for d in make.ran if d.action] == ["reclaim", "restore"]
+
+
+def test_an_approval_pending_when_the_condition_clears_is_cancelled(make, tmp_path: Path) -> None:
+    (tmp_path / "rules" / "p.yaml").write_text(RULES.replace("cooldown: 1h", "approval: required"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (waiting,) = cycle(engine, 60)
+    make.prom.results["util < 0.2"] = []
+    (clear,) = cycle(engine, 10)
+    assert clear.action is None  # the action never ran: nothing to undo
+    assert engine.store.approval(waiting.id)["status"] == "cancelled"
+    with pytest.raises(ApprovalError, match="cancelled, not pending"):
+        engine.grant(waiting.id, "admin")
+    assert make.ran == []
