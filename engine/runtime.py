@@ -113,10 +113,13 @@ class Engine:
             problems = self._check_promql(rules) + self._check_verbs(rules)
             if problems:
                 raise RulesError(problems)
-        except RulesError as exc:
+        except (RulesError, RecursionError, OSError, ValueError) as exc:
             self.metrics.reloads.labels("failure").inc()
+            if not isinstance(exc, RulesError):  # a loader bug must not take the rules down
+                log.exception("rules not reloaded: the loader failed")
+                exc = RulesError([RuleError("(rules)", 0, f"{type(exc).__name__}: {exc}")])
             if strict:
-                raise
+                raise exc from None
             for err in exc.errors:
                 log.error("rules not reloaded: %s", err)
             return ReloadResult(

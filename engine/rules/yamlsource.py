@@ -122,13 +122,22 @@ class Positions:
         }
 
 
+RECURSIVE_ALIAS = "recursive alias: an anchor is used inside its own value"
+
+
 def _walk(
     data: Any,
     path: YamlPath,
     loader: _LineLoader,
     positions: Positions,
     problems: list[YamlProblem],
+    ancestors: frozenset[int] = frozenset(),
 ) -> None:
+    if isinstance(data, dict | list):
+        if id(data) in ancestors:
+            problems.append(YamlProblem(positions.line(path), path, RECURSIVE_ALIAS))
+            return
+        ancestors = ancestors | {id(data)}
     marks = loader.line_marks.get(id(data))
     if isinstance(data, dict) and isinstance(marks, _MappingMarks):
         for key, first, second in marks.duplicates:
@@ -142,11 +151,11 @@ def _walk(
         for key, value in data.items():
             child = (*path, key if isinstance(key, str | int) else str(key))
             positions.add(child, marks.values[key], marks.keys[key])
-            _walk(value, child, loader, positions, problems)
+            _walk(value, child, loader, positions, problems, ancestors)
     elif isinstance(data, list) and isinstance(marks, _SequenceMarks):
         for index, (value, line) in enumerate(zip(data, marks.items, strict=True)):
             positions.add((*path, index), line)
-            _walk(value, (*path, index), loader, positions, problems)
+            _walk(value, (*path, index), loader, positions, problems, ancestors)
 
 
 def _tab_problems(text: str) -> list[YamlProblem]:
@@ -206,4 +215,6 @@ def parse_yaml(text: str) -> tuple[Any, Positions, list[YamlProblem]]:
     positions.add((), root.start if root is not None else 1)
     problems: list[YamlProblem] = []
     _walk(data, (), loader, positions, problems)
+    if any(p.message == RECURSIVE_ALIAS for p in problems):
+        return None, positions, problems  # unusable: validating it would never end
     return data, positions, problems
