@@ -117,8 +117,11 @@ class ApiGate:
                 )
             except (binascii.Error, UnicodeDecodeError):
                 return None, "anonymous", "malformed Basic credentials"
-            claimed = username[:128] if sep else "anonymous"
             found = self.tokens.authenticate_basic(username, password) if sep else None
+            # only a known user name goes into the audit: what a client claims may be a token
+            # (user name and password swapped in a Basic config)
+            known = {user.name for user in self.tokens.users}
+            claimed = username if sep and username in known else "unknown"
             return (
                 found,
                 claimed,

@@ -122,6 +122,16 @@ def test_basic_auth_with_token_as_password(api: Harness) -> None:
     assert garbage.status_code == 401 and garbage.json()["detail"] == "malformed Basic credentials"
 
 
+def test_a_token_sent_as_basic_user_name_is_never_audited(api: Harness) -> None:
+    token = api.tokens["admin"]
+    raw = base64.b64encode(f"{token}:x".encode()).decode()  # user name and password swapped
+    resp = api.call(None, "GET", "/api/v1/rules", headers={"Authorization": f"Basic {raw}"})
+    assert resp.status_code == 401
+    (doc,) = api.operations()
+    assert doc["user"]["name"] == "unknown"
+    assert token not in json.dumps(api.audit())
+
+
 def test_removed_user_token_stops_working_after_reload(api: Harness) -> None:
     assert api.call("developer", "GET", "/api/v1/rules").status_code == 200
     write_tokens(api.tokens_file, api.tokens, roles=["admin", "auditor", "alertmanager"])
