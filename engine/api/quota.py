@@ -294,8 +294,8 @@ class QuotaManager:
             name = decision.action.executor
             try:
                 executor = self._executor(name)
-            except KeyError as exc:
-                outcome = Outcome(OutcomeStatus.FAILURE, error=str(exc.args[0]))
+            except (KeyError, ValueError, TypeError) as exc:  # unknown executor, bad settings
+                outcome = Outcome(OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}")
             else:
                 outcome = execute(executor, decision)
             store.finish_decision(decision.id, outcome_doc(outcome))

@@ -3,7 +3,7 @@
 ``TokenStore`` reads users from the tokens file and/or an environment variable (both YAML:
 ``users: [{name, roles, token_sha256}]``), keeps only the SHA-256 of each token and compares in
 constant time. ``ROLE_PERMISSIONS`` is the permission table of docs/api.md. Used by
-``engine.api.auth`` (the middleware and route dependencies) and ``gpuops api token``.
+``engine.api.auth`` (the middleware and route dependencies) and ``gpuops token new``.
 """
 
 from __future__ import annotations
