@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,9 @@ CREATE TABLE IF NOT EXISTS approvals (
     decision_id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT NULL,
     requested_at REAL NOT NULL, expires_at REAL NOT NULL, status TEXT NOT NULL,
     decided_by TEXT, decided_at REAL, data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alert_inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, received_at REAL NOT NULL, alert TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS alert_episodes (
     fingerprint TEXT NOT NULL, starts_at TEXT NOT NULL, status TEXT NOT NULL, seen_at REAL NOT NULL,
@@ -247,6 +250,45 @@ class StateStore:
         return [a for a in self.approvals("pending") if a["expires_at"] <= now]
 
     # --- Alertmanager episodes -----------------------------------------------------------
+    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]:
+        """Keep received alerts on disk until handled (the receiver answers after this)."""
+        with self.transaction() as db:
+            return [
+                int(
+                    db.execute(
+                        "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
+                        (now, json.dumps(alert)),
+                    ).lastrowid
+                    or 0
+                )
+                for alert in alerts
+            ]
+
+    def inbox(self) -> list[tuple[int, dict[str, Any]]]:
+        """Alerts received but not handled yet, oldest first (after a crash: to handle now)."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, alert FROM alert_inbox ORDER BY id").fetchall()
+        return [(int(r[0]), json.loads(r[1])) for r in rows]
+
+    def inbox_done(self, item: int) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM alert_inbox WHERE id = ?", (item,))
+
+    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM alert_episodes WHERE fingerprint = ? AND starts_at = ?"
+                " AND status = ?",
+                (fingerprint, starts_at, status),
+            ).fetchone()
+        return row is not None
+
+    def prune_alert_episodes(self, older_than: float) -> int:
+        with self.transaction() as db:
+            return db.execute(
+                "DELETE FROM alert_episodes WHERE seen_at < ?", (older_than,)
+            ).rowcount
+
     def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
         with self.transaction() as db:

@@ -1,7 +1,10 @@
-"""The Alertmanager receiver's worker: the webhook handler queues alerts and answers at once;
-this thread dedupes each by (fingerprint, startsAt, status) in the state file — so a retried
-or repeated notification acts once, also across restarts — and hands new ones to
-``Engine.handle_alert`` (firing: the matching policies' action; resolved: their on_clear).
+"""The Alertmanager receiver's worker: the webhook handler writes the alerts to the durable
+inbox of the state file, queues them and answers; this thread hands each new one to
+``Engine.handle_alert`` (firing: the matching policies' action; resolved: their on_clear),
+then records its (fingerprint, startsAt, status) — so a retried or repeated notification acts
+once, also across restarts — and removes it from the inbox. Alerts still in the inbox at start
+(the engine stopped before handling them) are handled first; decision ids keep a replay from
+acting twice.
 
 Started and stopped by the API's lifespan (``engine.api.app``).
 """
@@ -22,6 +25,9 @@ from engine.runtime import Engine
 log = logging.getLogger(__name__)
 
 _STOP = object()
+EPISODE_MEMORY_S = 30 * 86400.0
+"""How long handled alert episodes are remembered for deduplication (Alertmanager resends a
+firing alert every repeat_interval, hours; 30 days covers any sane configuration)."""
 
 
 class AlertWorker:
@@ -39,6 +45,12 @@ class AlertWorker:
         )
 
     def start(self) -> None:
+        store = self.engine.store
+        store.prune_alert_episodes(self.engine.clock() - EPISODE_MEMORY_S)
+        with self._idle:
+            for item, alert in store.inbox():  # received before a stop, not handled yet
+                self._busy += 1
+                self._queue.put((item, alert))
         self._thread = threading.Thread(target=self._loop, name="gpuops-alerts", daemon=True)
         self._thread.start()
 
@@ -55,9 +67,10 @@ class AlertWorker:
             if self._queue.maxsize - self._queue.qsize() < len(alerts):
                 self.alerts.labels("rejected").inc(len(alerts))
                 return False
-            for alert in alerts:
+            items = self.engine.store.inbox_add(alerts, self.engine.clock())
+            for item, alert in zip(items, alerts, strict=True):
                 self._busy += 1
-                self._queue.put_nowait(alert)
+                self._queue.put_nowait((item, alert))
         return True
 
     def wait_idle(self, timeout: float) -> bool:
@@ -73,16 +86,18 @@ class AlertWorker:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is _STOP:
+            entry = self._queue.get()
+            if entry is _STOP:
                 return
-            assert isinstance(item, Mapping)
+            assert isinstance(entry, tuple)
+            item, alert = entry
             try:
-                self._handle(item)
+                self._handle(alert)
             except Exception:  # one bad alert must not stop the receiver
                 self.alerts.labels("error").inc()
-                log.exception("alert %s could not be handled", item.get("fingerprint"))
+                log.exception("alert %s could not be handled", alert.get("fingerprint"))
             finally:
+                self.engine.store.inbox_done(item)
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
@@ -91,11 +106,14 @@ class AlertWorker:
         fingerprint = str(alert.get("fingerprint", ""))
         starts_at = str(alert.get("startsAt", ""))
         status = str(alert.get("status", "firing"))
-        if self.engine.store.seen_alert(fingerprint, starts_at, status, self.engine.clock()):
+        if self.engine.store.alert_known(fingerprint, starts_at, status):
             self.alerts.labels("duplicate").inc()
             log.debug("alert %s %s since %s already handled", fingerprint, status, starts_at)
             return
         decisions = self.engine.handle_alert(alert)
+        # recorded only once handled: a crash in between replays it, and its decision ids
+        # (policy, target, startsAt) keep the replay from acting twice
+        self.engine.store.seen_alert(fingerprint, starts_at, status, self.engine.clock())
         self.alerts.labels("handled").inc()
         log.info(
             "alert %s (%s) %s: %d decisions",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from engine.state import StateStore
 from tests.unit.api.harness import Harness, running_api
 
 POLICY = "drain-on-gpu-fell-off-bus"
@@ -74,3 +75,26 @@ def test_full_queue_is_503_so_alertmanager_retries(tmp_path: Path) -> None:
         resp = api.notify(*alerts)
         assert resp.status_code == 503
         assert resp.json() == {"detail": "the alert queue is full; Alertmanager will retry"}
+
+
+def test_alerts_received_but_not_handled_before_a_stop_are_handled_at_start(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state.sqlite")
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n7"},
+        "annotations": {},
+        "startsAt": "2030-01-01T00:00:00Z",
+        "fingerprint": "f00d",
+    }
+    store.inbox_add([alert], 0.0)  # answered 200, then the engine died
+    store.close()
+    with running_api(tmp_path) as api:
+        api.settle()
+        [outcome] = api.executed(POLICY)
+        assert outcome.ok
+        assert api.engine.store.inbox() == []
+        assert api.notify(api.alert("GPUFellOffBus", node="n7")).status_code == 200
+        api.settle()
+        assert len(api.executed(POLICY)) == 1
