@@ -253,7 +253,7 @@ def evaluate_alert(
     if not exported and (not match or any(labels.get(k) != v for k, v in match.items())):
         return None
     target = Target.from_labels(labels, policy.target)
-    transition = Transition.FIRE if firing else Transition.CLEAR
+    transition = Transition.FIRE if firing else Transition.RESOLVE
     name = labels.get("alertname", "?")
     return Decision(
         id=decision_id(policy.name, target.key, episode_start, transition.value),

@@ -1,10 +1,12 @@
 """Guardrails: the pure judgement that turns an evaluated decision into a verdict (DESIGN.md §6).
 
 Called by ``engine.runtime`` after ``engine.evaluation``; hands back the decision with its
-verdict and the next ``GuardrailState``. Checks, in order: kill switch, pause, schedule,
-cooldown, ``max_per_hour``, ``max_fraction`` of the policy's population, the global budget,
-then dry-run and approval. Undo actions (``clear``) pass cooldown and rate limits — restoring a
-GPU must never be blocked by the limits of the action it undoes. No I/O, no clock.
+verdict and the next ``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
+``max_per_hour``, ``max_fraction`` of the policy's population (at least one target, so a small
+fleet is never left without any action), the global budget, then dry-run and approval. Undo
+actions (``clear``) pass cooldown and rate limits — restoring a GPU must never be blocked by the
+limits of the action it undoes. A policy's ``schedule`` needs no check here: such a policy is
+only evaluated at its cron times. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ class Context:
     global_max_per_hour: int | None = None
     population: int | None = None
     """How many targets the policy's selector covers now (for ``max_fraction``)."""
-    in_schedule: bool = True
     approved: bool = False
     """An admin granted this decision (it was awaiting approval)."""
 
@@ -138,8 +139,6 @@ def _suppression(
         return "paused", "the engine is paused"
     if decision.transition is not Transition.FIRE or decision.action is None:
         return None
-    if not ctx.in_schedule:
-        return "schedule", f"outside the policy's schedule {policy.schedule!r}"
     last = window.last_action.get(cooldown_key(decision.policy, decision.target.key))
     if last is not None and now - last < policy.cooldown_s:
         left = policy.cooldown_s - (now - last)

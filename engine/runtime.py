@@ -307,7 +307,7 @@ class Engine:
                         ttl = self.config.guardrails.approval_ttl
                         self.store.save_approval(db, doc, now, now + ttl)
         for decision in judged:
-            if decision.transition is Transition.CLEAR:
+            if decision.transition is not Transition.FIRE:
                 self._cancel_approvals(decision, now)
             self.metrics.decisions.labels(
                 decision.policy, decision.transition.value, decision.verdict

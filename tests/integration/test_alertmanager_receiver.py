@@ -155,4 +155,4 @@ def test_resolved_alert_with_basic_auth_runs_on_clear(tmp_path: Path) -> None:
             wait_for(lambda: len(api.executed(POLICY)) == 2, 30, "the resolved alert's on_clear")
         api.settle()
         done = [(d.transition.value, d.action.type if d.action else "") for d, o in api.decisions]
-        assert done == [("fire", "migrate"), ("clear", "notify")]
+        assert done == [("fire", "migrate"), ("resolve", "notify")]

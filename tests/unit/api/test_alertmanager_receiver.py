@@ -30,7 +30,7 @@ def test_firing_alert_runs_the_action_once_however_often_delivered(api: Harness)
     assert 'gpuops_api_alerts_total{result="duplicate"} 3.0' in metrics
 
 
-def test_resolved_alert_runs_on_clear(api: Harness) -> None:
+def test_resolved_alert_runs_on_clear_as_a_resolve(api: Harness) -> None:
     alert = api.alert("GPUFellOffBus", node="n1")
     api.notify(alert)
     api.notify({**alert, "status": "resolved", "endsAt": "2030-01-01T00:05:00Z"})
@@ -38,7 +38,7 @@ def test_resolved_alert_runs_on_clear(api: Harness) -> None:
     done = [
         (d.transition.value, d.action.type if d.action else None) for d, o in api.decisions if o
     ]
-    assert done == [("fire", "migrate"), ("clear", "notify")]
+    assert done == [("fire", "migrate"), ("resolve", "notify")]
 
 
 def test_alert_matching_no_policy_does_nothing(api: Harness) -> None:

@@ -119,11 +119,6 @@ def test_undo_passes_cooldown_and_limits() -> None:
     assert d.verdict == "execute"
 
 
-def test_schedule_window() -> None:
-    policy = replace(POLICY, schedule="*/5 22-23 * * *")
-    assert verdicts(policy, [(0, "a")], Context(in_schedule=False)) == ["suppressed:schedule"]
-
-
 def test_approval_required_waits_until_granted() -> None:
     policy = replace(POLICY, approval="required")
     assert verdicts(policy, [(0, "a")]) == ["awaiting_approval"]

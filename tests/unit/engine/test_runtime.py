@@ -233,7 +233,7 @@ def test_alert_fires_once_per_episode_and_resolves_with_on_clear(make) -> None:
     (cleared,) = engine.handle_alert({**alert, "status": "resolved"})
     engine.wait_idle(10)
     assert [d.action.type for d in make.ran if d.action] == ["migrate", "restore"]
-    assert cleared.transition.value == "clear"
+    assert cleared.transition.value == "resolve"
     other = engine.handle_alert({**alert, "labels": {"alertname": "Other", "node": "n1"}})
     assert other == []
 
