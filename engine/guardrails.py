@@ -19,6 +19,8 @@ from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
 from engine.rules.model import Policy
 
 HOUR = 3600.0
+MEMORY_S = 30 * 86400.0
+"""How long the last action on a target is remembered (the longest cooldown honoured)."""
 RETRY_S = 60.0
 """How soon a decision held back by the kill switch, a pause, a budget or the blast radius is
 decided again (cooldown and max_per_hour know exactly when they will allow it)."""
@@ -96,7 +98,7 @@ class _Window:
     """A working copy of the state for one judgement: the last hour, counted once."""
 
     def __init__(self, state: GuardrailState, policy: str, now: float) -> None:
-        self.last_action = dict(state.last_action)
+        self.last_action = {k: t for k, t in state.last_action.items() if now - t < MEMORY_S}
         self.recent = [e for e in state.recent if now - e.at < HOUR]
         self.mine = sum(1 for e in self.recent if e.policy == policy)
         self.acted = {e.target for e in self.recent if e.policy == policy}

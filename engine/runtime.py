@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 DecisionListener = Callable[[Decision, Outcome | None], None]
 
+DECISION_MEMORY_S = 30 * 86400.0
+"""How long finished decisions stay in the state file (for the API's queries and explain)."""
+
 
 class ApprovalError(Exception):
     """An approval that cannot be granted or denied (not pending, expired, policy gone)."""
@@ -466,11 +469,21 @@ class Engine:
             self.expire_approvals, IntervalTrigger(seconds=30), id="gpuops-approvals-expiry"
         )
         self._scheduler.add_job(
+            self.prune, IntervalTrigger(hours=6), id="gpuops-prune", next_run_time=_utcnow()
+        )
+        self._scheduler.add_job(
             self.check_reload,
             IntervalTrigger(seconds=self.config.reload_check_interval),
             id="gpuops-rules-watch",
         )
         self._scheduler.start()
+
+    def prune(self) -> None:
+        """Keep the state file bounded: decisions older than ``DECISION_MEMORY_S`` go (the
+        audit trail, not the state file, is the record of the past)."""
+        gone = self.store.prune(self.clock() - DECISION_MEMORY_S)
+        if gone:
+            log.info("pruned %d old decisions and approvals from the state file", gone)
 
     def _resume_unfinished(self) -> None:
         """Run again the actions a crash interrupted (recorded ``started``, never finished):

@@ -145,6 +145,19 @@ class StateStore:
             ).fetchone()
         return _decision_row(row) if row else None
 
+    def prune(self, older_than: float) -> int:
+        """Forget finished decisions and settled approvals older than ``older_than`` (the audit
+        trail keeps them); returns how many rows went."""
+        with self.transaction() as db:
+            gone = db.execute(
+                "DELETE FROM decisions WHERE at < ? AND status = 'done'", (older_than,)
+            ).rowcount
+            gone += db.execute(
+                "DELETE FROM approvals WHERE requested_at < ? AND status != 'pending'",
+                (older_than,),
+            ).rowcount
+        return gone
+
     def unfinished(self) -> list[dict[str, Any]]:
         """Decisions recorded to run whose outcome never came (the engine stopped in between)."""
         with self._lock:

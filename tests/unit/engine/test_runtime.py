@@ -405,3 +405,13 @@ def test_an_approval_pending_when_the_condition_clears_is_cancelled(make, tmp_pa
     with pytest.raises(ApprovalError, match="cancelled, not pending"):
         engine.grant(waiting.id, "admin")
     assert make.ran == []
+
+
+def test_old_decisions_are_pruned(make) -> None:
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (done,) = cycle(engine, 60)
+    make.clock.now += 31 * 86400
+    engine.prune()
+    assert engine.store.decision(done.id) is None
