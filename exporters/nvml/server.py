@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 import logging
+import math
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

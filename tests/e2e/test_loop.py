@@ -106,11 +106,15 @@ def test_prometheus_outage_produces_no_action(start_loop: StartLoop) -> None:
     loop = start_loop((*BUSY, JobSpec("notebook", 1, "research", node="node-2")))
     policy = "reclaim-idle-gpus"
     # the condition holds from the start; stop Prometheus before `for` (10 s) can elapse
-    wait_for(lambda: loop.evaluations(policy) >= 1, 30, "a first evaluation")
+    pending = wait_for(
+        lambda: loop.engine.store.policy_state(policy).targets, 30, "the idle GPU to be pending"
+    )
     loop.prometheus.stop()
+    assert [t.status.value for t in pending.values()] == ["pending"]
     failures = loop.query_failures(policy)
     wait_for(lambda: loop.query_failures(policy) >= failures + 4, 60, "4 failed evaluations")
     assert loop.executed(policy) == []
+    assert loop.engine.store.policy_state(policy).targets == pending  # held, not advanced
     assert loop.state()["counters"]["reclaimed"] == 0
     docs = [
         json.loads(line) for p in loop.spool.glob("*.jsonl") for line in p.read_text().splitlines()
