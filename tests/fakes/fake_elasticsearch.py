@@ -385,9 +385,21 @@ class _Handler(BaseHTTPRequestHandler):
         items: list[dict[str, Any]] = []
         i = 0
         while i < len(lines):
-            action = json.loads(lines[i])
-            ((op, meta),) = action.items()
-            source = json.loads(lines[i + 1]) if op != "delete" else None
+            try:  # real Elasticsearch refuses a malformed bulk body as a whole, with a 400
+                action = json.loads(lines[i])
+                ((op, meta),) = action.items()
+                source = json.loads(lines[i + 1]) if op != "delete" else None
+            except (ValueError, IndexError, AttributeError) as exc:
+                raise HttpError(
+                    400, "illegal_argument_exception", f"Malformed action/metadata line [{i + 1}]"
+                ) from exc
+            if op not in ("create", "index", "delete", "update"):
+                raise HttpError(
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}], expected one of [create, "
+                    f"delete, index, update] but found [{op}]",
+                )
             i += 1 if op == "delete" else 2
             items.append({op: self._bulk_item(op, meta, source, default_index)})
         errors = any(next(iter(it.values()))["status"] >= 300 for it in items)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from elastic_transport import ConnectionTimeout
 from elasticsearch import ApiError, BadRequestError, ConflictError, Elasticsearch
 
@@ -119,3 +120,14 @@ def test_index_templates_need_their_component_templates(tmp_path: Path) -> None:
             urllib.request.urlopen(request)
         caught.value.close()
         assert caught.value.code == 400
+
+
+def test_a_malformed_bulk_body_is_a_400_like_the_real_one() -> None:
+    with FakeElasticsearch() as es:
+        headers = {"Content-Type": "application/x-ndjson"}
+        resp = requests.post(f"{es.url}/_bulk", data=b"{not json\n", headers=headers, timeout=5)
+        assert resp.status_code == 400
+        assert resp.json()["error"]["type"] == "illegal_argument_exception"
+        body = b'{"frobnicate": {"_index": "x"}}\n{}\n'
+        resp = requests.post(f"{es.url}/_bulk", data=body, headers=headers, timeout=5)
+        assert resp.status_code == 400 and "found [frobnicate]" in resp.text
