@@ -45,6 +45,7 @@ class ClockAgent:
         self._done: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()
         self._changes: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
+        self._changing = threading.Lock()
 
     # --- reads ------------------------------------------------------------------------------
     def gpus(self) -> list[dict[str, Any]]:
@@ -87,7 +88,7 @@ class ClockAgent:
                 self._locked[(str(dev.index), dev.uuid)] = (floor, max_mhz)
             return {"min_clock_mhz": floor, "max_clock_mhz": max_mhz}
 
-        return self._apply("lock_clocks", ref, decision_id, change)
+        return self._apply("lock_clocks", ref, decision_id, change, f"{min_mhz or 'lowest'}-{max_mhz} MHz")
 
     def reset_clocks(self, ref: str, decision_id: str | None = None) -> dict[str, Any]:
         """Give GPU ``ref``'s clocks back to the driver (undo ``lock_clocks``)."""
@@ -117,7 +118,7 @@ class ClockAgent:
             self._nvml(dev, "nvmlDeviceSetPowerManagementLimit", milliwatts)
             return {"power_limit_watts": milliwatts / 1000}
 
-        return self._apply("set_power_limit", ref, decision_id, change)
+        return self._apply("set_power_limit", ref, decision_id, change, f"{watts:g} W")
 
     # --- metrics ----------------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:
@@ -157,13 +158,29 @@ class ClockAgent:
         ref: str,
         decision_id: str | None,
         change: Callable[[Device], dict[str, Any]],
+        params: str = "",
     ) -> dict[str, Any]:
+        # one change at a time: two requests with one decision id cannot both change the GPU
+        with self._changing:
+            return self._apply_once(action, ref, decision_id, change, params)
+
+    def _apply_once(
+        self,
+        action: str,
+        ref: str,
+        decision_id: str | None,
+        change: Callable[[Device], dict[str, Any]],
+        params: str,
+    ) -> dict[str, Any]:
+        what = f"{action} on GPU {ref}" + (f" ({params})" if params else "")
         if decision_id:
             with self._lock:
                 done = self._done.get(decision_id)
             if done is not None:
-                if done[0] != f"{action}:{ref}":
-                    raise AgentError(409, f"decision {decision_id} was already used for {done[0]}")
+                if done[0] != what:
+                    raise AgentError(
+                        409, f"decision {decision_id} was already used for {done[0]}, not {what}"
+                    )
                 log.info(
                     "decision %s: %s on GPU %s already done; not repeated", decision_id, action, ref
                 )
@@ -187,7 +204,7 @@ class ClockAgent:
         )
         if decision_id:
             with self._lock:
-                self._done[decision_id] = (f"{action}:{ref}", result)
+                self._done[decision_id] = (what, result)
                 while len(self._done) > self.remember:
                     self._done.popitem(last=False)
         return dict(result, replayed=False)

@@ -98,7 +98,14 @@ def test_same_decision_id_changes_once(serve: Callable[..., ExporterServer]) -> 
     assert fake.gpus[0].locked_clocks is None  # no second effect
     other = post(server, "/api/v1/gpus/0/clocks/reset", {"decision_id": "d7"})
     assert other.status_code == 409
-    assert other.json()["error"] == "decision d7 was already used for lock_clocks:0"
+    assert other.json()["error"] == (
+        "decision d7 was already used for lock_clocks on GPU 0 (lowest-1200 MHz), "
+        "not reset_clocks on GPU 0"
+    )
+    changed = post(
+        server, "/api/v1/gpus/0/clocks", {"max_clock_mhz": 1100}, **{"Idempotency-Key": "d7"}
+    )
+    assert changed.status_code == 409  # same id, other values: not a replay
 
 
 def test_values_outside_the_supported_range_are_refused(
