@@ -88,7 +88,8 @@ class ClockAgent:
                 self._locked[(str(dev.index), dev.uuid)] = (floor, max_mhz)
             return {"min_clock_mhz": floor, "max_clock_mhz": max_mhz}
 
-        return self._apply("lock_clocks", ref, decision_id, change, f"{min_mhz or 'lowest'}-{max_mhz} MHz")
+        wanted = f"{min_mhz or 'lowest'}-{max_mhz} MHz"
+        return self._apply("lock_clocks", ref, decision_id, change, wanted)
 
     def reset_clocks(self, ref: str, decision_id: str | None = None) -> dict[str, Any]:
         """Give GPU ``ref``'s clocks back to the driver (undo ``lock_clocks``)."""
