@@ -295,14 +295,36 @@ def settle(
             elif held:
                 targets[key] = replace(current, retry_at=retry_at(decision))
         elif held and current is None:  # an undo that did not run: keep trying
-            targets[key] = TargetState(
-                Status.CLEARING,
-                active_since=decision.episode_start,
-                last_seen=decision.at,
-                value=decision.evidence.value,
-                labels=decision.target.labels,
-                acted=True,
-                retry_at=retry_at(decision),
-                repeats=decision.repeat,
-            )
+            targets[key] = _clearing(decision, retry_at(decision))
     return PolicyState(freeze(targets))
+
+
+def failed(state: PolicyState, decision: Decision, retry_at: float) -> PolicyState:
+    """The state after ``decision``'s action failed (its executor gave up): a fire is decided
+    again at ``retry_at`` while its target still fires, and it has not acted; a failed undo is
+    retried like one the guardrails held back."""
+    targets = dict(state.targets)
+    current = targets.get(decision.target.key)
+    if decision.transition is Transition.FIRE:
+        if current is None or current.status is not Status.FIRING:
+            return state
+        targets[decision.target.key] = replace(current, acted=False, retry_at=retry_at)
+    elif decision.transition is Transition.CLEAR and current is None:
+        targets[decision.target.key] = _clearing(decision, retry_at)
+    else:
+        return state
+    return PolicyState(freeze(targets))
+
+
+def _clearing(decision: Decision, retry_at: float) -> TargetState:
+    """The state of a target whose undo (``decision``) did not run and is tried again."""
+    return TargetState(
+        Status.CLEARING,
+        active_since=decision.episode_start,
+        last_seen=decision.at,
+        value=decision.evidence.value,
+        labels=decision.target.labels,
+        acted=True,
+        retry_at=retry_at,
+        repeats=decision.repeat,
+    )

@@ -184,3 +184,13 @@ def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: f
         if mine:
             return max(now, min(mine) + HOUR)
     return now + RETRY_S
+
+
+def forget_action(state: GuardrailState, decision: Decision) -> GuardrailState:
+    """``decision``'s action failed: it starts no cooldown (the attempt still counts against
+    the rate limits)."""
+    key = cooldown_key(decision.policy, decision.target.key)
+    if state.last_action.get(key) != decision.at:
+        return state
+    last = {k: t for k, t in state.last_action.items() if k != key}
+    return GuardrailState(freeze(last), state.recent)

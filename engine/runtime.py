@@ -35,8 +35,23 @@ from engine.decisions import (
     Transition,
     Verdict,
 )
-from engine.evaluation import PolicyState, QueryResult, evaluate, evaluate_alert, settle
-from engine.guardrails import Context, judge, judge_all, population_expr, retry_time
+from engine.evaluation import (
+    PolicyState,
+    QueryResult,
+    evaluate,
+    evaluate_alert,
+    failed,
+    settle,
+)
+from engine.guardrails import (
+    RETRY_S,
+    Context,
+    forget_action,
+    judge,
+    judge_all,
+    population_expr,
+    retry_time,
+)
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
@@ -106,6 +121,7 @@ class Engine:
         self._stopped = False
         self._epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self._promtool_warned = False
+        self._policy_locks: dict[str, threading.Lock] = {}
 
     # --- rules ---------------------------------------------------------------------------
     def reload(self, strict: bool = False) -> ReloadResult:
@@ -236,13 +252,18 @@ class Engine:
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         now = self.clock() if now is None else now
         self.metrics.evaluations.labels(policy.group, policy.name).inc()
-        state = self.store.policy_state(policy.name)
-        result = self._query(policy, now, has_firing=bool(state.firing()))
-        step = evaluate(policy, result, state, now)
-        if step.skipped is not None:
-            self._skipped(step.skipped)
-        population = self._population(policy, now, step.decisions) if step.decisions else None
-        return self._decide(policy, step.decisions, step.state, now, population)
+        with self._policy_lock(policy.name):  # one writer of this policy's state at a time
+            state = self.store.policy_state(policy.name)
+            result = self._query(policy, now, has_firing=bool(state.firing()))
+            step = evaluate(policy, result, state, now)
+            if step.skipped is not None:
+                self._skipped(step.skipped)
+            population = self._population(policy, now, step.decisions) if step.decisions else None
+            return self._decide(policy, step.decisions, step.state, now, population)
+
+    def _policy_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._policy_locks.setdefault(name, threading.Lock())
 
     def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
         assert policy.expr is not None
@@ -344,14 +365,16 @@ class Engine:
         policy = self.rules.policy(decision.policy)
         if policy is None:
             raise ApprovalError(f"policy {decision.policy!r} is no longer loaded")
-        with self._lock:
+        population = self._population(policy, now, (decision,))  # a query: outside the locks
+        # lock order everywhere: the policy's lock, then the engine's
+        with self._policy_lock(policy.name), self._lock:
             gstate = self.store.guardrail_state()
             ctx = Context(
                 kill_switch=self.kill_switch_on(),
                 paused=self.paused(),
                 approved=True,
                 global_max_per_hour=self.config.guardrails.global_max_per_hour,
-                population=self._population(policy, now, (decision,)),
+                population=population,
             )
             judged, gstate = judge(decision, policy, gstate, ctx, now)
             judged = replace(judged, reason=f"approved by {user}; {judged.reason}")
@@ -429,7 +452,20 @@ class Engine:
         self.metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self.metrics.action_duration.labels(name).observe(outcome.duration_s)
         self.store.finish_decision(decision.id, outcome_doc(outcome))
+        if not outcome.ok:
+            self._after_failure(decision)
         self._record(decision, outcome)
+
+    def _after_failure(self, decision: Decision) -> None:
+        """A failed action is decided again later while its target stays in the same state,
+        and starts no cooldown (it changed nothing); rate limits still count the attempt."""
+        with self._policy_lock(decision.policy), self._lock:
+            state = self.store.policy_state(decision.policy)
+            after = failed(state, decision, self.clock() + RETRY_S)
+            guard = forget_action(self.store.guardrail_state(), decision)
+            with self.store.transaction() as db:
+                self.store.save_policy_state(db, decision.policy, after)
+                self.store.save_guardrail_state(db, guard)
 
     def _executor(self, name: str) -> Executor:
         with self._lock:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import ExecutorRegistry
+from engine.actions.base import ExecutorRegistry, PermanentError
 from engine.actions.fleet import FleetExecutor
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision, Sample, freeze
@@ -415,3 +415,29 @@ def test_old_decisions_are_pruned(make) -> None:
     make.clock.now += 31 * 86400
     engine.prune()
     assert engine.store.decision(done.id) is None
+
+
+def test_a_failed_action_is_decided_again_while_the_target_still_fires(make) -> None:
+    engine = make()
+    attempts: list[str] = []
+
+    class Flaky:
+        name = "log"
+        verbs = None
+
+        def run(self, decision: Decision) -> Mapping[str, Any]:
+            attempts.append(decision.id)
+            if len(attempts) == 1:
+                raise PermanentError("fleet API refused")
+            return {"ok": True}
+
+    engine.registry.register("log", lambda settings: Flaky())
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    (first,) = cycle(engine, 60)
+    assert engine.store.decision(first.id)["outcome"]["status"] == "failure"
+    assert cycle(engine, 30) == []  # before the retry time
+    (second,) = cycle(engine, 40)
+    assert second.verdict == "execute" and second.id != first.id
+    assert engine.store.decision(second.id)["outcome"]["status"] == "success"
+    assert len(attempts) == 2
