@@ -25,6 +25,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from engine.actions.base import Executor, ExecutorRegistry, execute
+from engine.approvals import ApprovalFlow
 from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
 from engine.decisions import (
@@ -47,7 +48,6 @@ from engine.guardrails import (
     RETRY_S,
     Context,
     forget_action,
-    judge,
     judge_all,
     population_expr,
     retry_time,
@@ -68,10 +68,6 @@ DECISION_MEMORY_S = 30 * 86400.0
 """How long finished decisions stay in the state file (for the API's queries and explain)."""
 
 
-class ApprovalError(Exception):
-    """An approval that cannot be granted or denied (not pending, expired, policy gone)."""
-
-
 @dataclass(frozen=True)
 class ReloadResult:
     ok: bool
@@ -79,7 +75,7 @@ class ReloadResult:
     errors: tuple[str, ...] = ()
 
 
-class Engine:
+class Engine(ApprovalFlow):
     """One engine instance. ``start`` schedules it; ``evaluate_group`` runs one cycle (tests)."""
 
     def __init__(
@@ -129,7 +125,7 @@ class Engine:
         (``strict``: raise the ``RulesError`` instead, for the first load)."""
         try:
             rules = load_rules(self.config.rules)
-            problems = self._check_promql(rules) + self._check_verbs(rules)
+            problems = self._check_promql(rules) + self.registry.check_verbs(rules)
             if problems:
                 raise RulesError(problems)
         except (RulesError, RecursionError, OSError, ValueError) as exc:
@@ -170,26 +166,6 @@ class Engine:
                 log.warning("PromQL of reloaded rules not checked: %s", exc)
                 self._promtool_warned = True
             return []
-
-    def _check_verbs(self, rules: RuleSet) -> list[RuleError]:
-        """Every action's verb is one its executor does (an unknown executor: the loader)."""
-        errors = []
-        for policy in rules.policies():
-            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
-                if action is None:
-                    continue
-                verbs = self.registry.verbs(action.executor)
-                if verbs is not None and action.type not in verbs:
-                    file, _, line = policy.source.rpartition(":")
-                    errors.append(
-                        RuleError(
-                            file,
-                            policy.key_lines.get(key, int(line or 0)),
-                            f"{policy.path}.{key}.type: executor {action.executor!r} does not "
-                            f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
-                        )
-                    )
-        return errors
 
     def _mtimes(self) -> dict[str, float]:
         found: dict[str, float] = {}
@@ -341,80 +317,6 @@ class Engine:
             else:
                 self._record(decision, None)
         return judged
-
-    # --- approvals -------------------------------------------------------------------------
-    def _cancel_approvals(self, cleared: Decision, now: float) -> None:
-        """A target cleared while its action waited for approval: nothing is left to approve."""
-        for approval in self.store.cancel_approvals(cleared.policy, cleared.target.key, now):
-            decision = decision_from_doc(approval["decision"]).with_verdict(
-                f"{Verdict.SUPPRESSED.value}:approval_cancelled",
-                "the condition cleared before anyone granted it",
-            )
-            self._record(decision, None)
-
-    def grant(self, decision_id: str, user: str) -> Decision:
-        """Run a decision that waited for approval (the kill switch and pause still apply)."""
-        now = self.clock()
-        self.expire_approvals()
-        approval = self.store.approval(decision_id)
-        if approval is None:
-            raise LookupError(f"no approval for decision {decision_id}")
-        if approval["status"] != "pending":
-            raise ApprovalError(f"decision {decision_id} is {approval['status']}, not pending")
-        decision = decision_from_doc(approval["decision"])
-        policy = self.rules.policy(decision.policy)
-        if policy is None:
-            raise ApprovalError(f"policy {decision.policy!r} is no longer loaded")
-        population = self._population(policy, now, (decision,))  # a query: outside the locks
-        # lock order everywhere: the policy's lock, then the engine's
-        with self._policy_lock(policy.name), self._lock:
-            gstate = self.store.guardrail_state()
-            ctx = Context(
-                kill_switch=self.kill_switch_on(),
-                paused=self.paused(),
-                approved=True,
-                global_max_per_hour=self.config.guardrails.global_max_per_hour,
-                population=population,
-            )
-            judged, gstate = judge(decision, policy, gstate, ctx, now)
-            judged = replace(judged, reason=f"approved by {user}; {judged.reason}")
-            if judged.verdict != Verdict.EXECUTE.value:
-                raise ApprovalError(
-                    f"granted but not runnable now: {judged.verdict}: {judged.reason}"
-                )
-            if self.store.settle_approval(decision_id, "granted", user, now) is None:
-                raise ApprovalError(f"decision {decision_id} was settled meanwhile")
-            state = settle(self.store.policy_state(policy.name), (judged,), lambda d: now)
-            with self.store.transaction() as db:
-                self.store.save_guardrail_state(db, gstate)
-                self.store.save_policy_state(db, policy.name, state)  # acted: undo on clear
-        self.metrics.decisions.labels(judged.policy, judged.transition.value, judged.verdict).inc()
-        self._submit(judged)
-        return judged
-
-    def deny(self, decision_id: str, user: str) -> Decision:
-        approval = self.store.settle_approval(decision_id, "denied", user, self.clock())
-        if approval is None:
-            raise ApprovalError(f"decision {decision_id} is not pending approval")
-        decision = decision_from_doc(approval["decision"]).with_verdict(
-            f"{Verdict.SUPPRESSED.value}:denied", f"denied by {user}"
-        )
-        self._record(decision, None)
-        return decision
-
-    def expire_approvals(self) -> list[Decision]:
-        now = self.clock()
-        expired = []
-        for approval in self.store.expired_approvals(now):
-            if self.store.settle_approval(approval["decision_id"], "expired", None, now) is None:
-                continue
-            decision = decision_from_doc(approval["decision"]).with_verdict(
-                f"{Verdict.SUPPRESSED.value}:approval_expired",
-                f"nobody granted it within {self.config.guardrails.approval_ttl:.0f}s",
-            )
-            self._record(decision, None)
-            expired.append(decision)
-        return expired
 
     # --- Alertmanager triggers -----------------------------------------------------------------
     def handle_alert(self, alert: Mapping[str, Any]) -> list[Decision]:

@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from engine.decisions import Decision, Outcome, OutcomeStatus, freeze
+from engine.rules.model import RuleError, RuleSet
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,26 @@ class ExecutorRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._factories)
+
+    def check_verbs(self, rules: RuleSet) -> list[RuleError]:
+        """Every action's verb is one its executor does (an unknown executor: the loader)."""
+        errors = []
+        for policy in rules.policies():
+            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
+                if action is None:
+                    continue
+                verbs = self.verbs(action.executor)
+                if verbs is not None and action.type not in verbs:
+                    file, _, line = policy.source.rpartition(":")
+                    errors.append(
+                        RuleError(
+                            file,
+                            policy.key_lines.get(key, int(line or 0)),
+                            f"{policy.path}.{key}.type: executor {action.executor!r} does not "
+                            f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
+                        )
+                    )
+        return errors
 
     def verbs(self, name: str) -> frozenset[str] | None:
         """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""

@@ -13,10 +13,11 @@ import pytest
 
 from engine.actions.base import ExecutorRegistry, PermanentError
 from engine.actions.fleet import FleetExecutor
+from engine.approvals import ApprovalError
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision, Sample, freeze
 from engine.prometheus import QueryError
-from engine.runtime import ApprovalError, Engine
+from engine.runtime import Engine
 
 RULES = """
 groups:
