@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -21,6 +20,7 @@ from pydantic import (
 )
 
 from engine.rules.durations import parse_duration
+from engine.rules.yamlsource import parse_yaml
 
 
 class ConfigError(Exception):
@@ -158,16 +158,39 @@ class EngineConfig(_Model):
 
 
 def load_config(path: Path) -> EngineConfig:
+    """Read and validate the config file; every problem is reported as ``file:line: key: what``."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    data, positions, problems = parse_yaml(text)
+    if problems:
+        raise ConfigError("\n".join(f"{path}:{p.line}: {p.message}" for p in problems))
+    raw = {} if data is None else data
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}:1: the configuration must be a mapping of settings")
     try:
         return EngineConfig.model_validate(raw).resolved(path.parent.resolve())
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"{path}: {problems}") from None
+        lines = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
+            where = ".".join(str(p) for p in loc)
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(_allowed_keys(loc[:-1])) or "none"
+                message = f"unknown key (allowed: {allowed})"
+            lines.append(f"{path}:{positions.line(loc)}: {where}: {message}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the settings model at ``loc`` accepts."""
+    model: type[BaseModel] = EngineConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)

@@ -1,0 +1,54 @@
+"""The engine config file: relative paths resolved, every mistake reported as file:line: key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "engine.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
+    config = load_config(REPO / "config" / "engine.yaml")
+    assert [p.resolve() for p in config.rules] == [REPO / "rules"]
+    assert config.state_file.resolve() == REPO / "var" / "gpuops-state.sqlite"
+    assert config.prometheus.timeout == 10.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "prometheus:\n  url: http://x\n  timout: 5s\n",
+            "engine.yaml:3: prometheus.timout: unknown key (allowed: timeout, url)",
+        ),
+        (
+            "guardrails:\n  approval_ttl: forever\n",
+            "engine.yaml:2: guardrails.approval_ttl: invalid duration 'forever'",
+        ),
+        (
+            "prometheus:\n  url: a\n  url: b\n",
+            'engine.yaml:3: duplicate key "url" (check lines 2 and 3)',
+        ),
+        ("- just\n- a list\n", "engine.yaml:1: the configuration must be a mapping of settings"),
+        (
+            "guardrails:\n  global_max_per_hour: -1\n",
+            "engine.yaml:2: guardrails.global_max_per_hour: Input should be greater than or "
+            "equal to 0",
+        ),
+    ],
+    ids=["unknown-key", "bad-duration", "duplicate-key", "not-a-mapping", "negative-budget"],
+)
+def test_mistakes_name_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert str(caught.value) == f"{tmp_path}/{expected}"
