@@ -160,7 +160,7 @@ def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step
     """A failed query acts on nothing. ``hold`` keeps every timer; ``skip`` drops pending ones
     (the condition must then be seen continuously again for the whole ``for``)."""
     if policy.on_no_data == "skip":
-        kept = {k: t for k, t in state.targets.items() if t.status is Status.FIRING}
+        kept = {k: t for k, t in state.targets.items() if t.status is not Status.PENDING}
         state = PolicyState(freeze(kept))
     return Step((), state, SkippedEvaluation(policy.name, policy.group, now, error))
 

@@ -251,3 +251,17 @@ def test_an_undo_held_back_is_tried_again_and_a_returning_condition_cancels_it()
         (d.at, d.transition.value) for d in run_decisions(POLICY, steps, verdict=kill_first_clear)
     ]
     assert got == [(60, "fire"), (90, "clear")]
+
+
+def test_on_no_data_skip_keeps_an_undo_that_waits() -> None:
+    policy = replace(POLICY, on_no_data="skip")
+    step = evaluate(policy, A, PolicyState(), 0)
+    step = evaluate(policy, A, step.state, 60)
+    state = settle(step.state, [d.with_verdict("execute", "") for d in step.decisions], lambda d: 0)
+    step = evaluate(policy, NONE, state, 90)
+    (clear,) = step.decisions
+    held = settle(step.state, [clear.with_verdict("suppressed:paused", "")], lambda d: 200)
+    after = evaluate(policy, DOWN, held, 120)
+    assert after.state == held  # the clearing target survives the outage
+    (retried,) = evaluate(policy, NONE, after.state, 200).decisions
+    assert retried.transition is Transition.CLEAR and retried.action == POLICY.on_clear
