@@ -9,6 +9,7 @@ Prometheus HTTP API works (Thanos, Mimir, VictoriaMetrics).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from engine.decisions import Sample, freeze
 
@@ -41,8 +43,14 @@ class PrometheusClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        # No retries inside a query: a failed query is a skipped evaluation and the next cycle
+        # asks again, so an outage costs one refused connection per query, not seconds.
         self._conn = PrometheusConnect(
-            url=self.url, headers=dict(headers or {}), disable_ssl=False, session=session
+            url=self.url,
+            headers=dict(headers or {}),
+            disable_ssl=False,
+            session=session,
+            retry=Retry(total=0, raise_on_status=False),
         )
 
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
@@ -58,13 +66,18 @@ class PrometheusClient:
         try:
             yield
         except PrometheusApiClientException as exc:
-            raise QueryError(f"Prometheus rejected {expr!r}: {_cap(exc)}") from exc
+            raise QueryError(f"Prometheus rejected {expr!r}: {_api_error(exc)}") from exc
         except requests.Timeout as exc:
-            raise QueryError(f"Prometheus at {self.url} timed out after {self.timeout_s}s") from exc
+            raise QueryError(
+                f"Prometheus at {self.url} timed out after {self.timeout_s:g}s"
+            ) from exc
+        except requests.ConnectionError as exc:
+            why = "connection refused" if "refused" in str(exc) else _cap(exc)
+            raise QueryError(f"Prometheus at {self.url} unreachable: {why}") from exc
+        except ValueError as exc:  # a body that is not JSON (requests' error is one too)
+            raise QueryError(f"Prometheus at {self.url} sent an unreadable answer") from exc
         except requests.RequestException as exc:
             raise QueryError(f"Prometheus at {self.url} unreachable: {_cap(exc)}") from exc
-        except ValueError as exc:  # a body that is not JSON
-            raise QueryError(f"Prometheus at {self.url} sent an unreadable answer") from exc
 
     def query_range(
         self, expr: str, start: float, end: float, step_s: float
@@ -133,6 +146,16 @@ def _float(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError) as exc:
         raise QueryError(f"not a number: {value!r:.50}") from exc
+
+
+def _api_error(exc: BaseException) -> str:
+    """``HTTP 400: parse error: ...`` out of the client's ``HTTP Status Code 400 (b'{json}')``."""
+    text = str(exc)
+    status = re.search(r"Status Code (\d+)", text)
+    error = re.search(r'"error":\s*"((?:[^"\\]|\\.)*)"', text)
+    if status and error:
+        return f"HTTP {status.group(1)}: {error.group(1)}"[:MAX_ERROR_CHARS]
+    return _cap(exc)
 
 
 def _cap(exc: BaseException) -> str:

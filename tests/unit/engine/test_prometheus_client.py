@@ -1,0 +1,87 @@
+"""The engine's Prometheus client: results become Samples, every failure a QueryError with a
+message a person can read (the HTTP API is answered by ``responses``; the real server is met in
+the integration and e2e tests)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import responses
+
+from engine.prometheus import PrometheusClient, QueryError
+from engine.promproc import free_port
+
+URL = "http://prom.test:9090"
+
+
+def vector(*series: tuple[dict[str, str], str]) -> dict[str, object]:
+    result = [{"metric": m, "value": [1700000000.0, v]} for m, v in series]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+@responses.activate
+def test_vector_samples_and_nan_dropped() -> None:
+    responses.get(
+        f"{URL}/api/v1/query",
+        json=vector(({"uuid": "a"}, "0.1"), ({"uuid": "b"}, "NaN")),
+    )
+    (sample,) = PrometheusClient(URL).query("up", at=1700000000)
+    assert dict(sample.labels) == {"uuid": "a"} and sample.value == 0.1
+    assert responses.calls[0].request.params == {"query": "up", "time": "1700000000.000"}
+
+
+@responses.activate
+def test_scalar_is_one_sample() -> None:
+    body = {"status": "success", "data": {"resultType": "scalar", "result": [1.0, "3"]}}
+    responses.get(f"{URL}/api/v1/query", json=body)
+    (sample,) = PrometheusClient(URL).query("vector(3)")
+    assert sample.value == 3.0 and dict(sample.labels) == {}
+
+
+@responses.activate
+def test_bad_promql_is_a_query_error_naming_the_query() -> None:
+    error = {"status": "error", "errorType": "bad_data", "error": "parse error"}
+    responses.get(f"{URL}/api/v1/query", json=error, status=400)
+    with pytest.raises(QueryError) as caught:
+        PrometheusClient(URL).query("sum(")
+    assert str(caught.value) == "Prometheus rejected 'sum(': HTTP 400: parse error"
+
+
+@responses.activate
+def test_timeout_and_unreadable_answers() -> None:
+    responses.get(f"{URL}/api/v1/query", body=requests.Timeout())
+    with pytest.raises(QueryError, match="timed out after 2s$"):
+        PrometheusClient(URL, timeout_s=2).query("up")
+    responses.replace(responses.GET, f"{URL}/api/v1/query", body="<html>proxy</html>")
+    with pytest.raises(QueryError, match="unreadable answer"):
+        PrometheusClient(URL).query("up")
+
+
+def test_refused_connection_is_short_and_not_retried() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(QueryError) as caught:
+        PrometheusClient(url).query("up")
+    assert str(caught.value) == f"Prometheus at {url} unreachable: connection refused"
+
+
+@responses.activate
+def test_query_range_is_split_and_grouped_by_step() -> None:
+    def answer(request: requests.PreparedRequest) -> tuple[int, dict[str, str], str]:
+        params = dict(request.params)  # type: ignore[attr-defined]
+        start, end, step = int(params["start"]), int(params["end"]), float(params["step"])
+        values = [[t, "1"] for t in range(start, end + 1, int(step))]
+        body = {
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {"pool": "p"}, "values": values}],
+            },
+        }
+        return 200, {}, json.dumps(body)
+
+    responses.add_callback(responses.GET, f"{URL}/api/v1/query_range", callback=answer)
+    steps = PrometheusClient(URL).query_range("x", 0, 60 * 25_000, 60)
+    assert len(steps) == 25_001 and len(responses.calls) == 3  # 10,000 points a request
+    assert steps[60.0][0].labels == {"pool": "p"}
