@@ -60,6 +60,16 @@ SHAPES: dict[str, dict[str, Any]] = {
     "decision without action": decision_document(
         make_decision(action=None, transition=Transition.RESOLVE), None, "h", "default", NOW
     ),
+    "alert resolved": decision_document(
+        make_decision(transition=Transition.RESOLVE, action="restore_clocks"),
+        Outcome(OutcomeStatus.SUCCESS, attempts=1, duration_s=0.2),
+        "h",
+        "default",
+        NOW,
+    ),
+    "approval cancelled": decision_document(
+        make_decision("suppressed:approval_cancelled"), None, "h", "default", NOW
+    ),
     "skipped evaluation": skipped_document(
         SkippedEvaluation("p", "g", NOW, "timeout after 10s"), "h", "default", NOW
     ),
