@@ -87,6 +87,7 @@ class ApprovalFlow:
                 kill_switch=self.kill_switch_on(),
                 paused=self.paused(),
                 approved=True,
+                engine_dry_run=self.config.guardrails.dry_run,
                 global_max_per_hour=self.config.guardrails.global_max_per_hour,
                 population=population,
             )

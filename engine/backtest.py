@@ -10,10 +10,14 @@ Nothing is executed and nothing is audited. Called by ``engine.cli.backtest``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from functools import partial
+
+from apscheduler.triggers.cron import CronTrigger
 
 from engine.decisions import Decision
 from engine.evaluation import PolicyState, QueryResult, evaluate, settle
@@ -79,8 +83,11 @@ def _one(
     decisions: list[Decision] = []
     firing_steps = 0
     steps = int((end - start) // step_s) + 1
+    due = _cron_times(policy.schedule, start, end) if policy.schedule else None
     for i in range(steps):
         now = start + i * step_s
+        if due is not None and not _fires_within(due, now, now + step_s):
+            continue  # a scheduled policy is only evaluated at its cron times, as live
         result = QueryResult(
             main.get(now, ()),
             clear.get(now, ()) if clear is not None and state.firing() else None,
@@ -95,3 +102,24 @@ def _one(
         if state.firing():
             firing_steps += 1
     return PolicyBacktest(policy.name, steps, tuple(decisions), firing_steps)
+
+
+def _cron_times(schedule: str, start: float, end: float) -> list[float]:
+    """The times ``schedule`` fires in [start, end] (UTC), ascending."""
+    trigger = CronTrigger.from_crontab(schedule, timezone=UTC)
+    found: list[float] = []
+    previous = None
+    at = datetime.fromtimestamp(start, UTC)
+    while True:
+        fire = trigger.get_next_fire_time(previous, at)
+        if fire is None or fire.timestamp() > end:
+            return found
+        found.append(fire.timestamp())
+        previous = fire
+        at = fire + timedelta(seconds=1)
+
+
+def _fires_within(times: list[float], start: float, end: float) -> bool:
+    """Whether one of the sorted ``times`` falls in [start, end)."""
+    i = bisect_left(times, start)
+    return i < len(times) and times[i] < end

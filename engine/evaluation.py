@@ -53,11 +53,16 @@ class TargetState:
     absent_since: float | None = None
     """First evaluation at which a firing target was missing (``keep_firing_for`` counts from
     here, as in Prometheus)."""
-    acted: bool = False
-    """This episode's action ran (or would have, in dry-run): its clear runs ``on_clear``."""
+    actions: int = 0
+    """This episode's actions that ran (or would have, in dry-run) and did not fail: while
+    there is one, the clear runs ``on_clear``."""
     retry_at: float | None = None
     """A fire (or, while clearing, a clear) that the guardrails held back is decided again at
     this time if the target is still in the same state."""
+
+    @property
+    def acted(self) -> bool:
+        return self.actions > 0
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,14 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
         if prev is not None and prev.status is Status.CLEARING:
             # the condition is back before its undo could run: the action's effect is still
             # in place, so the target is firing again without acting again
-            prev = replace(prev, status=Status.FIRING, retry_at=None)
+            prev = replace(
+                prev,
+                status=Status.FIRING,
+                retry_at=None,
+                repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
+                fired_at=prev.fired_at or now,
+                last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
+            )
         current = _observe(prev, target, sample, now)
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
@@ -291,7 +303,8 @@ def settle(
             if current is None:
                 continue
             if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
-                targets[key] = replace(current, acted=current.acted or decision.action is not None)
+                ran = 1 if decision.action is not None else 0
+                targets[key] = replace(current, actions=current.actions + ran)
             elif held:
                 targets[key] = replace(current, retry_at=retry_at(decision))
         elif held and current is None:  # an undo that did not run: keep trying
@@ -308,7 +321,8 @@ def failed(state: PolicyState, decision: Decision, retry_at: float) -> PolicySta
     if decision.transition is Transition.FIRE:
         if current is None or current.status is not Status.FIRING:
             return state
-        targets[decision.target.key] = replace(current, acted=False, retry_at=retry_at)
+        actions = max(0, current.actions - 1)  # an earlier action of the episode may have run
+        targets[decision.target.key] = replace(current, actions=actions, retry_at=retry_at)
     elif decision.transition is Transition.CLEAR and current is None:
         targets[decision.target.key] = _clearing(decision, retry_at)
     else:
@@ -324,7 +338,7 @@ def _clearing(decision: Decision, retry_at: float) -> TargetState:
         last_seen=decision.at,
         value=decision.evidence.value,
         labels=decision.target.labels,
-        acted=True,
+        actions=1,
         retry_at=retry_at,
         repeats=decision.repeat,
     )

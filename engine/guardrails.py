@@ -190,7 +190,8 @@ def forget_action(state: GuardrailState, decision: Decision) -> GuardrailState:
     """``decision``'s action failed: it starts no cooldown (the attempt still counts against
     the rate limits)."""
     key = cooldown_key(decision.policy, decision.target.key)
-    if state.last_action.get(key) != decision.at:
+    last = state.last_action.get(key)
+    if last is None or last < decision.at:  # a later grant's time is this action's too
         return state
-    last = {k: t for k, t in state.last_action.items() if k != key}
-    return GuardrailState(freeze(last), state.recent)
+    kept = {k: t for k, t in state.last_action.items() if k != key}
+    return GuardrailState(freeze(kept), state.recent)

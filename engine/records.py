@@ -45,6 +45,7 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
             "observed_at": decision.evidence.observed_at,
         },
         "annotations": dict(decision.annotations),
+        "labels": dict(decision.labels),
     }
 
 
@@ -69,6 +70,7 @@ def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
         reason=doc.get("reason", ""),
         mode=doc.get("mode", "enforce"),
         annotations=freeze(doc.get("annotations") or {}),
+        labels=freeze(doc.get("labels") or {}),
     )
 
 

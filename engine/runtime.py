@@ -35,6 +35,7 @@ from engine.decisions import (
     SkippedEvaluation,
     Transition,
     Verdict,
+    decision_id,
 )
 from engine.evaluation import (
     PolicyState,
@@ -258,7 +259,8 @@ class Engine(ApprovalFlow):
     ) -> int | None:
         expr = population_expr(policy, {n for d in decisions for n in d.target.labels})
         if expr is None:
-            return None
+            # max_fraction of targets without labels (`sum(x) > 10`): there is only one
+            return 1 if policy.max_fraction is not None else None
         try:
             return len(self.prometheus.query(expr, at=now))
         except QueryError as exc:
@@ -331,10 +333,27 @@ class Engine(ApprovalFlow):
         judged: list[Decision] = []
         for policy in self.rules.policies():
             decision = evaluate_alert(policy, labels, firing, episode, now)
+            if decision is not None and not firing:
+                decision = self._undo_only_what_ran(decision)
             if decision is not None:
                 population = self._population(policy, now, (decision,))
                 judged += self._decide(policy, (decision,), None, now, population)
         return judged
+
+    def _undo_only_what_ran(self, resolve: Decision) -> Decision:
+        """A resolved alert runs on_clear only if its firing alert's action ran and succeeded."""
+        fire_id = decision_id(resolve.policy, resolve.target.key, resolve.episode_start, "fire")
+        fire = self.store.decision(fire_id)
+        outcome = (fire or {}).get("outcome") or {}
+        if outcome.get("status") == OutcomeStatus.SUCCESS.value or (
+            fire is not None and fire.get("verdict") == "dry_run"
+        ):
+            return resolve
+        return replace(
+            resolve,
+            action=None,
+            reason=f"{resolve.reason}; nothing to undo (the action did not run)",
+        )
 
     # --- actions ---------------------------------------------------------------------------
     def _submit(self, decision: Decision) -> None:
@@ -420,6 +439,7 @@ class Engine(ApprovalFlow):
         """Keep the state file bounded: decisions older than ``DECISION_MEMORY_S`` go (the
         audit trail, not the state file, is the record of the past)."""
         gone = self.store.prune(self.clock() - DECISION_MEMORY_S)
+        gone += self.store.prune_alert_episodes(self.clock() - DECISION_MEMORY_S)
         if gone:
             log.info("pruned %d old decisions and approvals from the state file", gone)
 

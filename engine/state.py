@@ -243,7 +243,8 @@ class StateStore:
                 return None
             if status == "granted":
                 db.execute(
-                    "UPDATE decisions SET verdict = 'execute', status = 'started' WHERE id = ?",
+                    "UPDATE decisions SET verdict = 'execute', status = 'started',"
+                    " data = json_set(data, '$.verdict', 'execute') WHERE id = ?",
                     (decision_id,),
                 )
         return self.approval(decision_id)
@@ -348,7 +349,7 @@ def _policy_state_to_json(state: PolicyState) -> str:
                 "last_fire_at": t.last_fire_at,
                 "repeats": t.repeats,
                 "absent_since": t.absent_since,
-                "acted": t.acted,
+                "actions": t.actions,
                 "retry_at": t.retry_at,
             }
             for key, t in state.targets.items()
@@ -371,7 +372,7 @@ def _policy_state_from_json(text: str) -> PolicyState:
                     last_fire_at=t["last_fire_at"],
                     repeats=t["repeats"],
                     absent_since=t.get("absent_since"),
-                    acted=t.get("acted", False),
+                    actions=int(t.get("actions", 0)),
                     retry_at=t.get("retry_at"),
                 )
                 for key, t in raw.items()

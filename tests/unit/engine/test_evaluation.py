@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from engine.decisions import ActionSpec, Decision, Sample, Transition, decision_id, freeze
-from engine.evaluation import PolicyState, QueryResult, Status, evaluate, settle
+from engine.evaluation import PolicyState, QueryResult, Status, evaluate, failed, settle
 from engine.rules.model import Policy
 
 POLICY = Policy(
@@ -265,3 +265,35 @@ def test_on_no_data_skip_keeps_an_undo_that_waits() -> None:
     assert after.state == held  # the clearing target survives the outage
     (retried,) = evaluate(policy, NONE, after.state, 200).decisions
     assert retried.transition is Transition.CLEAR and retried.action == POLICY.on_clear
+
+
+def test_a_condition_returning_while_the_undo_waits_gets_new_ids_and_repeats_go_on() -> None:
+    policy = replace(POLICY, repeat_interval_s=100)
+    step = evaluate(policy, A, PolicyState(), 0)
+    step = evaluate(policy, A, step.state, 60)
+    state = settle(step.state, [d.with_verdict("execute", "") for d in step.decisions], lambda d: 0)
+    step = evaluate(policy, NONE, state, 70)
+    (held,) = step.decisions
+    state = settle(step.state, [held.with_verdict("suppressed:kill_switch", "")], lambda d: 130)
+    step = evaluate(policy, A, state, 80)  # back before the undo could run
+    assert step.decisions == () and step.state.targets["uuid=a"].status is Status.FIRING
+    repeat = evaluate(policy, A, step.state, 180)  # repeat_interval goes on
+    assert [d.transition for d in repeat.decisions] == [Transition.FIRE]
+    state = settle(
+        repeat.state, [d.with_verdict("execute", "") for d in repeat.decisions], lambda d: 0
+    )
+    (clear,) = evaluate(policy, NONE, state, 190).decisions
+    assert clear.id != held.id and clear.action == POLICY.on_clear
+
+
+def test_a_failed_repeat_keeps_the_undo_of_the_action_that_ran() -> None:
+    policy = replace(POLICY, repeat_interval_s=100)
+    step = evaluate(policy, A, PolicyState(), 0)
+    step = evaluate(policy, A, step.state, 60)
+    state = settle(step.state, [d.with_verdict("execute", "") for d in step.decisions], lambda d: 0)
+    step = evaluate(policy, A, state, 160)
+    (repeat,) = step.decisions
+    state = settle(step.state, [repeat.with_verdict("execute", "")], lambda d: 0)
+    state = failed(state, repeat, retry_at=220)
+    (clear,) = evaluate(policy, NONE, state, 170).decisions
+    assert clear.action == POLICY.on_clear  # the first action did run

@@ -442,3 +442,32 @@ def test_a_failed_action_is_decided_again_while_the_target_still_fires(make) -> 
     assert second.verdict == "execute" and second.id != first.id
     assert engine.store.decision(second.id)["outcome"]["status"] == "success"
     assert len(attempts) == 2
+
+
+def test_a_resolved_alert_undoes_nothing_when_its_action_did_not_run(make) -> None:
+    engine = make()
+    engine.set_control("kill_switch", True, "ops")
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
+        "startsAt": "2026-11-30T08:00:00Z",
+    }
+    (fired,) = engine.handle_alert(alert)
+    assert fired.verdict == "suppressed:kill_switch"
+    engine.set_control("kill_switch", False, "ops")
+    (resolved,) = engine.handle_alert({**alert, "status": "resolved"})
+    engine.wait_idle(10)
+    assert resolved.action is None and "nothing to undo" in resolved.reason
+    assert make.ran == []
+
+
+def test_max_fraction_of_a_target_without_labels_lets_it_act(make, tmp_path: Path) -> None:
+    rules = RULES.replace("        target: [uuid]\n", "").replace(
+        "cooldown: 1h", "limits: {max_fraction: 0.1}"
+    )
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    make.prom.results["util < 0.2"] = [{}]  # e.g. sum(x) > 10: one series, no labels
+    cycle(engine)
+    (decision,) = cycle(engine, 60)
+    assert decision.verdict == "execute"
