@@ -361,7 +361,9 @@ class Engine(ApprovalFlow):
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
 
-    def _run(self, decision: Decision) -> None:
+    def execute_action(self, decision: Decision) -> Outcome:
+        """Run ``decision``'s action on its executor (created once, with its settings) and
+        count it; never raises. The runtime's pool and the API's quota requests use it."""
         assert decision.action is not None
         name = decision.action.executor
         try:
@@ -372,6 +374,10 @@ class Engine(ApprovalFlow):
             outcome = execute(executor, decision)
         self.metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self.metrics.action_duration.labels(name).observe(outcome.duration_s)
+        return outcome
+
+    def _run(self, decision: Decision) -> None:
+        outcome = self.execute_action(decision)
         self.store.finish_decision(decision.id, outcome_doc(outcome))
         if not outcome.ok:
             self._after_failure(decision)

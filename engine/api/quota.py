@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.actions.base import Executor, execute
 from engine.config import QuotaSettings
 from engine.decisions import (
     ActionSpec,
@@ -129,7 +128,6 @@ class QuotaManager:
         self.engine = engine
         self.settings = settings
         self.store = store
-        self._executors: dict[str, Executor] = {}
         self._lock = threading.Lock()  # one apply/undo at a time
         self._recovered = False
 
@@ -291,26 +289,12 @@ class QuotaManager:
                 return Outcome(OutcomeStatus(prior["status"]), error=prior.get("error"))
             with store.transaction() as db:
                 store.record_decision(db, decision_doc(decision), "started")
-            name = decision.action.executor
-            try:
-                executor = self._executor(name)
-            except (KeyError, ValueError, TypeError) as exc:  # unknown executor, bad settings
-                outcome = Outcome(OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}")
-            else:
-                outcome = execute(executor, decision)
+            outcome = self.engine.execute_action(decision)
             store.finish_decision(decision.id, outcome_doc(outcome))
         metrics = self.engine.metrics
         metrics.decisions.labels(decision.policy, decision.transition.value, decision.verdict).inc()
-        metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self.engine.audit.decision(decision, outcome)
         return outcome
-
-    def _executor(self, name: str) -> Executor:
-        if name not in self._executors:
-            self._executors[name] = self.engine.registry.create(
-                name, self.engine.config.executors.get(name)
-            )
-        return self._executors[name]
 
 
 def request_doc(request: QuotaRequest) -> dict[str, Any]:
