@@ -1,5 +1,5 @@
 """Real cluster history for backtests: the Helios "Earth" per-minute virtual-cluster sequences
-(shared/data/helios-earth, SC'21) as OpenMetrics text that ``promtool tsdb
+(SC'21; one of them ships in examples/helios-earth) as OpenMetrics text that ``promtool tsdb
 create-blocks-from openmetrics`` turns into Prometheus blocks.
 
 Called by ``gpuops backtest load-helios``. Each virtual cluster (VC) becomes a ``pool``; the
@@ -14,6 +14,7 @@ series carry the names the shipped policies use, so ``scale-out-on-queue`` runs 
 from __future__ import annotations
 
 import csv
+import gzip
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,14 +56,29 @@ class VcSequence:
     columns: dict[str, tuple[str, ...]]
 
 
+_SUFFIXES = (".csv", ".csv.gz")
+
+
 def available(data_dir: Path) -> list[str]:
-    """The virtual clusters in ``data_dir`` (files vc*.csv)."""
-    return sorted(p.stem for p in data_dir.glob("vc*.csv"))
+    """The virtual clusters in ``data_dir`` (files vc*.csv or vc*.csv.gz)."""
+    return sorted({p.name.removesuffix(s) for s in _SUFFIXES for p in data_dir.glob(f"vc*{s}")})
+
+
+def vc_file(data_dir: Path, name: str) -> Path | None:
+    """The file of virtual cluster ``name`` in ``data_dir`` (plain CSV first), or None."""
+    for suffix in _SUFFIXES:
+        path = data_dir / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
 
 
 def read_vc(path: Path) -> VcSequence:
+    """One VC sequence from ``path`` (``.csv``, or ``.csv.gz`` read compressed)."""
     wanted = {column for _, _, series in FAMILIES for _, column in series}
-    with path.open(newline="") as f:
+    name = path.name.removesuffix(".gz").removesuffix(".csv")
+    opened = gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")
+    with opened as f:
         reader = csv.DictReader(f)
         missing = wanted - set(reader.fieldnames or ())
         if missing:
@@ -77,7 +93,7 @@ def read_vc(path: Path) -> VcSequence:
             times.append(int(at.timestamp()))
             for c in wanted:
                 columns[c].append(row[c])
-    return VcSequence(path.stem, tuple(times), {c: tuple(v) for c, v in columns.items()})
+    return VcSequence(name, tuple(times), {c: tuple(v) for c, v in columns.items()})
 
 
 def window(seq: VcSequence, start: float | None, end: float | None) -> VcSequence:

@@ -166,9 +166,9 @@ def _print(result: Backtest, show: int, as_json: bool) -> None:
 @click.option(
     "--data-dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=Path("../shared/data/helios-earth"),
+    default=Path("examples/helios-earth"),
     show_default=True,
-    help="Folder of the Helios Earth vc*.csv files.",
+    help="Folder of Helios Earth vc*.csv or vc*.csv.gz files (the repository ships vchbv).",
 )
 @click.option(
     "--vc", "vcs", multiple=True, help="Virtual cluster to load (repeatable; default all)."
@@ -186,14 +186,15 @@ def load_helios(
 ) -> None:
     """Turn Helios per-minute VC sequences into Prometheus blocks (one pool per VC)."""
     names = list(vcs) or helios.available(data_dir)
-    missing = [n for n in names if not (data_dir / f"{n}.csv").exists()]
+    files = {n: helios.vc_file(data_dir, n) for n in names}
+    missing = [n for n, path in files.items() if path is None]
     if missing or not names:
         known = ", ".join(helios.available(data_dir)) or "none"
         raise click.BadParameter(
             f"no data for {', '.join(missing) or 'any VC'} (known: {known})", param_hint="--vc"
         )
     try:
-        sequences = [helios.read_vc(data_dir / f"{n}.csv") for n in names]
+        sequences = [helios.read_vc(path) for path in files.values() if path is not None]
     except helios.HeliosError as exc:
         raise click.ClickException(str(exc)) from None
     begin = _time(start) if start else None

@@ -1,10 +1,12 @@
-"""Backtest against real cluster history: a week of the Helios vchbv virtual cluster loaded into
-a real Prometheus (promtool blocks), the shipped scale-out policy run over it, and its decisions
-compared with the ones computed straight from the CSV."""
+"""Backtest against real cluster history: a week of the Helios vchbv virtual cluster (the example
+data in examples/helios-earth, loaded by default) loaded into a real Prometheus (promtool
+blocks), the shipped scale-out policy run over it, and its decisions compared with the ones
+computed straight from the CSV."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,16 +18,16 @@ from engine.cli import cli
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "helios-earth"
-START, END = "2020-05-07T00:00:00Z", "2020-05-10T23:59:00Z"
 REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "examples" / "helios-earth"
+START, END = "2020-05-07T00:00:00Z", "2020-05-10T23:59:00Z"
 
 
 def expected_transitions(path: Path, start: float, end: float) -> list[tuple[float, str]]:
     """scale-out-on-queue (`> 10` for 2m) over 1-minute samples: the first fire of each episode
     and its clear (repeats depend on repeat_interval and the guardrails; checked apart)."""
     minutes = []
-    with path.open(newline="") as f:
+    with gzip.open(path, "rt", newline="") as f:
         for row in csv.DictReader(f):
             at = datetime.strptime(row["time"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
             if start <= at.timestamp() <= end:
@@ -44,17 +46,17 @@ def expected_transitions(path: Path, start: float, end: float) -> list[tuple[flo
     return out
 
 
-@pytest.mark.skipif(not DATA.exists(), reason=f"Helios data not found at {DATA}")
-def test_scale_out_backtest_matches_the_csv(tmp_path: Path) -> None:
+def test_scale_out_backtest_matches_the_csv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = CliRunner()
     tsdb = tmp_path / "tsdb"
+    monkeypatch.chdir(REPO)  # where the README runs it: the default --data-dir is the example
     loaded = runner.invoke(
         cli,
         [
             "backtest",
             "load-helios",
-            "--data-dir",
-            str(DATA),
             "--vc",
             "vchbv",
             "--tsdb",
@@ -97,7 +99,7 @@ def test_scale_out_backtest_matches_the_csv(tmp_path: Path) -> None:
     ]
     start = datetime.fromisoformat(START.replace("Z", "+00:00")).timestamp()
     end = datetime.fromisoformat(END.replace("Z", "+00:00")).timestamp()
-    expected = expected_transitions(DATA / "vchbv.csv", start, end)
+    expected = expected_transitions(DATA / "vchbv.csv.gz", start, end)
     assert len(expected) > 10  # the week has queueing episodes worth testing
     assert got == expected
     # every later decision of an episode (repeat_interval, a fire held back by the cooldown)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from engine.audit.documents import (
+    ECS_VERSION,
     decision_document,
     operation_document,
     skipped_document,
@@ -20,7 +21,8 @@ from engine.audit.documents import (
 from engine.decisions import Outcome, OutcomeStatus, SkippedEvaluation, Transition
 from tests.unit.audit.factories import make_decision
 
-ECS = Path(__file__).resolve().parents[4] / "shared" / "reference" / "ecs_flat_9.4.0.yml"
+# the fields of ECS 9.4.0 the documents use, their siblings and parents (tests/reference/README.md)
+ECS = Path(__file__).resolve().parents[2] / "reference" / "ecs_flat_9.4.0.trimmed.yml"
 NOW = 1_700_000_100.0
 
 
@@ -190,3 +192,8 @@ def test_event_id_is_deterministic_per_decision_verdict_and_outcome() -> None:
     ok = Outcome(OutcomeStatus.SUCCESS)
     assert again("dry_run", None) == SHAPES["decision dry-run"]["event"]["id"]
     assert len({again("dry_run", None), again("execute", None), again("execute", ok)}) == 3
+
+
+def test_the_reference_is_the_version_the_documents_declare() -> None:
+    assert f"_{ECS_VERSION}." in ECS.name
+    assert "event.category" in ecs_fields() and "gpuops.verdict" not in ecs_fields()
