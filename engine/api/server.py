@@ -53,7 +53,11 @@ class ApiServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
-    def start(self, timeout: float = 15.0) -> ApiServer:
+    def bind(self) -> ApiServer:
+        """Take the listening socket now (``start`` serves on it), so that a port in use is
+        known before anything else starts; ``ApiServerError`` when it cannot be had."""
+        if self._socket is not None:
+            return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
             self._socket = socket.create_server((self.host, self.requested_port), family=family)
@@ -62,6 +66,10 @@ class ApiServer:
                 f"API cannot listen on {self.host}:{self.requested_port}: {exc.strerror}"
             ) from None
         self.port = int(self._socket.getsockname()[1])
+        return self
+
+    def start(self, timeout: float = 15.0) -> ApiServer:
+        self.bind()
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="gpuops-api"
         )

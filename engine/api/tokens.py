@@ -128,6 +128,11 @@ def parse_users(text: str, source: str) -> list[_User]:
         raw: Any = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise TokensError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise TokensError(
+            f"{source}: expected a mapping with the key users "
+            f"(users: [{{name, roles, token_sha256}}]), found a {type(raw).__name__}"
+        )
     try:
         return _File.model_validate(raw).users
     except ValidationError as exc:
@@ -136,6 +141,30 @@ def parse_users(text: str, source: str) -> list[_User]:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise TokensError(f"{source}: {problems}") from None
+
+
+def add_user(path: Path, user: Mapping[str, Any]) -> None:
+    """Add ``user`` (``name``, ``roles``, ``token_sha256``) to the tokens file at ``path``, made
+    with mode 0600 when missing; the result is checked like the engine checks it and replaces
+    the file atomically. ``TokensError`` when the file is broken or already has that name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    except OSError as exc:
+        raise TokensError(f"{path}: cannot read: {exc.strerror}") from None
+    existing = parse_users(text, str(path))
+    if any(u.name == user["name"] for u in existing):
+        raise TokensError(f"{path}: user {user['name']!r} exists already; choose another name")
+    users = [u.model_dump(mode="json") for u in existing] + [dict(user)]
+    body = yaml.safe_dump({"users": users}, sort_keys=False)
+    parse_users(body, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(body)
+    os.replace(tmp, path)
 
 
 class TokenStore:

@@ -46,13 +46,18 @@ def run(config_path: Path, dry_run: bool) -> None:
             update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}
         )
     eng = Engine(config)
+    # the API's users, TLS files and port are checked before the engine evaluates anything
+    api, users = _prepare_api(eng) if config.api.listen else (None, None)
     try:
         eng.start()
     except RulesError as exc:
         eng.stop()
+        if api is not None:
+            api.stop()
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
+    if api is not None:
+        _serve(eng, api)
     stopping = threading.Event()
-    api, users = _start_api(eng) if config.api.listen else (None, None)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
@@ -90,15 +95,44 @@ def run(config_path: Path, dry_run: bool) -> None:
             server.shutdown()
 
 
-def _start_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
-    """Serve the REST API (``api.listen``), over TLS when a certificate is configured; returns
-    the server and its users (reloaded on SIGHUP)."""
+def _prepare_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
+    """The REST API (``api.listen``) with its users loaded, its TLS files checked and its port
+    bound, not yet serving; returns the server and its users (reloaded on SIGHUP)."""
     settings = eng.config.api
     assert settings.listen is not None
+    problem = _tls_problem(settings.tls_cert_file, settings.tls_key_file)
     try:
+        if problem:
+            raise ApiServerError(problem)
         app = create_app(eng, settings)
         server = ApiServer(app, settings.listen, settings.tls_cert_file, settings.tls_key_file)
-        return server.start(), app.state.api.tokens
+        return server.bind(), app.state.api.tokens
     except (TokensError, ApiServerError) as exc:
+        eng.stop()
+        hint = ""
+        if (
+            isinstance(exc, TokensError)
+            and settings.tokens_file
+            and not settings.tokens_file.exists()
+        ):
+            hint = (
+                "\nmake it: gpuops token new --name NAME --role admin "
+                f"--tokens-file {settings.tokens_file}"
+            )
+        raise click.ClickException(f"API not started, engine stopped: {exc}{hint}") from None
+
+
+def _tls_problem(cert: Path | None, key: Path | None) -> str | None:
+    for name, path in (("api.tls_cert_file", cert), ("api.tls_key_file", key)):
+        if path is not None and not path.is_file():
+            return f"{name}: {path} is not a readable file"
+    return None
+
+
+def _serve(eng: Engine, api: ApiServer) -> None:
+    """Serve the prepared API over TLS when a certificate is configured."""
+    try:
+        api.start()
+    except ApiServerError as exc:
         eng.stop()
         raise click.ClickException(f"API not started, engine stopped: {exc}") from None

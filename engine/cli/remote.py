@@ -1,19 +1,21 @@
 """``gpuops decisions|approvals|quota|control|token``: operations on a running engine through
 its REST API (``engine.cli.api_client``), with table output or ``--json``.
 
-``gpuops token new`` makes a token and the tokens-file entry holding only its SHA-256.
+``gpuops token new`` makes a token and a tokens file (or an entry added to one) holding only
+its SHA-256.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
-from engine.api.tokens import ROLE_PERMISSIONS, hash_token
+from engine.api.tokens import ROLE_PERMISSIONS, TokensError, add_user, hash_token
 from engine.cli.api_client import api_options, remote_call, show, when
 from engine.rules.durations import parse_duration
 
@@ -225,10 +227,30 @@ def token() -> None:
     type=click.Choice(sorted(ROLE_PERMISSIONS)),
     help="Role (repeatable).",
 )
-def new_token(name: str, roles: tuple[str, ...]) -> None:
-    """Make a random token: it is printed once on stderr; stdout gets the tokens-file entry,
-    which holds only the token's SHA-256."""
+@click.option(
+    "--tokens-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Add the user to this tokens file (made, mode 0600, when missing) and print only the "
+    "token on stdout.",
+)
+def new_token(name: str, roles: tuple[str, ...], tokens_file: Path | None) -> None:
+    """Make a random token for a new API user.
+
+    Without --tokens-file the token is printed once on stderr and stdout gets a tokens file
+    holding only its SHA-256 (`gpuops token new ... > tokens.yaml`). With --tokens-file the user
+    is added to that file and stdout gets the token alone
+    (`export GPUOPS_TOKEN=$(gpuops token new ... --tokens-file var/api-tokens.yaml)`); a running
+    engine reads the file again on SIGHUP or `POST /api/v1/auth/reload`."""
     value = secrets.token_urlsafe(32)
-    click.echo(f"token for {name} (store it now, it is not kept): {value}", err=True)
-    entry = [{"name": name, "roles": list(roles), "token_sha256": hash_token(value)}]
-    click.echo(yaml.safe_dump(entry, sort_keys=False), nl=False)
+    user = {"name": name, "roles": list(roles), "token_sha256": hash_token(value)}
+    if tokens_file is None:
+        click.echo(f"token for {name} (store it now, it is not kept): {value}", err=True)
+        click.echo(yaml.safe_dump({"users": [user]}, sort_keys=False), nl=False)
+        return
+    try:
+        add_user(tokens_file, user)
+    except TokensError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"user {name} ({', '.join(roles)}) added to {tokens_file}", err=True)
+    click.echo(value)

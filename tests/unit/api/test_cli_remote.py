@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from click.testing import CliRunner, Result
 
-from engine.api.tokens import hash_token
 from engine.cli import cli
 from tests.unit.api.harness import Harness
 
@@ -101,12 +99,3 @@ def test_errors_are_messages_with_exit_1(api: Harness) -> None:
     )
     assert unreachable.exit_code == 1
     assert "cannot reach the engine API at http://127.0.0.1:9" in unreachable.stderr
-
-
-def test_token_new_prints_the_hash_entry() -> None:
-    result = CliRunner().invoke(cli, ["token", "new", "--name", "zoe", "--role", "auditor"])
-    assert result.exit_code == 0
-    token = result.stderr.strip().rsplit(" ", 1)[1]
-    [entry] = yaml.safe_load(result.stdout)
-    assert entry == {"name": "zoe", "roles": ["auditor"], "token_sha256": hash_token(token)}
-    assert token not in result.stdout

@@ -22,6 +22,9 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
     assert [p.resolve() for p in config.rules] == [REPO / "rules"]
     assert config.state_file.resolve() == REPO / "var" / "gpuops-state.sqlite"
     assert config.prometheus.timeout == 10.0
+    assert config.api.listen == "127.0.0.1:9843"  # loopback: where `gpuops decisions` looks
+    assert config.api.tokens_file is not None
+    assert config.api.tokens_file.resolve() == REPO / "var" / "api-tokens.yaml"
 
 
 @pytest.mark.parametrize(
