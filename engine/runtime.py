@@ -58,7 +58,7 @@ from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
 from engine.rules import promql
 from engine.rules.loader import load_rules
-from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
+from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet, cron_time
 from engine.state import StateStore
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class Engine(ApprovalFlow):
     # --- evaluation ------------------------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
-        now = self.clock() if scheduled else self._tick(group)
+        now = cron_time(self.clock()) if scheduled else self._tick(group)
         for policy in group.policies:
             if policy.expr is None or (policy.schedule is not None) != scheduled:
                 continue

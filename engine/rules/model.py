@@ -56,6 +56,14 @@ class Policy:
     """Line of each key of the policy in its file (``{"expr": 12}``), for messages."""
 
 
+def cron_time(at: float) -> float:
+    """The cron time of a scheduled run that started at ``at``: the start of its minute. Cron
+    times are whole minutes and the scheduler starts a job a few milliseconds after its time
+    (at most its misfire grace, under a minute, late), so a run evaluated at the clock instead
+    would find ``repeat_interval: 1m`` not yet over (59.99 s) at every other minute."""
+    return float(at - at % 60)
+
+
 @dataclass(frozen=True)
 class Group:
     name: str

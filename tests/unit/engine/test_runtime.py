@@ -471,3 +471,21 @@ def test_max_fraction_of_a_target_without_labels_lets_it_act(make, tmp_path: Pat
     cycle(engine)
     (decision,) = cycle(engine, 60)
     assert decision.verdict == "execute"
+
+
+def test_every_minute_with_repeat_interval_1m_acts_every_minute(make, tmp_path: Path) -> None:
+    """Issue 16, item 6: the cron job wakes a few milliseconds after each minute, unevenly; a run
+    is evaluated at its cron time, so 1m after the last action is never 59.99 s."""
+    every_minute = RULES.replace(
+        "        for: 60s\n", '        schedule: "* * * * *"\n        repeat_interval: 1m\n'
+    ).replace("        cooldown: 1h\n", "")
+    (tmp_path / "rules" / "p.yaml").write_text(every_minute)
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+    (group,) = engine.rules.groups
+    at_0817 = 1_796_113_020.0  # a whole minute (08:17:00 UTC)
+    for minute, late in enumerate([0.050, 0.010, 0.030, 0.002, 0.040, 0.001, 0.020]):
+        make.clock.now = at_0817 + 60 * minute + late
+        engine.evaluate_group(group, scheduled=True)
+        assert engine.wait_idle(10)
+    assert [d.at - at_0817 for d in make.ran] == [0, 60, 120, 180, 240, 300, 360]
