@@ -86,5 +86,7 @@ class AlertsQueued(BaseModel):
 class ControlState(BaseModel):
     paused: bool
     kill_switch: bool
+    dry_run: bool
+    """The engine runs with ``--dry-run`` (or ``guardrails.dry_run``): it executes nothing."""
     policies: int
     version: str

@@ -28,7 +28,7 @@ class AnomalySettings:
     """Episodes (clear transitions) of one policy on one target: firing and clearing this often
     in the window is flapping (a threshold too close to the noise, or a missing clear_expr)."""
     repeat_min_actions: int = 3
-    """Executed actions on one target."""
+    """Executed runs of one action on one target."""
     node_min_failures: int = 3
     """Failed actions of one type on one node."""
     oom_min_failures: int = 2
@@ -85,7 +85,10 @@ def _repeated_targets(backend: Backend, s: AnomalySettings, window: TimeRange) -
     groups = backend.group(
         all_of(window, Term("event.outcome", ("success", "failure"))),
         "decision",
-        [Level("gpuops.target.key", 100, s.repeat_min_actions), Level("event.action", 10)],
+        [
+            Level("gpuops.target.key", 100, s.repeat_min_actions),
+            Level("event.action", 10, s.repeat_min_actions),  # the same action, again and again
+        ],
     )
     return [
         Finding(

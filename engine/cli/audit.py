@@ -101,7 +101,11 @@ def _first(doc: Mapping[str, Any], path: str) -> str:
 @_UNTIL
 @click.option("--user", help="user.name of a user operation.")
 @click.option("--policy", help="rule.name: the policy of a decision.")
-@click.option("--action", help="event.action: reclaim, downclock, login, approve...")
+@click.option(
+    "--action",
+    help="event.action: a decision's verb (reclaim, downclock, scale_out...) or an API "
+    "operation (grant_approval, deny_approval, set_kill_switch, authenticate...).",
+)
 @click.option(
     "--outcome", type=click.Choice(["success", "failure", "unknown"]), help="event.outcome."
 )

@@ -17,7 +17,7 @@ import yaml
 
 from engine.api.tokens import ROLE_PERMISSIONS, TokensError, add_user, hash_token
 from engine.cli.api_client import api_options, remote_call, show, when
-from engine.rules.durations import parse_duration
+from engine.rules.durations import format_duration, parse_duration
 
 _DECISION_COLUMNS = (
     ("at", lambda d: when(d.get("at"))),
@@ -121,7 +121,7 @@ _QUOTA_COLUMNS = (
     ("id", lambda r: r["id"]),
     ("project", lambda r: r["project"]),
     ("gpus", lambda r: r["gpus"]),
-    ("hours", lambda r: f"{r['duration_s'] / 3600:g}"),
+    ("duration", lambda r: format_duration(r["duration_s"])),
     ("status", lambda r: r["status"]),
     ("by", lambda r: r["requested_by"]),
     ("ends", lambda r: when(r.get("ends_at"))),
@@ -186,7 +186,7 @@ def _control(kw: dict[str, Any], as_json: bool, method: str, path: str) -> None:
 @control.command("status")
 @api_options
 def status(as_json: bool, **kw: Any) -> None:
-    """Whether the engine is paused or its kill switch is on."""
+    """Whether the engine is paused, its kill switch is on or it runs in dry-run."""
     _control(kw, as_json, "GET", "/engine")
 
 

@@ -45,6 +45,9 @@ def populate(audit: AuditLog, clock: list[float]) -> None:
     for n in range(4):  # one target reclaimed again and again
         decision = make_decision(labels={"node": "n3", "uuid": "GPU-R"}, at=at + n * 600, episode=n)
         audit.decision(decision, OK)
+    for n, verb in enumerate(["reclaim", "downclock", "restore_clocks"]):  # three, once each:
+        labels = {"node": "n5", "uuid": "GPU-M"}  # acted on, but no action repeated
+        audit.decision(make_decision(labels=labels, at=at + 30 + n, action=verb), OK)
     for n in range(3):  # migrate failing on one node
         labels = {"node": "n7", "uuid": f"GPU-{n}"}
         decision = make_decision(
@@ -67,12 +70,16 @@ def populate(audit: AuditLog, clock: list[float]) -> None:
     audit.decision(make_decision(labels={"node": "n9", "uuid": "GPU-9"}, at=NOW - 48 * 3600), OK)
     for n in range(30):  # alice: a burst in the last hour, after a quiet day
         clock[0] = NOW - (60 * n if n < 26 else 10 * 3600 + n)
-        audit.operation("alice", ["admin"], "grant", "success", "10.0.0.1", f"granted a{n}")
+        audit.operation(
+            "alice", ["admin"], "grant_approval", "success", "10.0.0.1", f"granted a{n}"
+        )
     for n in range(5):
         clock[0] = NOW - 3 * 3600 - n
         audit.operation("bob", ["developer"], "list_decisions", "success", "10.0.0.2", "listed")
     clock[0] = NOW - 100
-    audit.operation("mallory", [], "login", "failure", "10.6.6.6", "invalid token", error="401")
+    audit.operation(
+        "mallory", [], "authenticate", "failure", "10.6.6.6", "invalid token", error="401"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +116,11 @@ def both(stores: tuple[str, Path], args: list[str]) -> list[dict[str, object]]:
     ("args", "count"),
     [
         ([], 50),
-        (["--limit", "1000"], 54),
-        (["--since", "7d", "--limit", "1000"], 55),
+        (["--limit", "1000"], 57),
+        (["--since", "7d", "--limit", "1000"], 58),
         (["--policy", "migrate-off-down-nodes"], 3),
         (["--user", "alice", "--since", "2h"], 26),
-        (["--action", "login", "--outcome", "failure"], 1),
+        (["--action", "authenticate", "--outcome", "failure"], 1),
         (["--outcome", "unknown"], 2),
         (["--label", "node=n7", "--label", "uuid=GPU-1"], 1),
         (["--text", "out of memory", "--stream", "decision"], 3),

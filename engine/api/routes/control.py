@@ -24,6 +24,7 @@ def _state(ctx: ApiContext) -> ControlState:
     return ControlState(
         paused=engine.paused(),
         kill_switch=engine.kill_switch_on(),
+        dry_run=engine.config.guardrails.dry_run,
         policies=sum(1 for _ in engine.rules.policies()),
         version=__version__,
     )
@@ -33,7 +34,7 @@ def _state(ctx: ApiContext) -> ControlState:
 def engine_status(
     ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.ENGINE_READ))]
 ) -> ControlState:
-    """Whether the engine is paused or its kill switch is on."""
+    """Whether the engine is paused, its kill switch is on or it runs in dry-run."""
     return _state(ctx)
 
 

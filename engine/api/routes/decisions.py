@@ -5,6 +5,7 @@ engine, which runs the guardrails again (kill switch and pause still apply).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
@@ -49,8 +50,9 @@ def list_decisions(
     """Decisions, newest first, filtered."""
     filtered = verdict or transition or target or until is not None
     rows = ctx.engine.store.decisions(policy, since, _SCAN if filtered else limit)
+    settled = _settled_approvals(ctx)
     found = []
-    for row in rows:
+    for row in (_with_approval(r, settled.get(r["id"])) for r in rows):
         if verdict and not (row["verdict"] == verdict or row["verdict"].startswith(verdict + ":")):
             continue
         if transition and row["transition"] != transition:
@@ -65,11 +67,52 @@ def list_decisions(
     return {"decisions": found}
 
 
+_SETTLED_VERDICTS = {
+    "denied": "suppressed:denied",
+    "expired": "suppressed:approval_expired",
+    "cancelled": "suppressed:approval_cancelled",
+}
+"""The verdict the audit records when a pending approval is settled without running."""
+
+
+def _settled_approvals(ctx: ApiContext) -> dict[str, dict[str, Any]]:
+    return {a["decision_id"]: a for a in ctx.engine.store.approvals() if a["status"] != "pending"}
+
+
+def _with_approval(row: dict[str, Any], approval: dict[str, Any] | None) -> dict[str, Any]:
+    """A decision as it stands after its approval: denied, expired or cancelled ones carry the
+    verdict their audit record has, a granted one says who granted it."""
+    if approval is None or approval["status"] == "pending":
+        return row
+    status, user = approval["status"], approval.get("decided_by")
+    row = {**row, "approval": {k: approval.get(k) for k in ("status", "decided_by", "decided_at")}}
+    if status == "granted":
+        return {**row, "reason": f"granted by {user}"}
+    if row["verdict"] == "awaiting_approval" and status in _SETTLED_VERDICTS:
+        reason = {"denied": f"denied by {user}", "expired": "nobody granted it in time"}
+        row["verdict"] = _SETTLED_VERDICTS[status]
+        row["reason"] = reason.get(status, "the condition cleared before anyone granted it")
+    return row
+
+
 def _decision(ctx: ApiContext, decision_id: str) -> dict[str, Any]:
     row = ctx.engine.store.decision(decision_id)
     if row is None:
         raise HTTPException(404, f"no decision {decision_id}")
-    return row
+    return _with_approval(row, ctx.engine.store.approval(decision_id))
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _approval_line(approval: dict[str, Any]) -> str:
+    status = approval["status"]
+    if status == "pending":
+        return f"approval: pending, expires {_iso(approval['expires_at'])}"
+    by = f" by {approval['decided_by']}" if approval.get("decided_by") else ""
+    at = f" at {_iso(approval['decided_at'])}" if approval.get("decided_at") else ""
+    return f"approval: {status}{by}{at}"
 
 
 @router.get("/decisions/{decision_id}")
@@ -97,9 +140,15 @@ def explain_decision(
     lines = [
         f"policy {row['policy']} decided to {row['transition']} on {row['target']['key']}",
         f"because {evidence['expr']!r} returned {evidence['value']}"
-        + (f" (pending since {evidence['pending_since']})" if evidence["pending_since"] else ""),
+        + (
+            f" (pending since {_iso(evidence['pending_since'])})"
+            if evidence["pending_since"]
+            else ""
+        ),
         f"guardrails: {verdict}" + (f" — {row['reason']}" if row.get("reason") else ""),
     ]
+    if approval is not None:
+        lines.append(_approval_line(approval))
     if row.get("outcome"):
         outcome = row["outcome"]
         lines.append(
