@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import click
 
-from exporters.fleet import FleetConfig, FleetSim, PoolSpec
+from engine.rules.durations import parse_duration
+from exporters.fleet import FleetConfig, FleetSim, PoolSpec, prometheus_config
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,19 @@ def fleet() -> None:
     type=click.Path(dir_okay=False),
     help="Prometheus file_sd JSON file kept current with the node targets.",
 )
+@click.option(
+    "--prometheus-config",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a complete prometheus.yml here that scrapes the fleet (via --sd-file) and "
+    "the engine's metrics: `prometheus --config.file=FILE` then needs nothing else.",
+)
+@click.option(
+    "--scrape-interval",
+    default="15s",
+    show_default=True,
+    help="Scrape interval written into the Prometheus config (the shipped policies assume 15s).",
+)
 @click.option("--seed", default=42, show_default=True, help="Seed of every random choice.")
 @click.option(
     "--arrival-rate",
@@ -81,6 +96,8 @@ def sim(
     control_port: int,
     first_node_port: int,
     sd_file: str,
+    prometheus_config: Path | None,
+    scrape_interval: str,
     seed: int,
     arrival_rate: float,
     speed: float,
@@ -101,17 +118,36 @@ def sim(
         config.validate()
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    try:
+        parse_duration(scrape_interval)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--scrape-interval") from None
     stop = threading.Event()
     with FleetSim(config) as fleet_sim:
         for node, port in sorted(fleet_sim.node_ports.items()):
             log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)
         log.info("control API: %s/api/v1/state", fleet_sim.control_url)
-        log.info(
-            "file_sd: %s; Prometheus scrape config:\n%s",
-            fleet_sim.sd_file,
-            fleet_sim.scrape_config(),
-        )
+        if prometheus_config is None:
+            log.info(
+                "file_sd: %s; Prometheus scrape config:\n%s",
+                fleet_sim.sd_file,
+                fleet_sim.scrape_config(scrape_interval),
+            )
+        else:
+            _write_prometheus_config(prometheus_config, fleet_sim, scrape_interval)
         try:
             stop.wait()
         except KeyboardInterrupt:
             log.info("stopping the fleet")
+
+
+def _write_prometheus_config(path: Path, fleet_sim: FleetSim, scrape_interval: str) -> None:
+    control = f"{fleet_sim.host}:{fleet_sim.control_port}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prometheus_config(fleet_sim.sd_file, control, scrape_interval))
+    log.info(
+        "Prometheus config: %s; run: prometheus --config.file=%s --storage.tsdb.path=%s",
+        path,
+        path,
+        path.parent / "prometheus",
+    )

@@ -8,7 +8,13 @@ Entry point for in-process users (demo, tests): ``FleetSim(FleetConfig(...))``. 
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.config import GPU_MODELS, PROFILES, FleetConfig, JobSpec, PoolSpec
 from exporters.fleet.errors import BadRequest, Conflict, FleetError, NotFound
-from exporters.fleet.sd import FLEET_JOB, NODES_JOB, scrape_configs, scrape_jobs
+from exporters.fleet.sd import (
+    FLEET_JOB,
+    NODES_JOB,
+    prometheus_config,
+    scrape_configs,
+    scrape_jobs,
+)
 from exporters.fleet.sim import FleetSim
 
 __all__ = [
@@ -25,6 +31,7 @@ __all__ = [
     "JobSpec",
     "NotFound",
     "PoolSpec",
+    "prometheus_config",
     "scrape_configs",
     "scrape_jobs",
 ]

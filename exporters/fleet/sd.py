@@ -1,5 +1,5 @@
 """Prometheus service discovery for the simulated fleet: the file_sd JSON file listing node
-targets, and the scrape config snippet that reads it.
+targets, and the scrape config snippet that reads it, or a whole Prometheus config around it.
 
 ``exporters.fleet.sim`` rewrites the file whenever nodes are added or removed; the demo, the
 CLI and the integration tests render the scrape config with ``scrape_configs``.
@@ -65,3 +65,23 @@ def scrape_configs(sd_file: str | Path, control_target: str, scrape_interval: st
     """YAML text of a ``scrape_configs:`` section for the fleet, to paste into prometheus.yml."""
     doc = {"scrape_configs": scrape_jobs(sd_file, control_target, scrape_interval)}
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def prometheus_config(
+    sd_file: str | Path,
+    control_target: str,
+    scrape_interval: str = "15s",
+    engine_target: str | None = "127.0.0.1:9842",
+) -> str:
+    """YAML text of a complete prometheus.yml for the fleet: its two jobs (``sd_file`` made
+    absolute, as Prometheus reads a relative one from the config's folder) and, when
+    ``engine_target`` is set, the engine's own metrics as job ``gpuops-engine``."""
+    jobs = scrape_jobs(Path(sd_file).resolve(), control_target, scrape_interval)
+    if engine_target:
+        jobs.append({"job_name": "gpuops-engine", "static_configs": [{"targets": [engine_target]}]})
+    doc = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": jobs,
+    }
+    head = "# Written by `gpuops fleet sim --prometheus-config`; remade at every start.\n"
+    return head + yaml.safe_dump(doc, sort_keys=False)

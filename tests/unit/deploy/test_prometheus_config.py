@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.fleet.sd import FLEET_JOB, NODES_JOB, write_targets
+from exporters.fleet.sd import FLEET_JOB, NODES_JOB, prometheus_config, write_targets
 
 REPO = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
@@ -104,3 +104,23 @@ def test_compose_mounts_match_the_paths_of_the_config() -> None:
     for pattern in config()["rule_files"]:
         relative = pattern.removeprefix("/etc/prometheus/")
         assert list(PROMETHEUS_DIR.glob(relative)), f"no rule file matches {pattern}"
+
+
+@pytest.mark.integration
+def test_the_config_fleet_sim_writes_passes_promtool_and_reads_its_sd_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpuops fleet sim --prometheus-config var/prometheus.yml` (README, running the pieces)."""
+    monkeypatch.chdir(tmp_path)
+    write_targets(Path("var/gpu-nodes.json"), "127.0.0.1", [("node-0", "default", 9401)])
+    path = tmp_path / "var" / "prometheus.yml"
+    path.write_text(prometheus_config("var/gpu-nodes.json", "127.0.0.1:9400", "15s"))
+    result = subprocess.run(
+        [promtool(), "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = yaml.safe_load(path.read_text())
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+    assert list(jobs) == [NODES_JOB, FLEET_JOB, "gpuops-engine"]
+    assert jobs[NODES_JOB]["file_sd_configs"][0]["files"] == [str(tmp_path / "var/gpu-nodes.json")]
+    assert doc["global"]["scrape_interval"] == "15s"
