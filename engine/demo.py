@@ -1,29 +1,32 @@
 """`gpuops demo`: the whole loop on one machine — simulated fleet, a real Prometheus scraping it,
 the engine with demo-scale policies (``rules/demo``) acting through the ``fleet`` executor.
 
-Called by ``engine.cli.demo``. It injects the four conditions over the run (an idle GPU and a
-lightly used one from the start, a burst of jobs, a node failure, load returning to the
-downclocked GPU), prints each decision as it happens and a summary at the end, and stops every
-process it started, on Ctrl-C too.
+Called by ``engine.cli.demo``. It injects the conditions over the run (an idle GPU and a lightly
+used one from the start, a burst of jobs, a new policy added in dry-run, two nodes failing at
+once — one is held back by the blast-radius limit —, load returning to the downclocked GPU),
+prints each decision as it happens and a summary at the end (``engine.demo_report``), and stops
+every process it started, on Ctrl-C too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 
+from engine.audit.spool import read_spool
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome
+from engine.demo_report import DemoReport, fmt
 from engine.promproc import PrometheusServer
 from engine.runtime import Engine
 from exporters.fleet import FleetConfig, FleetSim, JobSpec
@@ -37,6 +40,23 @@ global:
   scrape_interval: {interval}
   evaluation_interval: {interval}
 """
+
+NEW_POLICY = """\
+# Added by `gpuops demo` while it runs, as you would try a change: scale out earlier, at more
+# than 5 waiting jobs instead of 10. Without `mode`, a new policy runs in dry-run -- it decides
+# and audits what it would do, it executes nothing -- until you set `mode: enforce`.
+groups:
+  - name: capacity-trial
+    interval: 5s
+    rules:
+      - policy: scale-out-early
+        description: Add a node when more than 5 jobs wait (trying a lower threshold).
+        expr: sum by (pool) (gpuops_queue_pending_jobs) > 5
+        for: 10s
+        target: [pool]
+        action: {type: scale_out, executor: fleet, params: {nodes: 1}}
+"""
+"""The policy the demo adds at its ``new_policy`` step (into its copy of the rules)."""
 
 
 @dataclass(frozen=True)
@@ -54,48 +74,12 @@ class DemoSettings:
     scrape_interval: str = "1s"
     timeline: tuple[tuple[float, str], ...] = (
         (35.0, "burst"),
-        (70.0, "fail_node"),
+        (50.0, "new_policy"),
+        (70.0, "fail_nodes"),
         (100.0, "load_returns"),
         (135.0, "restore_node"),
     )
     """(seconds after start, step) of the injected conditions."""
-
-
-@dataclass
-class DemoReport:
-    decisions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    start_utilization: float | None = None
-    end_utilization: float | None = None
-    counters: dict[str, int] = field(default_factory=dict)
-    audit_dir: Path | None = None
-    audit_documents: int = 0
-
-    def summary(self, elapsed: float) -> str:
-        lines = [f"== gpuops demo summary ({elapsed:.0f} s) =="]
-        lines.append("decisions by policy, transition and verdict:")
-        for (policy, transition, verdict), n in sorted(self.decisions.items()):
-            lines.append(f"  {policy:<28} {transition:<6} {verdict:<28} {n}")
-        if not self.decisions:
-            lines.append("  (none)")
-        c = self.counters
-        lines.append(
-            f"GPUs reclaimed: {c.get('reclaimed', 0)}   nodes added: {c.get('nodes_added', 0)}   "
-            f"jobs migrated: {c.get('migrated', 0)}   "
-            f"GPUs downclocked: {c.get('downclocked', 0)}   "
-            f"clocks restored: {c.get('restored', 0)}"
-        )
-        lines.append(
-            "mean utilization of allocated GPUs: "
-            f"start {_fmt(self.start_utilization)} -> end {_fmt(self.end_utilization)}"
-        )
-        lines.append(f"audit spool: {self.audit_dir} ({self.audit_documents} ECS documents)")
-        lines.append(f"  search it: gpuops audit search --spool-dir {self.audit_dir}")
-        return "\n".join(lines)
-
-
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}"
 
 
 class Demo:
@@ -103,6 +87,7 @@ class Demo:
         self.settings = settings
         self.out = out
         self.report = DemoReport()
+        self._rules_dir = settings.rules
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
 
@@ -112,16 +97,15 @@ class Demo:
 
     def on_decision(self, decision: Decision, outcome: Outcome | None) -> None:
         with self._lock:
-            key = (decision.policy, decision.transition.value, decision.verdict)
-            self.report.decisions[key] += 1
-            if outcome is not None:
-                self.report.outcomes[outcome.status.value] += 1
+            self.report.add(decision, outcome)
         action = decision.action.type if decision.action else "(no on_clear action)"
         result = "not executed" if outcome is None else outcome.status.value
         if outcome is None and decision.action is None:
             result = "nothing to do"
         if outcome is not None and outcome.error:
             result += f" ({outcome.error})"
+        if decision.verdict.startswith("suppressed:") and decision.reason:
+            result += f": {decision.reason}"
         self.say(
             f"{decision.policy}: {decision.transition.value} {action} on {decision.target.key} "
             f"-> {decision.verdict}, {result}"
@@ -138,6 +122,7 @@ class Demo:
             self.report.audit_dir = audit_dir
             self.out(f"audit spool: {audit_dir} (ECS JSON lines, kept after the demo)")
             fleet = stack.enter_context(self._fleet(workdir))
+            self._rules_dir = _copy_rules(s.rules, workdir / "rules")
             prom = self._prometheus(workdir, fleet)
             stack.callback(prom.stop)
             prom.start()
@@ -154,9 +139,9 @@ class Demo:
                 engine.stop()
             self.report.end_utilization = _allocated_utilization(fleet.control_url)
             self.report.counters = dict(_state(fleet.control_url).get("counters", {}))
-            self.report.audit_documents = sum(
-                len(p.read_text().splitlines()) for p in audit_dir.glob("*.jsonl")
-            )
+            documents = list(read_spool(audit_dir))
+            self.report.audit_documents = len(documents)
+            self.report.find_record(documents)
         return self.report
 
     def _fleet(self, workdir: Path) -> FleetSim:
@@ -189,7 +174,7 @@ class Demo:
     ) -> EngineConfig:
         return EngineConfig(
             prometheus=PrometheusSettings(url=prom.url, timeout=5.0),
-            rules=[self.settings.rules],
+            rules=[self._rules_dir],
             state_file=workdir / "engine-state.sqlite",
             audit=AuditConfig(spool_dir=audit_dir),
             executors={"fleet": {"url": fleet.control_url}},
@@ -201,7 +186,7 @@ class Demo:
         url = fleet.control_url
         stop.wait(3.0)
         self.report.start_utilization = _allocated_utilization(url)
-        self.say(f"mean utilization of allocated GPUs: {_fmt(self.report.start_utilization)}")
+        self.say(f"mean utilization of allocated GPUs: {fmt(self.report.start_utilization)}")
         steps = list(s.timeline)
         while not stop.is_set():
             elapsed = time.monotonic() - self._t0
@@ -217,11 +202,19 @@ class Demo:
         if step == "burst":
             _post(url, "/api/v1/pools/default/burst", {"count": 16, "gpus": 1, "duration_s": 600})
             self.say("injected: a burst of 16 one-GPU jobs (the queue grows past 10)")
-        elif step == "fail_node":
-            node = self._busy_node(state)
-            if node:
+        elif step == "new_policy":
+            path = self._rules_dir / "scale-out-early.yaml"
+            path.write_text(NEW_POLICY)
+            self.say(f"added: policy scale-out-early in {path} (no mode: it runs in dry-run)")
+        elif step == "fail_nodes":
+            nodes = self._busy_nodes(state)[:2]
+            for node in nodes:
                 _post(url, f"/api/v1/nodes/{node}/fail", {})
-                self.say(f"injected: {node} fails (its scrape target goes down)")
+            if nodes:
+                self.say(
+                    f"injected: {' and '.join(nodes)} fail at once (their scrape targets go down;"
+                    " max_fraction lets the engine evacuate only one)"
+                )
         elif step == "load_returns":
             for job in state.get("jobs", []):
                 if job.get("profile") == "light" and job.get("state") == "running":
@@ -234,12 +227,15 @@ class Demo:
                     self.say(f"injected: {node['name']} restored")
 
     @staticmethod
-    def _busy_node(state: dict[str, Any]) -> str | None:
-        for node in state.get("nodes", []):
-            if node.get("state") == "up" and any(g.get("job") for g in node.get("gpus", [])):
-                if not any(g.get("clock_locked_mhz") for g in node.get("gpus", [])):
-                    return str(node["name"])
-        return None
+    def _busy_nodes(state: dict[str, Any]) -> list[str]:
+        """Up nodes running jobs, none of whose GPUs is downclocked (the clock story stays)."""
+        return [
+            str(node["name"])
+            for node in state.get("nodes", [])
+            if node.get("state") == "up"
+            and any(g.get("job") for g in node.get("gpus", []))
+            and not any(g.get("clock_locked_mhz") for g in node.get("gpus", []))
+        ]
 
 
 def demo_workload(nodes: int, gpus: int) -> tuple[JobSpec, ...]:
@@ -253,6 +249,15 @@ def demo_workload(nodes: int, gpus: int) -> tuple[JobSpec, ...]:
     if gpus >= 4:
         jobs.append(JobSpec("training", gpus - 3, "nlp", node=last))
     return tuple(jobs)
+
+
+def _copy_rules(source: Path, into: Path) -> Path:
+    """The demo's own copy of its rules (a file or the *.yaml of a folder): the policy it adds
+    goes there, never into the repository."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in [source] if source.is_file() else sorted(source.glob("*.y*ml")):
+        shutil.copy(path, into / path.name)
+    return into
 
 
 def _tempdir() -> contextlib.AbstractContextManager[str]:
