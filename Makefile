@@ -1,6 +1,6 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus and prometheus-alertmanager when their binaries are missing.
+# Debian packages prometheus, prometheus-alertmanager and curl when their binaries are missing.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +23,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager
 
-setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager
+# curl: the README's commands use it, and tests/integration/test_readme_commands.py runs them
+/usr/bin/curl:
+	@echo "installing Debian package curl"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
+
+setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager /usr/bin/curl
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)
