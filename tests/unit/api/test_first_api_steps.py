@@ -144,14 +144,12 @@ def test_a_port_in_use_or_a_missing_certificate_stops_the_engine_before_it_evalu
     assert in_use.exit_code == 1
     assert f"API cannot listen on 127.0.0.1:{port}" in in_use.stderr
     assert nothing_evaluated(tmp_path, caplog)
-    tls = {"tls_cert_file": "cert.pem", "tls_key_file": "key.pem"}
-    config.write_text(
-        config.read_text().replace(
-            "tokens_file: t.yaml",
-            "tokens_file: t.yaml\n  " + yaml.safe_dump(tls).replace("\n", "\n  "),
-        )
-    )
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    token_new("--name", "me", "--role", "admin", "--tokens-file", str(tls / "t.yaml"))
+    api = {"listen": f"127.0.0.1:{free_port()}", "tokens_file": "t.yaml"}
+    config = engine_dir(tls, {**api, "tls_cert_file": "cert.pem", "tls_key_file": "key.pem"})
     no_cert = run_engine(config, caplog)
     assert no_cert.exit_code == 1
-    assert f"api.tls_cert_file: {tmp_path}/cert.pem is not a readable file" in no_cert.stderr
-    assert nothing_evaluated(tmp_path, caplog)
+    assert f"api.tls_cert_file: {tls}/cert.pem is not a readable file" in no_cert.stderr
+    assert nothing_evaluated(tls, caplog)
