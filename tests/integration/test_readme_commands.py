@@ -10,6 +10,7 @@ a placeholder to fill in. A README line that is neither run nor listed there fai
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -185,19 +186,17 @@ def test_every_readme_command_does_what_the_readme_says(workspace: Workspace) ->
         assert any(k.startswith("gpuops elk install") for k in ws.outputs)
 
     assert len(ws.env.get("GPUOPS_TOKEN", "")) > 20, "export GPUOPS_TOKEN=$(gpuops token new ...)"
+
     # node-0 failed (README's curl): the shipped migrate policy decides within about a minute,
     # and `gpuops decisions explain` tells why
-    decided = wait_for(
-        lambda: ws.run("gpuops decisions list --policy migrate-off-down-nodes --json").count(
-            '"id"'
-        ),
-        120,
-        "migrate-off-down-nodes to decide on the failed node",
-    )
-    assert decided
-    found = re.search(r'"id": "([0-9a-f]+)"', ws.outputs[next(reversed(ws.outputs))])
-    assert found is not None
-    explained = ws.run(f"gpuops decisions explain {found.group(1)}")
+    def migrate_decisions() -> list[dict[str, str]]:
+        listed = ws.run("gpuops decisions list --policy migrate-off-down-nodes --json")
+        decisions: list[dict[str, str]] = json.loads(listed)["decisions"]
+        return decisions
+
+    decisions = wait_for(migrate_decisions, 120, "migrate-off-down-nodes to decide on node-0")
+    found = decisions[0]
+    explained = ws.run(f"gpuops decisions explain {found['id']}")
     assert explained.startswith("policy migrate-off-down-nodes decided to fire on node=node-0")
 
     out = ws.outputs
