@@ -5,6 +5,7 @@ engine, which runs the guardrails again (kill switch and pause still apply).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
@@ -94,10 +95,15 @@ def explain_decision(
     approval = ctx.engine.store.approval(decision_id)
     evidence = row["evidence"]
     verdict: str = row["verdict"]
+    since = evidence["pending_since"]
     lines = [
         f"policy {row['policy']} decided to {row['transition']} on {row['target']['key']}",
         f"because {evidence['expr']!r} returned {evidence['value']}"
-        + (f" (pending since {evidence['pending_since']})" if evidence["pending_since"] else ""),
+        + (
+            f" (pending since {datetime.fromtimestamp(since, UTC):%Y-%m-%dT%H:%M:%SZ})"
+            if since
+            else ""
+        ),
         f"guardrails: {verdict}" + (f" — {row['reason']}" if row.get("reason") else ""),
     ]
     if row.get("outcome"):
