@@ -86,7 +86,7 @@ def create_app(
     }
     for module in (rules, decisions, quota, control, alertmanager, audit):
         app.include_router(module.router, prefix=PREFIX, responses=errors)
-    mount_docs(app, f"{PREFIX}/openapi.json", f"{PREFIX}/docs")
+    mount_docs(app, f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc")
     if settings.console.enabled:
         mount_console(app, context)
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -97,7 +97,7 @@ def create_app(
         record=engine.audit.operation,
         max_body_bytes=settings.max_body_bytes,
         prefix=PREFIX,
-        open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs"}),
+        open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc"}),
     )
 
     @app.get("/healthz", tags=["meta"])

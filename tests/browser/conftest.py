@@ -82,8 +82,8 @@ def sign_in(page: Page, console: Harness, role: str, path: str = "/") -> None:
     page.wait_for_url(re.compile(r"^(?!.*/login)"))
 
 
-def shot(page: Page, name: str) -> Path:
+def shot(page: Page, name: str, full_page: bool = True) -> Path:
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path

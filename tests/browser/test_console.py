@@ -313,11 +313,14 @@ def test_audit_search_and_export(page: Page, console: Harness) -> None:
     assert operations(console, "search_audit_export")[-1]["user"]["name"] == "audrey"
 
 
-def test_swagger_ui_is_served_with_local_assets(page: Page, console: Harness) -> None:
+def test_swagger_ui_and_redoc_are_served_with_local_assets(page: Page, console: Harness) -> None:
     page.goto("/api/v1/docs")
     expect(page.get_by_text("gpuops engine API").first).to_be_visible()
     expect(page.get_by_text("/api/v1/approvals/{decision_id}/grant").first).to_be_visible()
-    shot(page, "api-docs")
+    shot(page, "api-docs", full_page=False)
+    page.goto("/api/v1/redoc")
+    expect(page.get_by_role("heading", name="Grant Approval").first).to_be_visible()
+    shot(page, "api-redoc", full_page=False)
 
 
 UNLABELLED = """() => [...document.querySelectorAll(
