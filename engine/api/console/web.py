@@ -208,6 +208,7 @@ class AuditedRoute(APIRoute):
         async def audited(request: Request) -> Response:
             reason: str | None = None
             try:
+                _check_length(request)
                 response = await handler(request)
             except NotSignedIn:
                 if request.method == "GET":  # a page view before sign-in: not an operation
@@ -236,8 +237,7 @@ class AuditedRoute(APIRoute):
                     title="Not done", text=reason,
                 )  # fmt: skip
             reason = reason or getattr(request.state, "gpuops_reason", None)
-            viewer = _viewer(request)
-            principal = viewer.principal if viewer else getattr(request.state, "console_user", None)
+            principal = _principal(request)
             name = getattr(request.state, "gpuops_action", None) or action
             try:
                 await anyio.to_thread.run_sync(
@@ -254,6 +254,32 @@ class AuditedRoute(APIRoute):
             return response
 
         return audited
+
+
+def _check_length(request: Request) -> None:
+    """Form bodies are read whole: refuse one over the API's ``max_body_bytes`` (413), and one
+    that does not say its length (411; browsers always do), before reading it."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return
+    limit = console(request).context.settings.max_body_bytes
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit():
+        raise Refused(411, "the form was sent without a valid Content-Length")
+    if int(length) > limit:
+        raise Refused(413, f"the form's {length} bytes exceed the limit of {limit} bytes")
+
+
+def _principal(request: Request) -> Principal | None:
+    """Who to audit: the viewer, the user just signed in, or the session's user when the
+    request was refused before the page looked (a body too large)."""
+    viewer = _viewer(request)
+    if viewer is not None:
+        return viewer.principal
+    just_signed_in: Principal | None = getattr(request.state, "console_user", None)
+    if just_signed_in is not None:
+        return just_signed_in
+    found = console(request).sessions.find(request.cookies.get(COOKIE))
+    return found[1] if found else None
 
 
 def _viewer(request: Request) -> Viewer | None:

@@ -79,6 +79,18 @@ def test_pages_refuse_framing_and_scripts(tmp_path: Path) -> None:
         assert "<script" not in page.text
 
 
+def test_a_form_larger_than_the_body_limit_is_refused_unread(tmp_path: Path) -> None:
+    with running_api(tmp_path, api={"max_body_bytes": 4096}) as api:
+        sign_in(api, "developer")
+        big = {"csrf": "x", "text": "a" * 5000}
+        answer = api.session.post(f"{api.url}/rules/validate", data=big, timeout=10)
+        assert answer.status_code == 413
+        assert "exceed the limit of 4096 bytes" in answer.text
+        refused = [d for d in api.operations() if d["event"]["action"] == "validate_rules"]
+        assert refused[-1]["event"]["outcome"] == "failure"
+        assert refused[-1]["user"]["name"] == "dave"
+
+
 def test_the_console_can_be_switched_off(tmp_path: Path) -> None:
     with running_api(tmp_path, api={"console": ConsoleSettings(enabled=False)}) as api:
         assert api.session.get(f"{api.url}/login", timeout=10).status_code == 404
