@@ -209,6 +209,34 @@ def test_the_kill_switch_turned_on_in_the_console_stops_actions(
     shot(page, "overview")
 
 
+def test_pausing_in_the_console_holds_actions_back_until_resumed(
+    page: Page, console: Harness
+) -> None:
+    sign_in(page, console, "admin")
+    try:
+        page.get_by_label("I confirm: decisions are only recorded").check()
+        page.get_by_role("button", name="Pause the engine").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Engine paused")
+        page.goto("/")
+        expect(page.locator("#paused-state")).to_contain_text("paused by alice")
+        before = len(console.executed("drain-on-gpu-fell-off-bus"))
+        assert console.notify(console.alert("GPUFellOffBus", node="pause-1")).ok
+        console.settle()
+        assert len(console.executed("drain-on-gpu-fell-off-bus")) == before
+        page.goto("/decisions?target=pause-1&verdict=suppressed")
+        expect(page.locator("tbody tr").first).to_contain_text("suppressed:paused")
+        page.goto("/decisions?target=pause-1&since=2100-01-01T00:00")
+        expect(page.locator("tbody")).to_contain_text("No decision matches.")
+        page.goto("/")
+        page.get_by_label("I confirm: the engine acts again").check()
+        page.get_by_role("button", name="Resume the engine").click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Engine resumed")
+        assert not console.engine.paused()
+        assert operations(console, "resume_engine")[-1]["user"]["name"] == "alice"
+    finally:
+        console.engine.set_control("paused", False, "test")
+
+
 def test_a_form_without_the_sessions_csrf_token_is_refused(page: Page, console: Harness) -> None:
     sign_in(page, console, "admin")
     for token in ("", "forged-0123456789"):
