@@ -4,10 +4,12 @@ The browser tests (tests/browser) cover the pages themselves."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
 import requests
 
 from engine.api.console.pages import _csv
@@ -66,6 +68,26 @@ def test_sign_in_sends_the_browser_only_to_a_path_of_this_site(tmp_path: Path) -
         cookie = answer.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie
         assert api.tokens["auditor"] not in cookie
+
+
+def test_no_token_reaches_a_log_or_the_audit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with running_api(tmp_path) as api:
+        assert sign_in(api, "admin").status_code == 303
+        api.session.get(f"{api.url}/audit", timeout=10)
+        page = api.session.get(f"{api.url}/login", timeout=10)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf
+        wrong = api.session.post(
+            f"{api.url}/login", data={"token": "guessed-token-42", "csrf": csrf.group(1)}
+        )
+        assert wrong.status_code == 401 and "guessed-token-42" not in wrong.text
+        audit = str(api.audit())
+    secrets = [*api.tokens.values(), "guessed-token-42"]
+    assert not any(s in caplog.text or s in audit for s in secrets)
+    assert "console_sign_in" in audit and "authenticate" in audit
 
 
 def test_pages_refuse_framing_and_scripts(tmp_path: Path) -> None:
