@@ -1,6 +1,7 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus, prometheus-alertmanager and curl when their binaries are missing.
+# Debian packages prometheus, prometheus-alertmanager and curl when their binaries are missing, and
+# chromium (the console's browser tests drive it with Playwright; no browser is downloaded).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -29,7 +30,12 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl
 
-setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager /usr/bin/curl
+/usr/bin/chromium:
+	@echo "installing Debian package chromium (for the console's browser tests)"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+
+setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager /usr/bin/curl /usr/bin/chromium
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)

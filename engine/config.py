@@ -88,6 +88,28 @@ class QuotaSettings(_Model):
     _t = field_validator("max_duration", "check_interval", mode="before")(_seconds)
 
 
+class ConsoleSettings(_Model):
+    """The web console (``engine.api.console``), served by the API process under ``/``."""
+
+    enabled: bool = True
+    """Serve the console pages; False: only the API (and its docs) answer."""
+    session_ttl: float = 8 * 3600.0
+    """Seconds a console session lasts after sign-in (Prometheus durations allowed: ``8h``)."""
+    grafana_url: str | None = None
+    """Base URL of Grafana, for the dashboard link of a decision's target; None: no link."""
+    kibana_url: str | None = None
+    """Base URL of Kibana, for the audit search link of a decision's target; None: no link."""
+
+    _t = field_validator("session_ttl", mode="before")(_seconds)
+
+    @field_validator("session_ttl")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be a positive duration, e.g. 8h")
+        return value
+
+
 class ApiSettings(_Model):
     """The REST API (``engine.api``): served by ``gpuops engine run`` when ``listen`` is set."""
 
@@ -105,6 +127,7 @@ class ApiSettings(_Model):
     alert_queue_size: int = Field(default=10_000, ge=1)
     """Alertmanager alerts waiting for the worker; when full the receiver answers 503."""
     quota: QuotaSettings = QuotaSettings()
+    console: ConsoleSettings = ConsoleSettings()
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ApiSettings:

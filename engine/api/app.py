@@ -21,7 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import __version__
 from engine.api.alerts import AlertWorker
+from engine.api.console import mount_console
 from engine.api.context import ApiContext
+from engine.api.docs import mount_docs
 from engine.api.gate import ApiGate
 from engine.api.quota import QuotaManager, QuotaStore
 from engine.api.routes import alertmanager, audit, control, decisions, quota, rules
@@ -69,7 +71,7 @@ def create_app(
         description="Rules, decisions, approvals, quota requests and controls of a gpuops "
         "engine. Every call needs a bearer token; see docs/api.md for roles.",
         openapi_url=f"{PREFIX}/openapi.json",
-        docs_url=f"{PREFIX}/docs",
+        docs_url=None,  # engine.api.docs serves it with local assets
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -84,6 +86,9 @@ def create_app(
     }
     for module in (rules, decisions, quota, control, alertmanager, audit):
         app.include_router(module.router, prefix=PREFIX, responses=errors)
+    mount_docs(app, f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc")
+    if settings.console.enabled:
+        mount_console(app, context)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(
@@ -92,7 +97,7 @@ def create_app(
         record=engine.audit.operation,
         max_body_bytes=settings.max_body_bytes,
         prefix=PREFIX,
-        open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs"}),
+        open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc"}),
     )
 
     @app.get("/healthz", tags=["meta"])

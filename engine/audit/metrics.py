@@ -45,6 +45,11 @@ class AuditMetrics:
             ["result"],
             registry=registry,
         )
+        self.last_shipped = Gauge(
+            "gpuops_audit_last_shipped_timestamp_seconds",
+            "When a spool segment was last acknowledged by Elasticsearch (0: not yet).",
+            registry=registry,
+        )
         self.retried = Counter(
             "gpuops_audit_retried_documents",
             "Audit documents sent again after a retryable failure, by reason.",

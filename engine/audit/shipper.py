@@ -164,6 +164,7 @@ class Shipper:
             elif done:
                 self._failures = 0
         self._spool.remove(segment)
+        self._metrics.last_shipped.set_to_current_time()
 
     def _batch(self, pending: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
         batch: list[dict[str, Any]] = []

@@ -1,0 +1,92 @@
+"""Console sessions: an API token exchanged at sign-in for a random session id (the cookie), and
+a CSRF token per session that every console form carries back.
+
+Used by ``engine.api.console.pages`` and ``engine.api.console.actions``. Sessions live in this
+process's memory only (a restart signs everyone out); the token itself is never kept — only the
+user name, whose roles are read again from the ``TokenStore`` on every request, so a user removed
+by a reload loses their sessions at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.api.tokens import Principal, TokenStore
+
+COOKIE = "gpuops_session"
+"""The session cookie (HttpOnly, SameSite=Strict, Secure over TLS)."""
+LOGIN_COOKIE = "gpuops_login_csrf"
+"""The sign-in form's CSRF cookie (double submit: the form carries the same value)."""
+
+
+@dataclass(frozen=True)
+class Session:
+    user: str
+    csrf: str
+    created: float
+    expires: float
+
+
+def _key(session_id: str) -> str:
+    # only a digest of the id is kept, so the table says nothing a cookie could be made from
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def same(a: str | None, b: str | None) -> bool:
+    """Constant-time equality of two secrets; None or empty never matches."""
+    return bool(a) and bool(b) and hmac.compare_digest(str(a).encode(), str(b).encode())
+
+
+class SessionStore:
+    """Signed-in users by session id, each until ``ttl`` seconds after sign-in."""
+
+    def __init__(
+        self, tokens: TokenStore, ttl: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.tokens = tokens
+        self.ttl = ttl
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+
+    def sign_in(self, token: str) -> tuple[str, Session, Principal] | None:
+        """A new session for the owner of ``token`` (its id for the cookie), or None."""
+        principal = self.tokens.authenticate(token)
+        if principal is None:
+            return None
+        now = self.clock()
+        session_id = secrets.token_urlsafe(32)
+        session = Session(principal.name, secrets.token_urlsafe(32), now, now + self.ttl)
+        with self._lock:
+            self._sessions = {k: s for k, s in self._sessions.items() if s.expires > now}
+            self._sessions[_key(session_id)] = session
+        return session_id, session, principal
+
+    def find(self, session_id: str | None) -> tuple[Session, Principal] | None:
+        """The live session of this id and its user's current roles; None when there is none,
+        it expired, or the user is no longer known."""
+        if not session_id:
+            return None
+        key = _key(session_id)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None and session.expires <= self.clock():
+                del self._sessions[key]
+                session = None
+        if session is None:
+            return None
+        for principal in self.tokens.users:
+            if principal.name == session.user:
+                return session, principal
+        return None
+
+    def sign_out(self, session_id: str | None) -> None:
+        if session_id:
+            with self._lock:
+                self._sessions.pop(_key(session_id), None)

@@ -1,0 +1,138 @@
+"""The console without a browser: sessions (expiry, removed users), where sign-in may send the
+browser next, link encoding, the CSV export's formula guard, and the console switched off.
+The browser tests (tests/browser) cover the pages themselves."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import requests
+
+from engine.api.console.pages import _csv
+from engine.api.console.sessions import SessionStore
+from engine.api.console.web import grafana_link, kibana_link
+from engine.api.tokens import TokenStore
+from engine.config import ConsoleSettings
+from tests.unit.api.harness import Harness, running_api, write_tokens
+
+
+def sign_in(api: Harness, role: str, next_path: str = "/") -> requests.Response:
+    page = api.session.get(f"{api.url}/login", timeout=10)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf, page.text
+    return api.session.post(
+        f"{api.url}/login",
+        data={"token": api.tokens[role], "csrf": csrf.group(1), "next": next_path},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+
+def test_sessions_expire_and_end_with_their_user(tmp_path: Path) -> None:
+    tokens = {"admin": "admin-token-0123456789", "developer": "dev-token-0123456789"}
+    write_tokens(tmp_path / "tokens.yaml", tokens)
+    store = TokenStore(tmp_path / "tokens.yaml", environ={})
+    store.reload()
+    now = [1000.0]
+    sessions = SessionStore(store, ttl=60, clock=lambda: now[0])
+    assert sessions.sign_in("wrong") is None
+    admin = sessions.sign_in(tokens["admin"])
+    dev = sessions.sign_in(tokens["developer"])
+    assert admin and dev
+    found = sessions.find(admin[0])
+    assert found and found[1].name == "alice" and found[1].roles == ("admin",)
+    assert admin[1].csrf != dev[1].csrf and admin[0] != dev[0]
+    write_tokens(tmp_path / "tokens.yaml", tokens, roles=["admin"])
+    store.reload()
+    assert sessions.find(dev[0]) is None  # the user was removed: their session ends at once
+    now[0] += 60
+    assert sessions.find(admin[0]) is None
+    assert sessions.find("") is None and sessions.find(None) is None
+
+
+def test_sign_in_sends_the_browser_only_to_a_path_of_this_site(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        for asked, sent in [
+            ("/audit?since=7d", "/audit?since=7d"),
+            ("https://evil.example/", "/"),
+            ("//evil.example/x", "/"),
+            ("/\\evil.example", "/"),
+        ]:
+            api.session.cookies.clear()
+            answer = sign_in(api, "auditor", asked)
+            assert answer.status_code == 303 and answer.headers["location"] == sent, asked
+        cookie = answer.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie
+        assert api.tokens["auditor"] not in cookie
+
+
+def test_no_token_reaches_a_log_or_the_audit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with running_api(tmp_path) as api:
+        assert sign_in(api, "admin").status_code == 303
+        api.session.get(f"{api.url}/audit", timeout=10)
+        page = api.session.get(f"{api.url}/login", timeout=10)
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf
+        wrong = api.session.post(
+            f"{api.url}/login", data={"token": "guessed-token-42", "csrf": csrf.group(1)}
+        )
+        assert wrong.status_code == 401 and "guessed-token-42" not in wrong.text
+        audit = str(api.audit())
+    secrets = [*api.tokens.values(), "guessed-token-42"]
+    assert not any(s in caplog.text or s in audit for s in secrets)
+    assert "console_sign_in" in audit and "authenticate" in audit
+
+
+def test_pages_refuse_framing_and_scripts(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        sign_in(api, "admin")
+        page = api.session.get(f"{api.url}/", timeout=10)
+        assert page.status_code == 200
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "script-src 'none'" in page.headers["content-security-policy"]
+        assert page.headers["cache-control"] == "no-store"
+        assert "<script" not in page.text
+
+
+def test_a_form_larger_than_the_body_limit_is_refused_unread(tmp_path: Path) -> None:
+    with running_api(tmp_path, api={"max_body_bytes": 4096}) as api:
+        sign_in(api, "developer")
+        big = {"csrf": "x", "text": "a" * 5000}
+        answer = api.session.post(f"{api.url}/rules/validate", data=big, timeout=10)
+        assert answer.status_code == 413
+        assert "exceed the limit of 4096 bytes" in answer.text
+        refused = [d for d in api.operations() if d["event"]["action"] == "validate_rules"]
+        assert refused[-1]["event"]["outcome"] == "failure"
+        assert refused[-1]["user"]["name"] == "dave"
+
+
+def test_the_console_can_be_switched_off(tmp_path: Path) -> None:
+    with running_api(tmp_path, api={"console": ConsoleSettings(enabled=False)}) as api:
+        assert api.session.get(f"{api.url}/login", timeout=10).status_code == 404
+        assert api.session.get(f"{api.url}/api/v1/docs", timeout=10).status_code == 200
+        assert api.call("auditor", "GET", "/api/v1/engine").status_code == 200
+
+
+def test_links_encode_the_labels() -> None:
+    settings = ConsoleSettings(grafana_url="http://g:3000/", kibana_url="http://k:5601")
+    link = grafana_link(settings, {"node": "a&b=c", "uuid": "GPU 1"})
+    assert link == "http://g:3000/d/gpuops-gpu-fleet?var-node=a%26b%3Dc&var-uuid=GPU+1"
+    kibana = kibana_link(settings, "node=x' OR '1\"")
+    assert kibana is not None and kibana.startswith("http://k:5601/app/discover#/?_a=")
+    state = unquote(kibana.split("_a=", 1)[1])
+    assert state == "(query:(language:kuery,query:'gpuops.target.key : \"node=x!' OR !'1\\\"\"'))"
+    assert grafana_link(ConsoleSettings(), {"node": "n"}) is None
+
+
+def test_the_csv_export_quotes_what_a_spreadsheet_would_run() -> None:
+    row = {k: "" for k in ("@timestamp", "dataset", "action", "outcome", "user", "roles")}
+    row |= {"source_ip": "", "policy": "", "message": "=HYPERLINK(1)", "error": "-2+3"}
+    text = _csv([row])
+    assert "'=HYPERLINK(1)" in text and "'-2+3" in text
