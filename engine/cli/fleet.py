@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
+from typing import Any
 
 import click
 
-from exporters.fleet import FleetConfig, FleetSim, PoolSpec
+from exporters.fleet import GPU_MODELS, FleetConfig, FleetSim, PoolSpec
+from exporters.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +24,15 @@ def fleet() -> None:
 
 
 @fleet.command(name="sim")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Fleet file (YAML: pools, projects, classes, job classes, tariff; see "
+    "examples/fleets/). Replaces --nodes, --gpus-per-node, --pool, --model, --seed and "
+    "--arrival-rate.",
+)
 @click.option("--nodes", default=4, show_default=True, help="Nodes at start.")
 @click.option("--gpus-per-node", default=4, show_default=True, help="GPUs on every node.")
 @click.option("--pool", default="default", show_default=True, help="Name of the node pool.")
@@ -28,7 +40,7 @@ def fleet() -> None:
     "--model",
     default="A100",
     show_default=True,
-    type=click.Choice(["A100", "H100", "T4"]),
+    type=click.Choice(sorted(GPU_MODELS)),
     help="GPU model of every node.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -72,6 +84,7 @@ def fleet() -> None:
     help="Simulated seconds per real second.",
 )
 def sim(
+    fleet_file: Path | None,
     nodes: int,
     gpus_per_node: int,
     pool: str,
@@ -86,17 +99,26 @@ def sim(
     speed: float,
 ) -> None:
     """Run the simulated fleet until Ctrl-C."""
-    config = FleetConfig(
-        pools=(PoolSpec(pool, nodes, gpus_per_node, model),),
-        seed=seed,
-        arrival_rate_per_min=arrival_rate,
-        speed=speed,
-        host=host,
-        advertise_host=advertise_host,
-        control_port=control_port,
-        first_node_port=first_node_port,
-        sd_file=sd_file,
-    )
+    listeners: dict[str, Any] = {
+        "speed": speed,
+        "host": host,
+        "advertise_host": advertise_host,
+        "control_port": control_port,
+        "first_node_port": first_node_port,
+        "sd_file": sd_file,
+    }
+    if fleet_file is None:
+        config = FleetConfig(
+            pools=(PoolSpec(pool, nodes, gpus_per_node, model),),
+            seed=seed,
+            arrival_rate_per_min=arrival_rate,
+            **listeners,
+        )
+    else:
+        try:
+            config = with_listeners(load_fleet(fleet_file), **listeners)
+        except FleetFileError as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         config.validate()
     except ValueError as exc:
