@@ -209,7 +209,7 @@ class Cluster:
             profile=spec.profile,
             gpus=spec.gpus,
             pool=pool.name,
-            priority=spec.priority,
+            priority=pc.priority if spec.priority_class else spec.priority,
             duration_s=spec.duration_s,
             memory_fraction=fraction,
             submitted_at=self.time,
@@ -499,4 +499,14 @@ class Cluster:
                 "jobs": [j.to_json() for j in self.jobs.values()],
                 "counters": dict(self.counters),
                 "arrival_rate_per_min": self.arrival_rate_per_min,
+                "hour_of_day": round(self.hour_of_day(), 4),
+                "price_per_kwh": self.price_per_kwh(),
+                "quotas": [
+                    {"project": p, "pool": pool, "gpus": n}
+                    for (p, pool), n in self.scheduler.quotas().items()
+                ],
+                "grants": [g.to_json() for g in self.scheduler.grants.values()],
+                "held_classes": sorted(self.scheduler.held),
+                "preemptions": dict(self.scheduler.preemptions),
+                "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
             }

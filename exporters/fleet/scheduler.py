@@ -45,7 +45,9 @@ class Grant:
     project: str
     pool: str
     gpus: int
-    ends_at: float
+    ends_at: float | None
+    """Simulated time it ends by itself; None: when released (the engine's quota requests
+    release their grants when their duration is over)."""
     nodes: list[str] = field(default_factory=list)
     """Nodes added for the grant; removed (whatever runs there) when it ends."""
 
@@ -273,7 +275,9 @@ class Scheduler:
 
     # --- elastic quota ------------------------------------------------------------------------
 
-    def grant(self, grant_id: str, project: str, pool: str, gpus: int, duration_s: float) -> Grant:
+    def grant(
+        self, grant_id: str, project: str, pool: str, gpus: int, duration_s: float | None
+    ) -> Grant:
         """Raise ``project``'s quota in ``pool`` by ``gpus`` for ``duration_s`` and add the nodes
         that hold them; a grant id seen before returns that grant unchanged."""
         c = self.cluster
@@ -284,10 +288,11 @@ class Scheduler:
         spec = c.pool(pool)
         if not 1 <= gpus <= 64 * spec.gpus_per_node:
             raise BadRequest(f"gpus must be within [1, {64 * spec.gpus_per_node}], got {gpus}")
-        if not (duration_s > 0 and math.isfinite(duration_s)):
+        if duration_s is not None and not (duration_s > 0 and math.isfinite(duration_s)):
             raise BadRequest(f"duration_s must be a finite number > 0, got {duration_s}")
         nodes = math.ceil(gpus / spec.gpus_per_node)
-        grant = Grant(grant_id, project, pool, gpus, c.time + duration_s)
+        ends_at = None if duration_s is None else c.time + duration_s
+        grant = Grant(grant_id, project, pool, gpus, ends_at)
         grant.nodes = [c.add_node(pool).name for _ in range(nodes)]
         c.counters["nodes_added"] += nodes
         self.grants[grant_id] = grant
@@ -327,7 +332,8 @@ class Scheduler:
 
     def expire(self) -> list[str]:
         """End grants whose time is over; returns their ids."""
-        due = [g.id for g in self.grants.values() if g.ends_at <= self.cluster.time]
+        now = self.cluster.time
+        due = [g.id for g in self.grants.values() if g.ends_at is not None and g.ends_at <= now]
         for grant_id in due:
             self.release(grant_id)
         return due
