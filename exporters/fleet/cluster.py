@@ -14,6 +14,7 @@ import math
 import random
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from exporters.fleet.config import (
     GIB,
@@ -461,7 +462,43 @@ class Cluster:
                 running=running,
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
+                **self._energy_and_scheduling(),
             )
+
+    def _energy_and_scheduling(self) -> dict[str, Any]:
+        tariff = self.config.tariff
+        power = dict.fromkeys(self.pools, 0.0)
+        project_gpus: dict[str, int] = {}
+        for node in self.nodes.values():
+            if not node.failed:
+                power[node.pool] += sum(g.power for g in node.gpus)
+        class_queue = dict.fromkeys(self.priority_classes, 0)
+        for job in self.jobs.values():
+            if job.state == "running":
+                project_gpus[job.project] = project_gpus.get(job.project, 0) + job.gpus
+            elif job.priority_class:
+                class_queue[job.priority_class] = class_queue.get(job.priority_class, 0) + 1
+        completed = dict.fromkeys(self.priority_classes, 0)
+        for pc, _project, _wait, _jct in self.completed:
+            completed[pc] = completed.get(pc, 0) + 1
+        held = self.scheduler.held
+        return {
+            "power_watts": power,
+            "energy_joules": dict(self.energy_joules),
+            "energy_cost": self.energy_cost,
+            "price_per_kwh": self.price_per_kwh(),
+            "off_peak_price_per_kwh": tariff.lowest_price(),
+            "period": tariff.period_name(self.hour_of_day()),
+            "currency": tariff.currency,
+            "class_queue": class_queue,
+            "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
+            "quotas": self.scheduler.quotas(),
+            "project_gpus": project_gpus,
+            "preemptions": dict(self.scheduler.preemptions),
+            "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
+            "completed": completed,
+            "work_gpu_s": self.work_gpu_s,
+        }
 
     def state(self) -> dict[str, object]:
         """The document ``GET /api/v1/state`` returns."""

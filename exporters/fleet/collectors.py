@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporters.fleet.cluster import Cluster
-from exporters.fleet.model import GpuReading
+from exporters.fleet.model import FleetReading, GpuReading
 
 _GPU = ["gpu", "uuid", "node", "pool"]
 _MHZ = 1_000_000
@@ -131,3 +131,107 @@ class FleetCollector(Collector):
         yield CounterMetricFamily(
             "gpuops_gpus_reclaimed", "GPUs' jobs ended by reclaim.", value=r.reclaimed
         )
+        yield from _energy_families(r)
+
+
+_ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (
+    # (kind, name, help, label, FleetReading field)
+    ("gauge", "gpuops_fleet_power_watts", "Power drawn by the GPUs.", "pool", "power_watts"),
+    (
+        "counter",
+        "gpuops_fleet_energy_joules",
+        "Energy drawn by the GPUs since start.",
+        "pool",
+        "energy_joules",
+    ),
+    (
+        "gauge",
+        "gpuops_queue_pending_class_jobs",
+        "Queued jobs by priority class.",
+        "priority_class",
+        "class_queue",
+    ),
+    (
+        "gauge",
+        "gpuops_priority_class_held",
+        "1 while queued jobs of a holdable class are held (hold_class).",
+        "priority_class",
+        "held",
+    ),
+    (
+        "counter",
+        "gpuops_jobs_completed",
+        "Jobs finished, by priority class.",
+        "priority_class",
+        "completed",
+    ),
+    (
+        "gauge",
+        "gpuops_project_gpus_allocated",
+        "GPUs held by a project's jobs.",
+        "project",
+        "project_gpus",
+    ),
+    (
+        "counter",
+        "gpuops_jobs_preempted",
+        "Preemptions of a project's jobs.",
+        "project",
+        "preemptions",
+    ),
+    (
+        "counter",
+        "gpuops_preemption_credit_gpu_seconds",
+        "GPU-seconds of work preempted jobs lost, credited to their project.",
+        "project",
+        "credit_gpu_s",
+    ),
+)
+"""Fleet series with one label: power and energy per pool (``exporters.fleet.energy``),
+queue, holds and completions per priority class, allocation and preemptions per project
+(``exporters.fleet.scheduler``)."""
+
+
+def _energy_families(r: FleetReading) -> Iterator[Metric]:
+    """The one-label series above, the electricity price and the energy's cost."""
+    for kind, name, text, label, attr in _ONE_LABEL:
+        family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+        family = family_type(name, text, labels=[label])
+        values: dict[str, float] = getattr(r, attr)
+        for key, value in sorted(values.items()):
+            family.add_metric([key], float(value))
+        yield family
+    cost = CounterMetricFamily(
+        "gpuops_fleet_energy_cost",
+        "What that energy cost at the price when it was drawn (currency units).",
+        labels=["currency"],
+    )
+    cost.add_metric([r.currency], r.energy_cost)
+    yield cost
+    price = GaugeMetricFamily(
+        "gpuops_electricity_price_per_kwh",
+        "Electricity price now (the tariff's period).",
+        labels=["currency", "period"],
+    )
+    price.add_metric([r.currency, r.period], r.price_per_kwh)
+    yield price
+    off_peak = GaugeMetricFamily(
+        "gpuops_electricity_off_peak_price_per_kwh",
+        "The tariff's lowest price (its valley).",
+        labels=["currency"],
+    )
+    off_peak.add_metric([r.currency], r.off_peak_price_per_kwh)
+    yield off_peak
+    yield CounterMetricFamily(
+        "gpuops_fleet_work_gpu_seconds",
+        "Job progress in GPU-seconds at full clock (less than GPU time under clock locks).",
+        value=r.work_gpu_s,
+    )
+    quota = GaugeMetricFamily(
+        "gpuops_project_quota_gpus",
+        "GPUs guaranteed to a project in a pool (reserved plus granted).",
+        labels=["project", "pool"],
+    )
+    for (project, pool), gpus in sorted(r.quotas.items()):
+        quota.add_metric([project, pool], gpus)
+    yield quota

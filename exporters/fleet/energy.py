@@ -87,6 +87,10 @@ class Tariff:
                 return period.price_per_kwh
         return self.base_price_per_kwh
 
+    def lowest_price(self) -> float:
+        """The off-peak (valley) price: the lowest of the base price and every period's."""
+        return min([self.base_price_per_kwh, *(p.price_per_kwh for p in self.periods)])
+
     def period_name(self, hour_of_day: float) -> str:
         for period in self.periods:
             if period.covers(hour_of_day):

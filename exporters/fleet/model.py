@@ -238,3 +238,24 @@ class FleetReading:
     running: dict[str, int]
     migrated: int
     reclaimed: int
+    power_watts: dict[str, float] = field(default_factory=dict)
+    """pool -> power drawn now by its GPUs."""
+    energy_joules: dict[str, float] = field(default_factory=dict)
+    """pool -> energy since start."""
+    energy_cost: float = 0.0
+    price_per_kwh: float = 0.0
+    off_peak_price_per_kwh: float = 0.0
+    period: str = "base"
+    currency: str = "USD"
+    class_queue: dict[str, int] = field(default_factory=dict)
+    """priority class -> queued jobs (every declared class present)."""
+    held: dict[str, bool] = field(default_factory=dict)
+    """holdable priority class -> held now."""
+    quotas: dict[tuple[str, str], int] = field(default_factory=dict)
+    project_gpus: dict[str, int] = field(default_factory=dict)
+    """project -> GPUs its running jobs hold."""
+    preemptions: dict[str, int] = field(default_factory=dict)
+    credit_gpu_s: dict[str, float] = field(default_factory=dict)
+    completed: dict[str, int] = field(default_factory=dict)
+    """priority class ("" for none) -> finished jobs."""
+    work_gpu_s: float = 0.0
