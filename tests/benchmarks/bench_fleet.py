@@ -66,7 +66,9 @@ def long_queue() -> None:
     )
     cluster = Cluster(config)
     for i in range(2000):  # the fleet fills up, then 2000 - 512 stay queued
-        cluster.submit(JobSpec("training", 1 + i % 8 // 7 * 7, f"p{i % 5}", pool="", duration_s=1e6))
+        cluster.submit(
+            JobSpec("training", 1 + i % 8 // 7 * 7, f"p{i % 5}", pool="", duration_s=1e6)
+        )
     queued = sum(len(q) for q in cluster.queues.values())
     repeat = 50
     started = time.perf_counter()
