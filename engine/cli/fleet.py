@@ -5,8 +5,11 @@ A thin front over ``exporters.fleet.FleetSim``; logging is configured by ``engin
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,9 @@ import click
 
 from exporters.fleet import GPU_MODELS, FleetConfig, FleetSim, PoolSpec
 from exporters.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
+from exporters.fleet.remotewrite import RemoteWriteError, RemoteWriter
+from exporters.fleet.report import Recorder, table
+from exporters.fleet.virtual import VirtualFleet
 
 log = logging.getLogger(__name__)
 
@@ -137,3 +143,65 @@ def sim(
             stop.wait()
         except KeyboardInterrupt:
             log.info("stopping the fleet")
+
+
+@fleet.command(name="run")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Fleet file (examples/fleets/).",
+)
+@click.option(
+    "--hours",
+    default=24.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Virtual hours to run.",
+)
+@click.option("--seed", default=None, type=int, help="Overrides the fleet file's seed.")
+@click.option(
+    "--scrape-interval",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Virtual seconds between samples.",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    help="Write every sample there (a Prometheus with --web.enable-remote-write-receiver), "
+    "timestamped so that the run ends now.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def run(
+    fleet_file: Path,
+    hours: float,
+    seed: int | None,
+    scrape_interval: float,
+    prometheus_url: str | None,
+    as_json: bool,
+) -> None:
+    """Run a fleet file in virtual time, without policies, and report what it achieved:
+    utilization, allocation, job completion and queue wait per class, energy and its cost.
+    The baseline half of `gpuops whatif` (docs/whatif.md)."""
+    try:
+        config = load_fleet(fleet_file)
+    except FleetFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if seed is not None:
+        config = with_listeners(config, seed=seed)
+    recorder = Recorder()
+    writer = RemoteWriter(prometheus_url) if prometheus_url else None
+    start_ms = int((time.time() - hours * 3600) * 1000)
+    virtual = VirtualFleet(config, start_ms, writer, scrape_interval, recorder=recorder)
+    started = time.monotonic()
+    try:
+        for hour in range(1, math.ceil(hours) + 1):
+            virtual.run_until(min(hour, hours) * 3600.0)
+    except RemoteWriteError as exc:
+        raise click.ClickException(str(exc)) from None
+    report = recorder.report(virtual.cluster)
+    log.info("%.1f virtual hours in %.1f s", hours, time.monotonic() - started)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))

@@ -21,6 +21,7 @@ from exporters.fleet.collectors import GPU_SERIES, FleetCollector, gpu_samples
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.model import GpuReading
 from exporters.fleet.remotewrite import Labels, RemoteWriter
+from exporters.fleet.report import Recorder
 from exporters.fleet.sd import FLEET_JOB, NODES_JOB
 
 
@@ -35,8 +36,11 @@ class VirtualFleet:
         scrape_interval_s: float = 15.0,
         step_s: float | None = None,
         flush_every: int = 20,
+        recorder: Recorder | None = None,
     ) -> None:
         self.cluster = Cluster(config)
+        self.recorder = recorder
+        """Observes the cluster at every scrape (``exporters.fleet.report``)."""
         self.start_ms = start_ms
         self.writer = writer
         self.scrape_interval_s = scrape_interval_s
@@ -75,6 +79,11 @@ class VirtualFleet:
         self.flush()
 
     def scrape(self) -> None:
+        if self.recorder is not None:
+            self.recorder.observe(self.cluster)
+        if self.writer is None and self.recorder is not None:
+            self.scrapes += 1
+            return  # nothing to write: no need to collect the series
         samples = dict(self._samples())
         self.last = samples
         self.scrapes += 1
