@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.collectors import GPU_SERIES, FleetCollector, gpu_samples
 from exporters.fleet.config import FleetConfig
+from exporters.fleet.control import Idempotency, control_handler
+from exporters.fleet.listener import Listener
 from exporters.fleet.model import GpuReading
 from exporters.fleet.remotewrite import Labels, RemoteWriter
 from exporters.fleet.report import Recorder
@@ -52,11 +55,37 @@ class VirtualFleet:
         self._driver = config.driver_version
         self._next_scrape = 0.0
         self._buffered = 0
+        self._control: Listener | None = None
         self.scrapes = 0
         self.last: dict[Labels, float] = {}
         self._keys: dict[tuple[object, ...], Labels] = {}
         """(name, target, label values) -> sorted labels: sorting once per series, not per
         sample, is most of a scrape's cost at 500 GPUs."""
+
+    def serve_control(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve the fleet's control API (``exporters.fleet.control``) for this cluster, so
+        the engine's ``fleet`` executor acts on it unchanged; returns its base URL. Calls are
+        applied at once, at the virtual time the cluster is at (the engine's cycle at virtual
+        time t runs while the clock waits)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._fleet)
+        self._control = Listener(
+            host, port, control_handler(self.cluster, registry, Idempotency()), "control"
+        )
+        self._control.open()
+        return f"http://{host}:{self._control.port}"
+
+    def close(self) -> None:
+        """Close the control API, if served."""
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    def __enter__(self) -> VirtualFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def now(self) -> float:

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from engine.actions.fleet import FleetExecutor
 from engine.cli import cli
 from exporters.fleet import FleetConfig, JobSpec
 from exporters.fleet.report import Recorder, table
 from exporters.fleet.virtual import VirtualFleet
+from tests.unit.actions.support import make_decision
 
 DEMO = Path(__file__).parents[3] / "examples" / "fleets" / "demo.yaml"
 
@@ -46,3 +48,22 @@ def test_fleet_run_prints_a_json_report() -> None:
     report = json.loads(result.output)
     assert report["fleet"] == "demo"
     assert report["allocation_ratio"] == pytest.approx(15 / 16)
+
+
+def test_the_engines_fleet_executor_acts_on_a_virtual_fleet() -> None:
+    recorder = Recorder()
+    with VirtualFleet(
+        FleetConfig(arrival_rate_per_min=0.0), 0, None, 30.0, recorder=recorder
+    ) as fleet:
+        executor = FleetExecutor({"url": fleet.serve_control()})
+        fleet.run_until(1800.0)
+        notebook = next(j for j in fleet.cluster.jobs.values() if j.profile == "notebook")
+        uuid = notebook.gpu_uuids[0]
+        executor.run(make_decision("reclaim", "fleet", node=str(notebook.node), uuid=uuid))
+        assert notebook.id not in fleet.cluster.jobs  # applied at virtual 30 min, at once
+        fleet.run_until(3600.0)
+    report = recorder.report(fleet.cluster)
+    assert report.reclaims == 1
+    # the scrape at 30 min saw 15 GPUs allocated (it came before the reclaim) and holds
+    # until the next one, as a Prometheus sample does
+    assert report.allocation_ratio == pytest.approx((15 * 1830 + 14 * 1770) / (16 * 3600))
