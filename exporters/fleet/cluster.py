@@ -68,6 +68,7 @@ class Cluster:
             "restored": 0,
         }
         self.arrival_rate_per_min = config.arrival_rate_per_min
+        """Background arrivals per minute; with job classes, their total mean rate."""
         self.rng = random.Random(config.seed)
         self._id_rng = random.Random(f"{config.seed}-identity")
         self._node_seq = 0
@@ -82,6 +83,8 @@ class Cluster:
             if config.job_classes
             else None
         )
+        if self.arrivals is not None:
+            self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
         self.energy_joules: dict[str, float] = {p.name: 0.0 for p in config.pools}
         """Energy of every GPU per pool since start (removed nodes' included)."""
         self.energy_cost = 0.0
@@ -331,7 +334,7 @@ class Cluster:
     # --- time --------------------------------------------------------------------------------
 
     def _reset_arrivals(self) -> None:
-        rate = self.arrival_rate_per_min / 60.0
+        rate = self.arrival_rate_per_min / 60.0 if self.arrivals is None else 0.0
         self._next_arrival = self.time + self.rng.expovariate(rate) if rate > 0 else math.inf
 
     def set_arrival_rate(self, rate_per_min: float) -> float:
@@ -342,6 +345,9 @@ class Cluster:
             previous = self.arrival_rate_per_min
             self.arrival_rate_per_min = rate_per_min
             self._reset_arrivals()
+            if self.arrivals is not None:  # a fleet file's classes: scale them to that total
+                base = sum(jc.rate_per_hour for jc in self.config.job_classes) / 60.0
+                self.arrivals.rescale(rate_per_min / base if base > 0 else 0.0, self.time)
             return previous
 
     def _random_job(self) -> JobSpec:

@@ -97,13 +97,15 @@ def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
 
 
 def scale_in(cluster: Cluster, pool: str, nodes: int) -> Changed:
-    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first."""
+    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first; nodes of
+    an active quota grant stay (``release_quota`` removes them)."""
     with cluster.lock:
         cluster.pool(pool)
+        granted = {name for g in cluster.scheduler.grants.values() for name in g.nodes}
         idle = [
             n
             for n in cluster.nodes.values()
-            if n.pool == pool and all(g.job is None for g in n.gpus)
+            if n.pool == pool and all(g.job is None for g in n.gpus) and n.name not in granted
         ]
         idle.sort(key=lambda n: (n.state == "up", -n.seq))
         removed = [n.name for n in idle[: _node_count(nodes)]]

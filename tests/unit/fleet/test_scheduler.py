@@ -173,3 +173,34 @@ def test_executor_grants_and_releases_through_the_control_api(sim: FleetSim) -> 
     assert len(sim.cluster.nodes) == 4
     hold = make_decision("hold_class", "fleet", {"priority_class": "batch"}, did="d-hold")
     assert executor.run(hold) == {"priority_class": "batch", "held": True}
+
+
+def test_scale_in_leaves_a_grants_nodes_to_its_release() -> None:
+    c = cluster(PoolSpec("a", 1, 4, "A100"))
+    c.submit(job("p", 4))  # node-0 busy
+    ops.grant_quota(c, "nlp", "req-3", "a", 4, None)  # node-1, idle
+    assert ops.scale_in(c, "a", 1) == {}
+    assert set(c.nodes) == {"node-0", "node-1"}
+    assert ops.release_quota(c, "nlp", "req-3")["removed"] == ["node-1"]
+
+
+def test_arrival_rate_scales_a_fleet_files_classes() -> None:
+    from exporters.fleet.workload import JobClass
+
+    def run(rate: float | None) -> int:
+        c = Cluster(
+            FleetConfig(
+                pools=(PoolSpec("a", 8, 8, "A100"),),
+                initial_jobs=(),
+                priority_classes=CLASSES,
+                job_classes=(JobClass("j", "p", "routine", rate_per_hour=60.0),),
+            )
+        )
+        assert c.arrival_rate_per_min == 1.0
+        if rate is not None:
+            c.set_arrival_rate(rate)
+        c.advance(3600.0)
+        return c._job_seq
+
+    assert run(0.0) == 0
+    assert 35 < run(None) < 85 and 90 < run(2.0) < 150  # Poisson: 60 and 120 expected
