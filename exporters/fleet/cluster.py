@@ -89,6 +89,8 @@ class Cluster:
         """Energy of every GPU per pool since start (removed nodes' included)."""
         self.energy_cost = 0.0
         """What that energy cost at the tariff's price when it was drawn."""
+        self.reclaimed_gpu_s = 0.0
+        """GPU-seconds the reclaimed jobs would still have held (0 for open-ended ones)."""
         self.work_gpu_s = 0.0
         """GPU-seconds of job progress at full-clock speed (throughput, for the what-if)."""
         self.completed: list[tuple[str, str, float, float]] = []

@@ -30,8 +30,10 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         if gpu.job is None:
             return {}
         job = cluster.job(gpu.job)
+        held_s = job.remaining_s if job.remaining_s is not None else 0.0
         freed = cluster.release(job)
         cluster.counters["reclaimed"] += 1
+        cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
         cluster.schedule()
         log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
         return {

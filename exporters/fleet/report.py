@@ -68,6 +68,8 @@ class RunReport:
     jobs_queued_at_end: int
     preemptions: int
     reclaims: int
+    reclaimed_gpu_hours: float
+    """GPU-hours the reclaimed jobs would still have held."""
     energy_kwh: float
     energy_cost: float
     currency: str
@@ -148,6 +150,7 @@ class Recorder:
             energy_kwh = sum(cluster.energy_joules.values()) / JOULES_PER_KWH
             work_h = cluster.work_gpu_s / 3600.0
             reclaims = cluster.counters["reclaimed"]
+            reclaimed_h = cluster.reclaimed_gpu_s / 3600.0
             cost = cluster.energy_cost
             currency = cluster.config.tariff.currency
             name = cluster.config.name
@@ -191,6 +194,7 @@ class Recorder:
             jobs_queued_at_end=queued,
             preemptions=sum(preemptions.values()),
             reclaims=reclaims,
+            reclaimed_gpu_hours=reclaimed_h,
             energy_kwh=energy_kwh,
             energy_cost=cost,
             currency=currency,
@@ -217,7 +221,8 @@ def table(r: RunReport) -> str:
         f"  utilization over allocated GPUs  {_pct(r.utilization_allocated)}",
         f"  allocation ratio                 {_pct(r.allocation_ratio)}",
         f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end}",
-        f"  preemptions / reclaims           {r.preemptions} / {r.reclaims}",
+        f"  preemptions / reclaims           {r.preemptions} / {r.reclaims} "
+        f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed)",
         f"  energy                           {r.energy_kwh:.1f} kWh, "
         f"{r.energy_cost:.2f} {r.currency}",
         f"  work (full-clock GPU-hours)      {r.work_gpu_hours:.1f}",
