@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from exporters.fleet import GPU_MODELS, FleetConfig, FleetSim, PoolSpec
+from exporters.fleet import GPU_MODELS, FleetConfig, FleetError, FleetSim, PoolSpec
 from exporters.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
 from exporters.fleet.remotewrite import RemoteWriteError, RemoteWriter
 from exporters.fleet.report import Recorder, table
@@ -130,7 +130,11 @@ def sim(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     stop = threading.Event()
-    with FleetSim(config) as fleet_sim:
+    try:
+        fleet_sim = FleetSim(config)
+    except FleetError as exc:  # e.g. an initial job that cannot be placed
+        raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
+    with fleet_sim:
         for node, port in sorted(fleet_sim.node_ports.items()):
             log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)
         log.info("control API: %s/api/v1/state", fleet_sim.control_url)
@@ -195,7 +199,10 @@ def run(
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url) if prometheus_url else None
     start_ms = int((time.time() - hours * 3600) * 1000)
-    virtual = VirtualFleet(config, start_ms, writer, scrape_interval, recorder=recorder)
+    try:
+        virtual = VirtualFleet(config, start_ms, writer, scrape_interval, recorder=recorder)
+    except FleetError as exc:
+        raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
     started = time.monotonic()
     try:
         for hour in range(1, math.ceil(hours) + 1):

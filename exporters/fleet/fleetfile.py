@@ -353,9 +353,42 @@ def _cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
                 out.append(
                     (("job_classes", i, "memory_gib"), f"{jc.memory_gib} GiB fits no pool's GPUs")
                 )
+    out += _initial_job_problems(doc, pools, classes)
+    return out
+
+
+def _initial_job_problems(
+    doc: _FleetFile, pools: dict[str, _Pool], classes: set[str]
+) -> list[tuple[Path_, str]]:
+    """Initial jobs name pools, nodes (node-0, node-1, ... across pools in order) and classes
+    that exist, and fit the node they are pinned to."""
+    out: list[tuple[Path_, str]] = []
+    node_pool: dict[str, _Pool] = {}
+    for pool in doc.pools:
+        for _ in range(pool.nodes):
+            node_pool[f"node-{len(node_pool)}"] = pool
+    used: dict[str, int] = {}
     for i, job in enumerate(doc.initial_jobs or []):
         if job.pool and job.pool not in pools:
             out.append((("initial_jobs", i, "pool"), f"no pool {job.pool!r}"))
+        if job.priority_class and job.priority_class not in classes:
+            out.append((("initial_jobs", i, "priority_class"), f"no class {job.priority_class!r}"))
+        if job.node is None:
+            continue
+        home = node_pool.get(job.node)
+        if home is None:
+            last = f"node-{len(node_pool) - 1}" if node_pool else "none"
+            out.append((("initial_jobs", i, "node"), f"no node {job.node!r} (node-0 .. {last})"))
+            continue
+        used[job.node] = used.get(job.node, 0) + job.gpus
+        if used[job.node] > home.gpus_per_node:
+            out.append(
+                (
+                    ("initial_jobs", i, "gpus"),
+                    f"{job.node} has {home.gpus_per_node} GPUs; initial jobs ask for "
+                    f"{used[job.node]} there",
+                )
+            )
     return out
 
 

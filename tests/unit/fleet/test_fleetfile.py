@@ -97,6 +97,14 @@ def test_good_file_parses_durations_and_defaults() -> None:
             "t.yaml:13: job_classes.0.gpus: [16] GPUs exceed every node (4 GPUs)",
         ),
         ("pools: [", "t.yaml:1: YAML syntax error"),
+        (
+            GOOD + "initial_jobs:\n  - {gpus: 4, node: node-1}\n  - {gpus: 1, node: node-1}\n",
+            "t.yaml:16: initial_jobs.1.gpus: node-1 has 4 GPUs; initial jobs ask for 5 there",
+        ),
+        (
+            GOOD + "initial_jobs:\n  - {gpus: 1, node: node-7}\n",
+            "t.yaml:15: initial_jobs.0.node: no node 'node-7' (node-0 .. node-1)",
+        ),
     ],
 )
 def test_bad_fleet_files_name_line_and_key(text: str, message: str) -> None:
