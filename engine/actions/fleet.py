@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import requests
 
@@ -19,7 +20,18 @@ from engine.decisions import Decision
 class FleetExecutor:
     name = "fleet"
     verbs: frozenset[str] | None = frozenset(
-        {"reclaim", "downclock", "restore_clocks", "scale_out", "scale_in", "migrate"}
+        {
+            "reclaim",
+            "downclock",
+            "restore_clocks",
+            "scale_out",
+            "scale_in",
+            "migrate",
+            "grant_quota",
+            "release_quota",
+            "hold_class",
+            "release_class",
+        }
     )
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
@@ -47,6 +59,14 @@ class FleetExecutor:
             pool = labels.get("pool") or str(params.get("pool", "default"))
             method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
             body["nodes"] = int(params.get("nodes", 1))
+        elif verb in ("grant_quota", "release_quota"):
+            method, path = _quota_call(verb, labels, params, body)
+        elif verb in ("hold_class", "release_class"):
+            name = labels.get("priority_class") or str(params.get("priority_class", ""))
+            if not name:
+                raise PermanentError(f"{verb} needs a priority_class label or param")
+            method = "POST" if verb == "hold_class" else "DELETE"
+            path = f"/api/v1/classes/{quote(name, safe='')}/hold"
         else:  # migrate
             method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/migrate"
         return self._call(method, path, body)
@@ -68,6 +88,25 @@ class FleetExecutor:
             )
         changed = payload.get("changed", payload)
         return changed if isinstance(changed, dict) else {"result": changed}
+
+
+def _quota_call(
+    verb: str, labels: Mapping[str, str], params: Mapping[str, Any], body: dict[str, Any]
+) -> tuple[str, str]:
+    """An elastic quota grant or its release (``engine.api.quota`` with ``grant_action:
+    grant_quota``, ``undo_action: release_quota``): the grant is named by the request."""
+    project = quote(_need(labels, "project", verb), safe="")
+    grant = labels.get("quota_request") or str(params.get("grant", ""))
+    if not grant:
+        raise PermanentError(f"{verb} needs a quota_request label or params.grant")
+    if verb == "release_quota":
+        return "DELETE", f"/api/v1/projects/{project}/grants/{quote(grant, safe='')}"
+    body["grant"] = grant
+    body["pool"] = labels.get("pool") or str(params.get("pool", "default"))
+    body["gpus"] = int(params.get("gpus", 0))
+    if params.get("duration_s") is not None:
+        body["duration_s"] = float(params["duration_s"])
+    return "POST", f"/api/v1/projects/{project}/grants"
 
 
 def _need(labels: Mapping[str, str], name: str, verb: str) -> str:

@@ -5,14 +5,29 @@ A thin front over ``exporters.fleet.FleetSim``; logging is configured by ``engin
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from engine.rules.durations import parse_duration
-from exporters.fleet import FleetConfig, FleetSim, PoolSpec, prometheus_config
+from exporters.fleet import (
+    GPU_MODELS,
+    FleetConfig,
+    FleetError,
+    FleetSim,
+    PoolSpec,
+    prometheus_config,
+)
+from exporters.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
+from exporters.fleet.remotewrite import RemoteWriteError, RemoteWriter
+from exporters.fleet.report import Recorder, table
+from exporters.fleet.virtual import VirtualFleet
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +38,15 @@ def fleet() -> None:
 
 
 @fleet.command(name="sim")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Fleet file (YAML: pools, projects, classes, job classes, tariff; see "
+    "examples/fleets/). Replaces --nodes, --gpus-per-node, --pool, --model, --seed and "
+    "--arrival-rate.",
+)
 @click.option("--nodes", default=4, show_default=True, help="Nodes at start.")
 @click.option("--gpus-per-node", default=4, show_default=True, help="GPUs on every node.")
 @click.option("--pool", default="default", show_default=True, help="Name of the node pool.")
@@ -30,7 +54,7 @@ def fleet() -> None:
     "--model",
     default="A100",
     show_default=True,
-    type=click.Choice(["A100", "H100", "T4"]),
+    type=click.Choice(sorted(GPU_MODELS)),
     help="GPU model of every node.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -87,6 +111,7 @@ def fleet() -> None:
     help="Simulated seconds per real second.",
 )
 def sim(
+    fleet_file: Path | None,
     nodes: int,
     gpus_per_node: int,
     pool: str,
@@ -103,17 +128,26 @@ def sim(
     speed: float,
 ) -> None:
     """Run the simulated fleet until Ctrl-C."""
-    config = FleetConfig(
-        pools=(PoolSpec(pool, nodes, gpus_per_node, model),),
-        seed=seed,
-        arrival_rate_per_min=arrival_rate,
-        speed=speed,
-        host=host,
-        advertise_host=advertise_host,
-        control_port=control_port,
-        first_node_port=first_node_port,
-        sd_file=sd_file,
-    )
+    listeners: dict[str, Any] = {
+        "speed": speed,
+        "host": host,
+        "advertise_host": advertise_host,
+        "control_port": control_port,
+        "first_node_port": first_node_port,
+        "sd_file": sd_file,
+    }
+    if fleet_file is None:
+        config = FleetConfig(
+            pools=(PoolSpec(pool, nodes, gpus_per_node, model),),
+            seed=seed,
+            arrival_rate_per_min=arrival_rate,
+            **listeners,
+        )
+    else:
+        try:
+            config = with_listeners(load_fleet(fleet_file), **listeners)
+        except FleetFileError as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         config.validate()
     except ValueError as exc:
@@ -123,7 +157,11 @@ def sim(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--scrape-interval") from None
     stop = threading.Event()
-    with FleetSim(config) as fleet_sim:
+    try:
+        fleet_sim = FleetSim(config)
+    except FleetError as exc:  # e.g. an initial job that cannot be placed
+        raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
+    with fleet_sim:
         for node, port in sorted(fleet_sim.node_ports.items()):
             log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)
         log.info("control API: %s/api/v1/state", fleet_sim.control_url)
@@ -151,3 +189,68 @@ def _write_prometheus_config(path: Path, fleet_sim: FleetSim, scrape_interval: s
         path,
         path.parent / "prometheus",
     )
+
+
+@fleet.command(name="run")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Fleet file (examples/fleets/).",
+)
+@click.option(
+    "--hours",
+    default=24.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Virtual hours to run.",
+)
+@click.option("--seed", default=None, type=int, help="Overrides the fleet file's seed.")
+@click.option(
+    "--scrape-interval",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Virtual seconds between samples.",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    help="Write every sample there (a Prometheus with --web.enable-remote-write-receiver), "
+    "timestamped so that the run ends now.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def run(
+    fleet_file: Path,
+    hours: float,
+    seed: int | None,
+    scrape_interval: float,
+    prometheus_url: str | None,
+    as_json: bool,
+) -> None:
+    """Run a fleet file in virtual time, without policies, and report what it achieved:
+    utilization, allocation, job completion and queue wait per class, energy and its cost.
+    The baseline half of `gpuops whatif` (docs/whatif.md)."""
+    try:
+        config = load_fleet(fleet_file)
+    except FleetFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if seed is not None:
+        config = with_listeners(config, seed=seed)
+    recorder = Recorder()
+    writer = RemoteWriter(prometheus_url) if prometheus_url else None
+    start_ms = int((time.time() - hours * 3600) * 1000)
+    try:
+        virtual = VirtualFleet(config, start_ms, writer, scrape_interval, recorder=recorder)
+    except FleetError as exc:
+        raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
+    started = time.monotonic()
+    try:
+        for hour in range(1, math.ceil(hours) + 1):
+            virtual.run_until(min(hour, hours) * 3600.0)
+    except RemoteWriteError as exc:
+        raise click.ClickException(str(exc)) from None
+    report = recorder.report(virtual.cluster)
+    log.info("%.1f virtual hours in %.1f s", hours, time.monotonic() - started)
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))

@@ -14,8 +14,10 @@ import math
 import random
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from exporters.fleet.config import (
+    GIB,
     GPU_MODELS,
     PROFILES,
     FleetConfig,
@@ -23,6 +25,7 @@ from exporters.fleet.config import (
     PoolSpec,
     default_workload,
 )
+from exporters.fleet.energy import JOULES_PER_KWH
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
     FleetReading,
@@ -33,6 +36,11 @@ from exporters.fleet.model import (
     profile_memory_fraction,
     profile_utilization,
 )
+from exporters.fleet.scheduler import Scheduler
+from exporters.fleet.workload import Arrivals, PriorityClass
+
+NO_CLASS = PriorityClass("", 0)
+"""The class of jobs submitted without one: plain ``priority`` ordering, never preempting."""
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +68,33 @@ class Cluster:
             "restored": 0,
         }
         self.arrival_rate_per_min = config.arrival_rate_per_min
+        """Background arrivals per minute; with job classes, their total mean rate."""
         self.rng = random.Random(config.seed)
         self._id_rng = random.Random(f"{config.seed}-identity")
         self._node_seq = 0
+        self._rates: dict[str, float] = {}
+
         self._job_seq = 0
         self._next_arrival = math.inf
+        self.priority_classes = {pc.name: pc for pc in config.priority_classes}
+        self.scheduler = Scheduler(self)
+        self.arrivals = (
+            Arrivals(config.job_classes, config.seed, config.start_hour)
+            if config.job_classes
+            else None
+        )
+        if self.arrivals is not None:
+            self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
+        self.energy_joules: dict[str, float] = {p.name: 0.0 for p in config.pools}
+        """Energy of every GPU per pool since start (removed nodes' included)."""
+        self.energy_cost = 0.0
+        """What that energy cost at the tariff's price when it was drawn."""
+        self.reclaimed_gpu_s = 0.0
+        """GPU-seconds the reclaimed jobs would still have held (0 for open-ended ones)."""
+        self.work_gpu_s = 0.0
+        """GPU-seconds of job progress at full-clock speed (throughput, for the what-if)."""
+        self.completed: list[tuple[str, str, float, float]] = []
+        """(priority class, project, queue wait s, completion time s) of finished jobs."""
         for pool in config.pools:
             for _ in range(pool.nodes):
                 self.add_node(pool.name)
@@ -117,6 +147,21 @@ class Cluster:
         except KeyError:
             raise NotFound(f"no pool named {name!r}; pools: {', '.join(self.pools)}") from None
 
+    def priority_class(self, name: str) -> PriorityClass:
+        if not name:
+            return NO_CLASS
+        try:
+            return self.priority_classes[name]
+        except KeyError:
+            known = ", ".join(sorted(self.priority_classes)) or "none"
+            raise NotFound(f"no priority class {name!r}; classes: {known}") from None
+
+    def hour_of_day(self) -> float:
+        return (self.config.start_hour + self.time / 3600.0) % 24.0
+
+    def price_per_kwh(self) -> float:
+        return self.config.tariff.price(self.hour_of_day())
+
     def job(self, job_id: str) -> Job:
         try:
             return self.jobs[job_id]
@@ -149,8 +194,10 @@ class Cluster:
             raise BadRequest(f"gpus must be >= 1, got {spec.gpus}")
         if spec.duration_s is not None and spec.duration_s <= 0:
             raise BadRequest(f"duration_s must be > 0, got {spec.duration_s}")
+        pc = self.priority_class(spec.priority_class)
         pool_name = self.node(spec.node).pool if spec.node is not None else spec.pool
-        pool = self.pool(pool_name)
+        pools = (pool_name,) if pool_name else self.candidate_pools(pc, spec)
+        pool = self.pool(pools[0])
         if spec.gpus > pool.gpus_per_node:
             raise BadRequest(
                 f"gpus {spec.gpus} exceeds the {pool.gpus_per_node} GPUs per node of pool "
@@ -168,12 +215,42 @@ class Cluster:
             profile=spec.profile,
             gpus=spec.gpus,
             pool=pool.name,
-            priority=spec.priority,
+            priority=pc.priority if spec.priority_class else spec.priority,
             duration_s=spec.duration_s,
             memory_fraction=fraction,
             submitted_at=self.time,
             phase=self.rng.uniform(0, 2 * math.pi),
+            pools=pools,
+            job_class=spec.job_class,
+            priority_class=pc.name,
+            memory_gib=spec.memory_gib,
+            checkpoint_interval_s=spec.checkpoint_interval_s,
         )
+
+    def candidate_pools(self, pc: PriorityClass, spec: JobSpec) -> tuple[str, ...]:
+        """Pools a job may run in, best first: the class's preferred models in its order, then
+        (with fallback) the others; only pools whose GPUs have the memory and count it needs."""
+        fits = [
+            p
+            for p in self.pools.values()
+            if p.gpus_per_node >= spec.gpus
+            and (
+                spec.memory_gib is None or GPU_MODELS[p.model].memory_bytes >= spec.memory_gib * GIB
+            )
+        ]
+        rank = {m: i for i, m in enumerate(pc.models)}
+        preferred = [p for p in fits if not pc.models or p.model in rank]
+        preferred.sort(key=lambda p: (rank.get(p.model, 0), p.cloud))
+        rest = [p for p in fits if p not in preferred] if pc.fallback else []
+        rest.sort(key=lambda p: (p.cloud, -GPU_MODELS[p.model].memory_bytes))
+        pools = tuple(p.name for p in preferred + rest)
+        if not pools:
+            raise BadRequest(
+                f"no pool can take a job of {spec.gpus} GPUs"
+                + (f" with {spec.memory_gib} GiB each" if spec.memory_gib else "")
+                + (f" on models {list(pc.models)}" if pc.models and not pc.fallback else "")
+            )
+        return pools
 
     def _place_pinned(self, job: Job, spec: JobSpec) -> None:
         if spec.gpu_uuids:
@@ -200,14 +277,18 @@ class Cluster:
                 + f"; the job needs {job.gpus}"
             )
         self.jobs[job.id] = job
-        self._start(job, node, gpus)
+        self.start(job, node, gpus)
 
-    def _start(self, job: Job, node: Node, gpus: list[Gpu]) -> None:
+    def start(self, job: Job, node: Node, gpus: list[Gpu]) -> None:
+        """Run ``job`` on ``gpus`` of ``node`` (the scheduler picked them)."""
         for gpu in gpus:
             gpu.job = job.id
         job.state = "running"
         job.node = node.name
         job.gpu_uuids = [g.uuid for g in gpus]
+        job.started_at = self.time
+        if job.first_started_at is None:
+            job.first_started_at = self.time
         if job.remaining_s is None:
             job.remaining_s = job.duration_s
 
@@ -238,19 +319,10 @@ class Cluster:
         self.queues[job.pool].append(job.id)
 
     def schedule(self) -> None:
-        """Place queued jobs, highest priority then oldest first, best fit, with backfill."""
+        """Place queued jobs, highest priority then oldest first, best fit, with backfill,
+        quotas and preemption (``exporters.fleet.scheduler``)."""
         with self.lock:
-            for pool, queue in self.queues.items():
-                order = sorted(
-                    queue, key=lambda j: (-self.jobs[j].priority, self.jobs[j].submitted_at)
-                )
-                for job_id in order:
-                    job = self.jobs[job_id]
-                    node = self.best_fit(pool, job.gpus)
-                    if node is None:
-                        continue
-                    queue.remove(job_id)
-                    self._start(job, node, node.free_gpus()[: job.gpus])
+            self.scheduler.run()
 
     def best_fit(self, pool: str, gpus: int, exclude: str = "") -> Node | None:
         """The schedulable node of ``pool`` with the fewest free GPUs that still fit ``gpus``."""
@@ -264,7 +336,7 @@ class Cluster:
     # --- time --------------------------------------------------------------------------------
 
     def _reset_arrivals(self) -> None:
-        rate = self.arrival_rate_per_min / 60.0
+        rate = self.arrival_rate_per_min / 60.0 if self.arrivals is None else 0.0
         self._next_arrival = self.time + self.rng.expovariate(rate) if rate > 0 else math.inf
 
     def set_arrival_rate(self, rate_per_min: float) -> float:
@@ -275,6 +347,9 @@ class Cluster:
             previous = self.arrival_rate_per_min
             self.arrival_rate_per_min = rate_per_min
             self._reset_arrivals()
+            if self.arrivals is not None:  # a fleet file's classes: scale them to that total
+                base = sum(jc.rate_per_hour for jc in self.config.job_classes) / 60.0
+                self.arrivals.rescale(rate_per_min / base if base > 0 else 0.0, self.time)
             return previous
 
     def _random_job(self) -> JobSpec:
@@ -294,7 +369,8 @@ class Cluster:
         )
 
     def advance(self, dt: float) -> None:
-        """Move simulated time by ``dt`` seconds: finish jobs, arrivals, schedule, readings."""
+        """Move simulated time by ``dt`` seconds: job progress (slower under clock locks),
+        finished jobs, arrivals, ended grants, scheduling, readings, energy and its cost."""
         with self.lock:
             self.time += dt
             for job in list(self.jobs.values()):
@@ -303,26 +379,64 @@ class Cluster:
                     continue
                 if node.failed:
                     continue
-                job.remaining_s -= dt
+                progress = dt * self._rates.get(job.id, 1.0)
+                job.remaining_s -= progress
+                job.since_checkpoint_s += progress
+                interval = job.checkpoint_interval_s
+                if interval is not None and job.since_checkpoint_s >= interval:
+                    job.since_checkpoint_s %= interval
                 if job.remaining_s <= 0:
                     log.debug("%s finished on %s", job.id, job.node)
+                    self._finished(job)
                     self.release(job)
-            while self._next_arrival <= self.time:
-                self.submit(self._random_job())
-                self._next_arrival += self.rng.expovariate(self.arrival_rate_per_min / 60.0)
+            if self.arrivals is not None:
+                for _at, jc in self.arrivals.due(self.time):
+                    self.submit(self.arrivals.spec(jc, self.priority_class(jc.priority_class)))
+            else:
+                while self._next_arrival <= self.time:
+                    self.submit(self._random_job())
+                    self._next_arrival += self.rng.expovariate(self.arrival_rate_per_min / 60.0)
+            expired = bool(self.scheduler.grants) and bool(self.scheduler.expire())
             self.schedule()
-            for node in self.nodes.values():
-                if node.failed:
+            self._step_gpus(dt)
+        if expired:
+            self.notify_topology()
+
+    def _finished(self, job: Job) -> None:
+        started = job.first_started_at if job.first_started_at is not None else self.time
+        self.completed.append(
+            (
+                job.priority_class,
+                job.project,
+                started - job.submitted_at,
+                self.time - job.submitted_at,
+            )
+        )
+
+    def _step_gpus(self, dt: float) -> None:
+        rates: dict[str, float] = {}
+        joules = 0.0
+        price = self.price_per_kwh()
+        for node in self.nodes.values():
+            if node.failed:
+                continue
+            before = 0.0
+            for gpu in node.gpus:
+                before += gpu.energy_joules
+                holder = self.jobs.get(gpu.job or "")
+                if holder is None:
+                    gpu.step(dt, 0.0, 0.0)
                     continue
-                for gpu in node.gpus:
-                    holder = self.jobs.get(gpu.job or "")
-                    if holder is None:
-                        gpu.step(dt, 0.0, 0.0)
-                    else:
-                        util = profile_utilization(
-                            holder.profile, self.time, holder.phase, self.rng
-                        )
-                        gpu.step(dt, util, holder.memory_fraction)
+                util = profile_utilization(holder.profile, self.time, holder.phase, self.rng)
+                rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
+                rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
+            drawn = sum(g.energy_joules for g in node.gpus) - before
+            self.energy_joules[node.pool] += drawn
+            joules += drawn
+        for job_id, rate in rates.items():
+            self.work_gpu_s += dt * rate * self.jobs[job_id].gpus
+        self._rates = rates
+        self.energy_cost += joules / JOULES_PER_KWH * price
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -356,7 +470,43 @@ class Cluster:
                 running=running,
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
+                **self._energy_and_scheduling(),
             )
+
+    def _energy_and_scheduling(self) -> dict[str, Any]:
+        tariff = self.config.tariff
+        power = dict.fromkeys(self.pools, 0.0)
+        project_gpus: dict[str, int] = {}
+        for node in self.nodes.values():
+            if not node.failed:
+                power[node.pool] += sum(g.power for g in node.gpus)
+        class_queue = dict.fromkeys(self.priority_classes, 0)
+        for job in self.jobs.values():
+            if job.state == "running":
+                project_gpus[job.project] = project_gpus.get(job.project, 0) + job.gpus
+            elif job.priority_class:
+                class_queue[job.priority_class] = class_queue.get(job.priority_class, 0) + 1
+        completed = dict.fromkeys(self.priority_classes, 0)
+        for pc, _project, _wait, _jct in self.completed:
+            completed[pc] = completed.get(pc, 0) + 1
+        held = self.scheduler.held
+        return {
+            "power_watts": power,
+            "energy_joules": dict(self.energy_joules),
+            "energy_cost": self.energy_cost,
+            "price_per_kwh": self.price_per_kwh(),
+            "off_peak_price_per_kwh": tariff.lowest_price(),
+            "period": tariff.period_name(self.hour_of_day()),
+            "currency": tariff.currency,
+            "class_queue": class_queue,
+            "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
+            "quotas": self.scheduler.quotas(),
+            "project_gpus": project_gpus,
+            "preemptions": dict(self.scheduler.preemptions),
+            "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
+            "completed": completed,
+            "work_gpu_s": self.work_gpu_s,
+        }
 
     def state(self) -> dict[str, object]:
         """The document ``GET /api/v1/state`` returns."""
@@ -394,4 +544,14 @@ class Cluster:
                 "jobs": [j.to_json() for j in self.jobs.values()],
                 "counters": dict(self.counters),
                 "arrival_rate_per_min": self.arrival_rate_per_min,
+                "hour_of_day": round(self.hour_of_day(), 4),
+                "price_per_kwh": self.price_per_kwh(),
+                "quotas": [
+                    {"project": p, "pool": pool, "gpus": n}
+                    for (p, pool), n in self.scheduler.quotas().items()
+                ],
+                "grants": [g.to_json() for g in self.scheduler.grants.values()],
+                "held_classes": sorted(self.scheduler.held),
+                "preemptions": dict(self.scheduler.preemptions),
+                "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
             }

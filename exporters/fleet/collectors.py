@@ -13,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporters.fleet.cluster import Cluster
-from exporters.fleet.model import GpuReading
+from exporters.fleet.model import FleetReading, GpuReading
 
 _GPU = ["gpu", "uuid", "node", "pool"]
 _MHZ = 1_000_000
@@ -21,6 +21,54 @@ _MHZ = 1_000_000
 
 def _gpu_labels(r: GpuReading) -> list[str]:
     return [str(r.index), r.uuid, r.node, r.pool]
+
+
+GPU_SERIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    # (name, type, help, labels after gpu, uuid, node, pool)
+    ("nvml_gpu_up", "gauge", "1 when the GPU answers NVML queries.", ()),
+    (
+        "nvml_gpu_info",
+        "gauge",
+        "Identity of the GPU; always 1.",
+        ("name", "model", "driver_version", "pci_bus_id"),
+    ),
+    ("nvml_gpu_utilization_ratio", "gauge", "GPU busy time share, 0-1.", ()),
+    ("nvml_gpu_memory_utilization_ratio", "gauge", "Memory used share, 0-1.", ()),
+    ("nvml_gpu_memory_total_bytes", "gauge", "Total GPU memory.", ()),
+    ("nvml_gpu_memory_used_bytes", "gauge", "Used GPU memory.", ()),
+    ("nvml_gpu_memory_free_bytes", "gauge", "Free GPU memory.", ()),
+    ("nvml_gpu_power_usage_watts", "gauge", "Power draw.", ()),
+    ("nvml_gpu_power_limit_watts", "gauge", "Enforced power limit.", ()),
+    ("nvml_gpu_temperature_celsius", "gauge", "GPU core temperature.", ()),
+    ("nvml_gpu_clock_hertz", "gauge", "Current clock frequency.", ("clock",)),
+    ("nvml_gpu_clock_max_hertz", "gauge", "Maximum supported clock frequency.", ("clock",)),
+    ("nvml_gpu_energy_joules", "counter", "Energy consumed since the driver loaded.", ()),
+)
+"""The ``nvml_*`` series of a GPU, as the real NVML exporter names them."""
+
+
+def gpu_samples(r: GpuReading, driver_version: str) -> Iterator[tuple[str, tuple[str, ...], float]]:
+    """(series name, values of its labels after the GPU's, value) of one GPU's reading; a
+    counter's name is without ``_total``. Served by ``NodeCollector`` and written by
+    ``exporters.fleet.virtual``."""
+    yield "nvml_gpu_up", (), 1.0
+    yield "nvml_gpu_info", (r.name, r.model, driver_version, r.pci_bus_id), 1.0
+    yield "nvml_gpu_utilization_ratio", (), r.utilization
+    yield "nvml_gpu_memory_utilization_ratio", (), r.memory_used_bytes / r.memory_total_bytes
+    yield "nvml_gpu_memory_total_bytes", (), r.memory_total_bytes
+    yield "nvml_gpu_memory_used_bytes", (), r.memory_used_bytes
+    yield "nvml_gpu_memory_free_bytes", (), r.memory_total_bytes - r.memory_used_bytes
+    yield "nvml_gpu_power_usage_watts", (), r.power_watts
+    yield "nvml_gpu_power_limit_watts", (), r.power_limit_watts
+    yield "nvml_gpu_temperature_celsius", (), r.temperature_celsius
+    for clock, now, top in (
+        ("graphics", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
+        ("sm", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
+        ("memory", r.memory_clock_mhz, r.max_memory_clock_mhz),
+    ):
+        yield "nvml_gpu_clock_hertz", (clock,), now * _MHZ
+        yield "nvml_gpu_clock_max_hertz", (clock,), top * _MHZ
+    yield "nvml_gpu_energy_joules", (), r.energy_joules
 
 
 class NodeCollector(Collector):
@@ -38,57 +86,15 @@ class NodeCollector(Collector):
         return iter(self._families(self.cluster.gpu_readings(self.node)))
 
     def _families(self, readings: list[GpuReading]) -> list[Metric]:
-        up = GaugeMetricFamily("nvml_gpu_up", "1 when the GPU answers NVML queries.", labels=_GPU)
-        info = GaugeMetricFamily(
-            "nvml_gpu_info",
-            "Identity of the GPU; always 1.",
-            labels=[*_GPU, "name", "model", "driver_version", "pci_bus_id"],
-        )
-        gauges = {
-            key: GaugeMetricFamily(name, text, labels=_GPU)
-            for key, name, text in (
-                ("util", "nvml_gpu_utilization_ratio", "GPU busy time share, 0-1."),
-                ("memutil", "nvml_gpu_memory_utilization_ratio", "Memory used share, 0-1."),
-                ("total", "nvml_gpu_memory_total_bytes", "Total GPU memory."),
-                ("used", "nvml_gpu_memory_used_bytes", "Used GPU memory."),
-                ("free", "nvml_gpu_memory_free_bytes", "Free GPU memory."),
-                ("power", "nvml_gpu_power_usage_watts", "Power draw."),
-                ("limit", "nvml_gpu_power_limit_watts", "Enforced power limit."),
-                ("temp", "nvml_gpu_temperature_celsius", "GPU core temperature."),
-            )
-        }
-        clock = GaugeMetricFamily(
-            "nvml_gpu_clock_hertz", "Current clock frequency.", labels=[*_GPU, "clock"]
-        )
-        clock_max = GaugeMetricFamily(
-            "nvml_gpu_clock_max_hertz",
-            "Maximum supported clock frequency.",
-            labels=[*_GPU, "clock"],
-        )
-        energy = CounterMetricFamily(
-            "nvml_gpu_energy_joules", "Energy consumed since the driver loaded.", labels=_GPU
-        )
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for name, kind, text, extra in GPU_SERIES:
+            family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            families[name] = family_type(name, text, labels=[*_GPU, *extra])
         for r in readings:
             labels = _gpu_labels(r)
-            up.add_metric(labels, 1.0)
-            info.add_metric([*labels, r.name, r.model, self.driver_version, r.pci_bus_id], 1.0)
-            gauges["util"].add_metric(labels, r.utilization)
-            gauges["memutil"].add_metric(labels, r.memory_used_bytes / r.memory_total_bytes)
-            gauges["total"].add_metric(labels, r.memory_total_bytes)
-            gauges["used"].add_metric(labels, r.memory_used_bytes)
-            gauges["free"].add_metric(labels, r.memory_total_bytes - r.memory_used_bytes)
-            gauges["power"].add_metric(labels, r.power_watts)
-            gauges["limit"].add_metric(labels, r.power_limit_watts)
-            gauges["temp"].add_metric(labels, r.temperature_celsius)
-            for name, now, top in (
-                ("graphics", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
-                ("sm", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
-                ("memory", r.memory_clock_mhz, r.max_memory_clock_mhz),
-            ):
-                clock.add_metric([*labels, name], now * _MHZ)
-                clock_max.add_metric([*labels, name], top * _MHZ)
-            energy.add_metric(labels, r.energy_joules)
-        return [up, info, *gauges.values(), clock, clock_max, energy]
+            for name, extra_values, value in gpu_samples(r, self.driver_version):
+                families[name].add_metric([*labels, *extra_values], value)
+        return list(families.values())
 
 
 class FleetCollector(Collector):
@@ -131,3 +137,107 @@ class FleetCollector(Collector):
         yield CounterMetricFamily(
             "gpuops_gpus_reclaimed", "GPUs' jobs ended by reclaim.", value=r.reclaimed
         )
+        yield from _energy_families(r)
+
+
+_ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (
+    # (kind, name, help, label, FleetReading field)
+    ("gauge", "gpuops_fleet_power_watts", "Power drawn by the GPUs.", "pool", "power_watts"),
+    (
+        "counter",
+        "gpuops_fleet_energy_joules",
+        "Energy drawn by the GPUs since start.",
+        "pool",
+        "energy_joules",
+    ),
+    (
+        "gauge",
+        "gpuops_queue_pending_class_jobs",
+        "Queued jobs by priority class.",
+        "priority_class",
+        "class_queue",
+    ),
+    (
+        "gauge",
+        "gpuops_priority_class_held",
+        "1 while queued jobs of a holdable class are held (hold_class).",
+        "priority_class",
+        "held",
+    ),
+    (
+        "counter",
+        "gpuops_jobs_completed",
+        "Jobs finished, by priority class.",
+        "priority_class",
+        "completed",
+    ),
+    (
+        "gauge",
+        "gpuops_project_gpus_allocated",
+        "GPUs held by a project's jobs.",
+        "project",
+        "project_gpus",
+    ),
+    (
+        "counter",
+        "gpuops_jobs_preempted",
+        "Preemptions of a project's jobs.",
+        "project",
+        "preemptions",
+    ),
+    (
+        "counter",
+        "gpuops_preemption_credit_gpu_seconds",
+        "GPU-seconds of work preempted jobs lost, credited to their project.",
+        "project",
+        "credit_gpu_s",
+    ),
+)
+"""Fleet series with one label: power and energy per pool (``exporters.fleet.energy``),
+queue, holds and completions per priority class, allocation and preemptions per project
+(``exporters.fleet.scheduler``)."""
+
+
+def _energy_families(r: FleetReading) -> Iterator[Metric]:
+    """The one-label series above, the electricity price and the energy's cost."""
+    for kind, name, text, label, attr in _ONE_LABEL:
+        family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+        family = family_type(name, text, labels=[label])
+        values: dict[str, float] = getattr(r, attr)
+        for key, value in sorted(values.items()):
+            family.add_metric([key], float(value))
+        yield family
+    cost = CounterMetricFamily(
+        "gpuops_fleet_energy_cost",
+        "What that energy cost at the price when it was drawn (currency units).",
+        labels=["currency"],
+    )
+    cost.add_metric([r.currency], r.energy_cost)
+    yield cost
+    price = GaugeMetricFamily(
+        "gpuops_electricity_price_per_kwh",
+        "Electricity price now (the tariff's period).",
+        labels=["currency", "period"],
+    )
+    price.add_metric([r.currency, r.period], r.price_per_kwh)
+    yield price
+    off_peak = GaugeMetricFamily(
+        "gpuops_electricity_off_peak_price_per_kwh",
+        "The tariff's lowest price (its valley).",
+        labels=["currency"],
+    )
+    off_peak.add_metric([r.currency], r.off_peak_price_per_kwh)
+    yield off_peak
+    yield CounterMetricFamily(
+        "gpuops_fleet_work_gpu_seconds",
+        "Job progress in GPU-seconds at full clock (less than GPU time under clock locks).",
+        value=r.work_gpu_s,
+    )
+    quota = GaugeMetricFamily(
+        "gpuops_project_quota_gpus",
+        "GPUs guaranteed to a project in a pool (reserved plus granted).",
+        labels=["project", "pool"],
+    )
+    for (project, pool), gpus in sorted(r.quotas.items()):
+        quota.add_metric([project, pool], gpus)
+    yield quota

@@ -7,6 +7,12 @@ and by ``exporters.fleet.sim`` (ports, files, tick). Everything here is a frozen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from exporters.fleet.energy import Tariff
+
+if TYPE_CHECKING:
+    from exporters.fleet.workload import JobClass, PriorityClass
 
 PROFILES = ("training", "notebook", "inference", "light")
 """Utilization profiles a job can have: training ~0.9, notebook ~0.02, inference bursty,
@@ -32,9 +38,15 @@ GIB = 1024**3
 GPU_MODELS: dict[str, GpuModel] = {
     "A100": GpuModel("A100", "NVIDIA A100-SXM4-80GB", 80 * GIB, 210, 1410, 1593, 400.0, 55.0),
     "H100": GpuModel("H100", "NVIDIA H100 80GB HBM3", 80 * GIB, 345, 1980, 2619, 700.0, 70.0),
+    "V100": GpuModel("V100", "Tesla V100-SXM2-32GB", 32 * GIB, 135, 1530, 877, 300.0, 40.0),
     "T4": GpuModel("T4", "Tesla T4", 16 * GIB, 300, 1590, 5001, 70.0, 10.0),
+    "RTXA6000": GpuModel("RTXA6000", "NVIDIA RTX A6000", 48 * GIB, 210, 1800, 8001, 300.0, 22.0),
 }
-"""Known GPU models by short name (the ``model`` of a pool)."""
+"""Known GPU models by short name (the ``model`` of a pool). Memory, maximum SM clock, memory
+clock and board power are NVIDIA's datasheet figures (A100 SXM4 80GB: 400 W, 1410 MHz; H100
+SXM5: 700 W, 1980 MHz; V100 SXM2 32GB: 300 W, 1530 MHz; T4: 70 W, 1590 MHz; RTX A6000: 48 GB,
+300 W, 1800 MHz) as ``nvidia-smi -q`` reports them; the minimum clock is the lowest supported
+application clock; idle power is a typical ``nvidia-smi`` reading at P0 with no process."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,9 @@ class PoolSpec:
     gpus_per_node: int = 4
     model: str = "A100"
     """A key of ``GPU_MODELS``."""
+    cloud: bool = False
+    """An idle/cloud pool: nodes are added by scale_out (or a quota grant) and removed when
+    idle; its GPUs count towards power only while they exist."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,38 @@ class JobSpec:
     """Place on this node (and only there)."""
     gpu_uuids: tuple[str, ...] = ()
     """Place on exactly these GPUs (all on one node)."""
+    job_class: str = ""
+    """The fleet file's job class it came from ("" for jobs submitted by hand)."""
+    priority_class: str = ""
+    """A key of ``FleetConfig.priority_classes``; "" keeps plain ``priority`` ordering."""
+    memory_gib: float | None = None
+    """Memory each GPU must have; smaller models cannot take the job."""
+    checkpoint_interval_s: float | None = None
+    """Work lost on preemption is at most this; None: a preempted job starts over."""
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    """A project (team) and the GPUs reserved for it, per pool."""
+
+    name: str
+    reserved: tuple[tuple[str, int], ...] = ()
+    """(pool, GPUs) guaranteed to the project: its jobs there are never preempted for quota,
+    and other projects' jobs on those GPUs are borrowing, reclaimed when the owner needs them."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """How the scheduler shares GPUs between projects and classes."""
+
+    borrowing: bool = True
+    """Jobs beyond their project's quota may use idle GPUs reserved by others (and are
+    preempted when the owner needs them). False: reserved GPUs stay idle for their owner."""
+    preemption: bool = True
+    min_runtime_s: float = 600.0
+    """A job runs at least this long after (re)starting before it can be preempted again."""
+    max_preemptions: int = 3
+    """A job preempted this often is never preempted again."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +159,17 @@ class FleetConfig:
     """Prometheus file_sd JSON file to keep current; None writes one in a temporary directory."""
     advertise_host: str | None = None
     """Host written into file_sd targets; None uses ``host``."""
+    name: str = "default"
+    """Name of the fleet (a fleet file's ``name``)."""
+    reservations: tuple[ProjectSpec, ...] = ()
+    """Projects with reserved GPUs (a fleet file's ``projects``)."""
+    priority_classes: tuple[PriorityClass, ...] = ()
+    job_classes: tuple[JobClass, ...] = ()
+    """Arrivals by class; when given they replace the background arrivals above."""
+    scheduler: SchedulerSettings = SchedulerSettings()
+    tariff: Tariff = Tariff()
+    start_hour: float = 0.0
+    """Local hour of day at simulated time 0 (for the tariff and diurnal arrivals)."""
 
     @classmethod
     def single_pool(
@@ -148,6 +206,18 @@ class FleetConfig:
             raise ValueError("arrival_rate_per_min must be >= 0")
         if self.speed <= 0 or self.tick_s <= 0:
             raise ValueError("speed and tick_s must be > 0")
+        classes = {c.name for c in self.priority_classes}
+        for jc in self.job_classes:
+            if jc.priority_class not in classes:
+                raise ValueError(
+                    f"job_classes[{jc.name}].priority_class: {jc.priority_class!r} is not one of "
+                    f"{sorted(classes)}"
+                )
+        pools = set(names)
+        for project in self.reservations:
+            for pool, _gpus in project.reserved:
+                if pool not in pools:
+                    raise ValueError(f"projects[{project.name}].reserved: no pool {pool!r}")
 
 
 def default_workload(config: FleetConfig) -> tuple[JobSpec, ...]:

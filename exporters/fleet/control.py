@@ -80,6 +80,13 @@ def _str(body: Body, key: str, default: str | None = None) -> str:
     return value
 
 
+def _pool(body: Body) -> str:
+    value = body.get("pool", "default")
+    if not isinstance(value, str):
+        raise BadRequest(f"field 'pool' must be a string, got {value!r}")
+    return value  # "": any pool the job's priority class allows
+
+
 # --- routes --------------------------------------------------------------------------------
 
 
@@ -94,12 +101,15 @@ def _submit(cluster: Cluster, _: list[str], body: Body) -> dict[str, object]:
         profile=_str(body, "profile", "training"),
         gpus=_int(body, "gpus", len(uuids) or None),
         project=_str(body, "project", "default"),
-        pool=_str(body, "pool", "default"),
+        pool=_pool(body),
         duration_s=_float(body, "duration_s"),
         priority=_int(body, "priority", 0),
         memory_fraction=_float(body, "memory_fraction"),
         node=node,
         gpu_uuids=tuple(uuids),
+        priority_class=str(body.get("priority_class") or ""),
+        memory_gib=_float(body, "memory_gib"),
+        checkpoint_interval_s=_float(body, "checkpoint_interval_s"),
     )
     with cluster.lock:
         return {"job": cluster.submit(spec).to_json()}
@@ -160,6 +170,35 @@ ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
                 c, a[0], _int(b, "count"), _int(b, "gpus", 1), _float(b, "duration_s")
             )
         ),
+    ),
+    (
+        "POST",
+        re.compile(r"/api/v1/projects/([^/]+)/grants"),
+        _changed(
+            lambda c, a, b: ops.grant_quota(
+                c,
+                a[0],
+                _str(b, "grant"),
+                _str(b, "pool"),
+                _int(b, "gpus"),
+                _float(b, "duration_s"),
+            )
+        ),
+    ),
+    (
+        "DELETE",
+        re.compile(r"/api/v1/projects/([^/]+)/grants/([^/]+)"),
+        _changed(lambda c, a, b: ops.release_quota(c, a[0], a[1])),
+    ),
+    (
+        "POST",
+        re.compile(r"/api/v1/classes/([^/]+)/hold"),
+        _changed(lambda c, a, b: ops.hold_class(c, a[0])),
+    ),
+    (
+        "DELETE",
+        re.compile(r"/api/v1/classes/([^/]+)/hold"),
+        _changed(lambda c, a, b: ops.release_class(c, a[0])),
     ),
     (
         "POST",

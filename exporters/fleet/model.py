@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 
 from exporters.fleet.config import GpuModel
+from exporters.fleet.energy import power_watts, throughput
 
 _PROFILE_MEMORY = {"training": 0.85, "notebook": 0.30, "inference": 0.45, "light": 0.20}
 
@@ -69,20 +70,28 @@ class Gpu:
             clock = min(clock, self.clock_locked_mhz)
         return int(clock)
 
-    def step(self, dt: float, utilization: float, memory_fraction: float) -> None:
-        """Advance readings by ``dt`` simulated seconds towards the given load."""
+    def clock_limit_share(self) -> float:
+        """The clock lock as a share of the maximum clock (1.0 when unlocked)."""
+        if self.clock_locked_mhz is None:
+            return 1.0
+        return self.clock_locked_mhz / self.model.max_clock_mhz
+
+    def step(
+        self, dt: float, utilization: float, memory_fraction: float, profile: str = ""
+    ) -> float:
+        """Advance readings by ``dt`` simulated seconds towards the given load; returns the
+        job's progress rate on this GPU (1.0 at full clock, less under a clock lock; see
+        ``exporters.fleet.energy``)."""
         self.utilization = utilization
         self.memory_used = int(self.model.memory_bytes * memory_fraction)
         m = self.model
         clock_share = self.graphics_clock_mhz() / m.max_clock_mhz
-        target_power = m.idle_power_watts + (m.power_limit_watts - m.idle_power_watts) * (
-            utilization * clock_share
-        )
-        self.power = min(target_power, m.power_limit_watts)
+        self.power = power_watts(m.idle_power_watts, m.power_limit_watts, utilization, clock_share)
         self.energy_joules += self.power * dt
         target_temp = 30.0 + 52.0 * utilization * clock_share
         alpha = min(1.0, dt / 20.0)
         self.temperature += (target_temp - self.temperature) * alpha
+        return throughput(profile, self.clock_limit_share()) if profile else 1.0
 
 
 @dataclass
@@ -128,6 +137,25 @@ class Job:
     node: str | None = None
     gpu_uuids: list[str] = field(default_factory=list)
     remaining_s: float | None = None
+    pools: tuple[str, ...] = ()
+    """Pools the job may run in, preferred first (``pool`` is the first); its queue is
+    ``pool``'s."""
+    job_class: str = ""
+    priority_class: str = ""
+    memory_gib: float | None = None
+    checkpoint_interval_s: float | None = None
+    started_at: float | None = None
+    """When it last started running (for the minimum runtime before a preemption)."""
+    first_started_at: float | None = None
+    since_checkpoint_s: float = 0.0
+    """Work done since the last checkpoint, seconds at full speed."""
+    preemptions: int = 0
+    front: bool = False
+    """Requeued after a preemption: placed before jobs of its priority that never ran."""
+    borrowed: bool = False
+    """Runs beyond its project's quota on GPUs it may lose to their owner."""
+    lost_gpu_s: float = 0.0
+    """GPU-seconds of work lost to preemptions (credited to its project)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -142,6 +170,11 @@ class Job:
             "gpu_uuids": list(self.gpu_uuids),
             "duration_s": self.duration_s,
             "remaining_s": self.remaining_s,
+            "job_class": self.job_class,
+            "priority_class": self.priority_class,
+            "preemptions": self.preemptions,
+            "borrowed": self.borrowed,
+            "lost_gpu_s": self.lost_gpu_s,
         }
 
 
@@ -205,3 +238,24 @@ class FleetReading:
     running: dict[str, int]
     migrated: int
     reclaimed: int
+    power_watts: dict[str, float] = field(default_factory=dict)
+    """pool -> power drawn now by its GPUs."""
+    energy_joules: dict[str, float] = field(default_factory=dict)
+    """pool -> energy since start."""
+    energy_cost: float = 0.0
+    price_per_kwh: float = 0.0
+    off_peak_price_per_kwh: float = 0.0
+    period: str = "base"
+    currency: str = "USD"
+    class_queue: dict[str, int] = field(default_factory=dict)
+    """priority class -> queued jobs (every declared class present)."""
+    held: dict[str, bool] = field(default_factory=dict)
+    """holdable priority class -> held now."""
+    quotas: dict[tuple[str, str], int] = field(default_factory=dict)
+    project_gpus: dict[str, int] = field(default_factory=dict)
+    """project -> GPUs its running jobs hold."""
+    preemptions: dict[str, int] = field(default_factory=dict)
+    credit_gpu_s: dict[str, float] = field(default_factory=dict)
+    completed: dict[str, int] = field(default_factory=dict)
+    """priority class ("" for none) -> finished jobs."""
+    work_gpu_s: float = 0.0

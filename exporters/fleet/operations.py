@@ -13,7 +13,7 @@ import logging
 
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.config import PROFILES, JobSpec
-from exporters.fleet.errors import BadRequest
+from exporters.fleet.errors import BadRequest, Conflict
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,10 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         if gpu.job is None:
             return {}
         job = cluster.job(gpu.job)
+        held_s = job.remaining_s if job.remaining_s is not None else 0.0
         freed = cluster.release(job)
         cluster.counters["reclaimed"] += 1
+        cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
         cluster.schedule()
         log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
         return {
@@ -97,13 +99,15 @@ def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
 
 
 def scale_in(cluster: Cluster, pool: str, nodes: int) -> Changed:
-    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first."""
+    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first; nodes of
+    an active quota grant stay (``release_quota`` removes them)."""
     with cluster.lock:
         cluster.pool(pool)
+        granted = {name for g in cluster.scheduler.grants.values() for name in g.nodes}
         idle = [
             n
             for n in cluster.nodes.values()
-            if n.pool == pool and all(g.job is None for g in n.gpus)
+            if n.pool == pool and all(g.job is None for g in n.gpus) and n.name not in granted
         ]
         idle.sort(key=lambda n: (n.state == "up", -n.seq))
         removed = [n.name for n in idle[: _node_count(nodes)]]
@@ -179,6 +183,61 @@ def set_profile(cluster: Cluster, job_id: str, profile: str) -> Changed:
             return {}
         job.profile = profile
         return {"job": job_id, "profile": profile, "previous": previous}
+
+
+def grant_quota(
+    cluster: Cluster, project: str, grant: str, pool: str, gpus: int, duration_s: float | None
+) -> Changed:
+    """Raise ``project``'s quota in ``pool`` by ``gpus`` (adding the nodes that hold them) until
+    released or ``duration_s`` passes. The same ``grant`` id again: no-op."""
+    with cluster.lock:
+        _owned(cluster, project, grant)
+        known = grant in cluster.scheduler.grants
+        g = cluster.scheduler.grant(grant, project, pool, gpus, duration_s)
+        cluster.schedule()
+    if known:
+        return {}
+    cluster.notify_topology()
+    return {"grant": g.to_json(), "quota": cluster.scheduler.quota(project, pool)}
+
+
+def release_quota(cluster: Cluster, project: str, grant: str) -> Changed:
+    """End grant ``grant`` of ``project``: its quota goes and exactly its nodes are removed,
+    whatever project's jobs landed there (requeued with compensation). Ended before: no-op."""
+    with cluster.lock:
+        active = cluster.scheduler.grants.get(grant)
+        if active is not None and active.project != project:
+            raise Conflict(
+                f"grant {grant!r} belongs to project {active.project!r}, not {project!r}"
+            )
+        changed = cluster.scheduler.release(grant)
+        cluster.schedule()
+    if changed:
+        cluster.notify_topology()
+    return changed
+
+
+def _owned(cluster: Cluster, project: str, grant: str) -> None:
+    active = cluster.scheduler.grants.get(grant)
+    if active is not None and active.project != project:
+        raise Conflict(f"grant {grant!r} belongs to project {active.project!r}, not {project!r}")
+
+
+def hold_class(cluster: Cluster, priority_class: str) -> Changed:
+    """Keep queued jobs of ``priority_class`` from starting (running ones go on)."""
+    with cluster.lock:
+        if not cluster.scheduler.hold(priority_class):
+            return {}
+        return {"priority_class": priority_class, "held": True}
+
+
+def release_class(cluster: Cluster, priority_class: str) -> Changed:
+    """Let queued jobs of ``priority_class`` start again."""
+    with cluster.lock:
+        if not cluster.scheduler.unhold(priority_class):
+            return {}
+        cluster.schedule()
+        return {"priority_class": priority_class, "held": False}
 
 
 def burst(cluster: Cluster, pool: str, count: int, gpus: int, duration_s: float | None) -> Changed:

@@ -303,9 +303,10 @@ def test_a_verb_the_executor_does_not_do_is_a_rule_error(make, tmp_path: Path) -
     )
     result = engine.reload()
     assert not result.ok
+    assert FleetExecutor.verbs is not None and "reclaim" in FleetExecutor.verbs
     assert result.errors == (
         f"{rule_file}:10: groups[0].rules[0].action.type: executor 'fleet' does not do "
-        "'reclaimm' (it does: downclock, migrate, reclaim, restore_clocks, scale_in, scale_out)",
+        f"'reclaimm' (it does: {', '.join(sorted(FleetExecutor.verbs))})",
     )
 
 

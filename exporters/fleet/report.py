@@ -1,0 +1,250 @@
+"""What a fleet run achieved: the figures ``gpuops whatif`` compares (off vs on), measured on
+the cluster itself at every virtual scrape — utilization over powered and over allocated GPUs,
+allocation ratio, per project; job completion time and queue wait per priority class;
+preemptions; reclaims; energy, its cost, and energy per GPU-hour of work.
+
+``Recorder.observe`` is called by ``exporters.fleet.virtual`` at each scrape; ``Recorder.report``
+turns the sums into a ``RunReport`` (JSON-ready, and a text table via ``table``). Used by
+``gpuops fleet run`` (``engine.cli.fleet``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from exporters.fleet.cluster import Cluster
+from exporters.fleet.energy import JOULES_PER_KWH
+
+
+@dataclass
+class _Sums:
+    powered_s: float = 0.0
+    """GPU-seconds of GPUs that exist and are up."""
+    busy_s: float = 0.0
+    """Utilization x seconds over those."""
+    allocated_s: float = 0.0
+    allocated_busy_s: float = 0.0
+
+    def add(self, rates: _Sums, dt: float) -> None:
+        """Add ``rates`` (GPUs and utilization sums at one instant) held for ``dt`` seconds."""
+        self.powered_s += rates.powered_s * dt
+        self.busy_s += rates.busy_s * dt
+        self.allocated_s += rates.allocated_s * dt
+        self.allocated_busy_s += rates.allocated_busy_s * dt
+
+
+@dataclass(frozen=True)
+class ClassFigures:
+    completed: int
+    jct_mean_s: float | None
+    jct_p95_s: float | None
+    wait_mean_s: float | None
+    wait_p95_s: float | None
+
+
+@dataclass(frozen=True)
+class ProjectFigures:
+    utilization_allocated: float | None
+    allocated_gpu_hours: float
+    completed: int
+    preemptions: int
+    credit_gpu_hours: float
+
+
+@dataclass(frozen=True)
+class RunReport:
+    fleet: str
+    hours: float
+    gpus_mean: float
+    utilization_powered: float | None
+    """Mean utilization over the GPUs that are up (allocated or not)."""
+    utilization_allocated: float | None
+    """Mean utilization over the GPUs a job holds."""
+    allocation_ratio: float | None
+    jobs_completed: int
+    jobs_queued_at_end: int
+    preemptions: int
+    reclaims: int
+    reclaimed_gpu_hours: float
+    """GPU-hours the reclaimed jobs would still have held."""
+    energy_kwh: float
+    energy_cost: float
+    currency: str
+    work_gpu_hours: float
+    """Job progress at full-clock speed (throughput)."""
+    kwh_per_work_gpu_hour: float | None
+    classes: dict[str, ClassFigures] = field(default_factory=dict)
+    projects: dict[str, ProjectFigures] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class Recorder:
+    """Sums of the fleet's state over virtual time, observed at each scrape."""
+
+    def __init__(self) -> None:
+        self.total = _Sums()
+        self.projects: dict[str, _Sums] = defaultdict(_Sums)
+        self.seconds = 0.0
+        self._last: float | None = None
+        self._rate = _Sums()
+        """GPUs (powered, allocated) and their utilization sums at the last observation."""
+        self._project_rates: dict[str, _Sums] = {}
+
+    def observe(self, cluster: Cluster) -> None:
+        """Count the interval since the previous observation at the state seen then (a job
+        that finished within it counts until the instant it was last seen running)."""
+        now = cluster.time
+        if self._last is not None and now > self._last:
+            dt = now - self._last
+            self.seconds += dt
+            self.total.add(self._rate, dt)
+            for project, rates in self._project_rates.items():
+                self.projects[project].add(rates, dt)
+        self._last = now
+        rate = _Sums()
+        projects: dict[str, _Sums] = defaultdict(_Sums)
+        with cluster.lock:
+            for node in cluster.nodes.values():
+                if node.failed:
+                    continue
+                for gpu in node.gpus:
+                    rate.powered_s += 1
+                    rate.busy_s += gpu.utilization
+                    job = cluster.jobs.get(gpu.job or "")
+                    if job is None:
+                        continue
+                    rate.allocated_s += 1
+                    rate.allocated_busy_s += gpu.utilization
+                    mine = projects[job.project]
+                    mine.allocated_s += 1
+                    mine.allocated_busy_s += gpu.utilization
+        self._rate = rate
+        self._project_rates = dict(projects)
+
+    def report(self, cluster: Cluster) -> RunReport:
+        with cluster.lock:
+            done = list(cluster.completed)
+            queued = sum(len(q) for q in cluster.queues.values())
+            preemptions = dict(cluster.scheduler.preemptions)
+            credit = dict(cluster.scheduler.credit_gpu_s)
+            energy_kwh = sum(cluster.energy_joules.values()) / JOULES_PER_KWH
+            work_h = cluster.work_gpu_s / 3600.0
+            reclaims = cluster.counters["reclaimed"]
+            reclaimed_h = cluster.reclaimed_gpu_s / 3600.0
+            cost = cluster.energy_cost
+            currency = cluster.config.tariff.currency
+            name = cluster.config.name
+        by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        by_project: dict[str, int] = defaultdict(int)
+        for pc, project, wait, jct in done:
+            by_class[pc or "-"].append((wait, jct))
+            by_project[project] += 1
+        classes = {
+            pc: ClassFigures(
+                completed=len(rows),
+                jct_mean_s=_mean([j for _, j in rows]),
+                jct_p95_s=_p95([j for _, j in rows]),
+                wait_mean_s=_mean([w for w, _ in rows]),
+                wait_p95_s=_p95([w for w, _ in rows]),
+            )
+            for pc, rows in sorted(by_class.items())
+        }
+        names = sorted(set(self.projects) | set(by_project) | set(preemptions))
+        projects = {
+            p: ProjectFigures(
+                utilization_allocated=_ratio(
+                    self.projects[p].allocated_busy_s, self.projects[p].allocated_s
+                ),
+                allocated_gpu_hours=self.projects[p].allocated_s / 3600.0,
+                completed=by_project.get(p, 0),
+                preemptions=preemptions.get(p, 0),
+                credit_gpu_hours=credit.get(p, 0.0) / 3600.0,
+            )
+            for p in names
+        }
+        t = self.total
+        return RunReport(
+            fleet=name,
+            hours=self.seconds / 3600.0,
+            gpus_mean=t.powered_s / self.seconds if self.seconds else 0.0,
+            utilization_powered=_ratio(t.busy_s, t.powered_s),
+            utilization_allocated=_ratio(t.allocated_busy_s, t.allocated_s),
+            allocation_ratio=_ratio(t.allocated_s, t.powered_s),
+            jobs_completed=len(done),
+            jobs_queued_at_end=queued,
+            preemptions=sum(preemptions.values()),
+            reclaims=reclaims,
+            reclaimed_gpu_hours=reclaimed_h,
+            energy_kwh=energy_kwh,
+            energy_cost=cost,
+            currency=currency,
+            work_gpu_hours=work_h,
+            kwh_per_work_gpu_hour=_ratio(energy_kwh, work_h),
+            classes=classes,
+            projects=projects,
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value / 3600:.2f} h"
+
+
+def table(r: RunReport) -> str:
+    """The report as aligned text."""
+    lines = [
+        f"fleet {r.fleet}: {r.hours:.1f} virtual hours, {r.gpus_mean:.0f} GPUs on average",
+        f"  utilization over powered GPUs    {_pct(r.utilization_powered)}",
+        f"  utilization over allocated GPUs  {_pct(r.utilization_allocated)}",
+        f"  allocation ratio                 {_pct(r.allocation_ratio)}",
+        f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end}",
+        f"  preemptions / reclaims           {r.preemptions} / {r.reclaims} "
+        f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed)",
+        f"  energy                           {r.energy_kwh:.1f} kWh, "
+        f"{r.energy_cost:.2f} {r.currency}",
+        f"  work (full-clock GPU-hours)      {r.work_gpu_hours:.1f}",
+        "  kWh per GPU-hour of work         "
+        + ("-" if r.kwh_per_work_gpu_hour is None else f"{r.kwh_per_work_gpu_hour:.3f}"),
+        "",
+        f"  {'priority class':<16}{'done':>6}{'JCT mean':>11}{'JCT p95':>11}"
+        f"{'wait mean':>11}{'wait p95':>11}",
+    ]
+    for pc, c in r.classes.items():
+        lines.append(
+            f"  {pc:<16}{c.completed:>6}{_hours(c.jct_mean_s):>11}{_hours(c.jct_p95_s):>11}"
+            f"{_hours(c.wait_mean_s):>11}{_hours(c.wait_p95_s):>11}"
+        )
+    lines += [
+        "",
+        f"  {'project':<16}{'util(alloc)':>12}{'GPU-h':>9}{'done':>6}{'preempt':>9}"
+        f"{'credit GPU-h':>14}",
+    ]
+    for p, f in r.projects.items():
+        lines.append(
+            f"  {p:<16}{_pct(f.utilization_allocated):>12}{f.allocated_gpu_hours:>9.1f}"
+            f"{f.completed:>6}{f.preemptions:>9}{f.credit_gpu_hours:>14.2f}"
+        )
+    return "\n".join(lines)

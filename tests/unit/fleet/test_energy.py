@@ -1,0 +1,77 @@
+"""Energy: power by utilization and clock lock, throughput under a lock, the tariff, and the
+fleet's energy, cost and price series."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from exporters.fleet import Cluster, FleetConfig, FleetSim, JobSpec
+from exporters.fleet import operations as ops
+from exporters.fleet.energy import Tariff, TariffPeriod, power_watts, throughput
+
+VALLEY = Tariff(0.68, (TariffPeriod(23, 7, 0.32, "valley"), TariffPeriod(18, 22, 1.12, "peak")))
+
+
+def test_power_rises_with_utilization_and_falls_steeply_with_the_clock() -> None:
+    idle, limit = 55.0, 400.0
+    assert power_watts(idle, limit, 0.0, 1.0) == idle
+    assert power_watts(idle, limit, 1.0, 1.0) == limit
+    capped = power_watts(idle, limit, 1.0, 0.78)
+    assert 0.5 * limit < capped < 0.7 * limit
+    # the first clock steps cost far less throughput than they save power
+    assert 0.95 < throughput("training", 0.78) < 0.97
+    assert throughput("training", 1.0) == 1.0
+    assert throughput("inference", 0.78) < throughput("training", 0.78)
+
+
+def test_tariff_periods_wrap_midnight() -> None:
+    assert [VALLEY.price(h) for h in (23.5, 3.0, 7.0, 12.0, 18.0, 21.9, 22.0)] == [
+        0.32, 0.32, 0.68, 0.68, 1.12, 1.12, 0.68,
+    ]  # fmt: skip
+    assert VALLEY.period_name(2.0) == "valley" and VALLEY.lowest_price() == 0.32
+
+
+def quiet(**kwargs: object) -> FleetConfig:
+    return FleetConfig(arrival_rate_per_min=0.0, initial_jobs=(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_locked_clock_slows_the_job_and_saves_energy() -> None:
+    free, locked = Cluster(quiet()), Cluster(quiet())
+    jobs = [c.submit(JobSpec("training", 1, "p", duration_s=7200)) for c in (free, locked)]
+    uuid = locked.nodes[str(jobs[1].node)].gpus[0].uuid
+    ops.lock_clocks(locked, uuid, 1100)
+    for c in (free, locked):
+        for _ in range(60):
+            c.advance(60.0)
+    assert jobs[1].remaining_s is not None and jobs[0].remaining_s is not None
+    assert jobs[1].remaining_s > jobs[0].remaining_s  # less progress under the lock
+    done_free, done_locked = 7200 - jobs[0].remaining_s, 7200 - jobs[1].remaining_s
+    assert done_locked / done_free == pytest.approx(throughput("training", 1100 / 1410), rel=0.02)
+    e_free = sum(free.energy_joules.values())
+    e_locked = sum(locked.energy_joules.values())
+    assert e_locked < e_free
+    assert locked.work_gpu_s == pytest.approx(done_locked, rel=0.01)
+
+
+def test_energy_cost_follows_the_price_of_the_hour() -> None:
+    night = Cluster(quiet(tariff=VALLEY, start_hour=0.0))
+    evening = Cluster(quiet(tariff=VALLEY, start_hour=18.0))
+    for c in (night, evening):
+        c.submit(JobSpec("training", 4, "p", duration_s=7200))
+        for _ in range(60):
+            c.advance(60.0)
+    kwh = sum(night.energy_joules.values()) / 3.6e6
+    assert night.energy_cost == pytest.approx(kwh * 0.32, rel=0.01)
+    assert evening.energy_cost / night.energy_cost == pytest.approx(1.12 / 0.32, rel=0.02)
+
+
+def test_fleet_metrics_carry_price_energy_and_power(tmp_path: object) -> None:
+    config = quiet(tariff=VALLEY, start_hour=19.0, sd_file=f"{tmp_path}/sd.json")
+    with FleetSim(config) as sim:
+        sim.cluster.advance(60.0)
+        text = requests.get(f"{sim.control_url}/metrics", timeout=5).text
+    assert 'gpuops_electricity_price_per_kwh{currency="USD",period="peak"} 1.12' in text
+    assert 'gpuops_electricity_off_peak_price_per_kwh{currency="USD"} 0.32' in text
+    assert 'gpuops_fleet_energy_joules_total{pool="default"}' in text
+    assert 'gpuops_fleet_power_watts{pool="default"} 880.0' in text  # 16 idle A100 at 55 W
