@@ -1,8 +1,9 @@
 """The ``fleet`` executor: the simulated fleet's control API (``exporters.fleet``).
 
 Maps verbs to control endpoints; the target's labels name the GPU (``uuid``), node (``node``)
-or pool (``pool``). Every call carries the decision id, which the fleet uses to make a repeated
-call a no-op. 5xx, timeouts and refused connections are temporary; 4xx are permanent.
+or pool (``pool``), each percent-encoded into its path segment (``engine.actions.encoding``).
+Every call carries the decision id, which the fleet uses to make a repeated call a no-op. 5xx,
+timeouts and refused connections are temporary; 4xx are permanent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import requests
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import path_segment
 from engine.decisions import Decision
 
 
@@ -44,7 +46,7 @@ class FleetExecutor:
         elif verb == "restore_clocks":
             method, path = "DELETE", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
         elif verb in ("scale_out", "scale_in"):
-            pool = labels.get("pool") or str(params.get("pool", "default"))
+            pool = path_segment(labels.get("pool") or str(params.get("pool", "default")), "pool")
             method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
             body["nodes"] = int(params.get("nodes", 1))
         else:  # migrate
@@ -76,4 +78,4 @@ def _need(labels: Mapping[str, str], name: str, verb: str) -> str:
         raise PermanentError(
             f"{verb} needs the target label {name!r}; the target has {dict(labels)}"
         )
-    return value
+    return path_segment(value, name)

@@ -9,7 +9,8 @@ with every request, so the agent does a retried decision once.
 Settings (from the engine configuration):
 
 - ``url``: agent base URL, a template filled from the target's labels (default
-  ``http://{node}:9835``).
+  ``http://{node}:9835``): a label in the host must be a host name or IP, one elsewhere is
+  percent-encoded (``engine.actions.encoding``).
 - ``token`` or ``token_file``: the agent's bearer token (a file keeps it out of the config).
 - ``gpu_label``: target label naming the GPU, by uuid or index (default ``uuid``).
 - ``timeout_s``: seconds per HTTP request (default 10).
@@ -25,6 +26,7 @@ from typing import Any
 import requests
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import fill_url, path_segment
 from engine.decisions import Decision
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class NvmlAgentExecutor:
                 f"target {decision.target.key} has no {self.gpu_label!r} label to name the GPU "
                 f"(set the policy's target to include it)"
             )
+        gpu = path_segment(gpu, self.gpu_label)
         body: dict[str, Any] = {"decision_id": decision.id}
         if verb == "downclock":
             body["max_clock_mhz"] = _mhz(params, "max_clock_mhz")
@@ -76,12 +79,13 @@ class NvmlAgentExecutor:
 
     def _base_url(self, decision: Decision) -> str:
         try:
-            return self.url_template.format_map(dict(decision.target.labels)).rstrip("/")
+            url = fill_url(self.url_template, decision.target.labels, _format)
         except KeyError as exc:
             raise PermanentError(
                 f"nvml-agent url {self.url_template!r} needs label {exc.args[0]!r}, which target "
                 f"{decision.target.key} does not have"
             ) from None
+        return url.rstrip("/")
 
     def _post(self, url: str, body: Mapping[str, Any], decision_id: str) -> dict[str, Any]:
         headers = {"Idempotency-Key": decision_id}
@@ -105,6 +109,10 @@ class NvmlAgentExecutor:
         except ValueError:
             raise PermanentError(f"nvml-agent {url} answered non-JSON: {message}") from None
         return dict(doc) if isinstance(doc, dict) else {"response": doc}
+
+
+def _format(template: str, values: Mapping[str, str]) -> str:
+    return template.format_map(dict(values))
 
 
 def _mhz(params: Mapping[str, Any], key: str) -> int:
