@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.evaluation import Freshness
 from engine.rules.durations import parse_duration
 from engine.rules.yamlsource import parse_yaml
 
@@ -31,7 +32,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
     if isinstance(value, int | float):
         return float(value)
     return parse_duration(str(value))
@@ -42,8 +45,29 @@ class PrometheusSettings(_Model):
     """Base URL of a server speaking the Prometheus HTTP API."""
     timeout: float = 10.0
     """Seconds before a query counts as failed (a skipped evaluation, never an action)."""
+    scrape_interval: float = Field(default=15.0, gt=0)
+    """Seconds between the scrapes of the metrics the rules read (Prometheus' scrape_interval
+    for those jobs); the default bounds of freshness derive from it."""
+    max_sample_age: float | None = Field(default=None, gt=0)
+    """Seconds: a result whose oldest input sample is older is stale, skipped like a failed
+    query (docs/policies.md, "Fresh data"). None: 2 x scrape_interval, i.e. one missed scrape
+    tolerated; a restarted Prometheus serving its old samples is refused until it scraped."""
+    max_pending_gap: float | None = Field(default=None, gt=0)
+    """Seconds: a stretch of failed or stale evaluations longer than this (from the first to the
+    next fresh one) starts a pending `for` again; an outage does not count towards `for`.
+    None: 2 x the group's interval, i.e. up to two failed evaluations in a row keep the timer,
+    three reset it."""
 
-    _t = field_validator("timeout", mode="before")(_seconds)
+    _t = field_validator(
+        "timeout", "scrape_interval", "max_sample_age", "max_pending_gap", mode="before"
+    )(_seconds)
+
+    def freshness(self, interval_s: float) -> Freshness:
+        """The freshness bounds for a group evaluated every ``interval_s`` seconds."""
+        return Freshness(
+            max_sample_age_s=self.max_sample_age or 2 * self.scrape_interval,
+            max_gap_s=self.max_pending_gap or 2 * interval_s,
+        )
 
 
 class AuditConfig(_Model):

@@ -38,6 +38,7 @@ from engine.decisions import (
     decision_id,
 )
 from engine.evaluation import (
+    Freshness,
     PolicyState,
     QueryResult,
     evaluate,
@@ -232,11 +233,15 @@ class Engine(ApprovalFlow):
         with self._policy_lock(policy.name):  # one writer of this policy's state at a time
             state = self.store.policy_state(policy.name)
             result = self._query(policy, now, has_firing=bool(state.firing()))
-            step = evaluate(policy, result, state, now)
+            step = evaluate(policy, result, state, now, self._freshness(policy))
             if step.skipped is not None:
                 self._skipped(step.skipped)
             population = self._population(policy, now, step.decisions) if step.decisions else None
             return self._decide(policy, step.decisions, step.state, now, population)
+
+    def _freshness(self, policy: Policy) -> Freshness:  # issue 10: fresh data only
+        group = next((g for g in self.rules.groups if g.name == policy.group), None)
+        return self.config.prometheus.freshness(group.interval_s if group else math.inf)
 
     def _policy_lock(self, name: str) -> threading.Lock:
         with self._lock:
@@ -249,10 +254,12 @@ class Engine(ApprovalFlow):
             clear = None
             if policy.clear_expr is not None and has_firing:
                 clear = self.prometheus.query(policy.clear_expr, at=now)
+            inputs = [policy.expr, policy.clear_expr or ""] if clear is not None else [policy.expr]
+            age = self.prometheus.sample_age(inputs, at=now)  # issue 10: fresh data only
         except QueryError as exc:
             self.metrics.query_failures.labels(policy.name).inc()
             return QueryResult(error=str(exc))
-        return QueryResult(samples, clear)
+        return QueryResult(samples, clear, sample_age=age)
 
     def _population(
         self, policy: Policy, now: float, decisions: Iterable[Decision] = ()
