@@ -31,7 +31,7 @@ from engine.rules.schema import (
     describe,
     template_problem,
 )
-from engine.rules.yamlsource import Positions, YamlPath, parse_yaml
+from engine.rules.yamlsource import Positions, YamlLimits, YamlPath, parse_yaml
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,14 @@ def load_rules(paths: Sequence[Path | str]) -> RuleSet:
     """Load and validate the rule files at ``paths`` (files or directories) as one rule set."""
     files, errors = rule_files(paths)
     texts: list[tuple[str, str]] = []
+    limit = YamlLimits().max_bytes
     for path in files:
         try:
+            if path.stat().st_size > limit:  # not even read: its size is enough to refuse it
+                size = path.stat().st_size
+                message = f"file of {size} bytes is larger than the limit of {limit} bytes"
+                errors.append(RuleError(str(path), 1, message))
+                continue
             texts.append((path.read_text(encoding="utf-8"), str(path)))
         except UnicodeDecodeError:
             errors.append(RuleError(str(path), 0, "cannot read: not UTF-8 text"))
