@@ -126,6 +126,11 @@ class ApiSettings(_Model):
     """Environment variable holding the same YAML (used when set; merged with the file)."""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest request body accepted; larger ones get 413."""
+    alertmanager_max_body_bytes: int = Field(default=8 * 1_048_576, ge=1024)
+    """Largest Alertmanager notification accepted (``POST /api/v1/alertmanager``). A realistic
+    alert is ~670 bytes, so 8 MiB holds ~12,500 alerts: more than ``alert_queue_size`` can
+    take at once. Alertmanager does not retry a 413 (only 5xx): size this above the largest
+    group it may send (docs/api.md)."""
     alert_queue_size: int = Field(default=10_000, ge=1)
     """Alertmanager alerts waiting for the worker; when full the receiver answers 503."""
     quota: QuotaSettings = QuotaSettings()
