@@ -57,8 +57,7 @@ from engine.guardrails import (
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
-from engine.rules import promql
-from engine.rules.loader import load_rules
+from engine.rulecheck import load_checked
 from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
 from engine.state import StateStore
 
@@ -126,10 +125,10 @@ class Engine(ApprovalFlow):
         """Load the rule files; on any error keep the running rules and report file:line
         (``strict``: raise the ``RulesError`` instead, for the first load)."""
         try:
-            rules = load_rules(self.config.rules)
-            problems = self._check_promql(rules) + self.registry.check_verbs(rules)
-            if problems:
-                raise RulesError(problems)
+            # the same checks as `gpuops rules check` (issue 10): engine.rulecheck
+            rules = load_checked(
+                self.config.rules, self.registry, without_promtool=self._no_promtool
+            )
         except (RulesError, RecursionError, OSError, ValueError) as exc:
             self.metrics.reloads.labels("failure").inc()
             if not isinstance(exc, RulesError):  # a loader bug must not take the rules down
@@ -159,15 +158,11 @@ class Engine(ApprovalFlow):
             self._schedule_groups()
         return ReloadResult(True, count)
 
-    def _check_promql(self, rules: RuleSet) -> list[RuleError]:
-        """PromQL checked by a real parser (promtool) before the rules replace running ones."""
-        try:
-            return promql.check(rules)
-        except promql.PromtoolError as exc:
-            if not self._promtool_warned:
-                log.warning("PromQL of reloaded rules not checked: %s", exc)
-                self._promtool_warned = True
-            return []
+    def _no_promtool(self, exc: Exception) -> None:
+        """PromQL is checked by a real parser (promtool) when there is one; said once if not."""
+        if not self._promtool_warned:
+            log.warning("PromQL of reloaded rules not checked: %s", exc)
+            self._promtool_warned = True
 
     def _mtimes(self) -> dict[str, float]:
         found: dict[str, float] = {}

@@ -84,6 +84,20 @@ class CommandExecutor:
         except ValidationError as exc:
             raise ValueError(f"executors.command settings: {_problems(exc)}") from None
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        try:
+            parsed = CommandParams.model_validate(dict(params))
+        except ValidationError as exc:
+            return [f"command params: {_problems(exc)}"]
+        if not parsed.program_from_labels and "$labels" in parsed.argv[0]:
+            return [
+                f"argv[0] {parsed.argv[0]!r} takes the program from a label; set "
+                "program_from_labels: true if the rule means to run what a scraped label names"
+            ]
+        return []
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         try:
             params = CommandParams.model_validate(

@@ -30,6 +30,16 @@ class FleetExecutor:
         self.timeout_s = float(settings.get("timeout_s", 5.0))
         self.session = requests.Session()
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        problems = []
+        if verb == "downclock" and not _whole(params.get("max_clock_mhz"), 1):
+            problems.append("downclock needs max_clock_mhz, a whole number of MHz above 0")
+        if verb in ("scale_out", "scale_in") and not _whole(params.get("nodes", 1), 1):
+            problems.append(f"{verb} needs nodes, a whole number above 0")
+        return problems
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         assert decision.action is not None
         verb = decision.action.type
@@ -70,6 +80,10 @@ class FleetExecutor:
             )
         changed = payload.get("changed", payload)
         return changed if isinstance(changed, dict) else {"result": changed}
+
+
+def _whole(value: Any, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= least
 
 
 def _need(labels: Mapping[str, str], name: str, verb: str) -> str:

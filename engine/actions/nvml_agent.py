@@ -53,6 +53,21 @@ class NvmlAgentExecutor:
         self._token = str(token) if token else None
         self._http = requests.Session()
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        if verb != "downclock":
+            return []
+        problems = []
+        for key in ("max_clock_mhz", "min_clock_mhz"):
+            if key == "min_clock_mhz" and params.get(key) is None:
+                continue
+            try:
+                _mhz(params, key)
+            except PermanentError as exc:
+                problems.append(str(exc))
+        return problems
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         verb = decision.action.type if decision.action else ""
         params = dict(decision.action.params) if decision.action else {}

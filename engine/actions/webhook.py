@@ -107,6 +107,15 @@ class WebhookExecutor:
         except ValidationError as exc:
             raise ValueError(f"executors.webhook settings: {_problems(exc)}") from None
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        try:
+            WebhookParams.model_validate(dict(params))
+        except ValidationError as exc:
+            return [f"webhook params: {_problems(exc)}"]
+        return []
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         try:
             params = WebhookParams.model_validate(
