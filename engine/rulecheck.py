@@ -52,3 +52,24 @@ def load_checked(
     if problems:
         raise RulesError(problems)
     return rules
+
+
+def refuse_dropping_every_policy(running: RuleSet, new: RuleSet) -> None:
+    """A reload may not replace running policies by none: a file emptied to ``groups: []`` (a
+    truncated deploy, a templating slip) is far more often a mistake than the intent, and
+    running no policy is what ``pause`` or stopping the engine are for. ``RulesError`` names
+    the files; the running policies stay."""
+    running_count = sum(1 for _ in running.policies())
+    if running_count and not any(True for _ in new.policies()):
+        where = new.files[0] if len(new.files) == 1 else "(rules)"
+        raise RulesError(
+            [
+                RuleError(
+                    where,
+                    1,
+                    f"the new rules ({', '.join(new.files) or 'no files'}) define no policy; the "
+                    f"{running_count} running policies stay (to run none, pause the engine or "
+                    "stop it)",
+                )
+            ]
+        )

@@ -57,7 +57,7 @@ from engine.guardrails import (
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
-from engine.rulecheck import load_checked
+from engine.rulecheck import load_checked, refuse_dropping_every_policy
 from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
 from engine.state import StateStore
 
@@ -129,6 +129,7 @@ class Engine(ApprovalFlow):
             rules = load_checked(
                 self.config.rules, self.registry, without_promtool=self._no_promtool
             )
+            refuse_dropping_every_policy(self.rules, rules)  # issue 10: `groups: []`
         except (RulesError, RecursionError, OSError, ValueError) as exc:
             self.metrics.reloads.labels("failure").inc()
             if not isinstance(exc, RulesError):  # a loader bug must not take the rules down
@@ -148,7 +149,8 @@ class Engine(ApprovalFlow):
         self.metrics.reloads.labels("success").inc()
         self.metrics.rules_loaded.set(count)
         self.metrics.last_reload_success.set(self.clock())
-        log.info(
+        log.log(
+            logging.INFO if count else logging.WARNING,
             "loaded %d policies in %d groups from %s",
             count,
             len(rules.groups),

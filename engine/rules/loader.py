@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.decisions import ActionSpec, freeze
 from engine.rules.messages import format_path, from_validation, from_yaml, located
-from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
+from engine.rules.model import MAX_COOLDOWN_S, Group, Policy, RuleError, RulesError, RuleSet
 from engine.rules.schema import (
     NESTED,
     ActionModel,
@@ -276,6 +276,13 @@ class _FileReader:
                         "evaluated only at its cron times (remove it; use repeat_interval to act "
                         "again while the condition holds)",
                     )
+        if model.cooldown > MAX_COOLDOWN_S:
+            self._error(
+                (*path, "cooldown"),
+                f"cooldown of {model.cooldown / 86400:g}d is longer than the guardrails remember "
+                f"the last action on a target ({MAX_COOLDOWN_S / 86400:g}d): it would end early "
+                "(use at most 30d)",
+            )
         if model.limits and model.limits.population and model.limits.max_fraction is None:
             self._error(
                 (*path, "limits", "population"),
