@@ -62,10 +62,11 @@ class PrometheusSettings(_Model):
         "timeout", "scrape_interval", "max_sample_age", "max_pending_gap", mode="before"
     )(_seconds)
 
-    def freshness(self, interval_s: float) -> Freshness:
-        """The freshness bounds for a group evaluated every ``interval_s`` seconds."""
+    def freshness(self, interval_s: float, max_sample_age_s: float | None = None) -> Freshness:
+        """The freshness bounds for a group evaluated every ``interval_s`` seconds (with its
+        own ``max_sample_age``, if it has one)."""
         return Freshness(
-            max_sample_age_s=self.max_sample_age or 2 * self.scrape_interval,
+            max_sample_age_s=max_sample_age_s or self.max_sample_age or 2 * self.scrape_interval,
             max_gap_s=self.max_pending_gap or 2 * interval_s,
         )
 

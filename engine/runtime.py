@@ -238,7 +238,9 @@ class Engine(ApprovalFlow):
 
     def _freshness(self, policy: Policy) -> Freshness:  # issue 10: fresh data only
         group = next((g for g in self.rules.groups if g.name == policy.group), None)
-        return self.config.prometheus.freshness(group.interval_s if group else math.inf)
+        if group is None:
+            return self.config.prometheus.freshness(math.inf)
+        return self.config.prometheus.freshness(group.interval_s, group.max_sample_age_s)
 
     def _policy_lock(self, name: str) -> threading.Lock:
         with self._lock:

@@ -11,7 +11,8 @@ process group is killed and the run is a ``TemporaryError``. Exit 0 is success; 
 
 Settings (engine configuration, ``executors.command``): ``timeout_s``, ``env``, ``cwd``,
 ``retry_exit_codes``. Params (the policy's ``action.params``): ``argv`` (required),
-``timeout_s``, ``env``, ``cwd``; params win over settings, env is merged.
+``timeout_s``, ``env``, ``cwd``, ``program_from_labels`` (``argv[0]`` may use a label only
+with it); params win over settings, env is merged.
 """
 
 from __future__ import annotations

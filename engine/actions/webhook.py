@@ -11,6 +11,8 @@ Settings (engine configuration, ``executors.webhook``), validated by ``WebhookSe
 ``url``, ``headers``, ``token`` / ``token_file``, ``hmac_secret`` / ``hmac_secret_file``,
 ``timeout_s``, ``verify``. Params (the policy's ``action.params``): ``url``, ``headers``,
 ``timeout_s`` override the settings; the other params are sent to the receiver in the body.
+Label values are encoded by ``engine.actions.encoding``: percent-encoded in the URL's path and
+query, a host name or IP where they are the host, percent-encoded controls in header values.
 """
 
 from __future__ import annotations

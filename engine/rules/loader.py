@@ -212,7 +212,15 @@ class _FileReader:
                     policies.append(policy)
             if model is not None:
                 source = f"{self.file}:{self.positions.line((*path, 'name'))}"
-                groups.append(Group(model.name, model.interval, tuple(policies), source))
+                groups.append(
+                    Group(
+                        model.name,
+                        model.interval,
+                        tuple(policies),
+                        source,
+                        max_sample_age_s=model.max_sample_age,
+                    )
+                )
         return groups
 
     def _policy(self, raw: Any, path: YamlPath, group: str) -> Policy | None:

@@ -66,6 +66,8 @@ class Group:
     interval_s: float
     policies: tuple[Policy, ...]
     source: str = ""
+    max_sample_age_s: float | None = None
+    """The group's own bound on sample age (None: the engine's ``prometheus.max_sample_age``)."""
 
 
 @dataclass(frozen=True)

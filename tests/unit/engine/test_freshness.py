@@ -4,9 +4,11 @@ The real-Prometheus half is tests/integration/test_freshness_prometheus.py."""
 
 from __future__ import annotations
 
+from engine.config import PrometheusSettings
 from engine.decisions import ActionSpec, Sample, freeze
 from engine.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
 from engine.prometheus import age_expr
+from engine.rules.loader import load_rules_text
 from engine.rules.model import Policy
 
 POLICY = Policy(
@@ -87,3 +89,15 @@ def test_the_age_query_asks_for_each_selector_that_reads_the_present() -> None:
         ' or label_replace(max(time() - timestamp(gpu{})), "gpuops_input", "1", "", ""))'
     )
     assert age_expr(("vector(1)",)) is None
+
+
+def test_a_group_may_set_its_own_sample_age_bound() -> None:
+    text = (
+        "groups:\n  - name: over-recording-rules\n    interval: 1m\n    max_sample_age: 2m\n"
+        "    rules:\n      - policy: p\n        expr: job:util:avg < 0.1\n"
+        "        action: {type: notify, executor: log}\n"
+    )
+    (group,) = load_rules_text(text, "r.yaml").groups
+    settings = PrometheusSettings(scrape_interval=15)
+    assert settings.freshness(group.interval_s, group.max_sample_age_s) == Freshness(120, 120)
+    assert settings.freshness(group.interval_s) == Freshness(30, 120)
