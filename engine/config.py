@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.evaluation import Freshness
 from engine.rules.durations import parse_duration
 from engine.rules.yamlsource import parse_yaml
 
@@ -31,7 +32,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
     if isinstance(value, int | float):
         return float(value)
     return parse_duration(str(value))
@@ -42,8 +45,30 @@ class PrometheusSettings(_Model):
     """Base URL of a server speaking the Prometheus HTTP API."""
     timeout: float = 10.0
     """Seconds before a query counts as failed (a skipped evaluation, never an action)."""
+    scrape_interval: float = Field(default=15.0, gt=0)
+    """Seconds between the scrapes of the metrics the rules read (Prometheus' scrape_interval
+    for those jobs); the default bounds of freshness derive from it."""
+    max_sample_age: float | None = Field(default=None, gt=0)
+    """Seconds: a result whose oldest input sample is older is stale, skipped like a failed
+    query (docs/policies.md, "Fresh data"). None: 2 x scrape_interval, i.e. one missed scrape
+    tolerated; a restarted Prometheus serving its old samples is refused until it scraped."""
+    max_pending_gap: float | None = Field(default=None, gt=0)
+    """Seconds: a stretch of failed or stale evaluations longer than this (from the first to the
+    next fresh one) starts a pending `for` again; an outage does not count towards `for`.
+    None: 2 x the group's interval, i.e. up to two failed evaluations in a row keep the timer,
+    three reset it."""
 
-    _t = field_validator("timeout", mode="before")(_seconds)
+    _t = field_validator(
+        "timeout", "scrape_interval", "max_sample_age", "max_pending_gap", mode="before"
+    )(_seconds)
+
+    def freshness(self, interval_s: float, max_sample_age_s: float | None = None) -> Freshness:
+        """The freshness bounds for a group evaluated every ``interval_s`` seconds (with its
+        own ``max_sample_age``, if it has one)."""
+        return Freshness(
+            max_sample_age_s=max_sample_age_s or self.max_sample_age or 2 * self.scrape_interval,
+            max_gap_s=self.max_pending_gap or 2 * interval_s,
+        )
 
 
 class AuditConfig(_Model):
@@ -124,6 +149,11 @@ class ApiSettings(_Model):
     """Environment variable holding the same YAML (used when set; merged with the file)."""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest request body accepted; larger ones get 413."""
+    alertmanager_max_body_bytes: int = Field(default=8 * 1_048_576, ge=1024)
+    """Largest Alertmanager notification accepted (``POST /api/v1/alertmanager``). A realistic
+    alert is ~670 bytes, so 8 MiB holds ~12,500 alerts: more than ``alert_queue_size`` can
+    take at once. Alertmanager does not retry a 413 (only 5xx): size this above the largest
+    group it may send (docs/api.md)."""
     alert_queue_size: int = Field(default=10_000, ge=1)
     """Alertmanager alerts waiting for the worker; when full the receiver answers 503."""
     quota: QuotaSettings = QuotaSettings()

@@ -2,9 +2,11 @@
 
 DESIGN.md section 5. Per (policy, target key) a target is ``pending`` then ``firing``, exactly
 like a Prometheus alerting rule, plus hysteresis (``clear_expr``), ``keep_firing_for``,
-``repeat_interval`` and stable decision ids. No I/O, no clock, no globals: the live loop
-(``engine.runtime``), Alertmanager triggers and backtests all call ``evaluate`` unchanged; the
-guardrails (``engine.guardrails``) judge its decisions afterwards.
+``repeat_interval``, stable decision ids, and freshness: a result whose inputs are older than
+``Freshness.max_sample_age_s`` is no data, and a pending timer does not run across a gap
+without fresh data longer than ``Freshness.max_gap_s`` (docs/policies.md). No I/O, no clock,
+no globals: the live loop (``engine.runtime``), Alertmanager triggers and backtests all call
+``evaluate`` unchanged; the guardrails (``engine.guardrails``) judge its decisions afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from math import inf
 
 from engine.decisions import (
     EMPTY,
@@ -52,7 +55,8 @@ class TargetState:
     repeats: int = 0
     absent_since: float | None = None
     """First evaluation at which a firing target was missing (``keep_firing_for`` counts from
-    here, as in Prometheus)."""
+    here, as in Prometheus); for a pending target, the first evaluation of a stretch without
+    fresh data (a failed query, stale samples), which ``Freshness.max_gap_s`` bounds."""
     actions: int = 0
     """This episode's actions that ran (or would have, in dry-run) and did not fail: while
     there is one, the clear runs ``on_clear``."""
@@ -79,13 +83,30 @@ class PolicyState:
 class QueryResult:
     """What the runtime got for a policy at ``now``.
 
-    ``clear_samples`` is the result of ``clear_expr`` (None when the policy has none or when no
-    target was firing); ``error`` says the query failed, which changes no state.
+        ``clear_samples`` is the result of ``clear_expr`` (None when the policy has none or when no
+        target was firing); ``error`` says the query failed, which changes no timer (it only notes
+    where a stretch without fresh data began).
+        ``sample_age`` is how old (seconds, at ``now``) the oldest input sample of the queries was;
+        None: not known (backtests) or no input series.
     """
 
     samples: tuple[Sample, ...] = ()
     clear_samples: tuple[Sample, ...] | None = None
     error: str | None = None
+    sample_age: float | None = None
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """When data is fresh enough to act on (the runtime derives it from its configuration;
+    the defaults, no bound, are those of backtests, whose data is history)."""
+
+    max_sample_age_s: float = inf
+    """A result with an input sample older than this is stale: no data, nothing acted on."""
+    max_gap_s: float = inf
+    """A stretch of failed or stale evaluations longer than this (from the first of them to
+    the next fresh one) starts the ``for`` of pending targets again: an outage does not count
+    towards ``for``. Time without any evaluation (the engine restarting) is no such stretch."""
 
 
 @dataclass(frozen=True)
@@ -104,10 +125,22 @@ def index_targets(policy: Policy, samples: Iterable[Sample]) -> dict[str, tuple[
     return found
 
 
-def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step:
+def evaluate(
+    policy: Policy,
+    result: QueryResult,
+    state: PolicyState,
+    now: float,
+    freshness: Freshness = Freshness(),  # noqa: B008 (frozen)
+) -> Step:
     """Advance ``policy``'s state machine to ``now`` with ``result``."""
     if result.error is not None:
         return _no_data(policy, result.error, state, now)
+    if result.sample_age is not None and result.sample_age > freshness.max_sample_age_s:
+        stale = (
+            f"stale data: the oldest input sample is {result.sample_age:.1f}s old, more than "
+            f"max_sample_age {freshness.max_sample_age_s:g}s"
+        )
+        return _no_data(policy, stale, state, now)
 
     matched = index_targets(policy, result.samples)
     cleared = (
@@ -134,7 +167,7 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
                 fired_at=prev.fired_at or now,
                 last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
             )
-        current = _observe(prev, target, sample, now)
+        current = _observe(prev, target, sample, now, freshness.max_gap_s)
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)
@@ -169,15 +202,36 @@ def evaluate(policy: Policy, result: QueryResult, state: PolicyState, now: float
 
 
 def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
-    """A failed query acts on nothing. ``hold`` keeps every timer; ``skip`` drops pending ones
-    (the condition must then be seen continuously again for the whole ``for``)."""
+    """A failed query (or stale data) acts on nothing. ``hold`` keeps every timer (a pending one
+    until ``Freshness.max_gap_s``, see ``_observe``); ``skip`` drops pending ones (the condition
+    must then be seen continuously again for the whole ``for``)."""
     if policy.on_no_data == "skip":
         kept = {k: t for k, t in state.targets.items() if t.status is not Status.PENDING}
         state = PolicyState(freeze(kept))
+    elif any(t.status is Status.PENDING and t.absent_since is None for t in state.targets.values()):
+        state = PolicyState(  # where the stretch without fresh data began (Freshness.max_gap_s)
+            freeze(
+                {
+                    k: replace(t, absent_since=now)
+                    if t.status is Status.PENDING and t.absent_since is None
+                    else t
+                    for k, t in state.targets.items()
+                }
+            )
+        )
     return Step((), state, SkippedEvaluation(policy.name, policy.group, now, error))
 
 
-def _observe(prev: TargetState | None, target: Target, sample: Sample, now: float) -> TargetState:
+def _observe(
+    prev: TargetState | None, target: Target, sample: Sample, now: float, max_gap_s: float
+) -> TargetState:
+    if (
+        prev is not None
+        and prev.status is Status.PENDING
+        and prev.absent_since is not None
+        and now - prev.absent_since > max_gap_s
+    ):
+        prev = None  # no fresh data for too long (an outage): `for` counts from now
     if prev is None:
         return TargetState(Status.PENDING, now, now, sample.value, target.labels)
     return replace(prev, last_seen=now, value=sample.value, absent_since=None)

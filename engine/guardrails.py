@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
-from engine.rules.model import Policy
+from engine.rules.model import MAX_COOLDOWN_S, Policy
 
 HOUR = 3600.0
-MEMORY_S = 30 * 86400.0
-"""How long the last action on a target is remembered (the longest cooldown honoured)."""
+MEMORY_S = MAX_COOLDOWN_S
+"""How long the last action on a target is remembered (the longest cooldown the loader
+accepts)."""
 RETRY_S = 60.0
 """How soon a decision held back by the kill switch, a pause, a budget or the blast radius is
 decided again (cooldown and max_per_hour know exactly when they will allow it)."""

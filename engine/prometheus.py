@@ -4,17 +4,25 @@ Called by ``engine.runtime``; returns ``Sample`` values. Every failure (connecti
 timeout, HTTP error, bad PromQL, a result that is not a vector) becomes a ``QueryError`` with the
 original chained, so the runtime can turn it into a skipped evaluation. Any server speaking the
 Prometheus HTTP API works (Thanos, Mimir, VictoriaMetrics).
+
+``sample_age`` says how old the newest data of a query's inputs is: the instant result of a
+query carries the evaluation time, not its samples' times, so the series each vector selector
+reads (parsed with ``promql-parser``, never by hand) are asked for ``timestamp()``. After a
+SIGKILLed Prometheus restarts it serves its old samples until it scrapes again (no staleness
+markers were written): their age is what tells them apart.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
+import promql_parser
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -59,6 +67,15 @@ class PrometheusClient:
         with self._errors(expr):
             raw = self._conn.custom_query(expr, params=params, timeout=self.timeout_s)
         return parse_vector(raw, expr)
+
+    def sample_age(self, exprs: Iterable[str], at: float | None = None) -> float | None:
+        """How old (seconds, at ``at``) the oldest sample is that the vector selectors of
+        ``exprs`` read; None when they read no series (or no selector reads the present)."""
+        probe = age_expr(tuple(exprs))
+        if probe is None:
+            return None
+        samples = self.query(probe, at=at)
+        return max((s.value for s in samples), default=None)
 
     @contextmanager
     def _errors(self, expr: str) -> Iterator[None]:
@@ -119,6 +136,34 @@ class PrometheusClient:
             except (KeyError, TypeError, AttributeError) as exc:
                 raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
         return out
+
+
+@lru_cache(maxsize=1024)
+def age_expr(exprs: tuple[str, ...]) -> str | None:
+    """One query for the age of the oldest input series of ``exprs``: per distinct vector
+    selector ``max(time() - timestamp(selector))``, the maximum over all. Selectors with
+    ``offset`` or ``@`` read the past on purpose and are left out. None: no selector."""
+    selectors: dict[str, None] = {}
+    for expr in exprs:
+        try:
+            tree = promql_parser.parse(expr)
+        except ValueError as exc:
+            raise QueryError(f"cannot tell how old the data of {expr!r} is: {_cap(exc)}") from exc
+
+        def visit(node: promql_parser.Expr) -> bool:
+            if isinstance(node, promql_parser.VectorSelector):
+                if node.offset is None and node.at is None:
+                    selectors[str(node)] = None
+            return True
+
+        promql_parser.walk(tree, visit)
+    if not selectors:
+        return None
+    parts = [
+        f'label_replace(max(time() - timestamp({s})), "gpuops_input", "{i}", "", "")'
+        for i, s in enumerate(selectors)
+    ]
+    return f"max({' or '.join(parts)})"
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:

@@ -38,6 +38,7 @@ from engine.decisions import (
     decision_id,
 )
 from engine.evaluation import (
+    Freshness,
     PolicyState,
     QueryResult,
     evaluate,
@@ -56,8 +57,7 @@ from engine.guardrails import (
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc, decision_from_doc, outcome_doc
-from engine.rules import promql
-from engine.rules.loader import load_rules
+from engine.rulecheck import load_checked, refuse_dropping_every_policy
 from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet, cron_time
 from engine.state import StateStore
 
@@ -125,10 +125,11 @@ class Engine(ApprovalFlow):
         """Load the rule files; on any error keep the running rules and report file:line
         (``strict``: raise the ``RulesError`` instead, for the first load)."""
         try:
-            rules = load_rules(self.config.rules)
-            problems = self._check_promql(rules) + self.registry.check_verbs(rules)
-            if problems:
-                raise RulesError(problems)
+            # the same checks as `gpuops rules check` (issue 10): engine.rulecheck
+            rules = load_checked(
+                self.config.rules, self.registry, without_promtool=self._no_promtool
+            )
+            refuse_dropping_every_policy(self.rules, rules)  # issue 10: `groups: []`
         except (RulesError, RecursionError, OSError, ValueError) as exc:
             self.metrics.reloads.labels("failure").inc()
             if not isinstance(exc, RulesError):  # a loader bug must not take the rules down
@@ -148,7 +149,8 @@ class Engine(ApprovalFlow):
         self.metrics.reloads.labels("success").inc()
         self.metrics.rules_loaded.set(count)
         self.metrics.last_reload_success.set(self.clock())
-        log.info(
+        log.log(
+            logging.INFO if count else logging.WARNING,
             "loaded %d policies in %d groups from %s",
             count,
             len(rules.groups),
@@ -158,15 +160,11 @@ class Engine(ApprovalFlow):
             self._schedule_groups()
         return ReloadResult(True, count)
 
-    def _check_promql(self, rules: RuleSet) -> list[RuleError]:
-        """PromQL checked by a real parser (promtool) before the rules replace running ones."""
-        try:
-            return promql.check(rules)
-        except promql.PromtoolError as exc:
-            if not self._promtool_warned:
-                log.warning("PromQL of reloaded rules not checked: %s", exc)
-                self._promtool_warned = True
-            return []
+    def _no_promtool(self, exc: Exception) -> None:
+        """PromQL is checked by a real parser (promtool) when there is one; said once if not."""
+        if not self._promtool_warned:
+            log.warning("PromQL of reloaded rules not checked: %s", exc)
+            self._promtool_warned = True
 
     def _mtimes(self) -> dict[str, float]:
         found: dict[str, float] = {}
@@ -232,11 +230,17 @@ class Engine(ApprovalFlow):
         with self._policy_lock(policy.name):  # one writer of this policy's state at a time
             state = self.store.policy_state(policy.name)
             result = self._query(policy, now, has_firing=bool(state.firing()))
-            step = evaluate(policy, result, state, now)
+            step = evaluate(policy, result, state, now, self._freshness(policy))
             if step.skipped is not None:
                 self._skipped(step.skipped)
             population = self._population(policy, now, step.decisions) if step.decisions else None
             return self._decide(policy, step.decisions, step.state, now, population)
+
+    def _freshness(self, policy: Policy) -> Freshness:  # issue 10: fresh data only
+        group = next((g for g in self.rules.groups if g.name == policy.group), None)
+        if group is None:
+            return self.config.prometheus.freshness(math.inf)
+        return self.config.prometheus.freshness(group.interval_s, group.max_sample_age_s)
 
     def _policy_lock(self, name: str) -> threading.Lock:
         with self._lock:
@@ -249,10 +253,12 @@ class Engine(ApprovalFlow):
             clear = None
             if policy.clear_expr is not None and has_firing:
                 clear = self.prometheus.query(policy.clear_expr, at=now)
+            inputs = [policy.expr, policy.clear_expr or ""] if clear is not None else [policy.expr]
+            age = self.prometheus.sample_age(inputs, at=now)  # issue 10: fresh data only
         except QueryError as exc:
             self.metrics.query_failures.labels(policy.name).inc()
             return QueryResult(error=str(exc))
-        return QueryResult(samples, clear)
+        return QueryResult(samples, clear, sample_age=age)
 
     def _population(
         self, policy: Policy, now: float, decisions: Iterable[Decision] = ()

@@ -91,6 +91,28 @@ class ExecutorRegistry:
                     )
         return errors
 
+    def check_params(self, rules: RuleSet) -> list[RuleError]:
+        """Every action's params are what its executor takes, as far as an executor can tell
+        before a decision (its optional ``check_params(verb, params)`` lists the problems)."""
+        errors = []
+        for policy in rules.policies():
+            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
+                check = getattr(
+                    self._factories.get(action.executor if action else ""), "check_params", None
+                )
+                if action is None or check is None:
+                    continue
+                file, _, line = policy.source.rpartition(":")
+                for problem in check(action.type, dict(action.params)):
+                    errors.append(
+                        RuleError(
+                            file,
+                            policy.key_lines.get(key, int(line or 0)),
+                            f"{policy.path}.{key}.params: {problem}",
+                        )
+                    )
+        return errors
+
     def verbs(self, name: str) -> frozenset[str] | None:
         """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
         factory = self._factories.get(name)

@@ -11,7 +11,8 @@ process group is killed and the run is a ``TemporaryError``. Exit 0 is success; 
 
 Settings (engine configuration, ``executors.command``): ``timeout_s``, ``env``, ``cwd``,
 ``retry_exit_codes``. Params (the policy's ``action.params``): ``argv`` (required),
-``timeout_s``, ``env``, ``cwd``; params win over settings, env is merged.
+``timeout_s``, ``env``, ``cwd``, ``program_from_labels`` (``argv[0]`` may use a label only
+with it); params win over settings, env is merged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import printable
 from engine.decisions import Decision
 from engine.rules.templating import render
 
@@ -66,6 +68,9 @@ class CommandParams(BaseModel):
     env: dict[str, str] = {}
     """Added over the settings' env; values are templates."""
     cwd: Path | None = None
+    program_from_labels: bool = False
+    """Allow ``argv[0]`` to use a label (the program a scraped label names is run): off unless
+    the rule says so explicitly."""
 
 
 class CommandExecutor:
@@ -80,6 +85,20 @@ class CommandExecutor:
         except ValidationError as exc:
             raise ValueError(f"executors.command settings: {_problems(exc)}") from None
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        try:
+            parsed = CommandParams.model_validate(dict(params))
+        except ValidationError as exc:
+            return [f"command params: {_problems(exc)}"]
+        if not parsed.program_from_labels and "$labels" in parsed.argv[0]:
+            return [
+                f"argv[0] {parsed.argv[0]!r} takes the program from a label; set "
+                "program_from_labels: true if the rule means to run what a scraped label names"
+            ]
+        return []
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         try:
             params = CommandParams.model_validate(
@@ -87,7 +106,9 @@ class CommandExecutor:
             )
         except ValidationError as exc:
             raise PermanentError(f"command params: {_problems(exc)}") from None
-        argv = render_argv(params.argv, decision.target.labels, decision.evidence.value)
+        argv = render_argv(
+            params.argv, decision.target.labels, decision.evidence.value, params.program_from_labels
+        )
         env = self._env(params, decision)
         cwd = params.cwd or self.settings.cwd
         if cwd is not None and not cwd.is_dir():
@@ -143,7 +164,13 @@ class CommandExecutor:
         env.setdefault("LANG", "C.UTF-8")
         env.update(self.settings.env)
         labels, value = decision.target.labels, decision.evidence.value
-        env.update({k: render(v, labels, value) for k, v in params.env.items()})
+        for name, template in params.env.items():
+            rendered = render(template, labels, value)
+            if "\x00" in rendered:
+                raise PermanentError(
+                    f"env {name} {template!r} renders to {printable(rendered)}, with a NUL byte"
+                )
+            env[name] = rendered
         env["GPUOPS_DECISION_ID"] = decision.id
         env["GPUOPS_POLICY"] = decision.policy
         env["GPUOPS_ACTION"] = decision.action.type if decision.action else ""
@@ -151,15 +178,28 @@ class CommandExecutor:
         return env
 
 
-def render_argv(templates: list[str], labels: Mapping[str, str], value: float | None) -> list[str]:
+def render_argv(
+    templates: list[str],
+    labels: Mapping[str, str],
+    value: float | None,
+    program_from_labels: bool = False,
+) -> list[str]:
     """Each template rendered to exactly one argument; refuses label values that would turn into
-    options (a leading ``-`` the template did not write) before a ``--``, and NUL bytes."""
+    options (a leading ``-`` the template did not write) before a ``--``, NUL bytes, and a
+    program (``argv[0]``) taken from a label unless ``program_from_labels``."""
+    if not program_from_labels and "$labels" in templates[0]:
+        raise PermanentError(
+            f"argv[0] {templates[0]!r} takes the program from a label; set params."
+            "program_from_labels: true if the rule means to run what a scraped label names"
+        )
     argv: list[str] = []
     options_ended = False
     for index, template in enumerate(templates):
         arg = render(template, labels, value)
         if "\x00" in arg:
-            raise PermanentError(f"argv[{index}] {template!r} renders to a value with a NUL byte")
+            raise PermanentError(
+                f"argv[{index}] {template!r} renders to {printable(arg)}, with a NUL byte"
+            )
         if index == 0 and not arg:
             raise PermanentError(f"argv[0] {template!r} renders to an empty program name")
         if index > 0 and not options_ended and arg.startswith("-") and not template.startswith("-"):

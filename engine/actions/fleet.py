@@ -1,19 +1,20 @@
 """The ``fleet`` executor: the simulated fleet's control API (``exporters.fleet``).
 
 Maps verbs to control endpoints; the target's labels name the GPU (``uuid``), node (``node``)
-or pool (``pool``). Every call carries the decision id, which the fleet uses to make a repeated
-call a no-op. 5xx, timeouts and refused connections are temporary; 4xx are permanent.
+or pool (``pool``), each percent-encoded into its path segment (``engine.actions.encoding``).
+Every call carries the decision id, which the fleet uses to make a repeated call a no-op. 5xx,
+timeouts and refused connections are temporary; 4xx are permanent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import path_segment
 from engine.decisions import Decision
 
 
@@ -40,6 +41,16 @@ class FleetExecutor:
         self.timeout_s = float(settings.get("timeout_s", 5.0))
         self.session = requests.Session()
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        problems = []
+        if verb == "downclock" and not _whole(params.get("max_clock_mhz"), 1):
+            problems.append("downclock needs max_clock_mhz, a whole number of MHz above 0")
+        if verb in ("scale_out", "scale_in") and not _whole(params.get("nodes", 1), 1):
+            problems.append(f"{verb} needs nodes, a whole number above 0")
+        return problems
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         assert decision.action is not None
         verb = decision.action.type
@@ -56,7 +67,7 @@ class FleetExecutor:
         elif verb == "restore_clocks":
             method, path = "DELETE", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
         elif verb in ("scale_out", "scale_in"):
-            pool = labels.get("pool") or str(params.get("pool", "default"))
+            pool = path_segment(labels.get("pool") or str(params.get("pool", "default")), "pool")
             method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
             body["nodes"] = int(params.get("nodes", 1))
         elif verb in ("grant_quota", "release_quota"):
@@ -66,7 +77,7 @@ class FleetExecutor:
             if not name:
                 raise PermanentError(f"{verb} needs a priority_class label or param")
             method = "POST" if verb == "hold_class" else "DELETE"
-            path = f"/api/v1/classes/{quote(name, safe='')}/hold"
+            path = f"/api/v1/classes/{path_segment(name, 'priority_class')}/hold"
         else:  # migrate
             method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/migrate"
         return self._call(method, path, body)
@@ -95,12 +106,12 @@ def _quota_call(
 ) -> tuple[str, str]:
     """An elastic quota grant or its release (``engine.api.quota`` with ``grant_action:
     grant_quota``, ``undo_action: release_quota``): the grant is named by the request."""
-    project = quote(_need(labels, "project", verb), safe="")
+    project = path_segment(_need(labels, "project", verb), "project")
     grant = labels.get("quota_request") or str(params.get("grant", ""))
     if not grant:
         raise PermanentError(f"{verb} needs a quota_request label or params.grant")
     if verb == "release_quota":
-        return "DELETE", f"/api/v1/projects/{project}/grants/{quote(grant, safe='')}"
+        return "DELETE", f"/api/v1/projects/{project}/grants/{path_segment(grant, 'quota_request')}"
     body["grant"] = grant
     body["pool"] = labels.get("pool") or str(params.get("pool", "default"))
     body["gpus"] = int(params.get("gpus", 0))
@@ -109,10 +120,14 @@ def _quota_call(
     return "POST", f"/api/v1/projects/{project}/grants"
 
 
+def _whole(value: Any, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+
+
 def _need(labels: Mapping[str, str], name: str, verb: str) -> str:
     value = labels.get(name)
     if not value:
         raise PermanentError(
             f"{verb} needs the target label {name!r}; the target has {dict(labels)}"
         )
-    return value
+    return path_segment(value, name)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from engine.actions.encoding import printable
 from engine.decisions import Decision
 
 log = logging.getLogger(__name__)
@@ -20,5 +21,6 @@ class LogExecutor:
 
     def run(self, decision: Decision) -> Mapping[str, Any]:
         verb = decision.action.type if decision.action else "-"
-        log.info("[log] %s %s on %s", decision.policy, verb, decision.target.key)
+        # the key holds label values: escaped, so that a value cannot forge a log line
+        log.info("[log] %s %s on %s", decision.policy, verb, printable(decision.target.key))
         return {"logged": True}

@@ -9,7 +9,8 @@ with every request, so the agent does a retried decision once.
 Settings (from the engine configuration):
 
 - ``url``: agent base URL, a template filled from the target's labels (default
-  ``http://{node}:9835``).
+  ``http://{node}:9835``): a label in the host must be a host name or IP, one elsewhere is
+  percent-encoded (``engine.actions.encoding``).
 - ``token`` or ``token_file``: the agent's bearer token (a file keeps it out of the config).
 - ``gpu_label``: target label naming the GPU, by uuid or index (default ``uuid``).
 - ``timeout_s``: seconds per HTTP request (default 10).
@@ -25,6 +26,7 @@ from typing import Any
 import requests
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import fill_url, path_segment
 from engine.decisions import Decision
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,21 @@ class NvmlAgentExecutor:
         self._token = str(token) if token else None
         self._http = requests.Session()
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        if verb != "downclock":
+            return []
+        problems = []
+        for key in ("max_clock_mhz", "min_clock_mhz"):
+            if key == "min_clock_mhz" and params.get(key) is None:
+                continue
+            try:
+                _mhz(params, key)
+            except PermanentError as exc:
+                problems.append(str(exc))
+        return problems
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         verb = decision.action.type if decision.action else ""
         params = dict(decision.action.params) if decision.action else {}
@@ -61,6 +78,7 @@ class NvmlAgentExecutor:
                 f"target {decision.target.key} has no {self.gpu_label!r} label to name the GPU "
                 f"(set the policy's target to include it)"
             )
+        gpu = path_segment(gpu, self.gpu_label)
         body: dict[str, Any] = {"decision_id": decision.id}
         if verb == "downclock":
             body["max_clock_mhz"] = _mhz(params, "max_clock_mhz")
@@ -76,12 +94,13 @@ class NvmlAgentExecutor:
 
     def _base_url(self, decision: Decision) -> str:
         try:
-            return self.url_template.format_map(dict(decision.target.labels)).rstrip("/")
+            url = fill_url(self.url_template, decision.target.labels, _format)
         except KeyError as exc:
             raise PermanentError(
                 f"nvml-agent url {self.url_template!r} needs label {exc.args[0]!r}, which target "
                 f"{decision.target.key} does not have"
             ) from None
+        return url.rstrip("/")
 
     def _post(self, url: str, body: Mapping[str, Any], decision_id: str) -> dict[str, Any]:
         headers = {"Idempotency-Key": decision_id}
@@ -105,6 +124,10 @@ class NvmlAgentExecutor:
         except ValueError:
             raise PermanentError(f"nvml-agent {url} answered non-JSON: {message}") from None
         return dict(doc) if isinstance(doc, dict) else {"response": doc}
+
+
+def _format(template: str, values: Mapping[str, str]) -> str:
+    return template.format_map(dict(values))
 
 
 def _mhz(params: Mapping[str, Any], key: str) -> int:

@@ -11,6 +11,8 @@ Settings (engine configuration, ``executors.webhook``), validated by ``WebhookSe
 ``url``, ``headers``, ``token`` / ``token_file``, ``hmac_secret`` / ``hmac_secret_file``,
 ``timeout_s``, ``verify``. Params (the policy's ``action.params``): ``url``, ``headers``,
 ``timeout_s`` override the settings; the other params are sent to the receiver in the body.
+Label values are encoded by ``engine.actions.encoding``: percent-encoded in the URL's path and
+query, a host name or IP where they are the host, percent-encoded controls in header values.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from pydantic import (
@@ -38,6 +40,7 @@ from pydantic import (
 )
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import fill_url, header_value
 from engine.decisions import Decision
 from engine.rules.templating import render
 
@@ -106,6 +109,15 @@ class WebhookExecutor:
         except ValidationError as exc:
             raise ValueError(f"executors.webhook settings: {_problems(exc)}") from None
 
+    @staticmethod
+    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
+        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
+        try:
+            WebhookParams.model_validate(dict(params))
+        except ValidationError as exc:
+            return [f"webhook params: {_problems(exc)}"]
+        return []
+
     def run(self, decision: Decision) -> Mapping[str, Any]:
         try:
             params = WebhookParams.model_validate(
@@ -117,8 +129,9 @@ class WebhookExecutor:
         body = encode(decision)
         headers = {"Content-Type": "application/json", "User-Agent": "gpuops-webhook"}
         labels, value = decision.target.labels, decision.evidence.value
+        encoded = {k: header_value(v) for k, v in labels.items()}  # no header can be added
         for name, template in {**self.settings.headers, **params.headers}.items():
-            headers[name] = render(template, labels, value)
+            headers[name] = render(template, encoded, value)
         headers[DECISION_ID_HEADER] = decision.id
         token = _secret(self.settings.token, self.settings.token_file, "token_file")
         if token:
@@ -165,10 +178,10 @@ class WebhookExecutor:
                 "webhook has no url: set params.url in the policy's action or url in the "
                 "engine's executors.webhook settings"
             )
-        # Label values are percent-encoded (':' kept, for host:port labels), so a value cannot
-        # add path segments, a query or a fragment to the URL.
-        labels = {k: quote(v, safe=":") for k, v in decision.target.labels.items()}
-        url = render(template, labels, decision.evidence.value)
+        # Label values are percent-encoded, so a value cannot add path segments, a query or a
+        # fragment to the URL; one in the host must be a host name.
+        value = decision.evidence.value
+        url = fill_url(template, decision.target.labels, lambda t, v: render(t, v, value))
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
             raise PermanentError(
                 f"webhook url {redact(url)!r} (from {redact(template)!r}) is not an http(s) URL"

@@ -96,6 +96,7 @@ def create_app(
         tokens=tokens,
         record=engine.audit.operation,
         max_body_bytes=settings.max_body_bytes,
+        body_limits={f"{PREFIX}/alertmanager": settings.alertmanager_max_body_bytes},
         prefix=PREFIX,
         open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc"}),
     )

@@ -1,6 +1,10 @@
 """The ASGI middleware in front of every ``/api/v1`` route: request-size limit, authentication
 (bearer token, or HTTP Basic with the token as password) and the audit record of the call.
 
+Bodies are checked as they stream in, whatever the framing (Content-Length or chunked): one
+over its route's limit is answered 413, a JSON body that is not UTF-8 422, whatever the route
+would have said about the truncated read.
+
 Installed by ``engine.api.app.create_app``; the route dependencies of ``engine.api.auth`` check
 permissions of the principal it leaves in the request state. Credentials are never logged,
 audited or echoed: messages name the user at most.
@@ -10,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio.to_thread
@@ -31,6 +36,10 @@ class _TooLarge(Exception):
     pass
 
 
+class _NotUtf8(Exception):
+    pass
+
+
 class ApiGate:
     """Authenticates, limits and audits requests under ``prefix`` (except ``open_paths``)."""
 
@@ -42,11 +51,14 @@ class ApiGate:
         max_body_bytes: int,
         prefix: str = "/api/v1",
         open_paths: frozenset[str] = frozenset(),
+        body_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.record = record
         self.max_body_bytes = max_body_bytes
+        self.body_limits = dict(body_limits or {})
+        """Limits of particular paths (the Alertmanager receiver's groups are larger)."""
         self.prefix = prefix
         self.open_paths = open_paths
 
@@ -59,6 +71,8 @@ class ApiGate:
         sent = {"status": 0, "audited": False}
         claimed = "anonymous"
         principal: Principal | None = None
+        limit = self.body_limits.get(path, self.max_body_bytes)
+        refused: dict[str, tuple[int, str]] = {}  # the body's own problem, answered instead
 
         async def audit_once() -> None:
             if not sent["audited"]:
@@ -66,6 +80,8 @@ class ApiGate:
                 await self._audit(scope, state, principal, claimed, sent["status"] or 500)
 
         async def send_audited(message: Message) -> None:
+            if refused:
+                return  # what the route made of a body cut short is not the answer
             # The call is audited before the last byte of the answer leaves: whoever got an
             # answer finds its audit record.
             if message["type"] == "http.response.start":
@@ -83,22 +99,25 @@ class ApiGate:
                 )
                 return
             state["principal"] = principal
-            problem = self._length_problem(scope)
+            problem = self._length_problem(scope, limit)
             if problem is not None:
                 state["gpuops_reason"] = problem[1]
                 await _reply(send_audited, problem[0], problem[1])
                 return
-            await self.app(scope, self._limited(receive), send_audited)
-        except _TooLarge:
-            reason = f"request body larger than {self.max_body_bytes} bytes"
-            state["gpuops_reason"] = reason
-            if not sent["status"]:
-                await _reply(send_audited, 413, reason)
+            json_body = (_header(scope, b"content-type") or "").startswith("application/json")
+            await self.app(scope, _checked(receive, limit, json_body, refused), send_audited)
+        except (_TooLarge, _NotUtf8):
+            pass  # answered below
         except Exception as exc:
-            state.setdefault("gpuops_reason", f"internal error: {type(exc).__name__}")
-            sent["status"] = sent["status"] or 500
-            raise
+            if not refused:
+                state.setdefault("gpuops_reason", f"internal error: {type(exc).__name__}")
+                sent["status"] = sent["status"] or 500
+                raise
         finally:
+            if refused and not sent["status"]:
+                status, reason = refused.pop("body")
+                state["gpuops_reason"] = reason
+                await _reply(send_audited, status, reason)
             await audit_once()
 
     def _authenticate(self, scope: Scope) -> tuple[Principal | None, str, str]:
@@ -129,29 +148,15 @@ class ApiGate:
             )
         return None, "anonymous", "unsupported Authorization scheme (use Bearer or Basic)"
 
-    def _length_problem(self, scope: Scope) -> tuple[int, str] | None:
+    def _length_problem(self, scope: Scope, limit: int) -> tuple[int, str] | None:
         length = _header(scope, b"content-length")
         if length is None:
             return None
         if not length.isdigit():
             return 400, "Content-Length is not a number"
-        if int(length) > self.max_body_bytes:
-            return 413, f"request body of {length} bytes exceeds the limit of {self.max_body_bytes}"
+        if int(length) > limit:
+            return 413, f"request body of {length} bytes exceeds the limit of {limit}"
         return None
-
-    def _limited(self, receive: Receive) -> Receive:
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _TooLarge
-            return message
-
-        return limited
 
     async def _audit(
         self,
@@ -187,6 +192,35 @@ class ApiGate:
             )
         except Exception:  # the audit's own failure is counted there; the answer stands
             log.exception("could not audit %s %s", method, path)
+
+
+def _checked(
+    receive: Receive, limit: int, json_body: bool, refused: dict[str, tuple[int, str]]
+) -> Receive:
+    """``receive`` that counts the body against ``limit`` and, for JSON, decodes it as UTF-8
+    as it comes; a problem is left in ``refused`` (the answer) and ends the read."""
+    seen = 0
+    decoder = codecs.getincrementaldecoder("utf-8")()
+
+    async def checked() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            if seen + len(chunk) > limit:
+                refused["body"] = (413, f"request body larger than {limit} bytes")
+                raise _TooLarge
+            if json_body:
+                try:
+                    decoder.decode(chunk, final=not message.get("more_body", False))
+                except UnicodeDecodeError as exc:
+                    at = seen + exc.start
+                    refused["body"] = (422, f"JSON body is not UTF-8 (byte {at} is invalid)")
+                    raise _NotUtf8 from None
+            seen += len(chunk)
+        return message
+
+    return checked
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

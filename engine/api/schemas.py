@@ -27,11 +27,19 @@ class QuotaRequestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     project: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="Project.")
-    gpus: int = Field(ge=1, le=100_000, description="Extra GPUs wanted.")
+    gpus: int = Field(ge=1, le=100_000, strict=True, description="Extra GPUs wanted.")
+    """Strict: ``true`` is not one GPU, ``"3"`` is not three."""
     duration: str | float = Field(
         description="How long: seconds, or a Prometheus duration such as 8h."
     )
     reason: str = Field(default="", max_length=1000)
+
+    @field_validator("duration", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # JSON true would be 1 second
+            raise ValueError("must be a duration (seconds, or such as 8h), not a boolean")
+        return value
 
     @field_validator("duration")
     @classmethod

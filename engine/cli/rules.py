@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 
+from engine.actions.base import ExecutorRegistry
 from engine.cli.api_client import api_options, remote_call, show
 from engine.rules.export import export_rules
 from engine.rules.loader import load_rules
 from engine.rules.model import RuleError, RulesError, RuleSet
 from engine.rules.promql import PromtoolError
-from engine.rules.promql import check as check_promql
 
 _PATHS = click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 
@@ -49,25 +49,47 @@ def rules() -> None:
 
 
 @rules.command("check")
-@_PATHS
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option(
     "--no-promql",
     is_flag=True,
-    help="Skip the PromQL check by promtool (schema only; for machines without promtool).",
+    help="Skip the PromQL check by promtool (for machines without promtool).",
 )
-def check(paths: tuple[Path, ...], no_promql: bool) -> None:
-    """Validate policy files or directories; print every problem as FILE:LINE: message."""
-    ruleset = _load(paths)
-    if not no_promql:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Engine configuration: check its rules (when no PATHS are given) as that engine "
+    "loads them.",
+)
+def check(paths: tuple[Path, ...], no_promql: bool, config_path: Path | None) -> None:
+    """Validate policy files or directories exactly as the engine does when it loads them
+    (schema, PromQL, each action's executor, verb and params); print every problem as
+    FILE:LINE: message."""
+    from engine.config import ConfigError, load_config
+    from engine.rulecheck import load_checked
+
+    targets: list[Path] = list(paths)
+    if config_path is not None:
         try:
-            errors = check_promql(ruleset)
-        except PromtoolError as exc:
+            config = load_config(config_path)
+        except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
-        if errors:
-            _report(errors)
-            sys.exit(1)
+        targets = targets or list(config.rules)
+    if not targets:
+        raise click.UsageError("give rule files or directories, or --config ENGINE_YAML")
+    # the engine's registry: the executors installed (entry points), as `engine run` builds it
+    registry = ExecutorRegistry.from_entry_points()
+    try:
+        ruleset = load_checked(targets, registry, check_promql=not no_promql)
+    except RulesError as exc:
+        _report(exc.errors)
+        sys.exit(1)
+    except PromtoolError as exc:
+        raise click.ClickException(str(exc)) from None
     count = sum(1 for _ in ruleset.policies())
-    checked = "schema" if no_promql else "schema and PromQL"
+    checked = "schema, executors" if no_promql else "schema, PromQL, executors"
     click.echo(
         f"OK: {count} {'policy' if count == 1 else 'policies'} in "
         f"{_count(len(ruleset.groups), 'group')} from {_count(len(ruleset.files), 'file')} "

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.decisions import ActionSpec, freeze
 from engine.rules.messages import format_path, from_validation, from_yaml, located
-from engine.rules.model import Group, Policy, RuleError, RulesError, RuleSet
+from engine.rules.model import MAX_COOLDOWN_S, Group, Policy, RuleError, RulesError, RuleSet
 from engine.rules.schema import (
     NESTED,
     ActionModel,
@@ -31,7 +31,7 @@ from engine.rules.schema import (
     describe,
     template_problem,
 )
-from engine.rules.yamlsource import Positions, YamlPath, parse_yaml
+from engine.rules.yamlsource import Positions, YamlLimits, YamlPath, parse_yaml
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,14 @@ def load_rules(paths: Sequence[Path | str]) -> RuleSet:
     """Load and validate the rule files at ``paths`` (files or directories) as one rule set."""
     files, errors = rule_files(paths)
     texts: list[tuple[str, str]] = []
+    limit = YamlLimits().max_bytes
     for path in files:
         try:
+            if path.stat().st_size > limit:  # not even read: its size is enough to refuse it
+                size = path.stat().st_size
+                message = f"file of {size} bytes is larger than the limit of {limit} bytes"
+                errors.append(RuleError(str(path), 1, message))
+                continue
             texts.append((path.read_text(encoding="utf-8"), str(path)))
         except UnicodeDecodeError:
             errors.append(RuleError(str(path), 0, "cannot read: not UTF-8 text"))
@@ -206,7 +212,15 @@ class _FileReader:
                     policies.append(policy)
             if model is not None:
                 source = f"{self.file}:{self.positions.line((*path, 'name'))}"
-                groups.append(Group(model.name, model.interval, tuple(policies), source))
+                groups.append(
+                    Group(
+                        model.name,
+                        model.interval,
+                        tuple(policies),
+                        source,
+                        max_sample_age_s=model.max_sample_age,
+                    )
+                )
         return groups
 
     def _policy(self, raw: Any, path: YamlPath, group: str) -> Policy | None:
@@ -270,6 +284,13 @@ class _FileReader:
                         "evaluated only at its cron times (remove it; use repeat_interval to act "
                         "again while the condition holds)",
                     )
+        if model.cooldown > MAX_COOLDOWN_S:
+            self._error(
+                (*path, "cooldown"),
+                f"cooldown of {model.cooldown / 86400:g}d is longer than the guardrails remember "
+                f"the last action on a target ({MAX_COOLDOWN_S / 86400:g}d): it would end early "
+                "(use at most 30d)",
+            )
         if model.limits and model.limits.population and model.limits.max_fraction is None:
             self._error(
                 (*path, "limits", "population"),

@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 from engine.decisions import EMPTY, ActionSpec
 
+MAX_COOLDOWN_S = 30 * 86400.0
+"""The longest cooldown: how long the guardrails remember the last action on a target
+(``engine.guardrails.MEMORY_S``). A longer one is refused, never silently capped."""
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -70,6 +74,8 @@ class Group:
     interval_s: float
     policies: tuple[Policy, ...]
     source: str = ""
+    max_sample_age_s: float | None = None
+    """The group's own bound on sample age (None: the engine's ``prometheus.max_sample_age``)."""
 
 
 @dataclass(frozen=True)

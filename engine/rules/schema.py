@@ -264,6 +264,9 @@ class GroupModel(_Strict):
 
     name: NonEmpty
     interval: PositiveDuration = 30.0
+    max_sample_age: PositiveDuration | None = None
+    """Overrides the engine's ``prometheus.max_sample_age`` for this group (e.g. for policies
+    over recording rules, whose samples are as old as their evaluation interval)."""
     rules: list[Any]
 
 

@@ -4,6 +4,11 @@ Used by ``engine.rules.loader`` (rule files) and ``engine.rules.testspec`` (poli
 so that each error can name its file and line. PyYAML's SafeLoader parses; the subclass here
 only records marks and duplicate keys. Tabs and syntax errors become ``YamlProblem``s, never
 tracebacks.
+
+Parsing is bounded (``YamlLimits``): size, nesting depth, aliases, and the number of nodes the
+document would have with every alias expanded, counted on the composed node graph before
+anything is constructed. An alias bomb (a few hundred bytes that expand to billions of nodes)
+is refused in milliseconds at the line of the alias that crosses the limit.
 """
 
 from __future__ import annotations
@@ -17,6 +22,29 @@ import yaml
 
 YamlPath = tuple[str | int, ...]
 _TAB_INDENT = re.compile(r"^ *\t")
+
+
+@dataclass(frozen=True)
+class YamlLimits:
+    """Bounds on one YAML document. The defaults are far above any real rule, test or config
+    file (the shipped rules are ~10 KB, depth 8, no aliases) and far below what hurts."""
+
+    max_bytes: int = 4 * 1024 * 1024
+    """UTF-8 size of the text: a rule file of 4 MiB holds ~10,000 policies."""
+    max_depth: int = 64
+    """Nested mappings and lists (PyYAML composes recursively: deep nesting would exhaust the
+    stack)."""
+    max_aliases: int = 1_000
+    """``*alias`` uses."""
+    max_nodes: int = 1_000_000
+    """Nodes of the document with every alias expanded (what validation will walk)."""
+
+
+class YamlLimitError(yaml.YAMLError):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -45,9 +73,34 @@ class _SequenceMarks:
 class _LineLoader(yaml.SafeLoader):
     """A SafeLoader that records, per constructed mapping and list, the line of each entry."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, limits: YamlLimits) -> None:
         super().__init__(stream)
         self.line_marks: dict[int, _MappingMarks | _SequenceMarks] = {}
+        self.limits = limits
+        self._depth = 0
+        self._aliases = 0
+        self.alias_lines: dict[tuple[int, int], int] = {}
+        """Line of each alias use by (id of its mapping or list, index or id of its key)."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        line = self.peek_event().start_mark.line + 1  # type: ignore[no-untyped-call]
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > self.limits.max_aliases:
+                raise YamlLimitError(line, f"more than {self.limits.max_aliases} aliases")
+            if parent is not None:
+                where = index if isinstance(index, int) else id(index)
+                self.alias_lines[(id(parent), where)] = line
+        nests = self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent)  # type: ignore[no-untyped-call]
+        self._depth += 1 if nests else 0
+        try:
+            if nests and self._depth > self.limits.max_depth:
+                raise YamlLimitError(
+                    line, f"nested deeper than {self.limits.max_depth} mappings and lists"
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1 if nests else 0
 
     def construct_marked_mapping(self, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
         data: dict[Any, Any] = {}
@@ -182,15 +235,79 @@ def _syntax_problem(exc: yaml.YAMLError) -> YamlProblem:
     return YamlProblem(1, (), f"YAML syntax error: {exc}")
 
 
-def parse_yaml(text: str) -> tuple[Any, Positions, list[YamlProblem]]:
-    """Parse one YAML document. Returns the data (None when empty or unreadable), the
-    positions of its keys and items, and the problems found (duplicate keys, tabs, syntax)."""
+def check_expansion(
+    root: yaml.Node, limits: YamlLimits, alias_lines: dict[tuple[int, int], int]
+) -> YamlLimitError | None:
+    """What is wrong with ``root`` once every alias is expanded: more than ``max_nodes`` nodes
+    or deeper than ``max_depth`` (an alias nests its anchor's value where it is used). Linear
+    in the composed graph: an alias is the same node object again, measured once."""
+    measured: dict[int, tuple[int, int]] = {}  # node -> (expanded nodes, expanded height)
+    on_path: set[int] = set()
+    total = 0
+
+    def visit(node: yaml.Node, above: int, line: int) -> tuple[int, int]:
+        """``above``: mappings and lists around ``node``, used at ``line``; returns (nodes,
+        height) of it."""
+        nonlocal total
+        known = measured.get(id(node))
+        if known is not None:
+            total += known[0]
+        if total > limits.max_nodes:
+            raise YamlLimitError(
+                line,
+                f"aliases expand the document to more than {limits.max_nodes} nodes "
+                "(an alias bomb?)",
+            )
+        if known is not None:
+            if above + known[1] > limits.max_depth:
+                raise YamlLimitError(line, f"aliases nest it deeper than {limits.max_depth}")
+            return known
+        total += 1
+        if not isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            return 1, 0
+        if id(node) in on_path:
+            return 1, 1  # a recursive alias: reported by the walk that constructs it
+        if above + 1 > limits.max_depth:
+            raise YamlLimitError(line, f"aliases nest it deeper than {limits.max_depth}")
+        children: list[tuple[yaml.Node, int]] = (
+            [(n, id(key)) for key, value in node.value for n in (key, value)]
+            if isinstance(node, yaml.MappingNode)
+            else [(n, i) for i, n in enumerate(node.value)]
+        )
+        on_path.add(id(node))
+        size, height = 1, 1
+        for child, where in children:
+            used_at = alias_lines.get((id(node), where), child.start_mark.line + 1)
+            child_size, child_height = visit(child, above + 1, used_at)
+            size, height = size + child_size, max(height, child_height + 1)
+        on_path.discard(id(node))
+        measured[id(node)] = (size, height)
+        return size, height
+
+    try:
+        visit(root, 0, root.start_mark.line + 1)
+    except YamlLimitError as exc:
+        return exc
+    return None
+
+
+def parse_yaml(
+    text: str,
+    limits: YamlLimits = YamlLimits(),  # noqa: B008 (frozen)
+) -> tuple[Any, Positions, list[YamlProblem]]:
+    """Parse one YAML document within ``limits``. Returns the data (None when empty or
+    unreadable), the positions of its keys and items, and the problems found (duplicate keys,
+    tabs, syntax, limits)."""
     positions = Positions()
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > limits.max_bytes:
+        message = f"file of {size} bytes is larger than the limit of {limits.max_bytes} bytes"
+        return None, positions, [YamlProblem(1, (), message)]
     tabs = _tab_problems(text)
     if tabs:
         return None, positions, tabs
     try:
-        loader = _LineLoader(text)  # PyYAML's reader checks for unprintable characters here
+        loader = _LineLoader(text, limits)  # PyYAML's reader checks for unprintable characters here
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
         return (
@@ -206,7 +323,14 @@ def parse_yaml(text: str) -> tuple[Any, Positions, list[YamlProblem]]:
             ],
         )
     try:
-        data = loader.get_single_data()
+        node = loader.get_single_node()
+        expansion = check_expansion(node, limits, loader.alias_lines) if node is not None else None
+        if expansion is not None:
+            raise expansion
+        data = loader.construct_document(node) if node is not None else None
+    except YamlLimitError as exc:
+        problem = f"YAML refused: {exc.message}; the file is not used"
+        return None, positions, [YamlProblem(exc.line, (), problem)]
     except yaml.YAMLError as exc:
         return None, positions, [_syntax_problem(exc)]
     finally:

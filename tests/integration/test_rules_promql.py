@@ -42,4 +42,7 @@ def test_rules_check_runs_promtool_and_exits_1() -> None:
 def test_rules_check_of_the_shipped_policies_passes() -> None:
     result = CliRunner().invoke(cli, ["rules", "check", str(ROOT / "rules")])
     assert result.exit_code == 0, result.output
-    assert result.stdout == "OK: 4 policies in 2 groups from 2 files (schema and PromQL checked)\n"
+    assert (
+        result.stdout
+        == "OK: 4 policies in 2 groups from 2 files (schema, PromQL, executors checked)\n"
+    )

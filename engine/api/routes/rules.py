@@ -19,14 +19,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from engine.actions.base import ExecutorRegistry
 from engine.api.auth import require
 from engine.api.context import ApiContext, api_context
 from engine.api.schemas import FILE_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
+from engine.rulecheck import check_rules
 from engine.rules.loader import load_rules_text, rule_files
 from engine.rules.model import Policy, RuleError, RulesError
 from engine.rules.promql import PromtoolError
-from engine.rules.promql import check as check_promql
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +101,29 @@ def show_rule(
     return policy_doc(policy, detail=True)
 
 
-def _validate(text: str, filename: str, promql: bool) -> dict[str, Any]:
+def _validate(
+    text: str, filename: str, promql: bool, registry: ExecutorRegistry | None = None
+) -> dict[str, Any]:
+    """The engine's checks (``engine.rulecheck``) of one posted file; PromQL when asked."""
     try:
         ruleset = load_rules_text(text, filename)
     except RulesError as exc:
         return {"ok": False, "policies": 0, "errors": _errors(exc.errors), "promql_checked": False}
     result: dict[str, Any] = {
-        "ok": True,
         "policies": sum(1 for _ in ruleset.policies()),
-        "errors": [],
-        "promql_checked": False,
+        "promql_checked": promql,
     }
-    if promql:
-        try:
-            errors = check_promql(ruleset, timeout=20.0)
-        except PromtoolError as exc:
-            result["note"] = f"PromQL not checked: {exc}"
-            return result
-        result.update(ok=not errors, errors=_errors(errors), promql_checked=True)
-    return result
+
+    def no_promtool(exc: PromtoolError) -> None:
+        result.update(note=f"PromQL not checked: {exc}", promql_checked=False)
+
+    errors = check_rules(
+        ruleset,
+        registry or ExecutorRegistry(),
+        check_promql=promql,
+        without_promtool=no_promtool,
+    )
+    return {"ok": not errors, **result, "errors": _errors(errors)}
 
 
 async def _text(request: Request) -> str:
@@ -131,13 +136,16 @@ async def _text(request: Request) -> str:
 @router.post("/rules/validate", openapi_extra=_TEXT_BODY)
 async def validate_rules(
     request: Request,
+    ctx: Ctx,
     _: Annotated[Principal, Depends(require(Permission.RULES_VALIDATE))],
     filename: Annotated[str, Query(pattern=FILE_PATTERN)] = "posted.yaml",
     promql: Annotated[bool, Query(description="Also check PromQL with promtool.")] = False,
 ) -> Any:
-    """Validate a rule file (the body, YAML); errors are ``file:line: message``."""
+    """Validate a rule file (the body, YAML) as the engine would load it (executor verbs and
+    params included); errors are ``file:line: message``."""
     text = await _text(request)
-    return await anyio.to_thread.run_sync(_validate, text, filename, promql)
+    registry = ctx.engine.registry
+    return await anyio.to_thread.run_sync(_validate, text, filename, promql, registry)
 
 
 def _reload_answer(ctx: ApiContext) -> Any:
@@ -210,7 +218,7 @@ async def put_rule_file(
 
 
 def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
-    checked = _validate(text, name, promql=False)
+    checked = _validate(text, name, promql=False, registry=ctx.engine.registry)
     if not checked["ok"]:
         return JSONResponse(
             {"detail": f"{name} is not a valid rule file", "errors": checked["errors"]}, 422

@@ -79,7 +79,7 @@ def test_a_label_that_would_be_read_as_an_option_is_refused() -> None:
 
 
 def test_a_nul_byte_is_refused() -> None:
-    with pytest.raises(PermanentError, match=r"argv\[1\] .* renders to a value with a NUL byte"):
+    with pytest.raises(PermanentError, match=r"argv\[1\] .* renders to .a.*b., with a NUL byte"):
         run(["/bin/echo", "{{ $labels.node }}"], node="a\x00b")
 
 
@@ -226,8 +226,15 @@ def test_params_and_settings_are_validated() -> None:
     assert str(empty.value) == (
         "command params: argv: List should have at least 1 item after validation, not 0"
     )
+    allowed = {"argv": ["{{ $labels.x }}"], "program_from_labels": True}
     with pytest.raises(PermanentError, match="argv\\[0\\] '{{ \\$labels.x }}' renders to an empty"):
-        ex.run(command(["{{ $labels.x }}"]))
+        ex.run(make_decision("drain", "command", allowed))
+    with pytest.raises(PermanentError) as from_label:
+        ex.run(command(["{{ $labels.x }}"], x="/bin/sh"))
+    assert str(from_label.value) == (
+        "argv[0] '{{ $labels.x }}' takes the program from a label; set "
+        "params.program_from_labels: true if the rule means to run what a scraped label names"
+    )
     with pytest.raises(ValueError) as bad:
         CommandExecutor({"timeout_s": 0})
     assert str(bad.value) == "executors.command settings: timeout_s: Input should be greater than 0"

@@ -109,3 +109,13 @@ def test_validate_reports_unreadable_characters_as_a_line_error(api: Harness) ->
         "posted.yaml:2: unprintable character U+009C (YAML allows printable characters only; "
         "remove it)"
     )
+
+
+def test_validate_checks_executor_verbs_as_the_engine_does(api: Harness) -> None:
+    text = NEW_FILE.replace("type: notify, executor: log", "type: downclok, executor: fleet")
+    body = api.call("developer", "POST", "/api/v1/rules/validate", data=text).json()
+    assert body["ok"] is False
+    assert [e["message"] for e in body["errors"]] == [
+        "groups[0].rules[0].action.type: executor 'fleet' does not do 'downclok' (it does: "
+        "downclock, migrate, reclaim, restore_clocks, scale_in, scale_out)"
+    ]

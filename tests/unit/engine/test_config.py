@@ -32,7 +32,8 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
     [
         (
             "prometheus:\n  url: http://x\n  timout: 5s\n",
-            "engine.yaml:3: prometheus.timout: unknown key (allowed: timeout, url)",
+            "engine.yaml:3: prometheus.timout: unknown key (allowed: max_pending_gap, "
+            "max_sample_age, scrape_interval, timeout, url)",
         ),
         (
             "guardrails:\n  approval_ttl: forever\n",

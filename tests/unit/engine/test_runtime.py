@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ class FakePrometheus:
         if isinstance(value, Exception):
             raise QueryError(str(value))
         return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in value)
+
+    def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
+        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
 
 
 class Recording:
@@ -158,7 +162,11 @@ def test_query_failure_changes_nothing_and_is_audited(make) -> None:
     before = engine.store.policy_state("reclaim")
     make.prom.results["util < 0.2"] = RuntimeError("connection refused")
     assert cycle(engine, 60) == []
-    assert engine.store.policy_state("reclaim") == before
+    after = engine.store.policy_state("reclaim")
+    # the timer is kept; only where the stretch without fresh data began is noted
+    assert after.targets == {
+        k: replace(t, absent_since=1_000_060.0) for k, t in before.targets.items()
+    }
     assert make.ran == []
     engine.audit.close()
     skipped = [d for d in audit_docs(make.dir) if "connection refused" in json.dumps(d)]

@@ -23,7 +23,7 @@ def run(*args: str) -> tuple[int, str, str]:
 def test_check_valid_rules_exits_0() -> None:
     code, out, _ = run("check", "--no-promql", str(ROOT / "rules"))
     assert code == 0
-    assert out == "OK: 4 policies in 2 groups from 2 files (schema checked)\n"
+    assert out == "OK: 4 policies in 2 groups from 2 files (schema, executors checked)\n"
 
 
 def test_check_invalid_rules_prints_file_line_message_and_exits_1() -> None:

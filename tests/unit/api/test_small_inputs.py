@@ -1,0 +1,98 @@
+"""Issue 10, breakages 8 and 9 (the small ones): a cooldown longer than the guardrails remember
+is refused, ``gpus: true`` is not one GPU, and a rule file emptied to ``groups: []`` does not
+drop every running policy. (Before: ``cooldown: 60d`` acted again on day 31; ``true`` was 1 GPU;
+``groups: []`` unloaded every policy, logged at INFO.)"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from engine.config import AuditConfig, EngineConfig
+from engine.rules.loader import load_rules_text
+from engine.rules.model import RulesError
+from engine.runtime import Engine
+from tests.unit.api.harness import Harness
+
+RULE = """
+groups:
+  - name: g
+    rules:
+      - policy: once-a-month
+        expr: up == 0
+        action: {{type: notify, executor: log}}
+        cooldown: {cooldown}
+"""
+
+
+def test_a_cooldown_up_to_the_guardrail_memory_loads_a_longer_one_is_refused() -> None:
+    (policy,) = load_rules_text(RULE.format(cooldown="30d"), "r.yaml").policies()
+    assert policy.cooldown_s == 30 * 86400
+    with pytest.raises(RulesError) as exc:
+        load_rules_text(RULE.format(cooldown="60d"), "r.yaml")
+    assert str(exc.value) == (
+        "r.yaml:8: groups[0].rules[0].cooldown: cooldown of 60d is longer than the guardrails "
+        "remember the last action on a target (30d): it would end early (use at most 30d)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (
+            {"project": "ml", "gpus": True, "duration": "1h"},
+            "body.gpus: Input should be a valid integer",
+        ),
+        (
+            {"project": "ml", "gpus": "2", "duration": "1h"},
+            "body.gpus: Input should be a valid integer",
+        ),
+        (
+            {"project": "ml", "gpus": 2, "duration": True},
+            "body.duration: Value error, must be a duration (seconds, or such as 8h), not a "
+            "boolean",
+        ),
+    ],
+)
+def test_a_boolean_or_a_string_is_no_number_of_gpus(
+    api: Harness, body: dict[str, object], where: str
+) -> None:
+    resp = api.call("developer", "POST", "/api/v1/quota-requests", json=body)
+    assert resp.status_code == 422
+    assert resp.json()["detail"] == where
+
+
+def test_emptying_the_rules_keeps_the_running_policies(api: Harness) -> None:
+    running = [p.name for p in api.engine.rules.policies()]
+    assert running
+    path = api.tmp / "rules" / "api-test.yaml"
+    path.write_text("groups: []\n")
+    result = api.engine.reload()
+    assert not result.ok and result.policies == len(running)
+    assert result.errors == (
+        f"{path}:1: the new rules ({path}) define no policy; the {len(running)} running "
+        "policies stay (to run none, pause the engine or stop it)",
+    )
+    assert [p.name for p in api.engine.rules.policies()] == running
+
+
+def test_starting_with_no_policy_is_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "empty.yaml").write_text("groups: []\n")
+    config = EngineConfig(
+        rules=[tmp_path / "empty.yaml"],
+        state_file=tmp_path / "state.sqlite",
+        audit=AuditConfig(spool_dir=tmp_path / "audit"),
+        metrics_listen=None,
+    )
+    engine = Engine(config)
+    try:
+        with caplog.at_level(logging.INFO, logger="engine.runtime"):
+            assert engine.reload().ok
+        (record,) = [r for r in caplog.records if "loaded 0 policies" in r.getMessage()]
+        assert record.levelno == logging.WARNING
+    finally:
+        engine.stop()
