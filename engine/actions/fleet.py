@@ -106,7 +106,7 @@ def _quota_call(
 ) -> tuple[str, str]:
     """An elastic quota grant or its release (``engine.api.quota`` with ``grant_action:
     grant_quota``, ``undo_action: release_quota``): the grant is named by the request."""
-    project = path_segment(_need(labels, "project", verb), "project")
+    project = _need(labels, "project", verb)
     grant = labels.get("quota_request") or str(params.get("grant", ""))
     if not grant:
         raise PermanentError(f"{verb} needs a quota_request label or params.grant")

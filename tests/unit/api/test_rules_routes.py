@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.actions.fleet import FleetExecutor
 from tests.unit.api.harness import RULES, Harness
 
 NEW_FILE = """\
@@ -115,7 +116,8 @@ def test_validate_checks_executor_verbs_as_the_engine_does(api: Harness) -> None
     text = NEW_FILE.replace("type: notify, executor: log", "type: downclok, executor: fleet")
     body = api.call("developer", "POST", "/api/v1/rules/validate", data=text).json()
     assert body["ok"] is False
+    assert FleetExecutor.verbs is not None and "downclock" in FleetExecutor.verbs
     assert [e["message"] for e in body["errors"]] == [
         "groups[0].rules[0].action.type: executor 'fleet' does not do 'downclok' (it does: "
-        "downclock, migrate, reclaim, restore_clocks, scale_in, scale_out)"
+        f"{', '.join(sorted(FleetExecutor.verbs))})"
     ]

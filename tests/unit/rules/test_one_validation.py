@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from engine.actions.fleet import FleetExecutor
 from engine.cli import cli
 from engine.config import AuditConfig, EngineConfig
 from engine.runtime import Engine
@@ -26,7 +27,7 @@ BROKEN = {
     "verb": (
         GOOD.replace("type: downclock", "type: downclok"),
         "7: groups[0].rules[0].action.type: executor 'fleet' does not do 'downclok' (it does: "
-        "downclock, migrate, reclaim, restore_clocks, scale_in, scale_out)",
+        f"{', '.join(sorted(FleetExecutor.verbs or ()))})",
     ),
     "fleet params": (
         GOOD.replace("max_clock_mhz: 900", "max_clock: 900"),
