@@ -1,6 +1,7 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus and prometheus-alertmanager when their binaries are missing.
+# Debian packages prometheus, prometheus-alertmanager, slurm-wlm and munge when their binaries
+# are missing.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +24,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager
 
-setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager
+/usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged:
+	@echo "installing Debian packages slurm-wlm and munge"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
+
+setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
+	/usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)
