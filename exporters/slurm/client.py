@@ -133,12 +133,19 @@ class SlurmClient:
         return list(self.run_json("squeue")["jobs"])
 
     def node(self, name: str) -> Mapping[str, Any]:
-        data = self.run_json("scontrol", "show", "node", check_name("node", name))
-        nodes = data.get("nodes") or []
-        if not nodes:
-            raise SlurmRejected(f"node {name!r} is not in this Slurm cluster")
-        node: Mapping[str, Any] = nodes[0]
-        return node
+        """One node (``scontrol show node`` has no ``--json`` in 22.05: sinfo's is used)."""
+        check_name("node", name)
+        for node in self.nodes():
+            if node.get("name") == name:
+                return node
+        raise SlurmRejected(f"node {name!r} is not in this Slurm cluster")
+
+    def job(self, job_id: str) -> Mapping[str, Any]:
+        check_job_id(job_id)
+        for job in self.jobs():
+            if str(job.get("job_id")) == job_id:
+                return job
+        raise SlurmRejected(f"job {job_id} is not known to slurmctld (finished long ago?)")
 
     def scontrol(self, *args: str) -> str:
         return self.run("scontrol", *args)

@@ -147,6 +147,9 @@ class SlurmCluster:
             "GresTypes=gpu",
             "ReturnToService=2",
             "SchedulerType=sched/builtin",
+            # A requeued job may start once cred_expire has passed; the main scheduling loop
+            # (default every 60 s) is what starts it then.
+            "SchedulerParameters=sched_interval=1",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt",
@@ -289,12 +292,8 @@ class SlurmCluster:
         for name in reversed(list(self.procs)):
             proc = self.procs.pop(name)
             if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+                proc.kill()  # a test cluster's state is thrown away: no graceful shutdown
+                proc.wait(timeout=10)
 
     def _job_pids(self) -> list[int]:
         marker = f"SLURM_CONF={self.conf}".encode()

@@ -22,4 +22,7 @@ def slurm() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        import os
+
+        if not os.environ.get("KEEP_SLURM"):
+            shutil.rmtree(root, ignore_errors=True)
