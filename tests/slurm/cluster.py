@@ -160,6 +160,7 @@ class SlurmCluster:
             "SlurmdTimeout=5",
             "KillWait=1",
             "MinJobAge=600",
+            "RequeueExit=42",  # a batch job exiting 42 goes back to the queue (tests of reruns)
             "InactiveLimit=0",
             "Waittime=0",
             f"ResumeProgram={resume}",
