@@ -15,8 +15,11 @@ repeated decision id has no second effect and gpuops never undoes what it did no
   its warning (``reclaim.require_warning``) and ``reclaim.warning_grace_s``, and never a job of
   an excluded user, account or partition.
 - ``scale_out`` / ``scale_in`` (label ``pool`` = partition): power up powered-down (CLOUD)
-  nodes of the partition, marking each with node comment ``gpuops:scale_out:<decision id>``;
-  power down only idle nodes that carry that mark.
+  nodes of the partition, marking each with node comment ``gpuops:scale_out:<decision id>``
+  and resuming it when it was a standby node (drained with a ``gpuops:`` reason, which keeps
+  Slurm's power saving from waking it for pending jobs on its own); power down (drained first,
+  so no job lands on it meanwhile) only idle nodes that carry the mark. Slurm clears the drain
+  once a node is powered down: from then on its own power saving may wake it again.
 
 A GPU named by ``node`` + ``uuid`` is mapped to its job through Prometheus
 (``gpuops_gpu_allocated{node, uuid}``, the join of the Slurm and NVML exporters), asked at the
@@ -329,9 +332,18 @@ class SlurmExecutor:
                 f"partition {partition} has no powered-down (CLOUD) node left to power up"
             )
         chosen = [check_name("node", n) for n in candidates[:count]]
+        by_name = {str(n["name"]): n for n in nodes}
+        ours = f"{self.settings.reason_prefix}:"
         for name in chosen:
-            self.client.scontrol("update", f"nodename={name}", f"comment={mark}")
-            self.client.scontrol("update", f"nodename={name}", f"state={state}")
+            update = ("update", f"nodename={name}")
+            self.client.scontrol(*update, f"comment={mark}")
+            if state == "power_down":  # no job may land on it while it powers down
+                self.client.scontrol(*update, "state=drain", f"reason={mark}")
+            self.client.scontrol(*update, f"state={state}")
+            node = by_name[name]
+            standby = "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}
+            if state == "power_up" and standby and str(node.get("reason", "")).startswith(ours):
+                self.client.scontrol(*update, "state=resume")  # a gpuops standby node
         return {"pool": partition, key: chosen}
 
     def _pool(self, d: Decision) -> tuple[str, int]:

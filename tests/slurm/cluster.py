@@ -94,6 +94,17 @@ class SlurmCluster:
                     )
             static = [n.name for n in self.nodes if not n.cloud]
             wait_for(lambda: self._all_idle(static), 30, f"nodes {static} to be idle")
+            # CLOUD nodes wait as gpuops standby: drained, so that Slurm's power saving does
+            # not power them up for pending jobs by itself; gpuops' scale_out does (docs/slurm.md).
+            for node in self.nodes:
+                if node.cloud:
+                    self.cmd(
+                        "scontrol",
+                        "update",
+                        f"nodename={node.name}",
+                        "state=drain",
+                        "reason=gpuops:standby",
+                    )
         except BaseException:
             self.stop()
             raise
@@ -266,6 +277,10 @@ class SlurmCluster:
         proc = self.procs.pop("slurmctld")
         proc.kill()
         proc.wait(timeout=10)
+
+    def start_slurmd(self, node: str) -> None:
+        """(Re)start a static node's slurmd; it registers and the node answers again."""
+        self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
 
     def kill_slurmd(self, node: str) -> None:
         """The node's slurmd dies (SIGKILL): slurmctld marks the node down after SlurmdTimeout."""
