@@ -7,6 +7,7 @@ resolved against the config file's directory. Secrets (tokens, passwords) may be
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,12 @@ def with_logical_executors(
             isinstance(v, str) and v not in LOGICAL_DEFAULTS for v in by_verb.values()
         ):
             raise ValueError(f"{name}.by_verb: a mapping of verb to concrete executor name")
+        known = {ep.name for ep in entry_points(group="gpuops.executors")} - set(LOGICAL_DEFAULTS)
+        for used in (use, *by_verb.values()):
+            if known and used not in known:
+                raise ValueError(
+                    f"{name}: unknown executor {used!r} (known: {', '.join(sorted(known))})"
+                )
         concrete = {use, *by_verb.values()}
         out[name] = {
             "use": use,

@@ -93,6 +93,11 @@ def test_slurm_scheduler_gets_the_slurm_settings_and_prometheus_url() -> None:
             "executors: scheduler: unknown key 'backend' (allowed: by_verb, settings, use)",
         ),
         (
+            "scheduler: {use: slrum}",
+            "executors: scheduler: unknown executor 'slrum' (known: command, fleet, log, "
+            "nvml-agent, slurm, webhook)",
+        ),
+        (
             "gpu-control: {}",
             "executors: gpu-control.use: name a concrete executor (fleet, slurm, nvml-agent, ...), "
             "not None",
