@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 DURATION ?= 0
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup lint types contracts pytest bench clean
+.PHONY: demo demo-slurm test setup lint types contracts pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometh
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)
+
+demo-slurm: setup
+	$(BIN)/gpuops demo --slurm
 
 lint: setup
 	$(BIN)/ruff check .

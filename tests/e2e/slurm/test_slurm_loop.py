@@ -14,17 +14,13 @@ pytestmark = pytest.mark.e2e
 
 
 def test_an_idle_gpu_job_is_warned_then_requeued(slurm_loop: SlurmLoop) -> None:
-    loop = slurm_loop
-    job_id = loop.slurm.submit(
-        "--gres=gpu:1", "-w", "gpu-b", "-o", "/dev/null", "--wrap", "sleep 300"
-    )
-    wait_for(lambda: loop.job(job_id)["job_state"] == "RUNNING", 20, "the job to run")
+    loop, s = slurm_loop, slurm_loop.s
+    job_id = s.slurm.submit("--gres=gpu:1", "-w", "gpu-b", "-o", "/dev/null", "--wrap", "sleep 300")
+    wait_for(lambda: s.job(job_id)["job_state"] == "RUNNING", 20, "the job to run")
     # gpu-b's GRES index 0 is /dev/nvidia2: the fake NVML's GPU 0 there (minor number 2).
-    for gpu in loop.nvml["gpu-b"].gpus:
+    for gpu in s.nvml["gpu-b"].gpus:
         gpu.util_gpu = 0
-    allocated = wait_for(
-        lambda: loop.query(f'gpuops_gpu_allocated{{job="{job_id}"}}'), 20, "the join"
-    )
+    allocated = wait_for(lambda: s.query(f'gpuops_gpu_allocated{{job="{job_id}"}}'), 20, "the join")
     assert [r["metric"]["uuid"] for r in allocated] == ["GPU-gpu-b-0"]
     wait_for(lambda: loop.executed("reclaim-idle-gpus"), 60, "reclaim-idle-gpus to act")
     (warned,) = loop.executed("warn-idle-gpus")
@@ -34,86 +30,86 @@ def test_an_idle_gpu_job_is_warned_then_requeued(slurm_loop: SlurmLoop) -> None:
     assert reclaimed[1].ok, reclaimed[1].error
     assert reclaimed[0].at > warned[0].at
     assert reclaimed[1].changed["reclaimed"] is True and reclaimed[1].changed["how"] == "requeue"
-    job = loop.job(job_id)
+    job = s.job(job_id)
     assert job["restart_cnt"] == 1 and "gpuops:warned:" in job["admin_comment"]
 
 
 def test_a_dead_node_is_drained_with_our_reason_and_resumed_on_clear(
     slurm_loop: SlurmLoop,
 ) -> None:
-    loop = slurm_loop
-    job_id = loop.slurm.submit(
-        "--gres=gpu:1", "-w", "gpu-a", "-o", "/dev/null", "--wrap", "sleep 300"
-    )
-    wait_for(lambda: loop.job(job_id)["job_state"] == "RUNNING", 20, "the job to run")
+    loop, s = slurm_loop, slurm_loop.s
+    job_id = s.slurm.submit("--gres=gpu:1", "-w", "gpu-a", "-o", "/dev/null", "--wrap", "sleep 300")
+    wait_for(lambda: s.job(job_id)["job_state"] == "RUNNING", 20, "the job to run")
     fault = time.monotonic()
-    loop.slurm.kill_slurmd("gpu-a")
-    loop.stop_exporter("gpu-a")  # the node is gone: its exporter with it
+    s.slurm.kill_slurmd("gpu-a")
+    s.stop_exporter("gpu-a")  # the node is gone: its exporter with it
     wait_for(
-        lambda: str(loop.node("gpu-a")["reason"]).startswith("gpuops:migrate-off-down-nodes:"),
+        lambda: str(s.node("gpu-a")["reason"]).startswith("gpuops:migrate-off-down-nodes:"),
         60,
         "gpu-a drained by gpuops",
     )
     print(f"\nfault -> drain: {time.monotonic() - fault:.1f} s")
+    # The executor drains, then requeues: its outcome is recorded a moment after the drain.
+    wait_for(lambda: loop.executed("migrate-off-down-nodes"), 30, "the migrate outcome")
     (migrated,) = loop.executed("migrate-off-down-nodes")
     assert migrated[1].ok, migrated[1].error
     assert migrated[1].changed["requeued_jobs"] == [job_id]
-    assert "DRAIN" in loop.node("gpu-a")["state_flags"]
-    loop.slurm.start_slurmd("gpu-a")
-    loop.start_exporter("gpu-a")
+    assert "DRAIN" in s.node("gpu-a")["state_flags"]
+    s.slurm.start_slurmd("gpu-a")
+    s.start_exporter("gpu-a")
     wait_for(lambda: loop.executed("migrate-off-down-nodes", "clear"), 60, "the undo on clear")
     (resumed,) = loop.executed("migrate-off-down-nodes", "clear")
     assert resumed[1].ok and resumed[1].changed["resumed"] is True, resumed[1]
-    assert "DRAIN" not in loop.node("gpu-a")["state_flags"]
+    assert "DRAIN" not in s.node("gpu-a")["state_flags"]
 
 
 def test_a_node_an_admin_drained_is_never_resumed(slurm_loop: SlurmLoop) -> None:
-    loop = slurm_loop
-    loop.slurm.cmd("scontrol", "update", "nodename=gpu-b", "state=drain", "reason=GPU 3 ECC (ops)")
-    loop.stop_exporter("gpu-b")
+    loop, s = slurm_loop, slurm_loop.s
+    s.slurm.cmd("scontrol", "update", "nodename=gpu-b", "state=drain", "reason=GPU 3 ECC (ops)")
+    s.stop_exporter("gpu-b")
     wait_for(lambda: loop.executed("migrate-off-down-nodes"), 60, "migrate to act")
-    loop.start_exporter("gpu-b")
+    s.start_exporter("gpu-b")
     wait_for(lambda: loop.executed("migrate-off-down-nodes", "clear"), 60, "the undo on clear")
     (fired,) = loop.executed("migrate-off-down-nodes")
     (cleared,) = loop.executed("migrate-off-down-nodes", "clear")
     assert fired[1].ok and fired[1].changed["drained"] is False
     assert cleared[1].ok and cleared[1].changed["resumed"] is False
-    node = loop.node("gpu-b")
+    node = s.node("gpu-b")
     assert node["reason"] == "GPU 3 ECC (ops)" and "DRAIN" in node["state_flags"]
 
 
 def test_a_long_queue_powers_up_a_cloud_node_and_powers_it_down_when_idle(
     slurm_loop: SlurmLoop,
 ) -> None:
-    loop = slurm_loop
+    loop, s = slurm_loop, slurm_loop.s
     queued = time.monotonic()
     jobs = [
-        loop.slurm.submit("--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 3") for _ in range(20)
+        s.slurm.submit("--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 3") for _ in range(20)
     ]
     wait_for(lambda: loop.executed("scale-out-on-queue"), 60, "scale-out to act")
     (scaled,) = loop.executed("scale-out-on-queue")
     assert scaled[1].ok and scaled[1].changed["powered_up"] == ["cloud-1"], scaled[1]
     wait_for(
         lambda: (
-            loop.node("cloud-1")["state"] in ("allocated", "mixed")
-            and not {"POWERED_DOWN", "POWERING_UP"} & set(loop.node("cloud-1")["state_flags"])
+            s.node("cloud-1")["state"] in ("allocated", "mixed")
+            and not {"POWERED_DOWN", "POWERING_UP"} & set(s.node("cloud-1")["state_flags"])
         ),
         60,
         "jobs to run on cloud-1",
     )
     print(f"\nqueue -> node powered up and running jobs: {time.monotonic() - queued:.1f} s")
-    assert any(loop.job(j)["nodes"] == "cloud-1" for j in jobs)
+    assert any(s.job(j)["nodes"] == "cloud-1" for j in jobs)
     # 18 of the 20 jobs waited: more than 10 for seconds. The rest of the burst is not needed.
-    loop.slurm.cmd("scancel", "--state=PENDING", "-u", "root")
+    s.slurm.cmd("scancel", "--state=PENDING", "-u", "root")
     wait_for(
-        lambda: all(loop.job(j)["job_state"] in ("COMPLETED", "CANCELLED") for j in jobs),
+        lambda: all(s.job(j)["job_state"] in ("COMPLETED", "CANCELLED") for j in jobs),
         60,
         "the queue to drain",
     )
     wait_for(
         lambda: (
-            "POWERED_DOWN" in loop.node("cloud-1")["state_flags"]
-            or "POWERING_DOWN" in loop.node("cloud-1")["state_flags"]
+            "POWERED_DOWN" in s.node("cloud-1")["state_flags"]
+            or "POWERING_DOWN" in s.node("cloud-1")["state_flags"]
         ),
         60,
         "cloud-1 powered down",
@@ -121,4 +117,4 @@ def test_a_long_queue_powers_up_a_cloud_node_and_powers_it_down_when_idle(
     downs = [o for _, o in loop.executed("scale-in-idle-cloud-nodes") if o.changed["powered_down"]]
     assert [o.changed["powered_down"] for o in downs] == [["cloud-1"]]
     for name in ("gpu-a", "gpu-b"):  # static nodes gpuops did not power up stay up
-        assert not {"POWERED_DOWN", "POWERING_DOWN"} & set(loop.node(name)["state_flags"])
+        assert not {"POWERED_DOWN", "POWERING_DOWN"} & set(s.node(name)["state_flags"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.cluster import SlurmCluster
+from exporters.slurm.localcluster import SlurmCluster
 
 
 @pytest.fixture

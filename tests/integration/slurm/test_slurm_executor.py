@@ -12,7 +12,7 @@ import pytest
 from engine.actions.base import RetryPolicy, execute
 from engine.actions.slurm import SlurmExecutor
 from engine.decisions import ActionSpec, Decision, Evidence, Outcome, Target, Transition
-from tests.slurm.cluster import SlurmCluster
+from exporters.slurm.localcluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.slurm.client import SlurmClient
 from exporters.slurm.gres import minor_numbers
+from exporters.slurm.localcluster import SlurmCluster
 from exporters.slurm.server import SlurmExporter
-from tests.slurm.cluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

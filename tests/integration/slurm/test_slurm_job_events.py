@@ -13,7 +13,7 @@ from engine.audit import AuditLog, AuditSettings
 from engine.audit.jobs import SlurmJobWatcher, expand_output_path
 from engine.cli import cli
 from exporters.slurm.client import SlurmClient
-from tests.slurm.cluster import SlurmCluster
+from exporters.slurm.localcluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

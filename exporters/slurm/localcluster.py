@@ -1,12 +1,14 @@
-"""A real one-host Slurm cluster (Debian's ``slurm-wlm`` and ``munge``) in a temporary directory.
+"""A real one-host Slurm cluster (Debian's ``slurm-wlm`` and ``munge``) in a temporary directory,
+for ``gpuops demo --slurm`` (``engine.slurmdemo``) and the Slurm tests (``tests/integration/slurm``,
+``tests/e2e/slurm``).
 
-Started by the fixtures of ``tests/slurm/conftest.py`` (integration) and the Slurm end-to-end
-tests: munged on its own socket, slurmctld and one slurmd per static node on free loopback ports,
-``State=CLOUD`` nodes whose slurmd the ``ResumeProgram`` starts and the ``SuspendProgram``
-stops. Every daemon is stopped by its pid; every Slurm command runs with a timeout. Facts of
-Slurm 22.05 this relies on: GPU GRES needs ``File=`` (symlinks to /dev/null, ``AutoDetect=off``);
-programs started by slurmctld do not inherit ``SLURM_CONF`` (the scripts set it); a slurmd that
-a ResumeProgram starts needs ``-b`` and redirected stdio; a requeued job waits ``cred_expire``.
+munged on its own socket, slurmctld and one slurmd per static node on free loopback ports, and
+``State=CLOUD`` nodes whose slurmd the ``ResumeProgram`` starts and the ``SuspendProgram`` stops.
+Every daemon is stopped by its pid; every Slurm command runs with a timeout. Facts of Slurm 22.05
+this relies on: GPU GRES needs ``File=`` (symlinks to /dev/null, ``AutoDetect=off``); programs
+started by slurmctld do not inherit ``SLURM_CONF`` (the scripts set it); a slurmd that a
+ResumeProgram starts needs ``-b`` and redirected stdio; a requeued job waits ``cred_expire``.
+Runs as root (slurmd must).
 """
 
 from __future__ import annotations
@@ -16,16 +18,31 @@ import shlex
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.promproc import free_port
-from tests.waiting import wait_for
-
 COMMAND_TIMEOUT_S = 10.0
+"""Seconds any Slurm command may take here (they hang while slurmctld is down)."""
 CRED_EXPIRE_S = 5
 """Seconds a requeued job waits before it may start again (Slurm's default 120 s)."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it is truthy; ``RuntimeError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,0 @@
-"""A real, local Slurm cluster for tests: munged, slurmctld and several slurmd on one host."""
