@@ -223,7 +223,7 @@ class SlurmExecutor:
         comment = str(job.get("admin_comment") or "")
         mark = self._mark("reclaimed", d)
         state = str(job.get("job_state", "")).upper()
-        if mark in comment and state not in ACTIVE_JOB_STATES:
+        if mark in comment:  # this decision ran before (the job may be running again since)
             return {"job": job_id, "reclaimed": True, "already": True, "how": settings.how}
         if settings.require_warning:
             warned = re.findall(
