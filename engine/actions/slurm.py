@@ -243,11 +243,16 @@ class SlurmExecutor:
                 )
         if state not in ACTIVE_JOB_STATES:
             return {"job": job_id, "reclaimed": False, "why": f"job is {state.lower()}"}
-        self._set_admin_comment(job_id, comment, mark)
         if settings.how == "requeue":
             self.client.scontrol("requeue", job_id)
         else:
             self.client.run("scancel", job_id)
+        # After the act, so that a failed requeue is retried; a crash in between leaves a job
+        # that is not running, which a replay leaves alone. A cancelled job takes no comment.
+        try:
+            self._set_admin_comment(job_id, comment, mark)
+        except SlurmRejected as exc:
+            log.info("job %s: reclaim mark not written: %s", job_id, exc)
         return {"job": job_id, "reclaimed": True, "how": settings.how, "user": job.get("user_name")}
 
     def _set_admin_comment(self, job_id: str, current: str, mark: str) -> None:
