@@ -1,7 +1,8 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus, prometheus-alertmanager and curl when their binaries are missing, and
-# chromium (the console's browser tests drive it with Playwright; no browser is downloaded).
+# Debian packages prometheus, prometheus-alertmanager, curl, slurm-wlm and munge when their
+# binaries are missing, and chromium (the console's browser tests drive it with Playwright; no
+# browser is downloaded).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 DURATION ?= 0
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup lint types contracts pytest bench clean
+.PHONY: demo demo-slurm test setup lint types contracts pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +36,19 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
-setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager /usr/bin/curl /usr/bin/chromium
+/usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged:
+	@echo "installing Debian packages slurm-wlm and munge"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
+
+setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
+	/usr/bin/curl /usr/bin/chromium /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)
+
+demo-slurm: setup
+	$(BIN)/gpuops demo --slurm
 
 lint: setup
 	$(BIN)/ruff check .

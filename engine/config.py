@@ -7,6 +7,7 @@ resolved against the config file's directory. Secrets (tokens, passwords) may be
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from engine.actions.logical import LOGICAL_DEFAULTS
 from engine.evaluation import Freshness
 from engine.rules.durations import parse_duration
 from engine.rules.yamlsource import parse_yaml
@@ -174,7 +177,10 @@ class EngineConfig(_Model):
     audit: AuditConfig = AuditConfig()
     guardrails: GuardrailSettings = GuardrailSettings()
     executors: dict[str, dict[str, Any]] = {}
-    """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``."""
+    """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``. The logical
+    executors the shipped policies name map to concrete ones here: ``scheduler: {use: slurm}``
+    (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default ``fleet``); optional
+    ``by_verb: {notify: log}`` sends single verbs elsewhere (docs/slurm.md)."""
     metrics_listen: str | None = "127.0.0.1:9842"
     """host:port of the engine's own /metrics; None: not served."""
     reload_check_interval: float = 2.0
@@ -182,6 +188,14 @@ class EngineConfig(_Model):
     api: ApiSettings = ApiSettings()
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
+
+    @field_validator("executors", mode="after")
+    @classmethod
+    def _logical_executors(
+        cls, value: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
+        prometheus = info.data.get("prometheus")
+        return with_logical_executors(value, prometheus.url if prometheus else None)
 
     def resolved(self, base: Path) -> EngineConfig:
         def fix(p: Path) -> Path:
@@ -208,6 +222,51 @@ class EngineConfig(_Model):
                 ),
             }
         )
+
+
+def with_logical_executors(
+    executors: dict[str, dict[str, Any]], prometheus_url: str | None
+) -> dict[str, dict[str, Any]]:
+    """``executors`` with each logical executor's full settings: the concrete executor(s) it
+    maps to and their settings; the slurm executor learns where Prometheus is."""
+    out = {name: dict(settings) for name, settings in executors.items()}
+    if "slurm" in out or any(
+        out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "slurm" for n in LOGICAL_DEFAULTS
+    ):
+        out.setdefault("slurm", {})
+        if prometheus_url:
+            out["slurm"].setdefault("prometheus_url", prometheus_url)
+    for name, default in LOGICAL_DEFAULTS.items():
+        given = out.get(name)
+        spec = dict(default) if given is None else dict(given)
+        unknown = sorted(set(spec) - {"use", "by_verb", "settings"})
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown key {unknown[0]!r} (allowed: by_verb, settings, use)"
+            )
+        use = spec.get("use")
+        by_verb = spec.get("by_verb", default.get("by_verb", {}) if given is None else {})
+        if not isinstance(use, str) or not use or use in LOGICAL_DEFAULTS:
+            raise ValueError(
+                f"{name}.use: name a concrete executor (fleet, slurm, nvml-agent, ...), not {use!r}"
+            )
+        if not isinstance(by_verb, dict) or not all(
+            isinstance(v, str) and v not in LOGICAL_DEFAULTS for v in by_verb.values()
+        ):
+            raise ValueError(f"{name}.by_verb: a mapping of verb to concrete executor name")
+        known = {ep.name for ep in entry_points(group="gpuops.executors")} - set(LOGICAL_DEFAULTS)
+        for used in (use, *by_verb.values()):
+            if known and used not in known:
+                raise ValueError(
+                    f"{name}: unknown executor {used!r} (known: {', '.join(sorted(known))})"
+                )
+        concrete = {use, *by_verb.values()}
+        out[name] = {
+            "use": use,
+            "by_verb": dict(by_verb),
+            "settings": {c: out.get(c, {}) for c in concrete},
+        }
+    return out
 
 
 def load_config(path: Path) -> EngineConfig:

@@ -32,7 +32,7 @@ class AnomalySettings:
     node_min_failures: int = 3
     """Failed actions of one type on one node."""
     oom_min_failures: int = 2
-    """Out-of-memory events of one job."""
+    """Out-of-memory events of one job (and of one user's jobs, of jobs on one node)."""
     user_recent_s: float = 3600.0
     """A user's recent operations are those of the last hour of the window..."""
     user_min_ops: int = 20
@@ -121,24 +121,30 @@ def _failing_on_node(backend: Backend, s: AnomalySettings, window: TimeRange) ->
 
 
 def _oom_jobs(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[Finding]:
+    """GPU out-of-memory events (failed actions, Slurm job runs: ``engine.audit.jobs``) that
+    repeat for one job, one user or one node."""
     oom = AnyOf(
         tuple(Phrase(f, p) for f in ("message", "error.message") for p in OOM_PHRASES)
         + (Term("labels.reason", ("oom", "OOM", "out_of_memory", "OutOfMemory")),)
     )
-    groups = backend.group(
-        all_of(window, Exists("labels.job"), oom),
-        "all",
-        [Level("labels.job", 100, s.oom_min_failures)],
-    )
-    return [
-        Finding(
-            "oom_job",
-            {"job": g.keys[0]},
-            g.counts[0],
-            f"job {g.keys[0]} hit GPU out-of-memory {g.counts[0]} times",
+    found: list[Finding] = []
+    for check, key in (("oom_job", "job"), ("oom_user", "user"), ("oom_node", "node")):
+        groups = backend.group(
+            all_of(window, Exists("labels.job"), oom),
+            "all",
+            [Level(f"labels.{key}", 100, s.oom_min_failures)],
         )
-        for g in groups
-    ]
+        found += [
+            Finding(
+                check,
+                {key: g.keys[0]},
+                g.counts[0],
+                f"{'job' if key == 'job' else f'jobs of {key}'} {g.keys[0]} hit GPU "
+                f"out-of-memory {g.counts[0]} times",
+            )
+            for g in groups
+        ]
+    return found
 
 
 def _unusual_users(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[Finding]:

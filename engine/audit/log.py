@@ -143,6 +143,10 @@ class AuditLog:
         )
         return self._append(doc)
 
+    def record(self, doc: dict[str, Any]) -> str:
+        """Append a document another module built (Slurm job events: ``engine.audit.jobs``)."""
+        return self._append(doc)
+
     def _append(self, doc: dict[str, Any]) -> str:
         event_id = str(doc["event"]["id"])
         try:

@@ -218,3 +218,62 @@ def anomalies(
     for finding in findings:
         click.echo(f"{finding.check:24} {finding.count:6}  {finding.message}")
     click.echo(f"{len(findings)} finding{'s' if len(findings) != 1 else ''}", err=True)
+
+
+@audit.command("slurm-jobs")
+@click.option(
+    "--spool-dir",
+    default="var/audit-slurm-jobs",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Audit spool the job events go to (its own: a spool has one writer; with --url "
+    "they reach the same Elasticsearch as the engine's).",
+)
+@click.option(
+    "--url",
+    envvar="GPUOPS_ELASTICSEARCH_URL",
+    help="Elasticsearch URL to ship the events to. Env: GPUOPS_ELASTICSEARCH_URL.",
+)
+@click.option(
+    "--slurm-conf",
+    envvar="SLURM_CONF",
+    type=click.Path(exists=True, dir_okay=False),
+    help="slurm.conf of the cluster (default: Slurm's own). Env: SLURM_CONF.",
+)
+@click.option(
+    "--interval",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds between looks at slurmctld (shorter than MinJobAge and than cred_expire, "
+    "so that every requeued run is seen).",
+)
+@click.option("--once", is_flag=True, help="Look once and exit (cron, tests).")
+def slurm_jobs(
+    spool_dir: Path, url: str | None, slurm_conf: str | None, interval: float, once: bool
+) -> None:
+    """Write every ended Slurm job run as an ECS event (exit state, GPU out-of-memory found in
+    the job's output) for `gpuops audit anomalies` and Kibana."""
+    import socket
+    import threading
+
+    from engine.audit import AuditLog
+    from engine.audit.jobs import SlurmJobWatcher
+    from exporters.slurm.client import SlurmClient, SlurmError
+
+    settings = AuditSettings(spool_dir=spool_dir, elasticsearch_url=url)
+    stop = threading.Event()
+    with AuditLog(settings, host_name=socket.gethostname()) as audit_log:
+        watcher = SlurmJobWatcher(
+            SlurmClient(conf=slurm_conf), audit_log.record, socket.gethostname()
+        )
+        while True:
+            try:
+                written = watcher.poll()
+            except SlurmError as exc:
+                click.echo(f"Slurm unreachable: {exc}", err=True)
+            else:
+                for doc_id in written:
+                    click.echo(f"job event {doc_id}")
+            if once or stop.wait(interval):
+                return

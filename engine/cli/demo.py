@@ -45,6 +45,12 @@ from engine.demo import DEMO_RULES, Demo, DemoSettings
 @click.option("--nodes", default=4, show_default=True, help="Simulated nodes at start.")
 @click.option("--gpus-per-node", default=4, show_default=True, help="GPUs per simulated node.")
 @click.option("--seed", default=42, show_default=True, help="Seed of the simulated fleet.")
+@click.option(
+    "--slurm",
+    is_flag=True,
+    help="Tell the story on a real local Slurm (slurm-wlm and munge, as root) instead of the "
+    "simulated fleet; --duration, --rules, --nodes, --gpus-per-node and --seed do not apply.",
+)
 def demo(
     duration: float,
     audit_dir: Path | None,
@@ -53,6 +59,7 @@ def demo(
     nodes: int,
     gpus_per_node: int,
     seed: int,
+    slurm: bool,
 ) -> None:
     """Run the simulated fleet, a real Prometheus and the engine; print each decision."""
     parent = click.get_current_context().parent
@@ -81,6 +88,23 @@ def demo(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if slurm:
+        _slurm_demo(workdir, audit_dir, stop)
+        return
     runner = Demo(settings, out=click.echo)
     report = runner.run(stop)
     click.echo(report.summary(time.monotonic() - started))
+
+
+def _slurm_demo(workdir: Path | None, audit_dir: Path | None, stop: threading.Event) -> None:
+    import tempfile
+
+    from engine.slurmdemo import SlurmDemo
+
+    work = workdir or Path(tempfile.mkdtemp(prefix="gpuops-demo-slurm-"))
+    audit = audit_dir or Path(tempfile.mkdtemp(prefix="gpuops-demo-slurm-audit-"))
+    counts = SlurmDemo(work, audit, click.echo).run(stop)
+    click.echo("decisions by policy and verdict:")
+    for (policy, verdict), count in sorted(counts.items()):
+        click.echo(f"  {policy:28} {verdict:24} {count}")
+    click.echo(f"audit spool: {audit} (gpuops audit search --spool-dir {audit})")

@@ -8,6 +8,7 @@ route to pynvml, and the engine's own commands must not load it (see the import 
 from __future__ import annotations
 
 import logging
+import threading
 from importlib import import_module
 from pathlib import Path
 
@@ -124,3 +125,54 @@ def nvml(
         server.serve_forever()
     finally:
         server.close()
+
+
+@exporter.command(name="slurm")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    default=9341,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port of /metrics; 0 picks a free one.",
+)
+@click.option(
+    "--slurm-conf",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="SLURM_CONF",
+    default=None,
+    help="slurm.conf of the cluster (default: Slurm's own). Env: SLURM_CONF.",
+)
+@click.option(
+    "--gres-conf",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="gres.conf, to map GRES indexes to /dev/nvidiaN minor numbers when its File= "
+    "devices are not nvidia0..N-1 in order.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 300),
+    help="Seconds one Slurm command may take; slower counts as Slurm unreachable.",
+)
+def slurm(
+    host: str, port: int, slurm_conf: str | None, gres_conf: Path | None, timeout_s: float
+) -> None:
+    """Export Slurm's queue, node states and GPU allocations on /metrics (default port 9341)."""
+    client_module = import_module("exporters.slurm.client")
+    client = client_module.SlurmClient(conf=slurm_conf, timeout_s=timeout_s)
+    minors = None
+    if gres_conf is not None:
+        minors = import_module("exporters.slurm.gres").minor_numbers(gres_conf, client)
+    server = import_module("exporters.slurm.server").SlurmExporter(
+        client, host=host, port=port, gres_minors=minors
+    )
+    server.start()
+    log.info("Slurm exporter on http://%s:%d/metrics", host, server.port)
+    try:
+        threading.Event().wait()
+    finally:
+        server.stop()

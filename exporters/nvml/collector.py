@@ -125,6 +125,8 @@ class NvmlCollector:
             labels = {"gpu": str(dev.index), "uuid": dev.uuid}
             if dev.name:
                 info = dict(labels, name=dev.name, driver_version=self.session.driver_version)
+                if dev.minor_number is not None:  # the join key of Slurm's GRES index
+                    info["minor_number"] = str(dev.minor_number)
                 fams["nvml_gpu_info"].samples.append(Sample("nvml_gpu_info", info, 1.0))
             alive = samples is not None
             fams["nvml_gpu_up"].samples.append(Sample("nvml_gpu_up", labels, float(alive)))

@@ -49,6 +49,8 @@ class FakeGpu:
 
     uuid: str
     name: str
+    minor_number: int | None = None
+    """/dev/nvidiaN; None: the same as the index (what most machines have)."""
     memory_total: int = 80 * 2**30
     memory_used: int = 0
     util_gpu: int = 0
@@ -157,6 +159,10 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:  # noqa: N802
         gpu = self._gpu(handle, "nvmlDeviceGetUUID")
         return gpu.uuid if handle.mig is None else gpu.mig[handle.mig].uuid
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:  # noqa: N802
+        gpu = self._gpu(handle, "nvmlDeviceGetMinorNumber", whole_gpu=True)
+        return handle.index if gpu.minor_number is None else gpu.minor_number
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:  # noqa: N802
         gpu = self._gpu(handle, "nvmlDeviceGetName")

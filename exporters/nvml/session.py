@@ -26,6 +26,8 @@ class Device:
     uuid: str
     name: str
     handle: Any
+    minor_number: int | None = None
+    """The device's /dev/nvidiaN number (Slurm's GRES order follows it); None: not known."""
 
 
 class NvmlSession:
@@ -126,6 +128,14 @@ class NvmlSession:
                 )
         self.last_error = name
 
+    def _minor_number(self, handle: Any) -> int | None:
+        try:
+            return int(self.backend.nvmlDeviceGetMinorNumber(handle))
+        except nvml.DRIVER_LEVEL:
+            raise
+        except nvml.NVMLError:  # not supported (e.g. Windows), or the GPU went away
+            return None
+
     def _enumerate(self) -> list[Device]:
         devices = []
         for index in range(self.backend.nvmlDeviceGetCount()):
@@ -140,5 +150,5 @@ class NvmlSession:
                 devices.append(Device(index, self._known_uuids.get(index, ""), "", None))
                 continue
             self._known_uuids[index] = uuid
-            devices.append(Device(index, uuid, name, handle))
+            devices.append(Device(index, uuid, name, handle, self._minor_number(handle)))
         return devices

@@ -153,6 +153,7 @@ def test_anomalies_are_the_same_from_elasticsearch_and_the_spool(
         ("failing_on_node", {"node": "n4", "action": "restart"}, 3),
         ("failing_on_node", {"node": "n7", "action": "migrate"}, 3),
         ("oom_job", {"job": "j1"}, 2),
+        ("oom_node", {"node": "n4"}, 3),
         ("unusual_user_operations", {"user": "alice"}, 26),
     ]
 

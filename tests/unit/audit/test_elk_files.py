@@ -63,6 +63,7 @@ def test_kibana_objects_reference_only_objects_of_the_file() -> None:
         "failed actions",
         "suppressed decisions and why",
         "repeated actions on one target",
+        "GPU out-of-memory by job",
     }
     views = {o["attributes"]["title"] for o in objects if o["type"] == "index-pattern"}
     assert views == {"logs-gpuops.decision-*", "logs-gpuops.audit-*"}

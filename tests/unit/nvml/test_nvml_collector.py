@@ -65,7 +65,7 @@ def test_healthy_h100_reports_every_gpu_in_base_units() -> None:
     assert value(s, "nvml_exporter_gpus", state="up") == 8.0
     for i in range(8):
         assert sum(1 for (n, lab) in s if n == "nvml_gpu_up" and ("gpu", str(i)) in lab) == 1
-    info = dict(g0, name="NVIDIA H100 80GB HBM3", driver_version="550.54.15")
+    info = dict(g0, name="NVIDIA H100 80GB HBM3", driver_version="550.54.15", minor_number="0")
     assert value(s, "nvml_gpu_info", **info) == 1.0
     assert value(s, "nvml_gpu_utilization_ratio", **g0) == 0.93
     assert value(s, "nvml_gpu_memory_utilization_ratio", **g0) == 0.41
@@ -319,3 +319,25 @@ def test_an_ordinary_error_while_enumerating_is_retried_and_xids_still_count(
     finally:
         watcher.stop()
     assert session.initialized
+
+
+def test_info_carries_the_device_minor_number_not_the_index() -> None:
+    """Slurm's GRES order follows /dev/nvidiaN: the join key must be the minor number."""
+    fake = scenarios.healthy_h100()
+    fake.gpus[0].minor_number, fake.gpus[1].minor_number = 1, 0
+    registry, _, _ = build(fake)
+    infos = {
+        dict(lab)["gpu"]: dict(lab).get("minor_number")
+        for (n, lab) in scrape(registry)
+        if n == "nvml_gpu_info"
+    }
+    assert infos["0"] == "1" and infos["1"] == "0" and infos["2"] == "2"
+
+
+def test_info_omits_the_minor_number_where_nvml_does_not_support_it() -> None:
+    fake = scenarios.healthy_h100()
+    fake.gpus[0].unsupported.add("nvmlDeviceGetMinorNumber")
+    registry, _, _ = build(fake)
+    info = [dict(lab) for (n, lab) in scrape(registry) if n == "nvml_gpu_info"]
+    assert "minor_number" not in next(i for i in info if i["gpu"] == "0")
+    assert next(i for i in info if i["gpu"] == "1")["minor_number"] == "1"

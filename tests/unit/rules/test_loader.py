@@ -97,7 +97,17 @@ def test_the_shipped_policies_load_in_enforce_mode() -> None:
         "scale-out-on-queue",
     ]
     assert {p.mode for p in ruleset.policies()} == {"enforce"}
-    assert {p.action.executor for p in ruleset.policies()} == {"fleet"}
+    # Logical executors: the engine configuration maps them to the fleet or to Slurm.
+    assert {p.action.executor for p in ruleset.policies()} == {"scheduler", "gpu-control"}
+
+
+def test_the_slurm_additions_load_in_dry_run() -> None:
+    ruleset = load_rules([ROOT / "rules" / "slurm"])
+    assert sorted(p.name for p in ruleset.policies()) == [
+        "scale-in-idle-cloud-nodes",
+        "warn-idle-gpus",
+    ]
+    assert {p.mode for p in ruleset.policies()} == {"dry-run"}
 
 
 def test_policy_names_are_unique_across_files(tmp_path: Path) -> None:
