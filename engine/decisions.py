@@ -139,6 +139,9 @@ class Outcome:
     duration_s: float = 0.0
     error: str | None = None
     changed: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    permanent: bool = False
+    """A failure that trying again will not fix (``PermanentError``, a 4xx, a bad executor
+    configuration): not retried within the episode."""
 
     @property
     def ok(self) -> bool:

@@ -1,7 +1,8 @@
 """Guardrails: the pure judgement that turns an evaluated decision into a verdict (DESIGN.md §6).
 
-Called by ``engine.runtime`` after ``engine.evaluation``; hands back the decision with its
-verdict and the next ``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
+Called by ``engine.runtime`` and ``engine.backtest`` (``judge_step``) after
+``engine.evaluation``; hands back the decision with its verdict and the next
+``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
 ``max_per_hour``, ``max_fraction`` of the policy's population (at least one target, so a small
 fleet is never left without any action), the global budget, then dry-run and approval. Undo
 actions (``clear``) pass cooldown and rate limits — restoring a GPU must never be blocked by the
@@ -14,8 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
+from engine.evaluation import PolicyState, settle
 from engine.rules.model import Policy
 
 HOUR = 3600.0
@@ -74,6 +77,35 @@ def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | No
 
 def cooldown_key(policy: str, target: str) -> str:
     return f"{policy}\x1f{target}"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What one judge step hands back: the decisions with their verdicts and the next states."""
+
+    decisions: tuple[Decision, ...]
+    policy_state: PolicyState | None
+    """The policy's next state with the verdicts settled in (None when none was given)."""
+    guardrails: GuardrailState
+
+
+def judge_step(
+    policy: Policy,
+    decisions: Sequence[Decision],
+    policy_state: PolicyState | None,
+    guardrails: GuardrailState,
+    ctx: Context,
+    now: float,
+) -> Judgement:
+    """The one pure judge step of the live cycle, approvals, quota grants, Alertmanager
+    triggers and backtests: verdicts for ``decisions`` (``judge_all``), then the verdicts fed
+    back into the policy's state (``engine.evaluation.settle``: what ran is undone on clear,
+    what was held back is decided again when the guardrail may allow it)."""
+    judged, after = judge_all(decisions, policy, guardrails, ctx, now)
+    if policy_state is not None:
+        retry = partial(retry_time, policy=policy, state=after, now=now)
+        policy_state = settle(policy_state, judged, retry)
+    return Judgement(tuple(judged), policy_state, after)
 
 
 def judge(

@@ -14,8 +14,8 @@ from engine.api.context import ApiContext, api_context
 from engine.api.routes.rules import policy_doc
 from engine.api.schemas import ID_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
-from engine.approvals import ApprovalError
 from engine.records import decision_doc
+from engine.runtime.approvals import ApprovalError
 
 router = APIRouter(tags=["decisions"])
 
