@@ -22,7 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from engine.actions.base import ExecutorRegistry
+from engine.actions.base import ExecutorRegistry, RetryPolicy
 from engine.audit import AuditLog, AuditSettings
 from engine.config import EngineConfig
 from engine.decisions import Decision, SkippedEvaluation
@@ -62,7 +62,10 @@ class Engine:
         metrics: EngineMetrics | None = None,
         listener: DecisionListener | None = None,
         action_workers: int = 4,
+        action_retry: RetryPolicy | None = None,
     ) -> None:
+        """``action_workers``: concurrent actions per executor; ``action_retry``: how often
+        and how fast ``execute`` tries a temporarily failing action within one decision."""
         self.config = config
         self.clock = clock
         self.metrics = metrics or EngineMetrics.create()
@@ -96,6 +99,7 @@ class Engine:
             policy=self.rulebook.policy,
             listener=listener,
             workers_per_executor=action_workers,
+            retry=action_retry or RetryPolicy(),
         )
         self.cycle = Cycle(
             store=self.store,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from engine.actions.base import Executor, ExecutorRegistry, execute
+from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
 from engine.audit import AuditLog, AuditWriteError
 from engine.config import GuardrailSettings
 from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdict
@@ -71,6 +71,7 @@ class Gate:
         policy: Callable[[str], Policy | None],
         listener: DecisionListener | None = None,
         workers_per_executor: int = 4,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self._settings = settings
         self._executor_settings = executor_settings
@@ -84,6 +85,7 @@ class Gate:
         self._policy = policy
         self._listener = listener
         self._workers = workers_per_executor
+        self._retry = retry or RetryPolicy()
         self._hooks: list[OutcomeHook] = []
         self._admit_lock = threading.Lock()  # intent writes and reconciliation, one at a time
         self._lock = threading.Lock()  # executors, pools, in-flight
@@ -290,7 +292,7 @@ class Gate:
                 OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}", permanent=True
             )
         else:
-            outcome = execute(executor, decision)
+            outcome = execute(executor, decision, self._retry)
         self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self._metrics.action_duration.labels(name).observe(outcome.duration_s)
         return outcome
