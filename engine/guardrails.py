@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
+from engine.decisions import EMPTY, Decision, Suppression, Transition, Verdict, freeze
 from engine.evaluation import PolicyState, settle
 from engine.rules.model import Policy
 
@@ -150,8 +150,8 @@ def _verdict(
 ) -> Decision:
     suppressed = _suppression(decision, policy, window, ctx, now)
     if suppressed is not None:
-        reason_code, why = suppressed
-        return decision.with_verdict(f"{Verdict.SUPPRESSED.value}:{reason_code}", why)
+        reason, why = suppressed
+        return decision.with_verdict(reason.verdict, why)
     if ctx.engine_dry_run or policy.mode == "dry-run":
         why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
         return decision.with_verdict(Verdict.DRY_RUN.value, why)
@@ -166,38 +166,38 @@ def _verdict(
 
 def _suppression(
     decision: Decision, policy: Policy, window: _Window, ctx: Context, now: float
-) -> tuple[str, str] | None:
+) -> tuple[Suppression, str] | None:
     if ctx.kill_switch:
-        return "kill_switch", "the kill switch is on: no action runs"
+        return Suppression.KILL_SWITCH, "the kill switch is on: no action runs"
     if ctx.paused:
-        return "paused", "the engine is paused"
+        return Suppression.PAUSED, "the engine is paused"
     if decision.transition is not Transition.FIRE or decision.action is None:
         return None
     last = window.last_action.get(cooldown_key(decision.policy, decision.target.key))
     if last is not None and now - last < policy.cooldown_s:
         left = policy.cooldown_s - (now - last)
-        return "cooldown", (
+        return Suppression.COOLDOWN, (
             f"cooldown {policy.cooldown_s:.0f}s: last action on this target "
             f"{now - last:.0f}s ago, {left:.0f}s left"
         )
     if policy.max_per_hour is not None and window.mine >= policy.max_per_hour:
-        return "max_per_hour", (
+        return Suppression.MAX_PER_HOUR, (
             f"{window.mine} actions in the last hour, limit max_per_hour={policy.max_per_hour}"
         )
     if policy.max_fraction is not None:
         if ctx.population is None:
-            return "max_fraction", (
+            return Suppression.MAX_FRACTION, (
                 "population unknown (no population query, or it failed): blast radius unchecked"
             )
         allowed = max(1, math.floor(policy.max_fraction * ctx.population))
         acted = len(window.acted)
         if decision.target.key not in window.acted and acted >= allowed:
-            return "max_fraction", (
+            return Suppression.MAX_FRACTION, (
                 f"{acted} of {ctx.population} targets acted on in the last hour, limit "
                 f"max_fraction={policy.max_fraction:g} allows {allowed}"
             )
     if ctx.global_max_per_hour is not None and len(window.recent) >= ctx.global_max_per_hour:
-        return "global_budget", (
+        return Suppression.GLOBAL_BUDGET, (
             f"{len(window.recent)} actions in the last hour across all policies, "
             f"global budget {ctx.global_max_per_hour}"
         )
@@ -206,12 +206,12 @@ def _suppression(
 
 def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
     """When a decision the guardrails suppressed may be decided again with a chance to pass."""
-    reason = decision.verdict.partition(":")[2]
-    if reason == "cooldown":
+    reason = Suppression.of(decision.verdict)
+    if reason is Suppression.COOLDOWN:
         last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
         if last is not None:
             return max(now, last + policy.cooldown_s)
-    if reason == "max_per_hour":
+    if reason is Suppression.MAX_PER_HOUR:
         mine = [e.at for e in state.recent if e.policy == decision.policy and now - e.at < HOUR]
         if mine:
             return max(now, min(mine) + HOUR)

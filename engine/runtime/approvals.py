@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from engine.config import GuardrailSettings
-from engine.decisions import Decision, Verdict
+from engine.decisions import Decision, Suppression, Verdict
 from engine.guardrails import judge_step
 from engine.metrics import EngineMetrics
 from engine.records import decision_doc, decision_from_doc
@@ -57,7 +57,7 @@ class Approvals:
         """A target cleared while its action waited for approval: nothing is left to approve."""
         for approval in self._store.cancel_approvals(cleared.policy, cleared.target.key, now):
             decision = decision_from_doc(approval["decision"]).with_verdict(
-                f"{Verdict.SUPPRESSED.value}:approval_cancelled",
+                Suppression.APPROVAL_CANCELLED.verdict,
                 "the condition cleared before anyone granted it",
             )
             self._gate.record(decision)
@@ -108,7 +108,7 @@ class Approvals:
         if approval is None:
             raise ApprovalError(f"decision {decision_id} is not pending approval")
         decision = decision_from_doc(approval["decision"]).with_verdict(
-            f"{Verdict.SUPPRESSED.value}:denied", f"denied by {user}"
+            Suppression.DENIED.verdict, f"denied by {user}"
         )
         self._gate.record(decision)
         return decision
@@ -120,7 +120,7 @@ class Approvals:
             if self._store.settle_approval(approval["decision_id"], "expired", None, now) is None:
                 continue
             decision = decision_from_doc(approval["decision"]).with_verdict(
-                f"{Verdict.SUPPRESSED.value}:approval_expired",
+                Suppression.APPROVAL_EXPIRED.verdict,
                 f"nobody granted it within {self._settings.approval_ttl:.0f}s",
             )
             self._gate.record(decision)

@@ -34,7 +34,7 @@ from typing import Any
 from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
 from engine.audit import AuditLog, AuditWriteError
 from engine.config import GuardrailSettings
-from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdict
+from engine.decisions import Decision, Outcome, OutcomeStatus, Suppression, Transition, Verdict
 from engine.evaluation import failed
 from engine.guardrails import HOUR, RETRY_S, forget_action
 from engine.metrics import EngineMetrics
@@ -246,11 +246,10 @@ class Gate:
 
     def _held(self, decision: Decision) -> tuple[str, str] | None:
         """What holds ``decision`` at the moment of execution: (verdict, why) or None."""
-        suppressed = Verdict.SUPPRESSED.value
         if self._controls.kill_switch_on():
-            return f"{suppressed}:kill_switch", "the kill switch is on: no action runs"
+            return Suppression.KILL_SWITCH.verdict, "the kill switch is on: no action runs"
         if self._controls.paused():
-            return f"{suppressed}:paused", "the engine is paused"
+            return Suppression.PAUSED.verdict, "the engine is paused"
         if self._settings.dry_run:
             return Verdict.DRY_RUN.value, "engine is in dry-run"
         policy = self._policy(decision.policy)
@@ -264,7 +263,7 @@ class Gate:
                 e.policy == decision.policy and e.target == decision.target.key for e in recent
             )
             if len(recent) + (0 if counted else 1) > budget:
-                return f"{suppressed}:global_budget", (
+                return Suppression.GLOBAL_BUDGET.verdict, (
                     f"{len(recent)} actions in the last hour across all policies, "
                     f"global budget {budget}"
                 )
@@ -273,7 +272,8 @@ class Gate:
     def _hold(self, decision: Decision, verdict: str, why: str) -> Outcome:
         held = decision.with_verdict(verdict, f"held at the gate: {why}")
         outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
-        self._metrics.held.labels(verdict.rpartition(":")[2] or verdict).inc()
+        reason = Suppression.of(verdict)
+        self._metrics.held.labels(reason.value if reason is not None else verdict).inc()
         log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
         self._store.finish_decision(decision.id, outcome_doc(outcome), held.verdict, held.reason)
         retry_at = None if verdict == Verdict.DRY_RUN.value else self._clock() + RETRY_S
