@@ -93,6 +93,7 @@ class Gate:
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._in_flight: dict[str, Future[Outcome]] = {}
         self._problem: str | None = None
+        self._resume_pending = False
         self._stopped = False
         metrics.audit_healthy.set(1)
 
@@ -160,7 +161,12 @@ class Gate:
         on a still unwritable spool, 0 and ``problem`` stays."""
         with self._admit_lock:
             rows = self._store.unaudited()
-            if not rows:
+            if not rows:  # nothing waits for the spool (the next write tells if it is full)
+                if self._problem is not None:
+                    self._wrote()
+                if self._resume_pending:
+                    self._resume_pending = False
+                    self._resume_unfinished()
                 return 0
             entries: list[tuple[Decision, Outcome | None]] = []
             intents, outcomes, to_run = [], [], []
@@ -187,7 +193,10 @@ class Gate:
                 len(intents),
                 len(outcomes),
             )
-            if run_started:
+            if self._resume_pending:
+                self._resume_pending = False
+                self._resume_unfinished()
+            elif run_started:
                 for decision in to_run:
                     self._submit(decision)
             return len(entries)
@@ -197,7 +206,11 @@ class Gate:
         crash interrupted (recorded ``started``, never finished)."""
         self.reconcile(run_started=False)
         if self._problem is not None:
-            return  # no intent, no action: ``reconcile`` runs them once the spool is writable
+            self._resume_pending = True  # ``reconcile`` resumes them once the spool is writable
+            return
+        self._resume_unfinished()
+
+    def _resume_unfinished(self) -> None:
         for doc in self._store.unfinished():
             decision = decision_from_doc(doc)
             log.warning(
@@ -231,12 +244,13 @@ class Gate:
     def _run(self, decision: Decision) -> Outcome:
         held = self._held(decision)
         if held is not None:
-            return self._hold(decision, *held)
-        outcome = self._execute(decision)
-        self._store.finish_decision(decision.id, outcome_doc(outcome))
-        if not outcome.ok:
-            self._after_failure(decision, outcome)
-        self._write_outcome(decision, outcome)
+            outcome = self._hold(decision, *held)
+        else:
+            outcome = self._execute(decision)
+            self._store.finish_decision(decision.id, outcome_doc(outcome))
+            if not outcome.ok:
+                self._after_failure(decision, outcome)
+            self._write_outcome(decision, outcome)
         for hook in self._hooks:
             try:
                 hook(decision, outcome)

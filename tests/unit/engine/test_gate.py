@@ -584,3 +584,46 @@ def test_every_stored_decision_has_an_audit_document(world: World) -> None:
     audited = {d["gpuops"]["decision"]["id"] for d in world.docs()}
     assert len(stored) == 7 and stored <= audited
     assert json.dumps(engine.store.unaudited()) == "[]"
+
+
+def test_outcomes_the_spool_could_not_take_are_written_when_it_can(
+    world: World, full_disk: Callable[[bool], None]
+) -> None:
+    """Actions whose intent is in the spool may run (resumed after a crash); their outcomes
+    wait in the state file while the spool is full, and reconciliation writes them."""
+    engine = world.engine()
+    engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash
+    world.prom.results["idle"] = uuids(2)
+    decisions = world.evaluate(engine, "reclaim")  # intents written, actions never ran
+    engine.stop()
+    restarted = world.engine()
+    full_disk(True)
+    restarted.gate.resume()
+    assert restarted.wait_idle(10)
+    assert len(world.log.ran) == 2
+    assert restarted.problem() is not None and "outcome not written" in restarted.problem()
+    assert not any("outcome" in d["gpuops"] for d in world.docs())
+    full_disk(False)
+    assert restarted.gate.reconcile() == 2
+    assert restarted.problem() is None and restarted.store.unaudited() == []
+    outcomes = {d["gpuops"]["decision"]["id"] for d in world.docs() if "outcome" in d["gpuops"]}
+    assert outcomes == {d.id for d in decisions}
+
+
+def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(1)
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")  # occupies the only worker
+    assert world.log.started.wait(10)
+    engine.handle_alert(_alert("firing"))  # queued
+    assert engine.handle_alert(_alert("resolved")) == []  # waits for the fire
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    wait_for(
+        lambda: any(d["gpuops"]["transition"] == "resolve" for d in world.docs()), 10, "resolve"
+    )
+    assert [d.policy for d in world.log.ran] == ["reclaim"]
+    (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
+    assert resolve["gpuops"]["verdict"] == "suppressed:kill_switch"  # decided, not forgotten
