@@ -29,7 +29,7 @@ from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdi
 from engine.evaluation import evaluate_alert
 from engine.runtime.cycle import Cycle
 from engine.runtime.rulebook import Rulebook
-from engine.state import StateStore
+from engine.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class AlertInbox:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: Store,
         rulebook: Rulebook,
         cycle: Cycle,
         clock: Callable[[], float],

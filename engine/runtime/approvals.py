@@ -22,7 +22,7 @@ from engine.runtime.controls import Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import Gate
 from engine.runtime.rulebook import Rulebook
-from engine.state import StateStore
+from engine.state import Store
 
 
 class ApprovalError(Exception):
@@ -35,7 +35,7 @@ class Approvals:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: Store,
         rulebook: Rulebook,
         cycle: Cycle,
         gate: Gate,

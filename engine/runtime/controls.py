@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from engine.config import GuardrailSettings
 from engine.metrics import EngineMetrics
-from engine.state import StateStore
+from engine.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class Controls:
 
     def __init__(
         self,
-        store: StateStore,
+        store: Store,
         settings: GuardrailSettings,
         metrics: EngineMetrics,
         clock: Callable[[], float],

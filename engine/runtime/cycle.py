@@ -27,7 +27,7 @@ from engine.records import decision_doc
 from engine.rules.model import Group, Policy
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
-from engine.state import StateStore
+from engine.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Cycle:
     def __init__(
         self,
         *,
-        store: StateStore,
+        store: Store,
         prometheus: PrometheusClient,
         gate: Gate,
         controls: Controls,

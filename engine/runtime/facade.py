@@ -36,7 +36,7 @@ from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
 from engine.runtime.quota import QuotaManager, QuotaStore
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateStore
+from engine.state import StateStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Engine:
         self.prometheus = prometheus or PrometheusClient(
             config.prometheus.url, timeout_s=config.prometheus.timeout
         )
-        self.store = StateStore(config.state_file)
+        self.store: Store = StateStore(config.state_file)
         self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
         self.locks = Locks()
         self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)

@@ -41,7 +41,7 @@ from engine.metrics import EngineMetrics
 from engine.records import decision_from_doc, outcome_doc, outcome_from_doc
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
-from engine.state import INTENT, OUTCOME, StateStore
+from engine.state import INTENT, OUTCOME, Store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Gate:
         *,
         settings: GuardrailSettings,
         executor_settings: Mapping[str, Mapping[str, Any]],
-        store: StateStore,
+        store: Store,
         audit: AuditLog,
         registry: ExecutorRegistry,
         metrics: EngineMetrics,

@@ -39,7 +39,7 @@ from engine.records import decision_from_doc, outcome_from_doc
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls
 from engine.runtime.cycle import Cycle
-from engine.state import StateStore
+from engine.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class QuotaManager:
         *,
         settings: QuotaSettings,
         store: QuotaStore,
-        state: StateStore,
+        state: Store,
         cycle: Cycle,
         controls: Controls,
         approval_ttl: float,
