@@ -190,6 +190,11 @@ class Engine:
     def deny(self, decision_id: str, user: str) -> Decision:
         return self.approvals.deny(decision_id, user)
 
+    def retry(self, decision_id: str) -> Decision:
+        """Decide again, at the next evaluation, the target of an action that failed
+        (``engine.runtime.gate.Gate.retry``)."""
+        return self.gate.retry(decision_id)
+
     def expire_approvals(self) -> list[Decision]:
         return self.approvals.expire()
 

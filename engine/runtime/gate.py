@@ -29,13 +29,22 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
 from engine.audit import AuditLog, AuditWriteError
 from engine.config import GuardrailSettings
-from engine.decisions import Decision, Outcome, OutcomeStatus, Suppression, Transition, Verdict
-from engine.evaluation import failed
+from engine.decisions import (
+    Decision,
+    Outcome,
+    OutcomeStatus,
+    Suppression,
+    Transition,
+    Verdict,
+    freeze,
+)
+from engine.evaluation import PolicyState, Status, failed
 from engine.guardrails import HOUR, RETRY_S, forget_action
 from engine.metrics import EngineMetrics
 from engine.records import decision_from_doc, outcome_doc, outcome_from_doc
@@ -51,6 +60,10 @@ OutcomeHook = Callable[[Decision, Outcome], None]
 MAX_RETRY_S = 3600.0
 """The cap of the backoff between tries of a temporarily failing action (60 s, doubled per
 failure of the episode, at most an hour)."""
+
+
+class RetryError(Exception):
+    """An action that cannot be retried now (it did not fail, or its target moved on)."""
 
 
 class Gate:
@@ -360,6 +373,37 @@ class Gate:
                 if state is not None:
                     self._store.save_policy_state(db, decision.policy, state)
                 self._store.save_guardrail_state(db, guard)
+
+    def retry(self, decision_id: str) -> Decision:
+        """An admin's retry of a failed action (a permanent failure is otherwise not retried
+        within its episode): its target is decided again at the next evaluation — a new
+        decision, judged and run through this gate like any other."""
+        stored = self._store.decision(decision_id)
+        if stored is None:
+            raise LookupError(f"no decision {decision_id}")
+        if stored["status"] != "done" or (stored["outcome"] or {}).get("status") != "failure":
+            raise RetryError(f"decision {decision_id} did not fail: nothing to retry")
+        decision = decision_from_doc(stored)
+        now = self._clock()
+        with self._locks.policy(decision.policy), self._locks.engine:
+            state = self._store.policy_state(decision.policy)
+            current = state.targets.get(decision.target.key)
+            if decision.transition is Transition.FIRE:
+                if current is None or current.status is not Status.FIRING:
+                    raise RetryError(
+                        f"the target {decision.target.key} no longer fires: its next episode acts"
+                    )
+                targets = dict(state.targets)
+                targets[decision.target.key] = replace(current, retry_at=now)
+                after = PolicyState(freeze(targets))
+            elif current is None:
+                after = failed(state, decision, now)  # the undo is tried again
+            else:
+                raise RetryError(f"the target {decision.target.key} fires again: no undo to retry")
+            with self._store.transaction() as db:
+                self._store.save_policy_state(db, decision.policy, after)
+        log.warning("retry of %s on %s requested", decision.policy, decision.target.key)
+        return decision
 
     def _write_outcome(self, decision: Decision, outcome: Outcome) -> None:
         try:

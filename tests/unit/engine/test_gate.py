@@ -627,3 +627,24 @@ def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
     assert [d.policy for d in world.log.ran] == ["reclaim"]
     (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
     assert resolve["gpuops"]["verdict"] == "suppressed:kill_switch"  # decided, not forgotten
+
+
+def test_an_admin_retries_a_permanent_failure(world: World) -> None:
+    from engine.runtime.gate import RetryError
+
+    engine = world.engine()
+    world.log.fail = lambda d: PermanentError("fleet answered 404")
+    world.prom.results["idle"] = uuids(1)
+    (first,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    world.log.fail = lambda d: None
+    world.clock.now += 120
+    assert world.evaluate(engine, "reclaim") == []
+    engine.retry(first.id)
+    (second,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert second.verdict == "execute" and world.log.ran[-1].id == second.id
+    with pytest.raises(RetryError, match="did not fail"):
+        engine.retry(second.id)
+    with pytest.raises(LookupError):
+        engine.retry("0" * 24)
