@@ -448,10 +448,12 @@ class StateStore:
         return row is not None
 
     def prune_alert_episodes(self, older_than: float) -> int:
+        """Forget handled alert episodes, and resolves whose fire never came, older than
+        ``older_than``; returns how many rows went."""
         with self.transaction() as db:
-            return db.execute(
-                "DELETE FROM alert_episodes WHERE seen_at < ?", (older_than,)
-            ).rowcount
+            gone = db.execute("DELETE FROM alert_episodes WHERE seen_at < ?", (older_than,))
+            early = db.execute("DELETE FROM early_resolves WHERE at < ?", (older_than,))
+            return int(gone.rowcount) + int(early.rowcount)
 
     def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -55,7 +55,7 @@ class Engine:
         self,
         config: EngineConfig,
         *,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
         executors: ExecutorRegistry | None = None,
         audit: AuditLog | None = None,
         prometheus: PrometheusClient | None = None,
