@@ -3,7 +3,8 @@ as the live loop, and report what they would have decided (``gpuops backtest run
 
 Each policy's ``expr`` (and ``clear_expr``, and the ``max_fraction`` population) is fetched once
 as a range query (``engine.prometheus.PrometheusClient.query_range``), then stepped through at
-the query's resolution: ``evaluate`` then ``judge_all`` at every step, state carried over.
+the query's resolution: ``evaluate`` then ``judge_step`` (the live cycle's) at every step,
+state carried over.
 Nothing is executed and nothing is audited. Called by ``engine.cli.backtest``.
 """
 
@@ -15,13 +16,12 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from functools import partial
 
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.decisions import Decision
-from engine.evaluation import PolicyState, QueryResult, evaluate, settle
-from engine.guardrails import Context, GuardrailState, judge_all, population_expr, retry_time
+from engine.evaluation import PolicyState, QueryResult, evaluate
+from engine.guardrails import Context, GuardrailState, judge_step, population_expr
 from engine.prometheus import PrometheusClient
 from engine.rules.model import Policy
 
@@ -96,9 +96,10 @@ def _one(
         state = step.state
         if step.decisions:
             ctx = Context(population=len(population.get(now, ())) if population else None)
-            judged, guard = judge_all(step.decisions, policy, guard, ctx, now)
-            state = settle(state, judged, partial(retry_time, policy=policy, state=guard, now=now))
-            decisions.extend(judged)
+            judgement = judge_step(policy, step.decisions, state, guard, ctx, now)
+            assert judgement.policy_state is not None
+            state, guard = judgement.policy_state, judgement.guardrails
+            decisions.extend(judgement.decisions)
         if state.firing():
             firing_steps += 1
     return PolicyBacktest(policy.name, steps, tuple(decisions), firing_steps)

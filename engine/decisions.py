@@ -48,6 +48,36 @@ class Verdict(StrEnum):
     SUPPRESSED = "suppressed"
 
 
+class Suppression(StrEnum):
+    """Why a decision was held back; its verdict is ``suppressed:<reason>``."""
+
+    KILL_SWITCH = "kill_switch"
+    PAUSED = "paused"
+    COOLDOWN = "cooldown"
+    MAX_PER_HOUR = "max_per_hour"
+    MAX_FRACTION = "max_fraction"
+    GLOBAL_BUDGET = "global_budget"
+    APPROVAL_CANCELLED = "approval_cancelled"
+    APPROVAL_EXPIRED = "approval_expired"
+    DENIED = "denied"
+
+    @property
+    def verdict(self) -> str:
+        """The verdict text of this suppression (``suppressed:cooldown``)."""
+        return f"{Verdict.SUPPRESSED.value}:{self.value}"
+
+    @classmethod
+    def of(cls, verdict: str) -> Suppression | None:
+        """The suppression a verdict text names, or None (not a suppression, or unknown)."""
+        kind, _, reason = verdict.partition(":")
+        if kind != Verdict.SUPPRESSED.value:
+            return None
+        try:
+            return cls(reason)
+        except ValueError:
+            return None
+
+
 @dataclass(frozen=True)
 class Target:
     """What an action is applied to: a stable key and the labels it was built from."""
@@ -139,6 +169,9 @@ class Outcome:
     duration_s: float = 0.0
     error: str | None = None
     changed: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    permanent: bool = False
+    """A failure that trying again will not fix (``PermanentError``, a 4xx, a bad executor
+    configuration): not retried within the episode."""
 
     @property
     def ok(self) -> bool:

@@ -366,10 +366,11 @@ def settle(
     return PolicyState(freeze(targets))
 
 
-def failed(state: PolicyState, decision: Decision, retry_at: float) -> PolicyState:
-    """The state after ``decision``'s action failed (its executor gave up): a fire is decided
-    again at ``retry_at`` while its target still fires, and it has not acted; a failed undo is
-    retried like one the guardrails held back."""
+def failed(state: PolicyState, decision: Decision, retry_at: float | None) -> PolicyState:
+    """The state after ``decision``'s action failed (its executor gave up) or the gate held it:
+    a fire is decided again at ``retry_at`` while its target still fires, and it has not acted;
+    a failed undo is retried like one the guardrails held back. ``retry_at`` None (a permanent
+    failure): not decided again within the episode."""
     targets = dict(state.targets)
     current = targets.get(decision.target.key)
     if decision.transition is Transition.FIRE:
@@ -377,7 +378,7 @@ def failed(state: PolicyState, decision: Decision, retry_at: float) -> PolicySta
             return state
         actions = max(0, current.actions - 1)  # an earlier action of the episode may have run
         targets[decision.target.key] = replace(current, actions=actions, retry_at=retry_at)
-    elif decision.transition is Transition.CLEAR and current is None:
+    elif decision.transition is Transition.CLEAR and current is None and retry_at is not None:
         targets[decision.target.key] = _clearing(decision, retry_at)
     else:
         return state

@@ -1,7 +1,8 @@
 """Guardrails: the pure judgement that turns an evaluated decision into a verdict (DESIGN.md §6).
 
-Called by ``engine.runtime`` after ``engine.evaluation``; hands back the decision with its
-verdict and the next ``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
+Called by ``engine.runtime`` and ``engine.backtest`` (``judge_step``) after
+``engine.evaluation``; hands back the decision with its verdict and the next
+``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
 ``max_per_hour``, ``max_fraction`` of the policy's population (at least one target, so a small
 fleet is never left without any action), the global budget, then dry-run and approval. Undo
 actions (``clear``) pass cooldown and rate limits — restoring a GPU must never be blocked by the
@@ -14,8 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
-from engine.decisions import EMPTY, Decision, Transition, Verdict, freeze
+from engine.decisions import EMPTY, Decision, Suppression, Transition, Verdict, freeze
+from engine.evaluation import PolicyState, settle
 from engine.rules.model import MAX_COOLDOWN_S, Policy
 
 HOUR = 3600.0
@@ -77,6 +80,35 @@ def cooldown_key(policy: str, target: str) -> str:
     return f"{policy}\x1f{target}"
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """What one judge step hands back: the decisions with their verdicts and the next states."""
+
+    decisions: tuple[Decision, ...]
+    policy_state: PolicyState | None
+    """The policy's next state with the verdicts settled in (None when none was given)."""
+    guardrails: GuardrailState
+
+
+def judge_step(
+    policy: Policy,
+    decisions: Sequence[Decision],
+    policy_state: PolicyState | None,
+    guardrails: GuardrailState,
+    ctx: Context,
+    now: float,
+) -> Judgement:
+    """The one pure judge step of the live cycle, approvals, quota grants, Alertmanager
+    triggers and backtests: verdicts for ``decisions`` (``judge_all``), then the verdicts fed
+    back into the policy's state (``engine.evaluation.settle``: what ran is undone on clear,
+    what was held back is decided again when the guardrail may allow it)."""
+    judged, after = judge_all(decisions, policy, guardrails, ctx, now)
+    if policy_state is not None:
+        retry = partial(retry_time, policy=policy, state=after, now=now)
+        policy_state = settle(policy_state, judged, retry)
+    return Judgement(tuple(judged), policy_state, after)
+
+
 def judge(
     decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
 ) -> tuple[Decision, GuardrailState]:
@@ -119,8 +151,8 @@ def _verdict(
 ) -> Decision:
     suppressed = _suppression(decision, policy, window, ctx, now)
     if suppressed is not None:
-        reason_code, why = suppressed
-        return decision.with_verdict(f"{Verdict.SUPPRESSED.value}:{reason_code}", why)
+        reason, why = suppressed
+        return decision.with_verdict(reason.verdict, why)
     if ctx.engine_dry_run or policy.mode == "dry-run":
         why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
         return decision.with_verdict(Verdict.DRY_RUN.value, why)
@@ -135,38 +167,38 @@ def _verdict(
 
 def _suppression(
     decision: Decision, policy: Policy, window: _Window, ctx: Context, now: float
-) -> tuple[str, str] | None:
+) -> tuple[Suppression, str] | None:
     if ctx.kill_switch:
-        return "kill_switch", "the kill switch is on: no action runs"
+        return Suppression.KILL_SWITCH, "the kill switch is on: no action runs"
     if ctx.paused:
-        return "paused", "the engine is paused"
+        return Suppression.PAUSED, "the engine is paused"
     if decision.transition is not Transition.FIRE or decision.action is None:
         return None
     last = window.last_action.get(cooldown_key(decision.policy, decision.target.key))
     if last is not None and now - last < policy.cooldown_s:
         left = policy.cooldown_s - (now - last)
-        return "cooldown", (
+        return Suppression.COOLDOWN, (
             f"cooldown {policy.cooldown_s:.0f}s: last action on this target "
             f"{now - last:.0f}s ago, {left:.0f}s left"
         )
     if policy.max_per_hour is not None and window.mine >= policy.max_per_hour:
-        return "max_per_hour", (
+        return Suppression.MAX_PER_HOUR, (
             f"{window.mine} actions in the last hour, limit max_per_hour={policy.max_per_hour}"
         )
     if policy.max_fraction is not None:
         if ctx.population is None:
-            return "max_fraction", (
+            return Suppression.MAX_FRACTION, (
                 "population unknown (no population query, or it failed): blast radius unchecked"
             )
         allowed = max(1, math.floor(policy.max_fraction * ctx.population))
         acted = len(window.acted)
         if decision.target.key not in window.acted and acted >= allowed:
-            return "max_fraction", (
+            return Suppression.MAX_FRACTION, (
                 f"{acted} of {ctx.population} targets acted on in the last hour, limit "
                 f"max_fraction={policy.max_fraction:g} allows {allowed}"
             )
     if ctx.global_max_per_hour is not None and len(window.recent) >= ctx.global_max_per_hour:
-        return "global_budget", (
+        return Suppression.GLOBAL_BUDGET, (
             f"{len(window.recent)} actions in the last hour across all policies, "
             f"global budget {ctx.global_max_per_hour}"
         )
@@ -175,12 +207,12 @@ def _suppression(
 
 def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
     """When a decision the guardrails suppressed may be decided again with a chance to pass."""
-    reason = decision.verdict.partition(":")[2]
-    if reason == "cooldown":
+    reason = Suppression.of(decision.verdict)
+    if reason is Suppression.COOLDOWN:
         last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
         if last is not None:
             return max(now, last + policy.cooldown_s)
-    if reason == "max_per_hour":
+    if reason is Suppression.MAX_PER_HOUR:
         mine = [e.at for e in state.recent if e.policy == decision.policy and now - e.at < HOUR]
         if mine:
             return max(now, min(mine) + HOUR)

@@ -24,6 +24,10 @@ class EngineMetrics:
     last_reload_success: Gauge
     kill_switch: Gauge
     paused: Gauge
+    held: Counter
+    audit_write_failures: Counter
+    audit_healthy: Gauge
+    permanent_failures: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> EngineMetrics:
@@ -79,4 +83,29 @@ class EngineMetrics:
                 "gpuops_engine_kill_switch", "1 while the kill switch is on.", registry=r
             ),
             paused=Gauge("gpuops_engine_paused", "1 while the engine is paused.", registry=r),
+            held=Counter(
+                "gpuops_engine_actions_held",
+                "Actions the gate held at the moment of execution, by reason (kill_switch, "
+                "paused, dry_run, global_budget, audit_unwritable).",
+                ["reason"],
+                registry=r,
+            ),
+            audit_write_failures=Counter(
+                "gpuops_engine_audit_write_failures",
+                "Intents or outcomes the gate could not write to the audit spool (an intent "
+                "not written: its action did not run and waits for the spool).",
+                ["what"],
+                registry=r,
+            ),
+            audit_healthy=Gauge(
+                "gpuops_engine_audit_writable",
+                "1 while the gate can write intents to the audit spool (0: no action runs).",
+                registry=r,
+            ),
+            permanent_failures=Counter(
+                "gpuops_engine_permanent_failures",
+                "Actions that failed permanently (not retried within the episode).",
+                ["policy"],
+                registry=r,
+            ),
         )

@@ -14,6 +14,7 @@ from engine.decisions import (
     Decision,
     Evidence,
     Outcome,
+    OutcomeStatus,
     Target,
     Transition,
     freeze,
@@ -81,7 +82,20 @@ def outcome_doc(outcome: Outcome) -> dict[str, Any]:
         "duration_s": outcome.duration_s,
         "error": outcome.error,
         "changed": _plain(outcome.changed),
+        "permanent": outcome.permanent,
     }
+
+
+def outcome_from_doc(doc: Mapping[str, Any]) -> Outcome:
+    """The ``Outcome`` of ``outcome_doc``'s form (the state file's)."""
+    return Outcome(
+        OutcomeStatus(doc["status"]),
+        attempts=int(doc.get("attempts", 0)),
+        duration_s=float(doc.get("duration_s", 0.0)),
+        error=doc.get("error"),
+        changed=freeze(doc.get("changed") or {}),
+        permanent=bool(doc.get("permanent", False)),
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -12,9 +12,9 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.decisions import freeze
 from engine.evaluation import PolicyState, Status, TargetState
@@ -43,6 +43,73 @@ CREATE TABLE IF NOT EXISTS alert_episodes (
 );
 """
 
+MIGRATIONS: tuple[str, ...] = (
+    # 1: write-ahead audit. ``audited``: 0 = nothing in the spool yet, 1 = the intent (decision
+    # and verdict) is, 2 = its outcome is too. Decisions of older files were audited (after).
+    "ALTER TABLE decisions ADD COLUMN audited INTEGER NOT NULL DEFAULT 2",
+    # 2: a resolved alert that came before its firing's action succeeded waits for it here
+    "CREATE TABLE early_resolves (fire_id TEXT PRIMARY KEY, alert TEXT NOT NULL, at REAL NOT NULL)",
+)
+"""Schema changes after ``SCHEMA``, in order; a state file records how many it has had."""
+
+INTENT, OUTCOME = 1, 2
+"""The values of ``decisions.audited`` (see ``MIGRATIONS``)."""
+
+
+class Store(Protocol):
+    """What the engine needs of its state backend: ``StateStore`` (SQLite, the embedded
+    default) implements it; a PostgreSQL backend (DESIGN.md section 11) can implement it too.
+    ``transaction()`` yields the backend's open transaction, handed back to the ``save_*`` /
+    ``record_*`` methods, so one commit holds a cycle's state, windows and decisions."""
+
+    path: Path
+
+    def close(self) -> None: ...
+    def transaction(self) -> AbstractContextManager[Any]: ...
+    def policy_state(self, policy: str) -> PolicyState: ...
+    def policy_names(self) -> list[str]: ...
+    def save_policy_state(self, db: Any, policy: str, state: PolicyState) -> None: ...
+    def guardrail_state(self) -> GuardrailState: ...
+    def save_guardrail_state(self, db: Any, state: GuardrailState) -> None: ...
+    def record_decision(self, db: Any, doc: Mapping[str, Any], status: str) -> bool: ...
+    def rerun_decision(self, db: Any, doc: Mapping[str, Any]) -> None: ...
+    def finish_decision(
+        self,
+        decision_id: str,
+        outcome: Mapping[str, Any],
+        verdict: str | None = None,
+        reason: str | None = None,
+    ) -> None: ...
+    def mark_audited(self, ids: Sequence[str], level: int) -> None: ...
+    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]: ...
+    def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int: ...
+    def decision(self, decision_id: str) -> dict[str, Any] | None: ...
+    def prune(self, older_than: float) -> int: ...
+    def unfinished(self) -> list[dict[str, Any]]: ...
+    def decisions(
+        self, policy: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]: ...
+    def control(self, name: str) -> str | None: ...
+    def set_control(self, name: str, value: str | None) -> None: ...
+    def save_approval(
+        self, db: Any, doc: Mapping[str, Any], requested_at: float, expires_at: float
+    ) -> None: ...
+    def approvals(self, status: str | None = None) -> list[dict[str, Any]]: ...
+    def approval(self, decision_id: str) -> dict[str, Any] | None: ...
+    def settle_approval(
+        self, decision_id: str, status: str, user: str | None, now: float
+    ) -> dict[str, Any] | None: ...
+    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]: ...
+    def expired_approvals(self, now: float) -> list[dict[str, Any]]: ...
+    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]: ...
+    def inbox(self) -> list[tuple[int, dict[str, Any]]]: ...
+    def inbox_done(self, item: int) -> None: ...
+    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool: ...
+    def prune_alert_episodes(self, older_than: float) -> int: ...
+    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool: ...
+    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None: ...
+    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None: ...
+
 
 class StateStore:
     def __init__(self, path: Path | str) -> None:
@@ -54,6 +121,22 @@ class StateStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an older state file to ``MIGRATIONS``' version (``PRAGMA user_version``),
+        each step in its own transaction."""
+        with self._lock:
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.execute(sql)
+                    self._db.execute(f"PRAGMA user_version = {number}")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -117,7 +200,7 @@ class StateStore:
         """Insert a decision; False when its id is already known (a replay: do not act again)."""
         cur = db.execute(
             "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
-            " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
             (
                 doc["id"],
                 doc["policy"],
@@ -131,12 +214,79 @@ class StateStore:
         )
         return cur.rowcount == 1
 
-    def finish_decision(self, decision_id: str, outcome: Mapping[str, Any]) -> None:
+    @staticmethod
+    def rerun_decision(db: sqlite3.Connection, doc: Mapping[str, Any]) -> None:
+        """A stored decision that runs after all (a granted approval): its new verdict, to be
+        audited and run by the gate."""
+        db.execute(
+            "UPDATE decisions SET verdict = ?, data = ?, status = 'started', outcome = NULL,"
+            " audited = 0 WHERE id = ?",
+            (doc["verdict"], json.dumps(doc), doc["id"]),
+        )
+
+    def finish_decision(
+        self,
+        decision_id: str,
+        outcome: Mapping[str, Any],
+        verdict: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Store a decision's outcome (and, when the gate held it, its new verdict)."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE decisions SET status = 'done', outcome = ? WHERE id = ?",
                 (json.dumps(outcome), decision_id),
             )
+            if verdict is not None:
+                db.execute(
+                    "UPDATE decisions SET verdict = ?,"
+                    " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
+                    (verdict, verdict, reason or "", decision_id),
+                )
+
+    def mark_audited(self, ids: Sequence[str], level: int) -> None:
+        """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
+        with self.transaction() as db:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                db.execute(
+                    f"UPDATE decisions SET audited = ? WHERE audited < ? AND id IN "
+                    f"({','.join('?' * len(chunk))})",
+                    (level, level, *chunk),
+                )
+
+    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]:
+        """Decisions whose intent, or whose stored outcome, the spool lacks, with their level
+        (``ids``: only among those), oldest first."""
+        where = "(audited = 0 OR (outcome IS NOT NULL AND audited < 2))"
+        rows: list[tuple[Any, ...]] = []
+        with self._lock:
+            if ids is None:
+                rows = self._db.execute(
+                    f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
+                    " ORDER BY at"
+                ).fetchall()
+            else:
+                for start in range(0, len(ids), 500):
+                    chunk = ids[start : start + 500]
+                    rows += self._db.execute(
+                        f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
+                        f" AND id IN ({','.join('?' * len(chunk))}) ORDER BY at",
+                        tuple(chunk),
+                    ).fetchall()
+        return [(_decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
+
+    def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
+        """How many actions on ``target`` failed in the episode that began at ``episode_start``
+        (the exponent of the backoff before the next try)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM decisions WHERE policy = ? AND target = ?"
+                " AND status = 'done' AND json_extract(outcome, '$.status') = 'failure'"
+                " AND json_extract(data, '$.episode_start') = ?",
+                (policy, target, episode_start),
+            ).fetchone()
+        return int(row[0])
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -298,10 +448,12 @@ class StateStore:
         return row is not None
 
     def prune_alert_episodes(self, older_than: float) -> int:
+        """Forget handled alert episodes, and resolves whose fire never came, older than
+        ``older_than``; returns how many rows went."""
         with self.transaction() as db:
-            return db.execute(
-                "DELETE FROM alert_episodes WHERE seen_at < ?", (older_than,)
-            ).rowcount
+            gone = db.execute("DELETE FROM alert_episodes WHERE seen_at < ?", (older_than,))
+            early = db.execute("DELETE FROM early_resolves WHERE at < ?", (older_than,))
+            return int(gone.rowcount) + int(early.rowcount)
 
     def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
@@ -311,6 +463,27 @@ class StateStore:
                 (fingerprint, starts_at, status, now),
             )
             return cur.rowcount == 0
+
+    # --- resolves that came early ---------------------------------------------------------
+    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None:
+        """Remember a resolved alert whose firing's action (``fire_id``) has not succeeded yet."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO early_resolves VALUES (?, ?, ?)",
+                (fire_id, json.dumps(dict(alert)), now),
+            )
+
+    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None:
+        """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
+        with self.transaction() as db:
+            row = db.execute(
+                "SELECT alert FROM early_resolves WHERE fire_id = ?", (fire_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
+        alert: dict[str, Any] = json.loads(row[0])
+        return alert
 
 
 def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 executor raises into an ``Outcome`` (with retries and backoff for temporary errors).
 
 Executors raise ``TemporaryError`` (retried) or ``PermanentError`` (not); anything else is a bug
-in the executor and becomes a failed outcome with its type and message. ``engine.runtime`` calls
-``execute``; executors never see the guardrails or the audit.
+in the executor and becomes a failed outcome with its type and message. ``engine.runtime.gate``
+(the only caller of executors) calls ``execute``; executors never see the guardrails or the audit.
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ def execute(
             OutcomeStatus.FAILURE,
             error=f"executor {executor.name!r} does not support action {verb!r} "
             f"(supported: {supported})",
+            permanent=True,
         )
     started = clock()
     attempt = 0
@@ -187,7 +188,7 @@ def execute(
             continue
         except PermanentError as exc:
             log.warning("%s %s on %s failed: %s", executor.name, verb, decision.target.key, exc)
-            return _failed(exc, attempt, clock() - started)
+            return _failed(exc, attempt, clock() - started, permanent=True)
         except Exception as exc:  # an executor bug must not take the engine down
             log.exception("executor %s raised unexpectedly", executor.name)
             return _failed(exc, attempt, clock() - started, prefix=f"{type(exc).__name__}: ")
@@ -199,7 +200,13 @@ def execute(
         )
 
 
-def _failed(exc: BaseException, attempts: int, duration: float, prefix: str = "") -> Outcome:
+def _failed(
+    exc: BaseException, attempts: int, duration: float, prefix: str = "", permanent: bool = False
+) -> Outcome:
     return Outcome(
-        OutcomeStatus.FAILURE, attempts=attempts, duration_s=duration, error=f"{prefix}{exc}"[:1024]
+        OutcomeStatus.FAILURE,
+        attempts=attempts,
+        duration_s=duration,
+        error=f"{prefix}{exc}"[:1024],
+        permanent=permanent,
     )

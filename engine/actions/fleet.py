@@ -104,7 +104,7 @@ class FleetExecutor:
 def _quota_call(
     verb: str, labels: Mapping[str, str], params: Mapping[str, Any], body: dict[str, Any]
 ) -> tuple[str, str]:
-    """An elastic quota grant or its release (``engine.api.quota`` with ``grant_action:
+    """An elastic quota grant or its release (``engine.runtime.quota`` with ``grant_action:
     grant_quota``, ``undo_action: release_quota``): the grant is named by the request."""
     project = _need(labels, "project", verb)
     grant = labels.get("quota_request") or str(params.get("grant", ""))

@@ -9,8 +9,7 @@ of ``engine.api.auth``. ``/healthz`` and ``/metrics`` are open and not audited. 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,12 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import __version__
-from engine.api.alerts import AlertWorker
 from engine.api.console import mount_console
 from engine.api.context import ApiContext
 from engine.api.docs import mount_docs
 from engine.api.gate import ApiGate
-from engine.api.quota import QuotaManager, QuotaStore
 from engine.api.routes import alertmanager, audit, control, decisions, quota, rules
 from engine.api.tokens import TokenStore
 from engine.config import ApiSettings
@@ -42,8 +39,8 @@ def create_app(
     *,
     environ: Mapping[str, str] | None = None,
 ) -> FastAPI:
-    """The API of ``engine``. Users are loaded now (``TokensError`` when they cannot be); the
-    alert worker and the quota ticker run while the app's lifespan does."""
+    """The API of ``engine``. Users are loaded now (``TokensError`` when they cannot be). The
+    app owns no thread: the alert inbox and the quota ticker are the engine's."""
     tokens = TokenStore(settings.tokens_file, settings.tokens_env, environ)
     tokens.reload()
     registry = CollectorRegistry()
@@ -51,19 +48,8 @@ def create_app(
         engine=engine,
         settings=settings,
         tokens=tokens,
-        quota=QuotaManager(engine, settings.quota, QuotaStore(engine.store.path)),
-        alerts=AlertWorker(engine, settings.alert_queue_size, registry),
         registry=registry,
     )
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        context.start()
-        try:
-            yield
-        finally:
-            context.stop()
-            context.quota.store.close()
 
     app = FastAPI(
         title="gpuops engine API",
@@ -73,7 +59,6 @@ def create_app(
         openapi_url=f"{PREFIX}/openapi.json",
         docs_url=None,  # engine.api.docs serves it with local assets
         redoc_url=None,
-        lifespan=lifespan,
     )
     app.state.api = context
     errors: dict[int | str, dict[str, Any]] = {
@@ -102,9 +87,18 @@ def create_app(
     )
 
     @app.get("/healthz", tags=["meta"])
-    def healthz() -> dict[str, Any]:
-        """Liveness: the process answers and its state file can be read."""
-        return {"status": "ok", "paused": engine.paused(), "kill_switch": engine.kill_switch_on()}
+    def healthz() -> JSONResponse:
+        """Health: the process answers, its state file can be read, and its audit spool takes
+        intents (503 with the reason when it does not: then no action runs)."""
+        problem = engine.problem()
+        body: dict[str, Any] = {
+            "status": "ok" if problem is None else "unhealthy",
+            "paused": engine.paused(),
+            "kill_switch": engine.kill_switch_on(),
+        }
+        if problem is not None:
+            body["reason"] = problem
+        return JSONResponse(body, 200 if problem is None else 503)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:

@@ -6,8 +6,15 @@ Used by ``engine.runtime`` (decisions, skipped evaluations), ``engine.api`` and 
 ``engine.decisions`` and nothing above it.
 """
 
-from engine.audit.errors import AuditError, ElasticsearchError, SpoolLockedError
+from engine.audit.errors import AuditError, AuditWriteError, ElasticsearchError, SpoolLockedError
 from engine.audit.log import AuditLog
 from engine.audit.settings import AuditSettings
 
-__all__ = ["AuditError", "AuditLog", "AuditSettings", "ElasticsearchError", "SpoolLockedError"]
+__all__ = [
+    "AuditError",
+    "AuditWriteError",
+    "AuditLog",
+    "AuditSettings",
+    "ElasticsearchError",
+    "SpoolLockedError",
+]

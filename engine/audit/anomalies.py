@@ -66,7 +66,8 @@ def find_anomalies(backend: Backend, settings: AnomalySettings) -> list[Finding]
 
 def _flapping(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[Finding]:
     groups = backend.group(
-        all_of(window, Term("gpuops.transition", ("clear",))),
+        # one document per decision: an executed one also has an outcome document (type change)
+        all_of(window, Term("gpuops.transition", ("clear",)), Term("event.type", ("info",))),
         "decision",
         [Level("rule.name", 1000), Level("gpuops.target.key", 50, s.flap_min_episodes)],
     )

@@ -2,7 +2,9 @@
 
 The Elasticsearch client's errors are wrapped with the original chained as ``__cause__``;
 bodies in messages are capped at 256 characters. Raised by the spool, the template installer
-and the search backends; ``AuditLog.decision`` and friends never raise them to the engine.
+and the search backends; ``AuditLog.decision`` and friends never raise them to the engine;
+``AuditLog.write_ahead`` raises ``AuditWriteError`` so that the engine's gate does not act
+unaudited.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ def cap(text: object) -> str:
 
 class AuditError(Exception):
     """Base of the audit trail's errors."""
+
+
+class AuditWriteError(AuditError):
+    """A document that must be durable before the engine acts could not be written to the
+    spool (disk full, spool unwritable, spool full under ``reject_new``)."""
 
 
 class SpoolLockedError(AuditError):

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from engine.audit.client import make_client
 from engine.audit.documents import decision_document, operation_document, skipped_document
+from engine.audit.errors import AuditWriteError
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
 from engine.audit.shipper import Shipper
@@ -107,6 +108,24 @@ class AuditLog:
             decision, outcome, self.host_name, self.settings.namespace, self._clock()
         )
         return self._append(doc)
+
+    def write_ahead(self, entries: Sequence[tuple[Decision, Outcome | None]]) -> list[str]:
+        """Record decisions (and outcomes) durably with one fsync, or raise ``AuditWriteError``
+        (nothing written): the engine's gate calls it before it acts, and acts only if it
+        returns. Returns the documents' ``event.id``s."""
+        now = self._clock()
+        docs = [
+            decision_document(d, o, self.host_name, self.settings.namespace, now)
+            for d, o in entries
+        ]
+        try:
+            stored = self._spool.append_many(docs)
+        except OSError as exc:
+            self.metrics.dropped.labels(policy="write_error").inc(len(docs))
+            raise AuditWriteError(f"audit spool {self.spool_dir} not writable: {exc}") from exc
+        if not stored:
+            raise AuditWriteError(f"audit spool {self.spool_dir} is full (full_policy reject_new)")
+        return [str(doc["event"]["id"]) for doc in docs]
 
     def skipped(self, skipped: SkippedEvaluation) -> str:
         """Record an evaluation skipped because its query failed; returns its ``event.id``."""

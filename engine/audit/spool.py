@@ -18,7 +18,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -147,26 +147,53 @@ class Spool:
 
     def append(self, doc: Mapping[str, Any]) -> bool:
         """Append one document, fsync'd. False when the spool was full and dropped it."""
-        line = (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        return self.append_many((doc,))
+
+    def append_many(self, docs: Sequence[Mapping[str, Any]]) -> bool:
+        """Append documents with one write and one fsync (all or none). False when the spool
+        was full and dropped them; ``OSError`` (disk full, unwritable) when the write failed,
+        in which case nothing of it stays in the segment."""
+        if not docs:
+            return True
+        data = b"".join(
+            (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+            for doc in docs
+        )
         with self._lock:
-            if not self._make_room(len(line)):
+            if not self._make_room(len(data)):
                 return False
             if self._active is not None and self._active.size >= self._segment_max_bytes:
                 self._close_active()
             if self._active is None:
                 self._open_active()
             assert self._fh is not None and self._active is not None
-            self._fh.write(line)
-            self._fh.flush()
-            if self._fsync:
-                os.fsync(self._fh.fileno())
-            self._active.documents += 1
-            self._active.size += len(line)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = self._fh.write(view)
+                    view = view[written or 0 :]
+                if self._fsync:
+                    os.fsync(self._fh.fileno())
+            except OSError:
+                self._undo_write()
+                raise
+            self._active.documents += len(docs)
+            self._active.size += len(data)
             if self._closed:  # a late document after close: kept, but no handle left open
                 self._close_active()
-            self._metrics.spooled.inc()
+            self._metrics.spooled.inc(len(docs))
             self._update_gauges()
             return True
+
+    def _undo_write(self) -> None:
+        """Cut a failed write off the active segment, so no torn line stays before the next
+        one; a segment that cannot be cut is closed (readers skip its torn last line)."""
+        assert self._fh is not None and self._active is not None
+        try:
+            os.ftruncate(self._fh.fileno(), self._active.size)
+        except OSError:
+            log.warning("audit spool: could not cut a failed write off %s", self._active.path)
+            self._close_active()
 
     def seal(self, only_if_older_than_s: float | None = None) -> bool:
         """Close the active segment so it can be shipped; True when one was sealed.
@@ -212,7 +239,7 @@ class Spool:
 
     def _open_active(self) -> None:
         path = self.directory / f"segment-{self._next_seq:012d}.jsonl"
-        self._fh = path.open("ab")
+        self._fh = path.open("ab", buffering=0)  # no buffer to replay a failed write
         self._active = Segment(path, self._next_seq, 0, 0, time.monotonic())
         self._next_seq += 1
         if self._fsync:  # the new directory entry must survive a crash too

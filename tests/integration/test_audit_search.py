@@ -41,6 +41,7 @@ def populate(audit: AuditLog, clock: list[float]) -> None:
                 "downclock" if transition is Transition.FIRE else "restore_clocks",
                 episode=at - n,
             )
+            audit.decision(decision, None)  # the intent, written before the action runs
             audit.decision(decision, OK)
     for n in range(4):  # one target reclaimed again and again
         decision = make_decision(labels={"node": "n3", "uuid": "GPU-R"}, at=at + n * 600, episode=n)
@@ -116,12 +117,12 @@ def both(stores: tuple[str, Path], args: list[str]) -> list[dict[str, object]]:
     ("args", "count"),
     [
         ([], 50),
-        (["--limit", "1000"], 57),
-        (["--since", "7d", "--limit", "1000"], 58),
+        (["--limit", "1000"], 63),  # with the 6 intents of the flapping clears/fires
+        (["--since", "7d", "--limit", "1000"], 64),
         (["--policy", "migrate-off-down-nodes"], 3),
         (["--user", "alice", "--since", "2h"], 26),
         (["--action", "authenticate", "--outcome", "failure"], 1),
-        (["--outcome", "unknown"], 2),
+        (["--outcome", "unknown"], 8),  # intents have no outcome yet
         (["--label", "node=n7", "--label", "uuid=GPU-1"], 1),
         (["--text", "out of memory", "--stream", "decision"], 3),
         (["--text", "cooldown"], 1),

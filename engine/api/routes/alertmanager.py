@@ -1,6 +1,6 @@
 """``POST /api/v1/alertmanager``: Alertmanager's webhook receiver (payload version 4).
 
-Validates the notification, queues its alerts for ``engine.api.alerts.AlertWorker`` and answers
+Validates the notification, queues its alerts for ``engine.runtime.alerts.AlertInbox`` and answers
 at once; 503 when the queue is full, so Alertmanager retries. Authenticated like every route —
 Alertmanager's ``http_config`` sends a bearer token (``authorization``) or ``basic_auth``.
 """

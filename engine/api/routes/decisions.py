@@ -15,8 +15,9 @@ from engine.api.context import ApiContext, api_context
 from engine.api.routes.rules import policy_doc
 from engine.api.schemas import ID_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
-from engine.approvals import ApprovalError
 from engine.records import decision_doc
+from engine.runtime.approvals import ApprovalError
+from engine.runtime.gate import RetryError
 
 router = APIRouter(tags=["decisions"])
 
@@ -218,3 +219,20 @@ def deny_approval(
     if ctx.engine.store.approval(decision_id) is None:
         raise HTTPException(404, f"no approval for decision {decision_id}")
     return _settle(ctx, decision_id, principal.name, grant=False)
+
+
+@router.post("/decisions/{decision_id}/retry")
+def retry_decision(
+    decision_id: DecisionId,
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.APPROVALS_DECIDE))],
+) -> Any:
+    """Decide again the target of a failed action at the next evaluation (a permanent failure
+    is otherwise not retried within its episode); 409 when there is nothing to retry."""
+    try:
+        decision = ctx.engine.retry(decision_id)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc.args[0])) from None
+    except RetryError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return {"decision": decision.id, "policy": decision.policy, "target": decision.target.key}

@@ -1,5 +1,5 @@
 """``/api/v1/quota-requests``: developers ask for extra GPUs for a while; admins approve or deny
-(``engine.api.quota`` applies and later undoes them)."""
+(``engine.runtime.quota`` applies and later undoes them)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from fastapi import APIRouter, Depends, HTTPException, Path, status
 
 from engine.api.auth import require
 from engine.api.context import ApiContext, api_context
-from engine.api.quota import QuotaError, QuotaRequest, request_doc
 from engine.api.schemas import ID_PATTERN, QuotaRequestIn
 from engine.api.tokens import Permission, Principal
+from engine.runtime.quota import QuotaError, QuotaRequest, request_doc
 
 router = APIRouter(tags=["quota"])
 

@@ -181,6 +181,7 @@ def running_api(
     engine = Engine(config, clock=clock, listener=lambda d, o: holder[0].record(d, o))
     try:
         engine.reload(strict=True)
+        engine.alerts.start()  # the engine's own thread (``Engine.start`` would schedule too)
         app = create_app(engine, settings, environ={})
         server = ApiServer(
             wrap(app) if wrap else app,

@@ -105,12 +105,18 @@ def test_approved_request_scales_out_and_is_undone_at_expiry(
         kinds = [(d["transition"], d["action"]["type"]) for d in decisions.json()["decisions"]]
         assert kinds == [("clear", "scale_in"), ("fire", "scale_out")]
         audited = [
-            d["gpuops"]
+            (d["gpuops"]["transition"], d["event"]["outcome"])
             for d in api.audit()
             if d["event"]["dataset"] == "gpuops.decision"
             and d.get("rule", {}).get("name") == "quota-request"
         ]
-        assert len(audited) == 2
+        # write-ahead: each action's intent is in the spool before its outcome
+        assert audited == [
+            ("fire", "unknown"),
+            ("fire", "success"),
+            ("clear", "unknown"),
+            ("clear", "success"),
+        ]
 
 
 def test_active_request_survives_a_restart_and_still_ends(tmp_path: Path, fleet: FakeFleet) -> None:
@@ -171,7 +177,9 @@ def test_kill_switch_blocks_approval_and_holds_the_undo(api: Harness) -> None:
     api.clock.advance(3601)
     quota = api.context.quota
     quota.tick()
-    assert quota.get(filed["id"]).status == "active"
+    held = quota.get(filed["id"])
+    assert held.status == "releasing" and "kill switch" in (held.error or "")
+    assert api.executed("quota-request") == [api.executed("quota-request")[0]]  # the grant only
     api.engine.set_control("kill_switch", False, "test")
     quota.tick()
     assert quota.get(filed["id"]).status == "ended"

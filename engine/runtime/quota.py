@@ -2,10 +2,13 @@
 
 A developer files a request (pending); an admin approves or denies it; an approved request runs
 the configured executor's grant verb (``scale_out`` with ``nodes = ceil(gpus / gpus_per_node)``)
-and, when its duration is over, the undo verb (``scale_in``) — both as decisions the engine
-records and audits. Requests live in the ``quota_requests`` table of the engine's state file,
-so a restart neither forgets an active grant nor leaves one applied forever. Used by
-``engine.api.routes.quota`` and the API's ticker thread (``tick``).
+and, when its duration is over, the undo verb (``scale_in``) — both as decisions of the
+``quota-request`` policy that go through the cycle's judge step and commit and run only through
+the gate (kill switch, pause, dry-run, the global budget apply; write-ahead audit). Requests
+live in the ``quota_requests`` table of the engine's state file, so a restart neither forgets an
+active grant nor leaves one applied forever. A collaborator of ``engine.runtime.facade.Engine``,
+whose scheduler runs ``tick`` (also with ``api.listen: null``); ``engine.api.routes.quota``
+files, approves and denies.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ from engine.decisions import (
     Decision,
     Evidence,
     Outcome,
-    OutcomeStatus,
     Target,
     Transition,
+    Verdict,
 )
 from engine.decisions import decision_id as make_decision_id
-from engine.records import decision_doc, outcome_doc
-from engine.runtime import Engine
-from engine.state import StateStore
+from engine.records import decision_from_doc, outcome_from_doc
+from engine.rules.model import Policy
+from engine.runtime.controls import Controls
+from engine.runtime.cycle import Cycle
+from engine.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,8 @@ class QuotaRequest:
     grant_decision: str | None = None
     undo_decision: str | None = None
     error: str | None = None
+    release_attempts: int = 0
+    """Tries of the undo that did not succeed (part of the next try's decision id)."""
 
 
 class QuotaStore:
@@ -122,18 +129,27 @@ class QuotaStore:
 
 
 class QuotaManager:
-    """Files, approves, denies and ends quota requests through the engine's executors."""
+    """Files, approves, denies and ends quota requests through the cycle and the gate."""
 
-    def __init__(self, engine: Engine, settings: QuotaSettings, store: QuotaStore) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        *,
+        settings: QuotaSettings,
+        store: QuotaStore,
+        state: Store,
+        cycle: Cycle,
+        controls: Controls,
+        approval_ttl: float,
+        clock: Callable[[], float],
+    ) -> None:
         self.settings = settings
         self.store = store
+        self._state = state
+        self._cycle = cycle
+        self._controls = controls
+        self._approval_ttl = approval_ttl
+        self.clock = clock
         self._lock = threading.Lock()  # one apply/undo at a time
-        self._recovered = False
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.engine.clock
 
     def submit(
         self, project: str, gpus: int, duration_s: float, reason: str, user: str
@@ -154,7 +170,7 @@ class QuotaManager:
             reason=reason,
             requested_by=user,
             requested_at=now,
-            expires_at=now + self.engine.config.guardrails.approval_ttl,
+            expires_at=now + self._approval_ttl,
             nodes=math.ceil(gpus / self.settings.gpus_per_node),
             pool=self.settings.pool,
         )
@@ -170,7 +186,7 @@ class QuotaManager:
 
     def approve(self, request_id: str, user: str) -> QuotaRequest:
         request = self._pending(request_id)
-        if self.engine.kill_switch_on() or self.engine.paused():
+        if self._controls.kill_switch_on() or self._controls.paused():
             raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
         now = self.clock()
         applying = replace(request, status="applying", decided_by=user, decided_at=now)
@@ -198,24 +214,19 @@ class QuotaManager:
         for request in self.store.list("pending"):
             if request.expires_at <= now:
                 self.store.move(replace(request, status="expired"), "pending")
-        if not self._recovered:  # approvals interrupted by a restart: finish them once
-            self._recovered = True
-            for request in self.store.list("applying"):
-                self._apply(request)
+        for request in self.store.list("applying"):  # interrupted, or waiting for the audit
+            self._apply(request)
         due = [r for r in self.store.list("active") if r.ends_at is not None and r.ends_at <= now]
         for request in due + self.store.list("releasing"):
-            if self.engine.kill_switch_on():
-                log.warning(
-                    "quota request %s is due to end; held while the kill switch is on", request.id
-                )
-                continue
             self._release(request)
 
     def _apply(self, request: QuotaRequest) -> QuotaRequest:
         decision = self._decision(request, Transition.FIRE, self.settings.grant_action)
-        outcome = self._run(decision)
+        judged, outcome = self._run(decision)
         now = self.clock()
-        if outcome.ok:
+        if judged.verdict == Verdict.EXECUTE.value and outcome is None:
+            return request  # its intent waits for the audit spool: applied once written
+        if (outcome is not None and outcome.ok) or judged.verdict == Verdict.DRY_RUN.value:
             done = replace(
                 request,
                 status="active",
@@ -225,9 +236,8 @@ class QuotaManager:
                 error=None,
             )
         else:
-            done = replace(
-                request, status="failed", grant_decision=decision.id, error=outcome.error
-            )
+            error = outcome.error if outcome is not None else f"{judged.verdict}: {judged.reason}"
+            done = replace(request, status="failed", grant_decision=decision.id, error=error)
         self.store.move(done, "applying")
         return done
 
@@ -235,11 +245,18 @@ class QuotaManager:
         releasing = replace(request, status="releasing")
         if request.status == "active" and not self.store.move(releasing, "active"):
             return request
-        decision = self._decision(request, Transition.CLEAR, self.settings.undo_action)
-        outcome = self._run(decision)
-        if not outcome.ok:  # stays releasing: tried again on the next tick
-            self.store.move(replace(releasing, error=outcome.error), "releasing")
-            return releasing
+        decision = self._decision(releasing, Transition.CLEAR, self.settings.undo_action)
+        judged, outcome = self._run(decision)
+        if judged.verdict == Verdict.EXECUTE.value and outcome is None:
+            return releasing  # waits for the audit spool
+        if not ((outcome is not None and outcome.ok) or judged.verdict == Verdict.DRY_RUN.value):
+            # held (kill switch, pause) or failed: stays releasing, tried again next tick
+            error = outcome.error if outcome is not None else f"{judged.verdict}: {judged.reason}"
+            if error and "kill switch" in error:
+                log.warning("quota request %s is due to end; held: %s", request.id, error)
+            retry = replace(releasing, error=error, release_attempts=releasing.release_attempts + 1)
+            self.store.move(retry, "releasing")
+            return retry
         ended = replace(releasing, status="ended", undo_decision=decision.id, error=None)
         self.store.move(ended, "releasing")
         return ended
@@ -255,8 +272,11 @@ class QuotaManager:
             if transition is Transition.FIRE
             else f"quota request {request.id} ended: {what} released"
         )
+        repeat = request.release_attempts if transition is Transition.CLEAR else 0
         return Decision(
-            id=make_decision_id("quota", target.key, request.requested_at, transition.value),
+            id=make_decision_id(
+                "quota", target.key, request.requested_at, transition.value, repeat
+            ),
             policy="quota-request",
             group="quota",
             target=target,
@@ -274,27 +294,32 @@ class QuotaManager:
             ),
             at=now,
             episode_start=request.requested_at,
+            repeat=repeat,
             reason=reason,
         )
 
-    def _run(self, decision: Decision) -> Outcome:
-        """Record, execute and audit one quota action like any engine decision. A decision id
-        already done is not run again (a restart between acting and recording)."""
+    def _run(self, decision: Decision) -> tuple[Decision, Outcome | None]:
+        """Judge, record and run one quota action through the cycle's commit and the gate,
+        like any policy's decision; waits for its outcome. A decision id already stored is not
+        run again (a restart between acting and recording): its verdict and outcome are
+        returned (outcome None while it has not finished)."""
         assert decision.action is not None
-        store: StateStore = self.engine.store
         with self._lock:
-            known = store.decision(decision.id)
-            if known is not None and known["status"] == "done" and known["outcome"]:
-                prior = known["outcome"]
-                return Outcome(OutcomeStatus(prior["status"]), error=prior.get("error"))
-            with store.transaction() as db:
-                store.record_decision(db, decision_doc(decision), "started")
-            outcome = self.engine.execute_action(decision)
-            store.finish_decision(decision.id, outcome_doc(outcome))
-        metrics = self.engine.metrics
-        metrics.decisions.labels(decision.policy, decision.transition.value, decision.verdict).inc()
-        self.engine.audit.decision(decision, outcome)
-        return outcome
+            known = self._state.decision(decision.id)
+            if known is not None:
+                outcome = known["outcome"]
+                return decision_from_doc(known), outcome_from_doc(outcome) if outcome else None
+            policy = Policy(
+                name=decision.policy,
+                group=decision.group,
+                expr=None,
+                action=decision.action,
+                mode="enforce",
+            )
+            committed = self._cycle.commit(policy, (decision,), None, self.clock(), None)
+            judged = committed.decisions[0]
+            future = committed.futures.get(decision.id)
+            return judged, future.result() if future is not None else None
 
 
 def request_doc(request: QuotaRequest) -> dict[str, Any]:

@@ -1,0 +1,215 @@
+"""The alert inbox: Alertmanager alerts (webhook v4 ``alerts[]`` items) turned into decisions.
+
+The webhook handler (``engine.api.routes.alertmanager``) writes a notification's alerts to the
+durable inbox of the state file, queues them and answers; this collaborator's worker thread
+(owned by the engine, not by the API) hands each new one to ``handle`` — a firing alert runs the
+``action`` of every policy whose ``trigger.alertmanager`` labels it carries, a resolved one their
+``on_clear`` — through the cycle's commit and the gate, then records its (fingerprint, startsAt,
+status) so a retried or repeated notification acts once, also across restarts. Alerts still in
+the inbox at start are handled first; decision ids keep a replay from acting twice.
+
+Alert episodes remember their resolve: a resolve that arrives before the firing, or while the
+firing's action runs, is kept (``early_resolves``) and undoes once that action has succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdict, decision_id
+from engine.evaluation import evaluate_alert
+from engine.runtime.cycle import Cycle
+from engine.runtime.rulebook import Rulebook
+from engine.state import Store
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+EPISODE_MEMORY_S = 30 * 86400.0
+"""How long handled alert episodes are remembered for deduplication (Alertmanager resends a
+firing alert every repeat_interval, hours; 30 days covers any sane configuration)."""
+
+
+class AlertInbox:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        rulebook: Rulebook,
+        cycle: Cycle,
+        clock: Callable[[], float],
+        queue_size: int,
+        registry: CollectorRegistry,
+    ) -> None:
+        self._store = store
+        self._rulebook = rulebook
+        self._cycle = cycle
+        self._clock = clock
+        self._queue: queue.Queue[object] = queue.Queue(queue_size)
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition()
+        self._busy = 0
+        self.alerts = Counter(
+            "gpuops_api_alerts",
+            "Alertmanager alerts by what became of them (handled, duplicate, error, rejected).",
+            ["result"],
+            registry=registry,
+        )
+
+    # --- deciding ------------------------------------------------------------------------
+    def handle(self, alert: Mapping[str, Any]) -> list[Decision]:
+        """Decide on one alert. Ids come from (policy, target, startsAt), so a retried
+        webhook never acts twice."""
+        now = self._clock()
+        labels = {str(k): str(v) for k, v in dict(alert.get("labels", {})).items()}
+        firing = alert.get("status", "firing") == "firing"
+        episode = _epoch(str(alert.get("startsAt", ""))) or now
+        judged: list[Decision] = []
+        for policy in self._rulebook.rules.policies():
+            decision = evaluate_alert(policy, labels, firing, episode, now)
+            if decision is not None and not firing:
+                decision = self._undo_only_what_ran(decision, alert)
+            if decision is not None:
+                population = self._cycle.population(policy, now, (decision,))
+                committed = self._cycle.commit(policy, (decision,), None, now, population)
+                judged += committed.decisions
+        return judged
+
+    def _undo_only_what_ran(self, resolve: Decision, alert: Mapping[str, Any]) -> Decision | None:
+        """A resolved alert runs on_clear only if its firing alert's action ran and succeeded;
+        while that action has not run yet (or its firing has not arrived), the resolve waits
+        for it (None: nothing decided now)."""
+        fire_id = decision_id(resolve.policy, resolve.target.key, resolve.episode_start, "fire")
+        fire = self._store.decision(fire_id)
+        outcome = (fire or {}).get("outcome") or {}
+        if outcome.get("status") == OutcomeStatus.SUCCESS.value or (
+            fire is not None and fire.get("verdict") == Verdict.DRY_RUN.value
+        ):
+            return resolve
+        if fire is None or fire["status"] == "started":
+            self._store.save_early_resolve(fire_id, alert, self._clock())
+            # the fire may have finished meanwhile: its hook found nothing to take
+            fire = self._store.decision(fire_id)
+            if fire is None or fire["status"] == "started":
+                log.info(
+                    "resolve of %s on %s before its action ran: undoes once it succeeds",
+                    resolve.policy,
+                    resolve.target.key,
+                )
+                return None
+            self._store.take_early_resolve(fire_id)
+            return self._undo_only_what_ran(resolve, alert)
+        return replace(
+            resolve,
+            action=None,
+            reason=f"{resolve.reason}; nothing to undo (the action did not run)",
+        )
+
+    def fire_finished(self, decision: Decision, outcome: Outcome) -> None:
+        """The gate's outcome hook: a resolve that waited for this fire is decided now."""
+        if decision.transition is not Transition.FIRE:
+            return
+        alert = self._store.take_early_resolve(decision.id)
+        if alert is not None:
+            log.info(
+                "handling the resolve of %s on %s that came early",
+                decision.policy,
+                decision.target.key,
+            )
+            self.handle(alert)
+
+    # --- the worker ----------------------------------------------------------------------
+    def start(self) -> None:
+        store = self._store
+        store.prune_alert_episodes(self._clock() - EPISODE_MEMORY_S)
+        with self._idle:
+            for item, alert in store.inbox():  # received before a stop, not handled yet
+                self._busy += 1
+                self._queue.put((item, alert))
+        self._thread = threading.Thread(target=self._loop, name="gpuops-alerts", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def submit(self, alerts: Sequence[Mapping[str, Any]]) -> bool:
+        """Queue a notification's alerts; False (nothing queued) when there is no room."""
+        with self._idle:
+            if self._queue.maxsize - self._queue.qsize() < len(alerts):
+                self.alerts.labels("rejected").inc(len(alerts))
+                return False
+            items = self._store.inbox_add(alerts, self._clock())
+            for item, alert in zip(items, alerts, strict=True):
+                self._busy += 1
+                self._queue.put_nowait((item, alert))
+        return True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until every queued alert is handled (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            entry = self._queue.get()
+            if entry is _STOP:
+                return
+            assert isinstance(entry, tuple)
+            item, alert = entry
+            try:
+                self._handle(alert)
+            except Exception:  # one bad alert must not stop the receiver
+                self.alerts.labels("error").inc()
+                log.exception("alert %s could not be handled", alert.get("fingerprint"))
+            finally:
+                self._store.inbox_done(item)
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    def _handle(self, alert: Mapping[str, Any]) -> None:
+        fingerprint = str(alert.get("fingerprint", ""))
+        starts_at = str(alert.get("startsAt", ""))
+        status = str(alert.get("status", "firing"))
+        if self._store.alert_known(fingerprint, starts_at, status):
+            self.alerts.labels("duplicate").inc()
+            log.debug("alert %s %s since %s already handled", fingerprint, status, starts_at)
+            return
+        decisions = self.handle(alert)
+        # recorded only once handled: a crash in between replays it, and its decision ids
+        # (policy, target, startsAt) keep the replay from acting twice
+        self._store.seen_alert(fingerprint, starts_at, status, self._clock())
+        self.alerts.labels("handled").inc()
+        log.info(
+            "alert %s (%s) %s: %d decisions",
+            alert.get("labels", {}).get("alertname", "?"),
+            fingerprint,
+            status,
+            len(decisions),
+        )
+
+
+def _epoch(rfc3339: str) -> float | None:
+    try:
+        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

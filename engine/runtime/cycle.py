@@ -1,0 +1,185 @@
+"""One evaluation cycle: query → evaluate → judge → commit → hand to the gate.
+
+``Cycle.evaluate_policy`` queries Prometheus (``engine.prometheus``), runs the pure evaluation
+(``engine.evaluation.evaluate``), and ``Cycle.commit`` — shared with Alertmanager triggers and
+quota grants — runs the pure judge step (``engine.guardrails.judge_step``), stores the policy
+state, the guardrail windows and every new decision in one transaction (``started`` when it
+will run; an id already stored is a replay and does not run) and hands them to
+``engine.runtime.gate.Gate``, which audits them before anything runs. Built by
+``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from engine.config import GuardrailSettings
+from engine.decisions import Decision, Outcome, SkippedEvaluation, Transition, Verdict
+from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
+from engine.guardrails import Context, judge_step, population_expr
+from engine.metrics import EngineMetrics
+from engine.prometheus import PrometheusClient, QueryError
+from engine.records import decision_doc
+from engine.rules.model import Group, Policy, cron_time
+from engine.runtime.controls import Controls, Locks
+from engine.runtime.gate import Gate
+from engine.state import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What ``Cycle.commit`` did: the judged decisions and the futures of those that run."""
+
+    decisions: tuple[Decision, ...]
+    futures: dict[str, Future[Outcome]] = field(default_factory=dict)
+
+
+class Cycle:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        prometheus: PrometheusClient,
+        gate: Gate,
+        controls: Controls,
+        locks: Locks,
+        settings: GuardrailSettings,
+        metrics: EngineMetrics,
+        clock: Callable[[], float],
+        skipped: Callable[[SkippedEvaluation], None],
+        cleared: Callable[[Decision, float], None],
+        freshness: Callable[[Policy], Freshness],
+    ) -> None:
+        self._store = store
+        self._prometheus = prometheus
+        self._gate = gate
+        self._controls = controls
+        self._locks = locks
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._skipped = skipped
+        self._cleared = cleared
+        self._freshness = freshness
+        self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
+
+    def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        started = time.monotonic()
+        now = cron_time(self._clock()) if scheduled else self._tick(group)
+        for policy in group.policies:
+            if policy.expr is None or (policy.schedule is not None) != scheduled:
+                continue
+            try:
+                self.evaluate_policy(policy, now)
+            except Exception:  # one broken policy must not stop the others
+                log.exception("evaluation of policy %s failed", policy.name)
+        self._metrics.evaluation_duration.labels(group.name).observe(time.monotonic() - started)
+
+    def _tick(self, group: Group) -> float:
+        """The evaluation time of this run of ``group``: its schedule's grid point, as
+        Prometheus does, so that `for: 5s` on a 5 s interval holds after exactly one interval
+        however late the scheduler's thread woke up."""
+        now = self._clock()
+        epoch = self.epochs.get(group.name)
+        if epoch is None:
+            return now
+        return epoch + round((now - epoch) / group.interval_s) * group.interval_s
+
+    def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
+        now = self._clock() if now is None else now
+        self._metrics.evaluations.labels(policy.group, policy.name).inc()
+        with self._locks.policy(policy.name):  # one writer of this policy's state at a time
+            state = self._store.policy_state(policy.name)
+            result = self._query(policy, now, has_firing=bool(state.firing()))
+            step = evaluate(policy, result, state, now, self._freshness(policy))
+            if step.skipped is not None:
+                self._skipped(step.skipped)
+            population = self.population(policy, now, step.decisions) if step.decisions else None
+            return list(self.commit(policy, step.decisions, step.state, now, population).decisions)
+
+    def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
+        assert policy.expr is not None
+        try:
+            samples = self._prometheus.query(policy.expr, at=now)
+            clear = None
+            if policy.clear_expr is not None and has_firing:
+                clear = self._prometheus.query(policy.clear_expr, at=now)
+            inputs = [policy.expr, policy.clear_expr or ""] if clear is not None else [policy.expr]
+            age = self._prometheus.sample_age(inputs, at=now)  # fresh data only
+        except QueryError as exc:
+            self._metrics.query_failures.labels(policy.name).inc()
+            return QueryResult(error=str(exc))
+        return QueryResult(samples, clear, sample_age=age)
+
+    def population(
+        self, policy: Policy, now: float, decisions: Iterable[Decision] = ()
+    ) -> int | None:
+        expr = population_expr(policy, {n for d in decisions for n in d.target.labels})
+        if expr is None:
+            # max_fraction of targets without labels (`sum(x) > 10`): there is only one
+            return 1 if policy.max_fraction is not None else None
+        try:
+            return len(self._prometheus.query(expr, at=now))
+        except QueryError as exc:
+            log.warning("population of %s unknown: %s", policy.name, exc)
+            return None
+
+    def context(self, population: int | None, approved: bool = False) -> Context:
+        return Context(
+            kill_switch=self._controls.kill_switch_on(),
+            paused=self._controls.paused(),
+            engine_dry_run=self._settings.dry_run,
+            global_max_per_hour=self._settings.global_max_per_hour,
+            population=population,
+            approved=approved,
+        )
+
+    def commit(
+        self,
+        policy: Policy,
+        decisions: Sequence[Decision],
+        next_state: PolicyState | None,
+        now: float,
+        population: int | None,
+    ) -> Committed:
+        """Judge, store and hand ``decisions`` to the gate (the caller holds the policy's lock
+        when ``next_state`` is given)."""
+        runs: set[str] = set()
+        fresh: list[Decision] = []
+        with self._locks.engine:
+            judgement = judge_step(
+                policy,
+                decisions,
+                next_state,
+                self._store.guardrail_state(),
+                self.context(population),
+                now,
+            )
+            with self._store.transaction() as db:
+                if judgement.policy_state is not None:
+                    self._store.save_policy_state(db, policy.name, judgement.policy_state)
+                self._store.save_guardrail_state(db, judgement.guardrails)
+                for decision in judgement.decisions:
+                    run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
+                    doc = decision_doc(decision)
+                    if not self._store.record_decision(db, doc, "started" if run else "done"):
+                        continue  # a replay: already stored, audited and (if it ran) run
+                    fresh.append(decision)
+                    if run:
+                        runs.add(decision.id)
+                    if decision.verdict == Verdict.AWAITING_APPROVAL.value:
+                        ttl = self._settings.approval_ttl
+                        self._store.save_approval(db, doc, now, now + ttl)
+        for decision in judgement.decisions:
+            if decision.transition is not Transition.FIRE:
+                self._cleared(decision, now)
+            self._metrics.decisions.labels(
+                decision.policy, decision.transition.value, decision.verdict
+            ).inc()
+        return Committed(judgement.decisions, self._gate.admit(fresh, runs))

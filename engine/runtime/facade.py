@@ -1,0 +1,323 @@
+"""``Engine``: the small facade over the runtime package (DESIGN.md section 2).
+
+It builds the collaborators and hands each the store and the gate: the rulebook (load, watch,
+reload), the cycle (query → evaluate → judge → commit), the gate (the only executor caller:
+write-ahead audit, checks at execution time, workers per executor, outcomes, resume), approvals,
+quota requests and the alert inbox. It owns the scheduler and every runtime thread — the API
+only calls it. Used by ``gpuops engine run``, the demo, the API and the tests; the clock is
+injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from engine.actions.base import ExecutorRegistry, RetryPolicy
+from engine.audit import AuditLog, AuditSettings
+from engine.config import EngineConfig
+from engine.decisions import Decision, SkippedEvaluation
+from engine.evaluation import Freshness
+from engine.metrics import EngineMetrics
+from engine.prometheus import PrometheusClient
+from engine.rules.model import Group, Policy, RuleSet
+from engine.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
+from engine.runtime.approvals import Approvals
+from engine.runtime.controls import Controls, Locks
+from engine.runtime.cycle import Cycle
+from engine.runtime.gate import DecisionListener, Gate
+from engine.runtime.quota import QuotaManager, QuotaStore
+from engine.runtime.rulebook import ReloadResult, Rulebook
+from engine.state import StateStore, Store
+
+log = logging.getLogger(__name__)
+
+DECISION_MEMORY_S = 30 * 86400.0
+"""How long finished decisions stay in the state file (for the API's queries and explain)."""
+
+RECONCILE_S = 5.0
+"""How often an audit spool that could not be written is tried again (while it cannot, no
+action runs)."""
+
+
+class Engine:
+    """One engine instance. ``start`` schedules it; ``evaluate_group`` runs one cycle (tests)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        executors: ExecutorRegistry | None = None,
+        audit: AuditLog | None = None,
+        prometheus: PrometheusClient | None = None,
+        metrics: EngineMetrics | None = None,
+        listener: DecisionListener | None = None,
+        action_workers: int = 4,
+        action_retry: RetryPolicy | None = None,
+    ) -> None:
+        """``action_workers``: concurrent actions per executor; ``action_retry``: how often
+        and how fast ``execute`` tries a temporarily failing action within one decision."""
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics or EngineMetrics.create()
+        self.registry = executors or ExecutorRegistry.from_entry_points()
+        self.audit = audit or AuditLog(
+            AuditSettings(
+                spool_dir=config.audit.spool_dir,
+                elasticsearch_url=config.audit.elasticsearch_url,
+            ),
+            host_name=socket.gethostname(),
+            registry=self.metrics.registry,
+        )
+        self.prometheus = prometheus or PrometheusClient(
+            config.prometheus.url, timeout_s=config.prometheus.timeout
+        )
+        self.store: Store = StateStore(config.state_file)
+        self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
+        self.locks = Locks()
+        self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
+        self.rulebook.on_change = self._rules_changed
+        self.gate = Gate(
+            settings=config.guardrails,
+            executor_settings=config.executors,
+            store=self.store,
+            audit=self.audit,
+            registry=self.registry,
+            metrics=self.metrics,
+            controls=self.controls,
+            locks=self.locks,
+            clock=clock,
+            policy=self.rulebook.policy,
+            listener=listener,
+            workers_per_executor=action_workers,
+            retry=action_retry or RetryPolicy(),
+        )
+        self.cycle = Cycle(
+            store=self.store,
+            prometheus=self.prometheus,
+            gate=self.gate,
+            controls=self.controls,
+            locks=self.locks,
+            settings=config.guardrails,
+            metrics=self.metrics,
+            clock=clock,
+            skipped=self._skipped,
+            cleared=lambda decision, now: self.approvals.cancel(decision, now),
+            freshness=self._freshness,
+        )
+        self.approvals = Approvals(
+            store=self.store,
+            rulebook=self.rulebook,
+            cycle=self.cycle,
+            gate=self.gate,
+            locks=self.locks,
+            settings=config.guardrails,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self.quota = QuotaManager(
+            settings=config.api.quota,
+            store=QuotaStore(self.store.path),
+            state=self.store,
+            cycle=self.cycle,
+            controls=self.controls,
+            approval_ttl=config.guardrails.approval_ttl,
+            clock=clock,
+        )
+        self.alerts = AlertInbox(
+            store=self.store,
+            rulebook=self.rulebook,
+            cycle=self.cycle,
+            clock=clock,
+            queue_size=config.api.alert_queue_size,
+            registry=self.metrics.registry,
+        )
+        self.gate.on_outcome(self.alerts.fire_finished)
+        self._scheduler: BackgroundScheduler | None = None
+        self._stopped = False
+
+    # --- rules -----------------------------------------------------------------------------
+    @property
+    def rules(self) -> RuleSet:
+        return self.rulebook.rules
+
+    def _freshness(self, policy: Policy) -> Freshness:
+        """The freshness bounds of ``policy``'s group (docs/policies.md, "Fresh data")."""
+        group = next((g for g in self.rules.groups if g.name == policy.group), None)
+        if group is None:
+            return self.config.prometheus.freshness(math.inf)
+        return self.config.prometheus.freshness(group.interval_s, group.max_sample_age_s)
+
+    def reload(self, strict: bool = False) -> ReloadResult:
+        return self.rulebook.reload(strict)
+
+    def check_reload(self) -> None:
+        self.rulebook.check_reload()
+
+    def _rules_changed(self) -> None:
+        if self._scheduler is not None:
+            self._schedule_groups()
+
+    # --- controls and health ----------------------------------------------------------------
+    def kill_switch_on(self) -> bool:
+        return self.controls.kill_switch_on()
+
+    def paused(self) -> bool:
+        return self.controls.paused()
+
+    def set_control(self, name: str, on: bool, user: str) -> None:
+        """Turn ``kill_switch`` or ``paused`` on or off (persisted: survives a restart)."""
+        self.controls.set(name, on, user)
+
+    def problem(self) -> str | None:
+        """Why the engine cannot act now (its audit spool is not writable), or None."""
+        return self.gate.problem
+
+    # --- evaluation, alerts, approvals ------------------------------------------------------
+    def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        self.cycle.evaluate_group(group, scheduled)
+
+    def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
+        return self.cycle.evaluate_policy(policy, now)
+
+    def handle_alert(self, alert: Mapping[str, Any]) -> list[Decision]:
+        return self.alerts.handle(alert)
+
+    def grant(self, decision_id: str, user: str) -> Decision:
+        return self.approvals.grant(decision_id, user)
+
+    def deny(self, decision_id: str, user: str) -> Decision:
+        return self.approvals.deny(decision_id, user)
+
+    def retry(self, decision_id: str) -> Decision:
+        """Decide again, at the next evaluation, the target of an action that failed
+        (``engine.runtime.gate.Gate.retry``)."""
+        return self.gate.retry(decision_id)
+
+    def expire_approvals(self) -> list[Decision]:
+        return self.approvals.expire()
+
+    def _skipped(self, skipped: SkippedEvaluation) -> None:
+        log.warning(
+            "skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error
+        )
+        self.audit.skipped(skipped)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no action is running (tests and shutdown)."""
+        return self.gate.wait_idle(timeout)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load rules (a bad rule set at start is fatal), start audit, reconcile the audit with
+        the state file and resume interrupted actions, start the alert inbox and the scheduler
+        (groups, approvals expiry, quota ends, pruning, rule watch, audit retry)."""
+        self.reload(strict=True)
+        self.audit.start()
+        self.gate.resume()
+        self.alerts.start()
+        self._scheduler = BackgroundScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+        )
+        self._schedule_groups()
+        jobs = (
+            (self.expire_approvals, IntervalTrigger(seconds=30), "gpuops-approvals-expiry"),
+            (
+                self._quota_tick,
+                IntervalTrigger(seconds=self.config.api.quota.check_interval),
+                "gpuops-quota",
+            ),
+            (self._reconcile, IntervalTrigger(seconds=RECONCILE_S), "gpuops-audit-reconcile"),
+            (
+                self.check_reload,
+                IntervalTrigger(seconds=self.config.reload_check_interval),
+                "gpuops-rules-watch",
+            ),
+        )
+        for func, trigger, job_id in jobs:
+            self._scheduler.add_job(func, trigger, id=job_id)
+        self._scheduler.add_job(
+            self.prune, IntervalTrigger(hours=6), id="gpuops-prune", next_run_time=_utcnow()
+        )
+        self._scheduler.start()
+
+    def _quota_tick(self) -> None:
+        try:
+            self.quota.tick()
+        except Exception:  # keep ticking: the next tick retries
+            log.exception("quota requests check failed")
+
+    def _reconcile(self) -> None:
+        if self.gate.problem is not None:
+            self.gate.reconcile()
+
+    def prune(self) -> None:
+        """Keep the state file bounded: decisions older than ``DECISION_MEMORY_S`` go (the
+        audit trail, not the state file, is the record of the past)."""
+        gone = self.store.prune(self.clock() - DECISION_MEMORY_S)
+        memory = max(DECISION_MEMORY_S, EPISODE_MEMORY_S)
+        gone += self.store.prune_alert_episodes(self.clock() - memory)
+        if gone:
+            log.info("pruned %d old decisions and approvals from the state file", gone)
+
+    def _schedule_groups(self) -> None:
+        assert self._scheduler is not None
+        wanted: set[str] = set()
+        for group in self.rules.groups:
+            job_id = f"group:{group.name}"
+            wanted.add(job_id)
+            self.cycle.epochs[group.name] = self.clock()
+            self._scheduler.add_job(
+                self.evaluate_group,
+                IntervalTrigger(seconds=group.interval_s),
+                args=[group],
+                id=job_id,
+                replace_existing=True,
+                next_run_time=_utcnow(),
+            )
+            for policy in group.policies:
+                if policy.schedule is None or policy.expr is None:
+                    continue
+                job_id = f"schedule:{policy.name}"
+                wanted.add(job_id)
+                one = replace(group, policies=(policy,))
+                self._scheduler.add_job(
+                    self.evaluate_group,
+                    CronTrigger.from_crontab(policy.schedule),
+                    args=[one, True],
+                    id=job_id,
+                    replace_existing=True,
+                )
+        for job in self._scheduler.get_jobs():
+            if job.id.startswith(("group:", "schedule:")) and job.id not in wanted:
+                job.remove()
+
+    def stop(self) -> None:
+        """Stop scheduling and the alert inbox, let running actions finish, close audit and
+        state (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        self.alerts.stop()
+        self.gate.stop()
+        self.quota.store.close()
+        self.audit.close()
+        self.store.close()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,460 @@
+"""The gate: the one component that calls executors (DESIGN.md section 2).
+
+Every action — policy fire, clear and repeat, granted approval, quota grant and its end,
+Alertmanager-triggered, resumed after a crash, retried after a failure — reaches an executor
+only through ``Gate.admit``. The gate:
+
+1. writes the intent (decision + verdict) of every decision it is handed to the audit spool,
+   fsync'd, in one write, *before* any of them runs (write-ahead); when the spool cannot take it
+   (disk full, unwritable) nothing runs, ``problem`` says why (``/healthz`` turns red), a metric
+   counts it, and ``reconcile`` writes it and runs the actions once the spool is writable again;
+2. checks again at the moment of execution, in the worker: kill switch, pause, engine and
+   policy dry-run, the global budget — an action held there is audited with its reason like any
+   suppression and decided again later;
+3. runs the action on a pool of its own executor (bounded concurrency per executor: one slow
+   receiver cannot starve the others) through ``engine.actions.base.execute``;
+4. stores and audits the outcome, and feeds a failure back into the policy's state: a permanent
+   failure is not retried within the episode, a temporary one is decided again after an
+   exponential backoff with a cap.
+
+At start, ``resume`` writes what the state file holds and the spool lacks (reconciliation) and
+runs again the actions a crash interrupted (executors are idempotent by decision id). Built by
+``engine.runtime.facade.Engine``; the cycle, approvals, quota and the alert inbox hand it work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
+from engine.audit import AuditLog, AuditWriteError
+from engine.config import GuardrailSettings
+from engine.decisions import (
+    Decision,
+    Outcome,
+    OutcomeStatus,
+    Suppression,
+    Transition,
+    Verdict,
+    freeze,
+)
+from engine.evaluation import PolicyState, Status, failed
+from engine.guardrails import HOUR, RETRY_S, forget_action
+from engine.metrics import EngineMetrics
+from engine.records import decision_from_doc, outcome_doc, outcome_from_doc
+from engine.rules.model import Policy
+from engine.runtime.controls import Controls, Locks
+from engine.state import INTENT, OUTCOME, Store
+
+log = logging.getLogger(__name__)
+
+DecisionListener = Callable[[Decision, Outcome | None], None]
+OutcomeHook = Callable[[Decision, Outcome], None]
+
+MAX_RETRY_S = 3600.0
+"""The cap of the backoff between tries of a temporarily failing action (60 s, doubled per
+failure of the episode, at most an hour)."""
+
+
+class RetryError(Exception):
+    """An action that cannot be retried now (it did not fail, or its target moved on)."""
+
+
+class Gate:
+    """The only caller of executors; see the module docstring for what it guarantees."""
+
+    def __init__(
+        self,
+        *,
+        settings: GuardrailSettings,
+        executor_settings: Mapping[str, Mapping[str, Any]],
+        store: Store,
+        audit: AuditLog,
+        registry: ExecutorRegistry,
+        metrics: EngineMetrics,
+        controls: Controls,
+        locks: Locks,
+        clock: Callable[[], float],
+        policy: Callable[[str], Policy | None],
+        listener: DecisionListener | None = None,
+        workers_per_executor: int = 4,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self._settings = settings
+        self._executor_settings = executor_settings
+        self._store = store
+        self._audit = audit
+        self._registry = registry
+        self._metrics = metrics
+        self._controls = controls
+        self._locks = locks
+        self._clock = clock
+        self._policy = policy
+        self._listener = listener
+        self._workers = workers_per_executor
+        self._retry = retry or RetryPolicy()
+        self._hooks: list[OutcomeHook] = []
+        self._admit_lock = threading.Lock()  # intent writes and reconciliation, one at a time
+        self._lock = threading.Lock()  # executors, pools, in-flight
+        self._executors: dict[str, Executor] = {}
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._in_flight: dict[str, Future[Outcome]] = {}
+        self._problem: str | None = None
+        self._resume_pending = False
+        self._stopped = False
+        metrics.audit_healthy.set(1)
+
+    # --- health ----------------------------------------------------------------------------
+    @property
+    def problem(self) -> str | None:
+        """Why no action can run now (the audit spool is not writable), or None."""
+        return self._problem
+
+    def _failed_write(self, what: str, exc: AuditWriteError, count: int) -> None:
+        self._metrics.audit_write_failures.labels(what).inc(count)
+        self._metrics.audit_healthy.set(0)
+        reason = f"{what} not written to the audit: {exc}"
+        if self._problem is None:
+            log.error("%s; no action runs until the spool is writable again", reason)
+        self._problem = reason
+
+    def _wrote(self) -> None:
+        if self._problem is not None:
+            log.warning("the audit spool is writable again: actions resume")
+        self._problem = None
+        self._metrics.audit_healthy.set(1)
+
+    def on_outcome(self, hook: OutcomeHook) -> None:
+        """Call ``hook`` after every action's outcome is stored (the alert inbox's early
+        resolves, the quota flow)."""
+        self._hooks.append(hook)
+
+    # --- admission -------------------------------------------------------------------------
+    def admit(
+        self, decisions: Sequence[Decision], runs: Collection[str]
+    ) -> dict[str, Future[Outcome]]:
+        """Audit the intent of ``decisions`` (recorded in the state file, ``audited = 0``)
+        durably, then run those whose id is in ``runs``. Returns the futures of the actions
+        started; none when the intent could not be written (they wait for ``reconcile``)."""
+        if not decisions:
+            return {}
+        with self._admit_lock:
+            waiting = {doc["id"] for doc, _ in self._store.unaudited([d.id for d in decisions])}
+            fresh = [d for d in decisions if d.id in waiting]
+            if not fresh:
+                return {}
+            try:
+                self._audit.write_ahead([(d, None) for d in fresh])
+            except AuditWriteError as exc:
+                self._failed_write("intent", exc, len(fresh))
+                held = sum(1 for d in fresh if d.id in runs)
+                self._metrics.held.labels("audit_unwritable").inc(held)
+                return {}
+            self._store.mark_audited([d.id for d in fresh], INTENT)
+            self._wrote()
+            futures = {}
+            for decision in fresh:
+                if decision.id in runs:
+                    future = self._submit(decision)
+                    if future is not None:
+                        futures[decision.id] = future
+                else:
+                    self._notify(decision, None)
+            return futures
+
+    def reconcile(self, run_started: bool = True) -> int:
+        """Write what the state file holds and the spool lacks: intents (and, with
+        ``run_started``, then run those actions) and outcomes. Returns the documents written;
+        on a still unwritable spool, 0 and ``problem`` stays."""
+        with self._admit_lock:
+            rows = self._store.unaudited()
+            if not rows:  # nothing waits for the spool (the next write tells if it is full)
+                if self._problem is not None:
+                    self._wrote()
+                if self._resume_pending:
+                    self._resume_pending = False
+                    self._resume_unfinished()
+                return 0
+            entries: list[tuple[Decision, Outcome | None]] = []
+            intents, outcomes, to_run = [], [], []
+            for doc, level in rows:
+                decision = decision_from_doc(doc)
+                if level < INTENT:
+                    entries.append((decision, None))
+                    intents.append(decision.id)
+                    if doc["status"] == "started":
+                        to_run.append(decision)
+                if doc["outcome"] is not None:
+                    entries.append((decision, outcome_from_doc(doc["outcome"])))
+                    outcomes.append(decision.id)
+            try:
+                self._audit.write_ahead(entries)
+            except AuditWriteError as exc:
+                self._failed_write("reconciliation", exc, len(entries))
+                return 0
+            self._store.mark_audited(intents, INTENT)
+            self._store.mark_audited(outcomes, OUTCOME)
+            self._wrote()
+            log.warning(
+                "audit reconciled: %d intents and %d outcomes the spool lacked written",
+                len(intents),
+                len(outcomes),
+            )
+            if self._resume_pending:
+                self._resume_pending = False
+                self._resume_unfinished()
+            elif run_started:
+                for decision in to_run:
+                    self._submit(decision)
+            return len(entries)
+
+    def resume(self) -> None:
+        """At start: reconcile the audit with the state file, then run again the actions a
+        crash interrupted (recorded ``started``, never finished)."""
+        self.reconcile(run_started=False)
+        if self._problem is not None:
+            self._resume_pending = True  # ``reconcile`` resumes them once the spool is writable
+            return
+        self._resume_unfinished()
+
+    def _resume_unfinished(self) -> None:
+        for doc in self._store.unfinished():
+            decision = decision_from_doc(doc)
+            log.warning(
+                "resuming action %s of %s interrupted by a restart", decision.id, decision.policy
+            )
+            self._submit(decision)
+
+    # --- running ---------------------------------------------------------------------------
+    def _submit(self, decision: Decision) -> Future[Outcome] | None:
+        assert decision.action is not None
+        with self._lock:
+            if self._stopped:
+                return None
+            known = self._in_flight.get(decision.id)
+            if known is not None:  # one id runs once at a time
+                return known
+            name = decision.action.executor
+            pool = self._pools.get(name)
+            if pool is None:
+                pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"gpuops-{name}")
+                self._pools[name] = pool
+            future = pool.submit(self._run, decision)
+            self._in_flight[decision.id] = future
+        future.add_done_callback(lambda _: self._done(decision.id))
+        return future
+
+    def _done(self, decision_id: str) -> None:
+        with self._lock:
+            self._in_flight.pop(decision_id, None)
+
+    def _run(self, decision: Decision) -> Outcome:
+        held = self._held(decision)
+        if held is not None:
+            outcome = self._hold(decision, *held)
+        else:
+            outcome = self._execute(decision)
+            self._store.finish_decision(decision.id, outcome_doc(outcome))
+            if not outcome.ok:
+                self._after_failure(decision, outcome)
+            self._write_outcome(decision, outcome)
+        for hook in self._hooks:
+            try:
+                hook(decision, outcome)
+            except Exception:  # a collaborator's bug must not lose the outcome
+                log.exception("outcome hook failed for decision %s", decision.id)
+        return outcome
+
+    def _held(self, decision: Decision) -> tuple[str, str] | None:
+        """What holds ``decision`` at the moment of execution: (verdict, why) or None."""
+        if self._controls.kill_switch_on():
+            return Suppression.KILL_SWITCH.verdict, "the kill switch is on: no action runs"
+        if self._controls.paused():
+            return Suppression.PAUSED.verdict, "the engine is paused"
+        if self._settings.dry_run:
+            return Verdict.DRY_RUN.value, "engine is in dry-run"
+        policy = self._policy(decision.policy)
+        if policy is not None and policy.mode == "dry-run":
+            return Verdict.DRY_RUN.value, "policy mode is dry-run"
+        budget = self._settings.global_max_per_hour
+        if budget is not None and decision.transition is Transition.FIRE:
+            now = self._clock()
+            recent = [e for e in self._store.guardrail_state().recent if now - e.at < HOUR]
+            counted = any(
+                e.policy == decision.policy and e.target == decision.target.key for e in recent
+            )
+            if len(recent) + (0 if counted else 1) > budget:
+                return Suppression.GLOBAL_BUDGET.verdict, (
+                    f"{len(recent)} actions in the last hour across all policies, "
+                    f"global budget {budget}"
+                )
+        return None
+
+    def _hold(self, decision: Decision, verdict: str, why: str) -> Outcome:
+        held = decision.with_verdict(verdict, f"held at the gate: {why}")
+        outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
+        reason = Suppression.of(verdict)
+        self._metrics.held.labels(reason.value if reason is not None else verdict).inc()
+        log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
+        self._store.finish_decision(decision.id, outcome_doc(outcome), held.verdict, held.reason)
+        retry_at = None if verdict == Verdict.DRY_RUN.value else self._clock() + RETRY_S
+        self._feed_back(decision, retry_at, keep_state=retry_at is None)
+        self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
+        self._write_outcome(held, outcome)
+        return outcome
+
+    def _execute(self, decision: Decision) -> Outcome:
+        assert decision.action is not None
+        name = decision.action.executor
+        try:
+            executor = self._executor(name)
+        except (KeyError, ValueError, TypeError) as exc:  # unknown executor, bad settings
+            outcome = Outcome(
+                OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}", permanent=True
+            )
+        else:
+            outcome = execute(executor, decision, self._retry)
+        self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
+        self._metrics.action_duration.labels(name).observe(outcome.duration_s)
+        return outcome
+
+    def _executor(self, name: str) -> Executor:
+        with self._lock:
+            if name not in self._executors:
+                settings = self._executor_settings.get(name)
+                self._executors[name] = self._registry.create(name, settings)
+            return self._executors[name]
+
+    def _after_failure(self, decision: Decision, outcome: Outcome) -> None:
+        """A permanent failure is not decided again within the episode; a temporary one after
+        ``RETRY_S`` doubled per failure of the episode (at most ``MAX_RETRY_S``). Neither
+        starts a cooldown (nothing changed); rate limits still count the attempt."""
+        if outcome.permanent:
+            self._metrics.permanent_failures.labels(decision.policy).inc()
+            log.warning(
+                "%s on %s failed permanently: not retried in this episode (%s)",
+                decision.policy,
+                decision.target.key,
+                outcome.error,
+            )
+            self._feed_back(decision, None)
+            return
+        failures = self._store.failures_in_episode(
+            decision.policy, decision.target.key, decision.episode_start
+        )
+        delay = min(RETRY_S * 2 ** max(0, failures - 1), MAX_RETRY_S)
+        log.info(
+            "%s on %s failed (%d in this episode): decided again in %.0f s",
+            decision.policy,
+            decision.target.key,
+            failures,
+            delay,
+        )
+        self._feed_back(decision, self._clock() + delay)
+
+    def _feed_back(
+        self, decision: Decision, retry_at: float | None, keep_state: bool = False
+    ) -> None:
+        """The action did not change anything: no cooldown; unless ``keep_state``, the policy's
+        state forgets it acted (``retry_at``: when it is decided again; None: not in the
+        episode)."""
+        with self._locks.policy(decision.policy), self._locks.engine:
+            guard = forget_action(self._store.guardrail_state(), decision)
+            state = None
+            if not keep_state and decision.policy in self._store.policy_names():
+                state = failed(self._store.policy_state(decision.policy), decision, retry_at)
+            with self._store.transaction() as db:
+                if state is not None:
+                    self._store.save_policy_state(db, decision.policy, state)
+                self._store.save_guardrail_state(db, guard)
+
+    def retry(self, decision_id: str) -> Decision:
+        """An admin's retry of a failed action (a permanent failure is otherwise not retried
+        within its episode): its target is decided again at the next evaluation — a new
+        decision, judged and run through this gate like any other."""
+        stored = self._store.decision(decision_id)
+        if stored is None:
+            raise LookupError(f"no decision {decision_id}")
+        if stored["status"] != "done" or (stored["outcome"] or {}).get("status") != "failure":
+            raise RetryError(f"decision {decision_id} did not fail: nothing to retry")
+        decision = decision_from_doc(stored)
+        now = self._clock()
+        with self._locks.policy(decision.policy), self._locks.engine:
+            state = self._store.policy_state(decision.policy)
+            current = state.targets.get(decision.target.key)
+            if decision.transition is Transition.FIRE:
+                if current is None or current.status is not Status.FIRING:
+                    raise RetryError(
+                        f"the target {decision.target.key} no longer fires: its next episode acts"
+                    )
+                targets = dict(state.targets)
+                targets[decision.target.key] = replace(current, retry_at=now)
+                after = PolicyState(freeze(targets))
+            elif current is None:
+                after = failed(state, decision, now)  # the undo is tried again
+            else:
+                raise RetryError(f"the target {decision.target.key} fires again: no undo to retry")
+            with self._store.transaction() as db:
+                self._store.save_policy_state(db, decision.policy, after)
+        log.warning("retry of %s on %s requested", decision.policy, decision.target.key)
+        return decision
+
+    def _write_outcome(self, decision: Decision, outcome: Outcome) -> None:
+        try:
+            self._audit.write_ahead([(decision, outcome)])
+        except AuditWriteError as exc:
+            self._failed_write("outcome", exc, 1)  # stored: ``reconcile`` writes it later
+        else:
+            self._store.mark_audited([decision.id], OUTCOME)
+        self._notify(decision, outcome)
+
+    def _notify(self, decision: Decision, outcome: Outcome | None) -> None:
+        if self._listener is not None:
+            self._listener(decision, outcome)
+
+    def record(self, decision: Decision, outcome: Outcome | None = None) -> None:
+        """Audit a decision that runs nothing (a cancelled, denied or expired approval)."""
+        try:
+            self._audit.write_ahead([(decision, outcome)])
+        except AuditWriteError as exc:
+            self._failed_write("decision", exc, 1)
+        self._notify(decision, outcome)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no action is running (tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                futures = list(self._in_flight.values())
+            if not futures:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for future in futures:
+                try:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception:  # the action's own failure is already its outcome
+                    log.debug("action future ended with an error", exc_info=True)
+                    if time.monotonic() >= deadline:
+                        break
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Let running actions finish, start no new one."""
+        self.wait_idle(timeout)
+        with self._lock:
+            self._stopped = True
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.shutdown(wait=True)

@@ -1,0 +1,112 @@
+"""The rulebook: the running rule set — loaded (``engine.rules.loader``), its PromQL checked by
+promtool and its verbs and params by the executor registry (``engine.rulecheck``, the checks of
+``gpuops rules check``), watched for changes and reloaded; on any error
+the running rules stay and the errors name file:line. Built by ``engine.runtime.facade.Engine``,
+which reschedules the groups after a reload (``on_change``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.actions.base import ExecutorRegistry
+from engine.metrics import EngineMetrics
+from engine.rulecheck import load_checked, refuse_dropping_every_policy
+from engine.rules.model import Policy, RuleError, RulesError, RuleSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    policies: int
+    errors: tuple[str, ...] = ()
+
+
+class Rulebook:
+    def __init__(
+        self,
+        paths: list[Path],
+        registry: ExecutorRegistry,
+        metrics: EngineMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self._paths = paths
+        self._registry = registry
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.rules = RuleSet()
+        self.on_change: Callable[[], None] | None = None
+        self._mtimes: dict[str, float] = {}
+        self._promtool_warned = False
+
+    def policy(self, name: str) -> Policy | None:
+        return self.rules.policy(name)
+
+    def reload(self, strict: bool = False) -> ReloadResult:
+        """Load the rule files; on any error keep the running rules and report file:line
+        (``strict``: raise the ``RulesError`` instead, for the first load)."""
+        try:
+            # the same checks as `gpuops rules check` (engine.rulecheck)
+            rules = load_checked(self._paths, self._registry, without_promtool=self._no_promtool)
+            refuse_dropping_every_policy(self.rules, rules)  # a file emptied to `groups: []`
+        except (RulesError, RecursionError, OSError, ValueError) as exc:
+            self._metrics.reloads.labels("failure").inc()
+            if not isinstance(exc, RulesError):  # a loader bug must not take the rules down
+                log.exception("rules not reloaded: the loader failed")
+                exc = RulesError([RuleError("(rules)", 0, f"{type(exc).__name__}: {exc}")])
+            if strict:
+                raise exc from None
+            for err in exc.errors:
+                log.error("rules not reloaded: %s", err)
+            return ReloadResult(
+                False, sum(1 for _ in self.rules.policies()), tuple(map(str, exc.errors))
+            )
+        with self._lock:
+            self.rules = rules
+            self._mtimes = self._current_mtimes()
+        count = sum(1 for _ in rules.policies())
+        self._metrics.reloads.labels("success").inc()
+        self._metrics.rules_loaded.set(count)
+        self._metrics.last_reload_success.set(self._clock())
+        log.log(
+            logging.INFO if count else logging.WARNING,
+            "loaded %d policies in %d groups from %s",
+            count,
+            len(rules.groups),
+            ", ".join(rules.files) or "no files",
+        )
+        if self.on_change is not None:
+            self.on_change()
+        return ReloadResult(True, count)
+
+    def _no_promtool(self, exc: Exception) -> None:
+        """PromQL is checked by a real parser (promtool) when there is one; said once if not."""
+        if not self._promtool_warned:
+            log.warning("PromQL of reloaded rules not checked: %s", exc)
+            self._promtool_warned = True
+
+    def _current_mtimes(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for path in self._paths:
+            files = sorted(path.glob("*.y*ml")) if path.is_dir() else [path]
+            for f in files:
+                try:
+                    found[str(f)] = f.stat().st_mtime
+                except OSError:
+                    found[str(f)] = math.nan
+        return found
+
+    def check_reload(self) -> None:
+        """Reload when a rule file was added, removed or changed since the last attempt."""
+        current = self._current_mtimes()
+        if current != self._mtimes:
+            self._mtimes = current
+            self.reload()

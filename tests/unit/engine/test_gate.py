@@ -1,0 +1,650 @@
+"""The gate (issue 9): the breakages found on main, reproduced and now holding.
+
+1. kill switch / pause at the moment of execution on every path: queued, resumed after a crash,
+   granted approval, quota grant and its end, Alertmanager-triggered;
+2. quota grants under dry-run and a zero global budget;
+3. write-ahead audit that fails closed (an injected ENOSPC at the spool's write), and
+   reconciliation at start;
+4. an Alertmanager resolve that comes while the firing's action runs, or before the firing;
+5. permanent vs temporary failures, and per-executor concurrency.
+
+A scripted Prometheus, executors of the test's own that block on events, an injected clock.
+The SIGKILL and full-tmpfs runs are in tests/integration/test_gate_crash.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from engine.actions.base import ExecutorRegistry, PermanentError, RetryPolicy, TemporaryError
+from engine.api import ApiServer, create_app
+from engine.audit.spool import read_spool
+from engine.config import (
+    ApiSettings,
+    AuditConfig,
+    EngineConfig,
+    GuardrailSettings,
+    PrometheusSettings,
+    QuotaSettings,
+)
+from engine.decisions import Decision, Sample, freeze
+from engine.runtime import Engine
+from tests.waiting import wait_for
+
+RULES = """
+groups:
+  - name: g
+    interval: 10s
+    rules:
+      - policy: reclaim
+        expr: idle
+        for: 0s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        cooldown: 1h
+        mode: enforce
+      - policy: notify-slow
+        expr: slow
+        for: 0s
+        target: [uuid]
+        action: {type: notify, executor: webhook}
+        mode: enforce
+      - policy: reclaim-approved
+        expr: approve
+        for: 0s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        mode: enforce
+        approval: required
+      - policy: drain
+        trigger: {alertmanager: {alertname: GPUFellOffBus}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        on_clear: {type: restore, executor: log}
+        mode: enforce
+"""
+
+
+class Prometheus:
+    def __init__(self) -> None:
+        self.results: dict[str, list[dict[str, str]]] = {}
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
+
+
+class Executor:
+    """Records what it ran; blocks while ``gate`` is clear; raises what ``fail`` returns."""
+
+    verbs = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ran: list[Decision] = []
+        self.started = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: Callable[[Decision], Exception | None] = lambda d: None
+        self._lock = threading.Lock()
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        with self._lock:
+            self.ran.append(decision)
+        self.started.set()
+        assert self.gate.wait(30), "test executor never released"
+        error = self.fail(decision)
+        if error is not None:
+            raise error
+        return {"ran": decision.id}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 2_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.prom = Prometheus()
+        self.clock = Clock()
+        self.log = Executor("log")
+        self.webhook = Executor("webhook")
+        self.engines: list[Engine] = []
+        (tmp / "rules").mkdir()
+        (tmp / "rules" / "p.yaml").write_text(RULES)
+
+    def engine(self, workers: int = 4, **guardrails: Any) -> Engine:
+        registry = ExecutorRegistry()
+        registry.register("log", lambda s: self.log)
+        registry.register("webhook", lambda s: self.webhook)
+        config = EngineConfig(
+            prometheus=PrometheusSettings(url="http://unused"),
+            rules=[self.tmp / "rules"],
+            state_file=self.tmp / "state.sqlite",
+            audit=AuditConfig(spool_dir=self.tmp / "audit"),
+            guardrails=GuardrailSettings(**guardrails),
+            metrics_listen=None,
+            api=ApiSettings(quota=QuotaSettings(executor="log", check_interval=3600)),
+        )
+        engine = Engine(
+            config,
+            clock=self.clock,
+            executors=registry,
+            prometheus=self.prom,  # type: ignore[arg-type]
+            action_workers=workers,
+            action_retry=RetryPolicy(attempts=1),  # no sleeping between tries in tests
+        )
+        engine.reload(strict=True)
+        self.engines.append(engine)
+        return engine
+
+    def evaluate(self, engine: Engine, policy: str) -> list[Decision]:
+        found = engine.rules.policy(policy)
+        assert found is not None
+        return engine.evaluate_policy(found)
+
+    def docs(self) -> list[dict[str, Any]]:
+        return [d for d in read_spool(self.tmp / "audit") if "gpuops" in d]
+
+    def verdicts(self, policy: str) -> list[tuple[str, str]]:
+        """(verdict, outcome status) of ``policy``'s decision documents, in spool order."""
+        return [
+            (d["gpuops"]["verdict"], (d["gpuops"].get("outcome") or {}).get("status", "none"))
+            for d in self.docs()
+            if d["rule"]["name"] == policy
+        ]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    w.log.gate.set()
+    w.webhook.gate.set()
+    for engine in w.engines:
+        engine.stop()
+
+
+def uuids(n: int) -> list[dict[str, str]]:
+    return [{"uuid": f"GPU-{i:02d}"} for i in range(n)]
+
+
+def metric(engine: Engine, name: str, **labels: str) -> float:
+    value = engine.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+# --- 1. kill switch and pause at the moment of execution ------------------------------------
+
+
+def test_kill_switch_stops_the_queued_actions(world: World) -> None:
+    """Main: 12 targets firing, the switch on just after the first action started: 8 of the
+    12 still started. Now: the one already running finishes, none of the queued 11 starts."""
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(12)
+    world.log.gate.clear()
+    decisions = world.evaluate(engine, "reclaim")
+    assert [d.verdict for d in decisions] == ["execute"] * 12
+    assert world.log.started.wait(10)
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+    held = [v for v in world.verdicts("reclaim") if v[0] == "suppressed:kill_switch"]
+    assert held == [("suppressed:kill_switch", "skipped")] * 11
+    assert metric(engine, "gpuops_engine_actions_held_total", reason="kill_switch") == 11
+    stored = engine.store.decision(decisions[-1].id)
+    assert stored is not None and stored["verdict"] == "suppressed:kill_switch"
+    assert "held at the gate" in stored["reason"]
+
+
+def test_pause_holds_the_queued_actions_and_they_are_decided_again(world: World) -> None:
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(3)
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")
+    assert world.log.started.wait(10)
+    engine.set_control("paused", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+    engine.set_control("paused", False, "ops")
+    world.clock.now += 61  # RETRY_S: what the gate held is decided again
+    again = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert len(again) == 2 and all(d.verdict == "execute" for d in again)
+    assert sorted(d.target.key for d in world.log.ran) == [
+        "uuid=GPU-00",
+        "uuid=GPU-01",
+        "uuid=GPU-02",
+    ]
+
+
+def test_resumed_actions_are_held_when_the_switch_is_on(world: World) -> None:
+    """Main: SIGKILL with 2 actions in flight, switch on, restart: both ran again."""
+    engine = world.engine()
+    engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash
+    world.prom.results["idle"] = uuids(2)
+    world.evaluate(engine, "reclaim")
+    assert len(engine.store.unfinished()) == 2
+    engine.set_control("kill_switch", True, "ops")
+    engine.stop()
+    restarted = world.engine()
+    restarted.start()
+    assert restarted.wait_idle(10)
+    assert world.log.ran == []
+    assert restarted.store.unfinished() == []
+    assert [v for v in world.verdicts("reclaim") if v[0] != "execute"] == [
+        ("suppressed:kill_switch", "skipped")
+    ] * 2
+
+
+def test_a_granted_approval_is_held_at_execution_time(world: World) -> None:
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(1)
+    world.prom.results["approve"] = uuids(1)
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")  # occupies the log executor's only worker
+    assert world.log.started.wait(10)
+    (waiting,) = world.evaluate(engine, "reclaim-approved")
+    assert waiting.verdict == "awaiting_approval"
+    granted = engine.grant(waiting.id, "alice")
+    assert granted.verdict == "execute"  # queued behind the running action
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert [d.policy for d in world.log.ran] == ["reclaim"]
+    assert world.verdicts("reclaim-approved")[-1] == ("suppressed:kill_switch", "skipped")
+
+
+def test_an_alert_triggered_action_is_held_at_execution_time(world: World) -> None:
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(1)
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")
+    assert world.log.started.wait(10)
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
+        "startsAt": "2030-01-01T00:00:00Z",
+    }
+    (decision,) = engine.handle_alert(alert)
+    assert decision.verdict == "execute"
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert [d.policy for d in world.log.ran] == ["reclaim"]
+    assert world.verdicts("drain")[-1] == ("suppressed:kill_switch", "skipped")
+
+
+# --- 2. quota grants pass the same judgement and gate ---------------------------------------
+
+
+def _quota(engine: Engine) -> str:
+    request = engine.quota.submit("vision", 8, 3600, "paper deadline", "dave")
+    return request.id
+
+
+def test_a_quota_grant_under_dry_run_executes_nothing(world: World) -> None:
+    """Main: --dry-run and global_max_per_hour 0, a quota approval ran a real scale_out."""
+    engine = world.engine(dry_run=True)
+    approved = engine.quota.approve(_quota(engine), "alice")
+    assert world.log.ran == []
+    assert approved.status == "active"  # as if: its end is a dry-run too
+    assert world.verdicts("quota-request") == [("dry_run", "none")]
+    world.clock.now += 3601
+    engine.quota.tick()
+    assert engine.quota.get(approved.id).status == "ended"
+    assert world.log.ran == []
+    assert world.verdicts("quota-request") == [("dry_run", "none")] * 2
+
+
+def test_a_quota_grant_over_the_global_budget_executes_nothing(world: World) -> None:
+    engine = world.engine(global_max_per_hour=0)
+    approved = engine.quota.approve(_quota(engine), "alice")
+    assert world.log.ran == []
+    assert approved.status == "failed" and "global budget 0" in (approved.error or "")
+    assert world.verdicts("quota-request") == [("suppressed:global_budget", "none")]
+
+
+def test_a_quota_end_runs_through_the_gate(world: World) -> None:
+    engine = world.engine()
+    approved = engine.quota.approve(_quota(engine), "alice")
+    assert [d.action.type for d in world.log.ran if d.action] == ["scale_out"]
+    engine.set_control("paused", True, "ops")
+    world.clock.now += 3601
+    engine.quota.tick()
+    assert engine.quota.get(approved.id).status == "releasing"
+    assert len(world.log.ran) == 1
+    engine.set_control("paused", False, "ops")
+    engine.quota.tick()
+    assert engine.quota.get(approved.id).status == "ended"
+    assert [d.action.type for d in world.log.ran if d.action] == ["scale_out", "scale_in"]
+
+
+def test_quota_requests_end_without_the_api(world: World) -> None:
+    """The quota ticker is the engine's scheduler job: with ``api.listen: null`` (no API
+    app at all) an active grant still ends."""
+    engine = world.engine()
+    approved = engine.quota.approve(_quota(engine), "alice")
+    engine.start()
+    assert engine._scheduler is not None
+    assert engine._scheduler.get_job("gpuops-quota") is not None
+    world.clock.now += 3601
+    engine._quota_tick()
+    assert engine.quota.get(approved.id).status == "ended"
+
+
+# --- 3. write-ahead audit, fail closed --------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """``full(True)``: every write of the spool fails with ENOSPC (as on a full disk)."""
+    state = {"full": False}
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if state["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr("engine.audit.spool.os.fsync", fsync)
+    return lambda full: state.__setitem__("full", full)
+
+
+def test_no_action_runs_when_its_intent_cannot_be_written(
+    world: World, full_disk: Callable[[bool], None]
+) -> None:
+    """Main: on a full disk the engine kept acting, 229 of 440 actions left no document."""
+    engine = world.engine()
+    world.prom.results["idle"] = uuids(5)
+    full_disk(True)
+    decisions = world.evaluate(engine, "reclaim")
+    assert len(decisions) == 5
+    assert engine.wait_idle(10)
+    assert world.log.ran == []
+    assert engine.problem() is not None and "No space left" in (engine.problem() or "")
+    assert metric(engine, "gpuops_engine_audit_write_failures_total", what="intent") == 5
+    assert metric(engine, "gpuops_engine_audit_writable") == 0
+    assert world.verdicts("reclaim") == []
+    assert engine.gate.reconcile() == 0  # still full: nothing runs
+    assert world.log.ran == []
+    full_disk(False)
+    assert engine.gate.reconcile() == 5
+    assert engine.wait_idle(10)
+    assert sorted(d.id for d in world.log.ran) == sorted(d.id for d in decisions)
+    assert engine.problem() is None and metric(engine, "gpuops_engine_audit_writable") == 1
+    intents = [d for d in world.docs() if "outcome" not in d["gpuops"]]
+    outcomes = [d for d in world.docs() if "outcome" in d["gpuops"]]
+    assert len(intents) == 5 and len(outcomes) == 5
+    # every outcome after its intent
+    order = [(d["gpuops"]["decision"]["id"], "outcome" not in d["gpuops"]) for d in world.docs()]
+    for decision in decisions:
+        assert order.index((decision.id, True)) < order.index((decision.id, False))
+
+
+def test_healthz_is_red_with_the_reason_while_the_spool_is_unwritable(
+    world: World, full_disk: Callable[[bool], None]
+) -> None:
+    engine = world.engine()
+    server = ApiServer(create_app(engine, ApiSettings(), environ={}), "127.0.0.1:0", None, None)
+    server.start()
+    try:
+        assert requests.get(f"{server.url}/healthz", timeout=10).status_code == 200
+        full_disk(True)
+        world.prom.results["idle"] = uuids(1)
+        world.evaluate(engine, "reclaim")
+        red = requests.get(f"{server.url}/healthz", timeout=10)
+        assert red.status_code == 503
+        assert red.json()["status"] == "unhealthy"
+        assert "No space left on device" in red.json()["reason"]
+        full_disk(False)
+        engine.gate.reconcile()
+        assert requests.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    finally:
+        server.stop()
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+
+
+def test_a_crash_between_commit_and_intent_is_reconciled_at_start(world: World) -> None:
+    engine = world.engine()
+    engine.gate.admit = lambda decisions, runs: {}  # type: ignore[method-assign]  # the crash
+    world.prom.results["idle"] = uuids(2)
+    decisions = world.evaluate(engine, "reclaim")
+    assert world.docs() == []
+    engine.stop()
+    restarted = world.engine()
+    restarted.start()
+    assert restarted.wait_idle(10)
+    assert sorted(d.id for d in world.log.ran) == sorted(d.id for d in decisions)
+    ids = [d["gpuops"]["decision"]["id"] for d in world.docs()]
+    assert sorted(set(ids)) == sorted(d.id for d in decisions)
+    assert restarted.store.unaudited() == []
+
+
+def test_an_old_state_file_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    from engine.state import MIGRATIONS, StateStore
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE decisions (id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT"
+        " NULL, transition TEXT NOT NULL, verdict TEXT NOT NULL, at REAL NOT NULL, status TEXT"
+        " NOT NULL, outcome TEXT, data TEXT NOT NULL);"
+        "INSERT INTO decisions VALUES ('d1', 'p', 't', 'fire', 'execute', 1, 'done', NULL, '{}');"
+    )
+    db.close()
+    store = StateStore(path)
+    version = store._db.execute("PRAGMA user_version").fetchone()[0]
+    assert version == len(MIGRATIONS)
+    assert store.unaudited() == []  # decisions of an old file were audited after acting
+    store.close()
+
+
+# --- 4. alert episodes remember their resolve -------------------------------------------------
+
+
+def _alert(status: str) -> dict[str, Any]:
+    return {
+        "status": status,
+        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
+        "startsAt": "2030-01-01T00:00:00Z",
+    }
+
+
+def test_a_resolve_while_the_fire_runs_undoes_once_it_succeeded(world: World) -> None:
+    """Main: a resolve before the fire's action finished never undid: downclocked for good."""
+    engine = world.engine()
+    world.log.gate.clear()
+    engine.handle_alert(_alert("firing"))
+    assert world.log.started.wait(10)
+    assert engine.handle_alert(_alert("resolved")) == []  # waits for the fire
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    wait_for(lambda: len(world.log.ran) == 2, 10, "the undo")
+    assert engine.wait_idle(10)
+    assert [d.action.type for d in world.log.ran if d.action] == ["migrate", "restore"]
+
+
+def test_a_resolve_before_the_firing_undoes_after_the_fire(world: World) -> None:
+    engine = world.engine()
+    assert engine.handle_alert(_alert("resolved")) == []
+    engine.handle_alert(_alert("firing"))
+    wait_for(lambda: len(world.log.ran) == 2, 10, "the fire and its undo")
+    assert engine.wait_idle(10)
+    assert [d.action.type for d in world.log.ran if d.action] == ["migrate", "restore"]
+
+
+def test_a_resolve_of_a_failed_fire_undoes_nothing(world: World) -> None:
+    engine = world.engine()
+    world.log.gate.clear()
+    world.log.fail = lambda d: PermanentError("fleet answered 404")
+    engine.handle_alert(_alert("firing"))
+    assert world.log.started.wait(10)
+    engine.handle_alert(_alert("resolved"))
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    wait_for(
+        lambda: any(d["gpuops"]["transition"] == "resolve" for d in world.docs()), 10, "resolve"
+    )
+    assert [d.action.type for d in world.log.ran if d.action] == ["migrate"]
+
+
+# --- 5. failures classified, concurrency per executor -----------------------------------------
+
+
+def test_a_permanent_failure_is_not_retried_within_the_episode(world: World) -> None:
+    """Main: an executor answering 404 was retried every ~65 s while the condition held."""
+    engine = world.engine()
+    world.log.fail = lambda d: PermanentError("fleet answered 404")
+    world.prom.results["idle"] = uuids(1)
+    (first,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    for _ in range(10):
+        world.clock.now += 120
+        assert world.evaluate(engine, "reclaim") == []
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [first.id]
+    assert metric(engine, "gpuops_engine_permanent_failures_total", policy="reclaim") == 1
+    stored = engine.store.decision(first.id)
+    assert stored is not None and stored["outcome"]["permanent"] is True
+    # a new episode acts again
+    world.prom.results["idle"] = []
+    world.clock.now += 10
+    world.evaluate(engine, "reclaim")
+    world.prom.results["idle"] = uuids(1)
+    world.log.fail = lambda d: None
+    world.clock.now += 10
+    (second,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert second.id != first.id and world.log.ran[-1].id == second.id
+
+
+def test_temporary_failures_back_off_exponentially(world: World) -> None:
+    engine = world.engine()
+    world.log.fail = lambda d: TemporaryError("503")
+    world.prom.results["idle"] = uuids(1)
+    world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(30)
+    tries_at = [world.clock.now]
+    for _ in range(40):  # 4 more decisions need 60 + 120 + 240 + 480 s
+        world.clock.now += 30
+        if world.evaluate(engine, "reclaim"):
+            assert engine.wait_idle(30)
+            tries_at.append(world.clock.now)
+        if len(tries_at) == 4:
+            break
+    gaps = [b - a for a, b in zip(tries_at, tries_at[1:], strict=False)]
+    assert gaps == [60, 120, 240]
+
+
+def test_one_slow_executor_does_not_delay_another(world: World) -> None:
+    """Main: one slow executor (30 s, 3 tries) delayed a healthy policy's action by 60 s,
+    because all actions shared 4 workers."""
+    engine = world.engine(workers=2)
+    world.webhook.gate.clear()  # the slow receiver: holds every worker it gets
+    world.prom.results["slow"] = uuids(6)
+    world.evaluate(engine, "notify-slow")
+    assert world.webhook.started.wait(10)
+    world.prom.results["idle"] = uuids(1)
+    world.evaluate(engine, "reclaim")
+    wait_for(lambda: len(world.log.ran) == 1, 10, "the healthy policy's action")
+    assert len(world.webhook.ran) == 2  # its own pool: at most 2 at a time
+    world.webhook.gate.set()
+    assert engine.wait_idle(10)
+    assert len(world.webhook.ran) == 6
+
+
+def test_every_stored_decision_has_an_audit_document(world: World) -> None:
+    engine = world.engine()
+    world.prom.results["idle"] = uuids(4)
+    world.prom.results["approve"] = uuids(2)
+    world.evaluate(engine, "reclaim")
+    world.evaluate(engine, "reclaim-approved")
+    engine.handle_alert(_alert("firing"))
+    assert engine.wait_idle(10)
+    stored = {d["id"] for d in engine.store.decisions(limit=1000)}
+    audited = {d["gpuops"]["decision"]["id"] for d in world.docs()}
+    assert len(stored) == 7 and stored <= audited
+    assert json.dumps(engine.store.unaudited()) == "[]"
+
+
+def test_outcomes_the_spool_could_not_take_are_written_when_it_can(
+    world: World, full_disk: Callable[[bool], None]
+) -> None:
+    """Actions whose intent is in the spool may run (resumed after a crash); their outcomes
+    wait in the state file while the spool is full, and reconciliation writes them."""
+    engine = world.engine()
+    engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash
+    world.prom.results["idle"] = uuids(2)
+    decisions = world.evaluate(engine, "reclaim")  # intents written, actions never ran
+    engine.stop()
+    restarted = world.engine()
+    full_disk(True)
+    restarted.gate.resume()
+    assert restarted.wait_idle(10)
+    assert len(world.log.ran) == 2
+    assert restarted.problem() is not None and "outcome not written" in restarted.problem()
+    assert not any("outcome" in d["gpuops"] for d in world.docs())
+    full_disk(False)
+    assert restarted.gate.reconcile() == 2
+    assert restarted.problem() is None and restarted.store.unaudited() == []
+    outcomes = {d["gpuops"]["decision"]["id"] for d in world.docs() if "outcome" in d["gpuops"]}
+    assert outcomes == {d.id for d in decisions}
+
+
+def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(1)
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")  # occupies the only worker
+    assert world.log.started.wait(10)
+    engine.handle_alert(_alert("firing"))  # queued
+    assert engine.handle_alert(_alert("resolved")) == []  # waits for the fire
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    wait_for(
+        lambda: any(d["gpuops"]["transition"] == "resolve" for d in world.docs()), 10, "resolve"
+    )
+    assert [d.policy for d in world.log.ran] == ["reclaim"]
+    (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
+    assert resolve["gpuops"]["verdict"] == "suppressed:kill_switch"  # decided, not forgotten
+
+
+def test_an_admin_retries_a_permanent_failure(world: World) -> None:
+    from engine.runtime.gate import RetryError
+
+    engine = world.engine()
+    world.log.fail = lambda d: PermanentError("fleet answered 404")
+    world.prom.results["idle"] = uuids(1)
+    (first,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    world.log.fail = lambda d: None
+    world.clock.now += 120
+    assert world.evaluate(engine, "reclaim") == []
+    engine.retry(first.id)
+    (second,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert second.verdict == "execute" and world.log.ran[-1].id == second.id
+    with pytest.raises(RetryError, match="did not fail"):
+        engine.retry(second.id)
+    with pytest.raises(LookupError):
+        engine.retry("0" * 24)
