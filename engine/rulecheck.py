@@ -16,6 +16,8 @@ from engine.rules import promql
 from engine.rules.loader import load_rules
 from engine.rules.model import RuleError, RulesError, RuleSet
 
+__all__ = ["ExecutorRegistry", "check_rules", "load_checked", "refuse_dropping_every_policy"]
+
 
 def check_rules(
     rules: RuleSet,

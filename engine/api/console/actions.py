@@ -200,5 +200,6 @@ async def validate(
     need(viewer, Permission.RULES_VALIDATE, "Validating a rule file")
     if not re.fullmatch(FILE_PATTERN, filename):
         raise Refused(422, f"file name: {filename!r} is not a plain *.yaml or *.yml name")
-    result = await anyio.to_thread.run_sync(_validate, text, filename, False)
+    registry = c.context.engine.registry  # the engine's executors check verbs and params
+    result = await anyio.to_thread.run_sync(_validate, text, filename, False, registry)
     return render(request, "validated.html", viewer, result=result, text=text, filename=filename)

@@ -19,12 +19,11 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from engine.actions.base import ExecutorRegistry
 from engine.api.auth import require
 from engine.api.context import ApiContext, api_context
 from engine.api.schemas import FILE_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
-from engine.rulecheck import check_rules
+from engine.rulecheck import ExecutorRegistry, check_rules  # the registry checks, never runs
 from engine.rules.loader import load_rules_text, rule_files
 from engine.rules.model import Policy, RuleError, RulesError
 from engine.rules.promql import PromtoolError
@@ -101,9 +100,7 @@ def show_rule(
     return policy_doc(policy, detail=True)
 
 
-def _validate(
-    text: str, filename: str, promql: bool, registry: ExecutorRegistry | None = None
-) -> dict[str, Any]:
+def _validate(text: str, filename: str, promql: bool, registry: ExecutorRegistry) -> dict[str, Any]:
     """The engine's checks (``engine.rulecheck``) of one posted file; PromQL when asked."""
     try:
         ruleset = load_rules_text(text, filename)
@@ -119,7 +116,7 @@ def _validate(
 
     errors = check_rules(
         ruleset,
-        registry or ExecutorRegistry(),
+        registry,
         check_promql=promql,
         without_promtool=no_promtool,
     )
