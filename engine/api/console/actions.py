@@ -152,8 +152,10 @@ def submit_quota(
 ) -> Response:
     check_csrf(viewer, csrf)
     need(viewer, Permission.QUOTA_REQUEST, "Asking for quota")
+    # a form field is text; the API takes only a JSON integer, so the form's digits become one
+    count: int | str = int(gpus) if gpus.isascii() and gpus.isdigit() else gpus
     try:
-        body = QuotaRequestIn(project=project, gpus=gpus, duration=duration, reason=reason)  # type: ignore[arg-type]
+        body = QuotaRequestIn(project=project, gpus=count, duration=duration, reason=reason)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
