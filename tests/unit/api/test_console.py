@@ -4,6 +4,8 @@ The browser tests (tests/browser) cover the pages themselves."""
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 import re
 from pathlib import Path
@@ -136,3 +138,15 @@ def test_the_csv_export_quotes_what_a_spreadsheet_would_run() -> None:
     row |= {"source_ip": "", "policy": "", "message": "=HYPERLINK(1)", "error": "-2+3"}
     text = _csv([row])
     assert "'=HYPERLINK(1)" in text and "'-2+3" in text
+
+
+def test_the_csv_export_quotes_a_formula_behind_a_tab_or_line_break() -> None:
+    # OWASP's list: = + - @, and tab and carriage return, which spreadsheets skip before one;
+    # a bare carriage return must stay inside its quoted cell (else it ends the row there)
+    row = {k: "" for k in ("@timestamp", "dataset", "action", "outcome", "user", "roles")}
+    row |= {"source_ip": "\t=1+2", "policy": "\r=cmd|' /C calc'!A0", "message": "\n@SUM(1)"}
+    row |= {"error": "plain"}
+    rows = list(csv.reader(io.StringIO(_csv([row]), newline="")))
+    assert len(rows) == 2, rows
+    cells = rows[1]
+    assert cells[6:] == ["'\t=1+2", "'\r=cmd|' /C calc'!A0", "'\n@SUM(1)", "plain"]
