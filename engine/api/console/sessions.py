@@ -1,6 +1,9 @@
 """Console sessions: an API token exchanged at sign-in for a random session id (the cookie), and
 a CSRF token per session that every console form carries back.
 
+``SignInLimiter`` counts failed sign-ins per source address (``engine.api.console.signin``
+refuses sign-in from one that failed too often, for a while).
+
 Used by ``engine.api.console.pages`` and ``engine.api.console.actions``. Sessions live in this
 process's memory only (a restart signs everyone out); the token itself is never kept — only the
 user name, whose roles are read again from the ``TokenStore`` on every request, so a user removed
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,3 +95,51 @@ class SessionStore:
         if session_id:
             with self._lock:
                 self._sessions.pop(_key(session_id), None)
+
+
+class SignInLimiter:
+    """Failed sign-ins by source address: after ``failures`` of them within ``window`` seconds,
+    sign-in from that address is refused until the oldest of those is ``window`` old. Refused
+    attempts do not count (no token is tried then). At most ``max_addresses`` are remembered,
+    the longest quiet forgotten first, so a flood from many addresses cannot grow it unbounded."""
+
+    def __init__(
+        self,
+        failures: int,
+        window: float,
+        clock: Callable[[], float] = time.time,
+        max_addresses: int = 10_000,
+    ) -> None:
+        self.failures = failures
+        self.window = window
+        self.clock = clock
+        self.max_addresses = max_addresses
+        self._lock = threading.Lock()
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failed)
+
+    def retry_after(self, address: str) -> int | None:
+        """Whole seconds until ``address`` may try again; None when it may now."""
+        with self._lock:
+            now = self.clock()
+            times = self._failed.get(address)
+            if times is None:
+                return None
+            while times and times[0] <= now - self.window:
+                times.popleft()
+            if not times:
+                del self._failed[address]
+                return None
+            if len(times) < self.failures:
+                return None
+            return max(1, math.ceil(times[-self.failures] + self.window - now))
+
+    def failed(self, address: str) -> None:
+        with self._lock:
+            times = self._failed.pop(address, None) or deque(maxlen=self.failures)
+            times.append(self.clock())
+            self._failed[address] = times  # now the most recent
+            while len(self._failed) > self.max_addresses:
+                self._failed.popitem(last=False)

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
-from engine.api.console.sessions import COOKIE, Session, SessionStore, same
+from engine.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
 from engine.api.context import ApiContext
 from engine.api.tokens import Permission, Principal
 from engine.config import ConsoleSettings
@@ -50,6 +50,7 @@ class Console:
 
     context: ApiContext
     sessions: SessionStore
+    limiter: SignInLimiter
     settings: ConsoleSettings
     templates: Jinja2Templates
     tls: bool

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from engine.api.console.pages import _csv
-from engine.api.console.sessions import SessionStore
+from engine.api.console.sessions import SessionStore, SignInLimiter
 from engine.api.console.web import grafana_link, kibana_link
 from engine.api.tokens import TokenStore
 from engine.config import ConsoleSettings
@@ -150,3 +150,42 @@ def test_the_csv_export_quotes_a_formula_behind_a_tab_or_line_break() -> None:
     assert len(rows) == 2, rows
     cells = rows[1]
     assert cells[6:] == ["'\t=1+2", "'\r=cmd|' /C calc'!A0", "'\n@SUM(1)", "plain"]
+
+
+def _post_sign_in(api: Harness, token: str) -> requests.Response:
+    page = api.session.get(f"{api.url}/login", timeout=10)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert csrf, page.text
+    data = {"token": token, "csrf": csrf.group(1)}
+    return api.session.post(f"{api.url}/login", data=data, allow_redirects=False, timeout=10)
+
+
+def test_sign_in_is_refused_for_a_while_after_repeated_failures_from_one_address(
+    tmp_path: Path,
+) -> None:
+    limits = ConsoleSettings(sign_in_failures=3, sign_in_window=60)
+    with running_api(tmp_path, api={"console": limits}) as api:
+        assert [_post_sign_in(api, f"guess-{i}").status_code for i in range(3)] == [401] * 3
+        held = _post_sign_in(api, api.tokens["admin"])  # even the right token, for now
+        assert held.status_code == 429 and int(held.headers["retry-after"]) == 60
+        assert "Too many failed sign-ins from 127.0.0.1" in held.text
+        assert api.tokens["admin"] not in held.text and "gpuops_session" not in str(held.cookies)
+        refused = [d for d in api.operations() if d["event"]["action"] == "authenticate"]
+        assert len(refused) == 4 and refused[-1]["event"]["outcome"] == "failure"
+        assert "429: too many failed sign-ins" in refused[-1]["error"]["message"]
+        assert refused[-1]["source"]["ip"] == "127.0.0.1"
+        api.clock.advance(61)
+        assert _post_sign_in(api, api.tokens["admin"]).status_code == 303
+
+
+def test_the_sign_in_limiter_forgets_old_addresses() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(2, 60, clock=lambda: now[0], max_addresses=100)
+    for i in range(1000):
+        limiter.failed(f"10.0.{i // 256}.{i % 256}")
+        now[0] += 1
+    assert len(limiter) <= 100
+    limiter.failed("192.0.2.1")
+    assert limiter.retry_after("192.0.2.1") is None
+    limiter.failed("192.0.2.1")
+    assert limiter.retry_after("192.0.2.1") == 60
