@@ -72,6 +72,7 @@ def sign_in(
             request, c, next, 401,
             "That token is not valid. Paste the API token you were given (gpuops token new).",
         )  # fmt: skip
+    c.sessions.sign_out(request.cookies.get(COOKIE))  # the browser's previous one, if any
     session_id, session, principal = found
     request.state.console_user = principal
     response: Response = RedirectResponse(_local(next), 303)

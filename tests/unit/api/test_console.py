@@ -189,3 +189,47 @@ def test_the_sign_in_limiter_forgets_old_addresses() -> None:
     assert limiter.retry_after("192.0.2.1") is None
     limiter.failed("192.0.2.1")
     assert limiter.retry_after("192.0.2.1") == 60
+
+
+def test_a_session_ends_when_its_token_is_replaced(tmp_path: Path) -> None:
+    # the user stays, with a new token (the old one leaked): sessions made with the old one end
+    tokens = {"admin": "admin-token-0123456789"}
+    write_tokens(tmp_path / "tokens.yaml", tokens)
+    store = TokenStore(tmp_path / "tokens.yaml", environ={})
+    store.reload()
+    sessions = SessionStore(store, ttl=3600)
+    old = sessions.sign_in(tokens["admin"])
+    assert old and sessions.find(old[0])
+    write_tokens(tmp_path / "tokens.yaml", {"admin": "rotated-token-9876543210"})
+    store.reload()
+    assert sessions.find(old[0]) is None
+    new = sessions.sign_in("rotated-token-9876543210")
+    assert new and sessions.find(new[0]) and new[2].name == "alice"
+
+
+def test_one_user_signing_in_again_and_again_keeps_a_bounded_number_of_sessions(
+    tmp_path: Path,
+) -> None:
+    tokens = {"admin": "admin-token-0123456789", "auditor": "auditor-token-0123456789"}
+    write_tokens(tmp_path / "tokens.yaml", tokens)
+    store = TokenStore(tmp_path / "tokens.yaml", environ={})
+    store.reload()
+    sessions = SessionStore(store, ttl=3600, max_per_user=5)
+    auditor = sessions.sign_in(tokens["auditor"])
+    made = [sessions.sign_in(tokens["admin"]) for _ in range(1000)]
+    assert len(sessions) == 6
+    assert all(m and sessions.find(m[0]) for m in made[-5:])  # the newest five live
+    assert not any(m and sessions.find(m[0]) for m in made[:-5])
+    assert auditor and sessions.find(auditor[0])  # another user's session is not pushed out
+
+
+def test_signing_in_again_ends_the_browser_s_previous_session(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        assert sign_in(api, "admin").status_code == 303
+        first = api.session.cookies["gpuops_session"]
+        assert sign_in(api, "auditor").status_code == 303
+        assert api.session.cookies["gpuops_session"] != first
+        stale = requests.get(
+            f"{api.url}/", cookies={"gpuops_session": first}, allow_redirects=False, timeout=10
+        )
+        assert stale.status_code == 303 and stale.headers["location"].startswith("/login")
