@@ -213,8 +213,7 @@ class AuditedRoute(APIRoute):
                 response = await handler(request)
             except NotSignedIn:
                 if request.method == "GET":  # a page view before sign-in: not an operation
-                    target = quote(request.url.path, safe="/")
-                    return RedirectResponse(f"/login?next={target}", 303)
+                    return RedirectResponse(f"/login?next={_asked(request)}", 303)
                 reason = "not signed in (or the session expired): sign in again"
                 response = render(request, "message.html", None, 401, title="Sign in", text=reason)
             except Refused as exc:
@@ -255,6 +254,15 @@ class AuditedRoute(APIRoute):
             return response
 
         return audited
+
+
+def _asked(request: Request) -> str:
+    """The page asked for, with its query (the filters) when it fits the sign-in form's
+    ``next`` field, encoded as one query value."""
+    asked = request.url.path
+    if request.url.query and len(asked) + len(request.url.query) < 2000:
+        asked += f"?{request.url.query}"
+    return quote(asked, safe="/")
 
 
 def _check_length(request: Request) -> None:

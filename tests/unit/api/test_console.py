@@ -233,3 +233,17 @@ def test_signing_in_again_ends_the_browser_s_previous_session(tmp_path: Path) ->
             f"{api.url}/", cookies={"gpuops_session": first}, allow_redirects=False, timeout=10
         )
         assert stale.status_code == 303 and stale.headers["location"].startswith("/login")
+
+
+def test_a_page_asked_for_before_sign_in_is_shown_after_it_with_its_query(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        asked = api.session.get(
+            f"{api.url}/audit?since=7d&user=dave", allow_redirects=False, timeout=10
+        )
+        assert asked.status_code == 303
+        assert asked.headers["location"] == "/login?next=/audit%3Fsince%3D7d%26user%3Ddave"
+        page = api.session.get(f"{api.url}{asked.headers['location']}", timeout=10)
+        assert 'name="next" value="/audit?since=7d&amp;user=dave"' in page.text
+        answer = sign_in(api, "auditor", "/audit?since=7d&user=dave")
+        assert answer.headers["location"] == "/audit?since=7d&user=dave"
+
