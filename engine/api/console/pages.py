@@ -379,7 +379,11 @@ def audit_export(
 ) -> Response:
     documents = _audit_documents(c, viewer, f, 1000)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    headers = {"content-disposition": f'attachment; filename="gpuops-audit-{stamp}.{fmt}"'}
+    headers = {
+        "content-disposition": f'attachment; filename="gpuops-audit-{stamp}.{fmt}"',
+        "x-content-type-options": "nosniff",
+        "cache-control": "no-store",
+    }
     if fmt == "csv":
         body = _csv(_audit_row(d) for d in documents)
         return Response(body, media_type="text/csv; charset=utf-8", headers=headers)

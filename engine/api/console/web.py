@@ -164,6 +164,7 @@ def render(
         "form-action 'self'; frame-ancestors 'none'"
     )
     response.headers["referrer-policy"] = "same-origin"
+    response.headers["x-content-type-options"] = "nosniff"
     return response
 
 

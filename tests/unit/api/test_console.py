@@ -247,3 +247,11 @@ def test_a_page_asked_for_before_sign_in_is_shown_after_it_with_its_query(tmp_pa
         answer = sign_in(api, "auditor", "/audit?since=7d&user=dave")
         assert answer.headers["location"] == "/audit?since=7d&user=dave"
 
+
+def test_pages_and_exports_forbid_content_sniffing(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        sign_in(api, "auditor")
+        for path in ("/login", "/audit", "/audit/export.csv", "/audit/export.ndjson"):
+            answer = api.session.get(f"{api.url}{path}", timeout=10)
+            assert answer.status_code == 200, path
+            assert answer.headers.get("x-content-type-options") == "nosniff", path
