@@ -200,8 +200,9 @@ def _record(
 
 class AuditedRoute(APIRoute):
     """Audits every request of the route under the route's ``name`` (the API route it stands
-    for), turns ``Refused`` and ``HTTPException`` into pages and ``NotSignedIn`` into the
-    sign-in page. The record is written before the answer goes out."""
+    for), turns ``Refused``, ``HTTPException`` and any other exception (500, its type only)
+    into pages and ``NotSignedIn`` into the sign-in page. The record is written before the
+    answer goes out."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -237,6 +238,12 @@ class AuditedRoute(APIRoute):
                     request, "message.html", _viewer(request), exc.status_code,
                     title="Not done", text=reason,
                 )  # fmt: skip
+            except Exception as exc:  # a bug: still a page and an audit record, no details shown
+                log.exception("console %s %s failed", request.method, request.url.path)
+                reason = f"internal error ({type(exc).__name__}); the engine's log has the details"
+                response = render(
+                    request, "message.html", _viewer(request), 500, title="Not done", text=reason
+                )
             reason = reason or getattr(request.state, "gpuops_reason", None)
             principal = _principal(request)
             name = getattr(request.state, "gpuops_action", None) or action

@@ -255,3 +255,21 @@ def test_pages_and_exports_forbid_content_sniffing(tmp_path: Path) -> None:
             answer = api.session.get(f"{api.url}{path}", timeout=10)
             assert answer.status_code == 200, path
             assert answer.headers.get("x-content-type-options") == "nosniff", path
+
+
+def test_a_page_that_fails_inside_is_a_500_page_and_still_audited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("secret-detail-42")
+
+    monkeypatch.setattr("engine.api.console.pages.list_rules", broken)
+    with running_api(tmp_path) as api:
+        sign_in(api, "developer")
+        answer = api.session.get(f"{api.url}/rules", timeout=10)
+        assert answer.status_code == 500
+        assert "internal error (RuntimeError)" in answer.text
+        assert "secret-detail-42" not in answer.text
+        [record] = [d for d in api.operations() if d["event"]["action"] == "list_rules"]
+        assert record["event"]["outcome"] == "failure" and record["user"]["name"] == "dave"
+        assert record["error"]["message"].startswith("500: internal error (RuntimeError)")
