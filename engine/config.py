@@ -127,10 +127,15 @@ class ConsoleSettings(_Model):
     """Base URL of Grafana, for the dashboard link of a decision's target; None: no link."""
     kibana_url: str | None = None
     """Base URL of Kibana, for the audit search link of a decision's target; None: no link."""
+    sign_in_failures: int = Field(default=10, ge=1)
+    """Failed sign-ins from one source IP within ``sign_in_window`` after which sign-in from
+    that address is refused (429, audited) until the window has passed."""
+    sign_in_window: float = 60.0
+    """Seconds (or a duration: ``1m``) over which failed sign-ins are counted."""
 
-    _t = field_validator("session_ttl", mode="before")(_seconds)
+    _t = field_validator("session_ttl", "sign_in_window", mode="before")(_seconds)
 
-    @field_validator("session_ttl")
+    @field_validator("session_ttl", "sign_in_window")
     @classmethod
     def _positive(cls, value: float) -> float:
         if value <= 0:

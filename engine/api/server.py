@@ -42,6 +42,9 @@ class ApiServer:
             ssl_certfile=str(tls_cert_file) if tls_cert_file else None,
             ssl_keyfile=str(tls_key_file) if tls_key_file else None,
             timeout_graceful_shutdown=10,
+            # the audit's source.ip is the peer's address: uvicorn would otherwise take it from
+            # X-Forwarded-For of any client on 127.0.0.1 (a local process forging its address)
+            proxy_headers=False,
         )
         self._server = uvicorn.Server(self._config)
         self._socket: socket.socket | None = None

@@ -229,6 +229,17 @@ class TokenStore:
                 found = user
         return Principal(found.name, found.roles) if found else None
 
+    def holder(self, token_sha256: str) -> Principal | None:
+        """The user whose token has this SHA-256 now: None once the token was removed or
+        replaced (the console's sessions end with the token they were made with)."""
+        found: _User | None = None
+        with self._lock:
+            users = self._users
+        for user in users:
+            if hmac.compare_digest(token_sha256, user.token_sha256):
+                found = user
+        return Principal(found.name, found.roles) if found else None
+
     def authenticate_basic(self, username: str, password: str) -> Principal | None:
         """HTTP Basic (what Alertmanager's ``basic_auth`` sends): user name, token as password."""
         principal = self.authenticate(password)

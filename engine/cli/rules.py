@@ -117,7 +117,9 @@ def export(paths: tuple[Path, ...], output: Path | None) -> None:
 
 
 @rules.command("test")
-@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
 @click.option(
     "--prometheus-timeout",
     type=float,

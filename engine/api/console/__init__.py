@@ -15,7 +15,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
 from engine.api.console import actions, pages, signin
-from engine.api.console.sessions import SessionStore
+from engine.api.console.sessions import SessionStore, SignInLimiter
 from engine.api.console.web import STATIC, TEMPLATES, Console
 from engine.api.context import ApiContext
 
@@ -30,6 +30,9 @@ def mount_console(app: FastAPI, context: ApiContext) -> Console:
     console = Console(
         context=context,
         sessions=SessionStore(context.tokens, settings.session_ttl, context.engine.clock),
+        limiter=SignInLimiter(
+            settings.sign_in_failures, settings.sign_in_window, context.engine.clock
+        ),
         settings=settings,
         templates=templates,
         tls=context.settings.tls_cert_file is not None,

@@ -354,13 +354,19 @@ def _audit_row(doc: dict[str, Any]) -> dict[str, str]:
     }
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list: it skips a
+tab or a line break before one)."""
+
+
 def _csv(rows: Iterable[dict[str, str]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
+    # every cell quoted: a bare carriage return in a label value must not end the row
+    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for row in rows:
-        # a cell starting with = + - @ is a formula to a spreadsheet: quote it as text
-        writer.writerow({k: "'" + v if v[:1] in "=+-@" and v else v for k, v in row.items()})
+        # a cell that a spreadsheet would run as a formula is prefixed with ' (shown as text)
+        writer.writerow({k: "'" + v if v.startswith(FORMULA_START) else v for k, v in row.items()})
     return out.getvalue()
 
 
@@ -373,7 +379,11 @@ def audit_export(
 ) -> Response:
     documents = _audit_documents(c, viewer, f, 1000)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    headers = {"content-disposition": f'attachment; filename="gpuops-audit-{stamp}.{fmt}"'}
+    headers = {
+        "content-disposition": f'attachment; filename="gpuops-audit-{stamp}.{fmt}"',
+        "x-content-type-options": "nosniff",
+        "cache-control": "no-store",
+    }
     if fmt == "csv":
         body = _csv(_audit_row(d) for d in documents)
         return Response(body, media_type="text/csv; charset=utf-8", headers=headers)

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
-from engine.api.console.sessions import COOKIE, Session, SessionStore, same
+from engine.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
 from engine.api.context import ApiContext
 from engine.api.tokens import Permission, Principal
 from engine.config import ConsoleSettings
@@ -50,6 +50,7 @@ class Console:
 
     context: ApiContext
     sessions: SessionStore
+    limiter: SignInLimiter
     settings: ConsoleSettings
     templates: Jinja2Templates
     tls: bool
@@ -163,6 +164,7 @@ def render(
         "form-action 'self'; frame-ancestors 'none'"
     )
     response.headers["referrer-policy"] = "same-origin"
+    response.headers["x-content-type-options"] = "nosniff"
     return response
 
 
@@ -198,8 +200,9 @@ def _record(
 
 class AuditedRoute(APIRoute):
     """Audits every request of the route under the route's ``name`` (the API route it stands
-    for), turns ``Refused`` and ``HTTPException`` into pages and ``NotSignedIn`` into the
-    sign-in page. The record is written before the answer goes out."""
+    for), turns ``Refused``, ``HTTPException`` and any other exception (500, its type only)
+    into pages and ``NotSignedIn`` into the sign-in page. The record is written before the
+    answer goes out."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -212,8 +215,7 @@ class AuditedRoute(APIRoute):
                 response = await handler(request)
             except NotSignedIn:
                 if request.method == "GET":  # a page view before sign-in: not an operation
-                    target = quote(request.url.path, safe="/")
-                    return RedirectResponse(f"/login?next={target}", 303)
+                    return RedirectResponse(f"/login?next={_asked(request)}", 303)
                 reason = "not signed in (or the session expired): sign in again"
                 response = render(request, "message.html", None, 401, title="Sign in", text=reason)
             except Refused as exc:
@@ -236,6 +238,12 @@ class AuditedRoute(APIRoute):
                     request, "message.html", _viewer(request), exc.status_code,
                     title="Not done", text=reason,
                 )  # fmt: skip
+            except Exception as exc:  # a bug: still a page and an audit record, no details shown
+                log.exception("console %s %s failed", request.method, request.url.path)
+                reason = f"internal error ({type(exc).__name__}); the engine's log has the details"
+                response = render(
+                    request, "message.html", _viewer(request), 500, title="Not done", text=reason
+                )
             reason = reason or getattr(request.state, "gpuops_reason", None)
             principal = _principal(request)
             name = getattr(request.state, "gpuops_action", None) or action
@@ -254,6 +262,15 @@ class AuditedRoute(APIRoute):
             return response
 
         return audited
+
+
+def _asked(request: Request) -> str:
+    """The page asked for, with its query (the filters) when it fits the sign-in form's
+    ``next`` field, encoded as one query value."""
+    asked = request.url.path
+    if request.url.query and len(asked) + len(request.url.query) < 2000:
+        asked += f"?{request.url.query}"
+    return quote(asked, safe="/")
 
 
 def _check_length(request: Request) -> None:

@@ -99,3 +99,11 @@ def test_export_of_invalid_rules_exits_1() -> None:
     code, out, _ = run("export", str(INVALID / "unknown-key.yaml"))
     assert code == 1
     assert "unknown key" in out
+
+
+def test_rules_test_of_a_missing_file_names_it_and_starts_nothing(tmp_path: Path) -> None:
+    # an unmatched glob (`rules/tests/*.yaml` in the wrong directory) reaches it literally
+    missing = tmp_path / "tests" / "*.yaml"
+    code, _, err = run("test", str(missing))
+    assert code == 2
+    assert f"'{missing}' does not exist" in err and "FileNotFoundError" not in err
