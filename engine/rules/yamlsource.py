@@ -176,11 +176,6 @@ class Positions:
 
 
 RECURSIVE_ALIAS = "recursive alias: an anchor is used inside its own value"
-TOO_MANY_VALUES = "aliases expand to more than {limit} values (an alias bomb?): expand them less"
-
-
-class _TooLarge(Exception):
-    """The data, its aliases expanded, has more values than ``parse_yaml`` walks."""
 
 
 def _walk(
@@ -190,12 +185,7 @@ def _walk(
     positions: Positions,
     problems: list[YamlProblem],
     ancestors: frozenset[int] = frozenset(),
-    budget: list[int] | None = None,
 ) -> None:
-    if budget is not None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise _TooLarge
     if isinstance(data, dict | list):
         if id(data) in ancestors:
             problems.append(YamlProblem(positions.line(path), path, RECURSIVE_ALIAS))
@@ -214,11 +204,11 @@ def _walk(
         for key, value in data.items():
             child = (*path, key if isinstance(key, str | int) else str(key))
             positions.add(child, marks.values[key], marks.keys[key])
-            _walk(value, child, loader, positions, problems, ancestors, budget)
+            _walk(value, child, loader, positions, problems, ancestors)
     elif isinstance(data, list) and isinstance(marks, _SequenceMarks):
         for index, (value, line) in enumerate(zip(data, marks.items, strict=True)):
             positions.add((*path, index), line)
-            _walk(value, (*path, index), loader, positions, problems, ancestors, budget)
+            _walk(value, (*path, index), loader, positions, problems, ancestors)
 
 
 def _tab_problems(text: str) -> list[YamlProblem]:
@@ -348,13 +338,7 @@ def parse_yaml(
     root = loader.line_marks.get(id(data))
     positions.add((), root.start if root is not None else 1)
     problems: list[YamlProblem] = []
-    # without aliases a document has fewer values than characters; aliases may repeat a value
-    # (each one can multiply the data: a few lines of nested aliases make billions of values)
-    limit = max(10_000, 4 * len(text))
-    try:
-        _walk(data, (), loader, positions, problems, budget=[limit])
-    except _TooLarge:
-        return None, Positions(), [YamlProblem(1, (), TOO_MANY_VALUES.format(limit=limit))]
+    _walk(data, (), loader, positions, problems)
     if any(p.message == RECURSIVE_ALIAS for p in problems):
         return None, positions, problems  # unusable: validating it would never end
     return data, positions, problems
