@@ -41,6 +41,8 @@ once = sys.argv[2] == "once"
 
 class Prom:
     step = 0
+    def sample_age(self, exprs, at=None):
+        return None
     def query(self, expr, at=None):
         Prom.step += 1
         return tuple(
@@ -187,6 +189,9 @@ def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
     class Prom:
         def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
             return tuple(Sample(freeze({"uuid": f"GPU-{i:04d}"}), 0.1, 0) for i in targets)
+
+        def sample_age(self, exprs: object, at: float | None = None) -> float | None:
+            return None
 
     registry = ExecutorRegistry()
     registry.register("log", lambda s: Ran())

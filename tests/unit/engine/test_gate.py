@@ -81,6 +81,9 @@ class Prometheus:
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
 
+    def sample_age(self, exprs: object, at: float | None = None) -> float | None:
+        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
+
 
 class Executor:
     """Records what it ran; blocks while ``gate`` is clear; raises what ``fail`` returns."""
