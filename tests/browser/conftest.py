@@ -28,7 +28,7 @@ SHOTS = Path(__file__).resolve().parents[2] / "var" / "console-screenshots"
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     """The engine and its API + console, shared by the browser tests."""
     links = ConsoleSettings(grafana_url=GRAFANA, kibana_url=KIBANA)
@@ -36,7 +36,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         yield harness
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium package")

@@ -19,6 +19,9 @@ from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import make_decision, wait_until
 
 NOW = time.time()
+"""Set again when the stores are built: the searches' relative windows (`--until 30m`) are
+measured from the time the command runs, so the data must be dated from just before it, not
+from when pytest collected this module (minutes earlier in a full run)."""
 OK = Outcome(OutcomeStatus.SUCCESS, 1, 0.2)
 
 
@@ -85,6 +88,8 @@ def populate(audit: AuditLog, clock: list[float]) -> None:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    global NOW
+    NOW = time.time()
     spool = tmp_path_factory.mktemp("spool")
     clock = [NOW]
     with AuditLog(AuditSettings(spool_dir=spool), host_name="h", clock=lambda: clock[0]) as audit:
