@@ -40,6 +40,15 @@ class Committed:
     futures: dict[str, Future[Outcome]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LastEvaluation:
+    """A policy's last evaluation: when (its evaluation time) and why it was skipped, if it
+    was (a failed or stale query; ``None``: evaluated)."""
+
+    at: float
+    skipped: str | None = None
+
+
 class Cycle:
     def __init__(
         self,
@@ -68,6 +77,7 @@ class Cycle:
         self._cleared = cleared
         self._freshness = freshness
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
+        self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
@@ -100,6 +110,8 @@ class Cycle:
             step = evaluate(policy, result, state, now, self._freshness(policy))
             if step.skipped is not None:
                 self._skipped(step.skipped)
+            skipped = step.skipped.error if step.skipped is not None else None
+            self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
             population = self.population(policy, now, step.decisions) if step.decisions else None
             return list(self.commit(policy, step.decisions, step.state, now, population).decisions)
 

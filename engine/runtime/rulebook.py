@@ -27,6 +27,8 @@ class ReloadResult:
     ok: bool
     policies: int
     errors: tuple[str, ...] = ()
+    at: float = 0.0
+    """When the reload was tried (the engine's clock)."""
 
 
 class Rulebook:
@@ -46,6 +48,8 @@ class Rulebook:
         self.on_change: Callable[[], None] | None = None
         self._mtimes: dict[str, float] = {}
         self._promtool_warned = False
+        self.last_reload: ReloadResult | None = None
+        """The last reload tried, its errors (file:line) if it failed: the rules page shows it."""
 
     def policy(self, name: str) -> Policy | None:
         return self.rules.policy(name)
@@ -66,9 +70,13 @@ class Rulebook:
                 raise exc from None
             for err in exc.errors:
                 log.error("rules not reloaded: %s", err)
-            return ReloadResult(
-                False, sum(1 for _ in self.rules.policies()), tuple(map(str, exc.errors))
+            self.last_reload = ReloadResult(
+                False,
+                sum(1 for _ in self.rules.policies()),
+                tuple(map(str, exc.errors)),
+                self._clock(),
             )
+            return self.last_reload
         with self._lock:
             self.rules = rules
             self._mtimes = self._current_mtimes()
@@ -83,9 +91,10 @@ class Rulebook:
             len(rules.groups),
             ", ".join(rules.files) or "no files",
         )
+        self.last_reload = ReloadResult(True, count, at=self._clock())
         if self.on_change is not None:
             self.on_change()
-        return ReloadResult(True, count)
+        return self.last_reload
 
     def _no_promtool(self, exc: Exception) -> None:
         """PromQL is checked by a real parser (promtool) when there is one; said once if not."""

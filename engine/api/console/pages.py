@@ -265,6 +265,7 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
         files=loaded["files"],
         policies=policies,
         disk_errors=disk_errors,
+        reload=loaded["reload"],
         last_reload=metrics.get_sample_value("gpuops_engine_last_reload_success_timestamp_seconds")
         or None,
         failed_reloads=metrics.get_sample_value(

@@ -84,9 +84,25 @@ def _errors(errors: list[RuleError]) -> list[dict[str, Any]]:
 
 @router.get("/rules")
 def list_rules(ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]) -> Any:
-    """The running policies."""
+    """The running policies, each with its last evaluation (``last_evaluation``: the evaluation
+    time, and ``skipped``: why it did not evaluate, e.g. a failed or stale query), and the last
+    reload tried (``reload``: ok, when, its file:line errors if it failed)."""
     rules = ctx.engine.rules
-    return {"files": list(rules.files), "policies": [policy_doc(p) for p in rules.policies()]}
+    last = ctx.engine.cycle.last_evaluation
+    policies = []
+    for policy in rules.policies():
+        doc = policy_doc(policy)
+        seen = last.get(policy.name)
+        doc["last_evaluation"] = None if seen is None else {"at": seen.at, "skipped": seen.skipped}
+        policies.append(doc)
+    reload = ctx.engine.rulebook.last_reload
+    return {
+        "files": list(rules.files),
+        "policies": policies,
+        "reload": None
+        if reload is None
+        else {"ok": reload.ok, "at": reload.at, "errors": list(reload.errors)},
+    }
 
 
 @router.get("/rules/{name}")

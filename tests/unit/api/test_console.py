@@ -273,3 +273,22 @@ def test_a_page_that_fails_inside_is_a_500_page_and_still_audited(
         [record] = [d for d in api.operations() if d["event"]["action"] == "list_rules"]
         assert record["event"]["outcome"] == "failure" and record["user"]["name"] == "dave"
         assert record["error"]["message"].startswith("500: internal error (RuntimeError)")
+
+
+def test_the_rules_page_shows_the_last_evaluation_and_the_failed_reload(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        (api.tmp / "rules" / "extra.yaml").write_text(
+            "groups:\n  - name: extra\n    rules:\n      - policy: log-down-nodes\n"
+            "        expr: up == 0\n        action: {type: notify, executor: log}\n"
+        )
+        assert api.engine.reload().ok
+        policy = api.engine.rules.policy("log-down-nodes")
+        assert policy is not None
+        api.engine.cycle.evaluate_policy(policy)  # no Prometheus answers: skipped
+        (api.tmp / "rules" / "broken.yaml").write_text("groups: [")
+        assert not api.engine.reload().ok
+        sign_in(api, "developer")
+        page = api.session.get(f"{api.url}/rules", timeout=10).text
+        assert 'id="reload-errors"' in page and "broken.yaml:1: " in page
+        row = page[page.index("log-down-nodes</a>") :].split("</tr>")[0]
+        assert "skipped: " in row and "not yet" not in row

@@ -121,3 +121,22 @@ def test_validate_checks_executor_verbs_as_the_engine_does(api: Harness) -> None
         "groups[0].rules[0].action.type: executor 'fleet' does not do 'downclok' (it does: "
         f"{', '.join(sorted(FleetExecutor.verbs))})"
     ]
+
+
+def test_list_shows_each_policy_s_last_evaluation_and_the_last_reload(api: Harness) -> None:
+    (api.tmp / "rules" / "extra.yaml").write_text(NEW_FILE)
+    assert api.call("admin", "POST", "/api/v1/rules/reload").json()["ok"] is True
+    before = api.call("auditor", "GET", "/api/v1/rules").json()
+    assert before["reload"] == {"ok": True, "at": api.clock(), "errors": []}
+    assert {p["name"]: p["last_evaluation"] for p in before["policies"]}["log-down-nodes"] is None
+    policy = api.engine.rules.policy("log-down-nodes")
+    assert policy is not None
+    api.engine.cycle.evaluate_policy(policy)  # the harness' Prometheus does not answer
+    (api.tmp / "rules" / "broken.yaml").write_text("groups: [")
+    api.clock.advance(60)
+    assert api.call("admin", "POST", "/api/v1/rules/reload").status_code == 422
+    after = api.call("auditor", "GET", "/api/v1/rules").json()
+    [seen] = [p["last_evaluation"] for p in after["policies"] if p["name"] == "log-down-nodes"]
+    assert seen["at"] == api.clock() - 60 and seen["skipped"]
+    assert after["reload"]["ok"] is False and after["reload"]["at"] == api.clock()
+    assert after["reload"]["errors"][0].startswith(str(api.tmp / "rules" / "broken.yaml") + ":1: ")
