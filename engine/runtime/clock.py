@@ -47,7 +47,6 @@ class Job:
     cron: CronTrigger | None = None
     due: float = 0.0
     """Interval job: the monotonic time of its next run; cron job: the wall time."""
-    running: bool = False
 
     @property
     def next_run_time(self) -> float:
@@ -72,6 +71,7 @@ class Scheduler:
         self._monotonic = monotonic
         self._on_step = on_step
         self._jobs: dict[str, Job] = {}
+        self._running: set[str] = set()  # by id: a replaced job still running is not doubled
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,8 +150,8 @@ class Scheduler:
             for job in self._jobs.values():
                 now = wall if job.cron is not None else mono
                 if job.due <= now:
-                    if not job.running:
-                        job.running = True
+                    if job.id not in self._running:
+                        self._running.add(job.id)
                         due.append(job)
                     job.due = self._next(job, now)
                 wait = min(wait, job.due - now)
@@ -174,7 +174,7 @@ class Scheduler:
                 log.exception("scheduled job %s failed", job.id)
             finally:
                 with self._lock:
-                    job.running = False
+                    self._running.discard(job.id)
 
         return run
 

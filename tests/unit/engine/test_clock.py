@@ -229,3 +229,18 @@ def test_a_step_back_of_an_hour_keeps_the_engine_evaluating(
         b - a == pytest.approx(1.0, abs=1e-6) for a, b in zip(after, after[1:], strict=False)
     )
     assert all(abs(at - wall()) < 30 for at in after)
+
+
+def test_a_job_replaced_while_it_runs_is_not_started_beside_it(clocks: Clocks) -> None:
+    """A rule reload replaces the group's job (due at once) while its evaluation runs."""
+    queued: list[object] = []
+    s = Scheduler(wall=clocks.wall, monotonic=clocks.monotonic, submit=queued.append)
+    s.add_interval("group:g", lambda: None, 1.0)
+    s.run_pending()
+    s.add_interval("group:g", lambda: None, 1.0)
+    s.run_pending()
+    assert len(queued) == 1
+    queued.pop()()  # type: ignore[operator]
+    clocks.mono += 1.0
+    s.run_pending()
+    assert len(queued) == 1
