@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 
+from engine.actions.base import ExecutorRegistry
 from engine.audit.spool import read_spool
 from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings, QuotaSettings
 from engine.decisions import Sample
@@ -181,8 +182,6 @@ def engine(tmp_path: Path) -> Iterator[tuple[Engine, Prometheus, SteppedWall]]:
         api=ApiSettings(quota=QuotaSettings(executor="log", check_interval=1.0)),
     )
     prom, wall = Prometheus(), SteppedWall()
-    from engine.actions.base import ExecutorRegistry
-
     registry = ExecutorRegistry()
     engine = Engine(config, clock=wall, executors=registry, prometheus=prom)  # type: ignore[arg-type]
     yield engine, prom, wall
