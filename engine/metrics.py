@@ -28,6 +28,7 @@ class EngineMetrics:
     audit_write_failures: Counter
     audit_healthy: Gauge
     permanent_failures: Counter
+    clock_steps: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> EngineMetrics:
@@ -106,6 +107,13 @@ class EngineMetrics:
                 "gpuops_engine_permanent_failures",
                 "Actions that failed permanently (not retried within the episode).",
                 ["policy"],
+                registry=r,
+            ),
+            clock_steps=Counter(
+                "gpuops_engine_clock_steps",
+                "Wall-clock steps the scheduler detected (wall minus monotonic jumped); each "
+                "re-anchored the group grids and cron schedules.",
+                ["direction"],
                 registry=r,
             ),
         )

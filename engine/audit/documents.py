@@ -228,3 +228,29 @@ def stream_of(doc: Mapping[str, Any]) -> str:
     ds = doc.get("data_stream") or {}
     kind, dataset = ds.get("type", "logs"), ds.get("dataset", AUDIT_DATASET)
     return f"{kind}-{dataset}-{ds.get('namespace', 'default')}"
+
+
+def clock_step_document(
+    step_s: float, at: float, host_name: str, namespace: str, now: float
+) -> dict[str, Any]:
+    """The document of a wall-clock step the engine's scheduler detected at ``at`` (the new
+    wall time): ``step_s`` seconds, negative when the clock went back (docs/policies.md,
+    "Clock")."""
+    doc = _base(AUDIT_DATASET, namespace, at, now)
+    direction = "forward" if step_s > 0 else "backward"
+    doc["event"].update(
+        {
+            "id": event_id("clock-step", host_name, f"{at:.6f}", f"{step_s:.6f}"),
+            "category": ["host"],
+            "type": ["change"],
+            "action": "clock_step",
+            "outcome": "unknown",
+        }
+    )
+    doc["message"] = (
+        f"wall clock stepped {direction} by {abs(step_s):.1f} s: group grids and cron "
+        "schedules re-anchored to the new wall time"
+    )
+    doc["host"] = {"name": host_name}
+    doc["gpuops"] = {"clock": {"step_seconds": step_s, "direction": direction}}
+    return doc

@@ -19,7 +19,12 @@ from elasticsearch import Elasticsearch
 from prometheus_client import CollectorRegistry
 
 from engine.audit.client import make_client
-from engine.audit.documents import decision_document, operation_document, skipped_document
+from engine.audit.documents import (
+    clock_step_document,
+    decision_document,
+    operation_document,
+    skipped_document,
+)
 from engine.audit.errors import AuditWriteError
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
@@ -130,6 +135,13 @@ class AuditLog:
     def skipped(self, skipped: SkippedEvaluation) -> str:
         """Record an evaluation skipped because its query failed; returns its ``event.id``."""
         doc = skipped_document(skipped, self.host_name, self.settings.namespace, self._clock())
+        return self._append(doc)
+
+    def clock_step(self, step_s: float, at: float) -> str:
+        """Record a wall-clock step of ``step_s`` seconds seen at ``at``; returns its id."""
+        doc = clock_step_document(
+            step_s, at, self.host_name, self.settings.namespace, self._clock()
+        )
         return self._append(doc)
 
     def operation(

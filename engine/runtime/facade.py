@@ -4,8 +4,9 @@ It builds the collaborators and hands each the store and the gate: the rulebook 
 reload), the cycle (query → evaluate → judge → commit), the gate (the only executor caller:
 write-ahead audit, checks at execution time, workers per executor, outcomes, resume), approvals,
 quota requests and the alert inbox. It owns the scheduler and every runtime thread — the API
-only calls it. Used by ``gpuops engine run``, the demo, the API and the tests; the clock is
-injected.
+only calls it (``engine.runtime.clock.Scheduler``: monotonic intervals, cron re-anchored after
+a wall-clock step). Used by ``gpuops engine run``, the demo, the API and the tests; both clocks
+are injected.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.interval import IntervalTrigger
 
 from engine.actions.base import ExecutorRegistry, RetryPolicy
 from engine.audit import AuditLog, AuditSettings
@@ -33,6 +32,7 @@ from engine.prometheus import PrometheusClient
 from engine.rules.model import Group, Policy, RuleSet
 from engine.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from engine.runtime.approvals import Approvals
+from engine.runtime.clock import Scheduler
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
@@ -58,6 +58,7 @@ class Engine:
         config: EngineConfig,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         executors: ExecutorRegistry | None = None,
         audit: AuditLog | None = None,
         prometheus: PrometheusClient | None = None,
@@ -67,9 +68,12 @@ class Engine:
         action_retry: RetryPolicy | None = None,
     ) -> None:
         """``action_workers``: concurrent actions per executor; ``action_retry``: how often
-        and how fast ``execute`` tries a temporarily failing action within one decision."""
+        and how fast ``execute`` tries a temporarily failing action within one decision;
+        ``clock``: the wall clock (evaluation times, audit); ``monotonic``: what intervals are
+        timed by (docs/policies.md, "Clock")."""
         self.config = config
         self.clock = clock
+        self.monotonic = monotonic
         self.metrics = metrics or EngineMetrics.create()
         self.registry = executors or ExecutorRegistry.from_entry_points()
         self.audit = audit or AuditLog(
@@ -144,7 +148,7 @@ class Engine:
             registry=self.metrics.registry,
         )
         self.gate.on_outcome(self.alerts.fire_finished)
-        self._scheduler: BackgroundScheduler | None = None
+        self._scheduler: Scheduler | None = None
         self._stopped = False
 
     # --- rules -----------------------------------------------------------------------------
@@ -227,30 +231,35 @@ class Engine:
         self.audit.start()
         self.gate.resume()
         self.alerts.start()
-        self._scheduler = BackgroundScheduler(
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+        self._scheduler = Scheduler(
+            wall=self.clock, monotonic=self.monotonic, on_step=self._clock_stepped
         )
         self._schedule_groups()
-        jobs = (
-            (self.expire_approvals, IntervalTrigger(seconds=30), "gpuops-approvals-expiry"),
-            (
-                self._quota_tick,
-                IntervalTrigger(seconds=self.config.api.quota.check_interval),
-                "gpuops-quota",
-            ),
-            (self._reconcile, IntervalTrigger(seconds=RECONCILE_S), "gpuops-audit-reconcile"),
-            (
-                self.check_reload,
-                IntervalTrigger(seconds=self.config.reload_check_interval),
-                "gpuops-rules-watch",
-            ),
+        jobs: tuple[tuple[Callable[[], object], float, str], ...] = (
+            (self.expire_approvals, 30.0, "gpuops-approvals-expiry"),
+            (self._quota_tick, self.config.api.quota.check_interval, "gpuops-quota"),
+            (self._reconcile, RECONCILE_S, "gpuops-audit-reconcile"),
+            (self.check_reload, self.config.reload_check_interval, "gpuops-rules-watch"),
         )
-        for func, trigger, job_id in jobs:
-            self._scheduler.add_job(func, trigger, id=job_id)
-        self._scheduler.add_job(
-            self.prune, IntervalTrigger(hours=6), id="gpuops-prune", next_run_time=_utcnow()
-        )
+        for func, interval_s, job_id in jobs:
+            self._scheduler.add_interval(job_id, _discard(func), interval_s, first_in=interval_s)
+        self._scheduler.add_interval("gpuops-prune", self.prune, 6 * 3600.0)
         self._scheduler.start()
+
+    def _clock_stepped(self, step_s: float) -> None:
+        """The scheduler saw the wall clock step by ``step_s`` seconds: count it, audit it once
+        and re-anchor every group's grid to the wall time of its next (monotonic) run, so that
+        evaluation times stay grid times on the new wall clock (docs/policies.md, "Clock")."""
+        direction = "forward" if step_s > 0 else "backward"
+        self.metrics.clock_steps.labels(direction).inc()
+        self.audit.clock_step(step_s, self.clock())
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        for group in self.rules.groups:
+            job = scheduler.get_job(f"group:{group.name}")
+            if job is not None:
+                self.cycle.epochs[group.name] = scheduler.wall_time_of(job)
 
     def _quota_tick(self) -> None:
         try:
@@ -278,13 +287,8 @@ class Engine:
             job_id = f"group:{group.name}"
             wanted.add(job_id)
             self.cycle.epochs[group.name] = self.clock()
-            self._scheduler.add_job(
-                self.evaluate_group,
-                IntervalTrigger(seconds=group.interval_s),
-                args=[group],
-                id=job_id,
-                replace_existing=True,
-                next_run_time=_utcnow(),
+            self._scheduler.add_interval(
+                job_id, partial(self.evaluate_group, group), group.interval_s
             )
             for policy in group.policies:
                 if policy.schedule is None or policy.expr is None:
@@ -292,16 +296,14 @@ class Engine:
                 job_id = f"schedule:{policy.name}"
                 wanted.add(job_id)
                 one = replace(group, policies=(policy,))
-                self._scheduler.add_job(
-                    self.evaluate_group,
+                self._scheduler.add_cron(
+                    job_id,
+                    partial(self.evaluate_group, one, True),
                     CronTrigger.from_crontab(policy.schedule),
-                    args=[one, True],
-                    id=job_id,
-                    replace_existing=True,
                 )
         for job in self._scheduler.get_jobs():
             if job.id.startswith(("group:", "schedule:")) and job.id not in wanted:
-                job.remove()
+                self._scheduler.remove(job.id)
 
     def stop(self) -> None:
         """Stop scheduling and the alert inbox, let running actions finish, close audit and
@@ -319,5 +321,10 @@ class Engine:
         self.store.close()
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
+def _discard(func: Callable[[], object]) -> Callable[[], None]:
+    """``func`` as a job (its result, e.g. the expired approvals, is not needed)."""
+
+    def job() -> None:
+        func()
+
+    return job

@@ -13,6 +13,7 @@ import yaml
 
 from engine.audit.documents import (
     ECS_VERSION,
+    clock_step_document,
     decision_document,
     operation_document,
     skipped_document,
@@ -75,6 +76,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "skipped evaluation": skipped_document(
         SkippedEvaluation("p", "g", NOW, "timeout after 10s"), "h", "default", NOW
     ),
+    "clock step": clock_step_document(-3600.0, NOW, "h", "default", NOW),
     "operation": operation_document(
         user="alice",
         roles=["admin"],
