@@ -25,6 +25,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from engine.actions.base import ExecutorRegistry, RetryPolicy
 from engine.audit import AuditLog, AuditSettings
+from engine.audit.spool import segment_paths
 from engine.config import EngineConfig
 from engine.decisions import Decision, SkippedEvaluation
 from engine.evaluation import Freshness
@@ -38,7 +39,7 @@ from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
 from engine.runtime.quota import QuotaManager, QuotaStore
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateStore, Store
+from engine.state import StateError, StateStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class Engine:
         and how fast ``execute`` tries a temporarily failing action within one decision."""
         self.config = config
         self.clock = clock
+        ran_before = previous_run(config)  # before the audit log marks its spool
         self.metrics = metrics or EngineMetrics.create()
         self.registry = executors or ExecutorRegistry.from_entry_points()
         self.audit = audit or AuditLog(
@@ -83,7 +85,12 @@ class Engine:
         self.prometheus = prometheus or PrometheusClient(
             config.prometheus.url, timeout_s=config.prometheus.timeout
         )
-        self.store: Store = StateStore(config.state_file)
+        try:
+            self.store: Store = StateStore(config.state_file, ran_before)
+        except StateError:
+            if audit is None:
+                self.audit.close()
+            raise
         self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
         self.locks = Locks()
         self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
@@ -183,6 +190,11 @@ class Engine:
     def problem(self) -> str | None:
         """Why the engine cannot act now (its audit spool is not writable), or None."""
         return self.gate.problem
+
+    def degraded(self) -> dict[str, str]:
+        """The policies that cannot be evaluated because their stored state cannot be read,
+        with the reason (``/healthz`` names them; docs/state.md)."""
+        return dict(self.cycle.unreadable)
 
     # --- evaluation, alerts, approvals ------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
@@ -317,6 +329,15 @@ class Engine:
         self.quota.store.close()
         self.audit.close()
         self.store.close()
+
+
+def previous_run(config: EngineConfig) -> str | None:
+    """Evidence that an engine ran with this configuration before (its audit spool holds a
+    writer lock file or segments), or None: an empty state file is then an error, not new."""
+    spool = config.audit.spool_dir
+    if (spool / ".lock").exists() or segment_paths(spool):
+        return f"the audit spool {spool} shows the engine ran before"
+    return None
 
 
 def _utcnow() -> datetime:
