@@ -252,11 +252,18 @@ class StateStore:
             row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
         if not row:
             return GuardrailState()
-        data = json.loads(row[0])
-        return GuardrailState(
-            freeze(data["last_action"]),
-            tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
-        )
+        try:
+            data = json.loads(row[0])
+            return GuardrailState(
+                freeze(data["last_action"]),
+                tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # engine-wide: without its windows no cooldown would hold, so nothing may act
+            raise StateError(
+                f"{self.path}: the guardrails row (cooldowns, rate windows) cannot be decoded"
+                f" ({type(exc).__name__}: {exc})"
+            ) from exc
 
     @staticmethod
     def save_guardrail_state(db: sqlite3.Connection, state: GuardrailState) -> None:
@@ -348,7 +355,7 @@ class StateStore:
                         f" AND id IN ({','.join('?' * len(chunk))}) ORDER BY at",
                         tuple(chunk),
                     ).fetchall()
-        return [(_decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
+        return [(self._decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
 
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
@@ -367,7 +374,7 @@ class StateStore:
             row = self._db.execute(
                 "SELECT data, status, outcome FROM decisions WHERE id = ?", (decision_id,)
             ).fetchone()
-        return _decision_row(row) if row else None
+        return self._decision_row(row) if row else None
 
     def prune(self, older_than: float) -> int:
         """Forget finished decisions and settled approvals older than ``older_than`` (the audit
@@ -388,7 +395,7 @@ class StateStore:
             rows = self._db.execute(
                 "SELECT data, status, outcome FROM decisions WHERE status = 'started' ORDER BY at"
             ).fetchall()
-        return [_decision_row(r) for r in rows]
+        return [self._decision_row(r) for r in rows]
 
     def decisions(
         self, policy: str | None = None, since: float | None = None, limit: int = 100
@@ -404,7 +411,16 @@ class StateStore:
         sql += " ORDER BY at DESC, rowid DESC LIMIT ?"
         args.append(limit)
         with self._lock:
-            return [_decision_row(r) for r in self._db.execute(sql, args)]
+            return [self._decision_row(r) for r in self._db.execute(sql, args)]
+
+    def _decision_row(self, row: tuple[str, str, str | None]) -> dict[str, Any]:
+        try:
+            return _decision_row(row)
+        except (ValueError, TypeError) as exc:
+            raise StateError(
+                f"{self.path}: a decisions row cannot be decoded ({type(exc).__name__}: {exc};"
+                f" it starts {str(row[0])[:80]!r})"
+            ) from exc
 
     # --- controls (kill switch, pause) -----------------------------------------------------
     def control(self, name: str) -> str | None:

@@ -43,12 +43,27 @@ def _config(path: Path) -> EngineConfig:
 
 
 def _problem(config: EngineConfig) -> str | None:
-    """Why the state file cannot be opened, or None when it can."""
+    """Why the state file cannot be used, or None when it can: the checks at open, then every
+    row the engine reads at start or per policy."""
     try:
-        StateStore(config.state_file, previous_run(config)).close()
+        store = StateStore(config.state_file, previous_run(config))
     except StateError as exc:
         return str(exc)
-    return None
+    problems: list[str] = []
+    try:
+        for read in (store.guardrail_state, store.unaudited, store.unfinished):
+            try:
+                read()
+            except StateError as exc:
+                problems.append(str(exc))
+        for policy in store.policy_names():
+            try:
+                store.policy_state(policy)
+            except StateError as exc:
+                problems.append(str(exc))
+    finally:
+        store.close()
+    return "\n".join(problems) or None
 
 
 @state.command(name="check")

@@ -232,9 +232,11 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Load rules (a bad rule set at start is fatal), start audit, reconcile the audit with
+        """Check the guardrail windows decode (``StateError`` when not), load rules (a bad
+        rule set at start is fatal), start audit, reconcile the audit with
         the state file and resume interrupted actions, start the alert inbox and the scheduler
         (groups, approvals expiry, quota ends, pruning, rule watch, audit retry)."""
+        self.store.guardrail_state()  # engine-wide rows decode, or StateError (docs/state.md)
         self.reload(strict=True)
         self.audit.start()
         self.gate.resume()

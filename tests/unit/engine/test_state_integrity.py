@@ -356,3 +356,35 @@ def test_state_reset_of_one_policy_keeps_its_row_aside_and_heals(world: World) -
     decisions = world.evaluate(engine, "reclaim")  # a fresh policy state: a new episode
     assert [d.verdict for d in decisions] == ["execute"] * 3
     assert engine.degraded() == {}
+
+
+def test_state_check_names_a_bad_row_and_the_engine_refuses_a_bad_guardrails_row(
+    world: World,
+) -> None:
+    """The guardrail windows are engine-wide: without them no cooldown holds, so the engine
+    does not start (a bad policy row only skips its policy)."""
+    world.ran_once_and_stopped()
+    break_row(world, "reclaim")
+    check = world.gpuops("state", "check")
+    assert check.exit_code == 1
+    assert f"{world.state}: policy_state row of 'reclaim' cannot be decoded (" in check.output
+    with sqlite3.connect(world.state) as db:
+        db.execute("UPDATE guardrails SET data = '{\"recent\": []}'")
+    engine = world.engine()
+    with pytest.raises(StateError) as caught:
+        engine.start()
+    assert str(caught.value) == (
+        f"{world.state}: the guardrails row (cooldowns, rate windows) cannot be decoded"
+        " (KeyError: 'last_action')"
+    )
+    assert world.log.ran[3:] == []
+
+
+def test_a_bad_decisions_row_stops_the_start_naming_the_file(world: World) -> None:
+    world.ran_once_and_stopped()
+    with sqlite3.connect(world.state) as db:
+        db.execute("UPDATE decisions SET data = 'nope', audited = 0 WHERE rowid = 1")
+    engine = world.engine()
+    with pytest.raises(StateError) as caught:
+        engine.start()
+    assert str(caught.value).startswith(f"{world.state}: a decisions row cannot be decoded (")
