@@ -31,6 +31,7 @@ from engine.cli import cli
 from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Sample, freeze
 from engine.runtime import Engine
+from engine.runtime.approvals import ApprovalError
 from engine.state import StateError
 
 RULES = """
@@ -51,6 +52,13 @@ groups:
         target: [uuid]
         action: {type: downclock, executor: log}
         mode: enforce
+      - policy: approved
+        expr: ask
+        for: 0s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        mode: enforce
+        approval: required
 """
 
 TARGETS = [{"uuid": f"GPU-{i}"} for i in range(3)]
@@ -388,3 +396,19 @@ def test_a_bad_decisions_row_stops_the_start_naming_the_file(world: World) -> No
     with pytest.raises(StateError) as caught:
         engine.start()
     assert str(caught.value).startswith(f"{world.state}: a decisions row cannot be decoded (")
+
+
+def test_granting_an_approval_of_a_policy_with_a_bad_row_is_refused_with_the_reason(
+    world: World,
+) -> None:
+    engine = world.engine()
+    world.prom.results["ask"] = TARGETS[:1]
+    (waiting,) = world.evaluate(engine, "approved")
+    assert waiting.verdict == "awaiting_approval"
+    break_row(world, "approved")
+    with pytest.raises(ApprovalError) as caught:
+        engine.grant(waiting.id, "alice")
+    assert str(caught.value).startswith(
+        f"not granted: {world.state}: policy_state row of 'approved' cannot be decoded ("
+    )
+    assert world.log.ran == []
