@@ -15,6 +15,7 @@ here) puts a broken file aside and starts afresh.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -27,6 +28,8 @@ from typing import Any, Protocol
 from engine.decisions import freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import Execution, GuardrailState
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL);
@@ -581,8 +584,10 @@ def _check_file(path: Path, previous_run: str | None) -> None:
     engine ran before, or without the SQLite header."""
     try:
         size = path.stat().st_size
-    except FileNotFoundError:
-        return  # a new state file
+    except FileNotFoundError:  # a new state file; deleting one is deliberate, but say so
+        if previous_run is not None:
+            log.warning("state file %s does not exist but %s: starting afresh", path, previous_run)
+        return
     if size == 0:
         if previous_run is not None:
             raise StateError(

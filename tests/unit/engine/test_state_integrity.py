@@ -198,6 +198,18 @@ def test_an_empty_file_before_any_run_is_a_new_state(world: World) -> None:
     assert [d.verdict for d in world.evaluate(engine, "reclaim")] == ["execute"]
 
 
+def test_a_deleted_state_file_after_a_run_starts_afresh_with_a_warning(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.ran_once_and_stopped()
+    world.state.unlink()
+    world.engine()
+    assert (
+        f"state file {world.state} does not exist but the audit spool {world.spool} shows the"
+        " engine ran before: starting afresh"
+    ) in caplog.messages
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
