@@ -193,8 +193,9 @@ class Engine:
 
     def degraded(self) -> dict[str, str]:
         """The policies that cannot be evaluated because their stored state cannot be read,
-        with the reason (``/healthz`` names them; docs/state.md)."""
-        return dict(self.cycle.unreadable)
+        with the reason (``/healthz`` names them; docs/state.md); a policy no longer loaded
+        is not named."""
+        return {p: r for p, r in dict(self.cycle.unreadable).items() if self.rules.policy(p)}
 
     # --- evaluation, alerts, approvals ------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
