@@ -180,9 +180,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class SkippedEvaluation:
-    """A policy evaluation that did not happen because its data was missing (query failed)."""
+    """A policy evaluation that did not happen: its data was missing (query failed) or its
+    stored state could not be read (``reason`` says which)."""
 
     policy: str
     group: str
     at: float
     error: str
+    reason: str = "query failed"

@@ -16,6 +16,7 @@ class EngineMetrics:
     evaluations: Counter
     evaluation_duration: Histogram
     query_failures: Counter
+    state_errors: Counter
     decisions: Counter
     actions: Counter
     action_duration: Histogram
@@ -48,6 +49,12 @@ class EngineMetrics:
             query_failures=Counter(
                 "gpuops_engine_query_failures",
                 "Queries that failed; their evaluations were skipped and changed no state.",
+                ["policy"],
+                registry=r,
+            ),
+            state_errors=Counter(
+                "gpuops_engine_state_errors",
+                "Evaluations skipped because the policy's stored state could not be decoded.",
                 ["policy"],
                 registry=r,
             ),

@@ -4,14 +4,23 @@ approvals and Alertmanager episodes. A restart neither re-fires nor forgets (DES
 Called by ``engine.runtime`` (and the API through it). Values in, values out: it serialises the
 frozen values of ``engine.evaluation`` and ``engine.guardrails`` as JSON. One connection guarded
 by a lock; every write is one transaction.
+
+A file that cannot be trusted is never reset silently (docs/state.md): opening an empty file
+the engine had written before, a file without the SQLite header, a foreign database or one that
+fails ``PRAGMA quick_check`` raises ``StateError`` naming the file and what is wrong; a row that
+cannot be decoded raises ``StateRowError`` for that row only. ``gpuops state reset`` (``reset``
+here) puts a broken file aside and starts afresh.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +28,8 @@ from typing import Any, Protocol
 from engine.decisions import freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import Execution, GuardrailState
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL);
@@ -54,6 +65,32 @@ MIGRATIONS: tuple[str, ...] = (
 
 INTENT, OUTCOME = 1, 2
 """The values of ``decisions.audited`` (see ``MIGRATIONS``)."""
+
+APPLICATION_ID = 0x6770_6F70
+"""``PRAGMA application_id`` of a gpuops state file ("gpop"); files made before it have 0."""
+
+_TABLES = frozenset(
+    {"policy_state", "guardrails", "decisions", "controls", "approvals", "alert_inbox"}
+)
+"""Tables of every gpuops state file so far: a file from before ``APPLICATION_ID`` has one."""
+
+_HEADER = b"SQLite format 3\x00"
+_HEADER_SIZE = 100
+_INTEGRITY_LINES = 3
+"""How many lines of ``quick_check``'s complaints an error quotes."""
+
+
+class StateError(Exception):
+    """The state file cannot be used as it is; the message names the file and what is wrong.
+    Nothing was reset: ``gpuops state reset`` does that, keeping the file aside."""
+
+
+class StateRowError(StateError):
+    """One row of the state file cannot be decoded; the rest of the file is usable."""
+
+    def __init__(self, message: str, policy: str) -> None:
+        super().__init__(message)
+        self.policy = policy
 
 
 class Store(Protocol):
@@ -112,16 +149,34 @@ class Store(Protocol):
 
 
 class StateStore:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, previous_run: str | None = None) -> None:
+        """Open (or create) the state file at ``path``, or raise ``StateError``.
+
+        ``previous_run``: evidence that the engine ran with this file before (e.g. "the audit
+        spool var/audit was written before"), or None. With it, an empty file is an error (it
+        was truncated); without it, an empty file is taken as new (made by ``touch``)."""
         self.path = Path(path)
-        if str(path) != ":memory:":
+        memory = str(path) == ":memory:"
+        if not memory:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _check_file(self.path, previous_run)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
-        self._migrate()
+        try:
+            if not memory:
+                _check_database(self._db, self.path)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+            self._migrate()
+            if int(self._db.execute("PRAGMA application_id").fetchone()[0]) != APPLICATION_ID:
+                self._db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StateError(f"{self.path}: {_describe(self.path, exc)}") from exc
+        except BaseException:
+            self._db.close()
+            raise
 
     def _migrate(self) -> None:
         """Bring an older state file to ``MIGRATIONS``' version (``PRAGMA user_version``),
@@ -155,11 +210,33 @@ class StateStore:
 
     # --- policy state -------------------------------------------------------------------
     def policy_state(self, policy: str) -> PolicyState:
+        """The stored state of ``policy`` (empty when none), or ``StateRowError`` when its row
+        cannot be decoded."""
         with self._lock:
             row = self._db.execute(
                 "SELECT data FROM policy_state WHERE policy = ?", (policy,)
             ).fetchone()
-        return _policy_state_from_json(row[0]) if row else PolicyState()
+        if not row:
+            return PolicyState()
+        try:
+            return _policy_state_from_json(row[0])
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise StateRowError(
+                f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
+                policy,
+            ) from exc
+
+    def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
+        """Hand ``policy``'s raw row to ``keep``, then remove it (not when ``keep`` raises);
+        False when there was none. The repair of one bad row (``gpuops state reset --policy``)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT data FROM policy_state WHERE policy = ?", (policy,)).fetchone()
+            if row is None:
+                return False
+            keep(str(row[0]))
+            db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
+        return True
 
     def policy_names(self) -> list[str]:
         with self._lock:
@@ -178,11 +255,18 @@ class StateStore:
             row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
         if not row:
             return GuardrailState()
-        data = json.loads(row[0])
-        return GuardrailState(
-            freeze(data["last_action"]),
-            tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
-        )
+        try:
+            data = json.loads(row[0])
+            return GuardrailState(
+                freeze(data["last_action"]),
+                tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # engine-wide: without its windows no cooldown would hold, so nothing may act
+            raise StateError(
+                f"{self.path}: the guardrails row (cooldowns, rate windows) cannot be decoded"
+                f" ({type(exc).__name__}: {exc})"
+            ) from exc
 
     @staticmethod
     def save_guardrail_state(db: sqlite3.Connection, state: GuardrailState) -> None:
@@ -274,7 +358,7 @@ class StateStore:
                         f" AND id IN ({','.join('?' * len(chunk))}) ORDER BY at",
                         tuple(chunk),
                     ).fetchall()
-        return [(_decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
+        return [(self._decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
 
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
@@ -293,7 +377,7 @@ class StateStore:
             row = self._db.execute(
                 "SELECT data, status, outcome FROM decisions WHERE id = ?", (decision_id,)
             ).fetchone()
-        return _decision_row(row) if row else None
+        return self._decision_row(row) if row else None
 
     def prune(self, older_than: float) -> int:
         """Forget finished decisions and settled approvals older than ``older_than`` (the audit
@@ -314,7 +398,7 @@ class StateStore:
             rows = self._db.execute(
                 "SELECT data, status, outcome FROM decisions WHERE status = 'started' ORDER BY at"
             ).fetchall()
-        return [_decision_row(r) for r in rows]
+        return [self._decision_row(r) for r in rows]
 
     def decisions(
         self, policy: str | None = None, since: float | None = None, limit: int = 100
@@ -330,7 +414,16 @@ class StateStore:
         sql += " ORDER BY at DESC, rowid DESC LIMIT ?"
         args.append(limit)
         with self._lock:
-            return [_decision_row(r) for r in self._db.execute(sql, args)]
+            return [self._decision_row(r) for r in self._db.execute(sql, args)]
+
+    def _decision_row(self, row: tuple[str, str, str | None]) -> dict[str, Any]:
+        try:
+            return _decision_row(row)
+        except (ValueError, TypeError) as exc:
+            raise StateError(
+                f"{self.path}: a decisions row cannot be decoded ({type(exc).__name__}: {exc};"
+                f" it starts {str(row[0])[:80]!r})"
+            ) from exc
 
     # --- controls (kill switch, pause) -----------------------------------------------------
     def control(self, name: str) -> str | None:
@@ -484,6 +577,93 @@ class StateStore:
             db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
         alert: dict[str, Any] = json.loads(row[0])
         return alert
+
+
+def _check_file(path: Path, previous_run: str | None) -> None:
+    """Refuse, before SQLite opens it, a file that is not a state file: empty although the
+    engine ran before, or without the SQLite header."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:  # a new state file; deleting one is deliberate, but say so
+        if previous_run is not None:
+            log.warning("state file %s does not exist but %s: starting afresh", path, previous_run)
+        return
+    if size == 0:
+        if previous_run is not None:
+            raise StateError(
+                f"{path}: the state file is empty (0 bytes) but {previous_run}: it was truncated"
+                " or replaced"
+            )
+        return
+    with path.open("rb") as fh:
+        head = fh.read(_HEADER_SIZE)
+    if not head.startswith(_HEADER):
+        raise StateError(
+            f"{path}: not a gpuops state database (no SQLite header: starts with {head[:16]!r})"
+        )
+    if len(head) < _HEADER_SIZE:
+        raise StateError(
+            f"{path}: not a gpuops state database (truncated: {size} bytes, shorter than the"
+            f" {_HEADER_SIZE}-byte SQLite header)"
+        )
+
+
+def _check_database(db: sqlite3.Connection, path: Path) -> None:
+    """Refuse a foreign SQLite database (another application's id, or none of our tables)
+    and one that fails ``PRAGMA quick_check``."""
+    app_id = int(db.execute("PRAGMA application_id").fetchone()[0])
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables and not tables & _TABLES):
+        found = f"application_id {app_id:#x}" if app_id else f"tables {', '.join(sorted(tables))}"
+        raise StateError(f"{path}: not a gpuops state database (an SQLite database with {found})")
+    problems = [str(r[0]) for r in db.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        shown = "; ".join(problems[:_INTEGRITY_LINES])
+        more = len(problems) - _INTEGRITY_LINES
+        shown += f"; and {more} more" if more > 0 else ""
+        raise StateError(f"{path}: corrupt state database (quick_check: {shown}){_size_note(path)}")
+
+
+def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
+    text = str(exc)
+    if "not a database" in text:
+        return f"not a gpuops state database ({text})"
+    return f"corrupt state database ({text}){_size_note(path)}"
+
+
+def _size_note(path: Path) -> str:
+    """ ", truncated: …" when the file is shorter than its header says."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_HEADER_SIZE)
+        size = path.stat().st_size
+    except OSError:
+        return ""
+    if len(head) < _HEADER_SIZE:
+        return ""
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    expected = page_size * pages
+    if 0 < size < expected:
+        return f", truncated: {size} bytes of the {expected} its header says"
+    return ""
+
+
+def reset(path: Path, now: float | None = None) -> Path | None:
+    """Put the state file at ``path`` (and its ``-wal``/``-shm`` files) aside as
+    ``NAME.broken-YYYYmmddTHHMMSSZ`` and return the new name (None when there was no file). The
+    next open starts afresh. The caller audits it; the engine must not be running."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    aside = path.with_name(f"{path.name}.broken-{stamp}")
+    if not path.exists():
+        return None
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        if extra.exists():
+            os.replace(extra, aside.with_name(aside.name + suffix))
+    os.replace(path, aside)
+    return aside
 
 
 def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -89,15 +89,20 @@ def create_app(
     @app.get("/healthz", tags=["meta"])
     def healthz() -> JSONResponse:
         """Health: the process answers, its state file can be read, and its audit spool takes
-        intents (503 with the reason when it does not: then no action runs)."""
+        intents (503 with the reason when it does not: then no action runs). ``degraded`` (200)
+        names the policies whose stored state cannot be read (not evaluated; docs/state.md)."""
         problem = engine.problem()
+        degraded = engine.degraded()
+        status = "unhealthy" if problem is not None else "degraded" if degraded else "ok"
         body: dict[str, Any] = {
-            "status": "ok" if problem is None else "unhealthy",
+            "status": status,
             "paused": engine.paused(),
             "kill_switch": engine.kill_switch_on(),
         }
         if problem is not None:
             body["reason"] = problem
+        if degraded:
+            body["degraded"] = degraded
         return JSONResponse(body, 200 if problem is None else 503)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse)

@@ -144,7 +144,8 @@ def decision_document(
 def skipped_document(
     skipped: SkippedEvaluation, host_name: str, namespace: str, now: float
 ) -> dict[str, Any]:
-    """The document of an evaluation that did not happen (its query failed)."""
+    """The document of an evaluation that did not happen (its query failed, or its stored state
+    could not be read: ``skipped.reason``)."""
     doc = _base(DECISION_DATASET, namespace, skipped.at, now)
     doc["event"].update(
         {
@@ -153,14 +154,14 @@ def skipped_document(
             "type": ["error"],
             "action": "skipped_evaluation",
             "outcome": "unknown",
-            "reason": "query failed",
+            "reason": skipped.reason,
         }
     )
-    doc["message"] = f"{skipped.policy} evaluation skipped: query failed: {skipped.error}"
+    doc["message"] = f"{skipped.policy} evaluation skipped: {skipped.reason}: {skipped.error}"
     doc["rule"] = {"name": skipped.policy, "ruleset": skipped.group}
     doc["host"] = {"name": host_name}
     doc["error"] = {"message": skipped.error}
-    doc["gpuops"] = {"verdict": "skipped", "reason": "query failed"}
+    doc["gpuops"] = {"verdict": "skipped", "reason": skipped.reason}
     return doc
 
 

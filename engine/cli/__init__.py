@@ -23,6 +23,7 @@ _COMMANDS = (
     ("engine.cli.exporter", "exporter"),
     ("engine.cli.rules", "rules"),
     ("engine.cli.audit", "audit"),
+    ("engine.cli.state", "state"),
     ("engine.cli.elk", "elk"),
     ("engine.cli.demo", "demo"),
     ("engine.cli.backtest", "backtest"),

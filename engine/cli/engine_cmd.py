@@ -17,6 +17,7 @@ from engine.api.tokens import TokenStore
 from engine.config import ConfigError, load_config
 from engine.rules.model import RulesError
 from engine.runtime import Engine
+from engine.state import StateError
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +46,20 @@ def run(config_path: Path, dry_run: bool) -> None:
         config = config.model_copy(
             update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}
         )
-    eng = Engine(config)
+    try:
+        eng = Engine(config)
+    except StateError as exc:  # never a silent reset: gpuops state reset does that
+        raise _state_refused(exc, config_path) from None
     # the API's users, TLS files and port are checked before the engine evaluates anything
     api, users = _prepare_api(eng) if config.api.listen else (None, None)
     try:
         eng.start()
-    except RulesError as exc:
+    except (RulesError, StateError) as exc:
         eng.stop()
         if api is not None:
             api.stop()
+        if isinstance(exc, StateError):
+            raise _state_refused(exc, config_path) from None
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
     if api is not None:
         _serve(eng, api)
@@ -93,6 +99,13 @@ def run(config_path: Path, dry_run: bool) -> None:
         eng.stop()
         if server is not None:
             server.shutdown()
+
+
+def _state_refused(exc: StateError, config_path: Path) -> click.ClickException:
+    return click.ClickException(
+        f"{exc}\nnothing was changed; `gpuops state reset --config {config_path}` keeps it"
+        " aside and starts afresh (docs/state.md)"
+    )
 
 
 def _prepare_api(eng: Engine) -> tuple[ApiServer, TokenStore]:

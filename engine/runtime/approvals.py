@@ -22,7 +22,7 @@ from engine.runtime.controls import Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import Gate
 from engine.runtime.rulebook import Rulebook
-from engine.state import Store
+from engine.state import StateRowError, Store
 
 
 class ApprovalError(Exception):
@@ -78,10 +78,14 @@ class Approvals:
             raise ApprovalError(f"policy {decision.policy!r} is no longer loaded")
         population = self._cycle.population(policy, now, (decision,))  # a query: no locks held
         with self._locks.policy(policy.name), self._locks.engine:
+            try:
+                state = self._store.policy_state(policy.name)
+            except StateRowError as exc:  # docs/state.md: reset that policy's state first
+                raise ApprovalError(f"not granted: {exc}") from exc
             judgement = judge_step(
                 policy,
                 (decision,),
-                self._store.policy_state(policy.name),
+                state,
                 self._store.guardrail_state(),
                 self._cycle.context(population, approved=True),
                 now,

@@ -27,7 +27,7 @@ from engine.records import decision_doc
 from engine.rules.model import Group, Policy, cron_time
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
-from engine.state import Store
+from engine.state import StateRowError, Store
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Cycle:
         self._freshness = freshness
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
+        self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
@@ -105,7 +106,12 @@ class Cycle:
         now = self._clock() if now is None else now
         self._metrics.evaluations.labels(policy.group, policy.name).inc()
         with self._locks.policy(policy.name):  # one writer of this policy's state at a time
-            state = self._store.policy_state(policy.name)
+            try:
+                state = self._store.policy_state(policy.name)
+            except StateRowError as exc:  # this policy only, visibly (docs/state.md)
+                self._unreadable(policy, now, exc)
+                return []
+            self.unreadable.pop(policy.name, None)
             result = self._query(policy, now, has_firing=bool(state.firing()))
             step = evaluate(policy, result, state, now, self._freshness(policy))
             if step.skipped is not None:
@@ -114,6 +120,11 @@ class Cycle:
             self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
             population = self.population(policy, now, step.decisions) if step.decisions else None
             return list(self.commit(policy, step.decisions, step.state, now, population).decisions)
+
+    def _unreadable(self, policy: Policy, now: float, exc: StateRowError) -> None:
+        self.unreadable[policy.name] = str(exc)
+        self._metrics.state_errors.labels(policy.name).inc()
+        self._skipped(SkippedEvaluation(policy.name, policy.group, now, str(exc), "bad state"))
 
     def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
         assert policy.expr is not None

@@ -24,6 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from engine.actions.base import ExecutorRegistry, RetryPolicy
 from engine.audit import AuditLog, AuditSettings
+from engine.audit.spool import segment_paths
 from engine.config import EngineConfig
 from engine.decisions import Decision, SkippedEvaluation
 from engine.evaluation import Freshness
@@ -38,7 +39,7 @@ from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
 from engine.runtime.quota import QuotaManager, QuotaStore
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateStore, Store
+from engine.state import StateError, StateStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Engine:
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
+        ran_before = previous_run(config)  # before the audit log marks its spool
         self.metrics = metrics or EngineMetrics.create()
         self.registry = executors or ExecutorRegistry.from_entry_points()
         self.audit = audit or AuditLog(
@@ -87,7 +89,12 @@ class Engine:
         self.prometheus = prometheus or PrometheusClient(
             config.prometheus.url, timeout_s=config.prometheus.timeout
         )
-        self.store: Store = StateStore(config.state_file)
+        try:
+            self.store: Store = StateStore(config.state_file, ran_before)
+        except StateError:
+            if audit is None:
+                self.audit.close()
+            raise
         self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
         self.locks = Locks()
         self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
@@ -188,6 +195,12 @@ class Engine:
         """Why the engine cannot act now (its audit spool is not writable), or None."""
         return self.gate.problem
 
+    def degraded(self) -> dict[str, str]:
+        """The policies that cannot be evaluated because their stored state cannot be read,
+        with the reason (``/healthz`` names them; docs/state.md); a policy no longer loaded
+        is not named."""
+        return {p: r for p, r in dict(self.cycle.unreadable).items() if self.rules.policy(p)}
+
     # --- evaluation, alerts, approvals ------------------------------------------------------
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         self.cycle.evaluate_group(group, scheduled)
@@ -224,9 +237,11 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Load rules (a bad rule set at start is fatal), start audit, reconcile the audit with
+        """Check the guardrail windows decode (``StateError`` when not), load rules (a bad
+        rule set at start is fatal), start audit, reconcile the audit with
         the state file and resume interrupted actions, start the alert inbox and the scheduler
         (groups, approvals expiry, quota ends, pruning, rule watch, audit retry)."""
+        self.store.guardrail_state()  # engine-wide rows decode, or StateError (docs/state.md)
         self.reload(strict=True)
         self.audit.start()
         self.gate.resume()
@@ -328,3 +343,12 @@ def _discard(func: Callable[[], object]) -> Callable[[], None]:
         func()
 
     return job
+
+
+def previous_run(config: EngineConfig) -> str | None:
+    """Evidence that an engine ran with this configuration before (its audit spool holds a
+    writer lock file or segments), or None: an empty state file is then an error, not new."""
+    spool = config.audit.spool_dir
+    if (spool / ".lock").exists() or segment_paths(spool):
+        return f"the audit spool {spool} shows the engine ran before"
+    return None

@@ -1,0 +1,426 @@
+"""State integrity (issue 10, breakage 4), reproduced and now holding.
+
+Main: a state file truncated to 0 bytes was a silent reset (3 targets re-fired inside their 1 h
+cooldown); garbage exited with ``file is not a database`` and no file name; one invalid JSON row
+in ``policy_state`` was a traceback every cycle with 0 decisions and 0 audit. Now each is an
+error naming the file and what is wrong, ``gpuops state reset`` is the one (audited) reset, and a
+bad row skips only its policy, audited, counted and named by ``/healthz``.
+
+A scripted Prometheus, a recording executor, an injected clock; the CLI through click's runner
+and, for the exit status and the missing traceback, once as a real process.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from engine.actions.base import ExecutorRegistry
+from engine.api import ApiServer, create_app
+from engine.audit.spool import read_spool
+from engine.cli import cli
+from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
+from engine.decisions import Decision, Sample, freeze
+from engine.runtime import Engine
+from engine.runtime.approvals import ApprovalError
+from engine.state import StateError
+
+RULES = """
+groups:
+  - name: g
+    interval: 10s
+    rules:
+      - policy: reclaim
+        expr: idle
+        for: 0s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        cooldown: 1h
+        mode: enforce
+      - policy: downclock
+        expr: cool
+        for: 0s
+        target: [uuid]
+        action: {type: downclock, executor: log}
+        mode: enforce
+      - policy: approved
+        expr: ask
+        for: 0s
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+        mode: enforce
+        approval: required
+"""
+
+TARGETS = [{"uuid": f"GPU-{i}"} for i in range(3)]
+
+
+class Prometheus:
+    def __init__(self) -> None:
+        self.results: dict[str, list[dict[str, str]]] = {}
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
+
+    def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
+        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
+
+
+class Recording:
+    verbs = None
+
+    def __init__(self) -> None:
+        self.ran: list[Decision] = []
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        self.ran.append(decision)
+        return {}
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.state = tmp / "state.sqlite"
+        self.spool = tmp / "audit"
+        self.prom = Prometheus()
+        self.log = Recording()
+        self.now = 2_000_000.0
+        self.engines: list[Engine] = []
+        (tmp / "rules").mkdir()
+        (tmp / "rules" / "p.yaml").write_text(RULES)
+        self.config_file = tmp / "engine.yaml"
+        self.config_file.write_text(
+            "prometheus: {url: 'http://127.0.0.1:9'}\n"
+            "rules: [rules]\n"
+            "state_file: state.sqlite\n"
+            "audit: {spool_dir: audit}\n"
+            "metrics_listen: null\n"
+        )
+
+    def engine(self) -> Engine:
+        registry = ExecutorRegistry()
+        registry.register("log", lambda s: self.log)
+        config = EngineConfig(
+            prometheus=PrometheusSettings(url="http://unused"),
+            rules=[self.tmp / "rules"],
+            state_file=self.state,
+            audit=AuditConfig(spool_dir=self.spool),
+            metrics_listen=None,
+        )
+        engine = Engine(
+            config,
+            clock=lambda: self.now,
+            executors=registry,
+            prometheus=self.prom,  # type: ignore[arg-type]
+        )
+        self.engines.append(engine)
+        engine.reload(strict=True)
+        return engine
+
+    def evaluate(self, engine: Engine, policy: str) -> list[Decision]:
+        found = engine.rules.policy(policy)
+        assert found is not None
+        decisions = engine.evaluate_policy(found)
+        assert engine.wait_idle(10)
+        return decisions
+
+    def ran_once_and_stopped(self) -> None:
+        """An engine reclaimed the 3 targets (1 h cooldown) and stopped."""
+        engine = self.engine()
+        self.prom.results["idle"] = TARGETS
+        self.evaluate(engine, "reclaim")
+        assert len(self.log.ran) == 3
+        engine.stop()
+
+    def docs(self) -> list[dict[str, Any]]:
+        return list(read_spool(self.spool))
+
+    def gpuops(self, *args: str) -> Any:
+        return CliRunner().invoke(cli, [*args, "--config", str(self.config_file)])
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = World(tmp_path)
+    yield w
+    for engine in w.engines:
+        engine.stop()
+
+
+def pad(world: World) -> None:
+    """Grow the state file to some 30 pages, all in the main file (no WAL left)."""
+    db = sqlite3.connect(world.state)
+    with db:
+        db.executemany(
+            "INSERT INTO controls VALUES (?, ?)", [(f"pad-{i}", "x" * 400) for i in range(200)]
+        )
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+
+
+def refused(world: World) -> str:
+    with pytest.raises(StateError) as caught:
+        world.engine()
+    return str(caught.value)
+
+
+# --- files that cannot be trusted -----------------------------------------------------------
+
+
+def test_a_state_file_truncated_to_zero_bytes_is_an_error_not_a_silent_reset(
+    world: World,
+) -> None:
+    """Main: the empty file was a new state; the 3 targets re-fired inside their cooldown."""
+    world.ran_once_and_stopped()
+    world.state.write_bytes(b"")
+    message = refused(world)
+    assert message == (
+        f"{world.state}: the state file is empty (0 bytes) but the audit spool {world.spool}"
+        " shows the engine ran before: it was truncated or replaced"
+    )
+    assert world.state.stat().st_size == 0, "the refused file was changed"
+    assert len(world.log.ran) == 3
+
+
+def test_an_empty_file_before_any_run_is_a_new_state(world: World) -> None:
+    world.state.write_bytes(b"")  # e.g. made by touch or a provisioning tool
+    engine = world.engine()
+    world.prom.results["idle"] = TARGETS[:1]
+    assert [d.verdict for d in world.evaluate(engine, "reclaim")] == ["execute"]
+
+
+def test_a_deleted_state_file_after_a_run_starts_afresh_with_a_warning(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.ran_once_and_stopped()
+    world.state.unlink()
+    world.engine()
+    assert (
+        f"state file {world.state} does not exist but the audit spool {world.spool} shows the"
+        " engine ran before: starting afresh"
+    ) in caplog.messages
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        pytest.param(
+            lambda data: b"\x00garbage\xff" * 100,
+            "not a gpuops state database (no SQLite header: starts with",
+            id="garbage",
+        ),
+        pytest.param(
+            lambda data: data[:60],
+            "not a gpuops state database (truncated: 60 bytes, shorter than the 100-byte",
+            id="cut-in-the-header",
+        ),
+        pytest.param(
+            lambda data: data[: len(data) // 2],
+            "corrupt state database (",
+            id="truncated",
+        ),
+        pytest.param(
+            lambda data: data[: 3 * 4096] + bytes(range(256)) * 16 + data[4 * 4096 :],
+            "corrupt state database (",
+            id="one-page-overwritten",
+        ),
+    ],
+)
+def test_a_damaged_state_file_is_an_error_naming_the_file_and_what_is_wrong(
+    world: World, damage: Any, expected: str
+) -> None:
+    world.ran_once_and_stopped()
+    pad(world)  # pages enough to damage one in the middle
+    data = world.state.read_bytes()
+    assert len(data) > 8 * 4096
+    broken = damage(data)
+    world.state.write_bytes(broken)
+    message = refused(world)
+    assert message.startswith(f"{world.state}: {expected}"), message
+    assert world.state.read_bytes() == broken, "the refused file was changed"
+
+
+def test_truncation_says_how_much_is_missing(world: World) -> None:
+    world.ran_once_and_stopped()
+    pad(world)
+    data = world.state.read_bytes()
+    world.state.write_bytes(data[: 2 * 4096])
+    assert refused(world).endswith(f", truncated: 8192 bytes of the {len(data)} its header says")
+
+
+def test_another_sqlite_database_is_not_a_state_file(world: World) -> None:
+    with sqlite3.connect(world.state) as db:
+        db.execute("CREATE TABLE jobs (id INTEGER)")
+    assert refused(world) == (
+        f"{world.state}: not a gpuops state database (an SQLite database with tables jobs)"
+    )
+
+
+def test_engine_run_on_garbage_exits_1_naming_the_file_without_a_traceback(
+    world: World,
+) -> None:
+    """Main: exit 1 with ``file is not a database``, no file name."""
+    world.state.write_bytes(os.urandom(4096).replace(b"SQLite", b"xxxxxx"))
+    gpuops = Path(sys.executable).with_name("gpuops")
+    run = subprocess.run(
+        [str(gpuops), "engine", "run", "--config", str(world.config_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith(f"Error: {world.state}: not a gpuops state database ("), run.stderr
+    assert "gpuops state reset --config" in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+
+
+# --- the explicit reset ---------------------------------------------------------------------
+
+
+def test_state_reset_keeps_the_broken_file_aside_and_is_audited(world: World) -> None:
+    world.ran_once_and_stopped()
+    world.state.write_bytes(b"")
+    assert world.gpuops("state", "check").exit_code == 1
+    result = world.gpuops("state", "reset")
+    assert result.exit_code == 0, result.output
+    (aside,) = world.tmp.glob("state.sqlite.broken-*")
+    assert aside.read_bytes() == b""
+    assert f"the old one kept as {aside}" in result.output
+    (doc,) = [d for d in world.docs() if d.get("event", {}).get("action") == "state.reset"]
+    assert doc["event"]["outcome"] == "success"
+    assert doc["gpuops"]["operation"]["details"]["kept_as"] == str(aside)
+    assert "empty (0 bytes)" in doc["gpuops"]["operation"]["details"]["problem"]
+    assert world.gpuops("state", "check").output == f"{world.state}: OK\n"
+    world.engine()  # opens the fresh file
+
+
+def test_state_reset_refuses_while_an_engine_runs(world: World) -> None:
+    world.engine()  # holds the audit spool's writer lock
+    result = world.gpuops("state", "reset")
+    assert result.exit_code == 1
+    assert "stop the engine before resetting its state" in result.output
+    assert not list(world.tmp.glob("state.sqlite.broken-*"))
+
+
+# --- one bad row ----------------------------------------------------------------------------
+
+
+def break_row(world: World, policy: str) -> None:
+    with sqlite3.connect(world.state) as db:
+        changed = db.execute(
+            'UPDATE policy_state SET data = \'{"GPU-0": {"status": \' WHERE policy = ?',
+            (policy,),
+        ).rowcount
+    assert changed == 1
+
+
+def test_a_bad_row_skips_only_its_policy_audited_counted_and_named_by_healthz(
+    world: World,
+) -> None:
+    """Main: a traceback every cycle, 0 decisions, 0 audit, the engine healthy."""
+    world.ran_once_and_stopped()
+    break_row(world, "reclaim")
+    engine = world.engine()
+    server = ApiServer(create_app(engine, ApiSettings(), environ={}), "127.0.0.1:0", None, None)
+    server.start()
+    try:
+        world.now += 7200  # past the cooldown: a reset state would re-fire
+        assert world.evaluate(engine, "reclaim") == []
+        world.prom.results["cool"] = TARGETS[:1]
+        assert [d.verdict for d in world.evaluate(engine, "downclock")] == ["execute"]
+        health = requests.get(f"{server.url}/healthz", timeout=10)
+    finally:
+        server.stop()
+    assert len(world.log.ran) == 4  # the 3 reclaims before, the downclock now
+    (skipped,) = [d for d in world.docs() if d["event"]["action"] == "skipped_evaluation"]
+    assert skipped["rule"]["name"] == "reclaim"
+    assert skipped["gpuops"]["reason"] == "bad state"
+    reason = skipped["error"]["message"]
+    assert reason.startswith(f"{world.state}: policy_state row of 'reclaim' cannot be decoded (")
+    assert engine.metrics.registry.get_sample_value(
+        "gpuops_engine_state_errors_total", {"policy": "reclaim"}
+    ) == pytest.approx(1)
+    assert health.status_code == 200
+    assert health.json()["status"] == "degraded"
+    assert health.json()["degraded"] == {"reclaim": reason}
+
+
+def test_state_reset_of_one_policy_keeps_its_row_aside_and_heals(world: World) -> None:
+    world.ran_once_and_stopped()
+    break_row(world, "reclaim")
+    engine = world.engine()
+    assert world.evaluate(engine, "reclaim") == []
+    assert "reclaim" in engine.degraded()
+    engine.stop()
+    result = world.gpuops("state", "reset", "--policy", "reclaim")
+    assert result.exit_code == 0, result.output
+    (aside,) = world.tmp.glob("state.sqlite.policy-reclaim.broken-*")
+    assert aside.read_text() == '{"GPU-0": {"status": '
+    (doc,) = [d for d in world.docs() if d["event"]["action"] == "state.reset_policy"]
+    assert doc["gpuops"]["operation"]["details"] == {
+        "state_file": str(world.state),
+        "policy": "reclaim",
+        "kept_as": str(aside),
+    }
+    engine = world.engine()
+    world.now += 7200  # past the cooldown, which the guardrail windows still remember
+    decisions = world.evaluate(engine, "reclaim")  # a fresh policy state: a new episode
+    assert [d.verdict for d in decisions] == ["execute"] * 3
+    assert engine.degraded() == {}
+
+
+def test_state_check_names_a_bad_row_and_the_engine_refuses_a_bad_guardrails_row(
+    world: World,
+) -> None:
+    """The guardrail windows are engine-wide: without them no cooldown holds, so the engine
+    does not start (a bad policy row only skips its policy)."""
+    world.ran_once_and_stopped()
+    break_row(world, "reclaim")
+    check = world.gpuops("state", "check")
+    assert check.exit_code == 1
+    assert f"{world.state}: policy_state row of 'reclaim' cannot be decoded (" in check.output
+    with sqlite3.connect(world.state) as db:
+        db.execute("UPDATE guardrails SET data = '{\"recent\": []}'")
+    engine = world.engine()
+    with pytest.raises(StateError) as caught:
+        engine.start()
+    assert str(caught.value) == (
+        f"{world.state}: the guardrails row (cooldowns, rate windows) cannot be decoded"
+        " (KeyError: 'last_action')"
+    )
+    assert world.log.ran[3:] == []
+
+
+def test_a_bad_decisions_row_stops_the_start_naming_the_file(world: World) -> None:
+    world.ran_once_and_stopped()
+    with sqlite3.connect(world.state) as db:
+        db.execute("UPDATE decisions SET data = 'nope', audited = 0 WHERE rowid = 1")
+    engine = world.engine()
+    with pytest.raises(StateError) as caught:
+        engine.start()
+    assert str(caught.value).startswith(f"{world.state}: a decisions row cannot be decoded (")
+
+
+def test_granting_an_approval_of_a_policy_with_a_bad_row_is_refused_with_the_reason(
+    world: World,
+) -> None:
+    engine = world.engine()
+    world.prom.results["ask"] = TARGETS[:1]
+    (waiting,) = world.evaluate(engine, "approved")
+    assert waiting.verdict == "awaiting_approval"
+    break_row(world, "approved")
+    with pytest.raises(ApprovalError) as caught:
+        engine.grant(waiting.id, "alice")
+    assert str(caught.value).startswith(
+        f"not granted: {world.state}: policy_state row of 'approved' cannot be decoded ("
+    )
+    assert world.log.ran == []
