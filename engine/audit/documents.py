@@ -122,6 +122,8 @@ def decision_document(
             "observed_at": iso(decision.evidence.observed_at),
         },
     }
+    if decision.held_repeats:  # the suppression before this record, decided again unrecorded
+        gpuops["decision"]["held_repeats"] = decision.held_repeats
     if decision.evidence.pending_since is not None:
         gpuops["evidence"]["pending_since"] = iso(decision.evidence.pending_since)
     if decision.labels:

@@ -81,6 +81,9 @@ class Prometheus:
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
 
+    def sample_age(self, exprs: object, at: float | None = None) -> float | None:
+        return None  # freshness is tested in test_freshness.py
+
 
 class Executor:
     """Records what it ran; blocks while ``gate`` is clear; raises what ``fail`` returns."""
@@ -626,7 +629,9 @@ def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
     )
     assert [d.policy for d in world.log.ran] == ["reclaim"]
     (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
-    assert resolve["gpuops"]["verdict"] == "suppressed:kill_switch"  # decided, not forgotten
+    # decided, not forgotten; nothing ran, so the kill switch held nothing back (issue 16)
+    assert resolve["gpuops"]["verdict"] == "execute" and "action" not in resolve["gpuops"]
+    assert "nothing to undo" in resolve["gpuops"]["reason"]
 
 
 def test_an_admin_retries_a_permanent_failure(world: World) -> None:
