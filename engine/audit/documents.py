@@ -110,7 +110,11 @@ def decision_document(
     doc["host"] = {"name": host_name}
     doc["labels"] = {str(k): str(v) for k, v in decision.target.labels.items()}
     gpuops: dict[str, Any] = {
-        "decision": {"id": decision.id, "episode_start": iso(decision.episode_start)},
+        "decision": {
+            "id": decision.id,
+            "episode_start": iso(decision.episode_start),
+            "repeat": decision.repeat,
+        },
         "verdict": decision.verdict,
         "reason": decision.reason,
         "transition": decision.transition.value,

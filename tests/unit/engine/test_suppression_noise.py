@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from engine.api.routes.decisions import explain_decision
+from engine.audit.anomalies import AnomalySettings, find_anomalies
+from engine.audit.search import SpoolBackend
 from engine.runtime import Engine
 from tests.unit.engine.test_runtime import RULES, audit_docs, cycle, make  # noqa: F401
 
@@ -48,6 +50,23 @@ def test_a_clear_without_on_clear_is_neither_stored_nor_audited(make) -> None:  
     assert _clears(make.dir) == []
     assert engine.store.policy_state("reclaim").targets == {}  # the state did clear
     assert [d["gpuops"]["decision"]["id"] for d in audit_docs(make.dir)] == [fire.id, fire.id]
+
+
+def test_flapping_without_on_clear_is_still_found_from_the_fires(make) -> None:  # noqa: F811
+    engine = make()
+    for _ in range(3):  # three episodes, their clears unrecorded
+        make.prom.results["util < 0.2"] = [{"uuid": "a"}]
+        cycle(engine, 3600)  # past the cooldown
+        cycle(engine, 60)
+        make.prom.results["util < 0.2"] = []
+        cycle(engine, 10)
+    engine.audit.close()
+    assert _clears(make.dir) == []
+    window = AnomalySettings(since=0, until=make.clock.now + 3600)
+    found = find_anomalies(SpoolBackend(make.dir / "audit"), window)
+    assert [(f.check, f.keys, f.count) for f in found if f.check == "flapping_policy"] == [
+        ("flapping_policy", {"policy": "reclaim", "target": "uuid=a"}, 3)
+    ]
 
 
 def test_under_the_kill_switch_or_pause_a_clear_with_nothing_to_undo_is_not_held(
