@@ -14,6 +14,8 @@ from typing import Any
 from engine.api.routes.decisions import explain_decision
 from engine.audit.anomalies import AnomalySettings, find_anomalies
 from engine.audit.search import SpoolBackend
+from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition
+from engine.demo_report import DemoReport
 from engine.runtime import Engine
 from tests.unit.engine.test_runtime import RULES, audit_docs, cycle, make  # noqa: F401
 
@@ -140,3 +142,27 @@ def test_a_target_held_by_max_fraction_is_recorded_once_and_counted(
     assert verdicts == ["suppressed:max_fraction", "suppressed:kill_switch", "execute", "execute"]
     assert docs[1]["gpuops"]["decision"]["held_repeats"] == 11
     assert "held_repeats" not in docs[0]["gpuops"]["decision"]
+
+
+def test_the_demo_summary_counts_the_unrecorded_repeats() -> None:
+    def decision(verdict: str, held_repeats: int = 0) -> Decision:
+        return Decision(
+            id=verdict,
+            policy="migrate-off-down-nodes",
+            group="g",
+            target=Target("node=n1", {"node": "n1"}),
+            transition=Transition.FIRE,
+            action=ActionSpec("migrate", "fleet"),
+            evidence=Evidence("up == 0", 0.0, 1.0, 2.0),
+            at=2.0,
+            episode_start=1.0,
+            verdict=verdict,
+            held_repeats=held_repeats,
+        )
+
+    report = DemoReport()
+    report.add(decision("suppressed:max_fraction"), None)
+    assert "decided them again" not in report.summary(60)
+    report.add(decision("suppressed:kill_switch", held_repeats=3), None)
+    report.add_repeats(2)  # still held at the end
+    assert "the engine decided them again 5 times without new records" in report.summary(60)
