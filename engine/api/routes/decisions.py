@@ -15,6 +15,7 @@ from engine.api.context import ApiContext, api_context
 from engine.api.routes.rules import policy_doc
 from engine.api.schemas import ID_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
+from engine.decisions import Suppression
 from engine.records import decision_doc
 from engine.runtime.approvals import ApprovalError
 from engine.runtime.gate import RetryError
@@ -107,11 +108,25 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_REDECIDED = frozenset(
+    s.verdict
+    for s in (
+        Suppression.KILL_SWITCH,
+        Suppression.PAUSED,
+        Suppression.COOLDOWN,
+        Suppression.MAX_PER_HOUR,
+        Suppression.MAX_FRACTION,
+        Suppression.GLOBAL_BUDGET,
+    )
+)
+"""The suppressions a target's fire is decided again after (recorded once, then counted)."""
+
+
 def _suppression(ctx: ApiContext, row: dict[str, Any]) -> dict[str, Any] | None:
     """The suppression this decision recorded (still holding its target now, and how many
     re-decisions repeated it without a record), or the one before it that it ended."""
     held_before = int(row.get("held_repeats") or 0)
-    if not row["verdict"].startswith("suppressed:") or row["transition"] != "fire":
+    if row["verdict"] not in _REDECIDED or row["transition"] != "fire":
         if not held_before:
             return None
         return {
@@ -134,7 +149,10 @@ def _suppression(ctx: ApiContext, row: dict[str, Any]) -> dict[str, Any] | None:
             f"{repeats} times since without a new record"
         )
     else:
-        text = f"this suppression no longer holds (from {_iso(row['at'])})"
+        text = (
+            f"recorded {_iso(row['at'])}; no longer what holds the target back (it acted, "
+            "cleared, or a later decision has another verdict)"
+        )
     if held_before:
         text += f"; {held_before} unrecorded repeats of an earlier suppression came before it"
     return {"current": current, "since": row["at"], "repeats": repeats, "explanation": text}
