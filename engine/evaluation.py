@@ -64,8 +64,9 @@ class TargetState:
     """A fire (or, while clearing, a clear) that the guardrails held back is decided again at
     this time if the target is still in the same state."""
     held: str | None = None
-    """The suppression verdict (``suppressed:max_fraction``) holding this target's fire back
-    now, as last recorded; a re-decision with the same verdict is not recorded again."""
+    """The suppression verdict (``suppressed:max_fraction``) holding this target's fire (or,
+    while clearing, its undo) back now, as last recorded; a re-decision with the same verdict
+    is not recorded again."""
     held_since: float | None = None
     """When ``held`` was recorded (the ``at`` of its decision)."""
     held_repeats: int = 0
@@ -174,6 +175,9 @@ def evaluate(
                 repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
                 fired_at=prev.fired_at or now,
                 last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
+                held=None,  # the undo's suppression is not the fire's
+                held_since=None,
+                held_repeats=0,
             )
         current = _observe(prev, target, sample, now, freshness.max_gap_s)
         current, decision = _advance(policy, target, current, now)
@@ -191,6 +195,7 @@ def evaluate(
             if prev.retry_at is not None and now >= prev.retry_at:
                 retry = replace(prev, repeats=prev.repeats + 1)
                 decisions.append(_decide(policy, target, retry, Transition.CLEAR, now, prev.value))
+                targets[key] = retry  # ``settle_all`` drops it once the undo may run
             else:
                 targets[key] = prev
             continue
@@ -408,8 +413,25 @@ def settle_all(
                 )
             else:
                 targets[key] = _unheld(current)
-        elif decision.transition is not Transition.FIRE and held and current is None:
-            targets[key] = _clearing(decision, retry_at(decision))  # an undo that did not run
+        elif decision.transition is not Transition.FIRE:
+            retrying = current is not None and current.status is Status.CLEARING
+            if held and retrying and current is not None and current.held == decision.verdict:
+                repeats.add(decision.id)  # the undo is still held back for the same reason
+                targets[key] = replace(
+                    current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
+                )
+                out.append(decision)
+                continue
+            if retrying and current is not None and current.held is not None:
+                decision = replace(decision, held_repeats=current.held_repeats)
+            if held:  # an undo that did not run: tried again
+                targets[key] = replace(
+                    _clearing(decision, retry_at(decision)),
+                    held=decision.verdict,
+                    held_since=decision.at,
+                )
+            elif retrying:
+                del targets[key]  # the undo runs (or has nothing to run): the episode ends
         out.append(decision)
     return Settled(PolicyState(freeze(targets)), tuple(out), frozenset(repeats))
 

@@ -126,7 +126,7 @@ def _suppression(ctx: ApiContext, row: dict[str, Any]) -> dict[str, Any] | None:
     """The suppression this decision recorded (still holding its target now, and how many
     re-decisions repeated it without a record), or the one before it that it ended."""
     held_before = int(row.get("held_repeats") or 0)
-    if row["verdict"] not in _REDECIDED or row["transition"] != "fire":
+    if row["verdict"] not in _REDECIDED or row["transition"] not in ("fire", "clear"):
         if not held_before:
             return None
         return {

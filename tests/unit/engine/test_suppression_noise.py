@@ -144,6 +144,42 @@ def test_a_target_held_by_max_fraction_is_recorded_once_and_counted(
     assert "held_repeats" not in docs[0]["gpuops"]["decision"]
 
 
+def test_an_undo_held_by_the_kill_switch_is_recorded_once_then_runs(
+    make,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    with_undo = RULES.replace("cooldown: 1h", "on_clear: {type: restore, executor: log}", 1)
+    (tmp_path / "rules" / "p.yaml").write_text(with_undo)
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "u"}]
+    cycle(engine)
+    cycle(engine, 60)
+    engine.set_control("kill_switch", True, "ops")
+    make.prom.results["util < 0.2"] = []
+    retries = [cycle(engine, 60) for _ in range(4)]  # the first clear, then three retries
+    assert all(d.verdict == "suppressed:kill_switch" for (d,) in retries)
+    assert [engine.store.decision(d.id) is not None for (d,) in retries] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    explained = _explain(engine, retries[0][0].id)["guardrails"]["suppression"]
+    assert explained["current"] is True and explained["repeats"] == 3
+    engine.set_control("kill_switch", False, "ops")
+    (ran,) = cycle(engine, 60)
+    assert ran.verdict == "execute" and ran.held_repeats == 3
+    assert [d.action.type for d in make.ran if d.action] == ["reclaim", "restore"]
+    assert engine.store.policy_state("reclaim").targets == {}
+    engine.audit.close()
+    clears = [(d["gpuops"]["verdict"], d["event"]["type"]) for d in _clears(make.dir)]
+    assert clears == [
+        ("suppressed:kill_switch", ["info"]),
+        ("execute", ["info"]),
+        ("execute", ["change"]),
+    ]
+
+
 def test_the_demo_summary_counts_the_unrecorded_repeats() -> None:
     def decision(verdict: str, held_repeats: int = 0) -> Decision:
         return Decision(
