@@ -82,7 +82,7 @@ class Prometheus:
         return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
 
     def sample_age(self, exprs: object, at: float | None = None) -> float | None:
-        return None  # freshness is tested in test_freshness.py
+        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
 
 
 class Executor:
