@@ -137,6 +137,10 @@ class Decision:
     mode: str = "enforce"
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     annotations: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    held_repeats: int = 0
+    """How many times the suppression recorded before this decision for its target was decided
+    again without a record (a target held by ``max_fraction`` for an hour: 59); not part of
+    the id."""
 
     def with_verdict(self, verdict: str, reason: str) -> Decision:
         return replace(self, verdict=verdict, reason=reason)

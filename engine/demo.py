@@ -136,6 +136,7 @@ class Demo:
                 self.say(f"engine: {policies} policies from {s.rules}")
                 self._play(fleet, stop)
             finally:
+                self.report.add_repeats(_held_repeats(engine))  # the store closes at stop
                 engine.stop()
             self.report.end_utilization = _allocated_utilization(fleet.control_url)
             self.report.counters = dict(_state(fleet.control_url).get("counters", {}))
@@ -286,3 +287,12 @@ def _allocated_utilization(url: str) -> float | None:
         if g.get("job")
     ]
     return sum(values) / len(values) if values else None
+
+
+def _held_repeats(engine: Engine) -> int:
+    """Re-decisions of the suppressions that still hold their targets (not recorded)."""
+    return sum(
+        t.held_repeats
+        for policy in engine.rules.policies()
+        for t in engine.store.policy_state(policy.name).targets.values()
+    )

@@ -62,6 +62,9 @@ class DemoReport:
     """Decided by a policy in dry-run: recorded, never executed."""
     held_back_record: dict[str, Any] | None = None
     """The audit document of the first held-back decision (AUDIT_FIELDS of it)."""
+    repeats: int = 0
+    """Re-decisions of a recorded suppression: counted (``held_repeats`` of the next record,
+    the targets' state, ``gpuops_engine_suppressed_total``), not recorded again."""
     start_utilization: float | None = None
     end_utilization: float | None = None
     counters: dict[str, int] = field(default_factory=dict)
@@ -70,6 +73,7 @@ class DemoReport:
 
     def add(self, decision: Decision, outcome: Outcome | None) -> None:
         self.decisions[(decision.policy, decision.transition.value, decision.verdict)] += 1
+        self.repeats += decision.held_repeats
         if outcome is not None:
             self.outcomes[outcome.status.value] += 1
         if decision.action is None:
@@ -86,6 +90,10 @@ class DemoReport:
             self.held_back.append(held)
         elif decision.verdict == "dry_run":
             self.dry_runs.append(held)
+
+    def add_repeats(self, held_now: int) -> None:
+        """Add the re-decisions of suppressions still holding their targets at the end."""
+        self.repeats += held_now
 
     def find_record(self, documents: Iterable[Mapping[str, Any]]) -> None:
         """Keep the audit record of the first held-back decision, from the spool."""
@@ -148,6 +156,13 @@ class DemoReport:
             if kind in WHY and kind not in seen:
                 seen.add(kind)
                 lines.append(f"    ({WHY[kind]})")
+        repeats = self.repeats
+        if repeats > 0:
+            lines.append(
+                f"  each is recorded once: the engine decided them again {_count(repeats, 'time')}"
+                " without new records (counted in gpuops_engine_suppressed_total; `gpuops "
+                "decisions explain ID` says whether one still holds and since when)"
+            )
         if self.held_back_record is not None:
             lines.append("  the audit record of the first one:")
             lines.append(f"    {json.dumps(self.held_back_record)}")

@@ -63,6 +63,15 @@ class TargetState:
     retry_at: float | None = None
     """A fire (or, while clearing, a clear) that the guardrails held back is decided again at
     this time if the target is still in the same state."""
+    held: str | None = None
+    """The suppression verdict (``suppressed:max_fraction``) holding this target's fire (or,
+    while clearing, its undo) back now, as last recorded; a re-decision with the same verdict
+    is not recorded again."""
+    held_since: float | None = None
+    """When ``held`` was recorded (the ``at`` of its decision)."""
+    held_repeats: int = 0
+    """Re-decisions of this target with the ``held`` verdict since it was recorded: counted,
+    not recorded (docs/policies.md, "Suppressions are recorded once")."""
 
     @property
     def acted(self) -> bool:
@@ -166,6 +175,9 @@ def evaluate(
                 repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
                 fired_at=prev.fired_at or now,
                 last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
+                held=None,  # the undo's suppression is not the fire's
+                held_since=None,
+                held_repeats=0,
             )
         current = _observe(prev, target, sample, now, freshness.max_gap_s)
         current, decision = _advance(policy, target, current, now)
@@ -183,6 +195,7 @@ def evaluate(
             if prev.retry_at is not None and now >= prev.retry_at:
                 retry = replace(prev, repeats=prev.repeats + 1)
                 decisions.append(_decide(policy, target, retry, Transition.CLEAR, now, prev.value))
+                targets[key] = retry  # ``settle_all`` drops it once the undo may run
             else:
                 targets[key] = prev
             continue
@@ -340,30 +353,91 @@ def evaluate_alert(
     )
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle`` hands back: the next state, the decisions (a recorded one after a run
+    of unrecorded repeats carries their count in ``held_repeats``) and the ids of those that
+    only repeat the suppression already recorded for their target (counted, not recorded)."""
+
+    state: PolicyState
+    decisions: tuple[Decision, ...]
+    repeats: frozenset[str] = frozenset()
+
+
 def settle(
     state: PolicyState,
     judged: Iterable[Decision],
     retry_at: Callable[[Decision], float],
 ) -> PolicyState:
+    """The next state of ``settle_all``."""
+    return settle_all(state, judged, retry_at).state
+
+
+def settle_all(
+    state: PolicyState,
+    judged: Iterable[Decision],
+    retry_at: Callable[[Decision], float],
+) -> Settled:
     """Feed the guardrails' verdicts back into the state: an executed (or dry-run) fire marks
     its target as acted on; a suppressed fire or a suppressed undo is decided again at
-    ``retry_at(decision)`` while the target stays in the same state."""
+    ``retry_at(decision)`` while the target stays in the same state. A suppressed fire whose
+    target is already held with the same verdict is a repeat: counted in the target's state,
+    not recorded again; the next recorded decision of the target carries the count."""
     targets = dict(state.targets)
+    out: list[Decision] = []
+    repeats: set[str] = set()
     for decision in judged:
         key = decision.target.key
         current = targets.get(key)
         held = decision.suppressed and decision.action is not None
-        if decision.transition is Transition.FIRE:
-            if current is None:
+        if decision.transition is Transition.FIRE and current is not None:
+            if held and current.held == decision.verdict:
+                repeats.add(decision.id)
+                targets[key] = replace(
+                    current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
+                )
+                out.append(decision)
                 continue
+            if current.held is not None:  # the suppression ends or its reason changes
+                decision = replace(decision, held_repeats=current.held_repeats)
             if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
                 ran = 1 if decision.action is not None else 0
-                targets[key] = replace(current, actions=current.actions + ran)
+                targets[key] = _unheld(replace(current, actions=current.actions + ran))
             elif held:
-                targets[key] = replace(current, retry_at=retry_at(decision))
-        elif held and current is None:  # an undo that did not run: keep trying
-            targets[key] = _clearing(decision, retry_at(decision))
-    return PolicyState(freeze(targets))
+                targets[key] = replace(
+                    current,
+                    retry_at=retry_at(decision),
+                    held=decision.verdict,
+                    held_since=decision.at,
+                    held_repeats=0,
+                )
+            else:
+                targets[key] = _unheld(current)
+        elif decision.transition is not Transition.FIRE:
+            retrying = current is not None and current.status is Status.CLEARING
+            if held and retrying and current is not None and current.held == decision.verdict:
+                repeats.add(decision.id)  # the undo is still held back for the same reason
+                targets[key] = replace(
+                    current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
+                )
+                out.append(decision)
+                continue
+            if retrying and current is not None and current.held is not None:
+                decision = replace(decision, held_repeats=current.held_repeats)
+            if held:  # an undo that did not run: tried again
+                targets[key] = replace(
+                    _clearing(decision, retry_at(decision)),
+                    held=decision.verdict,
+                    held_since=decision.at,
+                )
+            elif retrying:
+                del targets[key]  # the undo runs (or has nothing to run): the episode ends
+        out.append(decision)
+    return Settled(PolicyState(freeze(targets)), tuple(out), frozenset(repeats))
+
+
+def _unheld(state: TargetState) -> TargetState:
+    return replace(state, held=None, held_since=None, held_repeats=0)
 
 
 def failed(state: PolicyState, decision: Decision, retry_at: float | None) -> PolicyState:

@@ -6,7 +6,9 @@ Called by ``engine.runtime`` and ``engine.backtest`` (``judge_step``) after
 ``max_per_hour``, ``max_fraction`` of the policy's population (at least one target, so a small
 fleet is never left without any action), the global budget, then dry-run and approval. Undo
 actions (``clear``) pass cooldown and rate limits — restoring a GPU must never be blocked by the
-limits of the action it undoes. A policy's ``schedule`` needs no check here: such a policy is
+limits of the action it undoes; a decision without an action (a clear with nothing to undo)
+passes everything, the kill switch and pause included: nothing runs, so nothing is held back. A
+policy's ``schedule`` needs no check here: such a policy is
 only evaluated at its cron times. No I/O, no clock.
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from engine.decisions import EMPTY, Decision, Suppression, Transition, Verdict, freeze
-from engine.evaluation import PolicyState, settle
+from engine.evaluation import PolicyState, settle_all
 from engine.rules.model import MAX_COOLDOWN_S, Policy
 
 HOUR = 3600.0
@@ -88,6 +90,9 @@ class Judgement:
     policy_state: PolicyState | None
     """The policy's next state with the verdicts settled in (None when none was given)."""
     guardrails: GuardrailState
+    repeats: frozenset[str] = frozenset()
+    """Ids of the decisions that only repeat the suppression already recorded for their
+    target (``engine.evaluation.settle_all``): counted, not recorded or audited again."""
 
 
 def judge_step(
@@ -100,13 +105,15 @@ def judge_step(
 ) -> Judgement:
     """The one pure judge step of the live cycle, approvals, quota grants, Alertmanager
     triggers and backtests: verdicts for ``decisions`` (``judge_all``), then the verdicts fed
-    back into the policy's state (``engine.evaluation.settle``: what ran is undone on clear,
-    what was held back is decided again when the guardrail may allow it)."""
+    back into the policy's state (``engine.evaluation.settle_all``: what ran is undone on clear,
+    what was held back is decided again when the guardrail may allow it, and a re-decision
+    that repeats its target's recorded suppression is named in ``Judgement.repeats``)."""
     judged, after = judge_all(decisions, policy, guardrails, ctx, now)
-    if policy_state is not None:
-        retry = partial(retry_time, policy=policy, state=after, now=now)
-        policy_state = settle(policy_state, judged, retry)
-    return Judgement(tuple(judged), policy_state, after)
+    if policy_state is None:
+        return Judgement(tuple(judged), None, after)
+    retry = partial(retry_time, policy=policy, state=after, now=now)
+    settled = settle_all(policy_state, judged, retry)
+    return Judgement(settled.decisions, settled.state, after, settled.repeats)
 
 
 def judge(
@@ -168,11 +175,13 @@ def _verdict(
 def _suppression(
     decision: Decision, policy: Policy, window: _Window, ctx: Context, now: float
 ) -> tuple[Suppression, str] | None:
+    if decision.action is None:
+        return None  # nothing to run: nothing to hold back (a clear with nothing to undo)
     if ctx.kill_switch:
         return Suppression.KILL_SWITCH, "the kill switch is on: no action runs"
     if ctx.paused:
         return Suppression.PAUSED, "the engine is paused"
-    if decision.transition is not Transition.FIRE or decision.action is None:
+    if decision.transition is not Transition.FIRE:
         return None
     last = window.last_action.get(cooldown_key(decision.policy, decision.target.key))
     if last is not None and now - last < policy.cooldown_s:

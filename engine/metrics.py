@@ -26,6 +26,7 @@ class EngineMetrics:
     kill_switch: Gauge
     paused: Gauge
     held: Counter
+    suppressed: Counter
     audit_write_failures: Counter
     audit_healthy: Gauge
     permanent_failures: Counter
@@ -96,6 +97,14 @@ class EngineMetrics:
                 "Actions the gate held at the moment of execution, by reason (kill_switch, "
                 "paused, dry_run, global_budget, audit_unwritable).",
                 ["reason"],
+                registry=r,
+            ),
+            suppressed=Counter(
+                "gpuops_engine_suppressed",
+                "Decisions the guardrails held back, by policy and reason, each re-decision "
+                "counted: a suppression is recorded once when it starts or its reason changes, "
+                "its repeats only here and in the next record's held_repeats.",
+                ["policy", "reason"],
                 registry=r,
             ),
             audit_write_failures=Counter(

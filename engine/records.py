@@ -47,6 +47,7 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
         },
         "annotations": dict(decision.annotations),
         "labels": dict(decision.labels),
+        "held_repeats": decision.held_repeats,
     }
 
 
@@ -72,6 +73,7 @@ def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
         mode=doc.get("mode", "enforce"),
         annotations=freeze(doc.get("annotations") or {}),
         labels=freeze(doc.get("labels") or {}),
+        held_repeats=int(doc.get("held_repeats", 0)),
     )
 
 

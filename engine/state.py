@@ -704,6 +704,9 @@ def _policy_state_to_json(state: PolicyState) -> str:
                 "absent_since": t.absent_since,
                 "actions": t.actions,
                 "retry_at": t.retry_at,
+                "held": t.held,
+                "held_since": t.held_since,
+                "held_repeats": t.held_repeats,
             }
             for key, t in state.targets.items()
         }
@@ -727,6 +730,9 @@ def _policy_state_from_json(text: str) -> PolicyState:
                     absent_since=t.get("absent_since"),
                     actions=int(t.get("actions", 0)),
                     retry_at=t.get("retry_at"),
+                    held=t.get("held"),
+                    held_since=t.get("held_since"),
+                    held_repeats=int(t.get("held_repeats", 0)),
                 )
                 for key, t in raw.items()
             }

@@ -25,7 +25,7 @@ class AnomalySettings:
     since: float
     until: float
     flap_min_episodes: int = 3
-    """Episodes (clear transitions) of one policy on one target: firing and clearing this often
+    """Episodes (first fires) of one policy on one target: firing and clearing this often
     in the window is flapping (a threshold too close to the noise, or a missing clear_expr)."""
     repeat_min_actions: int = 3
     """Executed runs of one action on one target."""
@@ -66,8 +66,14 @@ def find_anomalies(backend: Backend, settings: AnomalySettings) -> list[Finding]
 
 def _flapping(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[Finding]:
     groups = backend.group(
-        # one document per decision: an executed one also has an outcome document (type change)
-        all_of(window, Term("gpuops.transition", ("clear",)), Term("event.type", ("info",))),
+        # one document per episode: its first fire's intent (an executed one also has an
+        # outcome document, type change); clears with nothing to undo are not recorded
+        all_of(
+            window,
+            Term("gpuops.transition", ("fire",)),
+            Term("gpuops.decision.repeat", ("0",)),
+            Term("event.type", ("info",)),
+        ),
         "decision",
         [Level("rule.name", 1000), Level("gpuops.target.key", 50, s.flap_min_episodes)],
     )
@@ -76,7 +82,7 @@ def _flapping(backend: Backend, s: AnomalySettings, window: TimeRange) -> list[F
             "flapping_policy",
             {"policy": g.keys[0], "target": g.keys[1]},
             g.counts[1],
-            f"policy {g.keys[0]} fired and cleared {g.counts[1]} times on {g.keys[1]}",
+            f"policy {g.keys[0]} fired {g.counts[1]} times (episodes) on {g.keys[1]}",
         )
         for g in groups
     ]

@@ -110,7 +110,11 @@ def decision_document(
     doc["host"] = {"name": host_name}
     doc["labels"] = {str(k): str(v) for k, v in decision.target.labels.items()}
     gpuops: dict[str, Any] = {
-        "decision": {"id": decision.id, "episode_start": iso(decision.episode_start)},
+        "decision": {
+            "id": decision.id,
+            "episode_start": iso(decision.episode_start),
+            "repeat": decision.repeat,
+        },
         "verdict": decision.verdict,
         "reason": decision.reason,
         "transition": decision.transition.value,
@@ -122,6 +126,8 @@ def decision_document(
             "observed_at": iso(decision.evidence.observed_at),
         },
     }
+    if decision.held_repeats:  # the suppression before this record, decided again unrecorded
+        gpuops["decision"]["held_repeats"] = decision.held_repeats
     if decision.evidence.pending_since is not None:
         gpuops["evidence"]["pending_since"] = iso(decision.evidence.pending_since)
     if decision.labels:

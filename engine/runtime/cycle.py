@@ -5,7 +5,10 @@
 quota grants — runs the pure judge step (``engine.guardrails.judge_step``), stores the policy
 state, the guardrail windows and every new decision in one transaction (``started`` when it
 will run; an id already stored is a replay and does not run) and hands them to
-``engine.runtime.gate.Gate``, which audits them before anything runs. Built by
+``engine.runtime.gate.Gate``, which audits them before anything runs. Two kinds of decision
+change the state only (docs/policies.md, "What is recorded"): a clear with nothing to undo,
+and a re-decision that repeats the suppression already recorded for its target (counted in
+``gpuops_engine_suppressed_total`` and in the next record's ``held_repeats``). Built by
 ``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``.
 """
 
@@ -18,7 +21,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from engine.config import GuardrailSettings
-from engine.decisions import Decision, Outcome, SkippedEvaluation, Transition, Verdict
+from engine.decisions import (
+    Decision,
+    Outcome,
+    SkippedEvaluation,
+    Suppression,
+    Transition,
+    Verdict,
+)
 from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
 from engine.guardrails import Context, judge_step, population_expr
 from engine.metrics import EngineMetrics
@@ -189,6 +199,8 @@ class Cycle:
                     self._store.save_policy_state(db, policy.name, judgement.policy_state)
                 self._store.save_guardrail_state(db, judgement.guardrails)
                 for decision in judgement.decisions:
+                    if decision.id in judgement.repeats or _state_only(decision):
+                        continue  # counted below, not recorded: see ``_state_only``
                     run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
                     doc = decision_doc(decision)
                     if not self._store.record_decision(db, doc, "started" if run else "done"):
@@ -205,4 +217,16 @@ class Cycle:
             self._metrics.decisions.labels(
                 decision.policy, decision.transition.value, decision.verdict
             ).inc()
+            reason = Suppression.of(decision.verdict)
+            if reason is not None:
+                self._metrics.suppressed.labels(decision.policy, reason.value).inc()
+            if _state_only(decision):
+                log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
         return Committed(judgement.decisions, self._gate.admit(fresh, runs))
+
+
+def _state_only(decision: Decision) -> bool:
+    """A clear with nothing to undo (no ``on_clear``, or its action never ran) changes the
+    policy's state only: it is neither stored as a decision nor audited nor shown (one debug
+    line); the episode's fire and its suppression or outcome are the record."""
+    return decision.transition is Transition.CLEAR and decision.action is None

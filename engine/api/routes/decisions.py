@@ -15,6 +15,7 @@ from engine.api.context import ApiContext, api_context
 from engine.api.routes.rules import policy_doc
 from engine.api.schemas import ID_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
+from engine.decisions import Suppression
 from engine.records import decision_doc
 from engine.runtime.approvals import ApprovalError
 from engine.runtime.gate import RetryError
@@ -107,6 +108,56 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_REDECIDED = frozenset(
+    s.verdict
+    for s in (
+        Suppression.KILL_SWITCH,
+        Suppression.PAUSED,
+        Suppression.COOLDOWN,
+        Suppression.MAX_PER_HOUR,
+        Suppression.MAX_FRACTION,
+        Suppression.GLOBAL_BUDGET,
+    )
+)
+"""The suppressions a target's fire is decided again after (recorded once, then counted)."""
+
+
+def _suppression(ctx: ApiContext, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The suppression this decision recorded (still holding its target now, and how many
+    re-decisions repeated it without a record), or the one before it that it ended."""
+    held_before = int(row.get("held_repeats") or 0)
+    if row["verdict"] not in _REDECIDED or row["transition"] not in ("fire", "clear"):
+        if not held_before:
+            return None
+        return {
+            "current": False,
+            "repeats": held_before,
+            "explanation": f"before this decision its target's previous suppression was decided "
+            f"again {held_before} times without a record",
+        }
+    state = ctx.engine.store.policy_state(row["policy"]).targets.get(row["target"]["key"])
+    current = (
+        state is not None
+        and state.held == row["verdict"]
+        and state.held_since == row["at"]
+        and state.active_since == row["episode_start"]
+    )
+    repeats = state.held_repeats if current and state is not None else None
+    if current:
+        text = (
+            f"still held now: {row['verdict']} since {_iso(row['at'])}, decided again "
+            f"{repeats} times since without a new record"
+        )
+    else:
+        text = (
+            f"recorded {_iso(row['at'])}; no longer what holds the target back (it acted, "
+            "cleared, or a later decision has another verdict)"
+        )
+    if held_before:
+        text += f"; {held_before} unrecorded repeats of an earlier suppression came before it"
+    return {"current": current, "since": row["at"], "repeats": repeats, "explanation": text}
+
+
 def _approval_line(approval: dict[str, Any]) -> str:
     status = approval["status"]
     if status == "pending":
@@ -148,6 +199,9 @@ def explain_decision(
         ),
         f"guardrails: {verdict}" + (f" — {row['reason']}" if row.get("reason") else ""),
     ]
+    suppression = _suppression(ctx, row)
+    if suppression is not None:
+        lines.append(suppression["explanation"])
     if approval is not None:
         lines.append(_approval_line(approval))
     if row.get("outcome"):
@@ -167,6 +221,7 @@ def explain_decision(
             "reason": row.get("reason", ""),
             "executed": verdict == "execute",
             "suppressed_by": verdict.partition(":")[2] or None,
+            "suppression": suppression,
         },
         "action": row.get("action"),
         "status": row.get("status"),

@@ -629,7 +629,9 @@ def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
     )
     assert [d.policy for d in world.log.ran] == ["reclaim"]
     (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
-    assert resolve["gpuops"]["verdict"] == "suppressed:kill_switch"  # decided, not forgotten
+    # decided, not forgotten; nothing ran, so the kill switch held nothing back (issue 16)
+    assert resolve["gpuops"]["verdict"] == "execute" and "action" not in resolve["gpuops"]
+    assert "nothing to undo" in resolve["gpuops"]["reason"]
 
 
 def test_an_admin_retries_a_permanent_failure(world: World) -> None:
