@@ -36,8 +36,9 @@ from engine.config import (
     PrometheusSettings,
     QuotaSettings,
 )
-from engine.decisions import Decision, Sample, freeze
+from engine.decisions import Decision
 from engine.runtime import Engine
+from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
 RULES = """
@@ -72,17 +73,6 @@ groups:
         on_clear: {type: restore, executor: log}
         mode: enforce
 """
-
-
-class Prometheus:
-    def __init__(self) -> None:
-        self.results: dict[str, list[dict[str, str]]] = {}
-
-    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
-
-    def sample_age(self, exprs: object, at: float | None = None) -> float | None:
-        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
 
 
 class Executor:
@@ -121,7 +111,7 @@ class Clock:
 class World:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.prom = Prometheus()
+        self.prom = FakePrometheus()
         self.clock = Clock()
         self.log = Executor("log")
         self.webhook = Executor("webhook")

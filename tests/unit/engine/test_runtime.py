@@ -15,10 +15,10 @@ import pytest
 from engine.actions.base import ExecutorRegistry, TemporaryError
 from engine.actions.fleet import FleetExecutor
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.decisions import Decision, Sample, freeze
-from engine.prometheus import QueryError
+from engine.decisions import Decision
 from engine.runtime import Engine
 from engine.runtime.approvals import ApprovalError
+from tests.fakes.prometheus import FakePrometheus
 
 RULES = """
 groups:
@@ -39,22 +39,6 @@ groups:
         on_clear: {type: restore, executor: log}
         mode: enforce
 """
-
-
-class FakePrometheus:
-    """Answers each expr from ``results``; an Exception value is raised as a QueryError."""
-
-    def __init__(self) -> None:
-        self.results: dict[str, Any] = {}
-
-    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        value = self.results.get(expr, ())
-        if isinstance(value, Exception):
-            raise QueryError(str(value))
-        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in value)
-
-    def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
-        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
 
 
 class Recording:

@@ -29,10 +29,11 @@ from engine.api import ApiServer, create_app
 from engine.audit.spool import read_spool
 from engine.cli import cli
 from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Sample, freeze
+from engine.decisions import Decision
 from engine.runtime import Engine
 from engine.runtime.approvals import ApprovalError
 from engine.state import StateError
+from tests.fakes.prometheus import FakePrometheus
 
 RULES = """
 groups:
@@ -64,17 +65,6 @@ groups:
 TARGETS = [{"uuid": f"GPU-{i}"} for i in range(3)]
 
 
-class Prometheus:
-    def __init__(self) -> None:
-        self.results: dict[str, list[dict[str, str]]] = {}
-
-    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        return tuple(Sample(freeze(labels), 0.1, at or 0) for labels in self.results.get(expr, []))
-
-    def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
-        return None  # ages are tested against a real Prometheus (test_freshness_prometheus)
-
-
 class Recording:
     verbs = None
 
@@ -91,7 +81,7 @@ class World:
         self.tmp = tmp
         self.state = tmp / "state.sqlite"
         self.spool = tmp / "audit"
-        self.prom = Prometheus()
+        self.prom = FakePrometheus()
         self.log = Recording()
         self.now = 2_000_000.0
         self.engines: list[Engine] = []
