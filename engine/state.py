@@ -149,6 +149,12 @@ class Store(Protocol):
 
 
 class StateStore:
+    """The SQLite store; ``engine.postgres.PostgresStore`` shares its queries (they are written
+    in the SQL both dialects speak: ``ON CONFLICT``, ``RETURNING``, ``?`` placeholders)."""
+
+    INSERTION_ORDER = "rowid"
+    """The column that orders rows of one ``at`` by insertion (PostgreSQL: a sequence)."""
+
     def __init__(self, path: Path | str, previous_run: str | None = None) -> None:
         """Open (or create) the state file at ``path``, or raise ``StateError``.
 
@@ -245,7 +251,8 @@ class StateStore:
     @staticmethod
     def save_policy_state(db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
         db.execute(
-            "INSERT OR REPLACE INTO policy_state (policy, data) VALUES (?, ?)",
+            "INSERT INTO policy_state (policy, data) VALUES (?, ?)"
+            " ON CONFLICT (policy) DO UPDATE SET data = excluded.data",
             (policy, _policy_state_to_json(state)),
         )
 
@@ -275,7 +282,9 @@ class StateStore:
             "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
         }
         db.execute(
-            "INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),)
+            "INSERT INTO guardrails (id, data) VALUES (1, ?)"
+            " ON CONFLICT (id) DO UPDATE SET data = excluded.data",
+            (json.dumps(data),),
         )
 
     # --- decisions ----------------------------------------------------------------------
@@ -283,8 +292,8 @@ class StateStore:
     def record_decision(db: sqlite3.Connection, doc: Mapping[str, Any], status: str) -> bool:
         """Insert a decision; False when its id is already known (a replay: do not act again)."""
         cur = db.execute(
-            "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
-            " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            "INSERT INTO decisions (id, policy, target, transition, verdict, at, status,"
+            " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT (id) DO NOTHING",
             (
                 doc["id"],
                 doc["policy"],
@@ -322,11 +331,7 @@ class StateStore:
                 (json.dumps(outcome), decision_id),
             )
             if verdict is not None:
-                db.execute(
-                    "UPDATE decisions SET verdict = ?,"
-                    " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
-                    (verdict, verdict, reason or "", decision_id),
-                )
+                _set_verdict(db, decision_id, verdict, reason or "")
 
     def mark_audited(self, ids: Sequence[str], level: int) -> None:
         """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
@@ -363,14 +368,18 @@ class StateStore:
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
         (the exponent of the backoff before the next try)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT COUNT(*) FROM decisions WHERE policy = ? AND target = ?"
-                " AND status = 'done' AND json_extract(outcome, '$.status') = 'failure'"
-                " AND json_extract(data, '$.episode_start') = ?",
-                (policy, target, episode_start),
-            ).fetchone()
-        return int(row[0])
+        with self._lock:  # JSON read here, not in SQL: the same query for every backend
+            rows = self._db.execute(
+                "SELECT data, outcome FROM decisions WHERE policy = ? AND target = ?"
+                " AND status = 'done' AND outcome IS NOT NULL",
+                (policy, target),
+            ).fetchall()
+        return sum(
+            1
+            for data, outcome in rows
+            if json.loads(outcome).get("status") == "failure"
+            and json.loads(data).get("episode_start") == episode_start
+        )
 
     def decision(self, decision_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -411,7 +420,7 @@ class StateStore:
         if since is not None:
             sql += " AND at >= ?"
             args.append(since)
-        sql += " ORDER BY at DESC, rowid DESC LIMIT ?"
+        sql += f" ORDER BY at DESC, {self.INSERTION_ORDER} DESC LIMIT ?"
         args.append(limit)
         with self._lock:
             return [self._decision_row(r) for r in self._db.execute(sql, args)]
@@ -436,7 +445,11 @@ class StateStore:
             if value is None:
                 db.execute("DELETE FROM controls WHERE name = ?", (name,))
             else:
-                db.execute("INSERT OR REPLACE INTO controls VALUES (?, ?)", (name, value))
+                db.execute(
+                    "INSERT INTO controls VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (name, value),
+                )
 
     # --- approvals -----------------------------------------------------------------------
     @staticmethod
@@ -444,8 +457,9 @@ class StateStore:
         db: sqlite3.Connection, doc: Mapping[str, Any], requested_at: float, expires_at: float
     ) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO approvals (decision_id, policy, target, requested_at,"
-            " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+            "INSERT INTO approvals (decision_id, policy, target, requested_at,"
+            " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)"
+            " ON CONFLICT (decision_id) DO NOTHING",
             (
                 doc["id"],
                 doc["policy"],
@@ -485,11 +499,8 @@ class StateStore:
             if cur.rowcount != 1:
                 return None
             if status == "granted":
-                db.execute(
-                    "UPDATE decisions SET verdict = 'execute', status = 'started',"
-                    " data = json_set(data, '$.verdict', 'execute') WHERE id = ?",
-                    (decision_id,),
-                )
+                _set_verdict(db, decision_id, "execute", None)
+                db.execute("UPDATE decisions SET status = 'started' WHERE id = ?", (decision_id,))
         return self.approval(decision_id)
 
     def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]:
@@ -513,10 +524,9 @@ class StateStore:
             return [
                 int(
                     db.execute(
-                        "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
+                        "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?) RETURNING id",
                         (now, json.dumps(alert)),
-                    ).lastrowid
-                    or 0
+                    ).fetchone()[0]
                 )
                 for alert in alerts
             ]
@@ -552,7 +562,7 @@ class StateStore:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
         with self.transaction() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO alert_episodes VALUES (?, ?, ?, ?)",
+                "INSERT INTO alert_episodes VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (fingerprint, starts_at, status, now),
             )
             return cur.rowcount == 0
@@ -562,7 +572,8 @@ class StateStore:
         """Remember a resolved alert whose firing's action (``fire_id``) has not succeeded yet."""
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO early_resolves VALUES (?, ?, ?)",
+                "INSERT INTO early_resolves VALUES (?, ?, ?)"
+                " ON CONFLICT (fire_id) DO UPDATE SET alert = excluded.alert, at = excluded.at",
                 (fire_id, json.dumps(dict(alert)), now),
             )
 
@@ -664,6 +675,23 @@ def reset(path: Path, now: float | None = None) -> Path | None:
             os.replace(extra, aside.with_name(aside.name + suffix))
     os.replace(path, aside)
     return aside
+
+
+def _set_verdict(db: Any, decision_id: str, verdict: str, reason: str | None) -> None:
+    """Set a stored decision's verdict (and ``reason`` unless None), in its columns and its
+    JSON document, inside the caller's transaction (read, change, write: no JSON functions of
+    one SQL dialect)."""
+    row = db.execute("SELECT data FROM decisions WHERE id = ?", (decision_id,)).fetchone()
+    if row is None:
+        return
+    data = json.loads(row[0])
+    data["verdict"] = verdict
+    if reason is not None:
+        data["reason"] = reason
+    db.execute(
+        "UPDATE decisions SET verdict = ?, data = ? WHERE id = ?",
+        (verdict, json.dumps(data), decision_id),
+    )
 
 
 def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -85,7 +85,12 @@ class Gate:
         listener: DecisionListener | None = None,
         workers_per_executor: int = 4,
         retry: RetryPolicy | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``leading``: whether this replica still leads (``engine.runtime.leadership``),
+        asked just before each executor call: a replica that lost its lease runs nothing and
+        leaves the decision ``started`` for the new leader to resume."""
+        self._leading = leading
         self._settings = settings
         self._executor_settings = executor_settings
         self._store = store
@@ -255,6 +260,13 @@ class Gate:
             self._in_flight.pop(decision_id, None)
 
     def _run(self, decision: Decision) -> Outcome:
+        if not self._leading():
+            log.warning(
+                "action %s of %s not run: this replica no longer leads (the leader resumes it)",
+                decision.id,
+                decision.policy,
+            )
+            return Outcome(OutcomeStatus.SKIPPED, error="not the leader any more")
         held = self._held(decision)
         if held is not None:
             outcome = self._hold(decision, *held)

@@ -83,10 +83,14 @@ class QuotaRequest:
 
 
 class QuotaStore:
-    """The ``quota_requests`` table (its own connection to the engine's state file)."""
+    """The ``quota_requests`` table (its own connection to the engine's state file, or
+    ``db``: one to the PostgreSQL store, whose schema has the table)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, db: Any = None) -> None:
         self._lock = threading.Lock()
+        if db is not None:
+            self._db = db
+            return
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 10000")
         self._db.executescript(SCHEMA)
@@ -125,7 +129,7 @@ class QuotaStore:
                 "UPDATE quota_requests SET data = ?, status = ? WHERE id = ? AND status = ?",
                 (json.dumps(asdict(request)), request.status, request.id, expected),
             )
-            return cur.rowcount == 1
+            return bool(cur.rowcount == 1)
 
 
 class QuotaManager:
@@ -141,8 +145,12 @@ class QuotaManager:
         controls: Controls,
         approval_ttl: float,
         clock: Callable[[], float],
+        require_leader: Callable[[], None] = lambda: None,
     ) -> None:
+        """``require_leader``: raises on a standby replica (``NotLeaderError``), which files,
+        approves and denies nothing."""
         self.settings = settings
+        self._require_leader = require_leader
         self.store = store
         self._state = state
         self._cycle = cycle
@@ -154,6 +162,7 @@ class QuotaManager:
     def submit(
         self, project: str, gpus: int, duration_s: float, reason: str, user: str
     ) -> QuotaRequest:
+        self._require_leader()
         if gpus > self.settings.max_gpus:
             raise QuotaError(f"gpus: {gpus} is more than the limit of {self.settings.max_gpus}")
         if not 0 < duration_s <= self.settings.max_duration:
@@ -185,6 +194,7 @@ class QuotaManager:
         return request
 
     def approve(self, request_id: str, user: str) -> QuotaRequest:
+        self._require_leader()
         request = self._pending(request_id)
         if self._controls.kill_switch_on() or self._controls.paused():
             raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
@@ -195,6 +205,7 @@ class QuotaManager:
         return self._apply(applying)
 
     def deny(self, request_id: str, user: str) -> QuotaRequest:
+        self._require_leader()
         request = self._pending(request_id)
         denied = replace(request, status="denied", decided_by=user, decided_at=self.clock())
         if not self.store.move(denied, "pending"):
