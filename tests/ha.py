@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 import requests
 
+from engine.audit.spool import read_spool
 from engine.promproc import free_port
 from tests.postgres import PASSWORD, PostgresServer
 from tests.waiting import wait_for
@@ -229,10 +230,14 @@ class Replica:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.terminate()
+
+    def stop(self) -> None:
+        self.terminate()
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -245,7 +250,7 @@ class Pair:
     """Two replicas, the recorder and the database they share."""
 
     def __init__(
-        self, root: Path, pg: PostgresServer, prometheus_url: str, lease: str, renew: str
+        self, root: Path, pg: PostgresServer, prometheus_url: str, lease: float, renew: float
     ) -> None:
         self.pg = pg
         self.recorder = Recorder()
@@ -270,7 +275,15 @@ class Pair:
     def start(self) -> Replica:
         for replica in self.replicas:
             replica.start()
-        return wait_for(self.leader, 60, "a leader")
+
+        def leader() -> Replica | None:
+            for replica in self.replicas:
+                if not replica.alive():
+                    tail = replica.log.read_text(errors="replace")[-2000:]
+                    raise AssertionError(f"replica {replica.name} exited: {tail}")
+            return self.leader()
+
+        return wait_for(leader, 60, "a leader")
 
     def leader(self) -> Replica | None:
         for replica in self.replicas:
@@ -299,11 +312,26 @@ class Pair:
         """Decisions recorded to run (``verdict = execute``), whatever their status."""
         return {r[0] for r in self.rows("SELECT id FROM decisions WHERE verdict = 'execute'")}
 
+    def audit(self) -> dict[str, dict[str, set[str]]]:
+        """Per decision id, per ``event.outcome``, the event ids in the replicas' spools."""
+        found: dict[str, dict[str, set[str]]] = {}
+        for replica in self.replicas:
+            for doc in read_spool(replica.dir / "audit"):
+                decision = doc.get("gpuops", {}).get("decision", {}).get("id")
+                if decision:
+                    outcome = str(doc["event"]["outcome"])
+                    found.setdefault(decision, {}).setdefault(outcome, set()).add(
+                        doc["event"]["id"]
+                    )
+        return found
+
     def settled(self, timeout: float = 60) -> None:
         """Wait until no recorded action is unfinished."""
         wait_for(lambda: not self.started(), timeout, "every started action to finish")
 
     def stop(self) -> None:
+        for replica in self.replicas:
+            replica.terminate()  # both at once: their stops overlap
         for replica in self.replicas:
             replica.stop()
         self.recorder.release()
