@@ -162,14 +162,7 @@ def test_targets_held_by_the_global_budget_are_decided_again_only_as_it_frees_up
     50k GPUs). Now 400 firing targets, a budget of 10 per hour, 3 hours of 30 s rounds: after
     the first round only a few decisions per round, 10 actions per hour, and no target starves
     the queue (the held ones run in order as places free up)."""
-    policy = Policy(
-        name="reclaim",
-        group="g",
-        expr="x",
-        action=ActionSpec("reclaim", "fleet"),
-        target=("uuid",),
-        mode="enforce",
-    )
+    policy = POLICY
     samples = tuple(Sample(freeze({"uuid": f"GPU-{i:03d}"}), 0.1, 0) for i in range(400))
     state, guard = PolicyState(), GuardrailState()
     ctx = Context(global_max_per_hour=10)
