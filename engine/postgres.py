@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS gpuops_schema (
     id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS policy_targets (
+    policy TEXT NOT NULL, target TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (policy, target)
+);
 CREATE TABLE IF NOT EXISTS guardrails (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
     id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT NULL, transition TEXT NOT NULL,
@@ -135,14 +138,20 @@ def redacted(url: str) -> str:
 
 
 def connect(
-    url: str, credentials: Credentials, application_name: str, autocommit: bool = True
+    url: str,
+    credentials: Credentials,
+    application_name: str,
+    autocommit: bool = True,
+    settings: Mapping[str, str] | None = None,
 ) -> psycopg.Connection[tuple[Any, ...]]:
     """A connection to ``url`` with the password from ``credentials`` (``DatabaseUnavailable``
-    naming the server when it cannot be made)."""
+    naming the server when it cannot be made); ``settings``: server settings of the session."""
     extra: dict[str, Any] = {
         "application_name": application_name,
         "connect_timeout": CONNECT_TIMEOUT_S,
     }
+    if settings:
+        extra["options"] = " ".join(f"-c {key}={value}" for key, value in settings.items())
     password = credentials.password()
     if password is not None:
         extra["password"] = password
@@ -163,22 +172,36 @@ class _Connection:
     """A psycopg connection that speaks the ``sqlite3.Connection.execute`` the shared queries
     use: ``?`` placeholders. It reconnects when the connection broke."""
 
-    def __init__(self, url: str, credentials: Credentials, name: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        credentials: Credentials,
+        name: str,
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
         self._url = url
         self._credentials = credentials
         self._name = name
-        self._conn = connect(url, credentials, name)
+        self._settings = dict(settings or {})
+        self._conn = connect(url, credentials, name, settings=self._settings)
 
     @property
     def raw(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._conn.closed or self._conn.broken:
             log.warning("connection to %s lost: reconnecting", redacted(self._url))
-            self._conn = connect(self._url, self._credentials, self._name)
+            self._conn = connect(self._url, self._credentials, self._name, settings=self._settings)
         return self._conn
 
     def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[tuple[Any, ...]]:
         try:
             return self.raw.execute(sql.replace("?", "%s"), tuple(params))
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"{redacted(self._url)}: {_first_line(exc, None)}") from exc
+
+    def executemany(self, sql: str, params: Any) -> None:
+        try:
+            with self.raw.cursor() as cur:
+                cur.executemany(sql.replace("?", "%s"), [tuple(p) for p in params])
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(f"{redacted(self._url)}: {_first_line(exc, None)}") from exc
 
@@ -193,15 +216,32 @@ class PostgresStore(StateStore):
 
     INSERTION_ORDER = "seq"
 
-    def __init__(self, url: str, credentials: Credentials, name: str) -> None:
+    def __init__(
+        self, url: str, credentials: Credentials, name: str, lease_s: float = 10.0
+    ) -> None:
+        """``lease_s``: the lease's length. A transaction left open longer than half of it (a
+        paused process) is ended by the server, so its lock on the lease row (the fence's
+        ``FOR SHARE``) cannot keep a standby from taking over."""
         self.path = Path(redacted(url))  # what messages name: the server, not a file
         self.url = url
         self.credentials = credentials
         self.name = name
         self.fence: Callable[[], tuple[str, int] | None] = lambda: None
         self._lock = threading.RLock()
-        self._db = _Connection(url, credentials, f"gpuops {name}")  # type: ignore[assignment]
-        self._migrate()
+        self._states = {}
+        self._stored = {}
+        self._pending = {}
+        self._data_version = -1
+        self._cache_epoch: int | None = None
+        self._session = {"idle_in_transaction_session_timeout": f"{max(500, int(lease_s * 500))}ms"}
+        self._db = _Connection(  # type: ignore[assignment]
+            url, credentials, f"gpuops {name}", self._session
+        )
+        try:
+            self._migrate()
+        except BaseException:
+            self._pg.close()
+            raise
 
     def _migrate(self) -> None:
         """Create the schema (version 1) and apply ``MIGRATIONS``, one replica at a time."""
@@ -237,33 +277,42 @@ class PostgresStore(StateStore):
             self._pg.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
+    def _atomic(self) -> Iterator[Any]:
         """One transaction; refused (``FencedError``) unless this replica holds the lease with
         the epoch it was elected with, checked inside the transaction itself."""
-        with self._lock:
-            fence = self.fence()
-            if fence is None:
-                raise FencedError(f"{self.path}: this replica ({self.name}) is not the leader")
-            try:
-                with self._pg.raw.transaction():
-                    holder, epoch = fence
-                    row = self._pg.execute(
-                        "SELECT 1 FROM gpuops_leader WHERE id = 1 AND holder = ? AND epoch = ?"
-                        " AND expires_at > now() FOR SHARE",
-                        (holder, epoch),
-                    ).fetchone()
-                    if row is None:
-                        raise FencedError(
-                            f"{self.path}: this replica ({self.name}) lost the lease of epoch"
-                            f" {epoch}: nothing written"
-                        )
-                    yield self._pg
-            except psycopg.OperationalError as exc:
-                raise DatabaseUnavailable(f"{self.path}: {_first_line(exc, None)}") from exc
+        fence = self.fence()
+        if fence is None:
+            raise FencedError(f"{self.path}: this replica ({self.name}) is not the leader")
+        try:
+            with self._pg.raw.transaction():
+                holder, epoch = fence
+                row = self._pg.execute(
+                    "SELECT 1 FROM gpuops_leader WHERE id = 1 AND holder = ? AND epoch = ?"
+                    " AND expires_at > clock_timestamp() FOR SHARE",
+                    (holder, epoch),
+                ).fetchone()
+                if row is None:
+                    raise FencedError(
+                        f"{self.path}: this replica ({self.name}) lost the lease of epoch"
+                        f" {epoch}: nothing written"
+                    )
+                yield self._pg
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(f"{self.path}: {_first_line(exc, None)}") from exc
+
+    def _check_cache(self) -> None:
+        """The cached policy states are sound while this replica leads with one epoch: only
+        the leader writes them (fenced). A standby, or a new epoch, reads them afresh."""
+        fence = self.fence()
+        epoch = fence[1] if fence is not None else None
+        if epoch is None or epoch != self._cache_epoch:
+            self._states.clear()
+            self._stored.clear()
+            self._cache_epoch = epoch
 
     def quota_connection(self) -> _Connection:
         """A connection of its own for the quota requests (``engine.runtime.quota``)."""
-        return _Connection(self.url, self.credentials, f"gpuops {self.name} quota")
+        return _Connection(self.url, self.credentials, f"gpuops {self.name} quota", self._session)
 
 
 @dataclass(frozen=True)
@@ -281,20 +330,37 @@ class Lease:
     """The lease row ``gpuops_leader`` on a connection of its own. The database's clock
     decides expiry, so the replicas' clocks need not agree."""
 
-    def __init__(self, url: str, credentials: Credentials, name: str, api_url: str | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        credentials: Credentials,
+        name: str,
+        api_url: str | None,
+        wait_s: float = 2.0,
+    ) -> None:
+        """``wait_s``: how long one attempt may wait for the lease row's lock or the server
+        (then it fails, and the next round tries again)."""
         self.name = name
         self.api_url = api_url
         self._url = url
         self._lock = threading.Lock()
-        self._db = _Connection(url, credentials, f"gpuops {name} lease")
+        timeout = f"{max(100, int(wait_s * 1000))}ms"
+        self._db = _Connection(
+            url,
+            credentials,
+            f"gpuops {name} lease",
+            {"lock_timeout": timeout, "statement_timeout": timeout},
+        )
 
     def acquire(self, ttl_s: float) -> int | None:
         """Take the lease when it expired (or this replica held it): the new epoch, else None."""
         with self._lock:
             row = self._db.execute(
                 "UPDATE gpuops_leader SET holder = ?, url = ?, epoch = epoch + 1,"
-                " expires_at = now() + make_interval(secs => ?), acquired_at = now()"
-                " WHERE id = 1 AND (expires_at <= now() OR holder = ?) RETURNING epoch",
+                " expires_at = clock_timestamp() + make_interval(secs => ?),"
+                " acquired_at = clock_timestamp()"
+                " WHERE id = 1 AND (expires_at <= clock_timestamp() OR holder = ?)"
+                " RETURNING epoch",
                 (self.name, self.api_url, ttl_s, self.name),
             ).fetchone()
         return int(row[0]) if row else None
@@ -303,7 +369,8 @@ class Lease:
         """Extend the lease held with ``epoch``; False when another replica holds it now."""
         with self._lock:
             cur = self._db.execute(
-                "UPDATE gpuops_leader SET expires_at = now() + make_interval(secs => ?)"
+                "UPDATE gpuops_leader"
+                " SET expires_at = clock_timestamp() + make_interval(secs => ?)"
                 " WHERE id = 1 AND holder = ? AND epoch = ?",
                 (ttl_s, self.name, epoch),
             )
@@ -321,7 +388,7 @@ class Lease:
     def current(self) -> LeaderInfo:
         with self._lock:
             row = self._db.execute(
-                "SELECT holder, url, epoch, EXTRACT(EPOCH FROM (expires_at - now()))"
+                "SELECT holder, url, epoch, EXTRACT(EPOCH FROM (expires_at - clock_timestamp()))"
                 " FROM gpuops_leader WHERE id = 1"
             ).fetchone()
         if row is None:

@@ -283,7 +283,8 @@ class Pair:
                     raise AssertionError(f"replica {replica.name} exited: {tail}")
             return self.leader()
 
-        return wait_for(leader, 60, "a leader")
+        elected: Replica = wait_for(leader, 60, "a leader")
+        return elected
 
     def leader(self) -> Replica | None:
         for replica in self.replicas:

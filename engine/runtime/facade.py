@@ -409,9 +409,11 @@ def _open_store(
     if state.url is None:
         return StateStore(config.state_file, ran_before), None
     credentials = Credentials(state.password_file, state.password_env)
-    store = PostgresStore(state.url, credentials, replica)
+    store = PostgresStore(state.url, credentials, replica, state.lease)
     try:
-        lease = Lease(state.url, credentials, replica, state.advertise_url)
+        lease = Lease(
+            state.url, credentials, replica, state.advertise_url, wait_s=state.renew_interval
+        )
     except StateError:
         store.close()
         raise
