@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,21 +69,33 @@ CREATE TABLE IF NOT EXISTS alert_episodes (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (
+MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 1: write-ahead audit. ``audited``: 0 = nothing in the spool yet, 1 = the intent (decision
     # and verdict) is, 2 = its outcome is too. Decisions of older files were audited (after).
     "ALTER TABLE decisions ADD COLUMN audited INTEGER NOT NULL DEFAULT 2",
     # 2: a resolved alert that came before its firing's action succeeded waits for it here
     "CREATE TABLE early_resolves (fire_id TEXT PRIMARY KEY, alert TEXT NOT NULL, at REAL NOT NULL)",
-    # 3: an admin's retry of a failed decision is accepted once per decision id
+    # 3: one row per (policy, target) instead of one JSON document per policy, so that a cycle
+    # writes only the targets that changed (issue 15). Readable rows move; a row that is not a
+    # JSON object stays in ``policy_state``, still unreadable (``StateRowError``) until repaired.
+    (
+        "CREATE TABLE policy_targets (policy TEXT NOT NULL, target TEXT NOT NULL,"
+        " data TEXT NOT NULL, PRIMARY KEY (policy, target)) WITHOUT ROWID",
+        "INSERT INTO policy_targets (policy, target, data) SELECT p.policy, j.key, j.value"
+        " FROM policy_state AS p, json_each(p.data) AS j"
+        " WHERE json_valid(p.data) AND json_type(p.data) = 'object'",
+        "DELETE FROM policy_state WHERE json_valid(data) AND json_type(data) = 'object'",
+    ),
+    # 4: an admin's retry of a failed decision is accepted once per decision id
     "ALTER TABLE decisions ADD COLUMN retried_at REAL",
-    # 4: quota requests, in this connection's transactions (older files made the table on a
-    # connection of their own, hence IF NOT EXISTS)
+    # 5: quota requests, in this connection's transactions (older files made the table on a
+    # connection of their own, hence IF NOT EXISTS), and its index (6)
     "CREATE TABLE IF NOT EXISTS quota_requests (id TEXT PRIMARY KEY, data TEXT NOT NULL,"
     " status TEXT NOT NULL, requested_at REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status)",
 )
-"""Schema changes after ``SCHEMA``, in order; a state file records how many it has had."""
+"""Schema changes after ``SCHEMA``, in order (one statement, or several run in one
+transaction); a state file records how many it has had."""
 
 INTENT, OUTCOME = Audited.INTENT, Audited.OUTCOME
 """The values of ``decisions.audited`` (see ``MIGRATIONS``)."""
@@ -127,6 +140,10 @@ class StateStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _check_file(self.path, previous_run)
         self._lock = threading.RLock()
+        self._states: dict[str, PolicyState] = {}  # policy -> its state, as committed
+        self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
+        self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
+        self._data_version = -1
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         try:
             if not memory:
@@ -152,7 +169,8 @@ class StateStore:
             for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    self._db.execute(sql)
+                    for statement in (sql,) if isinstance(sql, str) else sql:
+                        self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version = {number}")
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -167,53 +185,134 @@ class StateStore:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
+            self._check_cache()
+            self._pending.clear()
             try:
                 yield self._db
             except BaseException:
+                self._pending.clear()
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            for policy, (state, stored) in self._pending.items():
+                self._states[policy] = state
+                self._stored[policy] = stored
+            self._pending.clear()
+
+    def _check_cache(self) -> None:
+        """Forget the cached policy states when another connection committed to the file since
+        (``PRAGMA data_version`` changes then, and only then): the cache is this process's own
+        writes and reads, sound while no one else writes (call with the lock held)."""
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        if version != self._data_version:
+            self._data_version = version
+            self._states.clear()
+            self._stored.clear()
 
     # --- policy state -------------------------------------------------------------------
+    # One row per (policy, target) in ``policy_targets`` (migration 3); ``policy_state`` keeps
+    # only rows of older files that could not be moved (not JSON objects: unreadable). The
+    # states this process wrote or read are cached (``_states``, and ``_stored``: each target
+    # as its row holds it), so a cycle neither reads nor decodes its policy's rows, and
+    # ``save_policy_state`` writes only the targets that changed.
+
     def policy_state(self, policy: str) -> PolicyState:
-        """The stored state of ``policy`` (empty when none), or ``StateRowError`` when its row
-        cannot be decoded."""
+        """The stored state of ``policy`` (empty when none), or ``StateRowError`` when one of
+        its rows cannot be decoded."""
         with self._lock:
-            row = self._db.execute(
+            self._check_cache()
+            cached = self._states.get(policy)
+            if cached is not None:
+                return cached
+            legacy = self._db.execute(
                 "SELECT data FROM policy_state WHERE policy = ?", (policy,)
             ).fetchone()
-        if not row:
-            return PolicyState()
-        try:
-            return _policy_state_from_json(row[0])
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            raise StateRowError(
-                f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
-                policy,
-            ) from exc
+            rows = self._db.execute(
+                "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
+            ).fetchall()
+            key = None
+            try:
+                if legacy is not None:
+                    raise ValueError(f"not a JSON object: {str(legacy[0])[:80]!r}")
+                targets: dict[str, TargetState] = {}
+                for key, data in rows:
+                    targets[key] = _target_state_from_dict(json.loads(data))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                where = f"target {key!r}: " if key is not None else ""
+                detail = f"{where}{type(exc).__name__}: {exc}"
+                raise StateRowError(
+                    f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
+                    policy,
+                ) from exc
+            state = PolicyState(freeze(targets))
+            self._states[policy] = state
+            self._stored[policy] = dict(targets)
+            return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
-        """Hand ``policy``'s raw row to ``keep``, then remove it (not when ``keep`` raises);
-        False when there was none. The repair of one bad row (``gpuops state reset --policy``)."""
+        """Hand ``policy``'s raw rows to ``keep`` (one JSON object of its targets, as the
+        rows hold them), then remove them (not when ``keep`` raises); False when there were
+        none. The repair of one bad row (``gpuops state reset --policy``)."""
         with self.transaction() as db:
-            row = db.execute("SELECT data FROM policy_state WHERE policy = ?", (policy,)).fetchone()
-            if row is None:
+            legacy = db.execute(
+                "SELECT data FROM policy_state WHERE policy = ?", (policy,)
+            ).fetchone()
+            rows = db.execute(
+                "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
+            ).fetchall()
+            if legacy is None and not rows:
                 return False
-            keep(str(row[0]))
+            raw = [str(legacy[0])] if legacy is not None else []
+            if rows:
+                raw.append("{" + ", ".join(f"{json.dumps(k)}: {d}" for k, d in rows) + "}")
+            keep("\n".join(raw))
             db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
+            db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
+            self._states.pop(policy, None)
+            self._stored.pop(policy, None)
         return True
 
     def policy_names(self) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT policy FROM policy_state")]
+            return [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT policy FROM policy_state"
+                    " UNION SELECT DISTINCT policy FROM policy_targets"
+                )
+            ]
 
-    @staticmethod
-    def save_policy_state(db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
-        db.execute(
-            "INSERT OR REPLACE INTO policy_state (policy, data) VALUES (?, ?)",
-            (policy, _policy_state_to_json(state)),
-        )
+    def save_policy_state(self, db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
+        """Store ``state`` in the open transaction ``db``: only the targets whose row would
+        change (a target's ``last_seen`` and ``value`` alone, which change every evaluation,
+        are rewritten at most every ``REFRESH_S``); all of them when this process has not read
+        or written the policy's rows since it opened the file (or another process wrote it)."""
+        with self._lock:
+            pending = self._pending.get(policy)
+            stored = dict(pending[1]) if pending is not None else self._stored.get(policy)
+            if stored is None:
+                db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
+                db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
+                stored = {}
+            else:
+                stored = dict(stored)
+            writes: list[tuple[str, str, str]] = []
+            for key, target in state.targets.items():
+                before = stored.get(key)
+                if before is None or _changed(before, target):
+                    writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                    stored[key] = target
+            gone = [(policy, key) for key in stored if key not in state.targets]
+            for _, key in gone:
+                del stored[key]
+            if gone:
+                db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
+            if writes:
+                db.executemany(
+                    "INSERT OR REPLACE INTO policy_targets (policy, target, data) VALUES (?, ?, ?)",
+                    writes,
+                )
+            self._pending[policy] = (state, stored)
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
@@ -724,52 +823,54 @@ def reset(path: Path, now: float | None = None) -> Path | None:
     return aside
 
 
-def _policy_state_to_json(state: PolicyState) -> str:
-    return json.dumps(
-        {
-            key: {
-                "status": t.status.value,
-                "active_since": t.active_since,
-                "last_seen": t.last_seen,
-                "value": t.value,
-                "labels": dict(t.labels),
-                "fired_at": t.fired_at,
-                "last_fire_at": t.last_fire_at,
-                "repeats": t.repeats,
-                "absent_since": t.absent_since,
-                "actions": t.actions,
-                "retry_at": t.retry_at,
-                "held": t.held,
-                "held_since": t.held_since,
-                "held_repeats": t.held_repeats,
-            }
-            for key, t in state.targets.items()
-        }
-    )
+REFRESH_S = 300.0
+"""A target whose only change is ``last_seen`` and ``value`` (every evaluation of a pending or
+firing target) is rewritten when its row's ``last_seen`` is this much older: after a restart
+the engine knows a value at most this old (the evidence of a clear of a target that left the
+result); nothing the state machine decides reads ``last_seen``."""
 
 
-def _policy_state_from_json(text: str) -> PolicyState:
-    raw = json.loads(text)
-    return PolicyState(
-        freeze(
-            {
-                key: TargetState(
-                    status=Status(t["status"]),
-                    active_since=t["active_since"],
-                    last_seen=t["last_seen"],
-                    value=t["value"],
-                    labels=freeze(t["labels"]),
-                    fired_at=t["fired_at"],
-                    last_fire_at=t["last_fire_at"],
-                    repeats=t["repeats"],
-                    absent_since=t.get("absent_since"),
-                    actions=int(t.get("actions", 0)),
-                    retry_at=t.get("retry_at"),
-                    held=t.get("held"),
-                    held_since=t.get("held_since"),
-                    held_repeats=int(t.get("held_repeats", 0)),
-                )
-                for key, t in raw.items()
-            }
-        )
+def _changed(before: TargetState, after: TargetState) -> bool:
+    if before == after:
+        return False
+    if after.last_seen - before.last_seen >= REFRESH_S:
+        return True
+    return replace(after, last_seen=before.last_seen, value=before.value) != before
+
+
+def _target_state_to_dict(t: TargetState) -> dict[str, Any]:
+    return {
+        "status": t.status.value,
+        "active_since": t.active_since,
+        "last_seen": t.last_seen,
+        "value": t.value,
+        "labels": dict(t.labels),
+        "fired_at": t.fired_at,
+        "last_fire_at": t.last_fire_at,
+        "repeats": t.repeats,
+        "absent_since": t.absent_since,
+        "actions": t.actions,
+        "retry_at": t.retry_at,
+        "held": t.held,
+        "held_since": t.held_since,
+        "held_repeats": t.held_repeats,
+    }
+
+
+def _target_state_from_dict(t: Mapping[str, Any]) -> TargetState:
+    return TargetState(
+        status=Status(t["status"]),
+        active_since=t["active_since"],
+        last_seen=t["last_seen"],
+        value=t["value"],
+        labels=freeze(t["labels"]),
+        fired_at=t["fired_at"],
+        last_fire_at=t["last_fire_at"],
+        repeats=t["repeats"],
+        absent_since=t.get("absent_since"),
+        actions=int(t.get("actions", 0)),
+        retry_at=t.get("retry_at"),
+        held=t.get("held"),
+        held_since=t.get("held_since"),
+        held_repeats=int(t.get("held_repeats", 0)),
     )

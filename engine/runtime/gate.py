@@ -45,7 +45,7 @@ from engine.decisions import (
     freeze,
 )
 from engine.evaluation import PolicyState, Status, failed
-from engine.guardrails import HOUR, RETRY_S, forget_action
+from engine.guardrails import HOUR, RETRY_S, budget_retry_time, forget_action
 from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
@@ -303,6 +303,9 @@ class Gate:
         log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
         self._store.finish_decision(decision.id, outcome, held)
         retry_at = None if verdict == Verdict.DRY_RUN.value else self._clock() + RETRY_S
+        budget = self._settings.global_max_per_hour
+        if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
+            retry_at = budget_retry_time(self._store.guardrail_state(), budget, self._clock())
         self._feed_back(decision, retry_at, keep_state=retry_at is None)
         self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
         self._write_outcome(held, outcome)
