@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS guardrails (id INTEGER PRIMARY KEY CHECK (id = 1), da
 CREATE TABLE IF NOT EXISTS decisions (
     id TEXT PRIMARY KEY, policy TEXT NOT NULL, target TEXT NOT NULL, transition TEXT NOT NULL,
     verdict TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, outcome TEXT,
-    data TEXT NOT NULL, audited INTEGER NOT NULL DEFAULT 0, seq BIGSERIAL
+    data TEXT NOT NULL, audited INTEGER NOT NULL DEFAULT 0, retried_at DOUBLE PRECISION,
+    seq BIGSERIAL
 );
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at);
 CREATE INDEX IF NOT EXISTS decisions_status ON decisions (status);
@@ -75,7 +76,7 @@ CREATE TABLE IF NOT EXISTS gpuops_leader (
 INSERT INTO gpuops_leader (id) VALUES (1) ON CONFLICT DO NOTHING;
 """
 """Version 1 of the PostgreSQL schema: SQLite's tables after all of ``engine.state``'s
-migrations, plus the quota requests and the lease row."""
+migrations, plus the schema version and the lease row."""
 
 MIGRATIONS: tuple[str, ...] = ()
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
@@ -309,10 +310,6 @@ class PostgresStore(StateStore):
             self._states.clear()
             self._stored.clear()
             self._cache_epoch = epoch
-
-    def quota_connection(self) -> _Connection:
-        """A connection of its own for the quota requests (``engine.runtime.quota``)."""
-        return _Connection(self.url, self.credentials, f"gpuops {self.name} quota", self._session)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,10 @@ from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
 from engine.runtime.leadership import Change, Leadership
-from engine.runtime.quota import QuotaManager, QuotaStore
+from engine.runtime.quota import QuotaManager
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateError, StateStore, Store
+from engine.state import StateError, StateStore
+from engine.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +156,7 @@ class Engine:
         )
         self.quota = QuotaManager(
             settings=config.api.quota,
-            store=QuotaStore(
-                self.store.path,
-                self.store.quota_connection() if isinstance(self.store, PostgresStore) else None,
-            ),
-            state=self.store,
+            store=self.store,
             cycle=self.cycle,
             controls=self.controls,
             approval_ttl=config.guardrails.approval_ttl,
@@ -396,7 +393,6 @@ class Engine:
         self.alerts.stop()
         self.gate.stop()
         self.leadership.stop()  # after the last action: a standby then resumes nothing twice
-        self.quota.store.close()
         self.audit.close()
         self.store.close()
 

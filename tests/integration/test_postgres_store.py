@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from engine.decisions import freeze
+from engine.decisions import Decision, Outcome, OutcomeStatus, freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.postgres import (
     MIGRATIONS,
@@ -25,7 +26,16 @@ from engine.postgres import (
     redacted,
 )
 from engine.state import StateError, StateStore
+from engine.store import (
+    AlertKey,
+    ApprovalStatus,
+    Audited,
+    DecisionStatus,
+    QuotaRequest,
+    QuotaStatus,
+)
 from tests.postgres import PASSWORD, PostgresServer
+from tests.unit.audit.factories import make_decision
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -77,58 +87,75 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     lease.close()
 
 
-def _doc(decision_id: str, at: float, **extra: Any) -> dict[str, Any]:
-    doc = {"id": decision_id, "policy": "p", "target": {"key": "pool=a"}, "transition": "fire"}
-    return doc | {"verdict": "execute", "at": at, "episode_start": 1.0} | extra
+def _decision(at: float, verdict: str = "execute", episode: float = 1.0) -> Decision:
+    decision = make_decision(verdict=verdict, at=at, episode=episode)
+    return replace(decision, id=f"{decision.id}-{at:g}")  # one id per time: several per test
 
 
 def test_decisions_replays_outcomes_and_backoff_count_alike(store: Any) -> None:
+    d1, d2 = _decision(2.0), _decision(2.0, episode=1.0)
+    d2 = replace(d2, id=d2.id + "b")
     with store.transaction() as db:
-        assert store.record_decision(db, _doc("d1", 2.0), "started")
-        assert store.record_decision(db, _doc("d2", 2.0), "started")
-        assert not store.record_decision(db, _doc("d1", 2.0), "started"), "a replay"
-    assert [d["id"] for d in store.unfinished()] == ["d1", "d2"]
-    store.finish_decision("d1", {"status": "failure"}, "suppressed:paused", "held")
-    store.finish_decision("d2", {"status": "failure"})
+        assert store.record_decision(db, d1, DecisionStatus.STARTED)
+        assert store.record_decision(db, d2, DecisionStatus.STARTED)
+        assert not store.record_decision(db, d1, DecisionStatus.STARTED), "a replay"
+    store.mark_audited([d1.id, d2.id], Audited.INTENT)
+    assert [d.id for d in store.unfinished()] == [d1.id, d2.id]
+    failure = Outcome(OutcomeStatus.FAILURE, attempts=1, error="boom")
+    store.finish_decision(d1.id, failure, d1.with_verdict("suppressed:paused", "held"))
+    store.finish_decision(d2.id, failure)
     assert store.unfinished() == []
-    held = store.decision("d1")
-    assert (held["verdict"], held["reason"], held["status"]) == (
-        "suppressed:paused",
-        "held",
-        "done",
-    )
-    assert store.failures_in_episode("p", "pool=a", 1.0) == 2
-    assert store.failures_in_episode("p", "pool=a", 9.0) == 0
-    assert [d["id"] for d in store.decisions()] == ["d2", "d1"], "newest first, then insertion"
-    store.mark_audited(["d1"], 1)
-    assert {d["id"]: level for d, level in store.unaudited()} == {"d1": 1, "d2": 0}
+    held = store.decision(d1.id)
+    assert held is not None and held.status is DecisionStatus.DONE
+    assert (held.decision.verdict, held.decision.reason) == ("suppressed:paused", "held")
+    assert held.outcome is not None and held.outcome.error == "boom"
+    target = d1.target.key
+    assert store.failures_in_episode(d1.policy, target, 1.0) == 2
+    assert store.failures_in_episode(d1.policy, target, 9.0) == 0
+    assert [d.id for d in store.decisions()] == [d2.id, d1.id], "newest first, then insertion"
+    assert {d.id: d.audited for d in store.unaudited()} == {
+        d1.id: Audited.INTENT,
+        d2.id: Audited.INTENT,
+    }, "their outcomes are not in the spool yet"
+    assert store.mark_retried(d2.id, 5.0) and not store.mark_retried(d2.id, 6.0)
 
 
-def test_policy_targets_approvals_inbox_and_controls_alike(store: Any) -> None:
+def test_policy_targets_approvals_quota_inbox_and_controls_alike(store: Any) -> None:
     state = PolicyState(
         freeze({"pool=a": TargetState(Status.FIRING, 1.0, 2.0, 0.5, freeze({"pool": "a"}))})
     )
+    waiting = _decision(3.0, verdict="awaiting_approval")
     with store.transaction() as db:
         store.save_policy_state(db, "p", state)
-        store.record_decision(db, _doc("d3", 3.0, verdict="awaiting_approval"), "done")
-        store.save_approval(db, _doc("d3", 3.0), 3.0, 10.0)
+        store.record_decision(db, waiting, DecisionStatus.DONE)
+        store.save_approval(db, waiting, 3.0, 10.0)
     assert store.policy_state("p").targets["pool=a"].status is Status.FIRING
     assert store.policy_names() == ["p"]
-    granted = store.settle_approval("d3", "granted", "ops", 4.0)
-    assert granted is not None and granted["status"] == "granted"
-    assert store.settle_approval("d3", "denied", "ops", 5.0) is None, "settled once"
-    assert (store.decision("d3")["verdict"], store.decision("d3")["status"]) == (
-        "execute",
-        "started",
-    )
+    with store.transaction() as db:
+        granted = store.settle_approval(db, waiting.id, ApprovalStatus.GRANTED, "ops", 4.0)
+        store.rerun_decision(db, waiting.with_verdict("execute", "granted"))
+    assert granted is not None and granted.status is ApprovalStatus.GRANTED
+    with store.transaction() as db:
+        assert store.settle_approval(db, waiting.id, ApprovalStatus.DENIED, "ops", 5.0) is None
+    rerun = store.decision(waiting.id)
+    assert rerun is not None
+    assert (rerun.decision.verdict, rerun.status) == ("execute", DecisionStatus.STARTED)
+    request = QuotaRequest("q1", "proj", 8, 3600.0, "why", "ops", 1.0, 100.0)
+    store.add_quota_request(request)
+    applying = replace(request, status=QuotaStatus.APPLYING)
+    assert store.move_quota_request(applying, QuotaStatus.PENDING)
+    assert not store.move_quota_request(applying, QuotaStatus.PENDING), "compare and set"
+    assert store.quota_requests(QuotaStatus.APPLYING) == [applying]
     items = store.inbox_add([{"fingerprint": "x"}, {"fingerprint": "y"}], 1.0)
-    assert [alert for _, alert in store.inbox()] == [{"fingerprint": "x"}, {"fingerprint": "y"}]
+    assert [dict(i.alert) for i in store.inbox()] == [{"fingerprint": "x"}, {"fingerprint": "y"}]
     store.inbox_done(items[0])
-    assert [i for i, _ in store.inbox()] == items[1:]
-    assert not store.seen_alert("f", "t", "firing", 1.0)
-    assert store.seen_alert("f", "t", "firing", 2.0), "a retried webhook"
+    assert [i.id for i in store.inbox()] == items[1:]
+    key = AlertKey("f", "t", "firing")
+    assert not store.seen_alert(key, 1.0)
+    assert store.seen_alert(key, 2.0), "a retried webhook"
+    assert store.alert_known(key)
     store.save_early_resolve("d9", {"a": 1}, 1.0)
-    assert store.take_early_resolve("d9") == {"a": 1}
+    assert dict(store.take_early_resolve("d9") or {}) == {"a": 1}
     assert store.take_early_resolve("d9") is None
     store.set_control("paused", "ops@1")
     store.set_control("paused", "ops@2")
@@ -150,8 +177,8 @@ def test_a_replica_that_lost_its_lease_writes_nothing(url: str, credentials: Cre
         assert new_epoch is not None
         with pytest.raises(FencedError, match=r"lost the lease of epoch \d+: nothing written"):
             with old.transaction() as db:
-                old.record_decision(db, _doc("late", 9.0), "started")
-        assert old.decision("late") is None
+                old.record_decision(db, _decision(9.0), DecisionStatus.STARTED)
+        assert old.decision(_decision(9.0).id) is None
         assert not old_lease.renew(new_epoch - 1, 30), "the old epoch renews nothing"
     finally:
         old.close()
@@ -168,13 +195,14 @@ def test_a_takeover_waits_for_the_recording_transaction(url: str, credentials: C
     epoch = old_lease.acquire(2.0)
     assert epoch is not None
     old.fence = lambda: ("a", epoch)
+    guarded = _decision(1.0)
     taker = Lease(url, credentials, "b", None, wait_s=30)
     taken: list[int | None] = []
     thread = threading.Thread(target=lambda: taken.append(taker.acquire(30)))
     try:
         with psycopg.connect(url, password=PASSWORD, autocommit=True) as conn:
             with old.transaction() as db:
-                old.record_decision(db, _doc("guarded", 1.0), "started")
+                old.record_decision(db, guarded, DecisionStatus.STARTED)
                 wait_for(
                     lambda: conn.execute(
                         "SELECT expires_at <= now() FROM gpuops_leader"
@@ -196,7 +224,7 @@ def test_a_takeover_waits_for_the_recording_transaction(url: str, credentials: C
         assert taken == [epoch + 1]
         assert taker.current().holder == "b"
         new = PostgresStore(url, credentials, "b")
-        assert [d["id"] for d in new.unfinished()] == ["guarded"], "the new leader resumes it"
+        assert new.decision(guarded.id) is not None, "committed before the takeover"
         new.close()
     finally:
         old.close()
