@@ -284,6 +284,8 @@ class Pair:
             return self.leader()
 
         elected: Replica = wait_for(leader, 60, "a leader")
+        standby = self.other(elected)
+        wait_for(lambda: standby.role() == "standby", 60, f"{standby.name} as the standby")
         return elected
 
     def leader(self) -> Replica | None:
@@ -325,6 +327,15 @@ class Pair:
                         doc["event"]["id"]
                     )
         return found
+
+    def elections(self) -> list[int]:
+        """The epochs of the ``leadership.elected`` documents in the replicas' spools."""
+        return sorted(
+            doc["gpuops"]["leadership"]["epoch"]
+            for replica in self.replicas
+            for doc in read_spool(replica.dir / "audit")
+            if doc["event"].get("action") == "leadership.elected"
+        )
 
     def settled(self, timeout: float = 60) -> None:
         """Wait until no recorded action is unfinished."""
