@@ -15,6 +15,7 @@ and a re-decision that repeats the suppression already recorded for its target (
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -40,6 +41,13 @@ from engine.runtime.gate import Gate
 from engine.state import StateRowError, Store
 
 log = logging.getLogger(__name__)
+
+
+POPULATIONS_KEPT = 256
+"""Population counts remembered, by (query, evaluation time). Sound: it is the same query at
+the same evaluation time, so Prometheus would answer the same (the policies of one group, and
+groups of the same phase, share their evaluation times); a count is never reused at another
+time, so a fleet that shrank or grew is seen at the next evaluation."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,8 @@ class Cycle:
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
         self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
+        self._populations: dict[tuple[str, float], int] = {}  # (query, evaluation time) -> count
+        self._cache_lock = threading.Lock()
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         started = time.monotonic()
@@ -157,11 +167,25 @@ class Cycle:
         if expr is None:
             # max_fraction of targets without labels (`sum(x) > 10`): there is only one
             return 1 if policy.max_fraction is not None else None
+        key = (expr, now)
+        with self._cache_lock:
+            known = self._populations.get(key)
+        if known is not None:
+            return known
         try:
-            return len(self._prometheus.query(expr, at=now))
+            if policy.population is None:  # ours: one number back, not every target's series
+                counted = self._prometheus.query(f"count({expr})", at=now)
+                found = int(counted[0].value) if counted else 0
+            else:
+                found = len(self._prometheus.query(expr, at=now))
         except QueryError as exc:
             log.warning("population of %s unknown: %s", policy.name, exc)
             return None
+        with self._cache_lock:
+            if len(self._populations) >= POPULATIONS_KEPT:
+                self._populations.clear()
+            self._populations[key] = found
+        return found
 
     def context(self, population: int | None, approved: bool = False) -> Context:
         return Context(
