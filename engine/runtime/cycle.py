@@ -9,7 +9,10 @@ will run; an id already stored is a replay and does not run) and hands them to
 change the state only (docs/policies.md, "What is recorded"): a clear with nothing to undo,
 and a re-decision that repeats the suppression already recorded for its target (counted in
 ``gpuops_engine_suppressed_total`` and in the next record's ``held_repeats``). Built by
-``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``.
+``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``, which evaluates every
+policy of the group and then commits them together (group commit, issue 15): one transaction
+for all their states, the windows and their decisions, one hand-over to the gate (one intent
+write). A state or windows row that did not change is not written.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.config import GuardrailSettings
 from engine.decisions import (
@@ -31,7 +36,7 @@ from engine.decisions import (
     Verdict,
 )
 from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, judge_step, population_expr
+from engine.guardrails import Context, Judgement, judge_step, population_expr
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
 from engine.records import decision_doc
@@ -101,15 +106,31 @@ class Cycle:
         self._cache_lock = threading.Lock()
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        """One run of ``group``: every policy queried and evaluated, then all of them judged
+        and stored in one transaction (one fsync) and handed to the gate together, which
+        writes their intents in one spool write before any runs (group commit)."""
         started = time.monotonic()
         now = cron_time(self._clock()) if scheduled else self._tick(group)
-        for policy in group.policies:
-            if policy.expr is None or (policy.schedule is not None) != scheduled:
-                continue
-            try:
-                self.evaluate_policy(policy, now)
-            except Exception:  # one broken policy must not stop the others
-                log.exception("evaluation of policy %s failed", policy.name)
+        policies = [
+            p
+            for p in group.policies
+            if p.expr is not None and (p.schedule is not None) == scheduled
+        ]
+        locks = [self._locks.policy(name) for name in sorted({p.name for p in policies})]
+        with ExitStack() as held:  # one writer of each policy's state, in one order everywhere
+            for lock in locks:
+                held.enter_context(lock)
+            steps: list[_Step] = []
+            for policy in policies:
+                try:
+                    step = self._step(policy, now)
+                except Exception:  # one broken policy must not stop the others
+                    log.exception("evaluation of policy %s failed", policy.name)
+                    continue
+                if step is not None:
+                    steps.append(step)
+            if steps:
+                self._commit_steps(steps, now)
         self._metrics.evaluation_duration.labels(group.name).observe(time.monotonic() - started)
 
     def _tick(self, group: Group) -> float:
@@ -124,22 +145,31 @@ class Cycle:
 
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         now = self._clock() if now is None else now
-        self._metrics.evaluations.labels(policy.group, policy.name).inc()
         with self._locks.policy(policy.name):  # one writer of this policy's state at a time
-            try:
-                state = self._store.policy_state(policy.name)
-            except StateRowError as exc:  # this policy only, visibly (docs/state.md)
-                self._unreadable(policy, now, exc)
+            step = self._step(policy, now)
+            if step is None:
                 return []
-            self.unreadable.pop(policy.name, None)
-            result = self._query(policy, now, has_firing=bool(state.firing()))
-            step = evaluate(policy, result, state, now, self._freshness(policy))
-            if step.skipped is not None:
-                self._skipped(step.skipped)
-            skipped = step.skipped.error if step.skipped is not None else None
-            self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
-            population = self.population(policy, now, step.decisions) if step.decisions else None
-            return list(self.commit(policy, step.decisions, step.state, now, population).decisions)
+            committed = self.commit(policy, step.decisions, step.state, now, step.population)
+            return list(committed.decisions)
+
+    def _step(self, policy: Policy, now: float) -> _Step | None:
+        """Read, query and evaluate ``policy`` at ``now`` (the caller holds its lock); None
+        when its stored state cannot be read."""
+        self._metrics.evaluations.labels(policy.group, policy.name).inc()
+        try:
+            state = self._store.policy_state(policy.name)
+        except StateRowError as exc:  # this policy only, visibly (docs/state.md)
+            self._unreadable(policy, now, exc)
+            return None
+        self.unreadable.pop(policy.name, None)
+        result = self._query(policy, now, has_firing=bool(state.firing()))
+        step = evaluate(policy, result, state, now, self._freshness(policy))
+        if step.skipped is not None:
+            self._skipped(step.skipped)
+        skipped = step.skipped.error if step.skipped is not None else None
+        self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
+        population = self.population(policy, now, step.decisions) if step.decisions else None
+        return _Step(policy, step.decisions, step.state, population, state)
 
     def _unreadable(self, policy: Policy, now: float, exc: StateRowError) -> None:
         self.unreadable[policy.name] = str(exc)
@@ -207,34 +237,66 @@ class Cycle:
     ) -> Committed:
         """Judge, store and hand ``decisions`` to the gate (the caller holds the policy's lock
         when ``next_state`` is given)."""
+        (committed,) = self._commit_steps([_Step(policy, decisions, next_state, population)], now)
+        return committed
+
+    def _commit_steps(self, steps: Sequence[_Step], now: float) -> list[Committed]:
+        """Judge the steps in order (each seeing the guardrail windows the ones before it left),
+        store every state, the windows and every new decision in one transaction, then hand
+        all new decisions to the gate at once (their intents in one spool write)."""
         runs: set[str] = set()
         fresh: list[Decision] = []
+        judged: list[tuple[_Step, Judgement]] = []
         with self._locks.engine:
-            judgement = judge_step(
-                policy,
-                decisions,
-                next_state,
-                self._store.guardrail_state(),
-                self.context(population),
-                now,
-            )
+            windows = before = self._store.guardrail_state()
+            for step in steps:
+                try:
+                    judgement = judge_step(
+                        step.policy,
+                        step.decisions,
+                        step.state,
+                        windows,
+                        self.context(step.population),
+                        now,
+                    )
+                except Exception:  # one broken policy must not stop the others
+                    log.exception("judging the decisions of %s failed", step.policy.name)
+                    continue
+                windows = judgement.guardrails
+                judged.append((step, judgement))
             with self._store.transaction() as db:
-                if judgement.policy_state is not None:
-                    self._store.save_policy_state(db, policy.name, judgement.policy_state)
-                self._store.save_guardrail_state(db, judgement.guardrails)
-                for decision in judgement.decisions:
-                    if decision.id in judgement.repeats or _state_only(decision):
-                        continue  # counted below, not recorded: see ``_state_only``
-                    run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
-                    doc = decision_doc(decision)
-                    if not self._store.record_decision(db, doc, "started" if run else "done"):
-                        continue  # a replay: already stored, audited and (if it ran) run
-                    fresh.append(decision)
-                    if run:
-                        runs.add(decision.id)
-                    if decision.verdict == Verdict.AWAITING_APPROVAL.value:
-                        ttl = self._settings.approval_ttl
-                        self._store.save_approval(db, doc, now, now + ttl)
+                for step, judgement in judged:
+                    if judgement.policy_state is not None and judgement.policy_state != step.read:
+                        self._store.save_policy_state(db, step.policy.name, judgement.policy_state)
+                    self._record(db, judgement, now, fresh, runs)
+                if windows != before:
+                    self._store.save_guardrail_state(db, windows)
+        for step, judgement in judged:
+            self._count(step.policy, judgement, now)
+        futures = self._gate.admit(fresh, runs)
+        return [
+            Committed(j.decisions, {d.id: futures[d.id] for d in j.decisions if d.id in futures})
+            for _, j in judged
+        ]
+
+    def _record(
+        self, db: Any, judgement: Judgement, now: float, fresh: list[Decision], runs: set[str]
+    ) -> None:
+        for decision in judgement.decisions:
+            if decision.id in judgement.repeats or _state_only(decision):
+                continue  # counted by ``_count``, not recorded: see ``_state_only``
+            run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
+            doc = decision_doc(decision)
+            if not self._store.record_decision(db, doc, "started" if run else "done"):
+                continue  # a replay: already stored, audited and (if it ran) run
+            fresh.append(decision)
+            if run:
+                runs.add(decision.id)
+            if decision.verdict == Verdict.AWAITING_APPROVAL.value:
+                ttl = self._settings.approval_ttl
+                self._store.save_approval(db, doc, now, now + ttl)
+
+    def _count(self, policy: Policy, judgement: Judgement, now: float) -> None:
         for decision in judgement.decisions:
             if decision.transition is not Transition.FIRE:
                 self._cleared(decision, now)
@@ -246,7 +308,19 @@ class Cycle:
                 self._metrics.suppressed.labels(decision.policy, reason.value).inc()
             if _state_only(decision):
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
-        return Committed(judgement.decisions, self._gate.admit(fresh, runs))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One policy's evaluation, waiting for its judgement: the decisions, the next state, the
+    population, and the state it was evaluated from (``read``: an unchanged state is not
+    written again)."""
+
+    policy: Policy
+    decisions: Sequence[Decision]
+    state: PolicyState | None
+    population: int | None
+    read: PolicyState | None = None
 
 
 def _state_only(decision: Decision) -> bool:
