@@ -1,9 +1,10 @@
 """Durable engine state in one SQLite file: policy states, guardrail windows, decisions, controls,
 approvals and Alertmanager episodes. A restart neither re-fires nor forgets (DESIGN.md §5).
 
-Called by ``engine.runtime`` (and the API through it). Values in, values out: it serialises the
-frozen values of ``engine.evaluation`` and ``engine.guardrails`` as JSON. One connection guarded
-by a lock; every write is one transaction.
+Implements ``engine.store.Store`` (the repositories per aggregate) for ``engine.runtime`` (and
+the API through it). Values in, values out: frozen values of ``engine.store``,
+``engine.evaluation`` and ``engine.guardrails``, stored in the JSON forms of ``engine.codecs``
+and ``engine.records``. One connection guarded by a lock; every write is one transaction.
 
 A file that cannot be trusted is never reset silently (docs/state.md): opening an empty file
 the engine had written before, a file without the SQLite header, a foreign database or one that
@@ -21,14 +22,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from engine.decisions import freeze
+from engine.codecs import alert_doc, alert_from_doc, quota_request_doc, quota_request_from_doc
+from engine.decisions import Decision, Outcome, freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import Execution, GuardrailState
+from engine.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
+from engine.store import (
+    AlertKey,
+    Approval,
+    ApprovalStatus,
+    Audited,
+    DecisionStatus,
+    InboxItem,
+    QuotaRequest,
+    QuotaStatus,
+    StoredDecision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +86,18 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
         " WHERE json_valid(p.data) AND json_type(p.data) = 'object'",
         "DELETE FROM policy_state WHERE json_valid(data) AND json_type(data) = 'object'",
     ),
+    # 4: an admin's retry of a failed decision is accepted once per decision id
+    "ALTER TABLE decisions ADD COLUMN retried_at REAL",
+    # 5: quota requests, in this connection's transactions (older files made the table on a
+    # connection of their own, hence IF NOT EXISTS), and its index (6)
+    "CREATE TABLE IF NOT EXISTS quota_requests (id TEXT PRIMARY KEY, data TEXT NOT NULL,"
+    " status TEXT NOT NULL, requested_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status)",
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""
 
-INTENT, OUTCOME = 1, 2
+INTENT, OUTCOME = Audited.INTENT, Audited.OUTCOME
 """The values of ``decisions.audited`` (see ``MIGRATIONS``)."""
 
 APPLICATION_ID = 0x6770_6F70
@@ -104,61 +125,6 @@ class StateRowError(StateError):
     def __init__(self, message: str, policy: str) -> None:
         super().__init__(message)
         self.policy = policy
-
-
-class Store(Protocol):
-    """What the engine needs of its state backend: ``StateStore`` (SQLite, the embedded
-    default) implements it; a PostgreSQL backend (DESIGN.md section 11) can implement it too.
-    ``transaction()`` yields the backend's open transaction, handed back to the ``save_*`` /
-    ``record_*`` methods, so one commit holds a cycle's state, windows and decisions."""
-
-    path: Path
-
-    def close(self) -> None: ...
-    def transaction(self) -> AbstractContextManager[Any]: ...
-    def policy_state(self, policy: str) -> PolicyState: ...
-    def policy_names(self) -> list[str]: ...
-    def save_policy_state(self, db: Any, policy: str, state: PolicyState) -> None: ...
-    def guardrail_state(self) -> GuardrailState: ...
-    def save_guardrail_state(self, db: Any, state: GuardrailState) -> None: ...
-    def record_decision(self, db: Any, doc: Mapping[str, Any], status: str) -> bool: ...
-    def rerun_decision(self, db: Any, doc: Mapping[str, Any]) -> None: ...
-    def finish_decision(
-        self,
-        decision_id: str,
-        outcome: Mapping[str, Any],
-        verdict: str | None = None,
-        reason: str | None = None,
-    ) -> None: ...
-    def mark_audited(self, ids: Sequence[str], level: int) -> None: ...
-    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]: ...
-    def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int: ...
-    def decision(self, decision_id: str) -> dict[str, Any] | None: ...
-    def prune(self, older_than: float) -> int: ...
-    def unfinished(self) -> list[dict[str, Any]]: ...
-    def decisions(
-        self, policy: str | None = None, since: float | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]: ...
-    def control(self, name: str) -> str | None: ...
-    def set_control(self, name: str, value: str | None) -> None: ...
-    def save_approval(
-        self, db: Any, doc: Mapping[str, Any], requested_at: float, expires_at: float
-    ) -> None: ...
-    def approvals(self, status: str | None = None) -> list[dict[str, Any]]: ...
-    def approval(self, decision_id: str) -> dict[str, Any] | None: ...
-    def settle_approval(
-        self, decision_id: str, status: str, user: str | None, now: float
-    ) -> dict[str, Any] | None: ...
-    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]: ...
-    def expired_approvals(self, now: float) -> list[dict[str, Any]]: ...
-    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]: ...
-    def inbox(self) -> list[tuple[int, dict[str, Any]]]: ...
-    def inbox_done(self, item: int) -> None: ...
-    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool: ...
-    def prune_alert_episodes(self, older_than: float) -> int: ...
-    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool: ...
-    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None: ...
-    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None: ...
 
 
 class StateStore:
@@ -379,55 +345,51 @@ class StateStore:
 
     # --- decisions ----------------------------------------------------------------------
     @staticmethod
-    def record_decision(db: sqlite3.Connection, doc: Mapping[str, Any], status: str) -> bool:
+    def record_decision(db: sqlite3.Connection, decision: Decision, status: DecisionStatus) -> bool:
         """Insert a decision; False when its id is already known (a replay: do not act again)."""
         cur = db.execute(
             "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
             " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
             (
-                doc["id"],
-                doc["policy"],
-                doc["target"]["key"],
-                doc["transition"],
-                doc["verdict"],
-                doc["at"],
-                status,
-                json.dumps(doc),
+                decision.id,
+                decision.policy,
+                decision.target.key,
+                decision.transition.value,
+                decision.verdict,
+                decision.at,
+                status.value,
+                json.dumps(decision_doc(decision)),
             ),
         )
         return cur.rowcount == 1
 
     @staticmethod
-    def rerun_decision(db: sqlite3.Connection, doc: Mapping[str, Any]) -> None:
+    def rerun_decision(db: sqlite3.Connection, decision: Decision) -> None:
         """A stored decision that runs after all (a granted approval): its new verdict, to be
         audited and run by the gate."""
         db.execute(
             "UPDATE decisions SET verdict = ?, data = ?, status = 'started', outcome = NULL,"
             " audited = 0 WHERE id = ?",
-            (doc["verdict"], json.dumps(doc), doc["id"]),
+            (decision.verdict, json.dumps(decision_doc(decision)), decision.id),
         )
 
     def finish_decision(
-        self,
-        decision_id: str,
-        outcome: Mapping[str, Any],
-        verdict: str | None = None,
-        reason: str | None = None,
+        self, decision_id: str, outcome: Outcome, held: Decision | None = None
     ) -> None:
         """Store a decision's outcome (and, when the gate held it, its new verdict)."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE decisions SET status = 'done', outcome = ? WHERE id = ?",
-                (json.dumps(outcome), decision_id),
+                (json.dumps(outcome_doc(outcome)), decision_id),
             )
-            if verdict is not None:
+            if held is not None:
                 db.execute(
                     "UPDATE decisions SET verdict = ?,"
                     " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
-                    (verdict, verdict, reason or "", decision_id),
+                    (held.verdict, held.verdict, held.reason, decision_id),
                 )
 
-    def mark_audited(self, ids: Sequence[str], level: int) -> None:
+    def mark_audited(self, ids: Sequence[str], level: Audited) -> None:
         """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
         with self.transaction() as db:
             for start in range(0, len(ids), 500):
@@ -435,29 +397,37 @@ class StateStore:
                 db.execute(
                     f"UPDATE decisions SET audited = ? WHERE audited < ? AND id IN "
                     f"({','.join('?' * len(chunk))})",
-                    (level, level, *chunk),
+                    (int(level), int(level), *chunk),
                 )
 
-    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]:
-        """Decisions whose intent, or whose stored outcome, the spool lacks, with their level
-        (``ids``: only among those), oldest first."""
+    def unaudited(self, ids: Sequence[str] | None = None) -> list[StoredDecision]:
+        """Decisions whose intent, or whose stored outcome, the spool lacks (``ids``: only
+        among those), oldest first."""
         where = "(audited = 0 OR (outcome IS NOT NULL AND audited < 2))"
         rows: list[tuple[Any, ...]] = []
         with self._lock:
             if ids is None:
                 rows = self._db.execute(
-                    f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
-                    " ORDER BY at"
+                    f"SELECT {_COLUMNS} FROM decisions WHERE {where} ORDER BY at"
                 ).fetchall()
             else:
                 for start in range(0, len(ids), 500):
                     chunk = ids[start : start + 500]
                     rows += self._db.execute(
-                        f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
+                        f"SELECT {_COLUMNS} FROM decisions WHERE {where}"
                         f" AND id IN ({','.join('?' * len(chunk))}) ORDER BY at",
                         tuple(chunk),
                     ).fetchall()
-        return [(self._decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
+        return [self._decision_row(r) for r in rows]
+
+    def mark_retried(self, decision_id: str, now: float) -> bool:
+        """Accept an admin's retry of ``decision_id`` once (False: it was retried before)."""
+        with self.transaction() as db:
+            cur = db.execute(
+                "UPDATE decisions SET retried_at = ? WHERE id = ? AND retried_at IS NULL",
+                (now, decision_id),
+            )
+            return cur.rowcount == 1
 
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
@@ -471,10 +441,10 @@ class StateStore:
             ).fetchone()
         return int(row[0])
 
-    def decision(self, decision_id: str) -> dict[str, Any] | None:
+    def decision(self, decision_id: str) -> StoredDecision | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT data, status, outcome FROM decisions WHERE id = ?", (decision_id,)
+                f"SELECT {_COLUMNS} FROM decisions WHERE id = ?", (decision_id,)
             ).fetchone()
         return self._decision_row(row) if row else None
 
@@ -491,18 +461,21 @@ class StateStore:
             ).rowcount
         return gone
 
-    def unfinished(self) -> list[dict[str, Any]]:
-        """Decisions recorded to run whose outcome never came (the engine stopped in between)."""
+    def unfinished(self) -> list[StoredDecision]:
+        """Decisions recorded to run, whose intent is audited and whose outcome never came (the
+        engine stopped in between). One whose intent is not written yet is not among them:
+        only the gate's admission or reconciliation runs it, after writing it."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT data, status, outcome FROM decisions WHERE status = 'started' ORDER BY at"
+                f"SELECT {_COLUMNS} FROM decisions WHERE status = 'started' AND audited >= 1"
+                " ORDER BY at"
             ).fetchall()
         return [self._decision_row(r) for r in rows]
 
     def decisions(
         self, policy: str | None = None, since: float | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        sql = "SELECT data, status, outcome FROM decisions WHERE 1=1"
+    ) -> list[StoredDecision]:
+        sql = f"SELECT {_COLUMNS} FROM decisions WHERE 1=1"
         args: list[Any] = []
         if policy:
             sql += " AND policy = ?"
@@ -515,10 +488,17 @@ class StateStore:
         with self._lock:
             return [self._decision_row(r) for r in self._db.execute(sql, args)]
 
-    def _decision_row(self, row: tuple[str, str, str | None]) -> dict[str, Any]:
+    def _decision_row(self, row: tuple[Any, ...]) -> StoredDecision:
         try:
-            return _decision_row(row)
-        except (ValueError, TypeError) as exc:
+            data, status, outcome, audited, retried_at = row
+            return StoredDecision(
+                decision_from_doc(json.loads(data)),
+                DecisionStatus(status),
+                outcome_from_doc(json.loads(outcome)) if outcome else None,
+                Audited(int(audited)),
+                retried_at,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
             raise StateError(
                 f"{self.path}: a decisions row cannot be decoded ({type(exc).__name__}: {exc};"
                 f" it starts {str(row[0])[:80]!r})"
@@ -540,70 +520,135 @@ class StateStore:
     # --- approvals -----------------------------------------------------------------------
     @staticmethod
     def save_approval(
-        db: sqlite3.Connection, doc: Mapping[str, Any], requested_at: float, expires_at: float
+        db: sqlite3.Connection, decision: Decision, requested_at: float, expires_at: float
     ) -> None:
         db.execute(
             "INSERT OR IGNORE INTO approvals (decision_id, policy, target, requested_at,"
             " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
             (
-                doc["id"],
-                doc["policy"],
-                doc["target"]["key"],
+                decision.id,
+                decision.policy,
+                decision.target.key,
                 requested_at,
                 expires_at,
-                json.dumps(doc),
+                json.dumps(decision_doc(decision)),
             ),
         )
 
-    def approvals(self, status: str | None = None) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT decision_id, policy, target, requested_at, expires_at, status, decided_by,"
-            " decided_at, data FROM approvals"
-        )
+    def approvals(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals"
         args: tuple[Any, ...] = ()
         if status:
             sql += " WHERE status = ?"
-            args = (status,)
+            args = (ApprovalStatus(status).value,)
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY requested_at DESC", args).fetchall()
-        return [_approval_row(r) for r in rows]
+        return [self._approval_row(r) for r in rows]
 
-    def approval(self, decision_id: str) -> dict[str, Any] | None:
-        return next((a for a in self.approvals() if a["decision_id"] == decision_id), None)
+    def approval(self, decision_id: str) -> Approval | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE decision_id = ?", (decision_id,)
+            ).fetchone()
+        return self._approval_row(row) if row else None
 
     def settle_approval(
-        self, decision_id: str, status: str, user: str | None, now: float
-    ) -> dict[str, Any] | None:
-        """Move a pending approval to ``status``; None when it was not pending any more."""
+        self,
+        db: sqlite3.Connection,
+        decision_id: str,
+        status: ApprovalStatus,
+        user: str | None,
+        now: float,
+    ) -> Approval | None:
+        """Move a pending approval to ``status`` inside ``db``; None when it was not pending
+        any more."""
+        cur = db.execute(
+            "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
+            " WHERE decision_id = ? AND status = 'pending'",
+            (status.value, user, now, decision_id),
+        )
+        if cur.rowcount != 1:
+            return None
+        row = db.execute(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE decision_id = ?", (decision_id,)
+        ).fetchone()
+        return self._approval_row(row)
+
+    def expired_approvals(self, now: float) -> list[Approval]:
+        return [a for a in self.approvals(ApprovalStatus.PENDING) if a.expires_at <= now]
+
+    def _approval_row(self, row: tuple[Any, ...]) -> Approval:
+        requested_at, expires_at, status, decided_by, decided_at, data = row
+        try:
+            return Approval(
+                decision_from_doc(json.loads(data)),
+                requested_at,
+                expires_at,
+                ApprovalStatus(status),
+                decided_by,
+                decided_at,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(
+                f"{self.path}: an approvals row cannot be decoded ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    # --- quota requests ------------------------------------------------------------------
+    def add_quota_request(self, request: QuotaRequest) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO quota_requests VALUES (?, ?, ?, ?)",
+                (
+                    request.id,
+                    json.dumps(quota_request_doc(request)),
+                    request.status.value,
+                    request.requested_at,
+                ),
+            )
+
+    def quota_request(self, request_id: str) -> QuotaRequest | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT data FROM quota_requests WHERE id = ?", (request_id,)
+            ).fetchone()
+        return self._quota_row(row[0]) if row else None
+
+    def quota_requests(
+        self, status: QuotaStatus | None = None, limit: int = 1000
+    ) -> list[QuotaRequest]:
+        sql, args = (
+            "SELECT data FROM quota_requests",
+            [] if status is None else [QuotaStatus(status).value],
+        )
+        if status is not None:
+            sql += " WHERE status = ?"
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY requested_at DESC LIMIT ?", [*args, limit])
+            return [self._quota_row(r[0]) for r in rows.fetchall()]
+
+    def move_quota_request(self, request: QuotaRequest, expected: QuotaStatus) -> bool:
+        """Store ``request`` if the stored one is still in status ``expected`` (compare and set:
+        two admins approving at once apply it once)."""
         with self.transaction() as db:
             cur = db.execute(
-                "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
-                " WHERE decision_id = ? AND status = 'pending'",
-                (status, user, now, decision_id),
+                "UPDATE quota_requests SET data = ?, status = ? WHERE id = ? AND status = ?",
+                (
+                    json.dumps(quota_request_doc(request)),
+                    request.status.value,
+                    request.id,
+                    expected.value,
+                ),
             )
-            if cur.rowcount != 1:
-                return None
-            if status == "granted":
-                db.execute(
-                    "UPDATE decisions SET verdict = 'execute', status = 'started',"
-                    " data = json_set(data, '$.verdict', 'execute') WHERE id = ?",
-                    (decision_id,),
-                )
-        return self.approval(decision_id)
+            return cur.rowcount == 1
 
-    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]:
-        """Cancel the pending approvals of one target (its condition cleared meanwhile)."""
-        pending = [
-            a for a in self.approvals("pending") if a["policy"] == policy and a["target"] == target
-        ]
-        return [
-            settled
-            for a in pending
-            if (settled := self.settle_approval(a["decision_id"], "cancelled", None, now))
-        ]
-
-    def expired_approvals(self, now: float) -> list[dict[str, Any]]:
-        return [a for a in self.approvals("pending") if a["expires_at"] <= now]
+    def _quota_row(self, data: str) -> QuotaRequest:
+        try:
+            return quota_request_from_doc(json.loads(data))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(
+                f"{self.path}: a quota_requests row cannot be decoded"
+                f" ({type(exc).__name__}: {exc}; it starts {data[:80]!r})"
+            ) from exc
 
     # --- Alertmanager episodes -----------------------------------------------------------
     def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]:
@@ -613,29 +658,31 @@ class StateStore:
                 int(
                     db.execute(
                         "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
-                        (now, json.dumps(alert)),
+                        (now, json.dumps(alert_doc(alert))),
                     ).lastrowid
                     or 0
                 )
                 for alert in alerts
             ]
 
-    def inbox(self) -> list[tuple[int, dict[str, Any]]]:
+    def inbox(self) -> list[InboxItem]:
         """Alerts received but not handled yet, oldest first (after a crash: to handle now)."""
         with self._lock:
-            rows = self._db.execute("SELECT id, alert FROM alert_inbox ORDER BY id").fetchall()
-        return [(int(r[0]), json.loads(r[1])) for r in rows]
+            rows = self._db.execute(
+                "SELECT id, alert, received_at FROM alert_inbox ORDER BY id"
+            ).fetchall()
+        return [InboxItem(int(r[0]), alert_from_doc(json.loads(r[1])), float(r[2])) for r in rows]
 
     def inbox_done(self, item: int) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM alert_inbox WHERE id = ?", (item,))
 
-    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool:
+    def alert_known(self, key: AlertKey) -> bool:
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM alert_episodes WHERE fingerprint = ? AND starts_at = ?"
                 " AND status = ?",
-                (fingerprint, starts_at, status),
+                (key.fingerprint, key.starts_at, key.status),
             ).fetchone()
         return row is not None
 
@@ -647,14 +694,21 @@ class StateStore:
             early = db.execute("DELETE FROM early_resolves WHERE at < ?", (older_than,))
             return int(gone.rowcount) + int(early.rowcount)
 
-    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
+    def seen_alert(self, key: AlertKey, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
         with self.transaction() as db:
             cur = db.execute(
                 "INSERT OR IGNORE INTO alert_episodes VALUES (?, ?, ?, ?)",
-                (fingerprint, starts_at, status, now),
+                (key.fingerprint, key.starts_at, key.status, now),
             )
             return cur.rowcount == 0
+
+    def forget_alert(self, key: AlertKey) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "DELETE FROM alert_episodes WHERE fingerprint = ? AND starts_at = ? AND status = ?",
+                (key.fingerprint, key.starts_at, key.status),
+            )
 
     # --- resolves that came early ---------------------------------------------------------
     def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None:
@@ -662,10 +716,10 @@ class StateStore:
         with self.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO early_resolves VALUES (?, ?, ?)",
-                (fire_id, json.dumps(dict(alert)), now),
+                (fire_id, json.dumps(alert_doc(alert)), now),
             )
 
-    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None:
+    def take_early_resolve(self, fire_id: str) -> Mapping[str, Any] | None:
         """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
         with self.transaction() as db:
             row = db.execute(
@@ -674,8 +728,12 @@ class StateStore:
             if row is None:
                 return None
             db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
-        alert: dict[str, Any] = json.loads(row[0])
-        return alert
+        return alert_from_doc(json.loads(row[0]))
+
+
+_COLUMNS = "data, status, outcome, audited, retried_at"
+"""The columns of a decisions row that make a ``StoredDecision``."""
+_APPROVAL_COLUMNS = "requested_at, expires_at, status, decided_by, decided_at, data"
 
 
 def _check_file(path: Path, previous_run: str | None) -> None:
@@ -763,29 +821,6 @@ def reset(path: Path, now: float | None = None) -> Path | None:
             os.replace(extra, aside.with_name(aside.name + suffix))
     os.replace(path, aside)
     return aside
-
-
-def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:
-    keys = (
-        "decision_id",
-        "policy",
-        "target",
-        "requested_at",
-        "expires_at",
-        "status",
-        "decided_by",
-        "decided_at",
-    )
-    out = dict(zip(keys, row[:-1], strict=True))
-    out["decision"] = json.loads(row[-1])
-    return out
-
-
-def _decision_row(row: tuple[str, str, str | None]) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(row[0])
-    data["status"] = row[1]
-    data["outcome"] = json.loads(row[2]) if row[2] else None
-    return data
 
 
 REFRESH_S = 300.0

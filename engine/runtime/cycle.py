@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.config import GuardrailSettings
@@ -39,11 +39,11 @@ from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
 from engine.guardrails import Context, Judgement, judge_step, population_expr
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
-from engine.records import decision_doc
 from engine.rules.model import Group, Policy, cron_time
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
-from engine.state import StateRowError, Store
+from engine.state import StateRowError
+from engine.store import ApprovalStatus, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -234,13 +234,22 @@ class Cycle:
         next_state: PolicyState | None,
         now: float,
         population: int | None,
+        granted_by: str | None = None,
     ) -> Committed:
         """Judge, store and hand ``decisions`` to the gate (the caller holds the policy's lock
-        when ``next_state`` is given)."""
-        (committed,) = self._commit_steps([_Step(policy, decisions, next_state, population)], now)
+        when ``next_state`` is given).
+
+        ``granted_by``: the decisions waited for approval and this admin grants them. Judged
+        as approved; one that may run now is stored with its approval settled as granted in
+        the same transaction (``NotGranted`` when any of them may not run, or was settled
+        meanwhile: nothing is stored then)."""
+        step = _Step(policy, decisions, next_state, population)
+        (committed,) = self._commit_steps([step], now, granted_by)
         return committed
 
-    def _commit_steps(self, steps: Sequence[_Step], now: float) -> list[Committed]:
+    def _commit_steps(
+        self, steps: Sequence[_Step], now: float, granted_by: str | None = None
+    ) -> list[Committed]:
         """Judge the steps in order (each seeing the guardrail windows the ones before it left),
         store every state, the windows and every new decision in one transaction, then hand
         all new decisions to the gate at once (their intents in one spool write)."""
@@ -256,19 +265,28 @@ class Cycle:
                         step.decisions,
                         step.state,
                         windows,
-                        self.context(step.population),
+                        self.context(step.population, approved=granted_by is not None),
                         now,
                     )
+                    if granted_by is not None:
+                        judgement = _granted(judgement, granted_by)
+                except NotGranted:
+                    raise
                 except Exception:  # one broken policy must not stop the others
+                    if len(steps) == 1:
+                        raise
                     log.exception("judging the decisions of %s failed", step.policy.name)
                     continue
                 windows = judgement.guardrails
                 judged.append((step, judgement))
             with self._store.transaction() as db:
                 for step, judgement in judged:
+                    if granted_by is not None:
+                        self._grant(db, judgement, granted_by, now, fresh, runs)
                     if judgement.policy_state is not None and judgement.policy_state != step.read:
                         self._store.save_policy_state(db, step.policy.name, judgement.policy_state)
-                    self._record(db, judgement, now, fresh, runs)
+                    if granted_by is None:
+                        self._record(db, judgement, now, fresh, runs)
                 if windows != before:
                     self._store.save_guardrail_state(db, windows)
         for step, judgement in judged:
@@ -279,6 +297,25 @@ class Cycle:
             for _, j in judged
         ]
 
+    def _grant(
+        self,
+        db: Any,
+        judgement: Judgement,
+        user: str,
+        now: float,
+        fresh: list[Decision],
+        runs: set[str],
+    ) -> None:
+        for decision in judgement.decisions:
+            settled = self._store.settle_approval(
+                db, decision.id, ApprovalStatus.GRANTED, user, now
+            )
+            if settled is None:
+                raise NotGranted(f"decision {decision.id} was settled meanwhile")
+            self._store.rerun_decision(db, decision)
+            fresh.append(decision)
+            runs.add(decision.id)
+
     def _record(
         self, db: Any, judgement: Judgement, now: float, fresh: list[Decision], runs: set[str]
     ) -> None:
@@ -286,15 +323,15 @@ class Cycle:
             if decision.id in judgement.repeats or _state_only(decision):
                 continue  # counted by ``_count``, not recorded: see ``_state_only``
             run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
-            doc = decision_doc(decision)
-            if not self._store.record_decision(db, doc, "started" if run else "done"):
+            status = DecisionStatus.STARTED if run else DecisionStatus.DONE
+            if not self._store.record_decision(db, decision, status):
                 continue  # a replay: already stored, audited and (if it ran) run
             fresh.append(decision)
             if run:
                 runs.add(decision.id)
             if decision.verdict == Verdict.AWAITING_APPROVAL.value:
                 ttl = self._settings.approval_ttl
-                self._store.save_approval(db, doc, now, now + ttl)
+                self._store.save_approval(db, decision, now, now + ttl)
 
     def _count(self, policy: Policy, judgement: Judgement, now: float) -> None:
         for decision in judgement.decisions:
@@ -321,6 +358,20 @@ class _Step:
     state: PolicyState | None
     population: int | None
     read: PolicyState | None = None
+
+
+class NotGranted(Exception):
+    """A granted decision that may not run now (the message says why): nothing was stored."""
+
+
+def _granted(judgement: Judgement, user: str) -> Judgement:
+    """The judgement of decisions an admin grants: each must run now."""
+    granted = []
+    for decision in judgement.decisions:
+        if decision.verdict != Verdict.EXECUTE.value or decision.action is None:
+            raise NotGranted(f"granted but not runnable now: {decision.verdict}: {decision.reason}")
+        granted.append(replace(decision, reason=f"approved by {user}; {decision.reason}"))
+    return replace(judgement, decisions=tuple(granted))
 
 
 def _state_only(decision: Decision) -> bool:

@@ -40,6 +40,7 @@ def test_an_older_files_rows_move_and_an_unreadable_one_stays_unreadable(tmp_pat
     StateStore(path).close()  # the current schema, then made to look like version 2
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE policy_targets")
+        db.execute("ALTER TABLE decisions DROP COLUMN retried_at")  # migration 4
         db.execute("PRAGMA user_version = 2")
         db.execute("INSERT INTO policy_state VALUES ('good', ?)", (json.dumps(old),))
         db.execute("INSERT INTO policy_state VALUES ('bad', '{\"uuid=a\": {')")
