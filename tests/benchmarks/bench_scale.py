@@ -24,6 +24,8 @@ storm would show).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import resource
@@ -265,6 +267,7 @@ def measure(
         for n in range(rounds):
             time.sleep(max(0.0, first + n * ROUND_S - time.monotonic()))  # rounds 30 s apart
             before = sum_samples(counted)
+            parts = by_label(counted)
             wall = cpu = 0.0
             for group in engine.rules.groups:
                 w, c = time.perf_counter(), time.process_time()
@@ -289,6 +292,8 @@ def measure(
                 f"RSS {row['rss']:5.0f} MiB",
                 flush=True,
             )
+            if row["decisions"]:
+                print(f"    {breakdown(parts, by_label(counted))}", flush=True)
     finally:
         engine.stop()
     steady = [r for r in rows[1:] if r["decisions"] < gpus / 10] or rows[1:] or rows
@@ -307,7 +312,25 @@ def measure(
 
 
 def sum_samples(counter: Any) -> float:
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+    return sum(by_label(counter).values())
+
+
+def by_label(counter: Any) -> dict[tuple[str, ...], float]:
+    """The counter's ``_total`` samples by their label values."""
+    return {
+        tuple(s.labels.values()): s.value
+        for m in counter.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+
+
+def breakdown(
+    before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
+) -> str:
+    """The largest parts of a round's decisions, by policy, transition and verdict."""
+    parts = sorted(((v - before.get(k, 0.0), k) for k, v in after.items()), reverse=True)
+    return ", ".join(f"{'/'.join(k)} {n:.0f}" for n, k in parts[:4] if n > 0)
 
 
 def table(results: list[dict[str, float]]) -> Iterator[str]:
@@ -325,11 +348,30 @@ def table(results: list[dict[str, float]]) -> Iterator[str]:
         )
 
 
+def other_figures() -> Iterator[str]:
+    """The audit and exporter rows of the issue's table, from their own benchmarks (issue 15's
+    other half) when they are there."""
+    try:
+        from tests.benchmarks import bench_audit, bench_exporter
+    except ImportError:
+        return
+    for gpus, scrapes in ((8, 200), (64, 50)):
+        m = bench_exporter.measure(gpus, scrapes)
+        goal = 1 if gpus == 8 else 8
+        yield f"exporter CPU per scrape, {gpus} fake GPUs: {m['own']:.2f} ms (goal <= {goal} ms)"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bench_audit.throughput(20_000)
+    for line in out.getvalue().splitlines():
+        yield f"audit, {line.strip()}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", default="1000,10000,50000")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rounds-50k", type=int, default=3)
+    parser.add_argument("--no-others", action="store_true", help="skip the audit and exporter rows")
     parser.add_argument("--write", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=float, default=30.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -344,6 +386,10 @@ def main() -> None:
     print()
     for line in table(results):
         print(line)
+    if not args.no_others:
+        print()
+        for line in other_figures():
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
