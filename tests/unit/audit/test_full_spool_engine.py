@@ -33,7 +33,8 @@ groups:
 
 
 class Recorder:
-    verbs = None
+    name = "log"
+    verbs: frozenset[str] | None = None
 
     def __init__(self) -> None:
         self.ran: list[str] = []
