@@ -1,9 +1,9 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus, prometheus-alertmanager, curl, slurm-wlm and munge when their
-# binaries are missing, chromium (the console's browser tests drive it with Playwright; no
-# browser is downloaded) and postgresql (the HA tests run a real PostgreSQL: its initdb and
-# postgres live in /usr/lib/postgresql/VERSION/bin, found there by tests/postgres.py).
+# Debian packages prometheus, prometheus-alertmanager, curl, victoria-metrics, slurm-wlm and
+# munge when their binaries are missing, chromium (the console's browser tests drive it with
+# Playwright; no browser is downloaded) and postgresql (the HA tests run a real PostgreSQL: its
+# initdb and postgres live in /usr/lib/postgresql/VERSION/bin, found there by tests/postgres.py).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -37,6 +37,12 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
+# victoria-metrics: tests/integration/test_victoriametrics.py runs the shipped policy tests on it
+/usr/bin/victoria-metrics:
+	@echo "installing Debian package victoria-metrics"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics
+
 /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged:
 	@echo "installing Debian packages slurm-wlm and munge"
 	apt-get update -qq
@@ -50,7 +56,8 @@ postgresql:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; }
 
 setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
-	/usr/bin/curl /usr/bin/chromium /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged postgresql
+	/usr/bin/curl /usr/bin/chromium /usr/bin/victoria-metrics /usr/sbin/slurmctld /usr/sbin/slurmd \
+	/usr/sbin/munged postgresql
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)
