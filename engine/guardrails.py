@@ -165,14 +165,14 @@ def _verdict(
         return decision.with_verdict(reason.verdict, why)
     if ctx.engine_dry_run or policy.mode == "dry-run":
         why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
-        return decision.with_verdict(Verdict.DRY_RUN.value, why)
+        return decision.with_verdict(Verdict.DRY_RUN, why)
     fire = decision.transition is Transition.FIRE
     if fire and policy.approval == "required" and not ctx.approved:
         why = "policy requires approval; waiting for an admin to grant or deny it"
-        return decision.with_verdict(Verdict.AWAITING_APPROVAL.value, why)
+        return decision.with_verdict(Verdict.AWAITING_APPROVAL, why)
     if fire and decision.action is not None:
         window.add(Execution(now, decision.policy, decision.target.key))
-    return decision.with_verdict(Verdict.EXECUTE.value, decision.reason)
+    return decision.with_verdict(Verdict.EXECUTE, decision.reason)
 
 
 def _suppression(
@@ -254,7 +254,7 @@ def _without(state: GuardrailState, decision: Decision) -> GuardrailState:
 
 def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
     """When a decision the guardrails suppressed may be decided again with a chance to pass."""
-    reason = Suppression.of(decision.verdict)
+    reason = decision.verdict.suppression
     if reason is Suppression.COOLDOWN:
         last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
         if last is not None:
@@ -291,7 +291,7 @@ def _budget_queue(
     queued = count()
 
     def retry_at(decision: Decision) -> float:
-        if Suppression.of(decision.verdict) is Suppression.GLOBAL_BUDGET:
+        if decision.verdict is Verdict.SUPPRESSED_GLOBAL_BUDGET:
             return budget_retry_time(state, budget, now, next(queued))
         return retry(decision)
 

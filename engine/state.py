@@ -355,7 +355,7 @@ class StateStore:
                 decision.policy,
                 decision.target.key,
                 decision.transition.value,
-                decision.verdict,
+                decision.verdict.value,
                 decision.at,
                 status.value,
                 json.dumps(decision_doc(decision)),
@@ -370,7 +370,7 @@ class StateStore:
         db.execute(
             "UPDATE decisions SET verdict = ?, data = ?, status = 'started', outcome = NULL,"
             " audited = 0 WHERE id = ?",
-            (decision.verdict, json.dumps(decision_doc(decision)), decision.id),
+            (decision.verdict.value, json.dumps(decision_doc(decision)), decision.id),
         )
 
     def finish_decision(
@@ -386,7 +386,7 @@ class StateStore:
                 db.execute(
                     "UPDATE decisions SET verdict = ?,"
                     " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
-                    (held.verdict, held.verdict, held.reason, decision_id),
+                    (held.verdict.value, held.verdict.value, held.reason, decision_id),
                 )
 
     def mark_audited(self, ids: Sequence[str], level: Audited) -> None:

@@ -74,7 +74,7 @@ class _Hold:
     """Why the gate holds an action: its verdict and reason; when its target is decided again
     (``retry_at``; None with ``keep_state``: the policy's state is left as it is)."""
 
-    verdict: str
+    verdict: Verdict
     why: str
     retry_at: float | None = None
     keep_state: bool = False
@@ -347,9 +347,9 @@ class Gate:
                 retry_at=now,
             )
         if self._settings.dry_run:
-            return _Hold(Verdict.DRY_RUN.value, "engine is in dry-run", keep_state=True)
+            return _Hold(Verdict.DRY_RUN, "engine is in dry-run", keep_state=True)
         if policy.mode == "dry-run":
-            return _Hold(Verdict.DRY_RUN.value, "policy mode is dry-run", keep_state=True)
+            return _Hold(Verdict.DRY_RUN, "policy mode is dry-run", keep_state=True)
         if decision.transition is not Transition.FIRE:
             return None  # an undo passes the policy's limits (engine.guardrails)
         population = None
@@ -380,15 +380,15 @@ class Gate:
     def _hold(self, decision: Decision, hold: _Hold) -> Outcome:
         held = decision.with_verdict(hold.verdict, f"held at the gate: {hold.why}")
         outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
-        reason = Suppression.of(hold.verdict)
-        self._metrics.held.labels(reason.value if reason is not None else hold.verdict).inc()
+        reason = hold.verdict.suppression
+        self._metrics.held.labels(reason.value if reason is not None else hold.verdict.value).inc()
         log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
         self._store.finish_decision(decision.id, outcome, held)
         retry_at = hold.retry_at
         if retry_at is None and not hold.keep_state:
             retry_at = self._clock() + RETRY_S
         self._feed_back(decision, retry_at, keep_state=hold.keep_state, held=True)
-        self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
+        self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict.value).inc()
         self._write_outcome(held, outcome)
         return outcome
 
