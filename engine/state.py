@@ -144,6 +144,8 @@ class StateStore:
         self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
         self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
         self._data_version = -1
+        self._guard: GuardrailState | None = None  # the guardrail windows, as committed
+        self._guard_pending: GuardrailState | None = None
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         try:
             if not memory:
@@ -187,10 +189,12 @@ class StateStore:
             self._db.execute("BEGIN IMMEDIATE")
             self._check_cache()
             self._pending.clear()
+            self._guard_pending = None
             try:
                 yield self._db
             except BaseException:
                 self._pending.clear()
+                self._guard_pending = None
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
@@ -198,6 +202,8 @@ class StateStore:
                 self._states[policy] = state
                 self._stored[policy] = stored
             self._pending.clear()
+            if self._guard_pending is not None:
+                self._guard, self._guard_pending = self._guard_pending, None
 
     def _check_cache(self) -> None:
         """Forget the cached policy states when another connection committed to the file since
@@ -208,6 +214,7 @@ class StateStore:
             self._data_version = version
             self._states.clear()
             self._stored.clear()
+            self._guard = None
 
     # --- policy state -------------------------------------------------------------------
     # One row per (policy, target) in ``policy_targets`` (migration 3); ``policy_state`` keeps
@@ -316,12 +323,18 @@ class StateStore:
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
+        """The guardrail windows; cached (the same value until a commit changes them), as the
+        gate reads them at every action's execution."""
         with self._lock:
-            row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
-        if not row:
-            return GuardrailState()
+            self._check_cache()
+            if self._guard is None:
+                row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
+                self._guard = self._decode_guardrails(row[0]) if row else GuardrailState()
+            return self._guard
+
+    def _decode_guardrails(self, text: str) -> GuardrailState:
         try:
-            data = json.loads(row[0])
+            data = json.loads(text)
             return GuardrailState(
                 freeze(data["last_action"]),
                 tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
@@ -333,8 +346,7 @@ class StateStore:
                 f" ({type(exc).__name__}: {exc})"
             ) from exc
 
-    @staticmethod
-    def save_guardrail_state(db: sqlite3.Connection, state: GuardrailState) -> None:
+    def save_guardrail_state(self, db: sqlite3.Connection, state: GuardrailState) -> None:
         data = {
             "last_action": dict(state.last_action),
             "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
@@ -342,6 +354,7 @@ class StateStore:
         db.execute(
             "INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),)
         )
+        self._guard_pending = state
 
     # --- decisions ----------------------------------------------------------------------
     @staticmethod

@@ -48,11 +48,14 @@ from engine.evaluation import PolicyState, Status, failed
 from engine.guardrails import (
     RETRY_S,
     Context,
+    GuardrailState,
+    Windows,
     budget_retry_time,
     forget_action,
     forget_execution,
     recheck,
     retry_time,
+    summarize,
 )
 from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
@@ -78,6 +81,11 @@ class _Hold:
     why: str
     retry_at: float | None = None
     keep_state: bool = False
+
+
+WINDOWS_S = 5.0
+"""How long the gate reuses its count of unchanged guardrail windows (an execution that left the
+hour's window meanwhile still counts for at most this long: it holds, never lets through)."""
 
 
 class RetryError(Exception):
@@ -116,6 +124,7 @@ class Gate:
         self._clock = clock
         self._policy = policy
         self._population = population
+        self._memo: tuple[GuardrailState, Windows] | None = None
         self._listener = listener
         self._workers = workers_per_executor
         self._retry = retry or RetryPolicy()
@@ -357,10 +366,10 @@ class Gate:
             population = self._population(policy, decision)  # a query: before the lock
         with self._locks.engine:
             guard = self._store.guardrail_state()
-            ctx = Context(
-                global_max_per_hour=self._settings.global_max_per_hour, population=population
-            )
-            found = recheck(decision, policy, guard, ctx, now)
+            windows = self._windows(guard, now)
+            budget = self._settings.global_max_per_hour
+            ctx = Context(global_max_per_hour=budget, population=population)
+            found = recheck(decision, policy, windows, ctx, now)
         if found is None:
             return None
         reason, why = found
@@ -369,6 +378,15 @@ class Gate:
         if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
             retry_at = budget_retry_time(guard, budget, now)
         return _Hold(reason.verdict, why, retry_at=retry_at)
+
+    def _windows(self, guard: GuardrailState, now: float) -> Windows:
+        """``guard`` counted once while it is the same value (the store returns one value until
+        a commit changes it) and at most ``WINDOWS_S`` old (call with the engine lock held)."""
+        memo = self._memo
+        if memo is None or memo[0] is not guard or now - memo[1].at >= WINDOWS_S:
+            memo = (guard, summarize(guard, now))
+            self._memo = memo
+        return memo[1]
 
     def _decided_at(self, decision: Decision) -> float:
         """When ``decision`` was decided to run: its time, or its grant's (an approval)."""
