@@ -33,7 +33,7 @@ from engine.prometheus import PrometheusClient
 from engine.rules.model import Group, Policy, RuleSet
 from engine.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from engine.runtime.approvals import Approvals
-from engine.runtime.clock import Scheduler
+from engine.runtime.clock import Scheduler, first_run_in
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
@@ -311,9 +311,10 @@ class Engine:
         for group in self.rules.groups:
             job_id = f"group:{group.name}"
             wanted.add(job_id)
-            self.cycle.epochs[group.name] = self.clock()
+            first_in = first_run_in(group.name, group.interval_s, self.clock())
+            self.cycle.epochs[group.name] = self.clock() + first_in  # its first grid point
             self._scheduler.add_interval(
-                job_id, partial(self.evaluate_group, group), group.interval_s
+                job_id, partial(self.evaluate_group, group), group.interval_s, first_in=first_in
             )
             for policy in group.policies:
                 if policy.schedule is None or policy.expr is None:

@@ -689,6 +689,7 @@ def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
     judged = world.evaluate(engine, "evacuate")
     assert [d.verdict for d in judged] == ["execute", "execute"]  # 2 of 4 allowed
     world.prom.results["fleet"] = Exception("Prometheus unreachable")
+    world.clock.now += 1  # they start later than judged: the population is counted again then
     world.log.gate.set()
     assert engine.wait_idle(10)
     assert [d.policy for d in world.log.ran] == ["reclaim"]
