@@ -39,15 +39,6 @@ class Transition(StrEnum):
     RESOLVE = "resolve"
 
 
-class Verdict(StrEnum):
-    """What the guardrails decided. Suppressions carry their reason: ``suppressed:cooldown``."""
-
-    EXECUTE = "execute"
-    DRY_RUN = "dry_run"
-    AWAITING_APPROVAL = "awaiting_approval"
-    SUPPRESSED = "suppressed"
-
-
 class Suppression(StrEnum):
     """Why a decision was held back; its verdict is ``suppressed:<reason>``."""
 
@@ -66,20 +57,48 @@ class Suppression(StrEnum):
     """Held at the gate: the decision is older than ``guardrails.action_max_age``."""
 
     @property
-    def verdict(self) -> str:
-        """The verdict text of this suppression (``suppressed:cooldown``)."""
-        return f"{Verdict.SUPPRESSED.value}:{self.value}"
+    def verdict(self) -> Verdict:
+        """The verdict of this suppression (``suppressed:cooldown``)."""
+        return _VERDICT_OF[self]
 
     @classmethod
     def of(cls, verdict: str) -> Suppression | None:
-        """The suppression a verdict text names, or None (not a suppression, or unknown)."""
-        kind, _, reason = verdict.partition(":")
-        if kind != Verdict.SUPPRESSED.value:
-            return None
+        """The suppression a verdict's text names, or None (not a suppression, or unknown):
+        for text from the edges (API queries); values carry ``Verdict.suppression``."""
         try:
-            return cls(reason)
+            return Verdict(verdict).suppression
         except ValueError:
             return None
+
+
+class Verdict(StrEnum):
+    """What the guardrails decided: one member per verdict, suppressions with their reason.
+    Travels as this enum; its text (the member's value, e.g. ``suppressed:cooldown``) is what
+    audit documents, the API, the CLI and metric labels show."""
+
+    EXECUTE = "execute"
+    DRY_RUN = "dry_run"
+    AWAITING_APPROVAL = "awaiting_approval"
+    SUPPRESSED_KILL_SWITCH = "suppressed:kill_switch"
+    SUPPRESSED_PAUSED = "suppressed:paused"
+    SUPPRESSED_COOLDOWN = "suppressed:cooldown"
+    SUPPRESSED_MAX_PER_HOUR = "suppressed:max_per_hour"
+    SUPPRESSED_MAX_FRACTION = "suppressed:max_fraction"
+    SUPPRESSED_GLOBAL_BUDGET = "suppressed:global_budget"
+    SUPPRESSED_APPROVAL_CANCELLED = "suppressed:approval_cancelled"
+    SUPPRESSED_APPROVAL_EXPIRED = "suppressed:approval_expired"
+    SUPPRESSED_DENIED = "suppressed:denied"
+    SUPPRESSED_POLICY_REMOVED = "suppressed:policy_removed"
+    SUPPRESSED_EXPIRED = "suppressed:expired"
+
+    @property
+    def suppression(self) -> Suppression | None:
+        """Why this verdict held the decision back (None: it did not)."""
+        return _SUPPRESSION_OF.get(self)
+
+
+_VERDICT_OF = {s: Verdict(f"suppressed:{s.value}") for s in Suppression}
+_SUPPRESSION_OF = {v: s for s, v in _VERDICT_OF.items()}
 
 
 @dataclass(frozen=True)
@@ -136,7 +155,7 @@ class Decision:
     episode_start: float
     repeat: int = 0
     """How many decisions of this target's episode came before this one (part of its id)."""
-    verdict: str = Verdict.EXECUTE.value
+    verdict: Verdict = Verdict.EXECUTE
     reason: str = ""
     mode: str = "enforce"
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
@@ -146,12 +165,16 @@ class Decision:
     again without a record (a target held by ``max_fraction`` for an hour: 59); not part of
     the id."""
 
-    def with_verdict(self, verdict: str, reason: str) -> Decision:
+    def __post_init__(self) -> None:
+        if type(self.verdict) is not Verdict:  # text from an edge (a stored or test value)
+            object.__setattr__(self, "verdict", Verdict(self.verdict))
+
+    def with_verdict(self, verdict: Verdict, reason: str) -> Decision:
         return replace(self, verdict=verdict, reason=reason)
 
     @property
     def suppressed(self) -> bool:
-        return self.verdict.startswith(Verdict.SUPPRESSED.value)
+        return self.verdict.suppression is not None
 
 
 def decision_id(

@@ -165,14 +165,14 @@ def _verdict(
         return decision.with_verdict(reason.verdict, why)
     if ctx.engine_dry_run or policy.mode == "dry-run":
         why = "engine is in dry-run" if ctx.engine_dry_run else "policy mode is dry-run"
-        return decision.with_verdict(Verdict.DRY_RUN.value, why)
+        return decision.with_verdict(Verdict.DRY_RUN, why)
     fire = decision.transition is Transition.FIRE
     if fire and policy.approval == "required" and not ctx.approved:
         why = "policy requires approval; waiting for an admin to grant or deny it"
-        return decision.with_verdict(Verdict.AWAITING_APPROVAL.value, why)
+        return decision.with_verdict(Verdict.AWAITING_APPROVAL, why)
     if fire and decision.action is not None:
         window.add(Execution(now, decision.policy, decision.target.key))
-    return decision.with_verdict(Verdict.EXECUTE.value, decision.reason)
+    return decision.with_verdict(Verdict.EXECUTE, decision.reason)
 
 
 def _suppression(
@@ -219,16 +219,87 @@ def _suppression(
     return None
 
 
+@dataclass(frozen=True)
+class Windows:
+    """The guardrail windows counted once (``summarize``), for the gate's checks at execution:
+    one pass over the hour's executions however many actions are checked against them."""
+
+    at: float
+    last_action: Mapping[str, float]
+    total: int
+    """Executions in the hour, all policies."""
+    mine: Mapping[str, int]
+    """Executions in the hour per policy."""
+    acted: Mapping[str, Mapping[str, int]]
+    """Executions in the hour per policy and target."""
+    latest: Mapping[tuple[str, str], float]
+    """The latest execution of each (policy, target) in the hour."""
+
+
+def summarize(state: GuardrailState, now: float) -> Windows:
+    mine: dict[str, int] = {}
+    acted: dict[str, dict[str, int]] = {}
+    latest: dict[tuple[str, str], float] = {}
+    total = 0
+    for e in state.recent:
+        if now - e.at >= HOUR:
+            continue
+        total += 1
+        mine[e.policy] = mine.get(e.policy, 0) + 1
+        targets = acted.setdefault(e.policy, {})
+        targets[e.target] = targets.get(e.target, 0) + 1
+        key = (e.policy, e.target)
+        if latest.get(key, -math.inf) < e.at:
+            latest[key] = e.at
+    return Windows(now, state.last_action, total, mine, acted, latest)
+
+
+class _Rechecked:
+    """``Windows`` as one decision's execution-time check sees them: without the execution its
+    own judgement recorded (the latest of its policy and target at or after its time) and the
+    cooldown that started."""
+
+    def __init__(self, windows: Windows, decision: Decision) -> None:
+        self._windows = windows
+        self._key = cooldown_key(decision.policy, decision.target.key)
+        self._policy = decision.policy
+        own = windows.latest.get((decision.policy, decision.target.key))
+        self._own = own is not None and own >= decision.at
+        self._own_at = own
+        targets = windows.acted.get(decision.policy, {})
+        self._target = decision.target.key
+        self._others = targets.get(self._target, 0) - (1 if self._own else 0)
+        self._acted = len(targets) - (1 if self._own and self._others == 0 else 0)
+        self.mine = windows.mine.get(decision.policy, 0) - (1 if self._own else 0)
+        self.recent = range(windows.total - (1 if self._own else 0))  # only its length is read
+        self.last_action = self
+        self.acted = self
+
+    def get(self, key: str) -> float | None:
+        last = self._windows.last_action.get(key)
+        if key == self._key and self._own and last == self._own_at:
+            return None
+        return last
+
+    def __contains__(self, target: object) -> bool:
+        if target == self._target:
+            return self._others > 0
+        return target in self._windows.acted.get(self._policy, {})
+
+    def __len__(self) -> int:
+        return self._acted
+
+
 def recheck(
-    decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
+    decision: Decision, policy: Policy, windows: Windows, ctx: Context, now: float
 ) -> tuple[Suppression, str] | None:
     """At the moment of execution (the gate): would ``decision``, judged to execute, still pass
     the policy's guardrails (cooldown, ``max_per_hour``, ``max_fraction``, the global budget) as
     they stand now — with the executions recorded since, the policy as loaded now — leaving out
-    its own execution, which its judgement recorded? The reason it is held, or None."""
-    return _suppression(
-        decision, policy, _Window(_without(state, decision), policy.name, now), ctx, now
-    )
+    its own execution, which its judgement recorded? The reason it is held, or None.
+    ``windows``: ``summarize`` of the guardrail state (the gate reuses one while it is
+    unchanged)."""
+    return _suppression(decision, policy, _Rechecked(windows, decision), ctx, now)  # type: ignore[arg-type]
 
 
 def _without(state: GuardrailState, decision: Decision) -> GuardrailState:
@@ -254,7 +325,7 @@ def _without(state: GuardrailState, decision: Decision) -> GuardrailState:
 
 def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
     """When a decision the guardrails suppressed may be decided again with a chance to pass."""
-    reason = Suppression.of(decision.verdict)
+    reason = decision.verdict.suppression
     if reason is Suppression.COOLDOWN:
         last = state.last_action.get(cooldown_key(decision.policy, decision.target.key))
         if last is not None:
@@ -291,7 +362,7 @@ def _budget_queue(
     queued = count()
 
     def retry_at(decision: Decision) -> float:
-        if Suppression.of(decision.verdict) is Suppression.GLOBAL_BUDGET:
+        if decision.verdict is Verdict.SUPPRESSED_GLOBAL_BUDGET:
             return budget_retry_time(state, budget, now, next(queued))
         return retry(decision)
 

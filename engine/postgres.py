@@ -309,6 +309,7 @@ class PostgresStore(StateStore):
         if epoch is None or epoch != self._cache_epoch:
             self._states.clear()
             self._stored.clear()
+            self._guard = None
             self._cache_epoch = epoch
 
 

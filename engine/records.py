@@ -17,6 +17,7 @@ from engine.decisions import (
     OutcomeStatus,
     Target,
     Transition,
+    Verdict,
     freeze,
 )
 
@@ -33,7 +34,7 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
         "action": None
         if action is None
         else {"type": action.type, "executor": action.executor, "params": plain(action.params)},
-        "verdict": decision.verdict,
+        "verdict": decision.verdict.value,
         "reason": decision.reason,
         "mode": decision.mode,
         "at": decision.at,
@@ -68,7 +69,7 @@ def decision_from_doc(doc: Mapping[str, Any]) -> Decision:
         at=doc["at"],
         episode_start=doc["episode_start"],
         repeat=int(doc.get("repeat", 0)),
-        verdict=doc["verdict"],
+        verdict=Verdict(doc["verdict"]),
         reason=doc.get("reason", ""),
         mode=doc.get("mode", "enforce"),
         annotations=freeze(doc.get("annotations") or {}),

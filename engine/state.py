@@ -150,6 +150,8 @@ class StateStore:
         self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
         self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
         self._data_version = -1
+        self._guard: GuardrailState | None = None  # the guardrail windows, as committed
+        self._guard_pending: GuardrailState | None = None
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         try:
             if not memory:
@@ -193,15 +195,19 @@ class StateStore:
             with self._atomic() as db:
                 self._check_cache()
                 self._pending.clear()
+                self._guard_pending = None
                 try:
                     yield db
                 except BaseException:
                     self._pending.clear()
+                    self._guard_pending = None
                     raise
             for policy, (state, stored) in self._pending.items():
                 self._states[policy] = state
                 self._stored[policy] = stored
             self._pending.clear()
+            if self._guard_pending is not None:
+                self._guard, self._guard_pending = self._guard_pending, None
 
     @contextmanager
     def _atomic(self) -> Iterator[sqlite3.Connection]:
@@ -223,6 +229,7 @@ class StateStore:
             self._data_version = version
             self._states.clear()
             self._stored.clear()
+            self._guard = None
 
     # --- policy state -------------------------------------------------------------------
     # One row per (policy, target) in ``policy_targets`` (migration 3); ``policy_state`` keeps
@@ -332,12 +339,18 @@ class StateStore:
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
+        """The guardrail windows; cached (the same value until a commit changes them), as the
+        gate reads them at every action's execution."""
         with self._lock:
-            row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
-        if not row:
-            return GuardrailState()
+            self._check_cache()
+            if self._guard is None:
+                row = self._db.execute("SELECT data FROM guardrails WHERE id = 1").fetchone()
+                self._guard = self._decode_guardrails(row[0]) if row else GuardrailState()
+            return self._guard
+
+    def _decode_guardrails(self, text: str) -> GuardrailState:
         try:
-            data = json.loads(row[0])
+            data = json.loads(text)
             return GuardrailState(
                 freeze(data["last_action"]),
                 tuple(Execution(e["at"], e["policy"], e["target"]) for e in data["recent"]),
@@ -349,8 +362,7 @@ class StateStore:
                 f" ({type(exc).__name__}: {exc})"
             ) from exc
 
-    @staticmethod
-    def save_guardrail_state(db: sqlite3.Connection, state: GuardrailState) -> None:
+    def save_guardrail_state(self, db: sqlite3.Connection, state: GuardrailState) -> None:
         data = {
             "last_action": dict(state.last_action),
             "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
@@ -360,6 +372,7 @@ class StateStore:
             " ON CONFLICT (id) DO UPDATE SET data = excluded.data",
             (json.dumps(data),),
         )
+        self._guard_pending = state
 
     # --- decisions ----------------------------------------------------------------------
     @staticmethod
@@ -373,7 +386,7 @@ class StateStore:
                 decision.policy,
                 decision.target.key,
                 decision.transition.value,
-                decision.verdict,
+                decision.verdict.value,
                 decision.at,
                 status.value,
                 json.dumps(decision_doc(decision)),
@@ -388,7 +401,7 @@ class StateStore:
         db.execute(
             "UPDATE decisions SET verdict = ?, data = ?, status = 'started', outcome = NULL,"
             " audited = 0 WHERE id = ?",
-            (decision.verdict, json.dumps(decision_doc(decision)), decision.id),
+            (decision.verdict.value, json.dumps(decision_doc(decision)), decision.id),
         )
 
     def finish_decision(
@@ -401,7 +414,7 @@ class StateStore:
                 (json.dumps(outcome_doc(outcome)), decision_id),
             )
             if held is not None:
-                _set_verdict(db, decision_id, held.verdict, held.reason)
+                _set_verdict(db, decision_id, held.verdict.value, held.reason)
 
     def mark_audited(self, ids: Sequence[str], level: Audited) -> None:
         """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""

@@ -127,7 +127,7 @@ class AlertInbox:
         fire = self._store.decision(fire_id)
         if fire is not None and (
             (fire.outcome is not None and fire.outcome.ok)
-            or fire.decision.verdict == Verdict.DRY_RUN.value
+            or fire.decision.verdict is Verdict.DRY_RUN
         ):
             return resolve
         if fire is None or fire.status is DecisionStatus.STARTED:

@@ -31,7 +31,6 @@ from engine.decisions import (
     Decision,
     Outcome,
     SkippedEvaluation,
-    Suppression,
     Transition,
     Verdict,
 )
@@ -322,14 +321,14 @@ class Cycle:
         for decision in judgement.decisions:
             if decision.id in judgement.repeats or _state_only(decision):
                 continue  # counted by ``_count``, not recorded: see ``_state_only``
-            run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
+            run = decision.verdict is Verdict.EXECUTE and decision.action is not None
             status = DecisionStatus.STARTED if run else DecisionStatus.DONE
             if not self._store.record_decision(db, decision, status):
                 continue  # a replay: already stored, audited and (if it ran) run
             fresh.append(decision)
             if run:
                 runs.add(decision.id)
-            if decision.verdict == Verdict.AWAITING_APPROVAL.value:
+            if decision.verdict is Verdict.AWAITING_APPROVAL:
                 ttl = self._settings.approval_ttl
                 self._store.save_approval(db, decision, now, now + ttl)
 
@@ -338,9 +337,9 @@ class Cycle:
             if decision.transition is not Transition.FIRE:
                 self._cleared(decision, now)
             self._metrics.decisions.labels(
-                decision.policy, decision.transition.value, decision.verdict
+                decision.policy, decision.transition.value, decision.verdict.value
             ).inc()
-            reason = Suppression.of(decision.verdict)
+            reason = decision.verdict.suppression
             if reason is not None:
                 self._metrics.suppressed.labels(decision.policy, reason.value).inc()
             if _state_only(decision):
@@ -368,7 +367,7 @@ def _granted(judgement: Judgement, user: str) -> Judgement:
     """The judgement of decisions an admin grants: each must run now."""
     granted = []
     for decision in judgement.decisions:
-        if decision.verdict != Verdict.EXECUTE.value or decision.action is None:
+        if decision.verdict is not Verdict.EXECUTE or decision.action is None:
             raise NotGranted(f"granted but not runnable now: {decision.verdict}: {decision.reason}")
         granted.append(replace(decision, reason=f"approved by {user}; {decision.reason}"))
     return replace(judgement, decisions=tuple(granted))

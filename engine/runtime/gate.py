@@ -48,11 +48,14 @@ from engine.evaluation import PolicyState, Status, failed
 from engine.guardrails import (
     RETRY_S,
     Context,
+    GuardrailState,
+    Windows,
     budget_retry_time,
     forget_action,
     forget_execution,
     recheck,
     retry_time,
+    summarize,
 )
 from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
@@ -74,10 +77,15 @@ class _Hold:
     """Why the gate holds an action: its verdict and reason; when its target is decided again
     (``retry_at``; None with ``keep_state``: the policy's state is left as it is)."""
 
-    verdict: str
+    verdict: Verdict
     why: str
     retry_at: float | None = None
     keep_state: bool = False
+
+
+WINDOWS_S = 5.0
+"""How long the gate reuses its count of unchanged guardrail windows (an execution that left the
+hour's window meanwhile still counts for at most this long: it holds, never lets through)."""
 
 
 class RetryError(Exception):
@@ -121,6 +129,7 @@ class Gate:
         self._clock = clock
         self._policy = policy
         self._population = population
+        self._memo: tuple[GuardrailState, Windows] | None = None
         self._listener = listener
         self._workers = workers_per_executor
         self._retry = retry or RetryPolicy()
@@ -359,9 +368,9 @@ class Gate:
                 retry_at=now,
             )
         if self._settings.dry_run:
-            return _Hold(Verdict.DRY_RUN.value, "engine is in dry-run", keep_state=True)
+            return _Hold(Verdict.DRY_RUN, "engine is in dry-run", keep_state=True)
         if policy.mode == "dry-run":
-            return _Hold(Verdict.DRY_RUN.value, "policy mode is dry-run", keep_state=True)
+            return _Hold(Verdict.DRY_RUN, "policy mode is dry-run", keep_state=True)
         if decision.transition is not Transition.FIRE:
             return None  # an undo passes the policy's limits (engine.guardrails)
         population = None
@@ -369,10 +378,10 @@ class Gate:
             population = self._population(policy, decision)  # a query: before the lock
         with self._locks.engine:
             guard = self._store.guardrail_state()
-            ctx = Context(
-                global_max_per_hour=self._settings.global_max_per_hour, population=population
-            )
-            found = recheck(decision, policy, guard, ctx, now)
+            windows = self._windows(guard, now)
+            budget = self._settings.global_max_per_hour
+            ctx = Context(global_max_per_hour=budget, population=population)
+            found = recheck(decision, policy, windows, ctx, now)
         if found is None:
             return None
         reason, why = found
@@ -381,6 +390,15 @@ class Gate:
         if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
             retry_at = budget_retry_time(guard, budget, now)
         return _Hold(reason.verdict, why, retry_at=retry_at)
+
+    def _windows(self, guard: GuardrailState, now: float) -> Windows:
+        """``guard`` counted once while it is the same value (the store returns one value until
+        a commit changes it) and at most ``WINDOWS_S`` old (call with the engine lock held)."""
+        memo = self._memo
+        if memo is None or memo[0] is not guard or now - memo[1].at >= WINDOWS_S:
+            memo = (guard, summarize(guard, now))
+            self._memo = memo
+        return memo[1]
 
     def _decided_at(self, decision: Decision) -> float:
         """When ``decision`` was decided to run: its time, or its grant's (an approval)."""
@@ -392,15 +410,15 @@ class Gate:
     def _hold(self, decision: Decision, hold: _Hold) -> Outcome:
         held = decision.with_verdict(hold.verdict, f"held at the gate: {hold.why}")
         outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
-        reason = Suppression.of(hold.verdict)
-        self._metrics.held.labels(reason.value if reason is not None else hold.verdict).inc()
+        reason = hold.verdict.suppression
+        self._metrics.held.labels(reason.value if reason is not None else hold.verdict.value).inc()
         log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
         self._store.finish_decision(decision.id, outcome, held)
         retry_at = hold.retry_at
         if retry_at is None and not hold.keep_state:
             retry_at = self._clock() + RETRY_S
         self._feed_back(decision, retry_at, keep_state=hold.keep_state, held=True)
-        self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
+        self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict.value).inc()
         self._write_outcome(held, outcome)
         return outcome
 

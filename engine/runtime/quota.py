@@ -181,7 +181,7 @@ class QuotaManager:
         decision = self._decision(request, Transition.FIRE, self.settings.grant_action)
         judged, outcome = self._run(decision)
         now = self.clock()
-        if judged.verdict == Verdict.EXECUTE.value and outcome is None:
+        if judged.verdict is Verdict.EXECUTE and outcome is None:
             return request  # its intent waits for the audit spool: applied once written
         if _held(judged, outcome):
             # held (kill switch, pause, budget) at judgement or at the gate: stays applying
@@ -196,7 +196,7 @@ class QuotaManager:
             )
             self._store.move_quota_request(retry, QuotaStatus.APPLYING)
             return retry
-        if (outcome is not None and outcome.ok) or judged.verdict == Verdict.DRY_RUN.value:
+        if (outcome is not None and outcome.ok) or judged.verdict is Verdict.DRY_RUN:
             done = replace(
                 request,
                 status=QuotaStatus.ACTIVE,
@@ -224,9 +224,9 @@ class QuotaManager:
             return request
         decision = self._decision(releasing, Transition.CLEAR, self.settings.undo_action)
         judged, outcome = self._run(decision)
-        if judged.verdict == Verdict.EXECUTE.value and outcome is None:
+        if judged.verdict is Verdict.EXECUTE and outcome is None:
             return releasing  # waits for the audit spool
-        if not ((outcome is not None and outcome.ok) or judged.verdict == Verdict.DRY_RUN.value):
+        if not ((outcome is not None and outcome.ok) or judged.verdict is Verdict.DRY_RUN):
             # held (kill switch, pause) or failed: stays releasing, tried again next tick
             error = outcome.error if outcome is not None else f"{judged.verdict}: {judged.reason}"
             if error and "kill switch" in error:

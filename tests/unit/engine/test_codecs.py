@@ -25,8 +25,10 @@ from engine.decisions import (
     Evidence,
     Outcome,
     OutcomeStatus,
+    Suppression,
     Target,
     Transition,
+    Verdict,
     freeze,
 )
 from engine.evaluation import PolicyState, Status, TargetState
@@ -211,3 +213,26 @@ def test_inbox_alerts_and_early_resolves_round_trip(store: StateStore) -> None:
     store.save_early_resolve("f1", {**alert, "status": "resolved"}, 8.0)
     assert store.take_early_resolve("f1") == {**alert, "status": "resolved"}
     assert store.take_early_resolve("f1") is None  # handled once
+
+
+def test_verdicts_travel_as_enums_and_render_as_the_same_text() -> None:
+    """Verdicts are ``Verdict`` members inside the engine; the state file, the API's JSON and
+    the audit documents keep the text they always had."""
+    assert [s.verdict.value for s in Suppression][:3] == [
+        "suppressed:kill_switch",
+        "suppressed:paused",
+        "suppressed:cooldown",
+    ]
+    assert all(s.verdict.suppression is s for s in Suppression)
+    assert (
+        Verdict.EXECUTE.suppression is None
+        and not DECISION.with_verdict(Verdict.DRY_RUN, "").suppressed
+    )
+    assert Suppression.of("suppressed:cooldown") is Suppression.COOLDOWN
+    assert Suppression.of("suppressed:nonsense") is None and Suppression.of("execute") is None
+    doc = decision_doc(DECISION)
+    assert doc["verdict"] == "suppressed:kill_switch" and type(doc["verdict"]) is str
+    back = decision_from_doc(doc)
+    assert back.verdict is Verdict.SUPPRESSED_KILL_SWITCH and back.suppressed
+    with pytest.raises(ValueError):
+        decision_from_doc({**doc, "verdict": "suppressed:typo"})
