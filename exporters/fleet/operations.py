@@ -87,10 +87,20 @@ def _node_count(nodes: int) -> int:
 
 
 def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
-    """Add ``nodes`` nodes to ``pool``; queued jobs are placed on them at once."""
+    """Add ``nodes`` nodes to ``pool`` (at most up to its ``max_nodes``: a physical pool's
+    machines powered up again); queued jobs are placed on them at once."""
     with cluster.lock:
-        cluster.pool(pool)
-        added = [cluster.add_node(pool).name for _ in range(_node_count(nodes))]
+        spec = cluster.pool(pool)
+        wanted = _node_count(nodes)
+        if spec.max_nodes is not None:
+            present = sum(1 for n in cluster.nodes.values() if n.pool == pool)
+            wanted = min(wanted, spec.max_nodes - present)
+            if wanted <= 0:
+                raise Conflict(
+                    f"pool {pool} has its {spec.max_nodes} nodes (max_nodes) already; "
+                    "nothing to add"
+                )
+        added = [cluster.add_node(pool).name for _ in range(wanted)]
         cluster.counters["nodes_added"] += len(added)
         cluster.schedule()
     log.info("pool %s scaled out by %s", pool, added)
