@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -32,7 +32,6 @@ from pathlib import Path
 import requests
 from apscheduler.triggers.cron import CronTrigger
 
-from engine.audit import AuditLog, AuditSettings
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome
 from engine.prometheus import PrometheusClient
@@ -54,6 +53,9 @@ CLUSTER_STEP_S = 15.0
 
 APPROVALS_EVERY_S = 30.0
 """How often (virtual seconds) pending approvals are checked for expiry, as the engine does."""
+
+GROUP_WORKERS = 4
+"""Groups evaluated at the same instant at once (their queries overlap in Prometheus)."""
 
 ACTION_TIMEOUT_S = 60.0
 """Real seconds the loop waits for the actions of one evaluation instant to finish."""
@@ -135,6 +137,7 @@ class PolicyLoop:
         self.clock = clock
         self._crons: dict[str, tuple[Group, CronTrigger, float]] = {}
         self._approvals_at = 0.0
+        self._pool = ThreadPoolExecutor(GROUP_WORKERS, thread_name_prefix="gpuops-whatif")
 
     def open(self) -> None:
         """What ``Engine.start`` does before it schedules: check the stored guardrail state,
@@ -171,13 +174,16 @@ class PolicyLoop:
         the actions they started."""
         self.clock.t = t
         e = self.engine
+        due: list[Future[None]] = []
         for group in e.rules.groups:
             if round(t) % max(1, round(group.interval_s)) == 0:
-                e.evaluate_group(group)
-        for name, (group, trigger, due) in list(self._crons.items()):
-            if due <= t:
-                e.evaluate_group(group, scheduled=True)
+                due.append(self._pool.submit(e.evaluate_group, group))
+        for name, (group, trigger, at) in list(self._crons.items()):
+            if at <= t:
+                due.append(self._pool.submit(e.evaluate_group, group, True))
                 self._crons[name] = (group, trigger, self._next_cron(trigger, t))
+        for future in due:  # groups run side by side, as the engine's scheduler runs them
+            future.result()
         if t >= self._approvals_at:
             e.expire_approvals()
             self._approvals_at = t + APPROVALS_EVERY_S
@@ -188,6 +194,7 @@ class PolicyLoop:
             )
 
     def close(self) -> None:
+        self._pool.shutdown(wait=True)
         self.engine.stop()
 
 
@@ -242,9 +249,6 @@ def run_on(
             executors={"fleet": {"url": control}},
             metrics_listen=None,
         )
-        audit = AuditLog(
-            AuditSettings(spool_dir=workdir / "audit"), host_name=socket.gethostname(), clock=clock
-        )
         # loopback only: no proxy lookup from the environment on each of ~10^4 queries
         session = requests.Session()
         session.trust_env = False
@@ -253,7 +257,6 @@ def run_on(
             engine_config,
             clock=clock,
             monotonic=clock,
-            audit=audit,
             prometheus=client,
             listener=tally,
         )

@@ -509,6 +509,7 @@ class Cluster:
             "class_queue": class_queue,
             "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
             "quotas": self.scheduler.quotas(),
+            "demand": self.scheduler.demand(),
             "project_gpus": project_gpus,
             "preemptions": dict(self.scheduler.preemptions),
             "credit_gpu_s": dict(self.scheduler.credit_gpu_s),

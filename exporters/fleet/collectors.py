@@ -136,6 +136,15 @@ class FleetCollector(Collector):
             if spec.max_nodes is not None:
                 limits.add_metric([pool], spec.max_nodes)
         yield limits
+        demand = GaugeMetricFamily(
+            "gpuops_queue_scale_demand_jobs",
+            "Queued jobs that one more node of the pool could place (pools with machines left "
+            "to power up, the job's project admitted there).",
+            labels=["pool"],
+        )
+        for pool, n in sorted(r.demand.items()):
+            demand.add_metric([pool], n)
+        yield demand
         running = GaugeMetricFamily("gpuops_jobs_running", "Running jobs.", labels=["pool"])
         for pool, n in sorted(r.running.items()):
             running.add_metric([pool], n)
