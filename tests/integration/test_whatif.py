@@ -1,6 +1,6 @@
-"""`gpuops whatif` end to end: the demo fleet for one virtual hour, off and on, with the shipped
-gpu-efficiency policies evaluated by the real engine at the virtual clock against a real
-Prometheus fed by remote write; the actions land in the cluster at the virtual instant they
+"""`gpuops whatif` end to end: the demo fleet for a quarter of a virtual hour, off and on,
+with the shipped gpu-efficiency policies evaluated by the real engine at the virtual clock
+against a real Prometheus fed by remote write; the actions land in the cluster at the virtual instant they
 were decided, every one audited before it ran."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engine.whatif import PROMETHEUS_ARGS, start_time
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-HOURS = 1.0
+HOURS = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +53,15 @@ def test_whatif_runs_the_engine_at_the_virtual_clock(prom_url: str, tmp_path: Pa
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     off, on = doc["off"]["report"], doc["on"]["report"]
-    # the same workload: the demo's scripted jobs, none finished within the hour
+    # the same workload: the demo's scripted jobs, none finished within the run
     assert off["hours"] == on["hours"] == pytest.approx(HOURS)
     assert off["reclaims"] == 0 and off["downclock_loss"] == 0.0
     # the idle notebook: < 0.20 over the (first 30 min of) history, `for: 10m` -> reclaimed at
     # virtual minute 10
     assert on["reclaims"] == 1
     assert doc["on"]["outcomes"]["reclaim-idle-gpus reclaim success"] == 1
-    # the light job (~0.25): 10 min window, `for: 5m` -> clocks capped, throughput paid
+    # the light job (~0.25): 10 min window (5 min of history), `for: 5m` -> clocks capped at
+    # virtual minute 5, throughput paid
     assert doc["on"]["outcomes"]["downclock-underused-gpus downclock success"] == 1
     assert 0.0 < on["downclock_loss"] < 0.03
     assert on["utilization_allocated"] > off["utilization_allocated"]
