@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 import time
 from collections import Counter
@@ -298,6 +299,15 @@ def prometheus(workdir: Path, url: str | None = None) -> Iterator[str]:
         raise WhatifError(f"a Prometheus is needed for the policies-on run: {exc}") from None
 
 
+def _scratch() -> str | None:
+    """Where a run without ``--workdir`` keeps the engine's throwaway state file and audit
+    spool: memory (``/dev/shm``) when the machine has it — the engine fsyncs both at every
+    evaluation, as it must live, which a what-if need not pay on a disk — else the system's
+    temporary directory. (Prometheus' data stays on disk: it is large.)"""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
 @dataclass(frozen=True)
 class Whatif:
     """Both runs of one seeded workload."""
@@ -320,20 +330,23 @@ def whatif(
     progress: Callable[[str, float], None] | None = None,
 ) -> Whatif:
     """Run ``config`` for ``hours`` without and with the policies of ``rules``."""
-    with tempfile.TemporaryDirectory(prefix="gpuops-whatif-") as tmp:
-        base = workdir or Path(tmp)
-        base.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuops-whatif-", dir=_scratch()) as tmp,
+        tempfile.TemporaryDirectory(prefix="gpuops-whatif-prometheus-") as tmp_prom,
+    ):
+        engine_dir = workdir / "engine" if workdir else Path(tmp)
+        prom_dir = workdir / "prometheus" if workdir else Path(tmp_prom)
+        prom_dir.mkdir(parents=True, exist_ok=True)
         off = run_off(config, hours, scrape_interval_s)
         if progress is not None:
             progress("off", hours * 3600.0)
-        (base / "prometheus").mkdir(exist_ok=True)
-        with prometheus(base / "prometheus", prometheus_url) as url:
+        with prometheus(prom_dir, prometheus_url) as url:
             on = run_on(
                 config,
                 rules,
                 hours,
                 url,
-                base / "engine",
+                engine_dir,
                 scrape_interval_s,
                 None if progress is None else (lambda t: progress("on", t)),
             )
