@@ -1,7 +1,7 @@
 """`gpuops whatif` end to end: the demo fleet for a quarter of a virtual hour, off and on,
 with the shipped gpu-efficiency policies evaluated by the real engine at the virtual clock
-against a real Prometheus fed by remote write; the actions land in the cluster at the virtual instant they
-were decided, every one audited before it ran."""
+against a real Prometheus fed by remote write; the actions land in the cluster at the virtual
+instant they were decided, every one audited before it ran."""
 
 from __future__ import annotations
 
