@@ -68,10 +68,13 @@ def one(config: FleetConfig, hours: float) -> float:
     result = whatif(config, RULES, hours)
     wall = time.perf_counter() - started
     print(f"fleet {config.name}: {gpus} GPUs, {hours:g} virtual hours, policies off and on")
+    day = wall * 24.0 / hours
     print(
         f"wall: {wall:.0f} s in all (off {result.off.wall_s:.0f} s, on {result.on.wall_s:.0f} s, "
-        f"the rest Prometheus' start and stop); target {TARGET_S:.0f} s: "
-        + ("met" if wall <= TARGET_S else "NOT met")
+        f"the rest Prometheus' start and stop)"
+        + ("" if hours == 24.0 else f"; 24 virtual hours projected: {day:.0f} s")
+        + f"; target for 24 h: {TARGET_S:.0f} s, "
+        + ("met" if day <= TARGET_S else "NOT met")
     )
     print(table(result), flush=True)
     return wall
