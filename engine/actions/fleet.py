@@ -70,6 +70,8 @@ class FleetExecutor:
             pool = path_segment(labels.get("pool") or str(params.get("pool", "default")), "pool")
             method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
             body["nodes"] = int(params.get("nodes", 1))
+            if verb == "scale_in" and labels.get("node"):
+                body["node"] = labels["node"]  # that node only (a policy found it idle)
         elif verb in ("grant_quota", "release_quota"):
             method, path = _quota_call(verb, labels, params, body)
         elif verb in ("hold_class", "release_class"):

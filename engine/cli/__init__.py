@@ -27,6 +27,7 @@ _COMMANDS = (
     ("engine.cli.elk", "elk"),
     ("engine.cli.demo", "demo"),
     ("engine.cli.backtest", "backtest"),
+    ("engine.cli.whatif", "whatif"),
     ("engine.cli.remote", "decisions"),
     ("engine.cli.remote", "approvals"),
     ("engine.cli.remote", "quota"),

@@ -93,6 +93,11 @@ class Cluster:
         """GPU-seconds the reclaimed jobs would still have held (0 for open-ended ones)."""
         self.work_gpu_s = 0.0
         """GPU-seconds of job progress at full-clock speed (throughput, for the what-if)."""
+        self.downclock_lost_gpu_s = 0.0
+        """GPU-seconds of progress lost to clock locks (full-clock work not done while
+        running slower): the throughput cost of downclocking."""
+        self.completed_gpu_s = 0.0
+        """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
         self.completed: list[tuple[str, str, float, float]] = []
         """(priority class, project, queue wait s, completion time s) of finished jobs."""
         for pool in config.pools:
@@ -404,6 +409,7 @@ class Cluster:
 
     def _finished(self, job: Job) -> None:
         started = job.first_started_at if job.first_started_at is not None else self.time
+        self.completed_gpu_s += (job.duration_s or 0.0) * job.gpus
         self.completed.append(
             (
                 job.priority_class,
@@ -434,7 +440,9 @@ class Cluster:
             self.energy_joules[node.pool] += drawn
             joules += drawn
         for job_id, rate in rates.items():
-            self.work_gpu_s += dt * rate * self.jobs[job_id].gpus
+            gpus = self.jobs[job_id].gpus
+            self.work_gpu_s += dt * rate * gpus
+            self.downclock_lost_gpu_s += dt * (1.0 - rate) * gpus
         self._rates = rates
         self.energy_cost += joules / JOULES_PER_KWH * price
 
@@ -501,6 +509,7 @@ class Cluster:
             "class_queue": class_queue,
             "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
             "quotas": self.scheduler.quotas(),
+            "demand": self.scheduler.demand(),
             "project_gpus": project_gpus,
             "preemptions": dict(self.scheduler.preemptions),
             "credit_gpu_s": dict(self.scheduler.credit_gpu_s),

@@ -127,6 +127,24 @@ class FleetCollector(Collector):
         for (pool, state), n in sorted(r.nodes.items()):
             nodes.add_metric([pool, state], n)
         yield nodes
+        limits = GaugeMetricFamily(
+            "gpuops_fleet_pool_max_nodes",
+            "Most nodes scale_out may bring the pool to (only pools with a limit).",
+            labels=["pool"],
+        )
+        for pool, spec in sorted(self.cluster.pools.items()):
+            if spec.max_nodes is not None:
+                limits.add_metric([pool], spec.max_nodes)
+        yield limits
+        demand = GaugeMetricFamily(
+            "gpuops_queue_scale_demand_jobs",
+            "Queued jobs that one more node of the pool could place (pools with machines left "
+            "to power up, the job's project admitted there).",
+            labels=["pool"],
+        )
+        for pool, n in sorted(r.demand.items()):
+            demand.add_metric([pool], n)
+        yield demand
         running = GaugeMetricFamily("gpuops_jobs_running", "Running jobs.", labels=["pool"])
         for pool, n in sorted(r.running.items()):
             running.add_metric([pool], n)

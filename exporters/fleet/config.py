@@ -62,6 +62,10 @@ class PoolSpec:
     cloud: bool = False
     """An idle/cloud pool: nodes are added by scale_out (or a quota grant) and removed when
     idle; its GPUs count towards power only while they exist."""
+    max_nodes: int | None = None
+    """Most nodes scale_out may bring the pool to (the machines a physical pool has, powered
+    up again after a scale_in; a cloud pool's limit); None: no limit. Quota grants are not
+    capped by it."""
 
 
 @dataclass(frozen=True)

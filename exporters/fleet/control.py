@@ -80,6 +80,13 @@ def _str(body: Body, key: str, default: str | None = None) -> str:
     return value
 
 
+def _node(body: Body) -> str | None:
+    value = body.get("node")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise BadRequest(f"field 'node' must be a non-empty string, got {value!r}")
+    return value
+
+
 def _pool(body: Body) -> str:
     value = body.get("pool", "default")
     if not isinstance(value, str):
@@ -160,7 +167,7 @@ ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     (
         "POST",
         re.compile(r"/api/v1/pools/([^/]+)/scale_in"),
-        _changed(lambda c, a, b: ops.scale_in(c, a[0], _int(b, "nodes", 1))),
+        _changed(lambda c, a, b: ops.scale_in(c, a[0], _int(b, "nodes", 1), _node(b))),
     ),
     (
         "POST",

@@ -60,6 +60,8 @@ class _Pool(_Model):
     nodes: int = Field(ge=0)
     gpus_per_node: int = Field(default=4, ge=1, le=16)
     cloud: bool = False
+    max_nodes: int | None = Field(default=None, ge=0)
+    """Most nodes scale_out may bring the pool to (None: no limit)."""
 
 
 class _Project(_Model):
@@ -299,6 +301,14 @@ def _cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
     for i, pool in enumerate(doc.pools):
         if pool.model not in GPU_MODELS:
             out.append((("pools", i, "model"), f"{pool.model!r} is unknown; use one of {models}"))
+        if pool.max_nodes is not None and pool.max_nodes < pool.nodes:
+            out.append(
+                (
+                    ("pools", i, "max_nodes"),
+                    f"max_nodes {pool.max_nodes} is below the {pool.nodes} nodes the pool "
+                    "starts with",
+                )
+            )
     reserved: dict[str, int] = {}
     for i, project in enumerate(doc.projects):
         for pool_name, gpus in project.reserved.items():
@@ -410,7 +420,8 @@ def _config(doc: _FleetFile) -> FleetConfig:
         )
     config = FleetConfig(
         pools=tuple(
-            PoolSpec(p.name, p.nodes, p.gpus_per_node, p.model, p.cloud) for p in doc.pools
+            PoolSpec(p.name, p.nodes, p.gpus_per_node, p.model, p.cloud, p.max_nodes)
+            for p in doc.pools
         ),
         seed=doc.seed,
         name=doc.name,

@@ -252,6 +252,8 @@ class FleetReading:
     held: dict[str, bool] = field(default_factory=dict)
     """holdable priority class -> held now."""
     quotas: dict[tuple[str, str], int] = field(default_factory=dict)
+    demand: dict[str, int] = field(default_factory=dict)
+    """Queued jobs one more node of the pool could place (``Scheduler.demand``)."""
     project_gpus: dict[str, int] = field(default_factory=dict)
     """project -> GPUs its running jobs hold."""
     preemptions: dict[str, int] = field(default_factory=dict)

@@ -87,10 +87,20 @@ def _node_count(nodes: int) -> int:
 
 
 def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
-    """Add ``nodes`` nodes to ``pool``; queued jobs are placed on them at once."""
+    """Add ``nodes`` nodes to ``pool`` (at most up to its ``max_nodes``: a physical pool's
+    machines powered up again); queued jobs are placed on them at once."""
     with cluster.lock:
-        cluster.pool(pool)
-        added = [cluster.add_node(pool).name for _ in range(_node_count(nodes))]
+        spec = cluster.pool(pool)
+        wanted = _node_count(nodes)
+        if spec.max_nodes is not None:
+            present = sum(1 for n in cluster.nodes.values() if n.pool == pool)
+            wanted = min(wanted, spec.max_nodes - present)
+            if wanted <= 0:
+                raise Conflict(
+                    f"pool {pool} has its {spec.max_nodes} nodes (max_nodes) already; "
+                    "nothing to add"
+                )
+        added = [cluster.add_node(pool).name for _ in range(wanted)]
         cluster.counters["nodes_added"] += len(added)
         cluster.schedule()
     log.info("pool %s scaled out by %s", pool, added)
@@ -98,16 +108,22 @@ def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
     return {"pool": pool, "added": added}
 
 
-def scale_in(cluster: Cluster, pool: str, nodes: int) -> Changed:
-    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first; nodes of
-    an active quota grant stay (``release_quota`` removes them)."""
+def scale_in(cluster: Cluster, pool: str, nodes: int, node: str | None = None) -> Changed:
+    """Remove up to ``nodes`` idle nodes (no job on them) of ``pool``, newest first — or just
+    ``node``, when named and idle (powering down the node a policy found idle); nodes of an
+    active quota grant stay (``release_quota`` removes them)."""
     with cluster.lock:
         cluster.pool(pool)
+        if node is not None and cluster.node(node).pool != pool:
+            raise BadRequest(f"node {node} is in pool {cluster.node(node).pool}, not {pool}")
         granted = {name for g in cluster.scheduler.grants.values() for name in g.nodes}
         idle = [
             n
             for n in cluster.nodes.values()
-            if n.pool == pool and all(g.job is None for g in n.gpus) and n.name not in granted
+            if n.pool == pool
+            and all(g.job is None for g in n.gpus)
+            and n.name not in granted
+            and (node is None or n.name == node)
         ]
         idle.sort(key=lambda n: (n.state == "up", -n.seq))
         removed = [n.name for n in idle[: _node_count(nodes)]]

@@ -46,6 +46,15 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+_SMALL = tuple(_varint(n) for n in range(1 << 14))
+"""The varints of 0..16383 (two bytes at most): the lengths of nearly every message, looked up
+instead of encoded — a WriteRequest of a 500-GPU scrape has ~20,000 of them."""
+
+
+def _length(n: int) -> bytes:
+    return _SMALL[n] if n < 16384 else _varint(n)
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
@@ -85,7 +94,9 @@ def encode_write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]]
             body += parts[0]
             body += pack(value)
             body += parts[1]
-        out += _varint(1 << 3 | 2) + _varint(len(body)) + body
+        out += b"\x0a"  # field 1 (timeseries), length-delimited
+        out += _length(len(body))
+        out += body
     return bytes(out)
 
 

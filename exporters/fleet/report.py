@@ -37,6 +37,25 @@ class _Sums:
 
 
 @dataclass(frozen=True)
+class Point:
+    """The fleet at one scrape: what the what-if's plots draw (off vs on)."""
+
+    t_s: float
+    powered: int
+    """GPUs that exist and are up."""
+    allocated: int
+    busy: float
+    """Sum of their utilization (0-1 each)."""
+    queued: int
+    """Jobs waiting."""
+    power_watts: float
+
+    @property
+    def utilization(self) -> float | None:
+        return self.busy / self.powered if self.powered else None
+
+
+@dataclass(frozen=True)
 class ClassFigures:
     completed: int
     jct_mean_s: float | None
@@ -52,6 +71,8 @@ class ProjectFigures:
     completed: int
     preemptions: int
     credit_gpu_hours: float
+    jct_mean_s: float | None = None
+    wait_mean_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,10 @@ class RunReport:
     allocation_ratio: float | None
     jobs_completed: int
     jobs_queued_at_end: int
+    jct_mean_s: float | None
+    """Job completion time (submit to finish) over every completed job."""
+    jct_p95_s: float | None
+    wait_mean_s: float | None
     preemptions: int
     reclaims: int
     reclaimed_gpu_hours: float
@@ -76,6 +101,11 @@ class RunReport:
     work_gpu_hours: float
     """Job progress at full-clock speed (throughput)."""
     kwh_per_work_gpu_hour: float | None
+    completed_gpu_hours: float = 0.0
+    """GPU-hours (at full clock) the completed jobs asked for: the work delivered."""
+    kwh_per_completed_gpu_hour: float | None = None
+    downclock_loss: float = 0.0
+    """Share of full-clock progress lost to clock locks: lost / (done + lost)."""
     classes: dict[str, ClassFigures] = field(default_factory=dict)
     projects: dict[str, ProjectFigures] = field(default_factory=dict)
 
@@ -109,6 +139,8 @@ class Recorder:
         self._rate = _Sums()
         """GPUs (powered, allocated) and their utilization sums at the last observation."""
         self._project_rates: dict[str, _Sums] = {}
+        self.points: list[Point] = []
+        """The fleet at every observation (``Point``)."""
 
     def observe(self, cluster: Cluster) -> None:
         """Count the interval since the previous observation at the state seen then (a job
@@ -123,13 +155,16 @@ class Recorder:
         self._last = now
         rate = _Sums()
         projects: dict[str, _Sums] = defaultdict(_Sums)
+        power = 0.0
         with cluster.lock:
+            queued = sum(len(q) for q in cluster.queues.values())
             for node in cluster.nodes.values():
                 if node.failed:
                     continue
                 for gpu in node.gpus:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
+                    power += gpu.power
                     job = cluster.jobs.get(gpu.job or "")
                     if job is None:
                         continue
@@ -140,6 +175,9 @@ class Recorder:
                     mine.allocated_busy_s += gpu.utilization
         self._rate = rate
         self._project_rates = dict(projects)
+        self.points.append(
+            Point(now, int(rate.powered_s), int(rate.allocated_s), rate.busy_s, queued, power)
+        )
 
     def report(self, cluster: Cluster) -> RunReport:
         with cluster.lock:
@@ -149,16 +187,18 @@ class Recorder:
             credit = dict(cluster.scheduler.credit_gpu_s)
             energy_kwh = sum(cluster.energy_joules.values()) / JOULES_PER_KWH
             work_h = cluster.work_gpu_s / 3600.0
+            lost_h = cluster.downclock_lost_gpu_s / 3600.0
+            completed_h = cluster.completed_gpu_s / 3600.0
             reclaims = cluster.counters["reclaimed"]
             reclaimed_h = cluster.reclaimed_gpu_s / 3600.0
             cost = cluster.energy_cost
             currency = cluster.config.tariff.currency
             name = cluster.config.name
         by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        by_project: dict[str, int] = defaultdict(int)
+        by_project: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for pc, project, wait, jct in done:
             by_class[pc or "-"].append((wait, jct))
-            by_project[project] += 1
+            by_project[project].append((wait, jct))
         classes = {
             pc: ClassFigures(
                 completed=len(rows),
@@ -176,9 +216,11 @@ class Recorder:
                     self.projects[p].allocated_busy_s, self.projects[p].allocated_s
                 ),
                 allocated_gpu_hours=self.projects[p].allocated_s / 3600.0,
-                completed=by_project.get(p, 0),
+                completed=len(by_project.get(p, [])),
                 preemptions=preemptions.get(p, 0),
                 credit_gpu_hours=credit.get(p, 0.0) / 3600.0,
+                jct_mean_s=_mean([j for _, j in by_project.get(p, [])]),
+                wait_mean_s=_mean([w for w, _ in by_project.get(p, [])]),
             )
             for p in names
         }
@@ -192,6 +234,9 @@ class Recorder:
             allocation_ratio=_ratio(t.allocated_s, t.powered_s),
             jobs_completed=len(done),
             jobs_queued_at_end=queued,
+            jct_mean_s=_mean([jct for *_, jct in done]),
+            jct_p95_s=_p95([jct for *_, jct in done]),
+            wait_mean_s=_mean([wait for *_, wait, _ in done]),
             preemptions=sum(preemptions.values()),
             reclaims=reclaims,
             reclaimed_gpu_hours=reclaimed_h,
@@ -200,6 +245,9 @@ class Recorder:
             currency=currency,
             work_gpu_hours=work_h,
             kwh_per_work_gpu_hour=_ratio(energy_kwh, work_h),
+            completed_gpu_hours=completed_h,
+            kwh_per_completed_gpu_hour=_ratio(energy_kwh, completed_h),
+            downclock_loss=_ratio(lost_h, work_h + lost_h) or 0.0,
             classes=classes,
             projects=projects,
         )
@@ -228,6 +276,10 @@ def table(r: RunReport) -> str:
         f"  work (full-clock GPU-hours)      {r.work_gpu_hours:.1f}",
         "  kWh per GPU-hour of work         "
         + ("-" if r.kwh_per_work_gpu_hour is None else f"{r.kwh_per_work_gpu_hour:.3f}"),
+        f"  completed jobs' GPU-hours        {r.completed_gpu_hours:.1f}",
+        "  kWh per completed GPU-hour       "
+        + ("-" if r.kwh_per_completed_gpu_hour is None else f"{r.kwh_per_completed_gpu_hour:.3f}"),
+        f"  throughput lost to clock locks   {_pct(r.downclock_loss)}",
         "",
         f"  {'priority class':<16}{'done':>6}{'JCT mean':>11}{'JCT p95':>11}"
         f"{'wait mean':>11}{'wait p95':>11}",

@@ -114,6 +114,42 @@ class Scheduler:
                 shared[node.pool] += job.gpus
         return guaranteed, shared
 
+    def demand(self) -> dict[str, int]:
+        """Queued jobs (not held) that one more node could place, by the first of their pools
+        that has machines left to power up (``max_nodes``) and would admit them there (their
+        project's quota, or unreserved GPUs of the pool at full size): the signal a power-up or
+        scale-out policy acts on, as a cluster autoscaler's expander picks a node group."""
+        c = self.cluster
+        out = dict.fromkeys(c.pools, 0)
+        queued = [c.jobs[j] for q in c.queues.values() for j in q]
+        if not queued:
+            return out
+        guaranteed, shared = self._usage()
+        present: dict[str, int] = dict.fromkeys(c.pools, 0)
+        for n in c.nodes.values():
+            present[n.pool] += 1
+        full = {
+            name: (spec.max_nodes if spec.max_nodes is not None else present[name])
+            * spec.gpus_per_node
+            for name, spec in c.pools.items()
+        }
+        reserved_in = dict.fromkeys(c.pools, 0)
+        for (_project, pool), gpus in self.quotas().items():
+            reserved_in[pool] = reserved_in.get(pool, 0) + gpus
+        for job in queued:
+            if job.priority_class in self.held:
+                continue
+            for pool in job.pools or (job.pool,):
+                spec = c.pools[pool]
+                if spec.max_nodes is None or present[pool] >= spec.max_nodes:
+                    continue
+                if job.gpus > spec.gpus_per_node:
+                    continue
+                if self._kind(job, pool, guaranteed, shared, full, reserved_in) is not None:
+                    out[pool] += 1
+                    break
+        return out
+
     # --- the scheduling pass ------------------------------------------------------------------
 
     def run(self) -> None:

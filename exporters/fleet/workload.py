@@ -80,12 +80,17 @@ def diurnal_weight(weights: tuple[float, ...], hour_of_day: float) -> float:
 
 class Arrivals:
     """Seeded arrivals of every job class: a non-homogeneous Poisson process per class
-    (thinning against its peak rate) plus the daily bursts."""
+    (thinning against its peak rate) plus the daily bursts.
+
+    Every class draws from random streams of its own (arrival instants; sizes and
+    durations), so the workload is the same however finely the caller steps time and whatever
+    the scheduler or the policies do: the what-if's two runs get the same jobs."""
 
     def __init__(self, classes: tuple[JobClass, ...], seed: int, start_hour: float) -> None:
         self.classes = classes
         self.start_hour = start_hour
-        self.rng = random.Random(f"{seed}-arrivals")
+        self._gaps = [random.Random(f"{seed}-arrivals-{jc.name}") for jc in classes]
+        self._sizes = {jc.name: random.Random(f"{seed}-jobs-{jc.name}") for jc in classes}
         self.scale = 1.0
         """Multiplies every rate (``POST /api/v1/arrivals`` with a fleet file's classes)."""
         self._next: list[float] = []
@@ -104,7 +109,7 @@ class Arrivals:
 
     def _draw_gap(self, index: int, t: float) -> float:
         rate = self._peaks[index] * self.scale
-        return t + self.rng.expovariate(rate) if rate > 0 else math.inf
+        return t + self._gaps[index].expovariate(rate) if rate > 0 else math.inf
 
     def rescale(self, scale: float, now: float) -> None:
         self.scale = scale
@@ -119,7 +124,7 @@ class Arrivals:
                 t = self._next[i]
                 weight = diurnal_weight(jc.diurnal, self.hour_of_day(t))
                 keep = jc.mean_rate_per_s() * weight * self.scale / peak if peak > 0 else 0.0
-                if self.rng.random() < keep:
+                if self._gaps[i].random() < keep:
                     out.append((t, jc))
                 self._next[i] = self._draw_gap(i, t)
             for b, burst in enumerate(jc.bursts):
@@ -131,12 +136,13 @@ class Arrivals:
 
     def spec(self, jc: JobClass, priority: PriorityClass) -> JobSpec:
         """Draw one job of class ``jc``: its GPU count and duration."""
+        rng = self._sizes[jc.name]
         counts = [g for g, _ in jc.gpus]
         weights = [w for _, w in jc.gpus]
-        gpus = self.rng.choices(counts, weights)[0]
+        gpus = rng.choices(counts, weights)[0]
         duration = min(
             jc.duration_max_s,
-            jc.duration_median_s * math.exp(self.rng.gauss(0.0, jc.duration_sigma)),
+            jc.duration_median_s * math.exp(rng.gauss(0.0, jc.duration_sigma)),
         )
         return JobSpec(
             profile=jc.profile,

@@ -96,6 +96,10 @@ def test_good_file_parses_durations_and_defaults() -> None:
             GOOD.replace("rate_per_hour: 2", "rate_per_hour: 2\n    gpus: {16: 1}"),
             "t.yaml:13: job_classes.0.gpus: [16] GPUs exceed every node (4 GPUs)",
         ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, max_nodes: 1}"),
+            "t.yaml:3: pools.0.max_nodes: max_nodes 1 is below the 2 nodes the pool starts with",
+        ),
         ("pools: [", "t.yaml:1: YAML syntax error"),
         (
             GOOD + "initial_jobs:\n  - {gpus: 4, node: node-1}\n  - {gpus: 1, node: node-1}\n",

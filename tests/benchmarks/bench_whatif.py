@@ -1,0 +1,94 @@
+"""`gpuops whatif` at full size (issue 12, Deliver 4): the case-study fleet scaled to ~500 GPUs
+(every pool, reservation and arrival rate x11), 24 virtual hours, policies off and on (the
+case study's rules), with a real Prometheus fed by remote write. Prints the wall time of each
+run against the target (<= 10 minutes for both on these 2-core machines) and the comparison
+table; then the case-study fleet itself at its own size (the README's table). Never fails on
+noise.
+
+Run: ``python -m tests.benchmarks.bench_whatif [hours] [factor]``
+(``make bench`` runs it with 24 hours, x11 and the unscaled case study).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from engine.whatif import whatif
+from engine.whatif_report import table
+from exporters.fleet.config import FleetConfig, ProjectSpec
+from exporters.fleet.fleetfile import load_fleet
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = REPO / "examples" / "fleets" / "case-study.yaml"
+RULES = [
+    REPO / "rules" / "gpu-efficiency.yaml",
+    REPO / "rules" / "energy",
+    REPO / "rules" / "case-study",
+]
+TARGET_S = 600.0
+
+
+def scaled(config: FleetConfig, factor: int) -> FleetConfig:
+    """``config`` with ``factor`` times the nodes (and machines), reservations and arrivals."""
+    pools = tuple(
+        replace(
+            p,
+            nodes=p.nodes * factor,
+            max_nodes=None if p.max_nodes is None else p.max_nodes * factor,
+        )
+        for p in config.pools
+    )
+    projects = tuple(
+        ProjectSpec(p.name, tuple((pool, n * factor) for pool, n in p.reserved))
+        for p in config.reservations
+    )
+    classes = tuple(
+        replace(
+            c,
+            rate_per_hour=c.rate_per_hour * factor,
+            bursts=tuple(replace(b, jobs=b.jobs * factor) for b in c.bursts),
+        )
+        for c in config.job_classes
+    )
+    return replace(
+        config,
+        name=f"{config.name} x{factor}",
+        pools=pools,
+        reservations=projects,
+        job_classes=classes,
+    )
+
+
+def one(config: FleetConfig, hours: float) -> float:
+    gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
+    started = time.perf_counter()
+    result = whatif(config, RULES, hours)
+    wall = time.perf_counter() - started
+    print(f"fleet {config.name}: {gpus} GPUs, {hours:g} virtual hours, policies off and on")
+    day = wall * 24.0 / hours
+    print(
+        f"wall: {wall:.0f} s in all (off {result.off.wall_s:.0f} s, on {result.on.wall_s:.0f} s, "
+        f"the rest Prometheus' start and stop)"
+        + ("" if hours == 24.0 else f"; 24 virtual hours projected: {day:.0f} s")
+        + f"; target for 24 h: {TARGET_S:.0f} s, "
+        + ("met" if day <= TARGET_S else "NOT met")
+    )
+    print(table(result), flush=True)
+    return wall
+
+
+def main(hours: float, factor: int) -> None:
+    config = load_fleet(FLEET)
+    one(scaled(config, factor), hours)
+    print()
+    one(config, hours)
+
+
+if __name__ == "__main__":
+    main(
+        float(sys.argv[1]) if len(sys.argv) > 1 else 24.0,
+        int(sys.argv[2]) if len(sys.argv) > 2 else 11,
+    )
