@@ -9,6 +9,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DURATION ?= 0
 PYTEST_ARGS ?=
+# pytest runs in 3 worker processes (pytest-xdist), one test file per worker at a time, the
+# longest files first (tests/conftest.py): the suite mostly waits on Prometheus, Slurm, the
+# browser and subprocesses. PYTEST_WORKERS=0 runs it in one process (e.g. for -s or pdb).
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo demo-slurm test setup lint types contracts pytest bench clean
 
@@ -61,7 +65,7 @@ contracts: setup
 	$(BIN)/lint-imports
 
 pytest: setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test: lint types contracts pytest
 

@@ -1,0 +1,40 @@
+"""The order test files are handed to pytest-xdist's workers (``make pytest`` runs
+``-n 3 --dist loadfile --no-loadscope-reorder``): the longest files first, so that no worker
+starts a two-minute file while the others run out of work. Only the order changes; every test
+runs, and each file still runs whole on one worker (its module fixtures are made once).
+
+``LONGEST`` comes from ``--durations`` on a 2-core machine (seconds, one process); a file not
+listed keeps its collection order after them, the waiting kinds (end-to-end, integration,
+browser) before the unit tests. A stale entry only costs balance, never a test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+LONGEST = (
+    "tests/integration/test_readme_commands.py",  # 157 s: ~25 CLI runs of ~2.3 s CPU each
+    "tests/e2e/test_loop.py",  # 137 s: 6 whole loops on 5 s policy groups
+    "tests/unit/api/test_fuzz.py",  # 108 s, CPU: schemathesis over every operation, 4 roles
+    "tests/browser/test_console.py",  # 77 s
+    "tests/e2e/slurm/test_slurm_loop.py",  # 76 s
+    "tests/integration/test_engine_restart.py",  # 43 s
+    "tests/integration/test_gate_crash.py",  # 36 s
+    "tests/e2e/test_demo_story.py",  # 36 s: the demo's compressed 35 s timeline
+    "tests/integration/slurm/test_slurm_executor.py",  # 31 s
+    "tests/integration/slurm/test_slurm_job_events.py",  # 26 s
+)
+WAITING_KINDS = ("tests/e2e/", "tests/integration/", "tests/browser/")
+
+
+def _rank(item: pytest.Item) -> tuple[int, int]:
+    path = item.nodeid.split("::", 1)[0]
+    if path in LONGEST:
+        return (0, LONGEST.index(path))
+    if path.startswith(WAITING_KINDS):
+        return (1, 0)
+    return (2, 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: within a rank, collection order
