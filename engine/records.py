@@ -32,7 +32,7 @@ def decision_doc(decision: Decision) -> dict[str, Any]:
         "transition": decision.transition.value,
         "action": None
         if action is None
-        else {"type": action.type, "executor": action.executor, "params": _plain(action.params)},
+        else {"type": action.type, "executor": action.executor, "params": plain(action.params)},
         "verdict": decision.verdict,
         "reason": decision.reason,
         "mode": decision.mode,
@@ -83,7 +83,7 @@ def outcome_doc(outcome: Outcome) -> dict[str, Any]:
         "attempts": outcome.attempts,
         "duration_s": outcome.duration_s,
         "error": outcome.error,
-        "changed": _plain(outcome.changed),
+        "changed": plain(outcome.changed),
         "permanent": outcome.permanent,
     }
 
@@ -100,9 +100,10 @@ def outcome_from_doc(doc: Mapping[str, Any]) -> Outcome:
     )
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` as plain JSON types (mappings to dicts, sequences to lists)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value

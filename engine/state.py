@@ -1,9 +1,10 @@
 """Durable engine state in one SQLite file: policy states, guardrail windows, decisions, controls,
 approvals and Alertmanager episodes. A restart neither re-fires nor forgets (DESIGN.md §5).
 
-Called by ``engine.runtime`` (and the API through it). Values in, values out: it serialises the
-frozen values of ``engine.evaluation`` and ``engine.guardrails`` as JSON. One connection guarded
-by a lock; every write is one transaction.
+Implements ``engine.store.Store`` (the repositories per aggregate) for ``engine.runtime`` (and
+the API through it). Values in, values out: frozen values of ``engine.store``,
+``engine.evaluation`` and ``engine.guardrails``, stored in the JSON forms of ``engine.codecs``
+and ``engine.records``. One connection guarded by a lock; every write is one transaction.
 
 A file that cannot be trusted is never reset silently (docs/state.md): opening an empty file
 the engine had written before, a file without the SQLite header, a foreign database or one that
@@ -21,13 +22,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from engine.decisions import freeze
+from engine.codecs import alert_doc, alert_from_doc, quota_request_doc, quota_request_from_doc
+from engine.decisions import Decision, Outcome, freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import Execution, GuardrailState
+from engine.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
+from engine.store import (
+    AlertKey,
+    Approval,
+    ApprovalStatus,
+    Audited,
+    DecisionStatus,
+    InboxItem,
+    QuotaRequest,
+    QuotaStatus,
+    StoredDecision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +69,35 @@ CREATE TABLE IF NOT EXISTS alert_episodes (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (
+MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 1: write-ahead audit. ``audited``: 0 = nothing in the spool yet, 1 = the intent (decision
     # and verdict) is, 2 = its outcome is too. Decisions of older files were audited (after).
     "ALTER TABLE decisions ADD COLUMN audited INTEGER NOT NULL DEFAULT 2",
     # 2: a resolved alert that came before its firing's action succeeded waits for it here
     "CREATE TABLE early_resolves (fire_id TEXT PRIMARY KEY, alert TEXT NOT NULL, at REAL NOT NULL)",
+    # 3: one row per (policy, target) instead of one JSON document per policy, so that a cycle
+    # writes only the targets that changed (issue 15). Readable rows move; a row that is not a
+    # JSON object stays in ``policy_state``, still unreadable (``StateRowError``) until repaired.
+    (
+        "CREATE TABLE policy_targets (policy TEXT NOT NULL, target TEXT NOT NULL,"
+        " data TEXT NOT NULL, PRIMARY KEY (policy, target)) WITHOUT ROWID",
+        "INSERT INTO policy_targets (policy, target, data) SELECT p.policy, j.key, j.value"
+        " FROM policy_state AS p, json_each(p.data) AS j"
+        " WHERE json_valid(p.data) AND json_type(p.data) = 'object'",
+        "DELETE FROM policy_state WHERE json_valid(data) AND json_type(data) = 'object'",
+    ),
+    # 4: an admin's retry of a failed decision is accepted once per decision id
+    "ALTER TABLE decisions ADD COLUMN retried_at REAL",
+    # 5: quota requests, in this connection's transactions (older files made the table on a
+    # connection of their own, hence IF NOT EXISTS), and its index (6)
+    "CREATE TABLE IF NOT EXISTS quota_requests (id TEXT PRIMARY KEY, data TEXT NOT NULL,"
+    " status TEXT NOT NULL, requested_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status)",
 )
-"""Schema changes after ``SCHEMA``, in order; a state file records how many it has had."""
+"""Schema changes after ``SCHEMA``, in order (one statement, or several run in one
+transaction); a state file records how many it has had."""
 
-INTENT, OUTCOME = 1, 2
+INTENT, OUTCOME = Audited.INTENT, Audited.OUTCOME
 """The values of ``decisions.audited`` (see ``MIGRATIONS``)."""
 
 APPLICATION_ID = 0x6770_6F70
@@ -93,61 +127,6 @@ class StateRowError(StateError):
         self.policy = policy
 
 
-class Store(Protocol):
-    """What the engine needs of its state backend: ``StateStore`` (SQLite, the embedded
-    default) implements it; a PostgreSQL backend (DESIGN.md section 11) can implement it too.
-    ``transaction()`` yields the backend's open transaction, handed back to the ``save_*`` /
-    ``record_*`` methods, so one commit holds a cycle's state, windows and decisions."""
-
-    path: Path
-
-    def close(self) -> None: ...
-    def transaction(self) -> AbstractContextManager[Any]: ...
-    def policy_state(self, policy: str) -> PolicyState: ...
-    def policy_names(self) -> list[str]: ...
-    def save_policy_state(self, db: Any, policy: str, state: PolicyState) -> None: ...
-    def guardrail_state(self) -> GuardrailState: ...
-    def save_guardrail_state(self, db: Any, state: GuardrailState) -> None: ...
-    def record_decision(self, db: Any, doc: Mapping[str, Any], status: str) -> bool: ...
-    def rerun_decision(self, db: Any, doc: Mapping[str, Any]) -> None: ...
-    def finish_decision(
-        self,
-        decision_id: str,
-        outcome: Mapping[str, Any],
-        verdict: str | None = None,
-        reason: str | None = None,
-    ) -> None: ...
-    def mark_audited(self, ids: Sequence[str], level: int) -> None: ...
-    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]: ...
-    def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int: ...
-    def decision(self, decision_id: str) -> dict[str, Any] | None: ...
-    def prune(self, older_than: float) -> int: ...
-    def unfinished(self) -> list[dict[str, Any]]: ...
-    def decisions(
-        self, policy: str | None = None, since: float | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]: ...
-    def control(self, name: str) -> str | None: ...
-    def set_control(self, name: str, value: str | None) -> None: ...
-    def save_approval(
-        self, db: Any, doc: Mapping[str, Any], requested_at: float, expires_at: float
-    ) -> None: ...
-    def approvals(self, status: str | None = None) -> list[dict[str, Any]]: ...
-    def approval(self, decision_id: str) -> dict[str, Any] | None: ...
-    def settle_approval(
-        self, decision_id: str, status: str, user: str | None, now: float
-    ) -> dict[str, Any] | None: ...
-    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]: ...
-    def expired_approvals(self, now: float) -> list[dict[str, Any]]: ...
-    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]: ...
-    def inbox(self) -> list[tuple[int, dict[str, Any]]]: ...
-    def inbox_done(self, item: int) -> None: ...
-    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool: ...
-    def prune_alert_episodes(self, older_than: float) -> int: ...
-    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool: ...
-    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None: ...
-    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None: ...
-
-
 class StateStore:
     def __init__(self, path: Path | str, previous_run: str | None = None) -> None:
         """Open (or create) the state file at ``path``, or raise ``StateError``.
@@ -161,6 +140,10 @@ class StateStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _check_file(self.path, previous_run)
         self._lock = threading.RLock()
+        self._states: dict[str, PolicyState] = {}  # policy -> its state, as committed
+        self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
+        self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
+        self._data_version = -1
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         try:
             if not memory:
@@ -186,7 +169,8 @@ class StateStore:
             for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    self._db.execute(sql)
+                    for statement in (sql,) if isinstance(sql, str) else sql:
+                        self._db.execute(statement)
                     self._db.execute(f"PRAGMA user_version = {number}")
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -201,53 +185,134 @@ class StateStore:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
+            self._check_cache()
+            self._pending.clear()
             try:
                 yield self._db
             except BaseException:
+                self._pending.clear()
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            for policy, (state, stored) in self._pending.items():
+                self._states[policy] = state
+                self._stored[policy] = stored
+            self._pending.clear()
+
+    def _check_cache(self) -> None:
+        """Forget the cached policy states when another connection committed to the file since
+        (``PRAGMA data_version`` changes then, and only then): the cache is this process's own
+        writes and reads, sound while no one else writes (call with the lock held)."""
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        if version != self._data_version:
+            self._data_version = version
+            self._states.clear()
+            self._stored.clear()
 
     # --- policy state -------------------------------------------------------------------
+    # One row per (policy, target) in ``policy_targets`` (migration 3); ``policy_state`` keeps
+    # only rows of older files that could not be moved (not JSON objects: unreadable). The
+    # states this process wrote or read are cached (``_states``, and ``_stored``: each target
+    # as its row holds it), so a cycle neither reads nor decodes its policy's rows, and
+    # ``save_policy_state`` writes only the targets that changed.
+
     def policy_state(self, policy: str) -> PolicyState:
-        """The stored state of ``policy`` (empty when none), or ``StateRowError`` when its row
-        cannot be decoded."""
+        """The stored state of ``policy`` (empty when none), or ``StateRowError`` when one of
+        its rows cannot be decoded."""
         with self._lock:
-            row = self._db.execute(
+            self._check_cache()
+            cached = self._states.get(policy)
+            if cached is not None:
+                return cached
+            legacy = self._db.execute(
                 "SELECT data FROM policy_state WHERE policy = ?", (policy,)
             ).fetchone()
-        if not row:
-            return PolicyState()
-        try:
-            return _policy_state_from_json(row[0])
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            raise StateRowError(
-                f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
-                policy,
-            ) from exc
+            rows = self._db.execute(
+                "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
+            ).fetchall()
+            key = None
+            try:
+                if legacy is not None:
+                    raise ValueError(f"not a JSON object: {str(legacy[0])[:80]!r}")
+                targets: dict[str, TargetState] = {}
+                for key, data in rows:
+                    targets[key] = _target_state_from_dict(json.loads(data))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                where = f"target {key!r}: " if key is not None else ""
+                detail = f"{where}{type(exc).__name__}: {exc}"
+                raise StateRowError(
+                    f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
+                    policy,
+                ) from exc
+            state = PolicyState(freeze(targets))
+            self._states[policy] = state
+            self._stored[policy] = dict(targets)
+            return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
-        """Hand ``policy``'s raw row to ``keep``, then remove it (not when ``keep`` raises);
-        False when there was none. The repair of one bad row (``gpuops state reset --policy``)."""
+        """Hand ``policy``'s raw rows to ``keep`` (one JSON object of its targets, as the
+        rows hold them), then remove them (not when ``keep`` raises); False when there were
+        none. The repair of one bad row (``gpuops state reset --policy``)."""
         with self.transaction() as db:
-            row = db.execute("SELECT data FROM policy_state WHERE policy = ?", (policy,)).fetchone()
-            if row is None:
+            legacy = db.execute(
+                "SELECT data FROM policy_state WHERE policy = ?", (policy,)
+            ).fetchone()
+            rows = db.execute(
+                "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
+            ).fetchall()
+            if legacy is None and not rows:
                 return False
-            keep(str(row[0]))
+            raw = [str(legacy[0])] if legacy is not None else []
+            if rows:
+                raw.append("{" + ", ".join(f"{json.dumps(k)}: {d}" for k, d in rows) + "}")
+            keep("\n".join(raw))
             db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
+            db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
+            self._states.pop(policy, None)
+            self._stored.pop(policy, None)
         return True
 
     def policy_names(self) -> list[str]:
         with self._lock:
-            return [r[0] for r in self._db.execute("SELECT policy FROM policy_state")]
+            return [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT policy FROM policy_state"
+                    " UNION SELECT DISTINCT policy FROM policy_targets"
+                )
+            ]
 
-    @staticmethod
-    def save_policy_state(db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
-        db.execute(
-            "INSERT OR REPLACE INTO policy_state (policy, data) VALUES (?, ?)",
-            (policy, _policy_state_to_json(state)),
-        )
+    def save_policy_state(self, db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
+        """Store ``state`` in the open transaction ``db``: only the targets whose row would
+        change (a target's ``last_seen`` and ``value`` alone, which change every evaluation,
+        are rewritten at most every ``REFRESH_S``); all of them when this process has not read
+        or written the policy's rows since it opened the file (or another process wrote it)."""
+        with self._lock:
+            pending = self._pending.get(policy)
+            stored = dict(pending[1]) if pending is not None else self._stored.get(policy)
+            if stored is None:
+                db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
+                db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
+                stored = {}
+            else:
+                stored = dict(stored)
+            writes: list[tuple[str, str, str]] = []
+            for key, target in state.targets.items():
+                before = stored.get(key)
+                if before is None or _changed(before, target):
+                    writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                    stored[key] = target
+            gone = [(policy, key) for key in stored if key not in state.targets]
+            for _, key in gone:
+                del stored[key]
+            if gone:
+                db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
+            if writes:
+                db.executemany(
+                    "INSERT OR REPLACE INTO policy_targets (policy, target, data) VALUES (?, ?, ?)",
+                    writes,
+                )
+            self._pending[policy] = (state, stored)
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
@@ -280,55 +345,51 @@ class StateStore:
 
     # --- decisions ----------------------------------------------------------------------
     @staticmethod
-    def record_decision(db: sqlite3.Connection, doc: Mapping[str, Any], status: str) -> bool:
+    def record_decision(db: sqlite3.Connection, decision: Decision, status: DecisionStatus) -> bool:
         """Insert a decision; False when its id is already known (a replay: do not act again)."""
         cur = db.execute(
             "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
             " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
             (
-                doc["id"],
-                doc["policy"],
-                doc["target"]["key"],
-                doc["transition"],
-                doc["verdict"],
-                doc["at"],
-                status,
-                json.dumps(doc),
+                decision.id,
+                decision.policy,
+                decision.target.key,
+                decision.transition.value,
+                decision.verdict,
+                decision.at,
+                status.value,
+                json.dumps(decision_doc(decision)),
             ),
         )
         return cur.rowcount == 1
 
     @staticmethod
-    def rerun_decision(db: sqlite3.Connection, doc: Mapping[str, Any]) -> None:
+    def rerun_decision(db: sqlite3.Connection, decision: Decision) -> None:
         """A stored decision that runs after all (a granted approval): its new verdict, to be
         audited and run by the gate."""
         db.execute(
             "UPDATE decisions SET verdict = ?, data = ?, status = 'started', outcome = NULL,"
             " audited = 0 WHERE id = ?",
-            (doc["verdict"], json.dumps(doc), doc["id"]),
+            (decision.verdict, json.dumps(decision_doc(decision)), decision.id),
         )
 
     def finish_decision(
-        self,
-        decision_id: str,
-        outcome: Mapping[str, Any],
-        verdict: str | None = None,
-        reason: str | None = None,
+        self, decision_id: str, outcome: Outcome, held: Decision | None = None
     ) -> None:
         """Store a decision's outcome (and, when the gate held it, its new verdict)."""
         with self.transaction() as db:
             db.execute(
                 "UPDATE decisions SET status = 'done', outcome = ? WHERE id = ?",
-                (json.dumps(outcome), decision_id),
+                (json.dumps(outcome_doc(outcome)), decision_id),
             )
-            if verdict is not None:
+            if held is not None:
                 db.execute(
                     "UPDATE decisions SET verdict = ?,"
                     " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
-                    (verdict, verdict, reason or "", decision_id),
+                    (held.verdict, held.verdict, held.reason, decision_id),
                 )
 
-    def mark_audited(self, ids: Sequence[str], level: int) -> None:
+    def mark_audited(self, ids: Sequence[str], level: Audited) -> None:
         """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
         with self.transaction() as db:
             for start in range(0, len(ids), 500):
@@ -336,29 +397,37 @@ class StateStore:
                 db.execute(
                     f"UPDATE decisions SET audited = ? WHERE audited < ? AND id IN "
                     f"({','.join('?' * len(chunk))})",
-                    (level, level, *chunk),
+                    (int(level), int(level), *chunk),
                 )
 
-    def unaudited(self, ids: Sequence[str] | None = None) -> list[tuple[dict[str, Any], int]]:
-        """Decisions whose intent, or whose stored outcome, the spool lacks, with their level
-        (``ids``: only among those), oldest first."""
+    def unaudited(self, ids: Sequence[str] | None = None) -> list[StoredDecision]:
+        """Decisions whose intent, or whose stored outcome, the spool lacks (``ids``: only
+        among those), oldest first."""
         where = "(audited = 0 OR (outcome IS NOT NULL AND audited < 2))"
         rows: list[tuple[Any, ...]] = []
         with self._lock:
             if ids is None:
                 rows = self._db.execute(
-                    f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
-                    " ORDER BY at"
+                    f"SELECT {_COLUMNS} FROM decisions WHERE {where} ORDER BY at"
                 ).fetchall()
             else:
                 for start in range(0, len(ids), 500):
                     chunk = ids[start : start + 500]
                     rows += self._db.execute(
-                        f"SELECT data, status, outcome, audited FROM decisions WHERE {where}"
+                        f"SELECT {_COLUMNS} FROM decisions WHERE {where}"
                         f" AND id IN ({','.join('?' * len(chunk))}) ORDER BY at",
                         tuple(chunk),
                     ).fetchall()
-        return [(self._decision_row((r[0], r[1], r[2])), int(r[3])) for r in rows]
+        return [self._decision_row(r) for r in rows]
+
+    def mark_retried(self, decision_id: str, now: float) -> bool:
+        """Accept an admin's retry of ``decision_id`` once (False: it was retried before)."""
+        with self.transaction() as db:
+            cur = db.execute(
+                "UPDATE decisions SET retried_at = ? WHERE id = ? AND retried_at IS NULL",
+                (now, decision_id),
+            )
+            return cur.rowcount == 1
 
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
@@ -372,10 +441,10 @@ class StateStore:
             ).fetchone()
         return int(row[0])
 
-    def decision(self, decision_id: str) -> dict[str, Any] | None:
+    def decision(self, decision_id: str) -> StoredDecision | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT data, status, outcome FROM decisions WHERE id = ?", (decision_id,)
+                f"SELECT {_COLUMNS} FROM decisions WHERE id = ?", (decision_id,)
             ).fetchone()
         return self._decision_row(row) if row else None
 
@@ -392,18 +461,21 @@ class StateStore:
             ).rowcount
         return gone
 
-    def unfinished(self) -> list[dict[str, Any]]:
-        """Decisions recorded to run whose outcome never came (the engine stopped in between)."""
+    def unfinished(self) -> list[StoredDecision]:
+        """Decisions recorded to run, whose intent is audited and whose outcome never came (the
+        engine stopped in between). One whose intent is not written yet is not among them:
+        only the gate's admission or reconciliation runs it, after writing it."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT data, status, outcome FROM decisions WHERE status = 'started' ORDER BY at"
+                f"SELECT {_COLUMNS} FROM decisions WHERE status = 'started' AND audited >= 1"
+                " ORDER BY at"
             ).fetchall()
         return [self._decision_row(r) for r in rows]
 
     def decisions(
         self, policy: str | None = None, since: float | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        sql = "SELECT data, status, outcome FROM decisions WHERE 1=1"
+    ) -> list[StoredDecision]:
+        sql = f"SELECT {_COLUMNS} FROM decisions WHERE 1=1"
         args: list[Any] = []
         if policy:
             sql += " AND policy = ?"
@@ -416,10 +488,17 @@ class StateStore:
         with self._lock:
             return [self._decision_row(r) for r in self._db.execute(sql, args)]
 
-    def _decision_row(self, row: tuple[str, str, str | None]) -> dict[str, Any]:
+    def _decision_row(self, row: tuple[Any, ...]) -> StoredDecision:
         try:
-            return _decision_row(row)
-        except (ValueError, TypeError) as exc:
+            data, status, outcome, audited, retried_at = row
+            return StoredDecision(
+                decision_from_doc(json.loads(data)),
+                DecisionStatus(status),
+                outcome_from_doc(json.loads(outcome)) if outcome else None,
+                Audited(int(audited)),
+                retried_at,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
             raise StateError(
                 f"{self.path}: a decisions row cannot be decoded ({type(exc).__name__}: {exc};"
                 f" it starts {str(row[0])[:80]!r})"
@@ -441,70 +520,135 @@ class StateStore:
     # --- approvals -----------------------------------------------------------------------
     @staticmethod
     def save_approval(
-        db: sqlite3.Connection, doc: Mapping[str, Any], requested_at: float, expires_at: float
+        db: sqlite3.Connection, decision: Decision, requested_at: float, expires_at: float
     ) -> None:
         db.execute(
             "INSERT OR IGNORE INTO approvals (decision_id, policy, target, requested_at,"
             " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
             (
-                doc["id"],
-                doc["policy"],
-                doc["target"]["key"],
+                decision.id,
+                decision.policy,
+                decision.target.key,
                 requested_at,
                 expires_at,
-                json.dumps(doc),
+                json.dumps(decision_doc(decision)),
             ),
         )
 
-    def approvals(self, status: str | None = None) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT decision_id, policy, target, requested_at, expires_at, status, decided_by,"
-            " decided_at, data FROM approvals"
-        )
+    def approvals(self, status: ApprovalStatus | None = None) -> list[Approval]:
+        sql = f"SELECT {_APPROVAL_COLUMNS} FROM approvals"
         args: tuple[Any, ...] = ()
         if status:
             sql += " WHERE status = ?"
-            args = (status,)
+            args = (ApprovalStatus(status).value,)
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY requested_at DESC", args).fetchall()
-        return [_approval_row(r) for r in rows]
+        return [self._approval_row(r) for r in rows]
 
-    def approval(self, decision_id: str) -> dict[str, Any] | None:
-        return next((a for a in self.approvals() if a["decision_id"] == decision_id), None)
+    def approval(self, decision_id: str) -> Approval | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE decision_id = ?", (decision_id,)
+            ).fetchone()
+        return self._approval_row(row) if row else None
 
     def settle_approval(
-        self, decision_id: str, status: str, user: str | None, now: float
-    ) -> dict[str, Any] | None:
-        """Move a pending approval to ``status``; None when it was not pending any more."""
+        self,
+        db: sqlite3.Connection,
+        decision_id: str,
+        status: ApprovalStatus,
+        user: str | None,
+        now: float,
+    ) -> Approval | None:
+        """Move a pending approval to ``status`` inside ``db``; None when it was not pending
+        any more."""
+        cur = db.execute(
+            "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
+            " WHERE decision_id = ? AND status = 'pending'",
+            (status.value, user, now, decision_id),
+        )
+        if cur.rowcount != 1:
+            return None
+        row = db.execute(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE decision_id = ?", (decision_id,)
+        ).fetchone()
+        return self._approval_row(row)
+
+    def expired_approvals(self, now: float) -> list[Approval]:
+        return [a for a in self.approvals(ApprovalStatus.PENDING) if a.expires_at <= now]
+
+    def _approval_row(self, row: tuple[Any, ...]) -> Approval:
+        requested_at, expires_at, status, decided_by, decided_at, data = row
+        try:
+            return Approval(
+                decision_from_doc(json.loads(data)),
+                requested_at,
+                expires_at,
+                ApprovalStatus(status),
+                decided_by,
+                decided_at,
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(
+                f"{self.path}: an approvals row cannot be decoded ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    # --- quota requests ------------------------------------------------------------------
+    def add_quota_request(self, request: QuotaRequest) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO quota_requests VALUES (?, ?, ?, ?)",
+                (
+                    request.id,
+                    json.dumps(quota_request_doc(request)),
+                    request.status.value,
+                    request.requested_at,
+                ),
+            )
+
+    def quota_request(self, request_id: str) -> QuotaRequest | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT data FROM quota_requests WHERE id = ?", (request_id,)
+            ).fetchone()
+        return self._quota_row(row[0]) if row else None
+
+    def quota_requests(
+        self, status: QuotaStatus | None = None, limit: int = 1000
+    ) -> list[QuotaRequest]:
+        sql, args = (
+            "SELECT data FROM quota_requests",
+            [] if status is None else [QuotaStatus(status).value],
+        )
+        if status is not None:
+            sql += " WHERE status = ?"
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY requested_at DESC LIMIT ?", [*args, limit])
+            return [self._quota_row(r[0]) for r in rows.fetchall()]
+
+    def move_quota_request(self, request: QuotaRequest, expected: QuotaStatus) -> bool:
+        """Store ``request`` if the stored one is still in status ``expected`` (compare and set:
+        two admins approving at once apply it once)."""
         with self.transaction() as db:
             cur = db.execute(
-                "UPDATE approvals SET status = ?, decided_by = ?, decided_at = ?"
-                " WHERE decision_id = ? AND status = 'pending'",
-                (status, user, now, decision_id),
+                "UPDATE quota_requests SET data = ?, status = ? WHERE id = ? AND status = ?",
+                (
+                    json.dumps(quota_request_doc(request)),
+                    request.status.value,
+                    request.id,
+                    expected.value,
+                ),
             )
-            if cur.rowcount != 1:
-                return None
-            if status == "granted":
-                db.execute(
-                    "UPDATE decisions SET verdict = 'execute', status = 'started',"
-                    " data = json_set(data, '$.verdict', 'execute') WHERE id = ?",
-                    (decision_id,),
-                )
-        return self.approval(decision_id)
+            return cur.rowcount == 1
 
-    def cancel_approvals(self, policy: str, target: str, now: float) -> list[dict[str, Any]]:
-        """Cancel the pending approvals of one target (its condition cleared meanwhile)."""
-        pending = [
-            a for a in self.approvals("pending") if a["policy"] == policy and a["target"] == target
-        ]
-        return [
-            settled
-            for a in pending
-            if (settled := self.settle_approval(a["decision_id"], "cancelled", None, now))
-        ]
-
-    def expired_approvals(self, now: float) -> list[dict[str, Any]]:
-        return [a for a in self.approvals("pending") if a["expires_at"] <= now]
+    def _quota_row(self, data: str) -> QuotaRequest:
+        try:
+            return quota_request_from_doc(json.loads(data))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(
+                f"{self.path}: a quota_requests row cannot be decoded"
+                f" ({type(exc).__name__}: {exc}; it starts {data[:80]!r})"
+            ) from exc
 
     # --- Alertmanager episodes -----------------------------------------------------------
     def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]:
@@ -514,29 +658,31 @@ class StateStore:
                 int(
                     db.execute(
                         "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
-                        (now, json.dumps(alert)),
+                        (now, json.dumps(alert_doc(alert))),
                     ).lastrowid
                     or 0
                 )
                 for alert in alerts
             ]
 
-    def inbox(self) -> list[tuple[int, dict[str, Any]]]:
+    def inbox(self) -> list[InboxItem]:
         """Alerts received but not handled yet, oldest first (after a crash: to handle now)."""
         with self._lock:
-            rows = self._db.execute("SELECT id, alert FROM alert_inbox ORDER BY id").fetchall()
-        return [(int(r[0]), json.loads(r[1])) for r in rows]
+            rows = self._db.execute(
+                "SELECT id, alert, received_at FROM alert_inbox ORDER BY id"
+            ).fetchall()
+        return [InboxItem(int(r[0]), alert_from_doc(json.loads(r[1])), float(r[2])) for r in rows]
 
     def inbox_done(self, item: int) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM alert_inbox WHERE id = ?", (item,))
 
-    def alert_known(self, fingerprint: str, starts_at: str, status: str) -> bool:
+    def alert_known(self, key: AlertKey) -> bool:
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM alert_episodes WHERE fingerprint = ? AND starts_at = ?"
                 " AND status = ?",
-                (fingerprint, starts_at, status),
+                (key.fingerprint, key.starts_at, key.status),
             ).fetchone()
         return row is not None
 
@@ -548,14 +694,21 @@ class StateStore:
             early = db.execute("DELETE FROM early_resolves WHERE at < ?", (older_than,))
             return int(gone.rowcount) + int(early.rowcount)
 
-    def seen_alert(self, fingerprint: str, starts_at: str, status: str, now: float) -> bool:
+    def seen_alert(self, key: AlertKey, now: float) -> bool:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
         with self.transaction() as db:
             cur = db.execute(
                 "INSERT OR IGNORE INTO alert_episodes VALUES (?, ?, ?, ?)",
-                (fingerprint, starts_at, status, now),
+                (key.fingerprint, key.starts_at, key.status, now),
             )
             return cur.rowcount == 0
+
+    def forget_alert(self, key: AlertKey) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "DELETE FROM alert_episodes WHERE fingerprint = ? AND starts_at = ? AND status = ?",
+                (key.fingerprint, key.starts_at, key.status),
+            )
 
     # --- resolves that came early ---------------------------------------------------------
     def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None:
@@ -563,10 +716,10 @@ class StateStore:
         with self.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO early_resolves VALUES (?, ?, ?)",
-                (fire_id, json.dumps(dict(alert)), now),
+                (fire_id, json.dumps(alert_doc(alert)), now),
             )
 
-    def take_early_resolve(self, fire_id: str) -> dict[str, Any] | None:
+    def take_early_resolve(self, fire_id: str) -> Mapping[str, Any] | None:
         """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
         with self.transaction() as db:
             row = db.execute(
@@ -575,8 +728,12 @@ class StateStore:
             if row is None:
                 return None
             db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
-        alert: dict[str, Any] = json.loads(row[0])
-        return alert
+        return alert_from_doc(json.loads(row[0]))
+
+
+_COLUMNS = "data, status, outcome, audited, retried_at"
+"""The columns of a decisions row that make a ``StoredDecision``."""
+_APPROVAL_COLUMNS = "requested_at, expires_at, status, decided_by, decided_at, data"
 
 
 def _check_file(path: Path, previous_run: str | None) -> None:
@@ -666,75 +823,54 @@ def reset(path: Path, now: float | None = None) -> Path | None:
     return aside
 
 
-def _approval_row(row: tuple[Any, ...]) -> dict[str, Any]:
-    keys = (
-        "decision_id",
-        "policy",
-        "target",
-        "requested_at",
-        "expires_at",
-        "status",
-        "decided_by",
-        "decided_at",
-    )
-    out = dict(zip(keys, row[:-1], strict=True))
-    out["decision"] = json.loads(row[-1])
-    return out
+REFRESH_S = 300.0
+"""A target whose only change is ``last_seen`` and ``value`` (every evaluation of a pending or
+firing target) is rewritten when its row's ``last_seen`` is this much older: after a restart
+the engine knows a value at most this old (the evidence of a clear of a target that left the
+result); nothing the state machine decides reads ``last_seen``."""
 
 
-def _decision_row(row: tuple[str, str, str | None]) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(row[0])
-    data["status"] = row[1]
-    data["outcome"] = json.loads(row[2]) if row[2] else None
-    return data
+def _changed(before: TargetState, after: TargetState) -> bool:
+    if before == after:
+        return False
+    if after.last_seen - before.last_seen >= REFRESH_S:
+        return True
+    return replace(after, last_seen=before.last_seen, value=before.value) != before
 
 
-def _policy_state_to_json(state: PolicyState) -> str:
-    return json.dumps(
-        {
-            key: {
-                "status": t.status.value,
-                "active_since": t.active_since,
-                "last_seen": t.last_seen,
-                "value": t.value,
-                "labels": dict(t.labels),
-                "fired_at": t.fired_at,
-                "last_fire_at": t.last_fire_at,
-                "repeats": t.repeats,
-                "absent_since": t.absent_since,
-                "actions": t.actions,
-                "retry_at": t.retry_at,
-                "held": t.held,
-                "held_since": t.held_since,
-                "held_repeats": t.held_repeats,
-            }
-            for key, t in state.targets.items()
-        }
-    )
+def _target_state_to_dict(t: TargetState) -> dict[str, Any]:
+    return {
+        "status": t.status.value,
+        "active_since": t.active_since,
+        "last_seen": t.last_seen,
+        "value": t.value,
+        "labels": dict(t.labels),
+        "fired_at": t.fired_at,
+        "last_fire_at": t.last_fire_at,
+        "repeats": t.repeats,
+        "absent_since": t.absent_since,
+        "actions": t.actions,
+        "retry_at": t.retry_at,
+        "held": t.held,
+        "held_since": t.held_since,
+        "held_repeats": t.held_repeats,
+    }
 
 
-def _policy_state_from_json(text: str) -> PolicyState:
-    raw = json.loads(text)
-    return PolicyState(
-        freeze(
-            {
-                key: TargetState(
-                    status=Status(t["status"]),
-                    active_since=t["active_since"],
-                    last_seen=t["last_seen"],
-                    value=t["value"],
-                    labels=freeze(t["labels"]),
-                    fired_at=t["fired_at"],
-                    last_fire_at=t["last_fire_at"],
-                    repeats=t["repeats"],
-                    absent_since=t.get("absent_since"),
-                    actions=int(t.get("actions", 0)),
-                    retry_at=t.get("retry_at"),
-                    held=t.get("held"),
-                    held_since=t.get("held_since"),
-                    held_repeats=int(t.get("held_repeats", 0)),
-                )
-                for key, t in raw.items()
-            }
-        )
+def _target_state_from_dict(t: Mapping[str, Any]) -> TargetState:
+    return TargetState(
+        status=Status(t["status"]),
+        active_since=t["active_since"],
+        last_seen=t["last_seen"],
+        value=t["value"],
+        labels=freeze(t["labels"]),
+        fired_at=t["fired_at"],
+        last_fire_at=t["last_fire_at"],
+        repeats=t["repeats"],
+        absent_since=t.get("absent_since"),
+        actions=int(t.get("actions", 0)),
+        retry_at=t.get("retry_at"),
+        held=t.get("held"),
+        held_since=t.get("held_since"),
+        held_repeats=int(t.get("held_repeats", 0)),
     )

@@ -24,7 +24,7 @@ class AuditError(Exception):
 
 class AuditWriteError(AuditError):
     """A document that must be durable before the engine acts could not be written to the
-    spool (disk full, spool unwritable, spool full under ``reject_new``)."""
+    spool (disk full, spool unwritable, spool full under ``fail_closed``)."""
 
 
 class SpoolLockedError(AuditError):

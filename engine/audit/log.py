@@ -129,7 +129,11 @@ class AuditLog:
             self.metrics.dropped.labels(policy="write_error").inc(len(docs))
             raise AuditWriteError(f"audit spool {self.spool_dir} not writable: {exc}") from exc
         if not stored:
-            raise AuditWriteError(f"audit spool {self.spool_dir} is full (full_policy reject_new)")
+            raise AuditWriteError(
+                f"audit spool {self.spool_dir} is full ({self._spool.size} bytes, "
+                f"{self._spool.documents} documents not yet shipped; max_spool_bytes "
+                f"{self.settings.max_spool_bytes}, full_policy fail_closed)"
+            )
         return [str(doc["event"]["id"]) for doc in docs]
 
     def skipped(self, skipped: SkippedEvaluation) -> str:
@@ -181,8 +185,11 @@ class AuditLog:
     def _append(self, doc: dict[str, Any]) -> str:
         event_id = str(doc["event"]["id"])
         try:
-            self._spool.append(doc)
+            stored = self._spool.append(doc)
         except OSError as exc:
             self.metrics.dropped.labels(policy="write_error").inc()
             log.error("audit: could not write document %s to the spool: %s", event_id, exc)
+        else:
+            if not stored:  # the spool logs that it is full (at most every 10 s)
+                self.metrics.dropped.labels(policy=self.settings.full_policy).inc()
         return event_id

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-FullPolicy = Literal["drop_oldest", "reject_new"]
+FullPolicy = Literal["fail_closed", "drop_oldest"]
 
 
 def default_templates_dir() -> Path:
@@ -48,16 +48,21 @@ class AuditSettings:
     max_spool_bytes: int = 256 * 1024 * 1024
     """Upper bound of the spool on disk, in bytes (about 300k decision documents)."""
 
-    full_policy: FullPolicy = "drop_oldest"
-    """What happens when the spool is full. ``drop_oldest``: delete the oldest sealed segments
-    until the new document fits (retention, like Fluent Bit's ``storage.total_limit_size``);
-    ``reject_new``: keep what is there and drop the new document. Either way decisions never
-    block, the loss is logged at ERROR and counted in ``gpuops_audit_dropped_total``."""
+    full_policy: FullPolicy = "fail_closed"
+    """What happens when the spool is full. ``fail_closed`` (default): nothing already spooled
+    is ever deleted; new documents are refused as on a full disk, so the engine's write-ahead
+    fails and no action runs (``/healthz`` red with the reason) until the shipper has made
+    room; other documents (skipped evaluations, user operations) are lost, logged at ERROR and
+    counted in ``gpuops_audit_dropped_documents_total{policy="fail_closed"}``. Without
+    Elasticsearch nothing is ever shipped: size ``max_spool_bytes`` for the retention you want.
+    ``drop_oldest``: retention instead of audit: delete the oldest sealed segments, shipped or
+    not, until the new document fits (like Fluent Bit's ``storage.total_limit_size``); the loss
+    is logged at ERROR and counted under ``policy="drop_oldest"``."""
 
     fsync: bool = True
-    """fsync every appended document before ``decision()`` returns: an acknowledged event
-    survives a crash of the process and of the machine. Turning it off survives only the
-    former."""
+    """fsync every append before it returns (``decision()``, ``write_ahead()``; concurrent
+    appends share one fsync): an acknowledged event survives a crash of the process and of the
+    machine. Turning it off survives only the former."""
 
     bulk_max_documents: int = 500
     """Documents per bulk request."""

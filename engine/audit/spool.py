@@ -6,6 +6,12 @@ search`` reads all segments when no Elasticsearch is configured. One process wri
 time (an ``flock`` on ``.lock``). A restart never appends to an old segment, so a torn last line
 of a killed process (never acknowledged) is skipped by readers and nothing else is affected.
 
+Appends are group-committed: ``append_many`` writes its documents in one ``write`` under the
+lock, then waits outside it for an fsync that covers its bytes; one thread runs that fsync for
+every append written before it started, so concurrent appends share it (PostgreSQL's and
+SQLite-WAL's group commit). An append still returns only once its bytes are durable; a failed
+fsync fails every append it covered, and their bytes are cut off the segment again.
+
 When full (``max_spool_bytes``) the spool follows ``full_policy`` (see ``AuditSettings``).
 """
 
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from engine.audit.errors import SpoolLockedError
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import FullPolicy
@@ -30,6 +38,29 @@ from engine.audit.settings import FullPolicy
 log = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"^segment-(\d{12})\.jsonl$")
+
+
+def _default(value: Any) -> Any:
+    """What orjson cannot serialize by itself: read-only mappings and other sequences."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple | list | frozenset | set):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def encode_line(doc: Mapping[str, Any]) -> bytes:
+    """One spool line: the document as compact UTF-8 JSON and a newline.
+
+    orjson (C) instead of ``json.dumps``: 5-10x cheaper per document, and the same JSON values
+    (keys in insertion order, non-ASCII as UTF-8). An integer beyond 64 bits or anything else
+    orjson refuses falls back to ``json.dumps``. (The documents carry no NaN or Infinity:
+    ``engine.audit.documents`` turns them into null, as JSON has neither.)"""
+    try:
+        return orjson.dumps(doc, default=_default, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=_default)
+        return (text + "\n").encode()
 
 
 @dataclass
@@ -60,8 +91,8 @@ def read_segment(path: Path) -> Iterator[dict[str, Any]]:
                     log.warning("%s: skipping torn last line %d (never acknowledged)", path, number)
                     return
                 try:
-                    doc = json.loads(raw)
-                except ValueError:
+                    doc = orjson.loads(raw)
+                except ValueError:  # orjson.JSONDecodeError is a ValueError
                     log.warning("%s: skipping invalid line %d", path, number)
                     continue
                 if isinstance(doc, dict):
@@ -104,6 +135,14 @@ class Spool:
         self._closed = False
         self._lock_fh: IO[bytes] | None = None
         self._next_seq = 1
+        self._written = 0  # writes done (tickets handed out)
+        self._synced = 0  # writes known durable (or failed: see _sync_failures)
+        self._syncing = False
+        self._synced_cv = threading.Condition()
+        self._sync_failures: list[tuple[int, int, OSError]] = []
+        self._durable_size = 0  # of the active segment, at its last successful fsync
+        self._durable_documents = 0
+        self._full_logged_at = -1e9
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -146,19 +185,24 @@ class Spool:
     # -- writing ---------------------------------------------------------------------------
 
     def append(self, doc: Mapping[str, Any]) -> bool:
-        """Append one document, fsync'd. False when the spool was full and dropped it."""
+        """Append one document, fsync'd. False when the spool was full and did not take it."""
         return self.append_many((doc,))
 
     def append_many(self, docs: Sequence[Mapping[str, Any]]) -> bool:
-        """Append documents with one write and one fsync (all or none). False when the spool
-        was full and dropped them; ``OSError`` (disk full, unwritable) when the write failed,
-        in which case nothing of it stays in the segment."""
+        """Append documents with one write, durable (fsync'd) when this returns, all or none.
+
+        Concurrent calls share one fsync (group commit). False when the spool was full and
+        did not take them (``full_policy``); ``OSError`` (disk full, unwritable) when the write
+        or its fsync failed, in which case nothing of it stays in the segment."""
         if not docs:
             return True
-        data = b"".join(
-            (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-            for doc in docs
-        )
+        return self.append_lines([encode_line(doc) for doc in docs])
+
+    def append_lines(self, lines: Sequence[bytes]) -> bool:
+        """``append_many`` for documents already encoded by ``encode_line`` (one line each)."""
+        if not lines:
+            return True
+        data = b"".join(lines)
         with self._lock:
             if not self._make_room(len(data)):
                 return False
@@ -172,18 +216,73 @@ class Spool:
                 while view:
                     written = self._fh.write(view)
                     view = view[written or 0 :]
-                if self._fsync:
-                    os.fsync(self._fh.fileno())
             except OSError:
                 self._undo_write()
                 raise
-            self._active.documents += len(docs)
+            self._active.documents += len(lines)
             self._active.size += len(data)
+            self._written += 1
+            ticket = self._written
             if self._closed:  # a late document after close: kept, but no handle left open
                 self._close_active()
-            self._metrics.spooled.inc(len(docs))
+        if self._fsync:
+            self._wait_durable(ticket)
+        with self._lock:
+            self._metrics.spooled.inc(len(lines))
             self._update_gauges()
-            return True
+        return True
+
+    def _wait_durable(self, ticket: int) -> None:
+        """Return once write number ``ticket`` is fsync'd; run the fsync when no other thread
+        does (it covers every write done before it starts). Raise the fsync's ``OSError``
+        when it failed for this write."""
+        with self._synced_cv:
+            while True:
+                for low, high, failure in self._sync_failures:
+                    if low < ticket <= high:
+                        raise OSError(failure.errno, failure.strerror) from failure
+                if self._synced >= ticket:
+                    return
+                if self._syncing:
+                    self._synced_cv.wait()
+                    continue
+                self._syncing = True
+                break
+        error: OSError | None = None
+        with self._lock:  # what this fsync covers: every write so far, in the active file
+            target = self._written
+            active = self._active
+            size = active.size if active is not None else 0
+            documents = active.documents if active is not None else 0
+            fd = os.dup(self._fh.fileno()) if self._fh is not None else None
+        try:
+            if fd is not None:  # None: closing the segment fsync'd it
+                os.fsync(fd)
+        except OSError as exc:
+            error = exc
+        finally:
+            if fd is not None:
+                os.close(fd)
+        with self._lock:
+            try:
+                if error is not None:
+                    self._fail_unsynced(error)
+                elif active is not None and active is self._active:
+                    self._durable_size = max(self._durable_size, size)
+                    self._durable_documents = max(self._durable_documents, documents)
+            finally:
+                self._end_sync(target, ticket)
+
+    def _end_sync(self, target: int, ticket: int) -> None:
+        """The fsync covering writes up to ``target`` is over: wake the waiters; raise its
+        error for ``ticket`` if it failed (holding ``self._lock``)."""
+        with self._synced_cv:
+            self._syncing = False
+            self._synced = max(self._synced, target)
+            self._synced_cv.notify_all()
+            for low, high, failure in self._sync_failures:
+                if low < ticket <= high:
+                    raise OSError(failure.errno, failure.strerror) from failure
 
     def _undo_write(self) -> None:
         """Cut a failed write off the active segment, so no torn line stays before the next
@@ -193,7 +292,20 @@ class Spool:
             os.ftruncate(self._fh.fileno(), self._active.size)
         except OSError:
             log.warning("audit spool: could not cut a failed write off %s", self._active.path)
-            self._close_active()
+            self._close_active(sync=False)
+
+    def _fail_unsynced(self, error: OSError) -> None:
+        """After a failed fsync (holding ``self._lock``): cut every write not yet durable off
+        the active segment and fail the appends that made them."""
+        low, high = self._synced, self._written
+        if self._active is not None and self._fh is not None:
+            self._active.size = self._durable_size
+            self._active.documents = self._durable_documents
+            self._undo_write()
+        with self._synced_cv:
+            self._sync_failures.append((low, high, error))
+            del self._sync_failures[:-1024]  # older failures have no waiter left
+            self._synced = max(self._synced, high)
 
     def seal(self, only_if_older_than_s: float | None = None) -> bool:
         """Close the active segment so it can be shipped; True when one was sealed.
@@ -241,6 +353,7 @@ class Spool:
         path = self.directory / f"segment-{self._next_seq:012d}.jsonl"
         self._fh = path.open("ab", buffering=0)  # no buffer to replay a failed write
         self._active = Segment(path, self._next_seq, 0, 0, time.monotonic())
+        self._durable_size = self._durable_documents = 0
         self._next_seq += 1
         if self._fsync:  # the new directory entry must survive a crash too
             dir_fd = os.open(self.directory, os.O_RDONLY)
@@ -249,7 +362,18 @@ class Spool:
             finally:
                 os.close(dir_fd)
 
-    def _close_active(self) -> None:
+    def _close_active(self, sync: bool = True) -> None:
+        """Close (seal) the active segment; its writes are fsync'd first, so a sealed segment
+        is durable as a whole (a failed fsync cuts them off and fails their appends)."""
+        if self._fh is not None and sync and self._fsync and self._synced < self._written:
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError as exc:
+                self._fail_unsynced(exc)
+            else:
+                with self._synced_cv:
+                    self._synced = self._written
+                    self._synced_cv.notify_all()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -263,13 +387,19 @@ class Spool:
     def _make_room(self, needed: int) -> bool:
         if self.size + needed <= self._max_bytes:
             return True
-        if self._full_policy == "reject_new":
-            self._metrics.dropped.labels(policy="reject_new").inc()
-            log.error(
-                "audit spool %s full (%d bytes): dropped a new document (full_policy reject_new)",
-                self.directory,
-                self._max_bytes,
-            )
+        if self._full_policy != "drop_oldest":  # fail_closed: refuse, as a full disk would
+            now = time.monotonic()
+            if now - self._full_logged_at >= 10.0:  # once per 10 s, not per refused document
+                self._full_logged_at = now
+                log.error(
+                    "audit spool %s full (%d of %d bytes, %d documents not yet shipped): new "
+                    "documents are refused and no action runs until Elasticsearch takes some "
+                    "(full_policy fail_closed)",
+                    self.directory,
+                    self.size,
+                    self._max_bytes,
+                    self.documents,
+                )
             return False
         if self._active is not None and not self._sealed:
             self._close_active()

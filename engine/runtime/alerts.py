@@ -29,7 +29,7 @@ from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdi
 from engine.evaluation import evaluate_alert
 from engine.runtime.cycle import Cycle
 from engine.runtime.rulebook import Rulebook
-from engine.state import Store
+from engine.store import AlertKey, DecisionStatus, Store, StoredDecision
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class AlertInbox:
         judged: list[Decision] = []
         for policy in self._rulebook.rules.policies():
             decision = evaluate_alert(policy, labels, firing, episode, now)
+            if decision is not None and firing:
+                decision = self._after_holds(decision)
             if decision is not None and not firing:
                 decision = self._undo_only_what_ran(decision, alert)
             if decision is not None:
@@ -84,22 +86,51 @@ class AlertInbox:
                 judged += committed.decisions
         return judged
 
+    def _after_holds(self, fire: Decision) -> Decision:
+        """The fire to decide now: the episode's first, or — when that one was held back (kill
+        switch, pause, budget: at judgement or at the gate) and Alertmanager notifies again —
+        the next repeat, a new decision id that is judged and run through the gate like any."""
+        while _held(self._store.decision(fire.id)):
+            repeat = fire.repeat + 1
+            fire = replace(
+                fire,
+                repeat=repeat,
+                id=decision_id(
+                    fire.policy, fire.target.key, fire.episode_start, fire.transition, repeat
+                ),
+            )
+        return fire
+
+    def _was_held(self, alert: Mapping[str, Any]) -> bool:
+        """Whether this firing alert's last decision was held back (decided again when
+        Alertmanager notifies again, although the notification is known)."""
+        labels = {str(k): str(v) for k, v in dict(alert.get("labels", {})).items()}
+        episode = _epoch(str(alert.get("startsAt", ""))) or self._clock()
+        for policy in self._rulebook.rules.policies():
+            decision = evaluate_alert(policy, labels, True, episode, self._clock())
+            if decision is None:
+                continue
+            after = self._after_holds(decision)
+            if after.repeat > 0 and self._store.decision(after.id) is None:
+                return True
+        return False
+
     def _undo_only_what_ran(self, resolve: Decision, alert: Mapping[str, Any]) -> Decision | None:
         """A resolved alert runs on_clear only if its firing alert's action ran and succeeded;
         while that action has not run yet (or its firing has not arrived), the resolve waits
         for it (None: nothing decided now)."""
         fire_id = decision_id(resolve.policy, resolve.target.key, resolve.episode_start, "fire")
         fire = self._store.decision(fire_id)
-        outcome = (fire or {}).get("outcome") or {}
-        if outcome.get("status") == OutcomeStatus.SUCCESS.value or (
-            fire is not None and fire.get("verdict") == Verdict.DRY_RUN.value
+        if fire is not None and (
+            (fire.outcome is not None and fire.outcome.ok)
+            or fire.decision.verdict == Verdict.DRY_RUN.value
         ):
             return resolve
-        if fire is None or fire["status"] == "started":
+        if fire is None or fire.status is DecisionStatus.STARTED:
             self._store.save_early_resolve(fire_id, alert, self._clock())
             # the fire may have finished meanwhile: its hook found nothing to take
             fire = self._store.decision(fire_id)
-            if fire is None or fire["status"] == "started":
+            if fire is None or fire.status is DecisionStatus.STARTED:
                 log.info(
                     "resolve of %s on %s before its action ran: undoes once it succeeds",
                     resolve.policy,
@@ -132,9 +163,9 @@ class AlertInbox:
         store = self._store
         store.prune_alert_episodes(self._clock() - EPISODE_MEMORY_S)
         with self._idle:
-            for item, alert in store.inbox():  # received before a stop, not handled yet
+            for item in store.inbox():  # received before a stop, not handled yet
                 self._busy += 1
-                self._queue.put((item, alert))
+                self._queue.put((item.id, item.alert))
         self._thread = threading.Thread(target=self._loop, name="gpuops-alerts", daemon=True)
         self._thread.start()
 
@@ -187,25 +218,35 @@ class AlertInbox:
                     self._idle.notify_all()
 
     def _handle(self, alert: Mapping[str, Any]) -> None:
-        fingerprint = str(alert.get("fingerprint", ""))
-        starts_at = str(alert.get("startsAt", ""))
-        status = str(alert.get("status", "firing"))
-        if self._store.alert_known(fingerprint, starts_at, status):
+        key = AlertKey(
+            str(alert.get("fingerprint", "")),
+            str(alert.get("startsAt", "")),
+            str(alert.get("status", "firing")),
+        )
+        if self._store.alert_known(key) and not (key.status == "firing" and self._was_held(alert)):
             self.alerts.labels("duplicate").inc()
-            log.debug("alert %s %s since %s already handled", fingerprint, status, starts_at)
+            log.debug("alert %s already handled", key)
             return
         decisions = self.handle(alert)
         # recorded only once handled: a crash in between replays it, and its decision ids
         # (policy, target, startsAt) keep the replay from acting twice
-        self._store.seen_alert(fingerprint, starts_at, status, self._clock())
+        self._store.seen_alert(key, self._clock())
         self.alerts.labels("handled").inc()
         log.info(
             "alert %s (%s) %s: %d decisions",
             alert.get("labels", {}).get("alertname", "?"),
-            fingerprint,
-            status,
+            key.fingerprint,
+            key.status,
             len(decisions),
         )
+
+
+def _held(stored: StoredDecision | None) -> bool:
+    """A fire held back by a guardrail that lifts: at judgement (recorded suppressed) or at
+    the gate (outcome skipped, verdict suppressed)."""
+    if stored is None or not stored.decision.suppressed:
+        return False
+    return stored.outcome is None or stored.outcome.status is OutcomeStatus.SKIPPED
 
 
 def _epoch(rfc3339: str) -> float | None:

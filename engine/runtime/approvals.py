@@ -11,18 +11,16 @@ The API calls ``grant`` and ``deny``, the engine's scheduler ``expire``, the cyc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from engine.config import GuardrailSettings
-from engine.decisions import Decision, Suppression, Verdict
-from engine.guardrails import judge_step
+from engine.decisions import Decision, Suppression
 from engine.metrics import EngineMetrics
-from engine.records import decision_doc, decision_from_doc
 from engine.runtime.controls import Locks
-from engine.runtime.cycle import Cycle
+from engine.runtime.cycle import Cycle, NotGranted
 from engine.runtime.gate import Gate
 from engine.runtime.rulebook import Rulebook
-from engine.state import StateRowError, Store
+from engine.state import StateRowError
+from engine.store import ApprovalStatus, Store
 
 
 class ApprovalError(Exception):
@@ -55,65 +53,61 @@ class Approvals:
 
     def cancel(self, cleared: Decision, now: float) -> None:
         """A target cleared while its action waited for approval: nothing is left to approve."""
-        for approval in self._store.cancel_approvals(cleared.policy, cleared.target.key, now):
-            decision = decision_from_doc(approval["decision"]).with_verdict(
-                Suppression.APPROVAL_CANCELLED.verdict,
-                "the condition cleared before anyone granted it",
-            )
-            self._gate.record(decision)
+        for approval in self._store.approvals(ApprovalStatus.PENDING):
+            if approval.policy != cleared.policy or approval.target != cleared.target.key:
+                continue
+            if self._settle(approval.decision_id, ApprovalStatus.CANCELLED, None, now):
+                self._gate.record(
+                    approval.decision.with_verdict(
+                        Suppression.APPROVAL_CANCELLED.verdict,
+                        "the condition cleared before anyone granted it",
+                    )
+                )
+
+    def _settle(
+        self, decision_id: str, status: ApprovalStatus, user: str | None, now: float
+    ) -> bool:
+        with self._store.transaction() as db:
+            return self._store.settle_approval(db, decision_id, status, user, now) is not None
 
     def grant(self, decision_id: str, user: str) -> Decision:
         """Run a decision that waited for approval, judged again now (kill switch, pause,
-        dry-run and budgets apply) and run through the gate (which checks them once more)."""
+        dry-run and budgets apply) through the cycle's commit — the approval is settled as
+        granted in the same transaction that stores the decision to run, so a crash leaves
+        either a pending approval or a decision that resume runs — and the gate (which checks
+        them once more at execution)."""
         now = self._clock()
         self.expire()
         approval = self._store.approval(decision_id)
         if approval is None:
             raise LookupError(f"no approval for decision {decision_id}")
-        if approval["status"] != "pending":
-            raise ApprovalError(f"decision {decision_id} is {approval['status']}, not pending")
-        decision = decision_from_doc(approval["decision"])
+        if approval.status is not ApprovalStatus.PENDING:
+            raise ApprovalError(f"decision {decision_id} is {approval.status}, not pending")
+        decision = approval.decision
         policy = self._rulebook.policy(decision.policy)
         if policy is None:
             raise ApprovalError(f"policy {decision.policy!r} is no longer loaded")
         population = self._cycle.population(policy, now, (decision,))  # a query: no locks held
-        with self._locks.policy(policy.name), self._locks.engine:
+        with self._locks.policy(policy.name):
             try:
                 state = self._store.policy_state(policy.name)
             except StateRowError as exc:  # docs/state.md: reset that policy's state first
                 raise ApprovalError(f"not granted: {exc}") from exc
-            judgement = judge_step(
-                policy,
-                (decision,),
-                state,
-                self._store.guardrail_state(),
-                self._cycle.context(population, approved=True),
-                now,
-            )
-            judged = judgement.decisions[0]
-            judged = replace(judged, reason=f"approved by {user}; {judged.reason}")
-            if judged.verdict != Verdict.EXECUTE.value:
-                raise ApprovalError(
-                    f"granted but not runnable now: {judged.verdict}: {judged.reason}"
+            try:
+                committed = self._cycle.commit(
+                    policy, (decision,), state, now, population, granted_by=user
                 )
-            if self._store.settle_approval(decision_id, "granted", user, now) is None:
-                raise ApprovalError(f"decision {decision_id} was settled meanwhile")
-            with self._store.transaction() as db:
-                self._store.save_guardrail_state(db, judgement.guardrails)
-                assert judgement.policy_state is not None
-                self._store.save_policy_state(db, policy.name, judgement.policy_state)
-                self._store.rerun_decision(db, decision_doc(judged))
-        self._metrics.decisions.labels(judged.policy, judged.transition.value, judged.verdict).inc()
-        self._gate.admit((judged,), {judged.id})
-        return judged
+            except NotGranted as exc:
+                raise ApprovalError(str(exc)) from exc
+        return committed.decisions[0]
 
     def deny(self, decision_id: str, user: str) -> Decision:
-        approval = self._store.settle_approval(decision_id, "denied", user, self._clock())
-        if approval is None:
+        approval = self._store.approval(decision_id)
+        if approval is None or not self._settle(
+            decision_id, ApprovalStatus.DENIED, user, self._clock()
+        ):
             raise ApprovalError(f"decision {decision_id} is not pending approval")
-        decision = decision_from_doc(approval["decision"]).with_verdict(
-            Suppression.DENIED.verdict, f"denied by {user}"
-        )
+        decision = approval.decision.with_verdict(Suppression.DENIED.verdict, f"denied by {user}")
         self._gate.record(decision)
         return decision
 
@@ -121,9 +115,9 @@ class Approvals:
         now = self._clock()
         expired = []
         for approval in self._store.expired_approvals(now):
-            if self._store.settle_approval(approval["decision_id"], "expired", None, now) is None:
+            if not self._settle(approval.decision_id, ApprovalStatus.EXPIRED, None, now):
                 continue
-            decision = decision_from_doc(approval["decision"]).with_verdict(
+            decision = approval.decision.with_verdict(
                 Suppression.APPROVAL_EXPIRED.verdict,
                 f"nobody granted it within {self._settings.approval_ttl:.0f}s",
             )

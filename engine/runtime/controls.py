@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from engine.config import GuardrailSettings
 from engine.metrics import EngineMetrics
-from engine.state import Store
+from engine.store import ControlRepository
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class Controls:
 
     def __init__(
         self,
-        store: Store,
+        store: ControlRepository,
         settings: GuardrailSettings,
         metrics: EngineMetrics,
         clock: Callable[[], float],

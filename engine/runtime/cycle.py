@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.config import GuardrailSettings
 from engine.decisions import (
@@ -30,14 +30,14 @@ from engine.decisions import (
     Verdict,
 )
 from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, judge_step, population_expr
+from engine.guardrails import Context, Judgement, judge_step, population_expr
 from engine.metrics import EngineMetrics
 from engine.prometheus import PrometheusClient, QueryError
-from engine.records import decision_doc
 from engine.rules.model import Group, Policy, cron_time
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
-from engine.state import StateRowError, Store
+from engine.state import StateRowError
+from engine.store import ApprovalStatus, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,15 @@ class Cycle:
         next_state: PolicyState | None,
         now: float,
         population: int | None,
+        granted_by: str | None = None,
     ) -> Committed:
         """Judge, store and hand ``decisions`` to the gate (the caller holds the policy's lock
-        when ``next_state`` is given)."""
+        when ``next_state`` is given).
+
+        ``granted_by``: the decisions waited for approval and this admin grants them. Judged
+        as approved; one that may run now is stored with its approval settled as granted in
+        the same transaction (``NotGranted`` when any of them may not run, or was settled
+        meanwhile: nothing is stored then)."""
         runs: set[str] = set()
         fresh: list[Decision] = []
         with self._locks.engine:
@@ -191,26 +197,38 @@ class Cycle:
                 decisions,
                 next_state,
                 self._store.guardrail_state(),
-                self.context(population),
+                self.context(population, approved=granted_by is not None),
                 now,
             )
+            if granted_by is not None:
+                judgement = _granted(judgement, granted_by)
             with self._store.transaction() as db:
+                if granted_by is not None:
+                    for decision in judgement.decisions:
+                        settled = self._store.settle_approval(
+                            db, decision.id, ApprovalStatus.GRANTED, granted_by, now
+                        )
+                        if settled is None:
+                            raise NotGranted(f"decision {decision.id} was settled meanwhile")
+                        self._store.rerun_decision(db, decision)
+                        fresh.append(decision)
+                        runs.add(decision.id)
                 if judgement.policy_state is not None:
                     self._store.save_policy_state(db, policy.name, judgement.policy_state)
                 self._store.save_guardrail_state(db, judgement.guardrails)
-                for decision in judgement.decisions:
+                for decision in () if granted_by is not None else judgement.decisions:
                     if decision.id in judgement.repeats or _state_only(decision):
                         continue  # counted below, not recorded: see ``_state_only``
                     run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
-                    doc = decision_doc(decision)
-                    if not self._store.record_decision(db, doc, "started" if run else "done"):
+                    status = DecisionStatus.STARTED if run else DecisionStatus.DONE
+                    if not self._store.record_decision(db, decision, status):
                         continue  # a replay: already stored, audited and (if it ran) run
                     fresh.append(decision)
                     if run:
                         runs.add(decision.id)
                     if decision.verdict == Verdict.AWAITING_APPROVAL.value:
                         ttl = self._settings.approval_ttl
-                        self._store.save_approval(db, doc, now, now + ttl)
+                        self._store.save_approval(db, decision, now, now + ttl)
         for decision in judgement.decisions:
             if decision.transition is not Transition.FIRE:
                 self._cleared(decision, now)
@@ -223,6 +241,20 @@ class Cycle:
             if _state_only(decision):
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
         return Committed(judgement.decisions, self._gate.admit(fresh, runs))
+
+
+class NotGranted(Exception):
+    """A granted decision that may not run now (the message says why): nothing was stored."""
+
+
+def _granted(judgement: Judgement, user: str) -> Judgement:
+    """The judgement of decisions an admin grants: each must run now."""
+    granted = []
+    for decision in judgement.decisions:
+        if decision.verdict != Verdict.EXECUTE.value or decision.action is None:
+            raise NotGranted(f"granted but not runnable now: {decision.verdict}: {decision.reason}")
+        granted.append(replace(decision, reason=f"approved by {user}; {decision.reason}"))
+    return replace(judgement, decisions=tuple(granted))
 
 
 def _state_only(decision: Decision) -> bool:

@@ -37,9 +37,10 @@ from engine.runtime.clock import Scheduler
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
-from engine.runtime.quota import QuotaManager, QuotaStore
+from engine.runtime.quota import QuotaManager
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateError, StateStore, Store
+from engine.state import StateError, StateStore
+from engine.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,7 @@ class Engine:
         )
         self.quota = QuotaManager(
             settings=config.api.quota,
-            store=QuotaStore(self.store.path),
-            state=self.store,
+            store=self.store,
             cycle=self.cycle,
             controls=self.controls,
             approval_ttl=config.guardrails.approval_ttl,
@@ -331,7 +331,6 @@ class Engine:
             self._scheduler = None
         self.alerts.stop()
         self.gate.stop()
-        self.quota.store.close()
         self.audit.close()
         self.store.close()
 

@@ -45,12 +45,11 @@ from engine.decisions import (
     freeze,
 )
 from engine.evaluation import PolicyState, Status, failed
-from engine.guardrails import HOUR, RETRY_S, forget_action
+from engine.guardrails import HOUR, RETRY_S, budget_retry_time, forget_action
 from engine.metrics import EngineMetrics
-from engine.records import decision_from_doc, outcome_doc, outcome_from_doc
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
-from engine.state import INTENT, OUTCOME, Store
+from engine.store import Audited, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +144,7 @@ class Gate:
         if not decisions:
             return {}
         with self._admit_lock:
-            waiting = {doc["id"] for doc, _ in self._store.unaudited([d.id for d in decisions])}
+            waiting = {s.id for s in self._store.unaudited([d.id for d in decisions])}
             fresh = [d for d in decisions if d.id in waiting]
             if not fresh:
                 return {}
@@ -156,7 +155,7 @@ class Gate:
                 held = sum(1 for d in fresh if d.id in runs)
                 self._metrics.held.labels("audit_unwritable").inc(held)
                 return {}
-            self._store.mark_audited([d.id for d in fresh], INTENT)
+            self._store.mark_audited([d.id for d in fresh], Audited.INTENT)
             self._wrote()
             futures = {}
             for decision in fresh:
@@ -183,23 +182,23 @@ class Gate:
                 return 0
             entries: list[tuple[Decision, Outcome | None]] = []
             intents, outcomes, to_run = [], [], []
-            for doc, level in rows:
-                decision = decision_from_doc(doc)
-                if level < INTENT:
+            for stored in rows:
+                decision = stored.decision
+                if stored.audited < Audited.INTENT:
                     entries.append((decision, None))
                     intents.append(decision.id)
-                    if doc["status"] == "started":
+                    if stored.status is DecisionStatus.STARTED:
                         to_run.append(decision)
-                if doc["outcome"] is not None:
-                    entries.append((decision, outcome_from_doc(doc["outcome"])))
+                if stored.outcome is not None:
+                    entries.append((decision, stored.outcome))
                     outcomes.append(decision.id)
             try:
                 self._audit.write_ahead(entries)
             except AuditWriteError as exc:
                 self._failed_write("reconciliation", exc, len(entries))
                 return 0
-            self._store.mark_audited(intents, INTENT)
-            self._store.mark_audited(outcomes, OUTCOME)
+            self._store.mark_audited(intents, Audited.INTENT)
+            self._store.mark_audited(outcomes, Audited.OUTCOME)
             self._wrote()
             log.warning(
                 "audit reconciled: %d intents and %d outcomes the spool lacked written",
@@ -224,8 +223,8 @@ class Gate:
         self._resume_unfinished()
 
     def _resume_unfinished(self) -> None:
-        for doc in self._store.unfinished():
-            decision = decision_from_doc(doc)
+        for stored in self._store.unfinished():
+            decision = stored.decision
             log.warning(
                 "resuming action %s of %s interrupted by a restart", decision.id, decision.policy
             )
@@ -260,7 +259,7 @@ class Gate:
             outcome = self._hold(decision, *held)
         else:
             outcome = self._execute(decision)
-            self._store.finish_decision(decision.id, outcome_doc(outcome))
+            self._store.finish_decision(decision.id, outcome)
             if not outcome.ok:
                 self._after_failure(decision, outcome)
             self._write_outcome(decision, outcome)
@@ -302,8 +301,11 @@ class Gate:
         reason = Suppression.of(verdict)
         self._metrics.held.labels(reason.value if reason is not None else verdict).inc()
         log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
-        self._store.finish_decision(decision.id, outcome_doc(outcome), held.verdict, held.reason)
+        self._store.finish_decision(decision.id, outcome, held)
         retry_at = None if verdict == Verdict.DRY_RUN.value else self._clock() + RETRY_S
+        budget = self._settings.global_max_per_hour
+        if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
+            retry_at = budget_retry_time(self._store.guardrail_state(), budget, self._clock())
         self._feed_back(decision, retry_at, keep_state=retry_at is None)
         self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
         self._write_outcome(held, outcome)
@@ -381,9 +383,9 @@ class Gate:
         stored = self._store.decision(decision_id)
         if stored is None:
             raise LookupError(f"no decision {decision_id}")
-        if stored["status"] != "done" or (stored["outcome"] or {}).get("status") != "failure":
+        if not stored.failed:
             raise RetryError(f"decision {decision_id} did not fail: nothing to retry")
-        decision = decision_from_doc(stored)
+        decision = stored.decision
         now = self._clock()
         with self._locks.policy(decision.policy), self._locks.engine:
             state = self._store.policy_state(decision.policy)
@@ -411,7 +413,7 @@ class Gate:
         except AuditWriteError as exc:
             self._failed_write("outcome", exc, 1)  # stored: ``reconcile`` writes it later
         else:
-            self._store.mark_audited([decision.id], OUTCOME)
+            self._store.mark_audited([decision.id], Audited.OUTCOME)
         self._notify(decision, outcome)
 
     def _notify(self, decision: Decision, outcome: Outcome | None) -> None:

@@ -13,119 +13,40 @@ files, approves and denies.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import secrets
-import sqlite3
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
+from engine.codecs import quota_request_doc
 from engine.config import QuotaSettings
 from engine.decisions import (
     ActionSpec,
     Decision,
     Evidence,
     Outcome,
+    OutcomeStatus,
     Target,
     Transition,
     Verdict,
 )
 from engine.decisions import decision_id as make_decision_id
-from engine.records import decision_from_doc, outcome_from_doc
+from engine.guardrails import RETRY_S
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls
 from engine.runtime.cycle import Cycle
-from engine.state import Store
+from engine.store import QuotaRequest, QuotaStatus, Store
+
+__all__ = ["QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus", "request_doc"]
 
 log = logging.getLogger(__name__)
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS quota_requests (
-    id TEXT PRIMARY KEY, data TEXT NOT NULL, status TEXT NOT NULL, requested_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status);
-"""
-
-STATUSES = ("pending", "applying", "active", "releasing", "ended", "denied", "expired", "failed")
 
 
 class QuotaError(Exception):
     """A request that cannot be approved, denied or filed (the message says why)."""
-
-
-@dataclass(frozen=True)
-class QuotaRequest:
-    id: str
-    project: str
-    gpus: int
-    duration_s: float
-    reason: str
-    requested_by: str
-    requested_at: float
-    expires_at: float
-    """Until when an admin can approve it."""
-    status: str = "pending"
-    nodes: int = 0
-    pool: str = "default"
-    decided_by: str | None = None
-    decided_at: float | None = None
-    starts_at: float | None = None
-    ends_at: float | None = None
-    grant_decision: str | None = None
-    undo_decision: str | None = None
-    error: str | None = None
-    release_attempts: int = 0
-    """Tries of the undo that did not succeed (part of the next try's decision id)."""
-
-
-class QuotaStore:
-    """The ``quota_requests`` table (its own connection to the engine's state file)."""
-
-    def __init__(self, path: Path | str) -> None:
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA busy_timeout = 10000")
-        self._db.executescript(SCHEMA)
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def add(self, request: QuotaRequest) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO quota_requests VALUES (?, ?, ?, ?)",
-                (request.id, json.dumps(asdict(request)), request.status, request.requested_at),
-            )
-
-    def get(self, request_id: str) -> QuotaRequest | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT data FROM quota_requests WHERE id = ?", (request_id,)
-            ).fetchone()
-        return QuotaRequest(**json.loads(row[0])) if row else None
-
-    def list(self, status: str | None = None, limit: int = 1000) -> list[QuotaRequest]:
-        sql, args = "SELECT data FROM quota_requests", [] if status is None else [status]
-        if status is not None:
-            sql += " WHERE status = ?"
-        with self._lock:
-            rows = self._db.execute(sql + " ORDER BY requested_at DESC LIMIT ?", [*args, limit])
-            return [QuotaRequest(**json.loads(r[0])) for r in rows.fetchall()]
-
-    def move(self, request: QuotaRequest, expected: str) -> bool:
-        """Store ``request`` if the stored one is still in status ``expected`` (compare and set:
-        two admins approving at once apply it once)."""
-        with self._lock:
-            cur = self._db.execute(
-                "UPDATE quota_requests SET data = ?, status = ? WHERE id = ? AND status = ?",
-                (json.dumps(asdict(request)), request.status, request.id, expected),
-            )
-            return cur.rowcount == 1
 
 
 class QuotaManager:
@@ -135,16 +56,14 @@ class QuotaManager:
         self,
         *,
         settings: QuotaSettings,
-        store: QuotaStore,
-        state: Store,
+        store: Store,
         cycle: Cycle,
         controls: Controls,
         approval_ttl: float,
         clock: Callable[[], float],
     ) -> None:
         self.settings = settings
-        self.store = store
-        self._state = state
+        self._store = store
         self._cycle = cycle
         self._controls = controls
         self._approval_ttl = approval_ttl
@@ -174,12 +93,12 @@ class QuotaManager:
             nodes=math.ceil(gpus / self.settings.gpus_per_node),
             pool=self.settings.pool,
         )
-        self.store.add(request)
+        self._store.add_quota_request(request)
         log.info("quota request %s: %d GPUs for %s by %s", request.id, gpus, project, user)
         return request
 
     def get(self, request_id: str) -> QuotaRequest:
-        request = self.store.get(request_id)
+        request = self._store.quota_request(request_id)
         if request is None:
             raise LookupError(f"no quota request {request_id}")
         return request
@@ -189,36 +108,52 @@ class QuotaManager:
         if self._controls.kill_switch_on() or self._controls.paused():
             raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
         now = self.clock()
-        applying = replace(request, status="applying", decided_by=user, decided_at=now)
-        if not self.store.move(applying, "pending"):
+        applying = replace(request, status=QuotaStatus.APPLYING, decided_by=user, decided_at=now)
+        if not self._store.move_quota_request(applying, QuotaStatus.PENDING):
             raise QuotaError(f"quota request {request_id} was settled meanwhile")
         return self._apply(applying)
 
     def deny(self, request_id: str, user: str) -> QuotaRequest:
         request = self._pending(request_id)
-        denied = replace(request, status="denied", decided_by=user, decided_at=self.clock())
-        if not self.store.move(denied, "pending"):
+        denied = replace(
+            request, status=QuotaStatus.DENIED, decided_by=user, decided_at=self.clock()
+        )
+        if not self._store.move_quota_request(denied, QuotaStatus.PENDING):
             raise QuotaError(f"quota request {request_id} was settled meanwhile")
         return denied
 
     def _pending(self, request_id: str) -> QuotaRequest:
         self.tick()
         request = self.get(request_id)
-        if request.status != "pending":
+        if request.status is not QuotaStatus.PENDING:
             raise QuotaError(f"quota request {request_id} is {request.status}, not pending")
         return request
 
     def tick(self) -> None:
         """Expire unapproved requests, end those whose time is over, finish interrupted ones."""
         now = self.clock()
-        for request in self.store.list("pending"):
+        store = self._store
+        for request in store.quota_requests(QuotaStatus.PENDING):
             if request.expires_at <= now:
-                self.store.move(replace(request, status="expired"), "pending")
-        for request in self.store.list("applying"):  # interrupted, or waiting for the audit
-            self._apply(request)
-        due = [r for r in self.store.list("active") if r.ends_at is not None and r.ends_at <= now]
-        for request in due + self.store.list("releasing"):
+                expired = replace(request, status=QuotaStatus.EXPIRED)
+                store.move_quota_request(expired, QuotaStatus.PENDING)
+        held = self._controls.kill_switch_on() or self._controls.paused()
+        # interrupted, waiting for the audit, or held at the gate: decided again (not while
+        # the kill switch or pause that held it is still on)
+        for request in [] if held else store.quota_requests(QuotaStatus.APPLYING):
+            if request.retry_at is None or request.retry_at <= now:
+                self._apply(request)
+        due = [
+            r
+            for r in store.quota_requests(QuotaStatus.ACTIVE)
+            if r.ends_at is not None and r.ends_at <= now
+        ]
+        for request in due + store.quota_requests(QuotaStatus.RELEASING):
             self._release(request)
+
+    def requests(self, status: QuotaStatus | None = None) -> list[QuotaRequest]:
+        """Quota requests, newest first (``status``: only those)."""
+        return self._store.quota_requests(status)
 
     def _apply(self, request: QuotaRequest) -> QuotaRequest:
         decision = self._decision(request, Transition.FIRE, self.settings.grant_action)
@@ -226,24 +161,44 @@ class QuotaManager:
         now = self.clock()
         if judged.verdict == Verdict.EXECUTE.value and outcome is None:
             return request  # its intent waits for the audit spool: applied once written
+        if _held(judged, outcome):
+            # held (kill switch, pause, budget) at judgement or at the gate: stays applying
+            # and is decided again, under a new id, when the hold lifts (``tick``)
+            error = f"{judged.verdict}: {judged.reason}"
+            log.warning("quota request %s held: %s; decided again later", request.id, error)
+            retry = replace(
+                request,
+                error=error,
+                apply_attempts=request.apply_attempts + 1,
+                retry_at=now + RETRY_S,
+            )
+            self._store.move_quota_request(retry, QuotaStatus.APPLYING)
+            return retry
         if (outcome is not None and outcome.ok) or judged.verdict == Verdict.DRY_RUN.value:
             done = replace(
                 request,
-                status="active",
+                status=QuotaStatus.ACTIVE,
                 starts_at=now,
                 ends_at=now + request.duration_s,
                 grant_decision=decision.id,
                 error=None,
+                retry_at=None,
             )
         else:
-            error = outcome.error if outcome is not None else f"{judged.verdict}: {judged.reason}"
-            done = replace(request, status="failed", grant_decision=decision.id, error=error)
-        self.store.move(done, "applying")
+            error = (outcome.error if outcome is not None else None) or (
+                f"{judged.verdict}: {judged.reason}"
+            )
+            done = replace(
+                request, status=QuotaStatus.FAILED, grant_decision=decision.id, error=error
+            )
+        self._store.move_quota_request(done, QuotaStatus.APPLYING)
         return done
 
     def _release(self, request: QuotaRequest) -> QuotaRequest:
-        releasing = replace(request, status="releasing")
-        if request.status == "active" and not self.store.move(releasing, "active"):
+        releasing = replace(request, status=QuotaStatus.RELEASING)
+        if request.status is QuotaStatus.ACTIVE and not self._store.move_quota_request(
+            releasing, QuotaStatus.ACTIVE
+        ):
             return request
         decision = self._decision(releasing, Transition.CLEAR, self.settings.undo_action)
         judged, outcome = self._run(decision)
@@ -255,10 +210,10 @@ class QuotaManager:
             if error and "kill switch" in error:
                 log.warning("quota request %s is due to end; held: %s", request.id, error)
             retry = replace(releasing, error=error, release_attempts=releasing.release_attempts + 1)
-            self.store.move(retry, "releasing")
+            self._store.move_quota_request(retry, QuotaStatus.RELEASING)
             return retry
-        ended = replace(releasing, status="ended", undo_decision=decision.id, error=None)
-        self.store.move(ended, "releasing")
+        ended = replace(releasing, status=QuotaStatus.ENDED, undo_decision=decision.id, error=None)
+        self._store.move_quota_request(ended, QuotaStatus.RELEASING)
         return ended
 
     def _decision(self, request: QuotaRequest, transition: Transition, verb: str) -> Decision:
@@ -272,7 +227,9 @@ class QuotaManager:
             if transition is Transition.FIRE
             else f"quota request {request.id} ended: {what} released"
         )
-        repeat = request.release_attempts if transition is Transition.CLEAR else 0
+        repeat = (
+            request.release_attempts if transition is Transition.CLEAR else request.apply_attempts
+        )
         return Decision(
             id=make_decision_id(
                 "quota", target.key, request.requested_at, transition.value, repeat
@@ -305,10 +262,9 @@ class QuotaManager:
         returned (outcome None while it has not finished)."""
         assert decision.action is not None
         with self._lock:
-            known = self._state.decision(decision.id)
+            known = self._store.decision(decision.id)
             if known is not None:
-                outcome = known["outcome"]
-                return decision_from_doc(known), outcome_from_doc(outcome) if outcome else None
+                return known.decision, known.outcome
             policy = Policy(
                 name=decision.policy,
                 group=decision.group,
@@ -319,9 +275,21 @@ class QuotaManager:
             committed = self._cycle.commit(policy, (decision,), None, self.clock(), None)
             judged = committed.decisions[0]
             future = committed.futures.get(decision.id)
-            return judged, future.result() if future is not None else None
+            if future is None:
+                return judged, None
+            outcome = future.result()
+            stored = self._store.decision(decision.id)  # the gate may have held it
+            return (stored.decision if stored is not None else judged), outcome
+
+
+def _held(judged: Decision, outcome: Outcome | None) -> bool:
+    """Held back by a guardrail that lifts (kill switch, pause, budget, rate limits), at
+    judgement or at the gate: not a failure of the grant."""
+    if outcome is not None and outcome.status is not OutcomeStatus.SKIPPED:
+        return False
+    return judged.suppressed
 
 
 def request_doc(request: QuotaRequest) -> dict[str, Any]:
     """The JSON form served by the API."""
-    return asdict(request)
+    return quota_request_doc(request)

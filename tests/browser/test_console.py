@@ -35,9 +35,9 @@ def pending_approval(console: Harness, node: str) -> str:
     """Fire the alert of the approval-required policy on ``node``; the decision id."""
     assert console.notify(console.alert("GPUIdle", node=node, uuid=f"GPU-{node}")).ok
     console.settle()
-    found = [a for a in console.engine.store.approvals("pending") if f"node={node}" in a["target"]]
+    found = [a for a in console.engine.store.approvals("pending") if f"node={node}" in a.target]
     assert len(found) == 1, found
-    decision_id: str = found[0]["decision_id"]
+    decision_id: str = found[0].decision_id
     return decision_id
 
 
@@ -142,7 +142,7 @@ def test_admin_grants_an_approval_and_the_action_runs(page: Page, console: Harne
     page.goto(f"/decisions/{decision_id}")
     expect(page.locator("#approval")).to_contain_text("granted by alice")
     expect(page.locator("#outcome")).to_contain_text("success after 1 attempts")
-    pending = console.engine.store.decision(decision_id)["evidence"]["pending_since"]  # type: ignore[index]
+    pending = console.engine.store.decision(decision_id).decision.evidence.pending_since  # type: ignore[union-attr]
     expected = when(pending) if pending is not None else "—"
     expect(page.locator("#pending-since")).to_have_text(expected)
     grafana = page.get_by_role("link", name="Grafana dashboard for this target")
@@ -166,7 +166,7 @@ def test_admin_denies_an_approval_with_a_reason(page: Page, console: Harness) ->
     page.get_by_label("Reason for denying").fill("job is about to start")
     page.get_by_role("button", name="Deny").click()
     expect(page.get_by_role("status")).to_contain_text("Denied: nothing runs on node=deny-1")
-    assert console.engine.store.approval(decision_id)["status"] == "denied"  # type: ignore[index]
+    assert console.engine.store.approval(decision_id).status == "denied"  # type: ignore[union-attr]
     assert "job is about to start" in str(operations(console, "deny_approval")[-1]["message"])
 
 
@@ -197,7 +197,7 @@ def test_the_kill_switch_turned_on_in_the_console_stops_actions(
         page.get_by_label("Reason for granting").fill("try anyway")
         page.get_by_role("button", name="Grant").click()
         expect(page.get_by_role("alert")).to_contain_text("granted but not runnable now")
-        assert console.engine.store.approval(decision_id)["status"] == "pending"  # type: ignore[index]
+        assert console.engine.store.approval(decision_id).status == "pending"  # type: ignore[union-attr]
         page.goto("/")
         page.get_by_label("I confirm: actions may run again").check()
         page.get_by_role("button", name="Turn the kill switch off").click()

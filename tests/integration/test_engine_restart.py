@@ -153,15 +153,16 @@ def pending_since(state_file: Path) -> float | None:
         return None
     db = sqlite3.connect(f"file:{state_file}?mode=ro", uri=True)
     try:
-        row = db.execute("SELECT data FROM policy_state WHERE policy = 'always-true'").fetchone()
+        row = db.execute(
+            "SELECT data FROM policy_targets WHERE policy = 'always-true'"
+        ).fetchone()  # one row per target (issue 15)
     except sqlite3.OperationalError:
         return None
     finally:
         db.close()
     if not row:
         return None
-    targets = json.loads(row[0])
-    return next((t["active_since"] for t in targets.values()), None)
+    return float(json.loads(row[0])["active_since"])
 
 
 def test_sigkill_during_for_fires_once_at_the_original_deadline(setup) -> None:

@@ -72,13 +72,17 @@ def overview(
     since = engine.clock() - hours * 3600
     by_policy: dict[str, Counter[str]] = {}
     for row in store.decisions(None, since, 10_000):
-        verdict = str(row["verdict"]).partition(":")[0]
-        by_policy.setdefault(row["policy"], Counter())[verdict] += 1
-    pending: list[dict[str, Any]] = []
+        verdict = str(row.decision.verdict).partition(":")[0]
+        by_policy.setdefault(row.decision.policy, Counter())[verdict] += 1
+    pending: list[Any] = []
     if viewer.can(Permission.APPROVALS_READ):
         engine.expire_approvals()
-        pending = store.approvals("pending")
-    grants = c.context.quota.store.list("active") if viewer.can(Permission.QUOTA_READ) else []
+        pending = [a for a in store.approvals() if a.status == "pending"]
+    grants = (
+        [g for g in c.context.quota.requests() if g.status == "active"]
+        if viewer.can(Permission.QUOTA_READ)
+        else []
+    )
     registry = engine.audit.registry
     audit = {
         "spool_documents": engine.audit.pending,
@@ -180,8 +184,13 @@ def decision_page(
 ) -> Response:
     need(viewer, Permission.DECISIONS_READ, "A decision")
     explained = explain_decision(decision_id, c.context, viewer.principal)
-    row = c.context.engine.store.decision(decision_id) or {}
-    target = row.get("target", {"key": "", "labels": {}})
+    stored = c.context.engine.store.decision(decision_id)
+    row: Any = {} if stored is None else stored.decision
+    target: dict[str, Any] = (
+        {"key": "", "labels": {}}
+        if stored is None
+        else {"key": row.target.key, "labels": dict(row.target.labels)}
+    )
     return render(
         request,
         "decision.html",
@@ -248,7 +257,7 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
                 **doc,
                 "evaluations": metrics.get_sample_value("gpuops_engine_evaluations_total", labels)
                 or 0,
-                "last_decision": last[0]["at"] if last else None,
+                "last_decision": last[0].decision.at if last else None,
             }
         )
     try:

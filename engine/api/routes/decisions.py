@@ -15,10 +15,12 @@ from engine.api.context import ApiContext, api_context
 from engine.api.routes.rules import policy_doc
 from engine.api.schemas import ID_PATTERN, NAME_PATTERN
 from engine.api.tokens import Permission, Principal
+from engine.codecs import approval_doc, stored_decision_doc
 from engine.decisions import Suppression
 from engine.records import decision_doc
 from engine.runtime.approvals import ApprovalError
 from engine.runtime.gate import RetryError
+from engine.store import ApprovalStatus
 
 router = APIRouter(tags=["decisions"])
 
@@ -51,7 +53,8 @@ def list_decisions(
 ) -> Any:
     """Decisions, newest first, filtered."""
     filtered = verdict or transition or target or until is not None
-    rows = ctx.engine.store.decisions(policy, since, _SCAN if filtered else limit)
+    stored = ctx.engine.store.decisions(policy, since, _SCAN if filtered else limit)
+    rows = [stored_decision_doc(s) for s in stored]
     settled = _settled_approvals(ctx)
     found = []
     for row in (_with_approval(r, settled.get(r["id"])) for r in rows):
@@ -78,7 +81,11 @@ _SETTLED_VERDICTS = {
 
 
 def _settled_approvals(ctx: ApiContext) -> dict[str, dict[str, Any]]:
-    return {a["decision_id"]: a for a in ctx.engine.store.approvals() if a["status"] != "pending"}
+    return {
+        a.decision_id: approval_doc(a)
+        for a in ctx.engine.store.approvals()
+        if a.status is not ApprovalStatus.PENDING
+    }
 
 
 def _with_approval(row: dict[str, Any], approval: dict[str, Any] | None) -> dict[str, Any]:
@@ -98,10 +105,13 @@ def _with_approval(row: dict[str, Any], approval: dict[str, Any] | None) -> dict
 
 
 def _decision(ctx: ApiContext, decision_id: str) -> dict[str, Any]:
-    row = ctx.engine.store.decision(decision_id)
-    if row is None:
+    stored = ctx.engine.store.decision(decision_id)
+    if stored is None:
         raise HTTPException(404, f"no decision {decision_id}")
-    return _with_approval(row, ctx.engine.store.approval(decision_id))
+    approval = ctx.engine.store.approval(decision_id)
+    return _with_approval(
+        stored_decision_doc(stored), None if approval is None else approval_doc(approval)
+    )
 
 
 def _iso(ts: float) -> str:
@@ -186,7 +196,8 @@ def explain_decision(
     """Why a decision was taken and what the guardrails made of it."""
     row = _decision(ctx, decision_id)
     policy = ctx.engine.rules.policy(row["policy"])
-    approval = ctx.engine.store.approval(decision_id)
+    found = ctx.engine.store.approval(decision_id)
+    approval = None if found is None else approval_doc(found)
     evidence = row["evidence"]
     verdict: str = row["verdict"]
     lines = [
@@ -241,7 +252,8 @@ def list_approvals(
 ) -> Any:
     """Approvals (expired ones are settled first), newest first."""
     ctx.engine.expire_approvals()
-    return {"approvals": ctx.engine.store.approvals(status)}
+    found = ctx.engine.store.approvals(None if status is None else ApprovalStatus(status))
+    return {"approvals": [approval_doc(a) for a in found]}
 
 
 def _settle(ctx: ApiContext, decision_id: str, user: str, grant: bool) -> Any:

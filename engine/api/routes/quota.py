@@ -11,7 +11,7 @@ from engine.api.auth import require
 from engine.api.context import ApiContext, api_context
 from engine.api.schemas import ID_PATTERN, QuotaRequestIn
 from engine.api.tokens import Permission, Principal
-from engine.runtime.quota import QuotaError, QuotaRequest, request_doc
+from engine.runtime.quota import QuotaError, QuotaRequest, QuotaStatus, request_doc
 
 router = APIRouter(tags=["quota"])
 
@@ -46,7 +46,8 @@ def list_quota_requests(
     status: Status | None = None,
 ) -> Any:
     """Quota requests, newest first."""
-    return {"requests": [request_doc(r) for r in ctx.quota.store.list(status)]}
+    found = ctx.quota.requests(None if status is None else QuotaStatus(status))
+    return {"requests": [request_doc(r) for r in found]}
 
 
 @router.get("/quota-requests/{request_id}")

@@ -79,16 +79,20 @@ def test_full_spool_drops_the_oldest_segment_and_counts_it(tmp_path: Path) -> No
     spool.close()
 
 
-def test_full_spool_with_reject_new_keeps_the_oldest(tmp_path: Path) -> None:
-    spool, registry = make_spool(tmp_path, max_bytes=3_000, policy="reject_new")
+def test_a_full_spool_fails_closed_by_default_and_deletes_nothing(tmp_path: Path) -> None:
+    spool, registry = make_spool(tmp_path, max_bytes=3_000, policy="fail_closed")
     results = [spool.append(doc(n)) for n in range(40)]
     kept = ids(tmp_path)
-    assert kept == [f"id-{n:04d}" for n in range(len(kept))]
-    assert results.count(False) == 40 - len(kept)
-    rejected = registry.get_sample_value(
-        "gpuops_audit_dropped_documents_total", {"policy": "reject_new"}
+    assert kept == [f"id-{n:04d}" for n in range(len(kept))]  # the oldest, all of them
+    assert 0 < len(kept) < 40 and results == [True] * len(kept) + [False] * (40 - len(kept))
+    assert (
+        registry.get_sample_value("gpuops_audit_dropped_documents_total", {"policy": "drop_oldest"})
+        is None
     )
-    assert rejected == 40 - len(kept)
+    (segment, *_) = spool.sealed()
+    spool.remove(segment)  # shipped: room again
+    assert spool.append(doc(99))
+    assert ids(tmp_path)[-1] == "id-0099"
     spool.close()
 
 

@@ -1,19 +1,30 @@
 """One codec per stored type, each round-tripped: what goes into the state file comes back equal
-(policy and guardrail states, decisions, outcomes, quota requests)."""
+(policy and guardrail states, decisions, outcomes, approvals, quota requests, alerts)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from engine.codecs import (
+    alert_doc,
+    alert_from_doc,
+    approval_doc,
+    approval_from_doc,
+    quota_request_doc,
+    quota_request_from_doc,
+    stored_decision_doc,
+    stored_decision_from_doc,
+)
 from engine.decisions import (
     ActionSpec,
     Decision,
     Evidence,
     Outcome,
     OutcomeStatus,
-    Suppression,
     Target,
     Transition,
     freeze,
@@ -21,8 +32,18 @@ from engine.decisions import (
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import Execution, GuardrailState
 from engine.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
-from engine.runtime.quota import QuotaRequest, QuotaStore
 from engine.state import StateStore
+from engine.store import (
+    AlertKey,
+    Approval,
+    ApprovalStatus,
+    Audited,
+    DecisionStatus,
+    InboxItem,
+    QuotaRequest,
+    QuotaStatus,
+    StoredDecision,
+)
 
 DECISION = Decision(
     id="d1",
@@ -88,10 +109,11 @@ def test_guardrail_state_round_trips(store: StateStore) -> None:
 def test_decision_round_trips_through_the_state_file(store: StateStore) -> None:
     assert decision_from_doc(decision_doc(DECISION)) == DECISION
     with store.transaction() as db:
-        assert store.record_decision(db, decision_doc(DECISION), "started")
-        assert not store.record_decision(db, decision_doc(DECISION), "started")  # a replay
-    stored = store.decision("d1")
-    assert stored is not None and decision_from_doc(stored) == DECISION
+        assert store.record_decision(db, DECISION, DecisionStatus.STARTED)
+        assert not store.record_decision(db, DECISION, DecisionStatus.STARTED)  # a replay
+    assert store.decision("d1") == StoredDecision(DECISION, DecisionStatus.STARTED)
+    store.mark_audited(["d1"], Audited.INTENT)
+    assert store.unfinished() == [StoredDecision(DECISION, DecisionStatus.STARTED, None, 1)]
 
 
 @pytest.mark.parametrize(
@@ -105,45 +127,87 @@ def test_decision_round_trips_through_the_state_file(store: StateStore) -> None:
 def test_outcome_round_trips(store: StateStore, outcome: Outcome) -> None:
     assert outcome_from_doc(outcome_doc(outcome)) == outcome
     with store.transaction() as db:
-        store.record_decision(db, decision_doc(DECISION), "started")
-    store.finish_decision("d1", outcome_doc(outcome), "dry_run", "engine is in dry-run")
-    stored = store.decision("d1")
-    assert stored is not None and outcome_from_doc(stored["outcome"]) == outcome
-    assert decision_from_doc(stored).verdict == "dry_run"
-    assert decision_from_doc(stored).reason == "engine is in dry-run"
+        store.record_decision(db, DECISION, DecisionStatus.STARTED)
+    held = DECISION.with_verdict("dry_run", "engine is in dry-run")
+    store.finish_decision("d1", outcome, held)
+    assert store.decision("d1") == StoredDecision(held, DecisionStatus.DONE, outcome)
 
 
-def test_quota_request_round_trips(tmp_path: Path) -> None:
-    quotas = QuotaStore(tmp_path / "state.sqlite")
-    request = QuotaRequest(
-        id="q1",
-        project="vision",
-        gpus=8,
-        duration_s=3600.0,
-        reason="deadline",
-        requested_by="dave",
-        requested_at=1.0,
-        expires_at=2.0,
-        status="releasing",
-        nodes=1,
-        decided_by="alice",
-        decided_at=1.5,
-        starts_at=1.5,
-        ends_at=3601.5,
-        grant_decision="d1",
-        error="suppressed:kill_switch: the kill switch is on",
-        release_attempts=2,
-    )
-    quotas.add(request)
-    assert quotas.get("q1") == request
-    quotas.close()
+def test_stored_decision_codec_round_trips() -> None:
+    outcome = Outcome(OutcomeStatus.FAILURE, 2, 1.5, "503", permanent=False)
+    stored = StoredDecision(DECISION, DecisionStatus.DONE, outcome, Audited.OUTCOME, 7.0)
+    doc = stored_decision_doc(stored)
+    assert doc["status"] == "done" and doc["outcome"]["error"] == "503"
+    assert stored_decision_from_doc(doc, Audited.OUTCOME) == stored
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON
 
 
-@pytest.mark.parametrize("reason", list(Suppression))
-def test_suppressions_round_trip_through_their_verdict_text(reason: Suppression) -> None:
-    assert Suppression.of(reason.verdict) is reason
+def test_approval_round_trips(store: StateStore) -> None:
+    waiting = DECISION.with_verdict("awaiting_approval", "approval required")
+    with store.transaction() as db:
+        store.save_approval(db, waiting, 10.0, 20.0)
+    pending = Approval(waiting, 10.0, 20.0)
+    assert store.approval("d1") == pending
+    assert approval_from_doc(approval_doc(pending)) == pending
+    with store.transaction() as db:
+        granted = store.settle_approval(db, "d1", ApprovalStatus.GRANTED, "alice", 15.0)
+        again = store.settle_approval(db, "d1", ApprovalStatus.DENIED, "bob", 16.0)
+    assert granted == Approval(waiting, 10.0, 20.0, ApprovalStatus.GRANTED, "alice", 15.0)
+    assert again is None  # settled once
+    assert store.approvals(ApprovalStatus.GRANTED) == [granted]
+    assert approval_from_doc(approval_doc(granted)) == granted
 
 
-@pytest.mark.parametrize("verdict", ["execute", "dry_run", "suppressed:", "suppressed:unknown"])
-def test_other_verdicts_are_no_suppression(verdict: str) -> None:
-    assert Suppression.of(verdict) is None
+QUOTA = QuotaRequest(
+    id="q1",
+    project="vision",
+    gpus=8,
+    duration_s=3600.0,
+    reason="deadline",
+    requested_by="dave",
+    requested_at=1.0,
+    expires_at=2.0,
+    status=QuotaStatus.RELEASING,
+    nodes=1,
+    decided_by="alice",
+    decided_at=1.5,
+    starts_at=1.5,
+    ends_at=3601.5,
+    grant_decision="d1",
+    error="suppressed:kill_switch: the kill switch is on",
+    release_attempts=2,
+    apply_attempts=1,
+)
+
+
+def test_quota_request_round_trips(store: StateStore) -> None:
+    assert quota_request_from_doc(quota_request_doc(QUOTA)) == QUOTA
+    store.add_quota_request(QUOTA)
+    assert store.quota_request("q1") == QUOTA
+    ended = replace(QUOTA, status=QuotaStatus.ENDED)
+    assert store.move_quota_request(ended, QuotaStatus.RELEASING)
+    assert not store.move_quota_request(ended, QuotaStatus.RELEASING)  # compare and set
+    assert store.quota_requests(QuotaStatus.ENDED) == [ended]
+
+
+def test_a_quota_request_of_an_older_version_reads_with_defaults() -> None:
+    doc = quota_request_doc(QUOTA)
+    del doc["apply_attempts"]
+    assert quota_request_from_doc(doc) == replace(QUOTA, apply_attempts=0)
+    with pytest.raises(ValueError, match="unknown quota request fields: colour"):
+        quota_request_from_doc({**doc, "colour": "red"})
+
+
+def test_inbox_alerts_and_early_resolves_round_trip(store: StateStore) -> None:
+    alert = {"status": "firing", "labels": {"alertname": "X", "node": "n/1"}, "startsAt": "t"}
+    (item,) = store.inbox_add([alert], 5.0)
+    assert store.inbox() == [InboxItem(item, alert, 5.0)]
+    assert alert_from_doc(alert_doc(alert)) == alert
+    key = AlertKey("fp", "t", "firing")
+    assert not store.alert_known(key) and not store.seen_alert(key, 6.0)
+    assert store.alert_known(key) and store.seen_alert(key, 7.0)  # a retried webhook
+    store.forget_alert(key)
+    assert not store.alert_known(key)
+    store.save_early_resolve("f1", {**alert, "status": "resolved"}, 8.0)
+    assert store.take_early_resolve("f1") == {**alert, "status": "resolved"}
+    assert store.take_early_resolve("f1") is None  # handled once

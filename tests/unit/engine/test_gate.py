@@ -15,7 +15,6 @@ The SIGKILL and full-tmpfs runs are in tests/integration/test_gate_crash.py.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -200,8 +199,8 @@ def test_kill_switch_stops_the_queued_actions(world: World) -> None:
     assert held == [("suppressed:kill_switch", "skipped")] * 11
     assert metric(engine, "gpuops_engine_actions_held_total", reason="kill_switch") == 11
     stored = engine.store.decision(decisions[-1].id)
-    assert stored is not None and stored["verdict"] == "suppressed:kill_switch"
-    assert "held at the gate" in stored["reason"]
+    assert stored is not None and stored.decision.verdict == "suppressed:kill_switch"
+    assert "held at the gate" in stored.decision.reason
 
 
 def test_pause_holds_the_queued_actions_and_they_are_decided_again(world: World) -> None:
@@ -309,8 +308,14 @@ def test_a_quota_grant_over_the_global_budget_executes_nothing(world: World) -> 
     engine = world.engine(global_max_per_hour=0)
     approved = engine.quota.approve(_quota(engine), "alice")
     assert world.log.ran == []
-    assert approved.status == "failed" and "global budget 0" in (approved.error or "")
+    assert approved.status == "applying" and "global budget 0" in (approved.error or "")
     assert world.verdicts("quota-request") == [("suppressed:global_budget", "none")]
+    engine.quota.tick()  # held: not decided again before its retry time
+    assert world.verdicts("quota-request") == [("suppressed:global_budget", "none")]
+    world.clock.now += 61
+    engine.quota.tick()  # decided again (a new decision id), held again: nothing ran
+    assert world.verdicts("quota-request") == [("suppressed:global_budget", "none")] * 2
+    assert world.log.ran == [] and engine.quota.get(approved.id).apply_attempts == 2
 
 
 def test_a_quota_end_runs_through_the_gate(world: World) -> None:
@@ -517,7 +522,7 @@ def test_a_permanent_failure_is_not_retried_within_the_episode(world: World) -> 
     assert [d.id for d in world.log.ran] == [first.id]
     assert metric(engine, "gpuops_engine_permanent_failures_total", policy="reclaim") == 1
     stored = engine.store.decision(first.id)
-    assert stored is not None and stored["outcome"]["permanent"] is True
+    assert stored is not None and stored.outcome is not None and stored.outcome.permanent
     # a new episode acts again
     world.prom.results["idle"] = []
     world.clock.now += 10
@@ -573,10 +578,10 @@ def test_every_stored_decision_has_an_audit_document(world: World) -> None:
     world.evaluate(engine, "reclaim-approved")
     engine.handle_alert(_alert("firing"))
     assert engine.wait_idle(10)
-    stored = {d["id"] for d in engine.store.decisions(limit=1000)}
+    stored = {d.id for d in engine.store.decisions(limit=1000)}
     audited = {d["gpuops"]["decision"]["id"] for d in world.docs()}
     assert len(stored) == 7 and stored <= audited
-    assert json.dumps(engine.store.unaudited()) == "[]"
+    assert engine.store.unaudited() == []
 
 
 def test_outcomes_the_spool_could_not_take_are_written_when_it_can(

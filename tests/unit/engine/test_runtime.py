@@ -120,7 +120,7 @@ def test_fires_after_for_and_audits_the_outcome(make) -> None:
     assert decision.verdict == "execute"
     assert [d.id for d in make.ran] == [decision.id]
     stored = engine.store.decision(decision.id)
-    assert stored is not None and stored["outcome"]["status"] == "success"
+    assert stored is not None and stored.outcome is not None and stored.outcome.ok
     engine.audit.close()
     docs = [d for d in audit_docs(make.dir) if d.get("rule", {}).get("name") == "reclaim"]
     # write-ahead: the intent (verdict, no outcome yet) is in the spool before the outcome
@@ -191,7 +191,7 @@ def test_approval_grant_runs_the_action_once(make, tmp_path: Path) -> None:
     cycle(engine)
     (decision,) = cycle(engine, 60)
     assert decision.verdict == "awaiting_approval"
-    assert [a["decision_id"] for a in engine.store.approvals("pending")] == [decision.id]
+    assert [a.decision_id for a in engine.store.approvals("pending")] == [decision.id]
     granted = engine.grant(decision.id, "admin")
     engine.wait_idle(10)
     assert granted.verdict == "execute" and "approved by admin" in granted.reason
@@ -314,7 +314,7 @@ def test_an_action_interrupted_by_a_crash_runs_at_start(make) -> None:
     assert policy is not None
     engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash: `started`, never run
     (decision,) = engine.evaluate_policy(policy, make.clock.now + 60)
-    assert [d["id"] for d in engine.store.unfinished()] == [decision.id]
+    assert [d.id for d in engine.store.unfinished()] == [decision.id]
     engine.stop()
     restarted = make()
     restarted.start()
@@ -399,7 +399,7 @@ def test_an_approval_pending_when_the_condition_clears_is_cancelled(make, tmp_pa
     make.prom.results["util < 0.2"] = []
     (clear,) = cycle(engine, 10)
     assert clear.action is None  # the action never ran: nothing to undo
-    assert engine.store.approval(waiting.id)["status"] == "cancelled"
+    assert engine.store.approval(waiting.id).status == "cancelled"
     with pytest.raises(ApprovalError, match="cancelled, not pending"):
         engine.grant(waiting.id, "admin")
     assert make.ran == []
@@ -433,11 +433,11 @@ def test_a_failed_action_is_decided_again_while_the_target_still_fires(make) -> 
     make.prom.results["util < 0.2"] = [{"uuid": "a"}]
     cycle(engine)
     (first,) = cycle(engine, 60)
-    assert engine.store.decision(first.id)["outcome"]["status"] == "failure"
+    assert engine.store.decision(first.id).outcome.status == "failure"
     assert cycle(engine, 30) == []  # before the retry time
     (second,) = cycle(engine, 40)
     assert second.verdict == "execute" and second.id != first.id
-    assert engine.store.decision(second.id)["outcome"]["status"] == "success"
+    assert engine.store.decision(second.id).outcome.status == "success"
     assert len(attempts) == 4
 
 

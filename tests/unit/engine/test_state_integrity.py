@@ -306,9 +306,10 @@ def test_state_reset_refuses_while_an_engine_runs(world: World) -> None:
 
 def break_row(world: World, policy: str) -> None:
     with sqlite3.connect(world.state) as db:
-        changed = db.execute(
-            'UPDATE policy_state SET data = \'{"GPU-0": {"status": \' WHERE policy = ?',
-            (policy,),
+        changed = db.execute(  # one target's row (issue 15: a row per target)
+            "UPDATE policy_targets SET data = '{\"status\": ' WHERE policy = ? AND target ="
+            " (SELECT MIN(target) FROM policy_targets WHERE policy = ?)",
+            (policy, policy),
         ).rowcount
     assert changed == 1
 
@@ -354,7 +355,9 @@ def test_state_reset_of_one_policy_keeps_its_row_aside_and_heals(world: World) -
     result = world.gpuops("state", "reset", "--policy", "reclaim")
     assert result.exit_code == 0, result.output
     (aside,) = world.tmp.glob("state.sqlite.policy-reclaim.broken-*")
-    assert aside.read_text() == '{"GPU-0": {"status": '
+    assert aside.read_text().startswith(
+        '{"uuid=GPU-0": {"status": , "uuid=GPU-1": {"status": "firing"'
+    )
     (doc,) = [d for d in world.docs() if d["event"]["action"] == "state.reset_policy"]
     assert doc["gpuops"]["operation"]["details"] == {
         "state_file": str(world.state),

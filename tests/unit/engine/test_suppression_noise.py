@@ -126,7 +126,7 @@ def test_a_target_held_by_max_fraction_is_recorded_once_and_counted(
     (switched,) = cycle(restarted, 60)
     assert switched.verdict == "suppressed:kill_switch" and switched.held_repeats == 11
     stored = restarted.store.decision(switched.id)
-    assert stored is not None and stored["held_repeats"] == 11
+    assert stored is not None and stored.decision.held_repeats == 11
     assert "11 unrecorded repeats" in _explain(restarted, switched.id)["explanation"][-1]
     assert _explain(restarted, held.id)["guardrails"]["suppression"]["current"] is False
     cycle(restarted, 60)  # kill switch still on: a repeat

@@ -1,0 +1,131 @@
+"""Group commit of the spool (issue 15): concurrent appends share an fsync, each returns only
+once its bytes are durable, and a failed fsync fails every append it covered and leaves none
+of their lines behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from engine.audit.metrics import AuditMetrics
+from engine.audit.spool import Spool, encode_line, read_spool
+from tests.waiting import wait_for
+
+
+def make_spool(directory: Path) -> Spool:
+    spool = Spool(
+        directory,
+        segment_max_bytes=1 << 20,
+        segment_max_age_s=60.0,
+        max_bytes=1 << 30,
+        full_policy="fail_closed",
+        fsync=True,
+        metrics=AuditMetrics(CollectorRegistry()),
+    )
+    spool.open()
+    return spool
+
+
+def doc(n: int) -> dict[str, object]:
+    return {"event": {"id": f"id-{n:05d}"}, "message": "ü" * 40}
+
+
+class SlowFsync:
+    """Counts fsyncs; each one takes until ``release`` is set (so appends pile up behind it)."""
+
+    def __init__(self, real: Callable[[int], None]) -> None:
+        self.real = real
+        self.calls = 0
+        self.release = threading.Event()
+        self.fail: OSError | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self, fd: int) -> None:
+        with self.lock:
+            self.calls += 1
+        assert self.release.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        self.real(fd)
+
+
+@pytest.fixture
+def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Spool, SlowFsync]]:
+    """A spool with one document (its segment open) whose next fsync waits for ``release``."""
+    fsync = SlowFsync(os.fsync)
+    monkeypatch.setattr("engine.audit.spool.os.fsync", fsync)
+    spool = make_spool(tmp_path)
+    fsync.release.set()
+    spool.append(doc(0))  # opens the segment (its directory fsync counts too)
+    fsync.release.clear()
+    yield spool, fsync
+    fsync.release.set()
+    spool.close()
+
+
+def test_concurrent_appends_share_fsyncs_and_return_only_when_durable(
+    tmp_path: Path, held: tuple[Spool, SlowFsync]
+) -> None:
+    spool, fsync = held
+    before = fsync.calls
+    done: list[int] = []
+    threads = [
+        threading.Thread(target=lambda n=n: (spool.append(doc(n)), done.append(n)))
+        for n in range(1, 41)
+    ]
+    for t in threads:
+        t.start()
+    # nothing returns while the first fsync is held; all forty wrote and wait
+    wait_for(lambda: spool._written == 41, 10, "the forty writes")
+    assert done == []
+    fsync.release.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(done) == list(range(1, 41))
+    assert fsync.calls - before <= 2  # the held one, and one covering all that waited for it
+    assert sorted(d["event"]["id"] for d in read_spool(tmp_path)) == [
+        f"id-{n:05d}" for n in range(41)
+    ]
+
+
+def test_a_failed_fsync_fails_every_append_it_covered_and_cuts_their_lines(
+    tmp_path: Path, held: tuple[Spool, SlowFsync]
+) -> None:
+    spool, fsync = held
+    fsync.fail = OSError(errno.EIO, "Input/output error")
+    errors: list[int] = []
+
+    def append(n: int) -> None:
+        try:
+            spool.append_many([doc(n), doc(n + 1000)])
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+            errors.append(n)
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(2, 12)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: spool._written == 11, 10, "the ten writes")
+    fsync.release.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(errors) == list(range(2, 12))
+    fsync.fail = None
+    assert spool.append(doc(99))
+    assert [d["event"]["id"] for d in read_spool(tmp_path)] == ["id-00000", "id-00099"]
+    assert spool.documents == 2
+
+
+def test_encoded_lines_are_the_documents_json() -> None:
+    value = {"a": {"b": [1, 2.5, None, True]}, "ü": "naïve", "big": 2**70, "t": (1, 2)}
+    line = encode_line(value)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {**value, "t": [1, 2]}
+    assert encode_line({"x": "é"}) == '{"x":"é"}\n'.encode()

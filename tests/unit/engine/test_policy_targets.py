@@ -1,0 +1,116 @@
+"""Policy state stored one row per target (issue 15): an older file's rows move by migration
+(an unreadable one stays unreadable), a save writes only the targets that changed, and the
+cached state is dropped when another connection writes the file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.decisions import freeze
+from engine.evaluation import PolicyState, Status, TargetState
+from engine.state import REFRESH_S, StateRowError, StateStore
+
+
+def target(uuid: str, since: float = 1.0, status: Status = Status.PENDING) -> TargetState:
+    return TargetState(status, since, since, 0.1, freeze({"uuid": uuid}))
+
+
+def state(*targets: tuple[str, TargetState]) -> PolicyState:
+    return PolicyState(freeze(dict(targets)))
+
+
+def saved(store: StateStore, policy: str, value: PolicyState) -> int:
+    """Save ``value``; the number of rows the transaction changed."""
+    with store.transaction() as db:
+        before = db.total_changes
+        store.save_policy_state(db, policy, value)
+        return db.total_changes - before
+
+
+def test_an_older_files_rows_move_and_an_unreadable_one_stays_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    old = {"uuid=a": {"status": "firing", "active_since": 1.0, "last_seen": 2.0, "value": 0.5}}
+    old["uuid=a"] |= {"labels": {"uuid": "a"}, "fired_at": 1.5, "last_fire_at": 1.5}
+    old["uuid=a"] |= {"repeats": 0}
+    StateStore(path).close()  # the current schema, then made to look like version 2
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE policy_targets")
+        db.execute("ALTER TABLE decisions DROP COLUMN retried_at")  # migration 4
+        db.execute("PRAGMA user_version = 2")
+        db.execute("INSERT INTO policy_state VALUES ('good', ?)", (json.dumps(old),))
+        db.execute("INSERT INTO policy_state VALUES ('bad', '{\"uuid=a\": {')")
+    store = StateStore(path)
+    try:
+        (good,) = store.policy_state("good").targets.values()
+        assert (good.status, good.active_since, good.value) == (Status.FIRING, 1.0, 0.5)
+        with pytest.raises(StateRowError) as caught:
+            store.policy_state("bad")
+        assert str(caught.value).startswith(f"{path}: policy_state row of 'bad' cannot be")
+        assert sorted(store.policy_names()) == ["bad", "good"]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT policy FROM policy_state").fetchall() == [("bad",)]
+        assert db.execute("SELECT policy, target FROM policy_targets").fetchall() == [
+            ("good", "uuid=a")
+        ]
+
+
+def test_a_save_writes_only_the_targets_that_changed(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.sqlite")
+    try:
+        many = [(f"uuid={i}", target(str(i))) for i in range(100)]
+        assert saved(store, "p", state(*many)) == 100
+        # every evaluation moves last_seen and value: not a change worth a write ...
+        seen = [(k, replace(t, last_seen=t.last_seen + 30, value=0.2)) for k, t in many]
+        assert saved(store, "p", state(*seen)) == 0
+        assert store.policy_state("p") == state(*seen)  # ... the engine still sees them
+        # one target fires, one leaves, one is new
+        changed = [
+            (k, replace(t, status=Status.FIRING)) if k == "uuid=0" else (k, t) for k, t in seen
+        ]
+        changed = changed[:-1] + [("uuid=new", target("new"))]
+        assert saved(store, "p", state(*changed)) == 3
+        # last_seen far enough ahead: rewritten, so a restart knows a recent value
+        later = [(k, replace(t, last_seen=t.last_seen + REFRESH_S)) for k, t in changed]
+        assert saved(store, "p", state(*later)) == 100
+    finally:
+        store.close()
+    reopened = StateStore(tmp_path / "state.sqlite")
+    try:
+        assert reopened.policy_state("p") == state(*later)
+    finally:
+        reopened.close()
+
+
+def test_a_rolled_back_save_is_not_cached(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.sqlite")
+    try:
+        saved(store, "p", state(("uuid=a", target("a"))))
+        with pytest.raises(RuntimeError), store.transaction() as db:
+            store.save_policy_state(db, "p", state())
+            raise RuntimeError("the cycle failed after saving")
+        assert list(store.policy_state("p").targets) == ["uuid=a"]
+        assert saved(store, "p", state()) == 1  # the row is still there to delete
+    finally:
+        store.close()
+
+
+def test_a_write_by_another_connection_drops_the_cache(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    try:
+        saved(store, "p", state(("uuid=a", target("a"))))
+        assert list(store.policy_state("p").targets) == ["uuid=a"]
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE policy_targets SET data = '{' WHERE policy = 'p'")
+        with pytest.raises(StateRowError) as caught:
+            store.policy_state("p")
+        assert "target 'uuid=a': JSONDecodeError" in str(caught.value)
+    finally:
+        store.close()
