@@ -1,8 +1,8 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
-# Debian packages prometheus, prometheus-alertmanager, curl, slurm-wlm and munge when their
-# binaries are missing, and chromium (the console's browser tests drive it with Playwright; no
-# browser is downloaded).
+# Debian packages prometheus, prometheus-alertmanager, curl, victoria-metrics, slurm-wlm and
+# munge when their binaries are missing, and chromium (the console's browser tests drive it with
+# Playwright; no browser is downloaded).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -41,13 +41,20 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
+# victoria-metrics: tests/integration/test_victoriametrics.py runs the shipped policy tests on it
+/usr/bin/victoria-metrics:
+	@echo "installing Debian package victoria-metrics"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends victoria-metrics
+
 /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged:
 	@echo "installing Debian packages slurm-wlm and munge"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
 
 setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
-	/usr/bin/curl /usr/bin/chromium /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged
+	/usr/bin/curl /usr/bin/chromium /usr/bin/victoria-metrics /usr/sbin/slurmctld /usr/sbin/slurmd \
+	/usr/sbin/munged
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)

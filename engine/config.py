@@ -89,8 +89,14 @@ class GuardrailSettings(_Model):
     """While this file exists, no action runs (every decision is audited as suppressed)."""
     approval_ttl: float = 3600.0
     """Seconds a pending approval waits before it expires."""
+    action_max_age: float = Field(default=3600.0, gt=0)
+    """Seconds after its decision (or its grant) that an action may still start: one older
+    (the engine was down, the spool full, the executor's queue long) does not run but is
+    audited as ``suppressed:expired`` and its target decided again on fresh data. An hour:
+    longer than any queue or restart should take, shorter than the data it acted on stays
+    true."""
 
-    _t = field_validator("approval_ttl", mode="before")(_seconds)
+    _t = field_validator("approval_ttl", "action_max_age", mode="before")(_seconds)
 
 
 class QuotaSettings(_Model):

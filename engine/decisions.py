@@ -60,6 +60,10 @@ class Suppression(StrEnum):
     APPROVAL_CANCELLED = "approval_cancelled"
     APPROVAL_EXPIRED = "approval_expired"
     DENIED = "denied"
+    POLICY_REMOVED = "policy_removed"
+    """Held at the gate: the decision's policy is no longer in the rule set."""
+    EXPIRED = "expired"
+    """Held at the gate: the decision is older than ``guardrails.action_max_age``."""
 
     @property
     def verdict(self) -> str:

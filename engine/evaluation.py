@@ -247,7 +247,20 @@ def _observe(
         prev = None  # no fresh data for too long (an outage): `for` counts from now
     if prev is None:
         return TargetState(Status.PENDING, now, now, sample.value, target.labels)
-    return replace(prev, last_seen=now, value=sample.value, absent_since=None)
+    return _seen_again(prev, now, sample.value)
+
+
+def _seen_again(prev: TargetState, now: float, value: float) -> TargetState:
+    """``replace(prev, last_seen=now, value=value, absent_since=None)``, without its cost
+    (``dataclasses.replace`` re-runs ``__init__`` with every field; this is every target of
+    every evaluation): a copy of ``prev``'s fields with the three set."""
+    seen = object.__new__(TargetState)
+    fields = seen.__dict__
+    fields.update(prev.__dict__)
+    fields["last_seen"] = now
+    fields["value"] = value
+    fields["absent_since"] = None
+    return seen
 
 
 def _advance(

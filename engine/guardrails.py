@@ -219,6 +219,39 @@ def _suppression(
     return None
 
 
+def recheck(
+    decision: Decision, policy: Policy, state: GuardrailState, ctx: Context, now: float
+) -> tuple[Suppression, str] | None:
+    """At the moment of execution (the gate): would ``decision``, judged to execute, still pass
+    the policy's guardrails (cooldown, ``max_per_hour``, ``max_fraction``, the global budget) as
+    they stand now — with the executions recorded since, the policy as loaded now — leaving out
+    its own execution, which its judgement recorded? The reason it is held, or None."""
+    return _suppression(
+        decision, policy, _Window(_without(state, decision), policy.name, now), ctx, now
+    )
+
+
+def _without(state: GuardrailState, decision: Decision) -> GuardrailState:
+    """``state`` without the execution that judging ``decision`` recorded: the latest one of
+    its (policy, target) at or after its time, and the cooldown it started."""
+    mine = [
+        i
+        for i, e in enumerate(state.recent)
+        if e.policy == decision.policy and e.target == decision.target.key and e.at >= decision.at
+    ]
+    if not mine:
+        return state
+    own = max(mine, key=lambda i: state.recent[i].at)
+    recent = state.recent[:own] + state.recent[own + 1 :]
+    key = cooldown_key(decision.policy, decision.target.key)
+    last = dict(state.last_action)
+    if last.get(key) == state.recent[own].at:
+        # its own action is the last on the target: what came before, its judgement saw
+        # (and a later action than its own would hold it)
+        del last[key]
+    return GuardrailState(freeze(last), recent)
+
+
 def retry_time(decision: Decision, policy: Policy, state: GuardrailState, now: float) -> float:
     """When a decision the guardrails suppressed may be decided again with a chance to pass."""
     reason = Suppression.of(decision.verdict)
@@ -263,6 +296,12 @@ def _budget_queue(
         return retry(decision)
 
     return retry_at
+
+
+def forget_execution(state: GuardrailState, decision: Decision) -> GuardrailState:
+    """``decision``'s action was held at the gate, never tried: neither its cooldown nor its
+    place in the rate windows and the budget stay."""
+    return _without(state, decision)
 
 
 def forget_action(state: GuardrailState, decision: Decision) -> GuardrailState:

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.decisions import Decision, Sample
 from engine.evaluation import PolicyState, QueryResult, evaluate
-from engine.promproc import ProcessError, PrometheusServer, find_binary
+from engine.promproc import ProcessError, PrometheusServer, VictoriaMetricsServer, find_binary
 from engine.rules.durations import format_duration
 from engine.rules.loader import load_rules
 from engine.rules.model import Policy, RuleError, RulesError, RuleSet
@@ -66,6 +66,8 @@ class Seen:
 class CaseResult:
     name: str
     problems: tuple[str, ...]
+    decisions: tuple[Seen, ...] = ()
+    """Every decision made, in order."""
 
     @property
     def ok(self) -> bool:
@@ -96,8 +98,18 @@ def run_test_files(files: list[Path], echo: Echo, start_timeout: float = 60.0) -
     return ok
 
 
-def run_test_file(path: Path, start_timeout: float = 60.0) -> list[CaseResult]:
-    """The results of the tests in ``path``; raises ``RulesError`` for an invalid file."""
+BACKENDS = ("prometheus", "victoriametrics")
+
+
+def run_test_file(
+    path: Path, start_timeout: float = 60.0, backend: str = "prometheus"
+) -> list[CaseResult]:
+    """The results of the tests in ``path``; raises ``RulesError`` for an invalid file.
+    ``backend``: which server evaluates the PromQL — a real Prometheus (blocks made by
+    promtool), or a single-node VictoriaMetrics (MetricsQL; the series imported through
+    ``/api/v1/import/prometheus``, the lookback delta as ``-search.maxStalenessInterval``)."""
+    if backend not in BACKENDS:
+        raise PolicyTestError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     spec = parse_test_file(path.read_text(encoding="utf-8"), str(path))
     model = spec.model
     ruleset = load_rules([path.parent / name for name in model.rule_files])
@@ -111,16 +123,29 @@ def run_test_file(path: Path, start_timeout: float = 60.0) -> list[CaseResult]:
         lines = []
         for index, (case, base) in enumerate(zip(model.tests, bases, strict=True)):
             lines.extend(_openmetrics(spec, index, case, base, model.evaluation_interval))
-        _create_blocks(workdir, lines)
-        server = PrometheusServer(
-            workdir,
-            "global: {}\n",
-            extra_args=[
-                "--storage.tsdb.retention.time=10y",
-                f"--query.lookback-delta={format_duration(model.lookback_delta)}",
-            ],
-        )
-        server.start(timeout=start_timeout)
+        lookback = format_duration(model.lookback_delta)
+        server: PrometheusServer | VictoriaMetricsServer
+        if backend == "victoriametrics":
+            server = VictoriaMetricsServer(
+                workdir, extra_args=[f"-search.maxStalenessInterval={lookback}"]
+            )
+            server.start(timeout=start_timeout)
+            try:
+                server.import_text("".join(f"{_millis(line)}\n" for line in lines))
+            except requests.RequestException as exc:
+                server.stop()
+                raise PolicyTestError(f"importing the input series failed: {exc}") from exc
+        else:
+            _create_blocks(workdir, lines)
+            server = PrometheusServer(
+                workdir,
+                "global: {}\n",
+                extra_args=[
+                    "--storage.tsdb.retention.time=10y",
+                    f"--query.lookback-delta={lookback}",
+                ],
+            )
+            server.start(timeout=start_timeout)
         try:
             return [
                 _run_case(server.url, ruleset, case, base, model.evaluation_interval)
@@ -177,6 +202,12 @@ def _openmetrics(
                 lines.append((name, f"{head} {_number(value)} {base + step * interval:.3f}"))
     lines.sort(key=lambda pair: pair[0])  # OpenMetrics: a metric family's lines are contiguous
     return [line for _, line in lines]
+
+
+def _millis(line: str) -> str:
+    """An OpenMetrics sample line (timestamp in seconds) as Prometheus text (milliseconds)."""
+    head, stamp = line.rsplit(" ", 1)
+    return f"{head} {round(float(stamp) * 1000)}"
 
 
 def _until_stale(values: list[Value]) -> list[float | None]:
@@ -277,7 +308,7 @@ def _run_case(
         for s in inside:
             span = f"{format_duration(window.start)}..{format_duration(window.end)}"
             problems.append(f"decision in no_decisions window {span}: {s}")
-    return CaseResult(case.name, tuple(problems))
+    return CaseResult(case.name, tuple(problems), tuple(seen))
 
 
 def _evaluate(

@@ -160,3 +160,36 @@ class AlertmanagerServer(_Server):
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--cluster.listen-address=",
         ]
+
+
+class VictoriaMetricsServer(_Server):
+    """A real single-node VictoriaMetrics (Debian package ``victoria-metrics``) on loopback: it
+    serves the Prometheus query API (``/api/v1/query``) and takes data by
+    ``/api/v1/import/prometheus`` (``import_text``) or remote write. ``-search.latencyOffset=0s``:
+    by default it hides the last 30 s of samples from queries (ingestion may still be in
+    flight), which a test that writes and then queries must not have."""
+
+    binary_names = ("victoria-metrics", "victoria-metrics-prod")
+    kind = "victoria-metrics"
+
+    def __init__(
+        self, workdir: Path, port: int | None = None, extra_args: list[str] | None = None
+    ) -> None:
+        super().__init__(workdir, port)
+        self.extra_args = list(extra_args or [])
+
+    def args(self) -> list[str]:
+        return [
+            f"-httpListenAddr=127.0.0.1:{self.port}",
+            f"-storageDataPath={self.workdir / 'data'}",
+            "-retentionPeriod=100y",
+            "-search.latencyOffset=0s",
+            *self.extra_args,
+        ]
+
+    def import_text(self, text: str) -> None:
+        """Import Prometheus exposition lines (timestamps in milliseconds) and make them
+        searchable at once."""
+        response = requests.post(f"{self.url}/api/v1/import/prometheus", data=text, timeout=120)
+        response.raise_for_status()
+        requests.get(f"{self.url}/internal/force_flush", timeout=60).raise_for_status()

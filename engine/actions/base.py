@@ -145,8 +145,13 @@ def execute(
     retry: RetryPolicy = RetryPolicy(),
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    interrupted: Callable[[], str | None] = lambda: None,
 ) -> Outcome:
-    """Run ``decision`` on ``executor``; never raises. The one place failures become Outcomes."""
+    """Run ``decision`` on ``executor``; never raises. The one place failures become Outcomes.
+
+    ``interrupted`` is asked before every try after the first (the gate's kill switch and
+    pause): when it names a reason, no further try starts and the outcome is ``skipped`` with
+    that reason."""
     verb = decision.action.type if decision.action else ""
     if executor.verbs is not None and verb not in executor.verbs:
         supported = ", ".join(sorted(executor.verbs))
@@ -185,6 +190,18 @@ def execute(
             )
             sleep(wait)
             delay *= 2
+            why = interrupted()
+            if why is not None:
+                log.warning(
+                    "%s %s on %s: not tried again: %s",
+                    executor.name,
+                    verb,
+                    decision.target.key,
+                    why,
+                )
+                return Outcome(
+                    OutcomeStatus.SKIPPED, attempts=attempt, duration_s=clock() - started, error=why
+                )
             continue
         except PermanentError as exc:
             log.warning("%s %s on %s failed: %s", executor.name, verb, decision.target.key, exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from elastic_transport import ConnectionError as TransportConnectionError
 from elastic_transport import ConnectionTimeout, TransportError
 from elasticsearch import ApiError, Elasticsearch, UnsupportedProductError
+from elasticsearch.serializer import OrjsonSerializer
 
 from engine.audit.errors import ElasticsearchError, RetryableError, cap
 from engine.audit.settings import AuditSettings
@@ -37,6 +38,9 @@ def make_client(settings: AuditSettings, url: str | None = None) -> Elasticsearc
         request_timeout=settings.request_timeout_s,
         max_retries=0,
         retry_on_timeout=False,
+        # responses (a bulk answer has an item per document) parsed in C; request bodies of
+        # the shipper are bytes already, which the NDJSON serializer passes through
+        serializers={"application/json": OrjsonSerializer()},
         **auth,  # type: ignore[arg-type]
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 from engine.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
 
 ECS_VERSION = "9.4.0"
+_EXECUTE = Verdict.EXECUTE.value
 DECISION_DATASET = "gpuops.decision"
 AUDIT_DATASET = "gpuops.audit"
 
@@ -69,80 +70,113 @@ def _base(dataset: str, namespace: str, at: float, now: float) -> dict[str, Any]
     }
 
 
-def _decision_outcome(decision: Decision, outcome: Outcome | None) -> str:
-    if outcome is None or decision.verdict != Verdict.EXECUTE.value:
-        return "unknown"
-    if outcome.status is OutcomeStatus.SUCCESS:
-        return "success"
-    if outcome.status is OutcomeStatus.FAILURE:
-        return "failure"
-    return "unknown"
+_SCALARS = (str, int, bool, type(None))
+
+
+def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``_plain(params)`` with a fast path for the usual flat mapping of plain scalars."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, _SCALARS) or (isinstance(value, float) and math.isfinite(value)):
+            out[str(key)] = value
+        else:
+            return _plain(params)  # type: ignore[no-any-return]
+    return out
 
 
 def decision_document(
     decision: Decision, outcome: Outcome | None, host_name: str, namespace: str, now: float
 ) -> dict[str, Any]:
-    """The document of one decision (``outcome`` None when it was not executed)."""
-    status = outcome.status.value if outcome is not None else "none"
-    ecs_outcome = _decision_outcome(decision, outcome)
-    action = decision.action.type if decision.action is not None else decision.transition.value
-    doc = _base(DECISION_DATASET, namespace, decision.at, now)
-    executed = ecs_outcome in ("success", "failure")
-    doc["event"].update(
-        {
-            "id": event_id(decision.id, decision.verdict, status),
-            "category": ["host"],
-            "type": ["change"] if executed else ["info"],
-            "action": action,
-            "outcome": ecs_outcome,
-        }
-    )
-    if decision.reason:
-        doc["event"]["reason"] = decision.reason
+    """The document of one decision (``outcome`` None when it was not executed).
+
+    Built in one pass, every value computed once (timestamps through the ``iso`` cache): the
+    cycle writes one per decision, so this is on the audit's hot path. The fields and values
+    are exactly those of the document before issue 15 (``tests/unit/audit/reference_documents``
+    keeps that implementation; a test compares them)."""
+    verdict = decision.verdict
+    transition = decision.transition.value
+    spec = decision.action
+    reason = decision.reason
+    executed = False
+    if outcome is None:
+        status = "none"
+        ecs_outcome = "unknown"
+    else:
+        outcome_status = outcome.status
+        status = outcome_status.value
+        ecs_outcome = "unknown"
+        if verdict == _EXECUTE:
+            if outcome_status is OutcomeStatus.SUCCESS:
+                ecs_outcome, executed = "success", True
+            elif outcome_status is OutcomeStatus.FAILURE:
+                ecs_outcome, executed = "failure", True
+    labels = {str(k): str(v) for k, v in decision.target.labels.items()}
+    event: dict[str, Any] = {
+        "kind": "event",
+        "dataset": DECISION_DATASET,
+        "module": "gpuops",
+        "created": iso(now),
+        "id": event_id(decision.id, verdict, status),
+        "category": ["host"],
+        "type": ["change"] if executed else ["info"],
+        "action": spec.type if spec is not None else transition,
+        "outcome": ecs_outcome,
+    }
+    if reason:
+        event["reason"] = reason
     if outcome is not None and math.isfinite(outcome.duration_s):
-        doc["event"]["duration"] = int(round(outcome.duration_s * 1e9))
-    target = ", ".join(f"{k}={v}" for k, v in sorted(decision.target.labels.items()))
-    message = f"{decision.policy} {decision.transition.value} on {target or decision.target.key}"
-    message += f": {decision.verdict}"
-    if decision.reason:
-        message += f" ({decision.reason})"
+        event["duration"] = int(round(outcome.duration_s * 1e9))
+    target = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    message = f"{decision.policy} {transition} on {target or decision.target.key}: {verdict}"
+    if reason:
+        message += f" ({reason})"
     if outcome is not None:
-        message += f", {outcome.status.value}"
+        message += f", {status}"
         if outcome.error:
             message += f": {outcome.error}"
-    doc["message"] = message
-    doc["rule"] = {"name": decision.policy, "ruleset": decision.group}
-    doc["host"] = {"name": host_name}
-    doc["labels"] = {str(k): str(v) for k, v in decision.target.labels.items()}
-    gpuops: dict[str, Any] = {
-        "decision": {
-            "id": decision.id,
-            "episode_start": iso(decision.episode_start),
-            "repeat": decision.repeat,
-        },
-        "verdict": decision.verdict,
-        "reason": decision.reason,
-        "transition": decision.transition.value,
-        "mode": decision.mode,
-        "target": {"key": decision.target.key, "labels": dict(doc["labels"])},
-        "evidence": {
-            "expr": decision.evidence.expr,
-            "value": _number(decision.evidence.value),
-            "observed_at": iso(decision.evidence.observed_at),
-        },
+    evidence = decision.evidence
+    value = evidence.value
+    gpuops_evidence: dict[str, Any] = {
+        "expr": evidence.expr,
+        "value": value if value is not None and math.isfinite(value) else None,
+        "observed_at": iso(evidence.observed_at),
+    }
+    if evidence.pending_since is not None:
+        gpuops_evidence["pending_since"] = iso(evidence.pending_since)
+    decision_part: dict[str, Any] = {
+        "id": decision.id,
+        "episode_start": iso(decision.episode_start),
+        "repeat": decision.repeat,
     }
     if decision.held_repeats:  # the suppression before this record, decided again unrecorded
-        gpuops["decision"]["held_repeats"] = decision.held_repeats
-    if decision.evidence.pending_since is not None:
-        gpuops["evidence"]["pending_since"] = iso(decision.evidence.pending_since)
+        decision_part["held_repeats"] = decision.held_repeats
+    gpuops: dict[str, Any] = {
+        "decision": decision_part,
+        "verdict": verdict,
+        "reason": reason,
+        "transition": transition,
+        "mode": decision.mode,
+        "target": {"key": decision.target.key, "labels": dict(labels)},
+        "evidence": gpuops_evidence,
+    }
     if decision.labels:
         gpuops["policy"] = {"labels": {str(k): str(v) for k, v in decision.labels.items()}}
-    if decision.action is not None:
-        gpuops["executor"] = decision.action.executor
-        gpuops["action"] = {"type": decision.action.type, "params": _plain(decision.action.params)}
+    if spec is not None:
+        gpuops["executor"] = spec.executor
+        gpuops["action"] = {"type": spec.type, "params": _plain_params(spec.params)}
+    doc: dict[str, Any] = {
+        "@timestamp": iso(decision.at),
+        "ecs": {"version": ECS_VERSION},
+        "data_stream": {"type": "logs", "dataset": DECISION_DATASET, "namespace": namespace},
+        "event": event,
+        "message": message,
+        "rule": {"name": decision.policy, "ruleset": decision.group},
+        "host": {"name": host_name},
+        "labels": labels,
+    }
     if outcome is not None:
         gpuops["outcome"] = {
-            "status": outcome.status.value,
+            "status": status,
             "attempts": outcome.attempts,
             "changed": _plain(outcome.changed),
         }

@@ -64,11 +64,22 @@ class AuditSettings:
     appends share one fsync): an acknowledged event survives a crash of the process and of the
     machine. Turning it off survives only the former."""
 
-    bulk_max_documents: int = 500
-    """Documents per bulk request."""
+    bulk_max_documents: int = 4000
+    """Most documents per bulk request; the shipper starts at a quarter of it and adapts."""
+
+    bulk_min_documents: int = 50
+    """Fewest documents per bulk request the adaptive size shrinks to (429s, slow answers)."""
 
     bulk_max_bytes: int = 5 * 1024 * 1024
     """Bytes of NDJSON per bulk request (Elasticsearch's advice: a few MiB)."""
+
+    bulk_in_flight: int = 3
+    """Bulk requests sent at once (2-4 keeps an Elasticsearch node's write threads busy
+    without queueing behind each other)."""
+
+    bulk_target_s: float = 1.0
+    """A bulk request slower than this, in seconds, halves the batch size; faster ones grow it
+    by a quarter (up to ``bulk_max_documents``)."""
 
     request_timeout_s: float = 10.0
     """Timeout of one request to Elasticsearch, in seconds."""

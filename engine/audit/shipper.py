@@ -2,25 +2,36 @@
 
 Started and stopped by ``AuditLog``. Each document is sent with op_type ``create`` and
 ``_id = event.id`` into its data stream, so a document sent twice (a retry, a restart after a
-crash) is a 409, which counts as stored. Item-level and request-level 429/502/503/504, timeouts
-and refused connections are retried with exponential backoff (doubling from
-``backoff_initial_s`` to ``backoff_max_s``, with jitter); any other item error sends the
-document to the dead-letter file with the reason. A segment is deleted only when every one of
-its documents is acknowledged or dead-lettered. Decisions never wait for any of this.
+crash) is a 409, which counts as stored. The spooled bytes go out as they are: each line is
+parsed (orjson) only to read its ``event.id`` and data stream, never re-encoded.
+
+Up to ``bulk_in_flight`` bulk requests run at once (a small pool; the shipper thread alone
+decides what is sent); the batch size adapts between ``bulk_min_documents`` and
+``bulk_max_documents``: it grows while requests come back fast and clean and halves on a 429 or
+a slow answer (Elastic's advice: find the size where throughput stops improving, back off on
+rejections). Item-level and request-level 429/502/503/504, timeouts and refused connections are
+retried with exponential backoff (doubling from ``backoff_initial_s`` to ``backoff_max_s``, with
+jitter); any other item error sends the document to the dead-letter file with the reason. A
+segment is deleted only when every one of its documents is acknowledged or dead-lettered, and
+segments are deleted in spool order, so what a crash leaves is always a suffix of the spool
+(shipped again after a restart: 409s, never a duplicate). Decisions never wait for any of this.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from elasticsearch import Elasticsearch
 
 from engine.audit.client import CLIENT_ERRORS, RETRYABLE_STATUSES, wrap
@@ -28,7 +39,7 @@ from engine.audit.documents import stream_of
 from engine.audit.errors import ElasticsearchError, RetryableError, TemplateError
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
-from engine.audit.spool import Segment, Spool, read_segment
+from engine.audit.spool import Segment, Spool
 from engine.audit.templates import install_templates
 
 log = logging.getLogger(__name__)
@@ -36,6 +47,39 @@ log = logging.getLogger(__name__)
 
 class _GiveUp(Exception):
     """Stop shipping now (closing and out of time); what is left stays in the spool."""
+
+
+@dataclass
+class _Work:
+    """A sealed segment being shipped: how many of its documents are not yet settled."""
+
+    segment: Segment
+    outstanding: int = 0
+
+
+@dataclass
+class _Item:
+    """One spooled document: its bulk action line and its line from the segment, as is."""
+
+    work: _Work
+    doc_id: str
+    action: bytes
+    line: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.action) + len(self.line)
+
+
+@dataclass
+class _Result:
+    """What one bulk request came back with."""
+
+    batch: list[_Item]
+    retry: list[_Item] = field(default_factory=list)
+    error: ElasticsearchError | None = None
+    seconds: float = 0.0
+    throttled: bool = False
 
 
 class Shipper:
@@ -53,6 +97,7 @@ class Shipper:
         self._metrics = metrics
         self._client_factory = client_factory
         self._client: Elasticsearch | None = None
+        self._client_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._closing_pause = threading.Event()
@@ -60,6 +105,12 @@ class Shipper:
         self._thread: threading.Thread | None = None
         self._templates_done = not settings.install_templates
         self._failures = 0
+        self._not_before = 0.0  # no request before this monotonic time (backoff)
+        self._batch_docs = max(settings.bulk_min_documents, settings.bulk_max_documents // 4)
+        self._split: int | None = None  # a batch refused as too large: at most this many
+        self._queue: deque[_Item] = deque()
+        self._works: deque[_Work] = deque()  # segments taken, in spool order
+        self._in_flight: dict[Future[_Result], list[_Item]] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuops-audit-shipper", daemon=True)
@@ -86,28 +137,257 @@ class Shipper:
     # -- the loop ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        pool = ThreadPoolExecutor(
+            max_workers=max(1, self._settings.bulk_in_flight), thread_name_prefix="gpuops-bulk"
+        )
         try:
             while True:
                 closing = self._closing.is_set()
                 if not self._templates_done:
                     self._install_templates()
                 self._spool.seal(None if closing else self._settings.segment_max_age_s)
-                segments = self._spool.sealed()
-                for segment in segments:
-                    self._ship_segment(segment)
-                if closing and not self._spool.sealed():
-                    self._spool.seal()
+                self._take_sealed()
+                self._dispatch(pool)
+                if closing and not self._in_flight and not self._queue:
                     if not self._spool.sealed():
                         return
-                if not segments and not closing:
-                    self._wake.wait(self._settings.poll_interval_s)
-                    self._wake.clear()
+                    continue
+                self._settle(self._wait())
         except _GiveUp:
             left = self._spool.documents
             if left:
                 log.warning("audit shipper stopped with %d documents left in the spool", left)
         except Exception:  # a bug must not kill auditing silently: log it loudly
             log.exception("audit shipper crashed; documents stay in the spool until restart")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _take_sealed(self) -> None:
+        """Queue the documents of every sealed segment not taken yet."""
+        taken = {id(w.segment) for w in self._works}
+        for segment in self._spool.sealed():
+            if id(segment) in taken:
+                continue
+            work = _Work(segment)
+            self._works.append(work)
+            items = list(self._items(work))
+            work.outstanding = len(items)
+            self._queue.extend(items)
+        self._remove_done()
+
+    def _items(self, work: _Work) -> Iterable[_Item]:
+        try:
+            data = work.segment.path.read_bytes()
+        except FileNotFoundError:
+            return
+        lines = data.split(b"\n")
+        for number, line in enumerate(lines[:-1], start=1):  # the last piece: torn or empty
+            try:
+                doc = orjson.loads(line)
+                doc_id = str(doc["event"]["id"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: skipping invalid line %d", work.segment.path, number)
+                continue
+            action = {"create": {"_index": stream_of(doc), "_id": doc_id}}
+            yield _Item(work, doc_id, orjson.dumps(action) + b"\n", line + b"\n")
+        if lines[-1]:
+            log.warning("%s: skipping torn last line %d", work.segment.path, len(lines))
+
+    def _dispatch(self, pool: ThreadPoolExecutor) -> None:
+        """Send batches while a slot is free and no backoff holds them back."""
+        while (
+            self._queue
+            and len(self._in_flight) < max(1, self._settings.bulk_in_flight)
+            and time.monotonic() >= self._not_before
+        ):
+            batch = self._next_batch()
+            self._in_flight[pool.submit(self._send, batch)] = batch
+
+    def _next_batch(self) -> list[_Item]:
+        limit = self._split or self._batch_docs
+        batch: list[_Item] = []
+        size = 0
+        while self._queue and len(batch) < limit:
+            size += self._queue[0].size
+            if batch and size > self._settings.bulk_max_bytes:
+                break
+            batch.append(self._queue.popleft())
+        return batch
+
+    def _wait(self) -> set[Future[_Result]]:
+        """Wait for a finished request, new work, the end of a backoff or closing."""
+        now = time.monotonic()
+        if self._closing.is_set() and now > self._deadline:
+            raise _GiveUp
+        if self._queue and now < self._not_before:
+            if self._closing.is_set() and self._not_before > self._deadline:
+                raise _GiveUp
+            timeout = self._not_before - now
+        elif self._queue and len(self._in_flight) < max(1, self._settings.bulk_in_flight):
+            timeout = 0.0
+        else:
+            timeout = self._settings.poll_interval_s
+        if self._in_flight:
+            done, _ = wait(list(self._in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+            return done
+        if timeout > 0 and not self._closing.is_set():
+            if self._wake.wait(timeout):
+                self._wake.clear()
+        elif timeout > 0:
+            self._closing_pause.wait(min(timeout, 0.05))
+        return set()
+
+    def _settle(self, done: Iterable[Future[_Result]]) -> None:
+        """Account for finished requests: settled documents, retries, backoff, batch size."""
+        requeue: list[_Item] = []
+        for future in done:
+            batch = self._in_flight.pop(future)
+            result = future.result()
+            if result.error is not None:
+                requeue += self._failed(result)
+                continue
+            requeue += result.retry
+            settled = len(batch) - len(result.retry)
+            for item in batch:
+                item.work.outstanding -= 1
+            for item in result.retry:
+                item.work.outstanding += 1
+            self._split = None
+            self._adapt(result)
+            if result.retry:
+                self._backoff(f"{len(result.retry)} documents refused with a retryable status")
+            elif settled:
+                self._failures = 0
+        if requeue:  # retried documents go out first, in the order they were batched
+            self._queue.extendleft(reversed(requeue))
+        self._remove_done()
+
+    def _failed(self, result: _Result) -> list[_Item]:
+        """A bulk request failed as a whole: what to send again."""
+        exc = result.error
+        assert exc is not None
+        batch = result.batch
+        if isinstance(exc, RetryableError):
+            self._metrics.bulk_requests.labels(result="retry").inc()
+            self._metrics.retried.labels(reason=_reason(exc)).inc(len(batch))
+            if exc.status == 429:
+                self._shrink()
+            self._backoff(f"bulk request failed: {exc}")
+            return batch
+        # Never stop shipping: the documents stay in the spool until Elasticsearch takes
+        # them. A request refused as a whole for its content (400, 413) is split until the
+        # one document it cannot take goes to the dead-letter file; anything else (401, 403,
+        # 500, ...) is retried with backoff until someone fixes it.
+        self._metrics.bulk_requests.labels(result="error").inc()
+        if exc.status in (400, 413):
+            if len(batch) > 1:
+                self._split = max(1, len(batch) // 2)
+                return batch
+            self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+            batch[0].work.outstanding -= 1
+            self._split = None
+            return []
+        self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(len(batch))
+        self._backoff(f"bulk request refused: {exc}")
+        return batch
+
+    def _adapt(self, result: _Result) -> None:
+        """Grow the batch while answers are fast and clean; halve it on 429s or slowness."""
+        settings = self._settings
+        if result.throttled or result.seconds > settings.bulk_target_s:
+            self._shrink()
+        elif len(result.batch) >= self._batch_docs:
+            self._batch_docs = min(settings.bulk_max_documents, int(self._batch_docs * 1.25) + 1)
+
+    def _shrink(self) -> None:
+        self._batch_docs = max(self._settings.bulk_min_documents, self._batch_docs // 2)
+
+    def _remove_done(self) -> None:
+        """Delete the settled segments at the head of the spool, in order."""
+        while self._works and self._works[0].outstanding <= 0:  # none queued or in flight
+            work = self._works.popleft()
+            self._spool.remove(work.segment)
+            self._metrics.last_shipped.set_to_current_time()
+
+    # -- one request (on a pool thread) -----------------------------------------------------
+
+    def _send(self, batch: Sequence[_Item]) -> _Result:
+        """One bulk request; never raises (the shipper thread reads the result)."""
+        result = _Result(list(batch))
+        body = b"".join(part for item in batch for part in (item.action, item.line))
+        started = time.monotonic()
+        try:
+            client = self._get_client()
+            response = client.options(request_timeout=self._request_timeout()).bulk(
+                operations=body  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
+            )
+        except CLIENT_ERRORS as exc:
+            result.error = wrap(exc, "bulk request")
+            return result
+        except Exception as exc:  # a bug in here must not lose the batch: it is retried
+            log.exception("audit: bulk request failed unexpectedly")
+            result.error = RetryableError(f"bulk request: {type(exc).__name__}: {exc}")
+            return result
+        finally:
+            result.seconds = time.monotonic() - started
+        items = response.body.get("items") or []
+        if len(items) != len(batch):
+            result.error = RetryableError(
+                f"bulk response has {len(items)} items for {len(batch)} documents"
+            )
+            return result
+        dead: list[tuple[_Item, Mapping[str, Any]]] = []
+        created = duplicates = 0
+        for item, answer in zip(batch, items, strict=True):
+            outcome = next(iter(answer.values()))
+            status = int(outcome.get("status", 0))
+            if 200 <= status < 300:
+                created += 1
+            elif status == 409:
+                duplicates += 1
+            elif status in RETRYABLE_STATUSES:
+                self._metrics.retried.labels(reason=f"item_{status}").inc()
+                result.retry.append(item)
+                result.throttled = result.throttled or status == 429
+            else:
+                dead.append((item, outcome))
+        self._metrics.shipped.labels(result="created").inc(created)
+        self._metrics.shipped.labels(result="duplicate").inc(duplicates)
+        if dead:
+            self._dead_letter(dead)
+        self._metrics.bulk_requests.labels(result="ok").inc()
+        return result
+
+    def _dead_letter(self, dead: Sequence[tuple[_Item, Mapping[str, Any]]]) -> None:
+        directory = self._settings.dead_letter_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        with (directory / "dead-letter.jsonl").open("ab") as fh:
+            for item, result in dead:
+                doc = orjson.loads(item.line)
+                error = result.get("error") or {}
+                reason = error.get("reason") if isinstance(error, Mapping) else str(error)
+                entry = {
+                    "@timestamp": now,
+                    "status": result.get("status"),
+                    "reason": reason,
+                    "error": error,
+                    "index": stream_of(doc),
+                    "document": doc,
+                }
+                fh.write(orjson.dumps(entry, default=str) + b"\n")
+                log.error(
+                    "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
+                    item.doc_id,
+                    result.get("status"),
+                    reason,
+                    directory / "dead-letter.jsonl",
+                )
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._metrics.dead_lettered.inc(len(dead))
+
+    # -- helpers ----------------------------------------------------------------------------
 
     def _install_templates(self) -> None:
         while True:
@@ -122,129 +402,18 @@ class Shipper:
             except RetryableError as exc:
                 self._metrics.template_installs.labels(result="error").inc()
                 self._backoff(f"installing templates failed: {exc}")
+                self._pause_until_allowed()
             except ElasticsearchError as exc:
                 self._metrics.template_installs.labels(result="error").inc()
                 log.error("%s; shipping without installing templates", exc)
                 break
         self._templates_done = True
 
-    def _ship_segment(self, segment: Segment) -> None:
-        pending = list(read_segment(segment.path))
-        limit = self._settings.bulk_max_documents
-        while pending:
-            batch = self._batch(pending, limit)
-            try:
-                retry = self._send(batch)
-            except RetryableError as exc:
-                self._metrics.bulk_requests.labels(result="retry").inc()
-                self._metrics.retried.labels(reason=_reason(exc)).inc(len(batch))
-                self._backoff(f"bulk request failed: {exc}")
-                continue
-            except ElasticsearchError as exc:
-                # Never stop shipping: the documents stay in the spool until Elasticsearch
-                # takes them. A request refused as a whole for its content (400, 413) is split
-                # until the one document it cannot take goes to the dead-letter file; anything
-                # else (401, 403, 500, ...) is retried with backoff until someone fixes it.
-                self._metrics.bulk_requests.labels(result="error").inc()
-                if exc.status in (400, 413):
-                    if len(batch) > 1:
-                        limit = max(1, len(batch) // 2)
-                        continue
-                    self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
-                    pending = pending[1:]
-                    limit = self._settings.bulk_max_documents
-                    continue
-                self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(len(batch))
-                self._backoff(f"bulk request refused: {exc}")
-                continue
-            done = len(batch) - len(retry)
-            pending = retry + pending[len(batch) :]
-            if retry:
-                self._backoff(f"{len(retry)} documents refused with a retryable status")
-            elif done:
-                self._failures = 0
-        self._spool.remove(segment)
-        self._metrics.last_shipped.set_to_current_time()
-
-    def _batch(self, pending: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
-        size = 0
-        for doc in pending:
-            size += len(json.dumps(doc)) + 100
-            if batch and (len(batch) >= limit or size > self._settings.bulk_max_bytes):
-                break
-            batch.append(doc)
-        return batch
-
-    def _send(self, batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One bulk request; returns the documents to send again."""
-        operations: list[Mapping[str, Any]] = []
-        for doc in batch:
-            operations.append({"create": {"_index": stream_of(doc), "_id": doc["event"]["id"]}})
-            operations.append(doc)
-        client = self._get_client()
-        try:
-            response = client.options(request_timeout=self._request_timeout()).bulk(
-                operations=operations
-            )
-        except CLIENT_ERRORS as exc:
-            raise wrap(exc, "bulk request") from exc
-        items = response.body.get("items") or []
-        if len(items) != len(batch):
-            raise RetryableError(f"bulk response has {len(items)} items for {len(batch)} documents")
-        retry: list[dict[str, Any]] = []
-        dead: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
-        for doc, item in zip(batch, items, strict=True):
-            result = next(iter(item.values()))
-            status = int(result.get("status", 0))
-            if 200 <= status < 300:
-                self._metrics.shipped.labels(result="created").inc()
-            elif status == 409:
-                self._metrics.shipped.labels(result="duplicate").inc()
-            elif status in RETRYABLE_STATUSES:
-                self._metrics.retried.labels(reason=f"item_{status}").inc()
-                retry.append(doc)
-            else:
-                dead.append((doc, result))
-        if dead:
-            self._dead_letter(dead)
-        self._metrics.bulk_requests.labels(result="ok").inc()
-        return retry
-
-    def _dead_letter(self, dead: Sequence[tuple[dict[str, Any], Mapping[str, Any]]]) -> None:
-        directory = self._settings.dead_letter_dir
-        directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        with (directory / "dead-letter.jsonl").open("ab") as fh:
-            for doc, result in dead:
-                error = result.get("error") or {}
-                reason = error.get("reason") if isinstance(error, Mapping) else str(error)
-                entry = {
-                    "@timestamp": now,
-                    "status": result.get("status"),
-                    "reason": reason,
-                    "error": error,
-                    "index": stream_of(doc),
-                    "document": doc,
-                }
-                fh.write((json.dumps(entry, ensure_ascii=False) + "\n").encode())
-                log.error(
-                    "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
-                    doc["event"]["id"],
-                    result.get("status"),
-                    reason,
-                    directory / "dead-letter.jsonl",
-                )
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._metrics.dead_lettered.inc(len(dead))
-
-    # -- helpers ----------------------------------------------------------------------------
-
     def _get_client(self) -> Elasticsearch:
-        if self._client is None:
-            self._client = self._client_factory()
-        return self._client
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._client_factory()
+            return self._client
 
     def _request_timeout(self) -> float:
         timeout = self._settings.request_timeout_s
@@ -253,18 +422,25 @@ class Shipper:
         return timeout
 
     def _backoff(self, why: str) -> None:
-        """Wait before the next try (doubling, with jitter); raise ``_GiveUp`` when closing."""
+        """Hold new requests back (doubling, with jitter); ``_GiveUp`` when closing and the
+        wait would pass the deadline."""
         self._failures += 1
         base = self._settings.backoff_initial_s * 2 ** min(self._failures - 1, 30)
         delay = min(self._settings.backoff_max_s, base) * random.uniform(0.5, 1.0)
         if self._closing.is_set():
             if time.monotonic() + delay > self._deadline:
                 raise _GiveUp
-            self._closing_pause.wait(delay)  # never set: close() already woke us once
-            return
-        log.warning("%s; retrying in %.1fs", why, delay)
-        if self._wake.wait(delay):
-            self._wake.clear()
+        else:
+            log.warning("%s; retrying in %.1fs", why, delay)
+        self._not_before = max(self._not_before, time.monotonic() + delay)
+
+    def _pause_until_allowed(self) -> None:
+        """Wait out the backoff outside the request loop (template installation)."""
+        while (left := self._not_before - time.monotonic()) > 0:
+            if self._closing.is_set():
+                self._closing_pause.wait(left)
+            elif self._wake.wait(left):
+                self._wake.clear()
 
 
 def _reason(exc: Exception) -> str:

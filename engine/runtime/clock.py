@@ -17,6 +17,7 @@ runs after a step forward, no stall after a step back. ``on_step`` is told once 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -198,6 +199,22 @@ class Scheduler:
             self._thread.join()
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def group_offset(name: str, interval_s: float) -> float:
+    """The phase of a group's runs within its interval, as Prometheus spreads its rule groups
+    (a hash of the group's name modulo the interval): a group runs at the wall times ``t`` with
+    ``t % interval_s == group_offset(...)``, the same on every restart and on every engine,
+    and groups of one interval start at different instants instead of all at once."""
+    if interval_s <= 0:
+        return 0.0
+    digest = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big")
+    return (digest % int(interval_s * 1000)) / 1000.0
+
+
+def first_run_in(name: str, interval_s: float, wall: float) -> float:
+    """Seconds from ``wall`` to the group's next run at its phase (``group_offset``)."""
+    return (group_offset(name, interval_s) - wall) % interval_s if interval_s > 0 else 0.0
 
 
 def _next_cron(cron: CronTrigger, wall: float) -> float:

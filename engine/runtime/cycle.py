@@ -9,16 +9,22 @@ will run; an id already stored is a replay and does not run) and hands them to
 change the state only (docs/policies.md, "What is recorded"): a clear with nothing to undo,
 and a re-decision that repeats the suppression already recorded for its target (counted in
 ``gpuops_engine_suppressed_total`` and in the next record's ``held_repeats``). Built by
-``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``.
+``engine.runtime.facade.Engine``; its scheduler calls ``evaluate_group``, which evaluates every
+policy of the group and then commits them together (group commit, issue 15): one transaction
+for all their states, the windows and their decisions, one hand-over to the gate (one intent
+write). A state or windows row that did not change is not written.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from engine.config import GuardrailSettings
 from engine.decisions import (
@@ -40,6 +46,13 @@ from engine.state import StateRowError
 from engine.store import ApprovalStatus, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
+
+
+POPULATIONS_KEPT = 256
+"""Population counts remembered, by (query, evaluation time). Sound: it is the same query at
+the same evaluation time, so Prometheus would answer the same (the policies of one group, and
+groups of the same phase, share their evaluation times); a count is never reused at another
+time, so a fleet that shrank or grew is seen at the next evaluation."""
 
 
 @dataclass(frozen=True)
@@ -89,17 +102,35 @@ class Cycle:
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
         self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
+        self._populations: dict[tuple[str, float], int] = {}  # (query, evaluation time) -> count
+        self._cache_lock = threading.Lock()
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        """One run of ``group``: every policy queried and evaluated, then all of them judged
+        and stored in one transaction (one fsync) and handed to the gate together, which
+        writes their intents in one spool write before any runs (group commit)."""
         started = time.monotonic()
         now = cron_time(self._clock()) if scheduled else self._tick(group)
-        for policy in group.policies:
-            if policy.expr is None or (policy.schedule is not None) != scheduled:
-                continue
-            try:
-                self.evaluate_policy(policy, now)
-            except Exception:  # one broken policy must not stop the others
-                log.exception("evaluation of policy %s failed", policy.name)
+        policies = [
+            p
+            for p in group.policies
+            if p.expr is not None and (p.schedule is not None) == scheduled
+        ]
+        locks = [self._locks.policy(name) for name in sorted({p.name for p in policies})]
+        with ExitStack() as held:  # one writer of each policy's state, in one order everywhere
+            for lock in locks:
+                held.enter_context(lock)
+            steps: list[_Step] = []
+            for policy in policies:
+                try:
+                    step = self._step(policy, now)
+                except Exception:  # one broken policy must not stop the others
+                    log.exception("evaluation of policy %s failed", policy.name)
+                    continue
+                if step is not None:
+                    steps.append(step)
+            if steps:
+                self._commit_steps(steps, now)
         self._metrics.evaluation_duration.labels(group.name).observe(time.monotonic() - started)
 
     def _tick(self, group: Group) -> float:
@@ -114,22 +145,31 @@ class Cycle:
 
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         now = self._clock() if now is None else now
-        self._metrics.evaluations.labels(policy.group, policy.name).inc()
         with self._locks.policy(policy.name):  # one writer of this policy's state at a time
-            try:
-                state = self._store.policy_state(policy.name)
-            except StateRowError as exc:  # this policy only, visibly (docs/state.md)
-                self._unreadable(policy, now, exc)
+            step = self._step(policy, now)
+            if step is None:
                 return []
-            self.unreadable.pop(policy.name, None)
-            result = self._query(policy, now, has_firing=bool(state.firing()))
-            step = evaluate(policy, result, state, now, self._freshness(policy))
-            if step.skipped is not None:
-                self._skipped(step.skipped)
-            skipped = step.skipped.error if step.skipped is not None else None
-            self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
-            population = self.population(policy, now, step.decisions) if step.decisions else None
-            return list(self.commit(policy, step.decisions, step.state, now, population).decisions)
+            committed = self.commit(policy, step.decisions, step.state, now, step.population)
+            return list(committed.decisions)
+
+    def _step(self, policy: Policy, now: float) -> _Step | None:
+        """Read, query and evaluate ``policy`` at ``now`` (the caller holds its lock); None
+        when its stored state cannot be read."""
+        self._metrics.evaluations.labels(policy.group, policy.name).inc()
+        try:
+            state = self._store.policy_state(policy.name)
+        except StateRowError as exc:  # this policy only, visibly (docs/state.md)
+            self._unreadable(policy, now, exc)
+            return None
+        self.unreadable.pop(policy.name, None)
+        result = self._query(policy, now, has_firing=bool(state.firing()))
+        step = evaluate(policy, result, state, now, self._freshness(policy))
+        if step.skipped is not None:
+            self._skipped(step.skipped)
+        skipped = step.skipped.error if step.skipped is not None else None
+        self.last_evaluation[policy.name] = LastEvaluation(now, skipped)
+        population = self.population(policy, now, step.decisions) if step.decisions else None
+        return _Step(policy, step.decisions, step.state, population, state)
 
     def _unreadable(self, policy: Policy, now: float, exc: StateRowError) -> None:
         self.unreadable[policy.name] = str(exc)
@@ -157,11 +197,25 @@ class Cycle:
         if expr is None:
             # max_fraction of targets without labels (`sum(x) > 10`): there is only one
             return 1 if policy.max_fraction is not None else None
+        key = (expr, now)
+        with self._cache_lock:
+            known = self._populations.get(key)
+        if known is not None:
+            return known
         try:
-            return len(self._prometheus.query(expr, at=now))
+            if policy.population is None:  # ours: one number back, not every target's series
+                counted = self._prometheus.query(f"count({expr})", at=now)
+                found = int(counted[0].value) if counted else 0
+            else:
+                found = len(self._prometheus.query(expr, at=now))
         except QueryError as exc:
             log.warning("population of %s unknown: %s", policy.name, exc)
             return None
+        with self._cache_lock:
+            if len(self._populations) >= POPULATIONS_KEPT:
+                self._populations.clear()
+            self._populations[key] = found
+        return found
 
     def context(self, population: int | None, approved: bool = False) -> Context:
         return Context(
@@ -189,46 +243,97 @@ class Cycle:
         as approved; one that may run now is stored with its approval settled as granted in
         the same transaction (``NotGranted`` when any of them may not run, or was settled
         meanwhile: nothing is stored then)."""
+        step = _Step(policy, decisions, next_state, population)
+        (committed,) = self._commit_steps([step], now, granted_by)
+        return committed
+
+    def _commit_steps(
+        self, steps: Sequence[_Step], now: float, granted_by: str | None = None
+    ) -> list[Committed]:
+        """Judge the steps in order (each seeing the guardrail windows the ones before it left),
+        store every state, the windows and every new decision in one transaction, then hand
+        all new decisions to the gate at once (their intents in one spool write)."""
         runs: set[str] = set()
         fresh: list[Decision] = []
+        judged: list[tuple[_Step, Judgement]] = []
         with self._locks.engine:
-            judgement = judge_step(
-                policy,
-                decisions,
-                next_state,
-                self._store.guardrail_state(),
-                self.context(population, approved=granted_by is not None),
-                now,
-            )
-            if granted_by is not None:
-                judgement = _granted(judgement, granted_by)
+            windows = before = self._store.guardrail_state()
+            for step in steps:
+                try:
+                    judgement = judge_step(
+                        step.policy,
+                        step.decisions,
+                        step.state,
+                        windows,
+                        self.context(step.population, approved=granted_by is not None),
+                        now,
+                    )
+                    if granted_by is not None:
+                        judgement = _granted(judgement, granted_by)
+                except NotGranted:
+                    raise
+                except Exception:  # one broken policy must not stop the others
+                    if len(steps) == 1:
+                        raise
+                    log.exception("judging the decisions of %s failed", step.policy.name)
+                    continue
+                windows = judgement.guardrails
+                judged.append((step, judgement))
             with self._store.transaction() as db:
-                if granted_by is not None:
-                    for decision in judgement.decisions:
-                        settled = self._store.settle_approval(
-                            db, decision.id, ApprovalStatus.GRANTED, granted_by, now
-                        )
-                        if settled is None:
-                            raise NotGranted(f"decision {decision.id} was settled meanwhile")
-                        self._store.rerun_decision(db, decision)
-                        fresh.append(decision)
-                        runs.add(decision.id)
-                if judgement.policy_state is not None:
-                    self._store.save_policy_state(db, policy.name, judgement.policy_state)
-                self._store.save_guardrail_state(db, judgement.guardrails)
-                for decision in () if granted_by is not None else judgement.decisions:
-                    if decision.id in judgement.repeats or _state_only(decision):
-                        continue  # counted below, not recorded: see ``_state_only``
-                    run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
-                    status = DecisionStatus.STARTED if run else DecisionStatus.DONE
-                    if not self._store.record_decision(db, decision, status):
-                        continue  # a replay: already stored, audited and (if it ran) run
-                    fresh.append(decision)
-                    if run:
-                        runs.add(decision.id)
-                    if decision.verdict == Verdict.AWAITING_APPROVAL.value:
-                        ttl = self._settings.approval_ttl
-                        self._store.save_approval(db, decision, now, now + ttl)
+                for step, judgement in judged:
+                    if granted_by is not None:
+                        self._grant(db, judgement, granted_by, now, fresh, runs)
+                    if judgement.policy_state is not None and judgement.policy_state != step.read:
+                        self._store.save_policy_state(db, step.policy.name, judgement.policy_state)
+                    if granted_by is None:
+                        self._record(db, judgement, now, fresh, runs)
+                if windows != before:
+                    self._store.save_guardrail_state(db, windows)
+        for step, judgement in judged:
+            self._count(step.policy, judgement, now)
+        futures = self._gate.admit(fresh, runs)
+        return [
+            Committed(j.decisions, {d.id: futures[d.id] for d in j.decisions if d.id in futures})
+            for _, j in judged
+        ]
+
+    def _grant(
+        self,
+        db: Any,
+        judgement: Judgement,
+        user: str,
+        now: float,
+        fresh: list[Decision],
+        runs: set[str],
+    ) -> None:
+        for decision in judgement.decisions:
+            settled = self._store.settle_approval(
+                db, decision.id, ApprovalStatus.GRANTED, user, now
+            )
+            if settled is None:
+                raise NotGranted(f"decision {decision.id} was settled meanwhile")
+            self._store.rerun_decision(db, decision)
+            fresh.append(decision)
+            runs.add(decision.id)
+
+    def _record(
+        self, db: Any, judgement: Judgement, now: float, fresh: list[Decision], runs: set[str]
+    ) -> None:
+        for decision in judgement.decisions:
+            if decision.id in judgement.repeats or _state_only(decision):
+                continue  # counted by ``_count``, not recorded: see ``_state_only``
+            run = decision.verdict == Verdict.EXECUTE.value and decision.action is not None
+            status = DecisionStatus.STARTED if run else DecisionStatus.DONE
+            if not self._store.record_decision(db, decision, status):
+                continue  # a replay: already stored, audited and (if it ran) run
+            fresh.append(decision)
+            if run:
+                runs.add(decision.id)
+            if decision.verdict == Verdict.AWAITING_APPROVAL.value:
+                ttl = self._settings.approval_ttl
+                self._store.save_approval(db, decision, now, now + ttl)
+
+    def _count(self, policy: Policy, judgement: Judgement, now: float) -> None:
         for decision in judgement.decisions:
             if decision.transition is not Transition.FIRE:
                 self._cleared(decision, now)
@@ -240,7 +345,19 @@ class Cycle:
                 self._metrics.suppressed.labels(decision.policy, reason.value).inc()
             if _state_only(decision):
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
-        return Committed(judgement.decisions, self._gate.admit(fresh, runs))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One policy's evaluation, waiting for its judgement: the decisions, the next state, the
+    population, and the state it was evaluated from (``read``: an unchanged state is not
+    written again)."""
+
+    policy: Policy
+    decisions: Sequence[Decision]
+    state: PolicyState | None
+    population: int | None
+    read: PolicyState | None = None
 
 
 class NotGranted(Exception):

@@ -33,10 +33,11 @@ from engine.prometheus import PrometheusClient
 from engine.rules.model import Group, Policy, RuleSet
 from engine.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from engine.runtime.approvals import Approvals
-from engine.runtime.clock import Scheduler
+from engine.runtime.clock import Scheduler, first_run_in
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
+from engine.runtime.quota import POLICY as QUOTA_POLICY
 from engine.runtime.quota import QuotaManager
 from engine.runtime.rulebook import ReloadResult, Rulebook
 from engine.state import StateError, StateStore
@@ -110,7 +111,8 @@ class Engine:
             controls=self.controls,
             locks=self.locks,
             clock=clock,
-            policy=self.rulebook.policy,
+            policy=self._policy,
+            population=lambda policy, decision: self.cycle.population(policy, clock(), (decision,)),
             listener=listener,
             workers_per_executor=action_workers,
             retry=action_retry or RetryPolicy(),
@@ -162,6 +164,14 @@ class Engine:
     @property
     def rules(self) -> RuleSet:
         return self.rulebook.rules
+
+    def _policy(self, name: str) -> Policy | None:
+        """The policy a decision of ``name`` is held by at the gate: a loaded one, or the
+        quota flow's (None: the policy was removed from the rule set)."""
+        found = self.rulebook.policy(name)
+        if found is None and name == QUOTA_POLICY:
+            return self.quota.policy()
+        return found
 
     def _freshness(self, policy: Policy) -> Freshness:
         """The freshness bounds of ``policy``'s group (docs/policies.md, "Fresh data")."""
@@ -301,9 +311,10 @@ class Engine:
         for group in self.rules.groups:
             job_id = f"group:{group.name}"
             wanted.add(job_id)
-            self.cycle.epochs[group.name] = self.clock()
+            first_in = first_run_in(group.name, group.interval_s, self.clock())
+            self.cycle.epochs[group.name] = self.clock() + first_in  # its first grid point
             self._scheduler.add_interval(
-                job_id, partial(self.evaluate_group, group), group.interval_s
+                job_id, partial(self.evaluate_group, group), group.interval_s, first_in=first_in
             )
             for policy in group.policies:
                 if policy.schedule is None or policy.expr is None:

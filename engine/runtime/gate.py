@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
@@ -45,7 +45,15 @@ from engine.decisions import (
     freeze,
 )
 from engine.evaluation import PolicyState, Status, failed
-from engine.guardrails import HOUR, RETRY_S, budget_retry_time, forget_action
+from engine.guardrails import (
+    RETRY_S,
+    Context,
+    budget_retry_time,
+    forget_action,
+    forget_execution,
+    recheck,
+    retry_time,
+)
 from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
@@ -59,6 +67,17 @@ OutcomeHook = Callable[[Decision, Outcome], None]
 MAX_RETRY_S = 3600.0
 """The cap of the backoff between tries of a temporarily failing action (60 s, doubled per
 failure of the episode, at most an hour)."""
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Why the gate holds an action: its verdict and reason; when its target is decided again
+    (``retry_at``; None with ``keep_state``: the policy's state is left as it is)."""
+
+    verdict: str
+    why: str
+    retry_at: float | None = None
+    keep_state: bool = False
 
 
 class RetryError(Exception):
@@ -81,6 +100,7 @@ class Gate:
         locks: Locks,
         clock: Callable[[], float],
         policy: Callable[[str], Policy | None],
+        population: Callable[[Policy, Decision], int | None] = lambda policy, decision: None,
         listener: DecisionListener | None = None,
         workers_per_executor: int = 4,
         retry: RetryPolicy | None = None,
@@ -95,6 +115,7 @@ class Gate:
         self._locks = locks
         self._clock = clock
         self._policy = policy
+        self._population = population
         self._listener = listener
         self._workers = workers_per_executor
         self._retry = retry or RetryPolicy()
@@ -254,15 +275,36 @@ class Gate:
             self._in_flight.pop(decision_id, None)
 
     def _run(self, decision: Decision) -> Outcome:
+        stored = self._store.decision(decision.id)
+        if (
+            stored is None
+            or stored.status is not DecisionStatus.STARTED
+            or stored.audited < Audited.INTENT
+        ):
+            # never twice, never before its intent is audited: another path (admission,
+            # reconciliation, resume) ran it or will, after writing its intent
+            log.debug("decision %s is not runnable now: nothing started", decision.id)
+            if stored is not None and stored.outcome is not None:
+                return stored.outcome
+            return Outcome(OutcomeStatus.SKIPPED, error="not runnable: run by another path")
         held = self._held(decision)
         if held is not None:
-            outcome = self._hold(decision, *held)
+            outcome = self._hold(decision, held)
         else:
             outcome = self._execute(decision)
-            self._store.finish_decision(decision.id, outcome)
-            if not outcome.ok:
-                self._after_failure(decision, outcome)
-            self._write_outcome(decision, outcome)
+            if (
+                outcome.status is OutcomeStatus.SKIPPED
+            ):  # the kill switch or pause came between tries
+                outcome = self._hold(
+                    decision,
+                    self._controlled()
+                    or _Hold(Suppression.KILL_SWITCH.verdict, outcome.error or ""),
+                )
+            else:
+                self._store.finish_decision(decision.id, outcome)
+                if not outcome.ok:
+                    self._after_failure(decision, outcome)
+                self._write_outcome(decision, outcome)
         for hook in self._hooks:
             try:
                 hook(decision, outcome)
@@ -270,43 +312,82 @@ class Gate:
                 log.exception("outcome hook failed for decision %s", decision.id)
         return outcome
 
-    def _held(self, decision: Decision) -> tuple[str, str] | None:
-        """What holds ``decision`` at the moment of execution: (verdict, why) or None."""
+    def _controlled(self) -> _Hold | None:
+        """The kill switch or pause, when on (asked again between an action's tries)."""
         if self._controls.kill_switch_on():
-            return Suppression.KILL_SWITCH.verdict, "the kill switch is on: no action runs"
+            return _Hold(Suppression.KILL_SWITCH.verdict, "the kill switch is on: no action runs")
         if self._controls.paused():
-            return Suppression.PAUSED.verdict, "the engine is paused"
-        if self._settings.dry_run:
-            return Verdict.DRY_RUN.value, "engine is in dry-run"
-        policy = self._policy(decision.policy)
-        if policy is not None and policy.mode == "dry-run":
-            return Verdict.DRY_RUN.value, "policy mode is dry-run"
-        budget = self._settings.global_max_per_hour
-        if budget is not None and decision.transition is Transition.FIRE:
-            now = self._clock()
-            recent = [e for e in self._store.guardrail_state().recent if now - e.at < HOUR]
-            counted = any(
-                e.policy == decision.policy and e.target == decision.target.key for e in recent
-            )
-            if len(recent) + (0 if counted else 1) > budget:
-                return Suppression.GLOBAL_BUDGET.verdict, (
-                    f"{len(recent)} actions in the last hour across all policies, "
-                    f"global budget {budget}"
-                )
+            return _Hold(Suppression.PAUSED.verdict, "the engine is paused")
         return None
 
-    def _hold(self, decision: Decision, verdict: str, why: str) -> Outcome:
-        held = decision.with_verdict(verdict, f"held at the gate: {why}")
-        outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
-        reason = Suppression.of(verdict)
-        self._metrics.held.labels(reason.value if reason is not None else verdict).inc()
-        log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
-        self._store.finish_decision(decision.id, outcome, held)
-        retry_at = None if verdict == Verdict.DRY_RUN.value else self._clock() + RETRY_S
+    def _held(self, decision: Decision) -> _Hold | None:
+        """What holds ``decision`` at the moment of execution, or None: the kill switch, pause,
+        its policy removed from the rule set, its age, engine and policy dry-run, then the
+        policy's guardrails as they stand now (cooldown, max_per_hour, max_fraction) and the
+        global budget (``engine.guardrails.recheck``)."""
+        controlled = self._controlled()
+        if controlled is not None:
+            return controlled
+        now = self._clock()
+        policy = self._policy(decision.policy)
+        if policy is None:
+            return _Hold(
+                Suppression.POLICY_REMOVED.verdict,
+                f"policy {decision.policy!r} is no longer in the rule set",
+                keep_state=True,
+            )
+        age = now - decision.at
+        if age > self._settings.action_max_age:
+            age = now - self._decided_at(decision)
+        if age > self._settings.action_max_age:
+            return _Hold(
+                Suppression.EXPIRED.verdict,
+                f"decided {age:.0f}s ago, more than action_max_age"
+                f" {self._settings.action_max_age:.0f}s: decided again on fresh data",
+                retry_at=now,
+            )
+        if self._settings.dry_run:
+            return _Hold(Verdict.DRY_RUN.value, "engine is in dry-run", keep_state=True)
+        if policy.mode == "dry-run":
+            return _Hold(Verdict.DRY_RUN.value, "policy mode is dry-run", keep_state=True)
+        if decision.transition is not Transition.FIRE:
+            return None  # an undo passes the policy's limits (engine.guardrails)
+        population = None
+        if policy.max_fraction is not None:
+            population = self._population(policy, decision)  # a query: before the lock
+        with self._locks.engine:
+            guard = self._store.guardrail_state()
+            ctx = Context(
+                global_max_per_hour=self._settings.global_max_per_hour, population=population
+            )
+            found = recheck(decision, policy, guard, ctx, now)
+        if found is None:
+            return None
+        reason, why = found
+        retry_at = retry_time(decision.with_verdict(reason.verdict, why), policy, guard, now)
         budget = self._settings.global_max_per_hour
         if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
-            retry_at = budget_retry_time(self._store.guardrail_state(), budget, self._clock())
-        self._feed_back(decision, retry_at, keep_state=retry_at is None)
+            retry_at = budget_retry_time(guard, budget, now)
+        return _Hold(reason.verdict, why, retry_at=retry_at)
+
+    def _decided_at(self, decision: Decision) -> float:
+        """When ``decision`` was decided to run: its time, or its grant's (an approval)."""
+        approval = self._store.approval(decision.id)
+        if approval is not None and approval.decided_at is not None:
+            return max(decision.at, approval.decided_at)
+        return decision.at
+
+    def _hold(self, decision: Decision, hold: _Hold) -> Outcome:
+        held = decision.with_verdict(hold.verdict, f"held at the gate: {hold.why}")
+        outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
+        reason = Suppression.of(hold.verdict)
+        self._metrics.held.labels(reason.value if reason is not None else hold.verdict).inc()
+        log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
+        self._store.finish_decision(decision.id, outcome, held)
+        retry_at = hold.retry_at
+        if retry_at is None and not hold.keep_state:
+            retry_at = self._clock() + RETRY_S
+        self._feed_back(decision, retry_at, keep_state=hold.keep_state, held=True)
         self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict).inc()
         self._write_outcome(held, outcome)
         return outcome
@@ -321,7 +402,12 @@ class Gate:
                 OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}", permanent=True
             )
         else:
-            outcome = execute(executor, decision, self._retry)
+            outcome = execute(
+                executor,
+                decision,
+                self._retry,
+                interrupted=lambda: c.why if (c := self._controlled()) is not None else None,
+            )
         self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self._metrics.action_duration.labels(name).observe(outcome.duration_s)
         return outcome
@@ -361,13 +447,18 @@ class Gate:
         self._feed_back(decision, self._clock() + delay)
 
     def _feed_back(
-        self, decision: Decision, retry_at: float | None, keep_state: bool = False
+        self,
+        decision: Decision,
+        retry_at: float | None,
+        keep_state: bool = False,
+        held: bool = False,
     ) -> None:
-        """The action did not change anything: no cooldown; unless ``keep_state``, the policy's
-        state forgets it acted (``retry_at``: when it is decided again; None: not in the
-        episode)."""
+        """The action did not change anything: no cooldown (``held``: it was not even tried,
+        so it leaves the rate windows too); unless ``keep_state``, the policy's state forgets it
+        acted (``retry_at``: when it is decided again; None: not in the episode)."""
         with self._locks.policy(decision.policy), self._locks.engine:
-            guard = forget_action(self._store.guardrail_state(), decision)
+            guard = self._store.guardrail_state()
+            guard = forget_execution(guard, decision) if held else forget_action(guard, decision)
             state = None
             if not keep_state and decision.policy in self._store.policy_names():
                 state = failed(self._store.policy_state(decision.policy), decision, retry_at)
@@ -402,6 +493,11 @@ class Gate:
                 after = failed(state, decision, now)  # the undo is tried again
             else:
                 raise RetryError(f"the target {decision.target.key} fires again: no undo to retry")
+            if not self._store.mark_retried(decision_id, now):
+                raise RetryError(
+                    f"decision {decision_id} was retried already: a failed decision is retried"
+                    " once (its retry is a decision of its own, which can be retried if it fails)"
+                )
             with self._store.transaction() as db:
                 self._store.save_policy_state(db, decision.policy, after)
         log.warning("retry of %s on %s requested", decision.policy, decision.target.key)

@@ -40,9 +40,12 @@ from engine.runtime.controls import Controls
 from engine.runtime.cycle import Cycle
 from engine.store import QuotaRequest, QuotaStatus, Store
 
-__all__ = ["QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus", "request_doc"]
+__all__ = ["POLICY", "QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus", "request_doc"]
 
 log = logging.getLogger(__name__)
+
+POLICY = "quota-request"
+"""The policy name of every quota decision (its grant and its end)."""
 
 
 class QuotaError(Exception):
@@ -151,6 +154,18 @@ class QuotaManager:
         for request in due + store.quota_requests(QuotaStatus.RELEASING):
             self._release(request)
 
+    def policy(self) -> Policy:
+        """The ``quota-request`` policy its decisions are judged, and held at the gate, by
+        (enforce; no limits of its own: the global budget, kill switch, pause, dry-run apply)."""
+        return Policy(
+            name=POLICY,
+            group="quota",
+            expr=None,
+            action=ActionSpec(self.settings.grant_action, self.settings.executor),
+            on_clear=ActionSpec(self.settings.undo_action, self.settings.executor),
+            mode="enforce",
+        )
+
     def requests(self, status: QuotaStatus | None = None) -> list[QuotaRequest]:
         """Quota requests, newest first (``status``: only those)."""
         return self._store.quota_requests(status)
@@ -234,7 +249,7 @@ class QuotaManager:
             id=make_decision_id(
                 "quota", target.key, request.requested_at, transition.value, repeat
             ),
-            policy="quota-request",
+            policy=POLICY,
             group="quota",
             target=target,
             transition=transition,
@@ -265,14 +280,7 @@ class QuotaManager:
             known = self._store.decision(decision.id)
             if known is not None:
                 return known.decision, known.outcome
-            policy = Policy(
-                name=decision.policy,
-                group=decision.group,
-                expr=None,
-                action=decision.action,
-                mode="enforce",
-            )
-            committed = self._cycle.commit(policy, (decision,), None, self.clock(), None)
+            committed = self._cycle.commit(self.policy(), (decision,), None, self.clock(), None)
             judged = committed.decisions[0]
             future = committed.futures.get(decision.id)
             if future is None:

@@ -53,8 +53,8 @@ class ExporterServer:
     ) -> None:
         self.session = NvmlSession(backend)
         self.xids = XidWatcher(self.session, poll_ms=xid_poll_ms) if xid_events else None
-        self.registry = CollectorRegistry()
-        self.registry.register(NvmlCollector(self.session, self.xids))
+        self.collector = NvmlCollector(self.session, self.xids)
+        self.registry = CollectorRegistry()  # what ``/metrics`` serves after the collector's
         self.agent: ClockAgent | None = None
         self._token = agent_token
         if agent_token is not None:
@@ -116,7 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path.split("?", 1)[0] == "/metrics":
-            body = generate_latest(self.server.app.registry)
+            app = self.server.app
+            body = app.collector.render() + generate_latest(app.registry)
             self._send(200, body, CONTENT_TYPE_LATEST)
         elif self.path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")

@@ -204,7 +204,8 @@ def test_other_whole_request_errors_never_stop_shipping(
 def test_a_request_too_large_is_split(tmp_path: Path, es: FakeElasticsearch) -> None:
     es.fail_next(413, times=1)
     with AuditLog(settings(tmp_path, es), host_name="h") as audit:
-        ids = record(audit, 4)
+        decisions = [make_decision(labels={"node": "n", "uuid": f"GPU-{i}"}) for i in range(4)]
+        ids = audit.write_ahead([(d, None) for d in decisions])  # one segment, one request
         audit.close()
     assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
     assert not (tmp_path / "dead-letter").exists()

@@ -76,10 +76,12 @@ def test_concurrent_appends_share_fsyncs_and_return_only_when_durable(
     spool, fsync = held
     before = fsync.calls
     done: list[int] = []
-    threads = [
-        threading.Thread(target=lambda n=n: (spool.append(doc(n)), done.append(n)))
-        for n in range(1, 41)
-    ]
+
+    def append(n: int) -> None:
+        spool.append(doc(n))
+        done.append(n)
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(1, 41)]
     for t in threads:
         t.start()
     # nothing returns while the first fsync is held; all forty wrote and wait

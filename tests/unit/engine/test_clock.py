@@ -20,7 +20,7 @@ from engine.audit.spool import read_spool
 from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings, QuotaSettings
 from engine.decisions import Sample
 from engine.runtime import Engine
-from engine.runtime.clock import STEP_BOUND_S, Scheduler
+from engine.runtime.clock import STEP_BOUND_S, Scheduler, first_run_in, group_offset
 from tests.waiting import wait_for
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC: a whole minute
@@ -243,3 +243,17 @@ def test_a_job_replaced_while_it_runs_is_not_started_beside_it(clocks: Clocks) -
     clocks.mono += 1.0
     s.run_pending()
     assert len(queued) == 1
+
+
+def test_groups_run_at_their_own_phase_like_prometheus_spreads_them() -> None:
+    """Main started every group at the engine's start, all at once (issue 15). Each group now
+    runs at a phase given by a hash of its name, the same after a restart."""
+    names = [f"group-{i}" for i in range(40)]
+    phases = [group_offset(name, 30.0) for name in names]
+    assert all(0 <= p < 30 for p in phases)
+    assert phases == [group_offset(name, 30.0) for name in names]  # stable
+    assert len({int(p) for p in phases}) >= 15  # spread over the interval
+    for wall in (T0, T0 + 7.25, T0 + 29.9):
+        first = first_run_in("group-3", 30.0, wall)
+        assert 0 <= first < 30
+        assert (wall + first) % 30 == pytest.approx(group_offset("group-3", 30.0), abs=1e-6)

@@ -65,6 +65,13 @@ groups:
         action: {type: reclaim, executor: log}
         mode: enforce
         approval: required
+      - policy: evacuate
+        expr: down
+        for: 0s
+        target: [uuid]
+        action: {type: migrate, executor: log}
+        limits: {max_fraction: 0.5, population: fleet}
+        mode: enforce
       - policy: drain
         trigger: {alertmanager: {alertname: GPUFellOffBus}}
         target: [node]
@@ -118,7 +125,9 @@ class World:
         (tmp / "rules").mkdir()
         (tmp / "rules" / "p.yaml").write_text(RULES)
 
-    def engine(self, workers: int = 4, **guardrails: Any) -> Engine:
+    def engine(
+        self, workers: int = 4, retry: RetryPolicy | None = None, **guardrails: Any
+    ) -> Engine:
         registry = ExecutorRegistry()
         registry.register("log", lambda s: self.log)
         registry.register("webhook", lambda s: self.webhook)
@@ -137,7 +146,7 @@ class World:
             executors=registry,
             prometheus=self.prom,  # type: ignore[arg-type]
             action_workers=workers,
-            action_retry=RetryPolicy(attempts=1),  # no sleeping between tries in tests
+            action_retry=retry or RetryPolicy(attempts=1),  # no sleeping between tries
         )
         engine.reload(strict=True)
         self.engines.append(engine)
@@ -641,10 +650,239 @@ def test_an_admin_retries_a_permanent_failure(world: World) -> None:
     world.clock.now += 120
     assert world.evaluate(engine, "reclaim") == []
     engine.retry(first.id)
+    # main: a second retry of the same failed decision (a double click) made the target act
+    # twice in one episode; a failed decision is retried once
+    with pytest.raises(RetryError, match="retried already"):
+        engine.retry(first.id)
     (second,) = world.evaluate(engine, "reclaim")
     assert engine.wait_idle(10)
     assert second.verdict == "execute" and world.log.ran[-1].id == second.id
     with pytest.raises(RetryError, match="did not fail"):
         engine.retry(second.id)
+    world.clock.now += 120
+    assert world.evaluate(engine, "reclaim") == []
+    assert [d.id for d in world.log.ran] == [first.id, second.id]
     with pytest.raises(LookupError):
         engine.retry("0" * 24)
+
+
+# --- 6. the gate applies everything at the moment of execution (hostile review) --------------
+
+
+def _blocked(world: World, engine: Engine) -> None:
+    """Occupy the log executor's only worker with a reclaim of GPU-99 until the test releases
+    ``world.log.gate``: what is decided next waits in its queue."""
+    world.prom.results["idle"] = [{"uuid": "GPU-99"}]
+    world.log.gate.clear()
+    world.evaluate(engine, "reclaim")
+    assert world.log.started.wait(10)
+
+
+def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
+    """Main: the gate re-checked only kill switch, pause, dry-run and the global budget; two
+    evacuations judged while 4 nodes were known ran although the population could not be
+    counted any more when they started (a partition). Now both are held with the reason."""
+    engine = world.engine(workers=1)
+    _blocked(world, engine)
+    world.prom.results["fleet"] = uuids(4)
+    world.prom.results["down"] = uuids(2)
+    judged = world.evaluate(engine, "evacuate")
+    assert [d.verdict for d in judged] == ["execute", "execute"]  # 2 of 4 allowed
+    world.prom.results["fleet"] = Exception("Prometheus unreachable")
+    world.clock.now += 1  # they start later than judged: the population is counted again then
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert [d.policy for d in world.log.ran] == ["reclaim"]
+    assert world.verdicts("evacuate")[-2:] == [("suppressed:max_fraction", "skipped")] * 2
+    stored = engine.store.decision(judged[0].id)
+    assert stored is not None and "population unknown" in stored.decision.reason
+
+
+def test_a_tightened_rate_limit_holds_queued_actions(world: World) -> None:
+    """The policy as loaded at execution: max_per_hour lowered to 1 while 2 actions of it
+    wait in the queue behind its first — they are held, not run, and leave no trace in the
+    rate window (so they are decided again when it allows)."""
+    engine = world.engine(workers=1)
+    world.prom.results["idle"] = uuids(3)
+    world.log.gate.clear()
+    first, *queued = world.evaluate(engine, "reclaim")
+    assert world.log.started.wait(10)
+    rules = world.tmp / "rules" / "p.yaml"
+    rules.write_text(
+        RULES.replace("cooldown: 1h\n", "cooldown: 1h\n        limits: {max_per_hour: 1}\n", 1)
+    )
+    engine.reload(strict=True)
+    world.log.gate.set()
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [first.id]
+    assert world.verdicts("reclaim")[-2:] == [("suppressed:max_per_hour", "skipped")] * 2
+    recent = engine.store.guardrail_state().recent
+    assert [e.target for e in recent] == [first.target.key]
+
+
+def test_no_retry_attempt_starts_after_the_kill_switch(world: World) -> None:
+    """Main: the retry loop of engine.actions.base did not read the switch again: an action
+    failing temporarily was tried 3 times although the switch came on after the first try."""
+    engine = world.engine(retry=RetryPolicy(attempts=3, backoff_s=0.0))
+
+    def fail(decision: Decision) -> Exception:
+        engine.set_control("kill_switch", True, "ops")
+        return TemporaryError("503")
+
+    world.log.fail = fail
+    world.prom.results["idle"] = uuids(1)
+    world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+    assert world.verdicts("reclaim")[-1] == ("suppressed:kill_switch", "skipped")
+
+
+def _crashed_with_one_started(world: World) -> tuple[Engine, Decision]:
+    engine = world.engine()
+    engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert [d.id for d in engine.store.unfinished()] == [decision.id]
+    engine.stop()
+    return engine, decision
+
+
+def test_a_resumed_decision_of_a_removed_policy_does_not_run(world: World) -> None:
+    """Main: a decision interrupted by a crash ran at restart although its policy had been
+    removed from the rule set meanwhile."""
+    _, decision = _crashed_with_one_started(world)
+    rules = world.tmp / "rules" / "p.yaml"
+    rules.write_text(RULES.replace("policy: reclaim\n", "policy: reclaim-renamed\n", 1))
+    restarted = world.engine()
+    restarted.gate.resume()  # what ``start`` does first
+    assert restarted.wait_idle(10)
+    assert world.log.ran == []
+    assert world.verdicts("reclaim")[-1] == ("suppressed:policy_removed", "skipped")
+    stored = restarted.store.decision(decision.id)
+    assert stored is not None and stored.status == "done"
+
+
+def test_an_old_interrupted_decision_expires_and_is_decided_again(world: World) -> None:
+    """Main: an action decided before a two-hour outage ran at restart on data two hours old.
+    Now it is audited as expired, and the next evaluation decides its target on fresh data."""
+    _, decision = _crashed_with_one_started(world)
+    world.clock.now += 7200  # action_max_age is an hour
+    restarted = world.engine()
+    restarted.gate.resume()  # what ``start`` does first
+    assert restarted.wait_idle(10)
+    assert world.log.ran == []
+    assert world.verdicts("reclaim")[-1] == ("suppressed:expired", "skipped")
+    (again,) = world.evaluate(restarted, "reclaim")
+    assert restarted.wait_idle(10)
+    assert again.id != decision.id and [d.id for d in world.log.ran] == [again.id]
+
+
+def test_resume_racing_admission_runs_a_decision_once_after_its_intent(world: World) -> None:
+    """Main: ``unfinished()`` ignored ``audited``: a resume between the cycle's commit and the
+    gate's admission ran the decision before its intent was written, and admission ran it a
+    second time. Reproduced deterministically: the resume runs inside admission's first step."""
+    engine = world.engine()
+    admit = engine.gate.admit
+    spooled_at_run: list[int] = []
+    world.log.fail = lambda d: spooled_at_run.append(len(world.docs())) or None  # type: ignore[func-returns-value]
+
+    def racing(decisions: Any, runs: Any) -> Any:
+        engine.gate._resume_unfinished()  # the resume, at the worst instant
+        assert engine.gate.wait_idle(10)
+        return admit(decisions, runs)
+
+    engine.gate.admit = racing  # type: ignore[method-assign]
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [decision.id]
+    assert spooled_at_run == [1]  # its intent was in the spool when it ran
+    engine.gate._submit(decision)  # a late duplicate (a second resume): runs nothing
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+
+
+def test_a_grant_and_its_rerun_are_one_transaction(world: World) -> None:
+    """Main: the grant (approval settled, decision set to run) and the rerun with its new
+    verdict were separate transactions: a failure between them left the approval granted and
+    the decision neither pending nor run as granted. Now it stays pending, and the grant that
+    succeeds, interrupted before the gate, runs once after a restart."""
+    from engine.runtime.approvals import ApprovalError
+
+    engine = world.engine()
+    world.prom.results["approve"] = uuids(1)
+    (waiting,) = world.evaluate(engine, "reclaim-approved")
+    rerun = engine.store.rerun_decision
+
+    def crash(db: Any, decision: Decision) -> None:
+        raise RuntimeError("the disk went away")
+
+    engine.store.rerun_decision = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        engine.grant(waiting.id, "alice")
+    engine.store.rerun_decision = rerun  # type: ignore[method-assign]
+    approval = engine.store.approval(waiting.id)
+    assert approval is not None and approval.status == "pending"
+    engine.gate.admit = lambda decisions, runs: {}  # type: ignore[method-assign]  # the crash
+    assert engine.grant(waiting.id, "alice").verdict == "execute"
+    with pytest.raises(ApprovalError):
+        engine.grant(waiting.id, "bob")  # granted once
+    engine.stop()
+    restarted = world.engine()
+    restarted.start()
+    assert restarted.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [waiting.id]
+    assert world.verdicts("reclaim-approved")[-2:] == [("execute", "none"), ("execute", "success")]
+
+
+def test_a_quota_grant_held_at_the_gate_is_decided_again_when_the_hold_lifts(
+    world: World,
+) -> None:
+    """Main: a quota grant that the kill switch held at the gate ended ``failed`` and was never
+    applied. Now it stays ``applying`` and is applied once the switch is off."""
+    engine = world.engine(workers=1)
+    _blocked(world, engine)
+    request = _quota(engine)
+    result: list[Any] = []
+    approving = threading.Thread(target=lambda: result.append(engine.quota.approve(request, "a")))
+    approving.start()
+    wait_for(lambda: engine.gate.in_flight() == 2, 10, "the grant to be queued")
+    engine.set_control("kill_switch", True, "ops")
+    world.log.gate.set()
+    approving.join(10)
+    (held,) = result
+    assert held.status == "applying" and "kill switch" in (held.error or "")
+    engine.quota.tick()  # the switch is still on: nothing decided
+    assert world.verdicts("quota-request") == [
+        ("execute", "none"),
+        ("suppressed:kill_switch", "skipped"),
+    ]
+    engine.set_control("kill_switch", False, "ops")
+    world.clock.now += 61
+    engine.quota.tick()
+    assert engine.quota.get(request).status == "active"
+    assert [d.action.type for d in world.log.ran if d.action] == ["reclaim", "scale_out"]
+
+
+def test_an_alert_fire_held_at_the_gate_acts_on_the_next_notification(world: World) -> None:
+    """Main: an Alertmanager-triggered fire held by the kill switch was never decided again:
+    the resent notification was a duplicate, and its decision id a replay."""
+    engine = world.engine()
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
+        "startsAt": "2030-01-01T00:00:00Z",
+        "fingerprint": "f1",
+    }
+    engine.set_control("kill_switch", True, "ops")
+    engine.alerts._handle(alert)
+    assert engine.wait_idle(10)
+    assert world.verdicts("drain") == [("suppressed:kill_switch", "none")]
+    engine.alerts._handle(alert)  # resent while the switch is on: held again, a new record
+    engine.set_control("kill_switch", False, "ops")
+    engine.alerts._handle(alert)  # Alertmanager's next notification (repeat_interval)
+    assert engine.wait_idle(10)
+    assert [d.policy for d in world.log.ran] == ["drain"]
+    engine.alerts._handle(alert)  # and the one after: a duplicate
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1

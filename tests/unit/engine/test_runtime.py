@@ -340,6 +340,66 @@ def test_max_fraction_without_target_counts_the_targets_labels(make, tmp_path: P
     assert verdicts == ["execute", "execute", "suppressed:max_fraction"]  # 25% of 8 nodes
 
 
+def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
+    make, tmp_path: Path
+) -> None:
+    """Main fetched every target's series of the population query for every policy that
+    decided (issue 15); now Prometheus counts them, once per evaluation time and query."""
+    twin = RULES.split("      - policy: drain")[0].replace("policy: reclaim", "policy: reclaim-b")
+    rules = (RULES + twin.split("rules:\n", 1)[1]).replace(
+        "cooldown: 1h", "limits: {max_fraction: 0.5}"
+    )
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    population = 'group by (uuid) ({uuid!=""})'
+    make.prom.results["util < 0.2"] = [{"uuid": f"GPU-{i}"} for i in range(3)]
+    make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(4)]
+    group = engine.rules.groups[0]
+    engine.evaluate_group(group)
+    make.clock.now += 60
+    engine.evaluate_group(group)
+    assert engine.wait_idle(10)
+    asked = [q for q in make.prom.queries if "uuid!=" in q]
+    assert asked == [f"count({population})"]  # both policies decided at the same time
+    assert len(make.ran) == 4  # 2 of 3 targets per policy: 50% of the 4 counted
+    verdicts = [d.decision.verdict for d in engine.store.decisions(limit=10)]
+    assert sorted(verdicts) == ["execute"] * 4 + ["suppressed:max_fraction"] * 2  # 50% of 4
+
+
+def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write(
+    make, tmp_path: Path
+) -> None:
+    """Main: one transaction (one fsync) and one intent write per policy; now per group run
+    (group commit). That the intents are durable before any action runs is the gate's
+    (tests/unit/engine/test_gate.py)."""
+    twin = RULES.split("      - policy: drain")[0].replace("policy: reclaim", "policy: reclaim-b")
+    (tmp_path / "rules" / "p.yaml").write_text(RULES + twin.split("rules:\n", 1)[1])
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": f"GPU-{i}"} for i in range(3)]
+    group = engine.rules.groups[0]
+    engine.evaluate_group(group)
+    transactions: list[int] = []
+    writes: list[list[str]] = []
+    store_transaction, write_ahead = engine.store.transaction, engine.audit.write_ahead
+
+    def transaction():  # type: ignore[no-untyped-def]
+        transactions.append(1)
+        return store_transaction()
+
+    def written(entries):  # type: ignore[no-untyped-def]
+        writes.append([d.policy for d, outcome in entries if outcome is None])
+        return write_ahead(entries)
+
+    engine.store.transaction = transaction  # type: ignore[method-assign]
+    engine.audit.write_ahead = written  # type: ignore[method-assign]
+    engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # count the cycle only
+    make.clock.now += 60
+    engine.evaluate_group(group)
+    assert len(transactions) == 2  # the group's states and decisions; the intents' audited mark
+    assert [sorted(set(w)) for w in writes] == [["reclaim", "reclaim-b"]]
+    assert len(writes[0]) == 6  # 3 targets x 2 policies
+
+
 def test_an_exported_policy_alert_routed_back_acts(make) -> None:
     """`gpuops rules export` alerts carry gpuops_policy: Prometheus evaluates, the engine acts."""
     engine = make()

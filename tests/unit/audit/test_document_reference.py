@@ -1,0 +1,64 @@
+"""The faster decision document (issue 15) equals the one main built before, field for field
+and value for value, for every shape of decision and outcome; and its spool line is that
+document's JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from engine.audit.documents import decision_document
+from engine.audit.spool import encode_line
+from engine.decisions import ActionSpec, Decision, Evidence, Outcome, OutcomeStatus, Transition
+from tests.unit.audit import reference_documents
+from tests.unit.audit.factories import make_decision
+
+NOW = 1_700_000_123.4567
+
+BASE = make_decision()
+DECISIONS: dict[str, Decision] = {
+    "execute": BASE,
+    "dry-run": make_decision("dry_run"),
+    "suppressed with reason": make_decision("suppressed:cooldown", reason="cooldown 1h"),
+    "awaiting approval": make_decision("awaiting_approval"),
+    "no action, resolve": make_decision(action=None, transition=Transition.RESOLVE),
+    "clear": make_decision(transition=Transition.CLEAR, action="restore_clocks"),
+    "held repeats": replace(BASE, held_repeats=3, repeat=2),
+    "no labels": replace(BASE, labels={}),
+    "empty target labels": replace(BASE, target=replace(BASE.target, labels={})),
+    "odd label values": make_decision(labels={"node": 'n "1"\\', "uuid": "GPU-ü\n"}),
+    "no pending since, NaN value": replace(
+        BASE, evidence=Evidence("up == 0", math.nan, None, 1_700_000_000.0)
+    ),
+    "infinite value": replace(BASE, evidence=Evidence("x", math.inf, 1.0, 2.0)),
+    "nested params": replace(
+        BASE,
+        action=ActionSpec(
+            "command",
+            "command",
+            {"argv": ("scontrol", "update"), "env": {"A": 1.5}, "bad": math.nan, "n": None},
+        ),
+    ),
+    "fractional times": replace(BASE, at=1_700_000_000.0005, episode_start=1_699_999_999.9994),
+}
+OUTCOMES: dict[str, Outcome | None] = {
+    "none": None,
+    "success": Outcome(OutcomeStatus.SUCCESS, 1, 0.25, None, {"released": ["GPU-1"]}),
+    "failure": Outcome(OutcomeStatus.FAILURE, 3, 2.0, "HTTP 503"),
+    "skipped": Outcome(OutcomeStatus.SKIPPED, 0, math.inf),
+    "success, nothing changed": Outcome(OutcomeStatus.SUCCESS, 1, 0.0),
+}
+
+
+@pytest.mark.parametrize("outcome", sorted(OUTCOMES))
+@pytest.mark.parametrize("decision", sorted(DECISIONS))
+def test_the_document_equals_mains(decision: str, outcome: str) -> None:
+    d, o = DECISIONS[decision], OUTCOMES[outcome]
+    ours = decision_document(d, o, "host-1", "default", NOW)
+    theirs = reference_documents.decision_document(d, o, "host-1", "default", NOW)
+    assert ours == theirs
+    assert list(ours) == list(theirs)  # the same keys in the same order, too
+    assert json.loads(encode_line(ours)) == json.loads(json.dumps(theirs, allow_nan=False))
