@@ -18,17 +18,19 @@ LONGEST = (
     "tests/e2e/test_loop.py",  # 137 s: 6 whole loops on 5 s policy groups
     "tests/unit/api/test_fuzz.py",  # 108 s, CPU: schemathesis over every operation, 4 roles
     "tests/browser/test_console.py",  # 77 s
-    "tests/e2e/slurm/test_slurm_loop.py",  # 76 s
     "tests/integration/test_gate_crash.py",  # 36 s
     "tests/e2e/test_demo_story.py",  # 36 s: the demo's compressed 35 s timeline
     "tests/integration/slurm/test_slurm_executor.py",  # 31 s
     "tests/integration/slurm/test_slurm_job_events.py",  # 26 s
 )
 WAITING_KINDS = ("tests/e2e/", "tests/integration/", "tests/browser/")
-SERIAL = ("tests/integration/test_engine_restart.py",)
+SERIAL = ("tests/integration/test_engine_restart.py", "tests/e2e/slurm/test_slurm_loop.py")
 """Files marked ``serial``: ``make pytest`` runs them after the workers, in one process. The
 restart test bounds how late an engine subprocess (~2.3 s CPU of imports) may fire after a
-restart; beside 3 workers and other engineers' runs it missed that bound in every xdist run."""
+restart; beside 3 workers and other engineers' runs it missed that bound in every xdist run.
+The Slurm loop's CLOUD node did not come up within 60 s in 3 of 3 xdist runs (passes alone,
+also at load average 18; a guess to check: its slurmd port is picked when the cluster starts
+and bound only at power-up, so a busy machine may take it meanwhile)."""
 
 
 def _rank(item: pytest.Item) -> tuple[int, int]:
