@@ -1,8 +1,9 @@
 # gpuops — the two commands a newcomer needs: `make demo` and `make test`.
 # Both create .venv when missing, install the package with its test extras, and install the
 # Debian packages prometheus, prometheus-alertmanager, curl, victoria-metrics, slurm-wlm and
-# munge when their binaries are missing, and chromium (the console's browser tests drive it with
-# Playwright; no browser is downloaded).
+# munge when their binaries are missing, chromium (the console's browser tests drive it with
+# Playwright; no browser is downloaded) and postgresql (the HA tests run a real PostgreSQL: its
+# initdb and postgres live in /usr/lib/postgresql/VERSION/bin, found there by tests/postgres.py).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 # breaks), in one process. PYTEST_WORKERS=0 runs the first part in one process too (-s, pdb).
 PYTEST_WORKERS ?= 3
 
-.PHONY: demo demo-slurm test setup lint types contracts pytest bench clean
+.PHONY: demo demo-slurm test setup lint types contracts pytest bench clean postgresql
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,9 +53,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
 
+# postgresql: the binaries' directory has the major version in it, so the check is a glob
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing Debian package postgresql"; \
+	  apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; }
+
 setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
 	/usr/bin/curl /usr/bin/chromium /usr/bin/victoria-metrics /usr/sbin/slurmctld /usr/sbin/slurmd \
-	/usr/sbin/munged
+	/usr/sbin/munged postgresql
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)

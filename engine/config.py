@@ -180,11 +180,66 @@ class ApiSettings(_Model):
         return self
 
 
+class StateSettings(_Model):
+    """Shared state for replicas (docs/ha.md): without ``url`` the engine keeps its state in
+    the SQLite ``state_file`` and runs alone; with it, in PostgreSQL, and replicas elect one
+    leader through a lease row there."""
+
+    url: str | None = None
+    """``postgresql://USER@HOST:PORT/DATABASE`` (no password: see the next two keys)."""
+    password_file: Path | None = None
+    """A file holding the database password (a Docker or Kubernetes secret)."""
+    password_env: str | None = None
+    """An environment variable holding it (used when ``password_file`` is not set); with
+    neither, libpq's own ``PGPASSWORD`` or ``~/.pgpass`` apply."""
+    replica: str | None = None
+    """This replica's name in the lease and the audit (unique per replica); default: the
+    host name."""
+    advertise_url: str | None = None
+    """This replica's API URL, which a standby names when it refuses a write."""
+    lease: float = 10.0
+    """Seconds a lease lasts without renewal: a killed leader is replaced after at most this
+    plus ``renew_interval``."""
+    renew_interval: float = 2.0
+    """Seconds between renewals (leader) and attempts to take the lease (standby)."""
+
+    _d = field_validator("lease", "renew_interval", mode="before")(_seconds)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("postgresql", "postgres") or not rest:
+            raise ValueError("must be a postgresql://USER@HOST:PORT/DATABASE URL")
+        credentials = rest.split("@", 1)[0] if "@" in rest else ""
+        if ":" in credentials:
+            raise ValueError(
+                "holds a password: put it in state.password_file or the environment variable"
+                " named by state.password_env, not in the URL"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _timing(self) -> StateSettings:
+        if self.lease <= 0 or self.renew_interval <= 0:
+            raise ValueError("lease and renew_interval must be positive durations")
+        if self.renew_interval * 3 > self.lease:
+            raise ValueError(
+                f"renew_interval ({self.renew_interval:g}s) must be at most a third of the"
+                f" lease ({self.lease:g}s): a leader renews a few times before it may lapse"
+            )
+        return self
+
+
 class EngineConfig(_Model):
     prometheus: PrometheusSettings = PrometheusSettings()
     rules: list[Path] = [Path("rules")]
     """Rule files or directories (their *.yaml files)."""
     state_file: Path = Path("var/gpuops-state.sqlite")
+    state: StateSettings = StateSettings()
+    """PostgreSQL instead of ``state_file``, for replicas (docs/ha.md)."""
     audit: AuditConfig = AuditConfig()
     guardrails: GuardrailSettings = GuardrailSettings()
     executors: dict[str, dict[str, Any]] = {}
@@ -216,6 +271,11 @@ class EngineConfig(_Model):
             update={
                 "rules": [fix(p) for p in self.rules],
                 "state_file": fix(self.state_file),
+                "state": self.state.model_copy(
+                    update={"password_file": fix(self.state.password_file)}
+                    if self.state.password_file
+                    else {}
+                ),
                 "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
                 "api": self.api.model_copy(
                     update={

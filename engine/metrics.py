@@ -31,6 +31,8 @@ class EngineMetrics:
     audit_healthy: Gauge
     permanent_failures: Counter
     clock_steps: Counter
+    leader: Gauge
+    leadership_changes: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> EngineMetrics:
@@ -130,6 +132,18 @@ class EngineMetrics:
                 "Wall-clock steps the scheduler detected (wall minus monotonic jumped); each "
                 "re-anchored the group grids and cron schedules.",
                 ["direction"],
+                registry=r,
+            ),
+            leader=Gauge(
+                "gpuops_engine_leader",
+                "1 while this replica is the leader (evaluates and acts), 0 while a standby "
+                "(docs/ha.md); a single engine on SQLite is always the leader.",
+                registry=r,
+            ),
+            leadership_changes=Counter(
+                "gpuops_engine_leadership_changes",
+                "Times this replica became the leader or stopped leading.",
+                ["change"],
                 registry=r,
             ),
         )

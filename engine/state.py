@@ -127,6 +127,13 @@ class StateRowError(StateError):
 
 
 class StateStore:
+    """The SQLite store; ``engine.postgres.PostgresStore`` shares its queries (they are written
+    in the SQL both dialects speak: ``ON CONFLICT``, ``RETURNING``, ``?`` placeholders) and
+    overrides only ``_atomic`` (a transaction) and ``_check_cache``."""
+
+    INSERTION_ORDER = "rowid"
+    """The column that orders rows of one ``at`` by insertion (PostgreSQL: a sequence)."""
+
     def __init__(self, path: Path | str, previous_run: str | None = None) -> None:
         """Open (or create) the state file at ``path``, or raise ``StateError``.
 
@@ -183,20 +190,29 @@ class StateStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._check_cache()
-            self._pending.clear()
-            try:
-                yield self._db
-            except BaseException:
+            with self._atomic() as db:
+                self._check_cache()
                 self._pending.clear()
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                try:
+                    yield db
+                except BaseException:
+                    self._pending.clear()
+                    raise
             for policy, (state, stored) in self._pending.items():
                 self._states[policy] = state
                 self._stored[policy] = stored
             self._pending.clear()
+
+    @contextmanager
+    def _atomic(self) -> Iterator[sqlite3.Connection]:
+        """One transaction of the backend: committed when the block ends, else rolled back."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def _check_cache(self) -> None:
         """Forget the cached policy states when another connection committed to the file since
@@ -308,7 +324,8 @@ class StateStore:
                 db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
             if writes:
                 db.executemany(
-                    "INSERT OR REPLACE INTO policy_targets (policy, target, data) VALUES (?, ?, ?)",
+                    "INSERT INTO policy_targets (policy, target, data) VALUES (?, ?, ?)"
+                    " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
                     writes,
                 )
             self._pending[policy] = (state, stored)
@@ -339,7 +356,9 @@ class StateStore:
             "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
         }
         db.execute(
-            "INSERT OR REPLACE INTO guardrails (id, data) VALUES (1, ?)", (json.dumps(data),)
+            "INSERT INTO guardrails (id, data) VALUES (1, ?)"
+            " ON CONFLICT (id) DO UPDATE SET data = excluded.data",
+            (json.dumps(data),),
         )
 
     # --- decisions ----------------------------------------------------------------------
@@ -347,8 +366,8 @@ class StateStore:
     def record_decision(db: sqlite3.Connection, decision: Decision, status: DecisionStatus) -> bool:
         """Insert a decision; False when its id is already known (a replay: do not act again)."""
         cur = db.execute(
-            "INSERT OR IGNORE INTO decisions (id, policy, target, transition, verdict, at, status,"
-            " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+            "INSERT INTO decisions (id, policy, target, transition, verdict, at, status,"
+            " data, audited) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT (id) DO NOTHING",
             (
                 decision.id,
                 decision.policy,
@@ -382,11 +401,7 @@ class StateStore:
                 (json.dumps(outcome_doc(outcome)), decision_id),
             )
             if held is not None:
-                db.execute(
-                    "UPDATE decisions SET verdict = ?,"
-                    " data = json_set(data, '$.verdict', ?, '$.reason', ?) WHERE id = ?",
-                    (held.verdict, held.verdict, held.reason, decision_id),
-                )
+                _set_verdict(db, decision_id, held.verdict, held.reason)
 
     def mark_audited(self, ids: Sequence[str], level: Audited) -> None:
         """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
@@ -431,14 +446,18 @@ class StateStore:
     def failures_in_episode(self, policy: str, target: str, episode_start: float) -> int:
         """How many actions on ``target`` failed in the episode that began at ``episode_start``
         (the exponent of the backoff before the next try)."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT COUNT(*) FROM decisions WHERE policy = ? AND target = ?"
-                " AND status = 'done' AND json_extract(outcome, '$.status') = 'failure'"
-                " AND json_extract(data, '$.episode_start') = ?",
-                (policy, target, episode_start),
-            ).fetchone()
-        return int(row[0])
+        with self._lock:  # JSON read here, not in SQL: the same query for every backend
+            rows = self._db.execute(
+                "SELECT data, outcome FROM decisions WHERE policy = ? AND target = ?"
+                " AND status = 'done' AND outcome IS NOT NULL",
+                (policy, target),
+            ).fetchall()
+        return sum(
+            1
+            for data, outcome in rows
+            if json.loads(outcome).get("status") == "failure"
+            and json.loads(data).get("episode_start") == episode_start
+        )
 
     def decision(self, decision_id: str) -> StoredDecision | None:
         with self._lock:
@@ -482,7 +501,7 @@ class StateStore:
         if since is not None:
             sql += " AND at >= ?"
             args.append(since)
-        sql += " ORDER BY at DESC, rowid DESC LIMIT ?"
+        sql += f" ORDER BY at DESC, {self.INSERTION_ORDER} DESC LIMIT ?"
         args.append(limit)
         with self._lock:
             return [self._decision_row(r) for r in self._db.execute(sql, args)]
@@ -514,7 +533,11 @@ class StateStore:
             if value is None:
                 db.execute("DELETE FROM controls WHERE name = ?", (name,))
             else:
-                db.execute("INSERT OR REPLACE INTO controls VALUES (?, ?)", (name, value))
+                db.execute(
+                    "INSERT INTO controls VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (name, value),
+                )
 
     # --- approvals -----------------------------------------------------------------------
     @staticmethod
@@ -522,8 +545,9 @@ class StateStore:
         db: sqlite3.Connection, decision: Decision, requested_at: float, expires_at: float
     ) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO approvals (decision_id, policy, target, requested_at,"
-            " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+            "INSERT INTO approvals (decision_id, policy, target, requested_at,"
+            " expires_at, status, data) VALUES (?, ?, ?, ?, ?, 'pending', ?)"
+            " ON CONFLICT (decision_id) DO NOTHING",
             (
                 decision.id,
                 decision.policy,
@@ -656,10 +680,9 @@ class StateStore:
             return [
                 int(
                     db.execute(
-                        "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
+                        "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?) RETURNING id",
                         (now, json.dumps(alert_doc(alert))),
-                    ).lastrowid
-                    or 0
+                    ).fetchone()[0]
                 )
                 for alert in alerts
             ]
@@ -697,7 +720,7 @@ class StateStore:
         """Record an alert episode; True when it was already recorded (a retried webhook)."""
         with self.transaction() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO alert_episodes VALUES (?, ?, ?, ?)",
+                "INSERT INTO alert_episodes VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (key.fingerprint, key.starts_at, key.status, now),
             )
             return cur.rowcount == 0
@@ -714,7 +737,8 @@ class StateStore:
         """Remember a resolved alert whose firing's action (``fire_id``) has not succeeded yet."""
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO early_resolves VALUES (?, ?, ?)",
+                "INSERT INTO early_resolves VALUES (?, ?, ?)"
+                " ON CONFLICT (fire_id) DO UPDATE SET alert = excluded.alert, at = excluded.at",
                 (fire_id, json.dumps(alert_doc(alert)), now),
             )
 
@@ -728,6 +752,22 @@ class StateStore:
                 return None
             db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
         return alert_from_doc(json.loads(row[0]))
+
+
+def _set_verdict(db: Any, decision_id: str, verdict: str, reason: str | None) -> None:
+    """Set a stored decision's verdict and reason, in its columns and its JSON document,
+    inside the caller's transaction (read, change, write: no JSON functions of one SQL
+    dialect)."""
+    row = db.execute("SELECT data FROM decisions WHERE id = ?", (decision_id,)).fetchone()
+    if row is None:
+        return
+    data = json.loads(row[0])
+    data["verdict"] = verdict
+    data["reason"] = reason
+    db.execute(
+        "UPDATE decisions SET verdict = ?, data = ? WHERE id = ?",
+        (verdict, json.dumps(data), decision_id),
+    )
 
 
 _COLUMNS = "data, status, outcome, audited, retried_at"

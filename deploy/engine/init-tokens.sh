@@ -5,8 +5,18 @@
 #   admin-token         bearer token for `gpuops --url http://127.0.0.1:9843 ...` (role admin)
 #   tokens.yaml         what the engine reads: names, roles and SHA-256 of the tokens only
 # Existing tokens are kept; delete the volume to make new ones.
+#   db-password         (in the `db-secret` volume) PostgreSQL's password, profile `ha`
 set -eu
 dir=${GPUOPS_SECRETS_DIR:-/var/lib/gpuops/secrets}
+db_dir=${GPUOPS_DB_SECRET_DIR:-/var/lib/gpuops/db}
+
+# the PostgreSQL password: readable by the postgres and engine containers only (its own volume)
+if [ -d "$db_dir" ] && [ ! -s "$db_dir/db-password" ]; then
+    umask 022
+    python3 -c 'import secrets; print(secrets.token_urlsafe(32))' >"$db_dir/db-password.tmp"
+    mv "$db_dir/db-password.tmp" "$db_dir/db-password"
+    echo "tokens: made the PostgreSQL password"
+fi
 
 if [ -s "$dir/tokens.yaml" ]; then
     echo "tokens: $dir/tokens.yaml exists, keeping it"

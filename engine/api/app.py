@@ -27,6 +27,8 @@ from engine.api.routes import alertmanager, audit, control, decisions, quota, ru
 from engine.api.tokens import TokenStore
 from engine.config import ApiSettings
 from engine.runtime import Engine
+from engine.runtime.leadership import NotLeaderError
+from engine.state import StateError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ def create_app(
         mount_console(app, context)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(NotLeaderError, _not_leader)
     app.add_middleware(
         ApiGate,
         tokens=tokens,
@@ -93,16 +96,21 @@ def create_app(
         names the policies whose stored state cannot be read (not evaluated; docs/state.md)."""
         problem = engine.problem()
         degraded = engine.degraded()
+        try:
+            controls: dict[str, Any] = {
+                "paused": engine.paused(),
+                "kill_switch": engine.kill_switch_on(),
+            }
+        except StateError as exc:  # the state database cannot be reached (docs/ha.md)
+            controls = {}
+            problem = problem or f"the state cannot be read: {exc}"
         status = "unhealthy" if problem is not None else "degraded" if degraded else "ok"
-        body: dict[str, Any] = {
-            "status": status,
-            "paused": engine.paused(),
-            "kill_switch": engine.kill_switch_on(),
-        }
+        body: dict[str, Any] = {"status": status, **controls}
         if problem is not None:
             body["reason"] = problem
         if degraded:
             body["degraded"] = degraded
+        body["leadership"] = _leadership(engine)
         return JSONResponse(body, 200 if problem is None else 503)
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
@@ -114,6 +122,30 @@ def create_app(
         return PlainTextResponse(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _leadership(engine: Engine) -> dict[str, Any]:
+    """``/healthz``'s leadership block: this replica's role, and the lease as last read."""
+    leading = engine.leading()
+    body: dict[str, Any] = {"role": "leader" if leading else "standby", "replica": engine.replica}
+    info = engine.leadership.leader()
+    if info is not None:
+        live = info.expires_in > 0
+        body.update(
+            {"leader": info.holder if live else None, "epoch": info.epoch, "leader_url": info.url}
+        )
+    return body
+
+
+async def _not_leader(request: Request, exc: Exception) -> JSONResponse:
+    """A write sent to a standby: 503 naming the leader (``X-Gpuops-Leader``: its API URL, when
+    it advertises one), so that a client or load balancer sends it there (docs/ha.md)."""
+    assert isinstance(exc, NotLeaderError)
+    _remember(request, str(exc))
+    headers = {}
+    if exc.leader is not None and exc.leader.url and exc.leader.expires_in > 0:
+        headers["X-Gpuops-Leader"] = exc.leader.url
+    return JSONResponse({"detail": str(exc)}, 503, headers=headers)
 
 
 def _remember(request: Request, reason: str) -> None:

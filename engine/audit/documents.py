@@ -276,6 +276,36 @@ def stream_of(doc: Mapping[str, Any]) -> str:
     return f"{kind}-{dataset}-{ds.get('namespace', 'default')}"
 
 
+def leadership_document(
+    elected: bool,
+    replica: str,
+    epoch: int,
+    reason: str,
+    at: float,
+    host_name: str,
+    namespace: str,
+    now: float,
+) -> dict[str, Any]:
+    """The document of a leadership change of engine replica ``replica`` (docs/ha.md): it
+    became the leader with lease epoch ``epoch``, or stopped leading (``reason``)."""
+    doc = _base(AUDIT_DATASET, namespace, at, now)
+    change = "elected" if elected else "demoted"
+    doc["event"].update(
+        {
+            "id": event_id("leadership", replica, str(epoch), change),
+            "category": ["configuration"],
+            "type": ["change"],
+            "action": f"leadership.{change}",
+            "outcome": "success",
+        }
+    )
+    verb = "became the leader" if elected else "stopped leading"
+    doc["message"] = f"engine replica {replica} {verb} (lease epoch {epoch}): {reason}"
+    doc["host"] = {"name": host_name}
+    doc["gpuops"] = {"leadership": {"replica": replica, "epoch": epoch, "change": change}}
+    return doc
+
+
 def clock_step_document(
     step_s: float, at: float, host_name: str, namespace: str, now: float
 ) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from engine.audit.client import make_client
 from engine.audit.documents import (
     clock_step_document,
     decision_document,
+    leadership_document,
     operation_document,
     skipped_document,
 )
@@ -145,6 +146,21 @@ class AuditLog:
         """Record a wall-clock step of ``step_s`` seconds seen at ``at``; returns its id."""
         doc = clock_step_document(
             step_s, at, self.host_name, self.settings.namespace, self._clock()
+        )
+        return self._append(doc)
+
+    def leadership(self, elected: bool, replica: str, epoch: int, reason: str, at: float) -> str:
+        """Record that replica ``replica`` became the leader (``elected``) or stopped leading
+        with lease epoch ``epoch``; returns its id."""
+        doc = leadership_document(
+            elected,
+            replica,
+            epoch,
+            reason,
+            at,
+            self.host_name,
+            self.settings.namespace,
+            self._clock(),
         )
         return self._append(doc)
 

@@ -15,6 +15,7 @@ from engine.api import ApiServer, TokensError, create_app
 from engine.api.server import ApiServerError
 from engine.api.tokens import TokenStore
 from engine.config import ConfigError, load_config
+from engine.postgres import DatabaseUnavailable
 from engine.rules.model import RulesError
 from engine.runtime import Engine
 from engine.state import StateError
@@ -102,6 +103,8 @@ def run(config_path: Path, dry_run: bool) -> None:
 
 
 def _state_refused(exc: StateError, config_path: Path) -> click.ClickException:
+    if isinstance(exc, DatabaseUnavailable):  # PostgreSQL (docs/ha.md): nothing to reset
+        return click.ClickException(f"{exc}\nnothing was changed (docs/ha.md)")
     return click.ClickException(
         f"{exc}\nnothing was changed; `gpuops state reset --config {config_path}` keeps it"
         " aside and starts afresh (docs/state.md)"

@@ -37,9 +37,15 @@ def state() -> None:
 
 def _config(path: Path) -> EngineConfig:
     try:
-        return load_config(path)
+        config = load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if config.state.url is not None:
+        raise click.ClickException(
+            f"{path}: the state is in PostgreSQL (state.url); gpuops state check and reset"
+            " work on the SQLite state file only (docs/ha.md)"
+        )
+    return config
 
 
 def _problem(config: EngineConfig) -> str | None:

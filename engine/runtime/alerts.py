@@ -49,7 +49,11 @@ class AlertInbox:
         clock: Callable[[], float],
         queue_size: int,
         registry: CollectorRegistry,
+        require_leader: Callable[[], None] = lambda: None,
     ) -> None:
+        """``require_leader``: raises on a standby replica (``NotLeaderError``): the receiver
+        answers 503 naming the leader, and Alertmanager retries (it should list every replica)."""
+        self._require_leader = require_leader
         self._store = store
         self._rulebook = rulebook
         self._cycle = cycle
@@ -178,6 +182,7 @@ class AlertInbox:
 
     def submit(self, alerts: Sequence[Mapping[str, Any]]) -> bool:
         """Queue a notification's alerts; False (nothing queued) when there is no room."""
+        self._require_leader()
         with self._idle:
             if self._queue.maxsize - self._queue.qsize() < len(alerts):
                 self.alerts.labels("rejected").inc(len(alerts))

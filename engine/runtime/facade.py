@@ -29,6 +29,7 @@ from engine.config import EngineConfig
 from engine.decisions import Decision, SkippedEvaluation
 from engine.evaluation import Freshness
 from engine.metrics import EngineMetrics
+from engine.postgres import Credentials, Lease, PostgresStore
 from engine.prometheus import PrometheusClient
 from engine.rules.model import Group, Policy, RuleSet
 from engine.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
@@ -37,6 +38,7 @@ from engine.runtime.clock import Scheduler, first_run_in
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.cycle import Cycle
 from engine.runtime.gate import DecisionListener, Gate
+from engine.runtime.leadership import Change, Leadership
 from engine.runtime.quota import POLICY as QUOTA_POLICY
 from engine.runtime.quota import QuotaManager
 from engine.runtime.rulebook import ReloadResult, Rulebook
@@ -91,12 +93,25 @@ class Engine:
         self.prometheus = prometheus or PrometheusClient(
             config.prometheus.url, timeout_s=config.prometheus.timeout
         )
+        self.replica = config.state.replica or socket.gethostname()
         try:
-            self.store: Store = StateStore(config.state_file, ran_before)
+            self.store, lease = _open_store(config, ran_before, self.replica)
         except StateError:
             if audit is None:
                 self.audit.close()
             raise
+        self.leadership = Leadership(
+            lease,
+            replica=self.replica,
+            lease_s=config.state.lease,
+            renew_s=config.state.renew_interval,
+            monotonic=monotonic,
+            on_change=self._leadership_changed,
+        )
+        if isinstance(self.store, PostgresStore):
+            self.store.fence = self.leadership.fence
+        self.metrics.leader.set(1 if self.leadership.solo else 0)
+        self._alerts_started = False
         self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
         self.locks = Locks()
         self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
@@ -116,6 +131,7 @@ class Engine:
             listener=listener,
             workers_per_executor=action_workers,
             retry=action_retry or RetryPolicy(),
+            leading=self.leadership.leading,
         )
         self.cycle = Cycle(
             store=self.store,
@@ -147,6 +163,7 @@ class Engine:
             controls=self.controls,
             approval_ttl=config.guardrails.approval_ttl,
             clock=clock,
+            require_leader=self.leadership.require,
         )
         self.alerts = AlertInbox(
             store=self.store,
@@ -155,6 +172,7 @@ class Engine:
             clock=clock,
             queue_size=config.api.alert_queue_size,
             registry=self.metrics.registry,
+            require_leader=self.leadership.require,
         )
         self.gate.on_outcome(self.alerts.fire_finished)
         self._scheduler: Scheduler | None = None
@@ -199,6 +217,7 @@ class Engine:
 
     def set_control(self, name: str, on: bool, user: str) -> None:
         """Turn ``kill_switch`` or ``paused`` on or off (persisted: survives a restart)."""
+        self.leadership.require()
         self.controls.set(name, on, user)
 
     def problem(self) -> str | None:
@@ -222,17 +241,23 @@ class Engine:
         return self.alerts.handle(alert)
 
     def grant(self, decision_id: str, user: str) -> Decision:
+        self.leadership.require()
         return self.approvals.grant(decision_id, user)
 
     def deny(self, decision_id: str, user: str) -> Decision:
+        self.leadership.require()
         return self.approvals.deny(decision_id, user)
 
     def retry(self, decision_id: str) -> Decision:
         """Decide again, at the next evaluation, the target of an action that failed
         (``engine.runtime.gate.Gate.retry``)."""
+        self.leadership.require()
         return self.gate.retry(decision_id)
 
     def expire_approvals(self) -> list[Decision]:
+        """Expire the approvals whose time ran out (the leader's; a standby leaves it)."""
+        if not self.leadership.leading():
+            return []
         return self.approvals.expire()
 
     def _skipped(self, skipped: SkippedEvaluation) -> None:
@@ -254,8 +279,9 @@ class Engine:
         self.store.guardrail_state()  # engine-wide rows decode, or StateError (docs/state.md)
         self.reload(strict=True)
         self.audit.start()
-        self.gate.resume()
-        self.alerts.start()
+        if self.leadership.solo:
+            self.gate.resume()
+            self._start_alerts()
         self._scheduler = Scheduler(
             wall=self.clock, monotonic=self.monotonic, on_step=self._clock_stepped
         )
@@ -267,9 +293,44 @@ class Engine:
             (self.check_reload, self.config.reload_check_interval, "gpuops-rules-watch"),
         )
         for func, interval_s, job_id in jobs:
-            self._scheduler.add_interval(job_id, _discard(func), interval_s, first_in=interval_s)
-        self._scheduler.add_interval("gpuops-prune", self.prune, 6 * 3600.0)
+            self._scheduler.add_interval(
+                job_id, self._leader_only(func), interval_s, first_in=interval_s
+            )
+        self._scheduler.add_interval("gpuops-prune", self._leader_only(self.prune), 6 * 3600.0)
         self._scheduler.start()
+        self.leadership.start()  # one round now: a sole replica leads from its start
+
+    # --- leadership (docs/ha.md) -------------------------------------------------------------
+    def leading(self) -> bool:
+        """Whether this replica evaluates and acts (always, with SQLite)."""
+        return self.leadership.leading()
+
+    def _leader_only(self, func: Callable[[], object]) -> Callable[[], None]:
+        """``func`` as a scheduled job that runs on the leader only (a standby skips it)."""
+
+        def job() -> None:
+            if self.leadership.leading():
+                func()
+
+        return job
+
+    def _leadership_changed(self, change: Change) -> None:
+        """Audit and count the change; a new leader first resumes what the old one left
+        (reconcile, the ``started`` actions: executors dedupe on decision ids), then its
+        scheduled jobs run (they check ``leading()``)."""
+        self.metrics.leader.set(1 if change.elected else 0)
+        self.metrics.leadership_changes.labels("elected" if change.elected else "demoted").inc()
+        self.audit.leadership(
+            change.elected, change.replica, change.epoch, change.reason, self.clock()
+        )
+        if change.elected:
+            self.gate.resume()
+            self._start_alerts()
+
+    def _start_alerts(self) -> None:
+        if not self._alerts_started:
+            self._alerts_started = True
+            self.alerts.start()
 
     def _clock_stepped(self, step_s: float) -> None:
         """The scheduler saw the wall clock step by ``step_s`` seconds: count it, audit it once
@@ -314,7 +375,10 @@ class Engine:
             first_in = first_run_in(group.name, group.interval_s, self.clock())
             self.cycle.epochs[group.name] = self.clock() + first_in  # its first grid point
             self._scheduler.add_interval(
-                job_id, partial(self.evaluate_group, group), group.interval_s, first_in=first_in
+                job_id,
+                self._leader_only(partial(self.evaluate_group, group)),
+                group.interval_s,
+                first_in=first_in,
             )
             for policy in group.policies:
                 if policy.schedule is None or policy.expr is None:
@@ -324,7 +388,7 @@ class Engine:
                 one = replace(group, policies=(policy,))
                 self._scheduler.add_cron(
                     job_id,
-                    partial(self.evaluate_group, one, True),
+                    self._leader_only(partial(self.evaluate_group, one, True)),
                     CronTrigger.from_crontab(policy.schedule),
                 )
         for job in self._scheduler.get_jobs():
@@ -342,17 +406,28 @@ class Engine:
             self._scheduler = None
         self.alerts.stop()
         self.gate.stop()
+        self.leadership.stop()  # after the last action: a standby then resumes nothing twice
         self.audit.close()
         self.store.close()
 
 
-def _discard(func: Callable[[], object]) -> Callable[[], None]:
-    """``func`` as a job (its result, e.g. the expired approvals, is not needed)."""
-
-    def job() -> None:
-        func()
-
-    return job
+def _open_store(
+    config: EngineConfig, ran_before: str | None, replica: str
+) -> tuple[Store, Lease | None]:
+    """The SQLite state file, or with ``state.url`` the PostgreSQL store and its lease."""
+    state = config.state
+    if state.url is None:
+        return StateStore(config.state_file, ran_before), None
+    credentials = Credentials(state.password_file, state.password_env)
+    store = PostgresStore(state.url, credentials, replica, state.lease)
+    try:
+        lease = Lease(
+            state.url, credentials, replica, state.advertise_url, wait_s=state.renew_interval
+        )
+    except StateError:
+        store.close()
+        raise
+    return store, lease
 
 
 def previous_run(config: EngineConfig) -> str | None:

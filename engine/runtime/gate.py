@@ -104,7 +104,12 @@ class Gate:
         listener: DecisionListener | None = None,
         workers_per_executor: int = 4,
         retry: RetryPolicy | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``leading``: whether this replica still leads (``engine.runtime.leadership``),
+        asked just before each executor call: a replica that lost its lease runs nothing and
+        leaves the decision ``started`` for the new leader to resume."""
+        self._leading = leading
         self._settings = settings
         self._executor_settings = executor_settings
         self._store = store
@@ -275,6 +280,13 @@ class Gate:
             self._in_flight.pop(decision_id, None)
 
     def _run(self, decision: Decision) -> Outcome:
+        if not self._leading():
+            log.warning(
+                "action %s of %s not run: this replica no longer leads (the leader resumes it)",
+                decision.id,
+                decision.policy,
+            )
+            return Outcome(OutcomeStatus.SKIPPED, error="not the leader any more")
         stored = self._store.decision(decision.id)
         if (
             stored is None

@@ -64,8 +64,12 @@ class QuotaManager:
         controls: Controls,
         approval_ttl: float,
         clock: Callable[[], float],
+        require_leader: Callable[[], None] = lambda: None,
     ) -> None:
+        """``require_leader``: raises on a standby replica (``NotLeaderError``), which files,
+        approves and denies nothing."""
         self.settings = settings
+        self._require_leader = require_leader
         self._store = store
         self._cycle = cycle
         self._controls = controls
@@ -76,6 +80,7 @@ class QuotaManager:
     def submit(
         self, project: str, gpus: int, duration_s: float, reason: str, user: str
     ) -> QuotaRequest:
+        self._require_leader()
         if gpus > self.settings.max_gpus:
             raise QuotaError(f"gpus: {gpus} is more than the limit of {self.settings.max_gpus}")
         if not 0 < duration_s <= self.settings.max_duration:
@@ -107,6 +112,7 @@ class QuotaManager:
         return request
 
     def approve(self, request_id: str, user: str) -> QuotaRequest:
+        self._require_leader()
         request = self._pending(request_id)
         if self._controls.kill_switch_on() or self._controls.paused():
             raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
@@ -117,6 +123,7 @@ class QuotaManager:
         return self._apply(applying)
 
     def deny(self, request_id: str, user: str) -> QuotaRequest:
+        self._require_leader()
         request = self._pending(request_id)
         denied = replace(
             request, status=QuotaStatus.DENIED, decided_by=user, decided_at=self.clock()

@@ -82,6 +82,7 @@ class FakeElasticsearch:
         self.streams: dict[str, Stream] = {}
         self.requests: list[tuple[str, str]] = []
         self.delay_s = 0.0
+        self.validate = True  # False: no mapping checks (benchmarks of the client side only)
         self._faults: list[tuple[str, int]] = []
         self._server: ThreadingHTTPServer | None = None
         self.connections: set[socket.socket] = set()
@@ -440,7 +441,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "data stream timestamp field [@timestamp] is missing",
                     index,
                 )
-            problem = _validate(source, stream.mapping)
+            problem = _validate(source, stream.mapping) if self.es.validate else None
             if problem:
                 return error(400, "document_parsing_exception", problem, index)
             if doc_id in stream.docs and op == "create":
@@ -507,15 +508,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _validate(source: Mapping[str, Any], mapping: Mapping_) -> str | None:
+    # sources are parsed JSON: objects are dicts (a dict check is ~5x cheaper than Mapping's)
     def walk(node: Any, prefix: str) -> str | None:
-        if isinstance(node, Mapping):
+        if isinstance(node, dict):
             for key, value in node.items():
                 path = f"{prefix}{key}"
-                sample = None if isinstance(value, Mapping | list) else value
+                sample = None if isinstance(value, dict | list) else value
                 kind = mapping.field_type(path, sample)
                 if kind == "flattened":
                     continue
-                if kind is None and mapping.dynamic == "strict" and not isinstance(value, Mapping):
+                if kind is None and mapping.dynamic == "strict" and not isinstance(value, dict):
                     return (
                         f"[1:1] mapping set to strict, dynamic introduction of [{path}] "
                         "is not allowed"

@@ -83,11 +83,16 @@ def values_of(doc: Mapping[str, Any], path: str) -> list[Any]:
     return [v for v in out if not isinstance(v, Mapping)]
 
 
+_MISS = object()
+_BY_VALUE = object()  # not mapped: Elasticsearch's default dynamic mapping of the value decides
+
+
 class Mapping_:
     """The mapping of one data stream or index: explicit properties, dynamic templates, and
     Elasticsearch's default dynamic mapping for everything else."""
 
     def __init__(self, mappings: Mapping[str, Any]) -> None:
+        self._memo: dict[tuple[str, type], object] = {}
         self.dynamic = mappings.get("dynamic", True)
         self.fields: dict[str, dict[str, Any]] = {}
         self._flatten(mappings.get("properties") or {}, "")
@@ -111,6 +116,19 @@ class Mapping_:
                 self.fields[path] = dict(spec)
 
     def field_type(self, path: str, sample: Any = None) -> str | None:
+        """The mapped type of ``path`` (``sample``: a value, for dynamic mapping). Memoized by
+        path and the sample's Python type: a bulk of thousands of documents asks the same few
+        dozen paths (the answer depends on nothing else, except the final by-value guess)."""
+        key = (path, type(sample))
+        found = self._memo.get(key, _MISS)
+        if found is _MISS:
+            found = self._mapped_type(path, sample)
+            self._memo[key] = found
+        if found is _BY_VALUE:
+            return self._dynamic_type(sample)
+        return found  # type: ignore[return-value]
+
+    def _mapped_type(self, path: str, sample: Any) -> object:
         if path in self.fields:
             return str(self.fields[path].get("type", "object"))
         parts = path.split(".")
@@ -132,6 +150,11 @@ class Mapping_:
         if path.endswith(".keyword"):
             base = path[: -len(".keyword")]
             return "keyword" if base not in self.fields else None
+        return _BY_VALUE
+
+    @staticmethod
+    def _dynamic_type(sample: Any) -> str | None:
+        """Elasticsearch's default dynamic mapping of a value."""
         if sample is None:
             return None
         if isinstance(sample, bool):
@@ -147,7 +170,7 @@ class Mapping_:
 
 def check_value(kind: str, value: Any, spec: Mapping[str, Any]) -> str | None:
     """Why ``value`` cannot be indexed as ``kind`` (None when it can)."""
-    if value is None or isinstance(value, Mapping):
+    if value is None or (not isinstance(value, str | int | float) and isinstance(value, Mapping)):
         return None
     if kind in ("long", "integer", "short", "byte"):
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (

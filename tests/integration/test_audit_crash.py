@@ -64,6 +64,8 @@ def test_sigkill_mid_stream_loses_no_acknowledged_event_and_duplicates_none(
             child.send_signal(signal.SIGKILL)
             acknowledged += [line.strip() for line in child.stdout if line.strip()]
             assert child.wait(10) == -signal.SIGKILL
+        # bulk requests the dead engine had in flight (up to 3) finish storing first
+        wait_until(lambda: not es.connections, timeout_s=30, what="the killed engine's requests")
         shipped_before = len(es.documents(DECISIONS))
         assert 0 < shipped_before < len(acknowledged)
 

@@ -3,6 +3,7 @@ metrics — with decisions made by the real engine from Alertmanager alerts."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from tests.unit.api.harness import Harness
@@ -122,7 +123,9 @@ def test_every_call_is_an_audited_operation(api: Harness) -> None:
 
 def test_health_metrics_and_whoami(api: Harness) -> None:
     health = api.call(None, "GET", "/healthz")
-    assert health.json() == {"status": "ok", "paused": False, "kill_switch": False}
+    body = health.json()
+    assert body.pop("leadership") == {"role": "leader", "replica": socket.gethostname()}
+    assert body == {"status": "ok", "paused": False, "kill_switch": False}
     _fire(api, "GPUFellOffBus", node="n1")
     metrics = api.call(None, "GET", "/metrics").text
     assert 'gpuops_api_alerts_total{result="handled"} 1.0' in metrics

@@ -39,6 +39,11 @@ def services() -> dict[str, dict[str, Any]]:
     return result
 
 
+def with_defaults(text: str) -> str:
+    """``text`` with each ``${VAR-default}`` as compose reads it when VAR is unset."""
+    return re.sub(r"\$\{\w+-([^}]*)\}", r"\1", text)
+
+
 def schema_errors(doc: dict[str, Any]) -> list[str]:
     validator = jsonschema.Draft7Validator(json.loads(COMPOSE_SPEC.read_text()))
     return [
@@ -87,6 +92,7 @@ def test_every_bind_mounted_host_path_exists() -> None:
     for name, service in services().items():
         for volume in service.get("volumes", []):
             source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            source = with_defaults(source)
             if source.startswith((".", "/")):
                 assert (REPO / source).resolve().exists(), f"{name}: {source} is not in the repo"
                 checked += 1
@@ -150,7 +156,11 @@ def test_nvml_exporter_is_a_gpu_profile_with_a_device_reservation() -> None:
     assert exporter["profiles"] == ["gpu"]
     devices = exporter["deploy"]["resources"]["reservations"]["devices"]
     assert devices and devices[0]["capabilities"] == ["gpu"]
-    assert all("profiles" not in s for n, s in services().items() if n != "nvml-exporter")
+    others = {n: s.get("profiles") for n, s in services().items() if n != "nvml-exporter"}
+    assert {n: p for n, p in others.items() if p} == {
+        "postgres": ["ha"],
+        "engine-standby": ["ha"],
+    }
 
 
 def test_engine_config_of_the_stack_loads() -> None:
@@ -163,13 +173,52 @@ def test_engine_config_of_the_stack_loads() -> None:
     engine = services()["engine"]
     assert engine["command"] == ["engine", "run", "--config", "/etc/gpuops/engine.yaml"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in engine["volumes"]}
-    assert mounts["/etc/gpuops/engine.yaml"] == "./deploy/engine/engine.yaml"
+    assert with_defaults(mounts["/etc/gpuops/engine.yaml"]) == "./deploy/engine/engine.yaml"
     # state, spool and kill switch on the named volume, the tokens file on the secrets volume
     state = mounts["/var/lib/gpuops/state"]
     assert state in compose()["volumes"]
     for path in (config.state_file, config.audit.spool_dir, config.guardrails.kill_switch_file):
         assert str(path).startswith("/var/lib/gpuops/state/")
     assert str(config.api.tokens_file).startswith("/etc/gpuops/secrets/")
+
+
+def test_ha_profile_runs_two_replicas_on_postgres_with_their_own_spools() -> None:
+    """docs/ha.md: with the profile and GPUOPS_ENGINE_CONFIG=engine-ha.yaml, ``engine`` and
+    ``engine-standby`` read one config naming the ``postgres`` service, the password from the
+    tokens service's ``db-secret`` volume, each its own state volume for its spool."""
+    config = load_config(REPO / "deploy" / "engine" / "engine-ha.yaml")
+    assert config.state.url == "postgresql://gpuops@postgres:5432/gpuops"
+    assert str(config.state.password_file).startswith("/etc/gpuops/db/")
+    assert str(config.audit.spool_dir).startswith("/var/lib/gpuops/state/")
+    engine, standby = services()["engine"], services()["engine-standby"]
+    assert (
+        engine["volumes"][0].split(":")[0] == "./deploy/engine/${GPUOPS_ENGINE_CONFIG-engine.yaml}"
+    )
+    assert standby["volumes"][0].split(":")[0] == "./deploy/engine/engine-ha.yaml"
+    for service in (engine, standby):
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        assert mounts["/etc/gpuops/db"] == "db-secret"
+    assert {v.split(":")[1]: v.split(":")[0] for v in engine["volumes"]}[
+        "/var/lib/gpuops/state"
+    ] != {v.split(":")[1]: v.split(":")[0] for v in standby["volumes"]}["/var/lib/gpuops/state"]
+    postgres = services()["postgres"]
+    assert postgres["environment"]["POSTGRES_PASSWORD_FILE"].startswith("/run/gpuops/")
+    assert "db-secret:/run/gpuops:ro" in postgres["volumes"]
+
+
+def test_tokens_script_makes_the_database_password_once(tmp_path: Path) -> None:
+    script = REPO / "deploy" / "engine" / "init-tokens.sh"
+    (tmp_path / "db").mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GPUOPS_SECRETS_DIR": str(tmp_path),
+        "GPUOPS_DB_SECRET_DIR": str(tmp_path / "db"),
+    }
+    subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
+    password = (tmp_path / "db" / "db-password").read_text()
+    assert len(password.strip()) >= 32
+    subprocess.run(["sh", str(script)], env=env, check=True, capture_output=True)
+    assert (tmp_path / "db" / "db-password").read_text() == password
 
 
 def test_dockerfile_copies_paths_that_exist_and_the_code_needs() -> None:

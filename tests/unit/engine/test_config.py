@@ -49,8 +49,31 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
             "engine.yaml:2: guardrails.global_max_per_hour: Input should be greater than or "
             "equal to 0",
         ),
+        (
+            "state:\n  url: postgresql://gpuops:hunter2@db/gpuops\n",
+            "engine.yaml:2: state.url: holds a password: put it in state.password_file or the"
+            " environment variable named by state.password_env, not in the URL",
+        ),
+        (
+            "state:\n  url: mysql://db/gpuops\n",
+            "engine.yaml:2: state.url: must be a postgresql://USER@HOST:PORT/DATABASE URL",
+        ),
+        (
+            "state:\n  lease: 3s\n  renew_interval: 2s\n",
+            "engine.yaml:1: state: renew_interval (2s) must be at most a third of the lease (3s):"
+            " a leader renews a few times before it may lapse",
+        ),
     ],
-    ids=["unknown-key", "bad-duration", "duplicate-key", "not-a-mapping", "negative-budget"],
+    ids=[
+        "unknown-key",
+        "bad-duration",
+        "duplicate-key",
+        "not-a-mapping",
+        "negative-budget",
+        "password-in-state-url",
+        "not-postgres",
+        "renewal-too-slow",
+    ],
 )
 def test_mistakes_name_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:

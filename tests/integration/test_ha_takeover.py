@@ -1,0 +1,179 @@
+"""High availability (docs/ha.md): two ``gpuops engine run`` replicas on one real PostgreSQL and
+one real Prometheus. The leader is SIGKILLed idle, mid-action and with actions recorded but not
+yet run, SIGSTOPped past its lease, and cut off from the database; each time the standby takes
+over, and the recorder at the executor's far end counts deliveries by decision id: every action
+recorded to run arrives (0 lost), none arrives twice except the one whose delivery the kill
+interrupted (at-least-once, the executor deduplicates on the id), and the takeover time is
+measured. The tests share one replica pair and run in order (the last kill leaves one replica).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from engine.promproc import PrometheusServer
+from tests.ha import TOKEN, Pair
+from tests.postgres import PostgresServer
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 2.0
+RENEW_S = 0.5
+TAKEOVER_BOUND_S = 15.0
+"""The issue's bound on a takeover (the benchmark measures the p95 with the default lease)."""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    root = tmp_path_factory.mktemp("ha")
+    pg = PostgresServer()
+    pg.start()
+    prom = PrometheusServer(root / "prom", "global: {scrape_interval: 15s}\n")
+    prom.start()
+    pair = Pair(root, pg, prom.url, LEASE_S, RENEW_S)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.stop()
+        prom.stop()
+        pg.stop()
+
+
+def _no_doubles(pair: Pair, allowed: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    twice = {i: n for i, n in pair.recorder.deliveries().items() if n > 1 and i not in allowed}
+    assert twice == {}, f"delivered more than once: {twice}"
+
+
+def _audit_complete(pair: Pair) -> None:
+    """Across the replicas' spools every executed decision has its intent and exactly one
+    success event id (a document written again after a takeover has the same id, which the
+    index deduplicates): no gaps, no duplicates."""
+    done = {
+        r[0]
+        for r in pair.rows("SELECT id FROM decisions WHERE verdict = 'execute' AND status = 'done'")
+    }  # the engine acts on: later decisions are checked by a later call
+    wait_for(
+        lambda: all("success" in pair.audit().get(i, {}) for i in done),
+        30,
+        "every outcome in a spool",
+    )
+    audit = pair.audit()
+    for decision in done:
+        assert len(audit[decision]["success"]) == 1, (decision, audit[decision])
+        assert "unknown" in audit[decision], f"{decision}: no intent in any spool"
+
+
+def _none_lost(pair: Pair) -> None:
+    pair.settled()
+    delivered = set(pair.recorder.deliveries())
+    lost = pair.executed() - delivered
+    assert lost == set(), f"recorded to run, never delivered: {sorted(lost)}"
+    assert delivered <= pair.executed(), "a delivery no decision row accounts for"
+
+
+def test_standby_serves_reads_and_refuses_writes_naming_the_leader(pair: Pair) -> None:
+    leader = pair.leader()
+    assert leader is not None
+    standby = pair.other(leader)
+    wait_for(lambda: pair.recorder.count() >= 2, 30, "the leader's first actions")
+    health = standby.health()
+    assert health is not None and health["leadership"]["leader"] == leader.name
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    listed = requests.get(standby.url + "/api/v1/decisions", headers=auth, timeout=5)
+    assert listed.status_code == 200 and listed.json(), "a standby serves the shared decisions"
+    refused = requests.post(standby.url + "/api/v1/engine/pause", headers=auth, timeout=5)
+    assert refused.status_code == 503
+    assert refused.headers["X-Gpuops-Leader"] == leader.url
+    assert f"the leader is {leader.name} at {leader.url}" in refused.json()["detail"]
+    assert requests.post(leader.url + "/api/v1/engine/pause", headers=auth, timeout=5).ok
+    assert requests.post(leader.url + "/api/v1/engine/resume", headers=auth, timeout=5).ok
+
+
+def test_sigstop_past_the_lease(pair: Pair) -> None:
+    leader = pair.leader()
+    assert leader is not None
+    wait_for(lambda: not pair.started(), 30, "no action in flight")
+    before = pair.recorder.deliveries()
+    leader.signal(signal.SIGSTOP)
+    new, took = pair.takeover(leader)
+    assert took < TAKEOVER_BOUND_S
+    leader.signal(signal.SIGCONT)
+    wait_for(lambda: leader.role() == "standby", 30, f"{leader.name} to step down")
+    _none_lost(pair)
+    allowed = {i for i, n in before.items() if n > 1}
+    _no_doubles(pair, allowed)
+
+
+def test_broken_database_connection(pair: Pair) -> None:
+    leader = pair.leader()
+    assert leader is not None
+    # its connections terminated, the leader reconnects within its lease: it stays leader
+    pair.rows(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+        f"gpuops {leader.name}%",
+    )
+    before = pair.recorder.count()
+    wait_for(lambda: pair.recorder.count() > before + 1, 30, f"{leader.name} acting again")
+    assert leader.role() == "leader"
+    # cut off from the database for longer than its lease: the standby takes over
+    cut = time.monotonic()
+    leader.proxy.cut()
+    new, _ = pair.takeover(leader)
+    took = time.monotonic() - cut
+    assert took < TAKEOVER_BOUND_S
+    assert leader.role() == "standby", "a leader without its database stops acting"
+    leader.proxy.heal()
+    doubles = pair.recorder.deliveries()
+    _none_lost(pair)
+    _no_doubles(pair, {i for i, n in doubles.items() if n > 1})
+    _audit_complete(pair)
+
+
+def test_sigkill_idle_leader(pair: Pair) -> None:
+    leader = pair.leader()
+    assert leader is not None
+    wait_for(lambda: not pair.started(), 30, "no action in flight")
+    leader.signal(signal.SIGKILL)
+    new, took = pair.takeover(leader)
+    assert took < TAKEOVER_BOUND_S
+    leader.start()  # back as the standby for the next test, while this one checks
+    before = pair.recorder.count()
+    wait_for(lambda: pair.recorder.count() > before + 1, 30, f"{new.name} acting")
+    _no_doubles(pair)
+    _none_lost(pair)
+    wait_for(lambda: leader.role() == "standby", 60, f"{leader.name} back as a standby")
+
+
+def test_sigkill_mid_action_and_between_recording_and_executing(pair: Pair) -> None:
+    leader = pair.leader()
+    assert leader is not None
+    pair.recorder.hold()
+    # the executor's 4 workers wait on held answers, later decisions queue behind them:
+    # recorded ``started`` in the database, not delivered yet
+    waiting = wait_for(
+        lambda: (s := pair.started()) - set(pair.recorder.deliveries()) and s,
+        60,
+        "an action recorded but not yet executed",
+    )
+    in_flight = waiting & set(pair.recorder.deliveries())
+    assert in_flight, "an action in flight at the kill"
+    leader.signal(signal.SIGKILL)
+    pair.recorder.release()
+    new, took = pair.takeover(leader)
+    assert took < TAKEOVER_BOUND_S
+    _none_lost(pair)
+    # the interrupted deliveries were resumed under the same id (executors dedupe on it);
+    # the queued ones ran once, by the new leader
+    _no_doubles(pair, allowed=in_flight)
+    assert all(pair.recorder.deliveries()[i] == 1 for i in waiting - in_flight)
+    _audit_complete(pair)
+    # every election of the module is audited once, by the replica elected
+    epoch = pair.rows("SELECT epoch FROM gpuops_leader")[0][0]
+    wait_for(lambda: pair.elections() == list(range(1, epoch + 1)), 30, "each election audited")
