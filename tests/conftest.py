@@ -24,13 +24,19 @@ LONGEST = (
     "tests/integration/slurm/test_slurm_job_events.py",  # 26 s
 )
 WAITING_KINDS = ("tests/e2e/", "tests/integration/", "tests/browser/")
-SERIAL = ("tests/integration/test_engine_restart.py", "tests/e2e/slurm/test_slurm_loop.py")
+SERIAL = (
+    "tests/integration/test_engine_restart.py",
+    "tests/e2e/slurm/test_slurm_loop.py",
+    "tests/integration/test_ha_takeover.py",
+)
 """Files marked ``serial``: ``make pytest`` runs them after the workers, in one process. The
 restart test bounds how late an engine subprocess (~2.3 s CPU of imports) may fire after a
 restart; beside 3 workers and other engineers' runs it missed that bound in every xdist run.
 The Slurm loop's CLOUD node did not come up within 60 s in 3 of 3 xdist runs (passes alone,
 also at load average 18; a guess to check: its slurmd port is picked when the cluster starts
-and bound only at power-up, so a busy machine may take it meanwhile)."""
+and bound only at power-up, so a busy machine may take it meanwhile). The HA takeover test's
+mid-action kill found no action in flight in 1 of 2 xdist runs (its wait can end before the
+first delivery: a race in the test, to fix there)."""
 
 
 def _rank(item: pytest.Item) -> tuple[int, int]:
