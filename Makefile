@@ -10,6 +10,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DURATION ?= 0
 PYTEST_ARGS ?=
+# pytest runs in 3 worker processes (pytest-xdist), one test file per worker at a time, the
+# longest files first (tests/conftest.py): the suite mostly waits on Prometheus, Slurm, the
+# browser and subprocesses. Then the tests marked serial (timing bounds that a loaded machine
+# breaks), in one process. PYTEST_WORKERS=0 runs the first part in one process too (-s, pdb).
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo demo-slurm test setup lint types contracts pytest bench clean postgresql
 
@@ -76,7 +81,8 @@ contracts: setup
 	$(BIN)/lint-imports
 
 pytest: setup
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: no serial test selected
 
 test: lint types contracts pytest
 

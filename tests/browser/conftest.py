@@ -53,7 +53,9 @@ def context(browser: Browser, console: Harness) -> Iterator[BrowserContext]:
     ctx = browser.new_context(
         base_url=console.url, viewport={"width": 1280, "height": 860}, accept_downloads=True
     )
-    ctx.set_default_timeout(10_000)
+    # a deadline for each wait on the page, not a wait: a loaded machine (the suite runs in
+    # worker processes) took over 10 s for one navigation
+    ctx.set_default_timeout(30_000)
     outside: list[str] = []
 
     def only_the_console(route: Route) -> None:

@@ -79,7 +79,9 @@ def _check_running(proc: subprocess.Popen[str]) -> None:
     assert resp.status_code == 200, resp.text
 
 
-def _wait_for_port(stream: object, timeout: float = 20.0) -> int:
+def _wait_for_port(stream: object, timeout: float = 60.0) -> int:
+    # a deadline, not a wait: the CLI imports the whole engine (~2.3 s CPU), far slower on a
+    # loaded machine (it took over 20 s with the suite in 3 workers beside other runs)
     deadline = time.monotonic() + timeout
     seen = []
     with selectors.DefaultSelector() as sel:
