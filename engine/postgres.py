@@ -307,9 +307,7 @@ class PostgresStore(StateStore):
         fence = self.fence()
         epoch = fence[1] if fence is not None else None
         if epoch is None or epoch != self._cache_epoch:
-            self._states.clear()
-            self._stored.clear()
-            self._guard = None
+            self._forget_cache()
             self._cache_epoch = epoch
 
 

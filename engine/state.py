@@ -227,9 +227,14 @@ class StateStore:
         version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
         if version != self._data_version:
             self._data_version = version
-            self._states.clear()
-            self._stored.clear()
-            self._guard = None
+            self._forget_cache()
+
+    def _forget_cache(self) -> None:
+        """Drop everything cached from the database: the policy states and the guardrail
+        windows (each backend's ``_check_cache`` decides when)."""
+        self._states.clear()
+        self._stored.clear()
+        self._guard = None
 
     # --- policy state -------------------------------------------------------------------
     # One row per (policy, target) in ``policy_targets`` (migration 3); ``policy_state`` keeps
