@@ -386,7 +386,6 @@ class Gate:
             return None
         reason, why = found
         retry_at = retry_time(decision.with_verdict(reason.verdict, why), policy, guard, now)
-        budget = self._settings.global_max_per_hour
         if reason is Suppression.GLOBAL_BUDGET and budget is not None:  # when it can allow it
             retry_at = budget_retry_time(guard, budget, now)
         return _Hold(reason.verdict, why, retry_at=retry_at)
