@@ -192,16 +192,19 @@ class StateStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            with self._atomic() as db:
-                self._check_cache()
-                self._pending.clear()
-                self._guard_pending = None
-                try:
-                    yield db
-                except BaseException:
+            try:
+                with self._atomic() as db:
+                    self._check_cache()
                     self._pending.clear()
                     self._guard_pending = None
-                    raise
+                    yield db
+            except BaseException:
+                # rolled back, or a COMMIT whose result is unknown (a connection lost while it
+                # ran may have committed it): what is cached may no longer be what is stored
+                self._pending.clear()
+                self._guard_pending = None
+                self._forget_cache()
+                raise
             for policy, (state, stored) in self._pending.items():
                 self._states[policy] = state
                 self._stored[policy] = stored

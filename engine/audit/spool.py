@@ -17,6 +17,7 @@ When full (``max_spool_bytes``) the spool follows ``full_policy`` (see ``AuditSe
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -302,10 +303,18 @@ class Spool:
             self._active.size = self._durable_size
             self._active.documents = self._durable_documents
             self._undo_write()
+        self._fail_range(error, low, high)
+
+    def _fail_range(self, error: OSError, low: int | None = None, high: int | None = None) -> None:
+        """Fail the appends of writes ``low`` < n <= ``high`` (default: every write not yet
+        durable) with ``error``, and wake their waiters (holding ``self._lock``)."""
+        low = self._synced if low is None else low
+        high = self._written if high is None else high
         with self._synced_cv:
             self._sync_failures.append((low, high, error))
             del self._sync_failures[:-1024]  # older failures have no waiter left
             self._synced = max(self._synced, high)
+            self._synced_cv.notify_all()
 
     def seal(self, only_if_older_than_s: float | None = None) -> bool:
         """Close the active segment so it can be shipped; True when one was sealed.
@@ -365,15 +374,18 @@ class Spool:
     def _close_active(self, sync: bool = True) -> None:
         """Close (seal) the active segment; its writes are fsync'd first, so a sealed segment
         is durable as a whole (a failed fsync cuts them off and fails their appends)."""
-        if self._fh is not None and sync and self._fsync and self._synced < self._written:
-            try:
-                os.fsync(self._fh.fileno())
-            except OSError as exc:
-                self._fail_unsynced(exc)
+        if self._fh is not None and self._fsync and self._synced < self._written:
+            if not sync:  # closed unsynced (a write that cannot be cut off): its waiters fail
+                self._fail_range(OSError(errno.EIO, "segment closed before its fsync"))
             else:
-                with self._synced_cv:
-                    self._synced = self._written
-                    self._synced_cv.notify_all()
+                try:
+                    os.fsync(self._fh.fileno())
+                except OSError as exc:
+                    self._fail_unsynced(exc)
+                else:
+                    with self._synced_cv:
+                        self._synced = self._written
+                        self._synced_cv.notify_all()
         if self._fh is not None:
             self._fh.close()
             self._fh = None

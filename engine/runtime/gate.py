@@ -60,6 +60,7 @@ from engine.guardrails import (
 from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
+from engine.state import StateError
 from engine.store import Audited, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,10 @@ class _Hold:
     retry_at: float | None = None
     keep_state: bool = False
 
+
+NOT_LEADING = "not the leader any more"
+"""The error of an action this replica did not run, or stopped trying, because it lost its
+lease (``engine.runtime.leadership``): nothing is stored, the new leader resumes it."""
 
 WINDOWS_S = 5.0
 """How long the gate reuses its count of unchanged guardrail windows (an execution that left the
@@ -179,28 +184,40 @@ class Gate:
         if not decisions:
             return {}
         with self._admit_lock:
-            waiting = {s.id for s in self._store.unaudited([d.id for d in decisions])}
-            fresh = [d for d in decisions if d.id in waiting]
-            if not fresh:
-                return {}
             try:
-                self._audit.write_ahead([(d, None) for d in fresh])
-            except AuditWriteError as exc:
-                self._failed_write("intent", exc, len(fresh))
-                held = sum(1 for d in fresh if d.id in runs)
-                self._metrics.held.labels("audit_unwritable").inc(held)
+                return self._admit(decisions, runs)
+            except StateError as exc:  # stored as started, the intent maybe not marked
+                reason = f"decisions not admitted: {exc}"
+                log.error("%s; they run after ``reconcile`` writes what is missing", reason)
+                self._problem = reason  # so that ``reconcile`` runs (engine.runtime.facade)
                 return {}
-            self._store.mark_audited([d.id for d in fresh], Audited.INTENT)
-            self._wrote()
-            futures = {}
-            for decision in fresh:
-                if decision.id in runs:
-                    future = self._submit(decision)
-                    if future is not None:
-                        futures[decision.id] = future
-                else:
-                    self._notify(decision, None)
-            return futures
+
+    def _admit(
+        self, decisions: Sequence[Decision], runs: Collection[str]
+    ) -> dict[str, Future[Outcome]]:
+        """``admit``'s work (holding ``_admit_lock``)."""
+        waiting = {s.id for s in self._store.unaudited([d.id for d in decisions])}
+        fresh = [d for d in decisions if d.id in waiting]
+        if not fresh:
+            return {}
+        try:
+            self._audit.write_ahead([(d, None) for d in fresh])
+        except AuditWriteError as exc:
+            self._failed_write("intent", exc, len(fresh))
+            held = sum(1 for d in fresh if d.id in runs)
+            self._metrics.held.labels("audit_unwritable").inc(held)
+            return {}
+        self._store.mark_audited([d.id for d in fresh], Audited.INTENT)
+        self._wrote()
+        futures = {}
+        for decision in fresh:
+            if decision.id in runs:
+                future = self._submit(decision)
+                if future is not None:
+                    futures[decision.id] = future
+            else:
+                self._notify(decision, None)
+        return futures
 
     def reconcile(self, run_started: bool = True) -> int:
         """Write what the state file holds and the spool lacks: intents (and, with
@@ -288,14 +305,22 @@ class Gate:
         with self._lock:
             self._in_flight.pop(decision_id, None)
 
+    def _not_leading(self, decision: Decision) -> Outcome | None:
+        """The outcome of an action this replica may not run or go on with because it no longer
+        leads (nothing stored: the decision stays started for the leader to resume), or None."""
+        if self._leading():
+            return None
+        log.warning(
+            "action %s of %s not run: this replica no longer leads (the leader resumes it)",
+            decision.id,
+            decision.policy,
+        )
+        return Outcome(OutcomeStatus.SKIPPED, error=NOT_LEADING)
+
     def _run(self, decision: Decision) -> Outcome:
-        if not self._leading():
-            log.warning(
-                "action %s of %s not run: this replica no longer leads (the leader resumes it)",
-                decision.id,
-                decision.policy,
-            )
-            return Outcome(OutcomeStatus.SKIPPED, error="not the leader any more")
+        not_leading = self._not_leading(decision)
+        if not_leading is not None:
+            return not_leading
         stored = self._store.decision(decision.id)
         if (
             stored is None
@@ -309,10 +334,15 @@ class Gate:
                 return stored.outcome
             return Outcome(OutcomeStatus.SKIPPED, error="not runnable: run by another path")
         held = self._held(decision)
+        not_leading = self._not_leading(decision)  # asked again: ``_held`` may have waited
+        if not_leading is not None:
+            return not_leading
         if held is not None:
             outcome = self._hold(decision, held)
         else:
             outcome = self._execute(decision)
+            if outcome.status is OutcomeStatus.SKIPPED and outcome.error == NOT_LEADING:
+                return outcome  # lost the lease between tries: the leader resumes it
             if (
                 outcome.status is OutcomeStatus.SKIPPED
             ):  # the kill switch or pause came between tries
@@ -322,7 +352,13 @@ class Gate:
                     or _Hold(Suppression.KILL_SWITCH.verdict, outcome.error or ""),
                 )
             else:
-                self._store.finish_decision(decision.id, outcome)
+                try:
+                    self._store.finish_decision(decision.id, outcome)
+                except StateError:
+                    # not stored (the lease lost, the database gone): the action ran, so its
+                    # outcome is audited all the same; the decision stays started
+                    self.record(decision, outcome)
+                    raise
                 if not outcome.ok:
                     self._after_failure(decision, outcome)
                 self._write_outcome(decision, outcome)
@@ -340,6 +376,13 @@ class Gate:
         if self._controls.paused():
             return _Hold(Suppression.PAUSED.verdict, "the engine is paused")
         return None
+
+    def _interrupted(self) -> str | None:
+        """Why an action may not try again (asked between its tries), or None."""
+        controlled = self._controlled()
+        if controlled is not None:
+            return controlled.why
+        return None if self._leading() else NOT_LEADING
 
     def _held(self, decision: Decision) -> _Hold | None:
         """What holds ``decision`` at the moment of execution, or None: the kill switch, pause,
@@ -435,7 +478,7 @@ class Gate:
                 executor,
                 decision,
                 self._retry,
-                interrupted=lambda: c.why if (c := self._controlled()) is not None else None,
+                interrupted=self._interrupted,
             )
         self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self._metrics.action_duration.labels(name).observe(outcome.duration_s)

@@ -131,3 +131,63 @@ def test_encoded_lines_are_the_documents_json() -> None:
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == {**value, "t": [1, 2]}
     assert encode_line({"x": "é"}) == '{"x":"é"}\n'.encode()
+
+
+def test_an_append_whose_segment_was_closed_before_its_fsync_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writes and has not yet waited for its fsync; B's write fails and cannot be cut off
+    (ftruncate fails too), so the segment is closed without an fsync. A must not return as if
+    durable (it did: no fsync covered its bytes, and the gate would have run its action)."""
+    spool = make_spool(tmp_path)
+    written, go = threading.Event(), threading.Event()
+    wait_durable = spool._wait_durable
+
+    def after_write(ticket: int) -> None:
+        written.set()
+        assert go.wait(10)
+        wait_durable(ticket)
+
+    monkeypatch.setattr(spool, "_wait_durable", after_write)
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    result: dict[str, object] = {}
+
+    def append_a() -> None:
+        try:
+            result["a"] = spool.append(doc(1))
+        except OSError as exc:
+            result["a"] = exc
+
+    writer = threading.Thread(target=append_a)
+    writer.start()
+    assert written.wait(10)
+    monkeypatch.setattr(spool, "_wait_durable", wait_durable)
+    fsyncs.clear()
+    handle = spool._fh
+    assert handle is not None
+
+    class NoSpace:
+        def write(self, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self) -> int:
+            assert handle is not None
+            return handle.fileno()
+
+        def close(self) -> None:
+            assert handle is not None
+            handle.close()
+
+    def no_truncate(fd: int, size: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(spool, "_fh", NoSpace())
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    with pytest.raises(OSError):
+        spool.append(doc(2))
+    go.set()
+    writer.join(10)
+    assert isinstance(result["a"], OSError), (result, fsyncs)
+    spool.close()

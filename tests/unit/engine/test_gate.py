@@ -37,6 +37,8 @@ from engine.config import (
 )
 from engine.decisions import Decision
 from engine.runtime import Engine
+from engine.state import StateError
+from engine.store import DecisionStatus
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
@@ -735,6 +737,50 @@ def test_no_retry_attempt_starts_after_the_kill_switch(world: World) -> None:
     assert engine.wait_idle(10)
     assert len(world.log.ran) == 1
     assert world.verdicts("reclaim")[-1] == ("suppressed:kill_switch", "skipped")
+
+
+def test_no_retry_attempt_starts_after_the_lease_is_lost(world: World) -> None:
+    """The retry loop asked the kill switch and pause again, not leadership: a replica that lost
+    its lease after the first try went on trying while the new leader resumed the same
+    decision. Now it stops, stores nothing and leaves the decision started for the leader."""
+    engine = world.engine(retry=RetryPolicy(attempts=3, backoff_s=0.0))
+
+    def fail(decision: Decision) -> Exception:
+        engine.gate._leading = lambda: False  # the lease lost during the first try
+        return TemporaryError("503")
+
+    world.log.fail = fail
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert len(world.log.ran) == 1
+    stored = engine.store.decision(decision.id)
+    assert stored is not None and stored.status is DecisionStatus.STARTED
+    assert world.verdicts("reclaim") == [("execute", "none")]  # the intent; no outcome
+
+
+def test_a_store_error_while_admitting_is_finished_by_reconcile(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorded as started, its intent in the spool, then the store failed to mark it: the
+    decision stayed started and unrun until a restart (``reconcile`` runs only while the gate
+    has a problem). Now the gate has one, and ``reconcile`` runs the action once."""
+    engine = world.engine()
+    mark = engine.store.mark_audited
+
+    def broken(ids: Any, level: Any) -> None:
+        monkeypatch.setattr(engine.store, "mark_audited", mark)
+        raise StateError("database is locked")
+
+    monkeypatch.setattr(engine.store, "mark_audited", broken)
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert world.log.ran == [] and engine.gate.problem is not None
+    engine.gate.reconcile()
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [decision.id]
+    assert engine.gate.problem is None
 
 
 def _crashed_with_one_started(world: World) -> tuple[Engine, Decision]:

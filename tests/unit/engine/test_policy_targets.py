@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from engine.decisions import freeze
 from engine.evaluation import PolicyState, Status, TargetState
+from engine.guardrails import GuardrailState
 from engine.state import REFRESH_S, StateRowError, StateStore
 
 
@@ -114,3 +117,31 @@ def test_a_write_by_another_connection_drops_the_cache(tmp_path: Path) -> None:
         assert "target 'uuid=a': JSONDecodeError" in str(caught.value)
     finally:
         store.close()
+
+
+def test_a_commit_that_raised_leaves_nothing_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A COMMIT whose result is unknown (it raised after it landed, as a lost connection can)
+    must not leave the cache saying otherwise: the guardrail windows and policy states are
+    read again from what is stored."""
+    store = StateStore(tmp_path / "state.db")
+    saved(store, "p", state(("a", target("a"))))
+    assert store.guardrail_state() == GuardrailState()
+    atomic = store._atomic
+
+    @contextmanager
+    def landed_then_raised() -> Iterator[sqlite3.Connection]:
+        with atomic() as db:
+            yield db
+        raise sqlite3.OperationalError("disk I/O error (after the commit landed)")
+
+    monkeypatch.setattr(store, "_atomic", landed_then_raised)
+    windows = GuardrailState(freeze({"p|a": 123.0}), ())
+    with pytest.raises(sqlite3.OperationalError), store.transaction() as db:
+        store.save_guardrail_state(db, windows)
+        store.save_policy_state(db, "p", state(("a", target("a")), ("b", target("b"))))
+    monkeypatch.setattr(store, "_atomic", atomic)
+    assert store.guardrail_state() == windows
+    assert set(store.policy_state("p").targets) == {"a", "b"}
+    store.close()
