@@ -19,26 +19,28 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import promql_parser
 import requests
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome, Sample
-from engine.prometheus import PrometheusClient
+from engine.prometheus import PrometheusClient, age_expr
 from engine.promproc import PrometheusServer
-from engine.rules.model import Group
+from engine.rules.model import Group, cron_time
 from engine.runtime import Engine
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.remotewrite import RemoteWriter
@@ -49,6 +51,16 @@ log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL_S = 30.0
 """Virtual seconds between two scrapes of the fleet (every series written at each)."""
+
+RECORD_INTERVAL_S = 30.0
+"""Virtual seconds between two observations of the figures, at most (a shorter scrape
+interval observes at every scrape): what is measured does not get coarser with a longer
+scrape interval."""
+
+
+def record_interval(scrape_interval_s: float) -> float:
+    return min(scrape_interval_s, RECORD_INTERVAL_S)
+
 
 CLUSTER_STEP_S = 15.0
 """Virtual seconds per cluster step in both runs (so that they step the cluster alike)."""
@@ -139,7 +151,13 @@ def run_off(
     recorder = Recorder()
     started = time.monotonic()
     fleet = VirtualFleet(
-        config, 0, None, scrape_interval_s, step_s=CLUSTER_STEP_S, recorder=recorder
+        config,
+        0,
+        None,
+        scrape_interval_s,
+        step_s=CLUSTER_STEP_S,
+        recorder=recorder,
+        record_interval_s=record_interval(scrape_interval_s),
     )
     cpu = time.process_time()
     for t in _hourly(hours):
@@ -157,9 +175,13 @@ class PolicyLoop:
     """The engine without its scheduler: every group and cron policy evaluated at the virtual
     instants its schedule says, the actions finished before the loop returns."""
 
-    def __init__(self, engine: Engine, clock: VirtualClock) -> None:
+    def __init__(
+        self, engine: Engine, clock: VirtualClock, prometheus: LockstepPrometheus | None = None
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        self.prometheus = prometheus
+        """Prefetches each due group's queries (None: the cycle asks them one by one)."""
         self._crons: dict[str, tuple[Group, CronTrigger, float]] = {}
         self._approvals_at = 0.0
         self._pool = ThreadPoolExecutor(GROUP_WORKERS, thread_name_prefix="gpuops-whatif")
@@ -204,14 +226,20 @@ class PolicyLoop:
         self.clock.t = t
         e = self.engine
         started = time.perf_counter()
-        due: list[Future[float]] = []
+        runs: list[tuple[Group, bool]] = []
         for group in e.rules.groups:
             if round(t) % max(1, round(group.interval_s)) == 0:
-                due.append(self._pool.submit(self._timed, group, False))
+                runs.append((group, False))
         for name, (group, trigger, at) in list(self._crons.items()):
             if at <= t:
-                due.append(self._pool.submit(self._timed, group, True))
+                runs.append((group, True))
                 self._crons[name] = (group, trigger, self._next_cron(trigger, t))
+        if self.prometheus is not None:
+            now = self.clock()
+            for group, scheduled in runs:
+                at = cron_time(now) if scheduled else now
+                self.prometheus.prefetch(group_queries(group, scheduled), at)
+        due = [self._pool.submit(self._timed, group, scheduled) for group, scheduled in runs]
         # groups run side by side, as the engine's scheduler runs them
         cpu = sum(future.result() for future in due)
         if t >= self._approvals_at:
@@ -241,38 +269,112 @@ class PolicyLoop:
 class LockstepPrometheus(PrometheusClient):
     """The engine's Prometheus client in the "on" run: an instant query asked again at the
     same evaluation time answers what it answered (the policies of one group, and the
-    groups of one instant, share selectors and sample-age probes). That is exact here, not
-    an approximation: in lockstep nothing is written while the engine evaluates instant
+    groups of one instant, share selectors and sample-age probes), and ``prefetch`` asks
+    the queries a group's cycle will ask before it runs, side by side. That is exact here,
+    not an approximation: in lockstep nothing is written while the engine evaluates instant
     ``t``, so a query at ``t`` cannot change its answer (a live engine may not do this:
-    samples arrive meanwhile). Answers of earlier instants are forgotten; errors are not
-    kept."""
+    samples arrive meanwhile). A query in flight is waited for, not asked twice; answers of
+    earlier instants are forgotten; errors are not kept (the next ask asks again)."""
 
-    def __init__(self, url: str, session: requests.Session) -> None:
+    def __init__(self, url: str, session: requests.Session, workers: int = 4) -> None:
         super().__init__(url, session=session)
         self._at: float | None = None
-        self._answers: dict[str, tuple[Sample, ...]] = {}
+        self._answers: dict[str, Future[tuple[Sample, ...]]] = {}
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpuops-whatif-prefetch")
         self.asked = 0
         self.answered = 0
-        """Queries asked, and those answered from an earlier answer at the same instant."""
+        """Queries asked, and those answered from an earlier (or prefetched) answer."""
 
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         if at is None:
             return super().query(expr)
+        answer, mine = self._claim(expr, at, asked=True)
+        if mine:
+            self._fetch(expr, at, answer)
+        return answer.result()
+
+    def prefetch(self, exprs: Iterable[str], at: float) -> None:
+        """Start asking ``exprs`` at ``at`` in the background (each once)."""
+        for expr in exprs:
+            answer, mine = self._claim(expr, at, asked=False)
+            if mine:
+                self._pool.submit(self._fetch, expr, at, answer)
+
+    def _claim(self, expr: str, at: float, asked: bool) -> tuple[Future[tuple[Sample, ...]], bool]:
+        """The answer to ``expr`` at ``at``, and whether the caller is to fetch it."""
         with self._lock:
-            self.asked += 1
             if at != self._at:
                 self._at = at
                 self._answers = {}
+            self.asked += asked
             known = self._answers.get(expr)
             if known is not None:
-                self.answered += 1
-                return known
-        found = super().query(expr, at=at)
-        with self._lock:
-            if at == self._at:
-                self._answers[expr] = found
-        return found
+                self.answered += asked
+                return known, False
+            answer: Future[tuple[Sample, ...]] = Future()
+            self._answers[expr] = answer
+            return answer, True
+
+    def _fetch(self, expr: str, at: float, answer: Future[tuple[Sample, ...]]) -> None:
+        try:
+            answer.set_result(super().query(expr, at=at))
+        except Exception as exc:  # for every waiter; forgotten, so the next ask asks again
+            with self._lock:
+                if self._answers.get(expr) is answer:
+                    del self._answers[expr]
+            answer.set_exception(exc)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
+    """What the engine's cycle asks first for each policy of ``group`` (its expression and
+    the sample-age probe of that expression; a clear expression only while firing, so not
+    here): prefetched by the what-if, answered from there when the cycle asks."""
+    for policy in group.policies:
+        if policy.expr is None or (policy.schedule is not None) != scheduled:
+            continue
+        yield policy.expr
+        probe = age_expr((policy.expr,))
+        if probe is not None:
+            yield probe
+
+
+def windows(expr: str) -> Iterator[float]:
+    """The range (seconds) of every range selector and subquery of ``expr``."""
+    found: list[float] = []
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.MatrixSelector | promql_parser.SubqueryExpr):
+            if node.range is not None:
+                found.append(node.range.total_seconds())
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return iter(found)
+
+
+def check_windows(engine: Engine, scrape_interval_s: float) -> None:
+    """Every window the policies read must hold two samples at this scrape interval (a
+    `[2m]` window scraped every 90 s would see one, or none): else the run would measure
+    policies that do not work as written."""
+    for group in engine.rules.groups:
+        for policy in group.policies:
+            for key, expr in (("expr", policy.expr), ("clear_expr", policy.clear_expr)):
+                for window in windows(expr) if expr else ():
+                    if window < 2 * scrape_interval_s:
+                        line = policy.key_lines.get(key)
+                        where = (
+                            f"{policy.source.rsplit(':', 1)[0]}:{line}" if line else policy.source
+                        )
+                        raise WhatifError(
+                            f"{where}: policy {policy.name}, {key}: reads a {window:g} s "
+                            f"window, which holds fewer than two samples at a scrape interval "
+                            f"of {scrape_interval_s:g} s: use a scrape interval of at most "
+                            f"{window / 2:g} s"
+                        )
 
 
 class _Tally:
@@ -315,6 +417,7 @@ def run_on(
         scrape_interval_s,
         step_s=CLUSTER_STEP_S,
         recorder=recorder,
+        record_interval_s=record_interval(scrape_interval_s),
     )
     tally = _Tally()
     started = time.monotonic()
@@ -340,9 +443,10 @@ def run_on(
             prometheus=client,
             listener=tally,
         )
-        loop = PolicyLoop(engine, clock)
+        loop = PolicyLoop(engine, clock, client)
         try:
             loop.open()
+            check_windows(engine, scrape_interval_s)
             step = loop.step_s()
             end = hours * 3600.0
             for i in range(math.floor(end / step) + 1):
@@ -354,6 +458,7 @@ def run_on(
             fleet.run_until(end)
         finally:
             loop.close()
+            client.close()
     wall = time.monotonic() - started
     log.info(
         "what-if queries: %d asked, %d answered again at the same instant",
@@ -427,6 +532,28 @@ def _scratch() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
+OFF_PROCESS_GPU_HOURS = 1000.0
+"""From how many GPU-hours (GPUs x virtual hours) on the baseline runs in a process of its
+own, beside the "on" run: a 500-GPU day's baseline (~40 s) then costs no wall time, as the
+"on" run, in lockstep, leaves a core free much of the time; a small one is not worth the
+~2 s of CPU a fresh interpreter takes to import the engine."""
+
+
+def _baseline(
+    stack: ExitStack, config: FleetConfig, hours: float, scrape_interval_s: float
+) -> Future[RunResult]:
+    """The policies-off run: started in a process of its own (spawned: nothing shared but
+    ``config``) when it is large, else run here now."""
+    gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
+    if gpus * hours < OFF_PROCESS_GPU_HOURS:
+        done: Future[RunResult] = Future()
+        done.set_result(run_off(config, hours, scrape_interval_s))
+        return done
+    context = multiprocessing.get_context("spawn")
+    pool = stack.enter_context(ProcessPoolExecutor(1, mp_context=context))
+    return pool.submit(run_off, config, hours, scrape_interval_s)
+
+
 @dataclass(frozen=True)
 class Whatif:
     """Both runs of one seeded workload."""
@@ -456,18 +583,20 @@ def whatif(
         engine_dir = workdir / "engine" if workdir else Path(tmp)
         prom_dir = workdir / "prometheus" if workdir else Path(tmp_prom)
         prom_dir.mkdir(parents=True, exist_ok=True)
-        off = run_off(config, hours, scrape_interval_s)
+        with ExitStack() as stack:
+            baseline = _baseline(stack, config, hours, scrape_interval_s)
+            with prometheus(prom_dir, prometheus_url) as served:
+                on = run_on(
+                    config,
+                    rules,
+                    hours,
+                    served.url,
+                    engine_dir,
+                    scrape_interval_s,
+                    None if progress is None else (lambda t: progress("on", t)),
+                    served.cpu_s,
+                )
+            off = baseline.result()
         if progress is not None:
             progress("off", hours * 3600.0)
-        with prometheus(prom_dir, prometheus_url) as served:
-            on = run_on(
-                config,
-                rules,
-                hours,
-                served.url,
-                engine_dir,
-                scrape_interval_s,
-                None if progress is None else (lambda t: progress("on", t)),
-                served.cpu_s,
-            )
     return Whatif(config.name, hours, config.seed, tuple(map(str, rules)), off, on)

@@ -12,6 +12,7 @@ acts on ``cluster`` through ``exporters.fleet.operations``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,10 +65,14 @@ class VirtualFleet:
         step_s: float | None = None,
         flush_every: int = 20,
         recorder: Recorder | None = None,
+        record_interval_s: float | None = None,
     ) -> None:
         self.cluster = Cluster(config)
         self.recorder = recorder
-        """Observes the cluster at every scrape (``exporters.fleet.report``)."""
+        """Observes the cluster every ``record_interval_s`` (``exporters.fleet.report``)."""
+        self.record_interval_s = record_interval_s or scrape_interval_s
+        """Virtual seconds between two observations of the recorder (default: at every
+        scrape): what a run measures need not depend on how often its series are written."""
         self.start_ms = start_ms
         self.writer = writer
         self.scrape_interval_s = scrape_interval_s
@@ -77,7 +82,8 @@ class VirtualFleet:
         """Scrapes buffered per remote-write request."""
         self._fleet = FleetCollector(self.cluster)
         self._driver = config.driver_version
-        self._next_scrape = 0.0
+        self._scrape_n = 0
+        self._record_n = 0
         self._buffered = 0
         self._control: Listener | None = None
         self.scrapes = 0
@@ -130,21 +136,38 @@ class VirtualFleet:
     def run_until(self, t: float) -> None:
         """Advance to virtual second ``t``, scraping at every scrape instant up to it, and
         flush so that Prometheus has every sample up to ``t`` before this returns."""
-        while self._next_scrape <= t:
+        while True:
+            next_scrape = self._scrape_n * self.scrape_interval_s
+            next_record = self._record_n * self.record_interval_s
+            if self.recorder is None or self.record_interval_s == self.scrape_interval_s:
+                next_record = math.inf  # observed with each scrape
+            at = min(next_scrape, next_record)
+            if at > t:
+                break
             with self.step_time():
-                while self.cluster.time < self._next_scrape:
-                    self.cluster.advance(min(self.step_s, self._next_scrape - self.cluster.time))
-            self.scrape()
-            self._next_scrape += self.scrape_interval_s
+                while self.cluster.time < at:
+                    self.cluster.advance(min(self.step_s, at - self.cluster.time))
+            if at == next_record:
+                self._observe()
+                self._record_n += 1
+            if at == next_scrape:
+                self.scrape(observe=next_record == math.inf)
+                self._scrape_n += 1
         with self.step_time():
             while self.cluster.time < t:
                 self.cluster.advance(min(self.step_s, t - self.cluster.time))
         self.flush()
 
-    def scrape(self) -> None:
+    def _observe(self) -> None:
         if self.recorder is not None:
             with self.record_time():
                 self.recorder.observe(self.cluster)
+
+    def scrape(self, observe: bool = True) -> None:
+        """Collect every series now and hand them to the writer (with ``observe``: the
+        recorder observes first)."""
+        if observe:
+            self._observe()
         if self.writer is None and self.recorder is not None:
             self.scrapes += 1
             return  # nothing to write: no need to collect the series
