@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -541,17 +543,44 @@ own, beside the "on" run: a 500-GPU day's baseline (~40 s) then costs no wall ti
 
 def _baseline(
     stack: ExitStack, config: FleetConfig, hours: float, scrape_interval_s: float
-) -> Future[RunResult]:
-    """The policies-off run: started in a process of its own (spawned: nothing shared but
-    ``config``) when it is large, else run here now."""
+) -> Callable[[], RunResult]:
+    """The policies-off run: started in a Python process of its own (nothing shared but
+    ``config``, pickled through a pipe; not ``multiprocessing``, which would run the
+    caller's main module again) when it is large, else run here now. Returns how to wait
+    for its result."""
     gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
     if gpus * hours < OFF_PROCESS_GPU_HOURS:
-        done: Future[RunResult] = Future()
-        done.set_result(run_off(config, hours, scrape_interval_s))
-        return done
-    context = multiprocessing.get_context("spawn")
-    pool = stack.enter_context(ProcessPoolExecutor(1, mp_context=context))
-    return pool.submit(run_off, config, hours, scrape_interval_s)
+        done = run_off(config, hours, scrape_interval_s)
+        return lambda: done
+    child = stack.enter_context(
+        subprocess.Popen(
+            [sys.executable, "-c", "from engine.whatif import _off_child; _off_child()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(pickle.dumps((config, hours, scrape_interval_s)))
+    child.stdin.close()
+
+    def result() -> RunResult:
+        assert child.stdout is not None
+        out = child.stdout.read()
+        if child.wait() != 0:
+            raise WhatifError(f"the policies-off run failed (exit status {child.returncode})")
+        found = pickle.loads(out)
+        assert isinstance(found, RunResult)
+        return found
+
+    return result
+
+
+def _off_child() -> None:
+    """The policies-off run in a child process (``_baseline``): arguments pickled on stdin,
+    the ``RunResult`` pickled on stdout."""
+    config, hours, scrape_interval_s = pickle.loads(sys.stdin.buffer.read())
+    done = run_off(config, hours, scrape_interval_s)
+    sys.stdout.buffer.write(pickle.dumps(done))
 
 
 @dataclass(frozen=True)
@@ -596,7 +625,7 @@ def whatif(
                     None if progress is None else (lambda t: progress("on", t)),
                     served.cpu_s,
                 )
-            off = baseline.result()
+            off = baseline()
         if progress is not None:
             progress("off", hours * 3600.0)
     return Whatif(config.name, hours, config.seed, tuple(map(str, rules)), off, on)
