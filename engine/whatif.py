@@ -115,6 +115,9 @@ class RunResult:
     parts: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Where the run's time went: part -> (wall s, CPU s); NaN where not measured. See
     ``PARTS``."""
+    queries: tuple[int, int] = (0, 0)
+    """Instant queries the engine asked, and how many of them were answered from an answer
+    (or a prefetch) at the same instant (``LockstepPrometheus``)."""
 
 
 PARTS = (
@@ -485,6 +488,7 @@ def run_on(
         dict(tally.decisions),
         dict(tally.outcomes),
         parts,
+        (client.asked, client.answered),
     )
 
 

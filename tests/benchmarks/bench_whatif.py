@@ -99,6 +99,9 @@ def one(config: FleetConfig, hours: float) -> float:
     )
     for label, run in (("off", result.off), ("on", result.on)):
         print(f"{label}: wall {run.wall_s:.1f} s, CPU {run.parts['all'][1]:.1f} s")
+        if run.queries[0]:
+            asked, answered = run.queries
+            print(f"  engine queries: {asked:,} asked, {answered:,} answered at the same instant")
         print(parts(run))
     print(table(result), flush=True)
     return wall
