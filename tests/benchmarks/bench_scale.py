@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
 import os
 import re
@@ -211,7 +212,7 @@ def wait_history(proc: subprocess.Popen[str], timeout: float) -> None:
     raise RuntimeError(f"the fleet writer did not finish its history (exit {proc.poll()})")
 
 
-def one_fleet(gpus: int, rounds: int) -> dict[str, float]:
+def one_fleet(gpus: int, rounds: int, profile: Path | None = None) -> dict[str, float]:
     step_s = 60.0 if gpus > 20_000 else 30.0
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         work = Path(tmp)
@@ -236,7 +237,7 @@ def one_fleet(gpus: int, rounds: int) -> dict[str, float]:
             try:
                 wait_history(writer, 1800)
                 print(f"  {gpus} GPUs: history written in {time.perf_counter() - started:.0f} s")
-                return measure(work, prom.url, rules, intervals, gpus, rounds)
+                return measure(work, prom.url, rules, intervals, gpus, rounds, profile)
             finally:
                 writer.terminate()
                 writer.wait(timeout=30)
@@ -249,6 +250,7 @@ def measure(
     intervals: Mapping[str, float],
     gpus: int,
     rounds: int,
+    profile: Path | None = None,
 ) -> dict[str, float]:
     config = EngineConfig(
         # the present is written every 15 s by a child process that a loaded machine may slow
@@ -271,12 +273,19 @@ def measure(
             before = sum_samples(counted)
             parts = by_label(counted)
             wall = cpu = 0.0
+            profiler = cProfile.Profile() if profile is not None else None
             for group in engine.rules.groups:
                 w, c = time.perf_counter(), time.process_time()
+                if profiler is not None:
+                    profiler.enable()
                 engine.evaluate_group(group)
+                if profiler is not None:
+                    profiler.disable()
                 scale = ROUND_S / group.interval_s
                 wall += (time.perf_counter() - w) * scale
                 cpu += (time.process_time() - c) * scale
+            if profiler is not None and profile is not None:
+                profiler.dump_stats(str(profile / f"{gpus}-round{n}.prof"))
             engine.wait_idle(600)
             own = prometheus_evaluation(url, intervals)
             row = {
@@ -374,6 +383,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rounds-50k", type=int, default=3)
     parser.add_argument("--no-others", action="store_true", help="skip the audit and exporter rows")
+    parser.add_argument("--profile", type=Path, help="write a cProfile of each round here")
     parser.add_argument("--write", help=argparse.SUPPRESS)
     parser.add_argument("--step", type=float, default=30.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -384,7 +394,7 @@ def main() -> None:
     results = []
     for gpus in (int(g) for g in args.gpus.split(",")):
         rounds = args.rounds_50k if gpus > 20_000 else args.rounds
-        results.append(one_fleet(gpus, rounds))
+        results.append(one_fleet(gpus, rounds, args.profile))
     print()
     for line in table(results):
         print(line)

@@ -37,6 +37,7 @@ from engine.config import (
 )
 from engine.decisions import Decision
 from engine.runtime import Engine
+from engine.runtime.cycle import POPULATION_MAX_AGE_S
 from engine.state import StateError
 from engine.store import DecisionStatus
 from tests.fakes.prometheus import FakePrometheus
@@ -691,7 +692,8 @@ def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
     judged = world.evaluate(engine, "evacuate")
     assert [d.verdict for d in judged] == ["execute", "execute"]  # 2 of 4 allowed
     world.prom.results["fleet"] = Exception("Prometheus unreachable")
-    world.clock.now += 1  # they start later than judged: the population is counted again then
+    # they start later than judged, past the age a count is reused for: counted again then
+    world.clock.now += POPULATION_MAX_AGE_S + 1
     world.log.gate.set()
     assert engine.wait_idle(10)
     assert [d.policy for d in world.log.ran] == ["reclaim"]

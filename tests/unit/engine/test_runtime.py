@@ -18,6 +18,7 @@ from engine.config import AuditConfig, EngineConfig, GuardrailSettings, Promethe
 from engine.decisions import Decision
 from engine.runtime import Engine
 from engine.runtime.approvals import ApprovalError
+from engine.runtime.cycle import POPULATION_MAX_AGE_S
 from tests.fakes.prometheus import FakePrometheus
 
 RULES = """
@@ -364,6 +365,30 @@ def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
     assert len(make.ran) == 4  # 2 of 3 targets per policy: 50% of the 4 counted
     verdicts = [d.decision.verdict for d in engine.store.decisions(limit=10)]
     assert sorted(verdicts) == ["execute"] * 4 + ["suppressed:max_fraction"] * 2  # 50% of 4
+
+
+def test_a_population_count_is_reused_for_a_bounded_time_only(make, tmp_path: Path) -> None:
+    """Issue 15: a population query reads every series of the fleet; its count is reused by
+    later evaluations (and the gate's rechecks) for ``POPULATION_MAX_AGE_S``, never longer and
+    never for an earlier time."""
+    rules = RULES.replace("cooldown: 1h", "limits: {max_fraction: 0.5}")
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    population = 'group by (uuid) ({uuid!=""})'
+    make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(4)]
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None
+    start = make.clock.now
+
+    def counted() -> int:
+        return sum(1 for q in make.prom.queries if q == f"count({population})")
+
+    assert engine.cycle.population(policy, start) == 4
+    make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(10)]
+    assert engine.cycle.population(policy, start + POPULATION_MAX_AGE_S) == 4  # reused
+    assert engine.cycle.population(policy, start - 1) == 10  # an earlier time: counted
+    assert engine.cycle.population(policy, start + POPULATION_MAX_AGE_S + 1) == 10
+    assert counted() == 3
 
 
 def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write(
