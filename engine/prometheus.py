@@ -339,36 +339,55 @@ def age_expr(exprs: tuple[str, ...]) -> str | None:
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
-    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample)."""
+    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample).
+    ``raw`` is the decoder's own (its ``metric`` objects become the samples' labels, not
+    copied)."""
     if isinstance(raw, list) and len(raw) == 2 and not isinstance(raw[0], dict):
         return (Sample(freeze({}), _float(raw[1]), float(raw[0])),)
     if not isinstance(raw, list):
         raise QueryError(f"{expr!r} did not return a vector")
+    # One pass without a check per field (one per series of every query: after the JSON
+    # decoding itself, the largest part of a steady round); anything malformed raises in it
+    # and the careful pass below says what and where.
     samples = []
     new = object.__new__
+    proxy = MappingProxyType
+    join = "".join
+    try:
+        for item in raw:
+            ts, value = item["value"]
+            labels = item["metric"]
+            join(labels.values())  # TypeError unless every value is a str (keys are: JSON)
+            v = float(value)
+            if v != v:  # NaN
+                continue
+            # ``Sample(MappingProxyType(labels), v, ts)`` without the dataclass' __init__
+            sample = new(Sample)
+            fields = sample.__dict__
+            fields["labels"] = proxy(labels)
+            fields["value"] = v
+            fields["timestamp"] = float(ts)
+            samples.append(sample)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return _parse_carefully(raw, expr)
+    return tuple(samples)
+
+
+def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
+    """``parse_vector`` for an answer its fast pass could not read: a missing ``metric`` is
+    no labels, a label value that is not a string is made one, anything else is a
+    ``QueryError`` naming the series."""
+    samples = []
     for item in raw:
         try:
             ts, value = item["value"]
-            labels = item.get("metric", {})
-            if not isinstance(labels, dict):
-                raise TypeError("metric is not an object")
-            if not all(type(v) is str for v in labels.values()):  # JSON keys are str already
-                labels = {str(k): str(v) for k, v in labels.items()}
+            labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
             ts = float(ts)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
-        try:
-            v = float(value)
-        except (TypeError, ValueError) as exc:
-            raise QueryError(f"not a number: {value!r:.50}") from exc
-        if v != v:  # NaN
-            continue
-        # ``Sample(MappingProxyType(labels), v, ts)`` without the frozen dataclass' __init__
-        # (one per series of every query: the largest part of decoding after JSON itself);
-        # ``labels`` is the decoder's own fresh dict, so the proxy needs no copy of it.
-        sample = new(Sample)
-        sample.__dict__.update(labels=MappingProxyType(labels), value=v, timestamp=ts)
-        samples.append(sample)
+        v = _float(value)
+        if not math.isnan(v):
+            samples.append(Sample(freeze(labels), v, ts))
     return tuple(samples)
 
 

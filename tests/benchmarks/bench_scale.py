@@ -48,7 +48,7 @@ from engine.decisions import Decision
 from engine.promproc import PrometheusServer
 from engine.rules.export import export_rules
 from engine.rules.loader import load_rules
-from engine.runtime import Engine
+from engine.runtime import Engine, collect_less
 from exporters.fleet.remotewrite import _field, encode_labels, encode_sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,6 +262,7 @@ def measure(
         guardrails=GuardrailSettings(global_max_per_hour=100),
         metrics_listen=None,
     )
+    collect_less()  # as `gpuops engine run` does
     engine = Engine(config, executors=registry())
     engine.reload(strict=True)
     counted = engine.metrics.decisions

@@ -85,3 +85,29 @@ def test_query_range_is_split_and_grouped_by_step() -> None:
     steps = PrometheusClient(URL).query_range("x", 0, 60 * 25_000, 60)
     assert len(steps) == 25_001 and len(responses.calls) == 3  # 10,000 points a request
     assert steps[60.0][0].labels == {"pool": "p"}
+
+
+@responses.activate
+def test_an_answer_the_fast_pass_cannot_read_is_read_carefully() -> None:
+    """Issue 15: the decoder reads series without a check per field; what it cannot read is
+    read again carefully: a series without ``metric`` has no labels, a label value that is not
+    a string becomes one, a value that is not a number is an error naming it."""
+    body = vector(({"uuid": "a"}, "0.5"))
+    body["data"]["result"] += [  # type: ignore[index]
+        {"value": [1700000000.0, "0.25"]},
+        {"metric": {"uuid": 7}, "value": [1700000000.0, "1"]},
+    ]
+    responses.get(f"{URL}/api/v1/query", json=body)
+    samples = PrometheusClient(URL).query("up")
+    assert [(dict(s.labels), s.value) for s in samples] == [
+        ({"uuid": "a"}, 0.5),
+        ({}, 0.25),
+        ({"uuid": "7"}, 1.0),
+    ]
+    responses.replace(responses.GET, f"{URL}/api/v1/query", json=vector(({"u": "a"}, "x")))
+    with pytest.raises(QueryError, match="not a number: 'x'"):
+        PrometheusClient(URL).query("up")
+    bad = {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}
+    responses.replace(responses.GET, f"{URL}/api/v1/query", json=bad)
+    with pytest.raises(QueryError, match="returned a malformed series"):
+        PrometheusClient(URL).query("up")

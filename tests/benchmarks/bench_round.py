@@ -1,0 +1,201 @@
+"""The engine's own CPU in a steady round of ``bench_scale``'s 24 policies, without Prometheus
+(issue 15): a loopback HTTP server in a child process answers every query at once with what a
+real Prometheus gives for the synthetic fleet of ``bench_scale`` (its idle, underused and busy
+GPUs, down nodes and queues, as JSON bytes made once), so what is measured is the engine's
+side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite.
+
+Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the cProfile of
+the steady rounds. Never fails on noise.
+
+Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 6]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import multiprocessing
+import re
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import orjson
+
+from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from engine.rules.loader import load_rules
+from engine.runtime import Engine, collect_less
+from tests.benchmarks.bench_scale import fleet, policies, registry
+
+
+def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
+    """The series of each kind of query for the fleet (labels only; values set when served)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {"idle": [], "under": [], "busy": [], "down": []}
+    by_kind["queue"] = []
+    for labels, value in fleet(gpus).items():
+        metric = dict(labels)
+        name = metric["__name__"]
+        if name == "up" and value == 0.0:
+            by_kind["down"].append(metric)
+        elif name == "gpuops_queue_pending_jobs" and value > 10:
+            by_kind["queue"].append({"pool": metric["pool"]})
+        elif name == "nvml_gpu_utilization_ratio":
+            del metric["__name__"]
+            kind = "idle" if value < 0.2 else "under" if value < 0.3 else "busy" if value else ""
+            if kind:
+                by_kind[kind].append(metric)
+    return by_kind
+
+
+class Canned(ThreadingHTTPServer):
+    """Answers /api/v1/query like Prometheus for ``bench_scale``'s policies."""
+
+    daemon_threads = True
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.kinds = answers(gpus)
+        self.bodies: dict[tuple[str, str], bytes] = {}
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+    def body(self, expr: str, at: str) -> bytes:
+        key = (expr, at)
+        known = self.bodies.get(key)
+        if known is None:
+            t = float(at)
+            if "gpuops_input" in expr:  # the sample-age probe: 10 s old
+                n = expr.count("label_replace(")
+                series = [{"gpuops_input": str(i)} for i in range(n)]
+                result = [{"metric": m, "value": [t, "10"]} for m in series]
+            else:
+                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr)]
+            if expr.startswith("count("):
+                result = [{"metric": {}, "value": [t, str(len(self._series(expr)))]}]
+            data = {"resultType": "vector", "result": result}
+            known = self.bodies[key] = orjson.dumps({"status": "success", "data": data})
+            if len(self.bodies) > 64:
+                self.bodies.clear()
+        return known
+
+    def _series(self, expr: str) -> list[dict[str, Any]]:
+        if "gpuops_queue_pending_jobs" in expr:
+            return self.kinds["queue"]
+        if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
+            return self.kinds["down"] if "== 0" in expr else self.kinds["down"] * 100
+        if "max_over_time" in expr:
+            return self.kinds["idle"]
+        if "[2m]" in expr:  # clear_expr: busy GPUs, narrowed or not
+            wanted = re.search(r'uuid=~"([^"]*)"', expr)
+            busy = self.kinds["busy"]
+            if wanted is None:
+                return busy
+            uuids = set(wanted.group(1).replace("\\", "").split("|"))
+            return [m for m in busy if m["uuid"] in uuids]
+        if "[10m]" in expr:
+            return self.kinds["under"]
+        if "group by" in expr:
+            return self.kinds["idle"] * 2
+        return []
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Canned
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        params = parse_qs(urlparse(self.path).query)
+        body = self.server.body(params["query"][0], params.get("time", ["0"])[0])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve(gpus: int, port: Any) -> None:
+    """The child process: serve the canned answers until killed (its CPU is not the
+    engine's)."""
+    server = Canned(gpus)
+    port.put(server.server_address[1])
+    threading.Event().wait()
+
+
+def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
+    context = multiprocessing.get_context("spawn")
+    port = context.Queue()
+    child = context.Process(target=serve, args=(gpus, port), daemon=True)
+    child.start()
+    url = f"http://127.0.0.1:{port.get(timeout=120)}"
+    with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
+        work = Path(tmp)
+        rules = policies(work)
+        config = EngineConfig(
+            prometheus=PrometheusSettings(url=url, timeout=60, max_sample_age=1800),
+            rules=[rules],
+            state_file=work / "state.sqlite",
+            audit=AuditConfig(spool_dir=work / "audit"),
+            guardrails=GuardrailSettings(global_max_per_hour=100),
+            metrics_listen=None,
+        )
+        clock = [time.time()]
+        engine = Engine(config, executors=registry(), clock=lambda: clock[0])
+        engine.reload(strict=True)
+        load_rules([rules])
+        profiler = cProfile.Profile() if profile is not None else None
+        cpus: list[float] = []
+        try:
+            for n in range(rounds):
+                wall, cpu = time.perf_counter(), time.process_time()
+                steady = n >= 4  # round 0 new, 2 fires (for: 1m), 3 settles the fire
+                if profiler is not None and steady:
+                    profiler.enable()
+                for group in engine.rules.groups:
+                    for _ in range(round(30 / group.interval_s)):
+                        engine.evaluate_group(group)
+                if profiler is not None and steady:
+                    profiler.disable()
+                engine.wait_idle(600)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                print(
+                    f"  round {n}: wall {wall:6.2f} s, engine CPU {cpu:6.2f} s "
+                    f"({cpu / gpus * 1e6:6.1f} us/GPU)",
+                    flush=True,
+                )
+                if steady:
+                    cpus.append(cpu)
+                clock[0] += 30
+        finally:
+            engine.stop()
+            child.terminate()
+            child.join(30)
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(str(profile))
+    cpu = statistics.median(cpus) if cpus else float("nan")
+    return {"gpus": gpus, "cpu": cpu, "cpu_us": cpu / gpus * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--profile", type=Path)
+    args = parser.parse_args()
+    collect_less()  # as `gpuops engine run` does
+    r = run(args.gpus, args.rounds, args.profile)
+    print(
+        f"{r['gpus']:.0f} GPUs, steady rounds without Prometheus: engine CPU {r['cpu']:.2f} s"
+        f" per 30 s round, {r['cpu_us']:.1f} us per GPU (goal <= 40)"
+    )
+
+
+if __name__ == "__main__":
+    main()
