@@ -31,7 +31,7 @@ import orjson
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.rules.loader import load_rules
 from engine.runtime import Engine, collect_less
-from tests.benchmarks.bench_scale import fleet, policies, registry
+from tests.benchmarks.bench_scale import fleet, policies, registry, rss_mib, sum_samples
 
 
 def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
@@ -152,8 +152,10 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
         load_rules([rules])
         profiler = cProfile.Profile() if profile is not None else None
         cpus: list[float] = []
+        rows: list[dict[str, float]] = []
         try:
             for n in range(rounds):
+                decided, audited = sum_samples(engine.metrics.decisions), spool_bytes(work)
                 wall, cpu = time.perf_counter(), time.process_time()
                 steady = n >= 4  # round 0 new, 2 fires (for: 1m), 3 settles the fire
                 if profiler is not None and steady:
@@ -165,9 +167,18 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
                     profiler.disable()
                 engine.wait_idle(600)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                row = {
+                    "wall": wall,
+                    "cpu": cpu,
+                    "decisions": sum_samples(engine.metrics.decisions) - decided,
+                    "audit": spool_bytes(work) - audited,
+                    "rss": rss_mib(),
+                }
+                rows.append(row)
                 print(
                     f"  round {n}: wall {wall:6.2f} s, engine CPU {cpu:6.2f} s "
-                    f"({cpu / gpus * 1e6:6.1f} us/GPU)",
+                    f"({cpu / gpus * 1e6:6.1f} us/GPU), decisions {row['decisions']:6.0f}, "
+                    f"audit {row['audit'] / 1e6:6.2f} MB, RSS {row['rss']:4.0f} MiB",
                     flush=True,
                 )
                 if steady:
@@ -180,20 +191,38 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
     if profiler is not None and profile is not None:
         profiler.dump_stats(str(profile))
     cpu = statistics.median(cpus) if cpus else float("nan")
-    return {"gpus": gpus, "cpu": cpu, "cpu_us": cpu / gpus * 1e6}
+    fire = max(range(len(rows)), key=lambda i: rows[i]["decisions"])
+    after = rows[fire + 1 :]
+    return {
+        "gpus": gpus,
+        "cpu": cpu,
+        "cpu_us": cpu / gpus * 1e6,
+        "fire_wall": rows[fire]["wall"],
+        "fire_decisions": rows[fire]["decisions"],
+        "after_fire": max((r["decisions"] for r in after), default=float("nan")),
+        "after_audit": max((r["audit"] for r in after), default=float("nan")),
+        "rss": max(r["rss"] for r in rows),
+    }
+
+
+def spool_bytes(work: Path) -> int:
+    return sum(p.stat().st_size for p in (work / "audit").rglob("*") if p.is_file())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--profile", type=Path)
     args = parser.parse_args()
     collect_less()  # as `gpuops engine run` does
     r = run(args.gpus, args.rounds, args.profile)
     print(
         f"{r['gpus']:.0f} GPUs, steady rounds without Prometheus: engine CPU {r['cpu']:.2f} s"
-        f" per 30 s round, {r['cpu_us']:.1f} us per GPU (goal <= 40)"
+        f" per 30 s round, {r['cpu_us']:.1f} us per GPU (goal <= 40); fire round"
+        f" {r['fire_wall']:.1f} s, {r['fire_decisions']:.0f} decisions; most decisions in a"
+        f" round after it {r['after_fire']:.0f} ({r['after_audit'] / 1e6:.2f} MB of audit);"
+        f" RSS {r['rss']:.0f} MiB"
     )
 
 
