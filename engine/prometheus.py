@@ -313,7 +313,8 @@ def _render(node: promql_parser.Expr, names: frozenset[str], extra: Sequence[str
             ):
                 raise _NotLocal
         lhs, rhs = _render(node.lhs, names, extra), _render(node.rhs, names, extra)
-        return f"({lhs}) {node.op} {bin_mod or ''} ({rhs})"
+        modifier = f"{bin_mod} " if bin_mod is not None and str(bin_mod) else ""
+        return f"({lhs}) {node.op} {modifier}({rhs})"
     raise _NotLocal
 
 

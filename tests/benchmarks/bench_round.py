@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import multiprocessing
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ import orjson
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.rules.loader import load_rules
 from engine.runtime import Engine, collect_less
-from tests.benchmarks.bench_scale import fleet, policies, registry, rss_mib, sum_samples
+from tests.benchmarks.bench_scale import ROOT, fleet, policies, registry, rss_mib, sum_samples
 
 
 def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
@@ -121,20 +122,23 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(gpus: int, port: Any) -> None:
+def serve(gpus: int) -> None:
     """The child process: serve the canned answers until killed (its CPU is not the
-    engine's)."""
+    engine's); its first line is its port."""
     server = Canned(gpus)
-    port.put(server.server_address[1])
+    print(server.server_address[1], flush=True)
     threading.Event().wait()
 
 
 def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
-    context = multiprocessing.get_context("spawn")
-    port = context.Queue()
-    child = context.Process(target=serve, args=(gpus, port), daemon=True)
-    child.start()
-    url = f"http://127.0.0.1:{port.get(timeout=120)}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.benchmarks.bench_round", "--serve", str(gpus)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    url = f"http://127.0.0.1:{int(child.stdout.readline())}"
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         work = Path(tmp)
         rules = policies(work)
@@ -187,7 +191,7 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
         finally:
             engine.stop()
             child.terminate()
-            child.join(30)
+            child.wait(30)
     if profiler is not None and profile is not None:
         profiler.dump_stats(str(profile))
     cpu = statistics.median(cpus) if cpus else float("nan")
@@ -214,7 +218,11 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--profile", type=Path)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
     collect_less()  # as `gpuops engine run` does
     r = run(args.gpus, args.rounds, args.profile)
     print(

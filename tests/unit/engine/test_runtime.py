@@ -391,6 +391,25 @@ def test_a_population_count_is_reused_for_a_bounded_time_only(make, tmp_path: Pa
     assert counted() == 3
 
 
+def test_clear_expr_is_asked_only_for_the_firing_targets(make, tmp_path: Path) -> None:
+    """Issue 15: main asked ``clear_expr`` for the whole fleet while any target fired; now
+    only for the firing targets (their values matched, escaped), and a target it matches
+    clears as before."""
+    rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
+    (tmp_path / "rules" / "p.yaml").write_text(rules.replace("for: 60s", "for: 0s"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": 'GPU-"1'}, {"uuid": "GPU-2"}]
+    assert len(cycle(engine)) == 2  # both fire
+    make.prom.results["util < 0.2"] = []
+    narrowed = '(util{uuid=~"GPU-\\"1|GPU-2"}) > (0.5)'
+    make.prom.results[narrowed] = [{"uuid": "GPU-2"}]
+    decided = cycle(engine, 10)
+    (cleared,) = decided
+    assert cleared.transition == "clear" and cleared.target.key == "uuid=GPU-2"
+    assert "util > 0.5" not in make.prom.queries  # never the wide query
+    assert make.prom.queries.count(narrowed) == 1
+
+
 def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write(
     make, tmp_path: Path
 ) -> None:
