@@ -29,10 +29,20 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
+from engine.audit import AuditLog, AuditSettings
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from engine.metrics import EngineMetrics
 from engine.rules.loader import load_rules
 from engine.runtime import Engine, collect_less
-from tests.benchmarks.bench_scale import ROOT, fleet, policies, registry, rss_mib, sum_samples
+from tests.benchmarks.bench_scale import (
+    ROOT,
+    SPOOL_BYTES,
+    fleet,
+    policies,
+    registry,
+    rss_mib,
+    sum_samples,
+)
 
 
 def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
@@ -151,7 +161,15 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
             metrics_listen=None,
         )
         clock = [time.time()]
-        engine = Engine(config, executors=registry(), clock=lambda: clock[0])
+        metrics = EngineMetrics.create()
+        audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
+            AuditSettings(spool_dir=work / "audit", max_spool_bytes=SPOOL_BYTES),
+            host_name="bench",
+            registry=metrics.registry,
+        )
+        engine = Engine(
+            config, executors=registry(), clock=lambda: clock[0], metrics=metrics, audit=audit
+        )
         engine.reload(strict=True)
         load_rules([rules])
         profiler = cProfile.Profile() if profile is not None else None

@@ -45,8 +45,10 @@ import cramjam
 import requests
 
 from engine.actions.base import ExecutorRegistry
+from engine.audit import AuditLog, AuditSettings
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision
+from engine.metrics import EngineMetrics
 from engine.promproc import PrometheusServer
 from engine.rules.export import export_rules
 from engine.rules.loader import load_rules
@@ -55,6 +57,10 @@ from exporters.fleet.remotewrite import _field, encode_labels, encode_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_S = 30.0
+SPOOL_BYTES = 8 << 30
+"""The audit spool's bound here: the fire round at 50,000 GPUs writes ~420 MB of documents
+(most of them dry-run records), past the default 256 MiB, and nothing ships them (no
+Elasticsearch in this benchmark)."""
 HISTORY_MIN = 30.0
 """Minutes of history written before the rounds: the longest window of the policies
 (``max_over_time(...[30m])``), so Prometheus' own evaluation reads full windows."""
@@ -276,7 +282,13 @@ def measure(
         metrics_listen=None,
     )
     collect_less()  # as `gpuops engine run` does
-    engine = Engine(config, executors=registry())
+    metrics = EngineMetrics.create()
+    audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
+        AuditSettings(spool_dir=work / "audit", max_spool_bytes=SPOOL_BYTES),
+        host_name="bench",
+        registry=metrics.registry,
+    )
+    engine = Engine(config, executors=registry(), metrics=metrics, audit=audit)
     engine.reload(strict=True)
     counted = engine.metrics.decisions
     rows: list[dict[str, float]] = []
