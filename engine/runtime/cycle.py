@@ -78,7 +78,11 @@ def collect_less() -> None:
 
 
 TIMES_KEPT = 8
-"""Evaluation times whose sample ages and ``clear_expr`` results are remembered."""
+"""Evaluation times whose sample ages are remembered."""
+
+CLEARS_KEPT = 2
+"""Evaluation times whose ``clear_expr`` results are remembered (a wide one at 50,000 GPUs is
+~20,000 samples: kept only for the policies of the group run that asked it)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ class Cycle:
             return known
         found = self._prometheus.query(query, at=now)
         with self._cache_lock:
-            _remember(self._clears, now, {})[query] = found
+            _remember(self._clears, now, {}, CLEARS_KEPT)[query] = found
         return found
 
     def _age(self, exprs: Sequence[str], now: float) -> float | None:
@@ -433,12 +437,12 @@ class Cycle:
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
 
 
-def _remember(cache: dict[float, Any], at: float, empty: Any) -> Any:
+def _remember(cache: dict[float, Any], at: float, empty: Any, kept: int = TIMES_KEPT) -> Any:
     """The entry of evaluation time ``at`` in ``cache`` (made from ``empty`` when new; the
-    oldest times are forgotten past ``TIMES_KEPT``)."""
+    oldest times are forgotten past ``kept``)."""
     entry = cache.get(at)
     if entry is None:
-        while len(cache) >= TIMES_KEPT:
+        while len(cache) >= kept:
             del cache[min(cache)]
         entry = cache[at] = empty
     return entry
