@@ -50,16 +50,7 @@ log = logging.getLogger(__name__)
 
 
 POPULATIONS_KEPT = 256
-"""Population queries whose last count is remembered (``POPULATION_MAX_AGE_S``)."""
-
-POPULATION_MAX_AGE_S = 30.0
-"""How long a population count (``max_fraction``'s denominator) is reused: by every policy
-and every group evaluated, and every action the gate rechecks, from the time it was counted
-at until this many seconds later (never for an earlier time). A population query reads every
-series of the fleet (``group by (node, uuid) ({node!="", uuid!=""})``); a fleet that shrinks
-does so through Prometheus' lookback (a series that stopped is counted for 5 minutes), so a
-count 30 s old is as current as the data it counts. Same query, same evaluation time: the
-same answer, as before."""
+"""Population queries whose count is remembered for their evaluation time (``population``)."""
 
 GC_THRESHOLDS = (50_000, 20, 20)
 """The cyclic garbage collector's thresholds in the engine process (``collect_less``)."""
@@ -132,7 +123,7 @@ class Cycle:
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
         self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
-        self._populations: dict[str, tuple[float, int]] = {}  # query -> (counted at, count)
+        self._populations: dict[str, tuple[float, int]] = {}  # query -> (evaluation time, count)
         # evaluation time -> input selector -> age of its oldest sample (None: no series)
         self._ages: dict[float, dict[str, float | None]] = {}
         self._clears: dict[float, dict[str, tuple[Sample, ...]]] = {}  # time -> query -> result
@@ -280,16 +271,27 @@ class Cycle:
             log.debug("sample ages at %s not known yet: %s", now, exc)
 
     def population(
-        self, policy: Policy, now: float, decisions: Iterable[Decision] = ()
+        self,
+        policy: Policy,
+        now: float,
+        decisions: Iterable[Decision] = (),
+        reuse: bool = True,
     ) -> int | None:
+        """How many targets ``max_fraction`` of ``policy`` divides by at ``now`` (None: the
+        query failed, which holds what needs it). ``reuse``: a count already made for this
+        very evaluation time (by another policy or group evaluated at it) is taken again; the
+        gate's recheck at execution passes False and always asks Prometheus, so that a fleet
+        that shrank since (a dead rack's series drop out of results at once: staleness
+        markers) or a Prometheus that went away is seen then."""
         expr = population_expr(policy, {n for d in decisions for n in d.target.labels})
         if expr is None:
             # max_fraction of targets without labels (`sum(x) > 10`): there is only one
             return 1 if policy.max_fraction is not None else None
-        with self._cache_lock:
-            known = self._populations.get(expr)
-        if known is not None and known[0] <= now <= known[0] + POPULATION_MAX_AGE_S:
-            return known[1]
+        if reuse:
+            with self._cache_lock:
+                known = self._populations.get(expr)
+            if known is not None and known[0] == now:
+                return known[1]
         try:
             if policy.population is None:  # ours: one number back, not every target's series
                 counted = self._prometheus.query(f"count({expr})", at=now)
@@ -299,11 +301,10 @@ class Cycle:
         except QueryError as exc:
             log.warning("population of %s unknown: %s", policy.name, exc)
             return None
-        with self._cache_lock:
-            if len(self._populations) >= POPULATIONS_KEPT:
-                self._populations.clear()
-            last = self._populations.get(expr)
-            if last is None or last[0] <= now:
+        if reuse:
+            with self._cache_lock:
+                if len(self._populations) >= POPULATIONS_KEPT:
+                    self._populations.clear()
                 self._populations[expr] = (now, found)
         return found
 
