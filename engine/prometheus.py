@@ -219,16 +219,21 @@ def regex_literal(value: str) -> str:
 
 def selector_text(node: promql_parser.VectorSelector, extra: Iterable[str] = ()) -> str:
     """``node`` as PromQL (its offset and ``@`` left out), with the matchers ``extra`` (PromQL
-    text) added. Written here, not with ``str(node)``: promql-parser prints matcher values
-    without escaping them (``{a="q\\""}`` comes back as ``{a="q""}``)."""
-    matchers = []
-    for m in node.matchers.matchers:
-        op = next((text for kind, text in _MATCH_OPS if m.op == kind), None)
-        if op is None:
-            raise QueryError(f"unknown label matcher {m.op} on {m.name}")
-        matchers.append(f"{m.name}{op}{string_literal(m.value)}")
-    matchers.extend(extra)
-    return f"{node.name or ''}{{{','.join(matchers)}}}"
+    text) added (to each ``or`` group of a selector that has them, MetricsQL's
+    ``{a="1" or b="2"}``). Written here, not with ``str(node)``: promql-parser prints matcher
+    values without escaping them (``{a="q\\""}`` comes back as ``{a="q""}``) and an ``or``
+    selector as ``{ or a="1" or b="2"}``."""
+    extra = tuple(extra)
+    groups = node.matchers.or_matchers or [node.matchers.matchers]
+    text = " or ".join(",".join([*map(_matcher_text, group), *extra]) for group in groups)
+    return f"{node.name or ''}{{{text}}}"
+
+
+def _matcher_text(m: promql_parser.Matcher) -> str:
+    op = next((text for kind, text in _MATCH_OPS if m.op == kind), None)
+    if op is None:
+        raise QueryError(f"unknown label matcher {m.op} on {m.name}")
+    return f"{m.name}{op}{string_literal(m.value)}"
 
 
 NARROW_MAX_TARGETS = 1000
@@ -274,7 +279,8 @@ class _NotLocal(Exception):
 def _render(node: promql_parser.Expr, names: frozenset[str], extra: Sequence[str]) -> str:
     pp = promql_parser
     if isinstance(node, pp.VectorSelector):
-        if node.offset is not None or node.at is not None:
+        # ``or`` groups (MetricsQL's ``{a="1" or b="2"}``): not narrowed, the wide query
+        if node.offset is not None or node.at is not None or node.matchers.or_matchers:
             raise _NotLocal
         return selector_text(node, extra)
     if isinstance(node, pp.MatrixSelector):
