@@ -145,9 +145,9 @@ class PrometheusClient:
             stop = min(end, at + chunk - step_s)
             for labels, values in self._range_chunk(expr, at, stop, step_s):
                 for ts, value in values:
-                    v = _float(value)
+                    v, t = _float(value), _time(ts)
                     if not math.isnan(v):
-                        by_step.setdefault(float(ts), []).append(Sample(labels, v, float(ts)))
+                        by_step.setdefault(t, []).append(Sample(labels, v, t))
             at = stop + step_s
         return {ts: tuple(samples) for ts, samples in by_step.items()}
 
@@ -350,7 +350,7 @@ def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
     ``raw`` is the decoder's own (its ``metric`` objects become the samples' labels, not
     copied)."""
     if isinstance(raw, list) and len(raw) == 2 and not isinstance(raw[0], dict):
-        return (Sample(freeze({}), _float(raw[1]), float(raw[0])),)
+        return (Sample(freeze({}), _float(raw[1]), _time(raw[0])),)
     if not isinstance(raw, list):
         raise QueryError(f"{expr!r} did not return a vector")
     # One pass without a check per field (one per series of every query: after the JSON
@@ -360,11 +360,15 @@ def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
     new = object.__new__
     proxy = MappingProxyType
     join = "".join
+    number = _NUMBER.fullmatch
     try:
         for item in raw:
             ts, value = item["value"]
             labels = item["metric"]
             join(labels.values())  # TypeError unless every value is a str (keys are: JSON)
+            # float() alone took `true`, a dict's keys, " 1_0 ": anything else is read carefully
+            if (type(ts) is not float and type(ts) is not int) or number(value) is None:
+                raise ValueError
             v = float(value)
             if v != v:  # NaN
                 continue
@@ -389,8 +393,8 @@ def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
         try:
             ts, value = item["value"]
             labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
-            ts = float(ts)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            ts = _time(ts)
+        except (KeyError, TypeError, ValueError, AttributeError, QueryError) as exc:
             raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
         v = _float(value)
         if not math.isnan(v):
@@ -398,11 +402,24 @@ def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
     return tuple(samples)
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf")
+"""A sample value as the Prometheus HTTP API writes it (a JSON string: Go's ``strconv``
+format, ``NaN``, ``+Inf``, ``-Inf``). Python's ``float()`` takes more (``" 1_0 "``, ``"nan"``,
+``"infinity"``, other scripts' digits): none of that is a value Prometheus sent."""
+
+
 def _float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise QueryError(f"not a number: {value!r:.50}") from exc
+    """A sample value (``_NUMBER``), else a ``QueryError`` naming it."""
+    if type(value) is not str or _NUMBER.fullmatch(value) is None:
+        raise QueryError(f"not a number: {value!r:.50}")
+    return float(value)
+
+
+def _time(value: Any) -> float:
+    """A sample's timestamp (a JSON number), else a ``QueryError`` naming it."""
+    if type(value) is not float and type(value) is not int:
+        raise QueryError(f"not a timestamp: {value!r:.50}")
+    return float(value)
 
 
 def _api_error(exc: BaseException) -> str:

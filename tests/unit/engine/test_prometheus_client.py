@@ -10,7 +10,7 @@ import pytest
 import requests
 import responses
 
-from engine.prometheus import PrometheusClient, QueryError
+from engine.prometheus import PrometheusClient, QueryError, parse_vector
 from engine.promproc import free_port
 
 URL = "http://prom.test:9090"
@@ -111,3 +111,35 @@ def test_an_answer_the_fast_pass_cannot_read_is_read_carefully() -> None:
     responses.replace(responses.GET, f"{URL}/api/v1/query", json=bad)
     with pytest.raises(QueryError, match="returned a malformed series"):
         PrometheusClient(URL).query("up")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1700000000, True],  # float(True) was 1.0
+        {"1": "x", "2": "y"},  # unpacked as its keys: ts 1, value 2.0
+        [1700000000, " 1_0 "],  # float() reads 10.0
+        [1700000000, "nan"],
+        [1700000000, "infinity"],
+        [1700000000, "１"],  # a full-width digit: float() reads 1.0
+        [1700000000, 1],  # a number where Prometheus writes a string
+        [True, "1"],
+        ["1700000000", "1"],
+    ],
+)
+def test_a_value_prometheus_would_not_write_is_a_query_error(value: object) -> None:
+    """Review D7: the fast pass read these as numbers (any of them could fire a ``> 0.5``
+    policy); now the careful pass refuses them, naming the series."""
+    with pytest.raises(QueryError, match="malformed series|not a number"):
+        parse_vector([{"metric": {"uuid": "a"}, "value": value}], "x")
+
+
+def test_every_value_format_prometheus_writes_is_read() -> None:
+    written = ["1", "-0.25", "1e+06", "1.5E-07", "+Inf", "-Inf", ".5", "3."]
+    raw = [{"metric": {"i": str(i)}, "value": [1700000000, v]} for i, v in enumerate(written)]
+    raw.append({"metric": {}, "value": [1700000000.5, "NaN"]})  # dropped, as before
+    assert [s.value for s in parse_vector(raw, "x")] == [float(v) for v in written]
+    (scalar,) = parse_vector([1700000000.5, "2"], "scalar(x)")
+    assert (scalar.timestamp, scalar.value) == (1700000000.5, 2.0)
+    with pytest.raises(QueryError, match="not a number"):
+        parse_vector([1700000000.5, "0x10"], "scalar(x)")
