@@ -258,7 +258,10 @@ def narrowed(expr: str, names: Sequence[str], targets: Iterable[Mapping[str, str
     functions (``_LOCAL_FUNCTIONS``), aggregations ``by`` all of ``names`` (or ``without``
     none of them) and binary operators that match on all of ``names`` — else None (as when
     there are more than ``NARROW_MAX_TARGETS`` targets, or none: ask the wide query). The
-    answer may hold more series than ``targets`` (every combination of the values)."""
+    answer may hold more series than ``targets`` (every combination of the values).
+    ``__name__`` is left out of ``names``: a target does not keep it (``Target.from_labels``),
+    so its values would all be ``""``, which no series has."""
+    names = [n for n in names if n != "__name__"]
     wanted = [dict.fromkeys(t.get(n, "") for t in targets) for n in names]
     if not names or not wanted[0] or max(len(v) for v in wanted) > NARROW_MAX_TARGETS:
         return None

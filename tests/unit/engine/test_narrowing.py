@@ -18,3 +18,12 @@ def test_a_selector_with_or_groups_is_not_narrowed_and_its_probe_keeps_them() ->
     assert narrowed('up{a="1"} == 1', ["node"], [{"node": "n1"}]) == (
         '(up{a="1",node=~"n1"}) == (1.0)'
     )
+
+
+def test_a_target_label_name_is_not_narrowed_by() -> None:
+    """Review D4: a target ``[__name__, uuid]`` added ``__name__=~""`` (a target keeps no
+    ``__name__``), which matches no series: the firing targets never cleared."""
+    assert narrowed("x == 1", ["__name__", "uuid"], [{"uuid": "u1"}]) == (
+        '(x{uuid=~"u1"}) == (1.0)'
+    )
+    assert narrowed("x == 1", ["__name__"], [{"uuid": "u1"}]) is None  # nothing left: wide
