@@ -120,7 +120,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        params = parse_qs(urlparse(self.path).query)
+        self._answer(parse_qs(urlparse(self.path).query))
+
+    def do_POST(self) -> None:  # a long query comes as a form (engine.prometheus)
+        length = int(self.headers.get("Content-Length", "0"))
+        self._answer(parse_qs(self.rfile.read(length).decode()))
+
+    def _answer(self, params: dict[str, list[str]]) -> None:
         body = self.server.body(params["query"][0], params.get("time", ["0"])[0])
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

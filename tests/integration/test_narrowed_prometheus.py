@@ -61,6 +61,20 @@ def test_a_narrowed_query_answers_the_firing_targets_exactly(
     assert narrow == {k: v for k, v in wide.items() if k in narrow}
 
 
+def test_a_narrowed_query_for_a_thousand_targets_is_answered(
+    prometheus: tuple[str, float],
+) -> None:
+    """Review D5: ~40 kB of PromQL, sent as a POST form (a proxy refuses such a GET)."""
+    url, now = prometheus
+    names = ("node", "uuid")
+    firing = [{"node": f"node-{i}", "uuid": v} for i, v in enumerate(ALL) if v in HOSTILE]
+    firing += [{"node": f"gone-{i}", "uuid": f"GPU-{i:030d}"} for i in range(1000 - len(firing))]
+    query = narrowed("util >= 0", names, firing)
+    assert query is not None and len(query) > 30_000
+    narrow = _by_target(PrometheusClient(url).query(query, at=now), names)
+    assert set(narrow) == {(f"node-{i}", v) for i, v in enumerate(ALL) if v in HOSTILE}
+
+
 def test_only_what_is_sound_is_narrowed() -> None:
     names = ("node", "uuid")
     one = [{"node": "n", "uuid": "u"}]

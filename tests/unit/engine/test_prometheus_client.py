@@ -5,6 +5,7 @@ the integration and e2e tests)."""
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qs
 
 import pytest
 import requests
@@ -143,3 +144,30 @@ def test_every_value_format_prometheus_writes_is_read() -> None:
     assert (scalar.timestamp, scalar.value) == (1700000000.5, 2.0)
     with pytest.raises(QueryError, match="not a number"):
         parse_vector([1700000000.5, "0x10"], "scalar(x)")
+
+
+@responses.activate
+def test_a_long_query_is_posted_as_a_form() -> None:
+    """Review D5: a narrowed clear_expr for 1,000 targets (~40 kB) went out as a GET, which a
+    proxy (nginx: ~8 kB) answers with 414: the policy was skipped at every evaluation while
+    many targets fired. Now past MAX_GET_QUERY_CHARS it is a POST form; short ones stay GETs."""
+    seen: list[tuple[str, str]] = []
+
+    def proxy(request: requests.PreparedRequest) -> tuple[int, dict[str, str], str]:
+        seen.append((request.method or "", request.headers.get("Content-Type", "")))
+        if len(request.url or "") > 8192:
+            return 414, {}, "<html>414 Request-URI Too Large</html>"
+        form = request.body if request.method == "POST" else (request.url or "").split("?")[1]
+        assert isinstance(form, str)
+        query = parse_qs(form)["query"][0]
+        body = vector(({"uuid": "a"}, "1"), ({"q": str(len(query))}, "2"))
+        return 200, {}, json.dumps(body)
+
+    responses.add_callback(responses.GET, f"{URL}/api/v1/query", callback=proxy)
+    responses.add_callback(responses.POST, f"{URL}/api/v1/query", callback=proxy)
+    values = json.dumps("|".join(f"GPU-{i:036d}" for i in range(1000)))
+    long = f"x{{uuid=~{values}}} > 0"
+    client = PrometheusClient(URL)
+    assert [s.value for s in client.query(long, at=1700000000)] == [1.0, 2.0]
+    assert client.query("up", at=1700000000)[1].labels == {"q": "2"}
+    assert seen == [("POST", "application/x-www-form-urlencoded"), ("GET", "")]
