@@ -218,11 +218,19 @@ class PostgresStore(StateStore):
     INSERTION_ORDER = "seq"
 
     def __init__(
-        self, url: str, credentials: Credentials, name: str, lease_s: float = 10.0
+        self,
+        url: str,
+        credentials: Credentials,
+        name: str,
+        lease_s: float = 10.0,
+        *,
+        read_only: bool = False,
     ) -> None:
         """``lease_s``: the lease's length. A transaction left open longer than half of it (a
         paused process) is ended by the server, so its lock on the lease row (the fence's
-        ``FOR SHARE``) cannot keep a standby from taking over."""
+        ``FOR SHARE``) cannot keep a standby from taking over. ``read_only`` (``gpuops state
+        check``): a session that cannot write, and the schema checked, never created or
+        migrated."""
         self.path = Path(redacted(url))  # what messages name: the server, not a file
         self.url = url
         self.credentials = credentials
@@ -235,11 +243,13 @@ class PostgresStore(StateStore):
         self._data_version = -1
         self._cache_epoch: int | None = None
         self._session = {"idle_in_transaction_session_timeout": f"{max(500, int(lease_s * 500))}ms"}
+        if read_only:
+            self._session["default_transaction_read_only"] = "on"
         self._db = _Connection(  # type: ignore[assignment]
             url, credentials, f"gpuops {name}", self._session
         )
         try:
-            self._migrate()
+            self._check_schema() if read_only else self._migrate()
         except BaseException:
             self._pg.close()
             raise
@@ -266,6 +276,25 @@ class PostgresStore(StateStore):
                     conn.execute("UPDATE gpuops_schema SET version = %s WHERE id = 1", (number,))
         except psycopg.Error as exc:
             raise DatabaseUnavailable(f"{self.path}: schema: {_first_line(exc, None)}") from exc
+
+    def _check_schema(self) -> None:
+        """The schema is this engine's (its version and ``MIGRATIONS`` applied), or StateError."""
+        try:
+            exists = self._pg.execute("SELECT to_regclass('gpuops_schema')").fetchone()
+            row = self._pg.execute(
+                "SELECT version FROM gpuops_schema WHERE id = 1"
+                if exists is not None and exists[0] is not None
+                else "SELECT NULL"
+            ).fetchone()
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(f"{self.path}: schema: {_first_line(exc, None)}") from exc
+        version = None if row is None or row[0] is None else int(row[0])
+        if version != len(MIGRATIONS) + 1:
+            found = "no gpuops schema" if version is None else f"schema version {version}"
+            raise StateError(
+                f"{self.path}: the database has {found}; this gpuops expects schema version"
+                f" {len(MIGRATIONS) + 1} (an engine started on it creates or migrates it)"
+            )
 
     @property
     def _pg(self) -> _Connection:
@@ -320,6 +349,15 @@ class LeaderInfo:
     url: str | None
     epoch: int
     expires_in: float
+
+    @property
+    def link(self) -> str | None:
+        """``url`` where a header or a page may carry it: an http(s) URL of printable ASCII
+        (a replica advertises it; a damaged row must not break an answer), else None."""
+        url = self.url
+        if url and url.startswith(("http://", "https://")) and all(33 <= ord(c) < 127 for c in url):
+            return url
+        return None
 
 
 class Lease:

@@ -143,8 +143,8 @@ async def _not_leader(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, NotLeaderError)
     _remember(request, str(exc))
     headers = {}
-    if exc.leader is not None and exc.leader.url and exc.leader.expires_in > 0:
-        headers["X-Gpuops-Leader"] = exc.leader.url
+    if exc.leader is not None and exc.leader.link and exc.leader.expires_in > 0:
+        headers["X-Gpuops-Leader"] = exc.leader.link
     return JSONResponse({"detail": str(exc)}, 503, headers=headers)
 
 

@@ -52,12 +52,13 @@ def _config(path: Path, *, database: bool = False) -> EngineConfig:
 
 
 def _open(config: EngineConfig) -> StateStore:
-    """The store the engine would open; on PostgreSQL one that writes nothing (no fence)."""
+    """The store the engine would open; on PostgreSQL a read-only session that neither
+    creates nor migrates the schema."""
     state = config.state
     if state.url is None:
         return StateStore(config.state_file, previous_run(config))
     credentials = Credentials(state.password_file, state.password_env)
-    return PostgresStore(state.url, credentials, "gpuops-state-check", state.lease)
+    return PostgresStore(state.url, credentials, "gpuops-state-check", state.lease, read_only=True)
 
 
 def _problem(config: EngineConfig) -> str | None:

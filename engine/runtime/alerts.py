@@ -64,6 +64,7 @@ class AlertInbox:
         self._idle = threading.Condition()
         self._busy = 0
         self._queued: set[int] = set()  # inbox ids queued here and not handled yet
+        self._more = False  # the inbox holds items that did not fit in the queue
         self.alerts = Counter(
             "gpuops_api_alerts",
             "Alertmanager alerts by what became of them (handled, duplicate, error, rejected).",
@@ -174,14 +175,21 @@ class AlertInbox:
     def adopt(self) -> None:
         """Queue what the inbox holds and this replica has not queued: alerts received before a
         stop, or (shared inbox, docs/ha.md) by a replica that lost its lease before handling
-        them. Called at start and at every election."""
-        for item in self._store.inbox():
-            with self._idle:
+        them. Called at start and at every election; never blocks: what does not fit now is
+        adopted by the worker once it has room. The inbox is read and ``_queued`` checked under
+        one lock, and the worker forgets an item only after deleting it from the inbox, so an
+        item is never queued twice."""
+        with self._idle:
+            for item in self._store.inbox():
                 if item.id in self._queued:
                     continue
+                if self._queue.full():
+                    self._more = True
+                    return
                 self._queued.add(item.id)
                 self._busy += 1
-            self._queue.put((item.id, item.alert))  # blocks while full: the worker drains it
+                self._queue.put_nowait((item.id, item.alert))
+            self._more = False
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._thread is None:
@@ -236,6 +244,9 @@ class AlertInbox:
                     self._queued.discard(item)
                     self._busy -= 1
                     self._idle.notify_all()
+                    more = self._more
+                if more:
+                    self.adopt()
 
     def _handle(self, alert: Mapping[str, Any]) -> None:
         key = AlertKey(

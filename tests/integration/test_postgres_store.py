@@ -287,19 +287,23 @@ def test_passwords_come_from_a_file_or_the_environment_and_no_message_shows_them
 def test_state_check_reads_every_row_of_the_database(
     url: str, credentials: Credentials, tmp_path: Path
 ) -> None:
-    store, lease = _leader(url, credentials, "a")
-    try:
-        with store.transaction() as db:
-            assert store.record_decision(db, _decision(1.0), DecisionStatus.STARTED)
-    finally:
-        store.close()
-        lease.close()
     (tmp_path / "rules").mkdir()
     config = tmp_path / "engine.yaml"
     config.write_text(
         "rules: [rules]\nmetrics_listen: null\naudit: {spool_dir: audit}\n"
         f"state: {{url: '{url}', password_file: '{credentials.password_file}'}}\n"
     )
+    empty = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
+    assert empty.exit_code == 1 and "the database has no gpuops schema" in empty.output
+    with psycopg.connect(url, password=PASSWORD, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('gpuops_schema')").fetchone() == (None,)
+    store, lease = _leader(url, credentials, "a")  # an engine: it creates the schema
+    try:
+        with store.transaction() as db:
+            assert store.record_decision(db, _decision(1.0), DecisionStatus.STARTED)
+    finally:
+        store.close()
+        lease.close()
     result = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
     assert result.exit_code == 0, result.output
     assert result.output == f"{redacted(url)}: OK\n"

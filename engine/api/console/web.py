@@ -178,8 +178,7 @@ def _standby(c: Console) -> dict[str, str | None] | None:
     info = engine.leadership.leader()
     if info is None or not info.holder or info.expires_in <= 0:
         return {"leader": None, "url": None}
-    url = info.url if info.url and info.url.startswith(("http://", "https://")) else None
-    return {"leader": info.holder, "url": url}
+    return {"leader": info.holder, "url": info.link}
 
 
 def _record(
@@ -253,8 +252,8 @@ class AuditedRoute(APIRoute):
                     text=reason,
                 )  # fmt: skip
                 leader = exc.leader
-                if leader is not None and leader.url and leader.expires_in > 0:
-                    response.headers["X-Gpuops-Leader"] = leader.url
+                if leader is not None and leader.link and leader.expires_in > 0:
+                    response.headers["X-Gpuops-Leader"] = leader.link
             except HTTPException as exc:
                 reason = str(exc.detail)
                 response = render(

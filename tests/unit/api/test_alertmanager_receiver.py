@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from engine.state import StateStore
 from tests.unit.api.harness import Harness, running_api
@@ -11,10 +16,22 @@ from tests.unit.api.harness import Harness, running_api
 POLICY = "drain-on-gpu-fell-off-bus"
 
 
-def test_firing_alert_runs_the_action_once_however_often_delivered(api: Harness) -> None:
+def test_firing_alert_runs_the_action_once_however_often_delivered(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     alert = api.alert("GPUFellOffBus", node="n1", severity="critical")
+    handling = threading.Event()
+    handle = api.context.alerts._handle
+
+    def held(alert: Mapping[str, Any]) -> None:
+        handling.wait(30)
+        handle(alert)
+
+    monkeypatch.setattr(api.context.alerts, "_handle", held)
     resp = api.notify(alert)
-    assert resp.json() == {"queued": 1}, "answered once queued, before it is handled"
+    assert resp.json() == {"queued": 1}
+    assert api.executed(POLICY) == [], "answered once queued, before it is handled"
+    handling.set()
     for _ in range(3):
         assert api.notify(alert).status_code == 200
     api.settle()
@@ -116,4 +133,15 @@ def test_a_replica_elected_again_adopts_what_the_shared_inbox_received_meanwhile
         api.settle()
         [outcome] = api.executed(POLICY)
         assert outcome.ok
+        assert api.engine.store.inbox() == []
+
+
+def test_an_inbox_larger_than_the_queue_is_adopted_whole_without_blocking(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.sqlite")
+    store.inbox_add([_received(f"m{i}", f"fp{i}") for i in range(3)], 0.0)
+    store.close()
+    with running_api(tmp_path, api={"alert_queue_size": 1}) as api:  # room for one at a time
+        api.engine.alerts.adopt()  # an election meanwhile: it neither blocks nor queues twice
+        api.settle()
+        assert len(api.executed(POLICY)) == 3
         assert api.engine.store.inbox() == []

@@ -112,3 +112,21 @@ def test_a_clean_stop_releases_the_lease() -> None:
     assert lease.released == [1]
     assert changes[-1] == Change(False, "a", 1, "stopped")
     assert not lead.leading()
+
+
+@pytest.mark.parametrize(
+    ("url", "link"),
+    [
+        ("http://b:9843", "http://b:9843"),
+        ("https://b.example/gpuops", "https://b.example/gpuops"),
+        ("http://b:9843\r\nSet-Cookie: x=1", None),  # a header must not be split
+        ("http://bé:9843", None),  # not latin-1 safe in a header
+        ("javascript:alert(1)", None),  # never a link in the console
+        ("", None),
+        (None, None),
+    ],
+)
+def test_only_a_printable_http_url_of_the_lease_row_is_passed_on(
+    url: str | None, link: str | None
+) -> None:
+    assert LeaderInfo("b", url, 1, 5.0).link == link
