@@ -2,8 +2,10 @@
 
 Started and stopped by ``AuditLog``. Each document is sent with op_type ``create`` and
 ``_id = event.id`` into its data stream, so a document sent twice (a retry, a restart after a
-crash) is a 409, which counts as stored. The spooled bytes go out as they are: each line is
-parsed (orjson) only to read its ``event.id`` and data stream, never re-encoded.
+crash) is a 409, which counts as stored. The spooled bytes go out as they are: a segment of
+spool format 2 holds each document's action line next to it (``engine.audit.spool``), so
+nothing is parsed or encoded per document; a format 1 segment (left by an older engine) has
+each line parsed (orjson) only for its ``event.id`` and data stream.
 
 Up to ``bulk_in_flight`` bulk requests run at once (a small pool; the shipper thread alone
 decides what is sent); the batch size adapts between ``bulk_min_documents`` and
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -37,12 +41,15 @@ from elasticsearch import Elasticsearch
 from engine.audit.client import CLIENT_ERRORS, RETRYABLE_STATUSES, wrap
 from engine.audit.documents import stream_of
 from engine.audit.errors import ElasticsearchError, RetryableError, TemplateError
+from engine.audit.lines import action_line
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
-from engine.audit.spool import Segment, Spool
+from engine.audit.spool import Segment, Spool, entries
 from engine.audit.templates import install_templates
 
 log = logging.getLogger(__name__)
+
+_PAIR = attrgetter("pair")
 
 
 class _GiveUp(Exception):
@@ -57,18 +64,28 @@ class _Work:
     outstanding: int = 0
 
 
-@dataclass
 class _Item:
-    """One spooled document: its bulk action line and its line from the segment, as is."""
+    """One spooled document: its bulk action line and its line from the segment, as they are
+    (without their newlines)."""
 
-    work: _Work
-    doc_id: str
-    action: bytes
-    line: bytes
+    __slots__ = ("pair", "size", "work")
+
+    def __init__(self, work: _Work, action: bytes, line: bytes) -> None:
+        self.work = work
+        self.pair = (action, line)
+        self.size = len(action) + len(line) + 2
 
     @property
-    def size(self) -> int:
-        return len(self.action) + len(self.line)
+    def line(self) -> bytes:
+        return self.pair[1]
+
+    @property
+    def doc_id(self) -> str:
+        """Its ``event.id`` (read from the action line: only to report a refused document)."""
+        try:
+            return str(orjson.loads(self.pair[0])["create"]["_id"])
+        except (ValueError, KeyError, TypeError):
+            return "?"
 
 
 @dataclass
@@ -180,6 +197,10 @@ class Shipper:
             data = work.segment.path.read_bytes()
         except FileNotFoundError:
             return
+        if work.segment.version == 2:  # ready action and document lines
+            for _, action, line in entries(data, work.segment.path):
+                yield _Item(work, action, line)
+            return
         lines = data.split(b"\n")
         for number, line in enumerate(lines[:-1], start=1):  # the last piece: torn or empty
             try:
@@ -188,8 +209,7 @@ class Shipper:
             except (ValueError, KeyError, TypeError):
                 log.warning("%s: skipping invalid line %d", work.segment.path, number)
                 continue
-            action = {"create": {"_index": stream_of(doc), "_id": doc_id}}
-            yield _Item(work, doc_id, orjson.dumps(action) + b"\n", line + b"\n")
+            yield _Item(work, action_line(stream_of(doc), doc_id)[:-1], line)
         if lines[-1]:
             log.warning("%s: skipping torn last line %d", work.segment.path, len(lines))
 
@@ -314,7 +334,7 @@ class Shipper:
     def _send(self, batch: Sequence[_Item]) -> _Result:
         """One bulk request; never raises (the shipper thread reads the result)."""
         result = _Result(list(batch))
-        body = b"".join(part for item in batch for part in (item.action, item.line))
+        body = b"\n".join(chain.from_iterable(map(_PAIR, batch))) + b"\n"
         started = time.monotonic()
         try:
             client = self._get_client()

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
 from engine.audit import AuditLog, AuditSettings
+from engine.audit.spool import segment_paths
 from engine.cli import cli
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import make_decision, wait_until
@@ -60,7 +61,7 @@ def test_documents_reach_their_data_streams_and_segments_are_deleted(
     assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
     assert [d["event"]["id"] for d in es.documents(AUDIT)] == [op]
     assert es.streams[DECISIONS].data_stream
-    assert list(tmp_path.glob("segment-*.jsonl")) == []
+    assert segment_paths(tmp_path) == []
     assert ("PUT", "/_index_template/logs-gpuops.decision") in es.requests
     assert sample(audit, "gpuops_audit_shipped_documents_total", result="created") == 6
 
@@ -124,7 +125,7 @@ def test_other_item_errors_go_to_the_dead_letter_file_with_the_reason(
     assert entry["document"] == bad
     assert "event.duration" in entry["reason"]
     assert sample(audit, "gpuops_audit_dead_lettered_documents_total") == 1
-    assert list(tmp_path.glob("segment-*.jsonl")) == []
+    assert segment_paths(tmp_path) == []
 
 
 def test_an_outage_never_blocks_decisions_and_loses_nothing(
