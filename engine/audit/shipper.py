@@ -50,6 +50,9 @@ from engine.audit.templates import install_templates
 log = logging.getLogger(__name__)
 
 _PAIR = attrgetter("pair")
+_FILTER_PATH = "errors,items.*.status,items.*.error"
+"""What a bulk answer needs to carry back (Elasticsearch's ``filter_path``): its items without
+the ids, versions and shards the shipper never reads (an eighth of the bytes to parse)."""
 
 
 class _GiveUp(Exception):
@@ -114,6 +117,7 @@ class Shipper:
         self._metrics = metrics
         self._client_factory = client_factory
         self._client: Elasticsearch | None = None
+        self._bulk: tuple[Elasticsearch, Elasticsearch] | None = None  # (client, its options)
         self._client_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -337,9 +341,9 @@ class Shipper:
         body = b"\n".join(chain.from_iterable(map(_PAIR, batch))) + b"\n"
         started = time.monotonic()
         try:
-            client = self._get_client()
-            response = client.options(request_timeout=self._request_timeout()).bulk(
-                operations=body  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
+            response = self._bulk_client().bulk(
+                operations=body,  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
+                filter_path=_FILTER_PATH,
             )
         except CLIENT_ERRORS as exc:
             result.error = wrap(exc, "bulk request")
@@ -355,6 +359,10 @@ class Shipper:
             result.error = RetryableError(
                 f"bulk response has {len(items)} items for {len(batch)} documents"
             )
+            return result
+        if response.body.get("errors") is False:  # every item created (a 409 is an error)
+            self._metrics.shipped.labels(result="created").inc(len(batch))
+            self._metrics.bulk_requests.labels(result="ok").inc()
             return result
         dead: list[tuple[_Item, Mapping[str, Any]]] = []
         created = duplicates = 0
@@ -434,6 +442,18 @@ class Shipper:
             if self._client is None:
                 self._client = self._client_factory()
             return self._client
+
+    def _bulk_client(self) -> Elasticsearch:
+        """The client with the request timeout of bulk requests: made once (``options()``
+        builds a client and its OpenTelemetry wrappers, ~1 ms each time), except while closing,
+        when the timeout shrinks to the time left."""
+        if self._closing.is_set():
+            return self._get_client().options(request_timeout=self._request_timeout())
+        client = self._get_client()
+        with self._client_lock:
+            if self._bulk is None or self._bulk[0] is not client:
+                self._bulk = (client, client.options(request_timeout=self._request_timeout()))
+            return self._bulk[1]
 
     def _request_timeout(self) -> float:
         timeout = self._settings.request_timeout_s

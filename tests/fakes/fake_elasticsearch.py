@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import gzip
 import json
 import socket
@@ -22,7 +23,7 @@ import socketserver
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -68,7 +69,7 @@ class Stream:
 
     def __init__(self, name: str, mappings: Mapping[str, Any], data_stream: bool) -> None:
         self.name = name
-        self.shapes: dict[tuple[Any, ...], list[tuple[tuple[str, ...], str]]] = {}
+        self.shapes: dict[tuple[Any, ...], _Plan] = {}
         self.data_stream = data_stream
         day = datetime.now(tz=UTC).strftime("%Y.%m.%d")
         self.index = f".ds-{name}-{day}-000001" if data_stream else name
@@ -360,6 +361,8 @@ class _Request:
         try:
             self._check_media_types(raw)
             status, body = self._route(method, parts, params, raw)
+            if "filter_path" in params and isinstance(body, dict):
+                body = filter_path(body, params["filter_path"])
         except HttpError as exc:
             return self._answer(exc.status, exc.body(), product=exc.product)
         except DslError as exc:
@@ -613,6 +616,46 @@ class _Request:
         return out
 
 
+_DROP = object()
+
+
+def filter_path(body: dict[str, Any], spec: str) -> Any:
+    """``body`` with only the fields ``filter_path`` names (Elasticsearch's response filtering:
+    comma-separated dotted paths, ``*`` matching one key, arrays passed through; empty
+    objects dropped). Exclusions (``-path``) and ``**`` are not implemented: a 400."""
+    patterns = tuple(tuple(p.strip().split(".")) for p in spec.split(",") if p.strip())
+    if any(p[0].startswith("-") or "**" in p for p in patterns):
+        raise HttpError(
+            400, "illegal_argument_exception", f"filter_path [{spec}]: the fake does not do it"
+        )
+    kept = _filtered(body, patterns)
+    return {} if kept is _DROP else kept
+
+
+def _filtered(value: Any, patterns: tuple[tuple[str, ...], ...]) -> Any:
+    if () in patterns:  # a path ends here: the whole value is kept
+        return value
+    if isinstance(value, list):
+        items = [v for v in (_filtered(v, patterns) for v in value) if v is not _DROP]
+        return items if items else _DROP
+    if not isinstance(value, dict):
+        return _DROP
+    out = {}
+    for key, item in value.items():
+        rest = _step(key, patterns)
+        if rest:
+            kept = _filtered(item, rest)
+            if kept is not _DROP:
+                out[key] = kept
+    return out if out else _DROP
+
+
+@functools.lru_cache(maxsize=4096)
+def _step(key: str, patterns: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """What is left of ``patterns`` below ``key``."""
+    return tuple(p[1:] for p in patterns if p and fnmatch.fnmatchcase(key, p[0]))
+
+
 def _loads(line: bytes) -> Any:
     """A JSON line, parsed in C (orjson); what orjson refuses and Python's parser takes
     (integers beyond 64 bits) falls back to ``json``."""
@@ -631,23 +674,25 @@ def _has_timestamp(source: Any) -> bool:
 
 
 _Shape = tuple[Any, ...]
-_Plan = list[tuple[tuple[str, ...], str]]
+_Plan = list[tuple[tuple[str, ...], str, Callable[[Any], bool]]]
+_CONTAINERS = frozenset({dict, list})
 
 
 def _shape(node: dict[str, Any]) -> _Shape:
     """The shape of a document: its keys, in order, and the type of every value, all the way
     down (lists by the types of their items). Documents of one shape pass or fail the same
-    type-level mapping checks; only a few checks look at values (see ``_plan``)."""
+    type-level mapping checks; only a few checks look at values (see ``_validate``)."""
+    types = tuple(map(type, node.values()))
+    if _CONTAINERS.isdisjoint(types):  # a leaf object: keys and value types, in C
+        return (tuple(node), types)
     return (
         tuple(node),
-        tuple(
-            [
-                _shape(v)
-                if type(v) is dict
-                else (tuple(map(type, v)) if type(v) is list else type(v))
-                for v in node.values()
-            ]
-        ),
+        types,
+        *[
+            _shape(v) if type(v) is dict else tuple(map(type, v))
+            for v in node.values()
+            if type(v) in _CONTAINERS
+        ],
     )
 
 
@@ -669,14 +714,44 @@ def _validate(source: Any, stream: Stream) -> str | None:
         if len(stream.shapes) < 10_000:
             stream.shapes[key] = plan
         return problem
-    for keys, path in plan:
+    for keys, path, fine in plan:
         node: Any = source
         for k in keys:
             node = node[k]
+        if fine(node):
+            continue
         problem = _check_field(path, node, stream.mapping)
         if problem:
             return problem
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_date(value: str) -> bool:
+    """Whether ``value`` is an ISO 8601 date ``check_value`` takes (the common case, cached:
+    the documents of one cycle share their timestamps)."""
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
+    """A cheap test that a value of this field certainly passes (when it says no, the field is
+    checked in full by ``_check_field``, which finds the problem and its message)."""
+    sample = None if isinstance(value, dict | list) else value
+    kind = mapping.field_type(path, sample)
+    by_value = sample is not None and mapping.by_value(path, type(sample))
+    if kind == "date" and isinstance(sample, str) and not by_value:
+        return lambda v: type(v) is str and _iso_date(v)
+    spec = mapping.fields.get(path, {})
+    if kind == "constant_keyword" and "value" not in spec:
+        return lambda v: True  # its first value would set it: any value passes
+    expected = spec.get("value")
+    if kind == "constant_keyword" and isinstance(expected, str):
+        return lambda v: v == expected
+    return lambda v: False
 
 
 def _walk(
@@ -694,7 +769,7 @@ def _walk(
             else:
                 problem = _check_field(path, value, mapping)
                 if problem is not None or not _type_decides(path, value, mapping):
-                    plan.append((here, path))
+                    plan.append((here, path, _fast_check(path, value, mapping)))
             first = first or problem
     return first
 
