@@ -15,6 +15,7 @@ from engine.api.tokens import TokenStore
 from engine.config import ApiSettings
 from engine.runtime import Engine
 from engine.runtime.alerts import AlertInbox
+from engine.runtime.leadership import NotLeaderError as NotLeaderError  # for the console
 from engine.runtime.quota import QuotaManager
 
 

@@ -1,4 +1,5 @@
-"""`gpuops state`: check and reset the engine's state file (docs/state.md).
+"""`gpuops state`: check the engine's state (the SQLite file or PostgreSQL) and reset the file
+(docs/state.md).
 
 The engine never resets a state file it cannot trust; ``gpuops state reset`` does, explicitly:
 it keeps the old file aside (renamed, never deleted) and audits the reset as a CLI operation in
@@ -18,6 +19,7 @@ import click
 from engine.audit import AuditLog, AuditSettings
 from engine.audit.errors import SpoolLockedError
 from engine.config import ConfigError, EngineConfig, load_config
+from engine.postgres import Credentials, PostgresStore, redacted
 from engine.runtime.facade import previous_run
 from engine.state import StateError, StateStore, reset
 
@@ -35,24 +37,34 @@ def state() -> None:
     """Check and reset the engine's state file."""
 
 
-def _config(path: Path) -> EngineConfig:
+def _config(path: Path, *, database: bool = False) -> EngineConfig:
+    """The configuration; ``database``: whether the command also works on PostgreSQL."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    if config.state.url is not None:
+    if config.state.url is not None and not database:
         raise click.ClickException(
-            f"{path}: the state is in PostgreSQL (state.url); gpuops state check and reset"
-            " work on the SQLite state file only (docs/ha.md)"
+            f"{path}: the state is in PostgreSQL (state.url); gpuops state reset works on the"
+            " SQLite state file only: the replicas share the database (docs/ha.md)"
         )
     return config
 
 
+def _open(config: EngineConfig) -> StateStore:
+    """The store the engine would open; on PostgreSQL one that writes nothing (no fence)."""
+    state = config.state
+    if state.url is None:
+        return StateStore(config.state_file, previous_run(config))
+    credentials = Credentials(state.password_file, state.password_env)
+    return PostgresStore(state.url, credentials, "gpuops-state-check", state.lease)
+
+
 def _problem(config: EngineConfig) -> str | None:
-    """Why the state file cannot be used, or None when it can: the checks at open, then every
-    row the engine reads at start or per policy."""
+    """Why the state cannot be used, or None when it can: the checks at open, then every row
+    the engine reads at start or per policy."""
     try:
-        store = StateStore(config.state_file, previous_run(config))
+        store = _open(config)
     except StateError as exc:
         return str(exc)
     problems: list[str] = []
@@ -75,12 +87,14 @@ def _problem(config: EngineConfig) -> str | None:
 @state.command(name="check")
 @_CONFIG
 def check(config_path: Path) -> None:
-    """Open the state file as the engine does; exit 1 with what is wrong."""
-    config = _config(config_path)
+    """Open the state (the file, or PostgreSQL with state.url) as the engine does and read
+    every row it reads; exit 1 with what is wrong. Changes no row."""
+    config = _config(config_path, database=True)
     problem = _problem(config)
     if problem is not None:
         raise click.ClickException(problem)
-    click.echo(f"{config.state_file}: OK")
+    where = config.state_file if config.state.url is None else redacted(config.state.url)
+    click.echo(f"{where}: OK")
 
 
 @state.command(name="reset")

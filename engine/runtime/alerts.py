@@ -29,6 +29,7 @@ from engine.decisions import Decision, Outcome, OutcomeStatus, Transition, Verdi
 from engine.evaluation import evaluate_alert
 from engine.runtime.cycle import Cycle
 from engine.runtime.rulebook import Rulebook
+from engine.state import StateError
 from engine.store import AlertKey, DecisionStatus, Store, StoredDecision
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class AlertInbox:
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition()
         self._busy = 0
+        self._queued: set[int] = set()  # inbox ids queued here and not handled yet
         self.alerts = Counter(
             "gpuops_api_alerts",
             "Alertmanager alerts by what became of them (handled, duplicate, error, rejected).",
@@ -164,14 +166,22 @@ class AlertInbox:
 
     # --- the worker ----------------------------------------------------------------------
     def start(self) -> None:
-        store = self._store
-        store.prune_alert_episodes(self._clock() - EPISODE_MEMORY_S)
-        with self._idle:
-            for item in store.inbox():  # received before a stop, not handled yet
-                self._busy += 1
-                self._queue.put((item.id, item.alert))
+        self._store.prune_alert_episodes(self._clock() - EPISODE_MEMORY_S)
+        self.adopt()
         self._thread = threading.Thread(target=self._loop, name="gpuops-alerts", daemon=True)
         self._thread.start()
+
+    def adopt(self) -> None:
+        """Queue what the inbox holds and this replica has not queued: alerts received before a
+        stop, or (shared inbox, docs/ha.md) by a replica that lost its lease before handling
+        them. Called at start and at every election."""
+        for item in self._store.inbox():
+            with self._idle:
+                if item.id in self._queued:
+                    continue
+                self._queued.add(item.id)
+                self._busy += 1
+            self._queue.put((item.id, item.alert))  # blocks while full: the worker drains it
 
     def stop(self, timeout: float = 30.0) -> None:
         if self._thread is None:
@@ -189,6 +199,7 @@ class AlertInbox:
                 return False
             items = self._store.inbox_add(alerts, self._clock())
             for item, alert in zip(items, alerts, strict=True):
+                self._queued.add(item)
                 self._busy += 1
                 self._queue.put_nowait((item, alert))
         return True
@@ -217,8 +228,12 @@ class AlertInbox:
                 self.alerts.labels("error").inc()
                 log.exception("alert %s could not be handled", alert.get("fingerprint"))
             finally:
-                self._store.inbox_done(item)
+                try:
+                    self._store.inbox_done(item)
+                except StateError as exc:  # e.g. fenced: the next leader adopts the item
+                    log.warning("alert inbox item %d stays in the inbox: %s", item, exc)
                 with self._idle:
+                    self._queued.discard(item)
                     self._busy -= 1
                     self._idle.notify_all()
 

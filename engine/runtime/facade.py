@@ -328,9 +328,13 @@ class Engine:
             self._start_alerts()
 
     def _start_alerts(self) -> None:
+        """Start the inbox's worker once; at a later election adopt what the inbox holds (what
+        the replica that led meanwhile received and did not handle)."""
         if not self._alerts_started:
             self._alerts_started = True
             self.alerts.start()
+        else:
+            self.alerts.adopt()
 
     def _clock_stepped(self, step_s: float) -> None:
         """The scheduler saw the wall clock step by ``step_s`` seconds: count it, audit it once

@@ -9,6 +9,7 @@ measured. The tests share one replica pair and run in order (the last kill leave
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -94,6 +95,24 @@ def test_standby_serves_reads_and_refuses_writes_naming_the_leader(pair: Pair) -
     assert f"the leader is {leader.name} at {leader.url}" in refused.json()["detail"]
     assert requests.post(leader.url + "/api/v1/engine/pause", headers=auth, timeout=5).ok
     assert requests.post(leader.url + "/api/v1/engine/resume", headers=auth, timeout=5).ok
+    # the standby's console says what it is, and a form sent to it gets a page naming the leader
+    browser = requests.Session()
+    csrf = re.search(r'name="csrf" value="([^"]+)"', browser.get(standby.url + "/login").text)
+    assert csrf is not None
+    signed = browser.post(
+        standby.url + "/login", data={"token": TOKEN, "csrf": csrf.group(1), "next": "/"}
+    )
+    assert signed.ok, signed.text
+    page = browser.get(standby.url + "/").text
+    assert "This engine replica is a standby" in page and leader.name in page
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf is not None
+    form = browser.post(
+        standby.url + "/control/pause", data={"csrf": csrf.group(1), "confirm": "yes"}
+    )
+    assert form.status_code == 503 and form.headers["content-type"].startswith("text/html")
+    assert f"the leader is {leader.name} at {leader.url}" in form.text
+    assert form.headers["X-Gpuops-Leader"] == leader.url
 
 
 def test_sigstop_past_the_lease(pair: Pair) -> None:

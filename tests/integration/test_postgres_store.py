@@ -13,7 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
+from engine.cli import cli
 from engine.decisions import Decision, Outcome, OutcomeStatus, freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.postgres import (
@@ -280,3 +282,29 @@ def test_passwords_come_from_a_file_or_the_environment_and_no_message_shows_them
     assert "password authentication failed" in message
     assert "not-the-password" not in message and PASSWORD not in message
     assert redacted(f"postgresql://u:{PASSWORD}@h:5/d") == "postgresql://u@h:5/d"
+
+
+def test_state_check_reads_every_row_of_the_database(
+    url: str, credentials: Credentials, tmp_path: Path
+) -> None:
+    store, lease = _leader(url, credentials, "a")
+    try:
+        with store.transaction() as db:
+            assert store.record_decision(db, _decision(1.0), DecisionStatus.STARTED)
+    finally:
+        store.close()
+        lease.close()
+    (tmp_path / "rules").mkdir()
+    config = tmp_path / "engine.yaml"
+    config.write_text(
+        "rules: [rules]\nmetrics_listen: null\naudit: {spool_dir: audit}\n"
+        f"state: {{url: '{url}', password_file: '{credentials.password_file}'}}\n"
+    )
+    result = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"{redacted(url)}: OK\n"
+    with psycopg.connect(url, password=PASSWORD, autocommit=True) as conn:
+        conn.execute("UPDATE decisions SET data = 'not json'")
+    result = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "cannot be decoded" in result.output, result.output

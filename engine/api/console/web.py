@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
 from engine.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
-from engine.api.context import ApiContext
+from engine.api.context import ApiContext, NotLeaderError  # a write sent to a standby
 from engine.api.tokens import Permission, Principal
 from engine.config import ConsoleSettings
 
@@ -150,6 +150,7 @@ def render(
     nav = [(path, title) for path, title, perm in PAGES if viewer is None or viewer.can(perm)]
     context = {
         "viewer": viewer,
+        "standby": _standby(c) if viewer else None,
         "nav": nav if viewer else [],
         "csrf": viewer.session.csrf if viewer else "",
         "when": when,
@@ -166,6 +167,19 @@ def render(
     response.headers["referrer-policy"] = "same-origin"
     response.headers["x-content-type-options"] = "nosniff"
     return response
+
+
+def _standby(c: Console) -> dict[str, str | None] | None:
+    """What the banner of a standby replica's pages says (docs/ha.md), None on the leader:
+    the leader's name, and its console URL when it advertises an http(s) one."""
+    engine = c.context.engine
+    if engine.leading():
+        return None
+    info = engine.leadership.leader()
+    if info is None or not info.holder or info.expires_in <= 0:
+        return {"leader": None, "url": None}
+    url = info.url if info.url and info.url.startswith(("http://", "https://")) else None
+    return {"leader": info.holder, "url": url}
 
 
 def _record(
@@ -232,6 +246,15 @@ class AuditedRoute(APIRoute):
                 response = render(
                     request, "message.html", _viewer(request), 422, title="Not done", text=reason
                 )
+            except NotLeaderError as exc:  # a form sent to a standby: the leader takes it
+                reason = str(exc)
+                response = render(
+                    request, "message.html", _viewer(request), 503, title="Not done",
+                    text=reason,
+                )  # fmt: skip
+                leader = exc.leader
+                if leader is not None and leader.url and leader.expires_in > 0:
+                    response.headers["X-Gpuops-Leader"] = leader.url
             except HTTPException as exc:
                 reason = str(exc.detail)
                 response = render(

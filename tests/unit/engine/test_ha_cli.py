@@ -1,6 +1,6 @@
 """The CLI with a PostgreSQL configuration (docs/ha.md): an unreachable database stops
-``gpuops engine run`` with the server named and the password nowhere; ``gpuops state check``
-and ``reset`` say they are for the SQLite file."""
+``gpuops engine run`` and ``gpuops state check`` with the server named and the password
+nowhere; ``gpuops state reset`` says it is for the SQLite file."""
 
 from __future__ import annotations
 
@@ -39,12 +39,17 @@ def test_engine_run_names_the_unreachable_server_and_never_the_password(tmp_path
     assert "gpuops state reset" not in result.output, "there is no file to reset"
 
 
-def test_state_commands_refuse_a_postgres_configuration(tmp_path: Path) -> None:
+def test_state_check_names_the_unreachable_server_and_reset_refuses_a_database(
+    tmp_path: Path,
+) -> None:
     config = _config(tmp_path)
-    for command in (["state", "check"], ["state", "reset"]):
-        result = CliRunner().invoke(cli, [*command, "--config", str(config)])
-        assert result.exit_code == 1
-        assert result.output.strip() == (
-            f"Error: {config}: the state is in PostgreSQL (state.url); gpuops state check and"
-            " reset work on the SQLite state file only (docs/ha.md)"
-        )
+    checked = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
+    assert checked.exit_code == 1
+    assert "postgresql://gpuops@127.0.0.1:" in checked.output
+    assert "cannot connect" in checked.output and SECRET not in checked.output
+    result = CliRunner().invoke(cli, ["state", "reset", "--config", str(config)])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"Error: {config}: the state is in PostgreSQL (state.url); gpuops state reset works on"
+        " the SQLite state file only: the replicas share the database (docs/ha.md)"
+    )
