@@ -93,6 +93,52 @@ WINDOWS_S = 5.0
 hour's window meanwhile still counts for at most this long: it holds, never lets through)."""
 
 
+class _OutcomeBatch:
+    """Group commit of outcomes' audit: a worker whose outcome is stored hands it here and
+    waits until it is written; the first waiting worker writes every outcome handed in until
+    then (one spool write, one transaction), the others wait for it (the spool's own group
+    commit, one level up). A failure of the write is raised in every worker of its batch."""
+
+    def __init__(self, write: Callable[[Sequence[tuple[Decision, Outcome]]], None]) -> None:
+        self._write = write
+        self._cv = threading.Condition()
+        self._pending: list[tuple[Decision, Outcome]] = []
+        self._queued = 0  # outcomes handed in (tickets)
+        self._done = 0  # outcomes written (or failed)
+        self._writing = False
+        self._failures: list[tuple[int, int, BaseException]] = []
+
+    def write(self, decision: Decision, outcome: Outcome) -> None:
+        with self._cv:
+            self._pending.append((decision, outcome))
+            self._queued += 1
+            ticket = self._queued
+            while self._done < ticket:
+                if self._writing:
+                    self._cv.wait()
+                    continue
+                self._writing = True
+                batch, self._pending = self._pending, []
+                low, high = self._done, self._queued
+                self._cv.release()
+                failure: BaseException | None = None
+                try:
+                    self._write(batch)
+                except BaseException as exc:  # raised below in each worker of the batch
+                    failure = exc
+                finally:
+                    self._cv.acquire()
+                    self._writing = False
+                    self._done = high
+                    if failure is not None:
+                        self._failures.append((low, high, failure))
+                        del self._failures[:-64]  # older batches have no waiter left
+                    self._cv.notify_all()
+            for low, high, failure in self._failures:
+                if low < ticket <= high:
+                    raise failure
+
+
 class RetryError(Exception):
     """An action that cannot be retried now (it did not fail, or its target moved on)."""
 
@@ -145,6 +191,7 @@ class Gate:
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._in_flight: dict[str, Future[Outcome]] = {}
         self._problem: str | None = None
+        self._outcomes = _OutcomeBatch(self._write_outcomes)
         self._resume_pending = False
         self._stopped = False
         metrics.audit_healthy.set(1)
@@ -576,13 +623,20 @@ class Gate:
         return decision
 
     def _write_outcome(self, decision: Decision, outcome: Outcome) -> None:
+        """Audit a stored outcome; returns once it is written (or failed to be). Outcomes
+        that finish together share one spool write and one transaction (``_OutcomeBatch``)."""
+        self._outcomes.write(decision, outcome)
+
+    def _write_outcomes(self, batch: Sequence[tuple[Decision, Outcome]]) -> None:
+        """One spool write, then one transaction marking them audited, for ``batch``."""
         try:
-            self._audit.write_ahead([(decision, outcome)])
+            self._audit.write_ahead(batch)
         except AuditWriteError as exc:
-            self._failed_write("outcome", exc, 1)  # stored: ``reconcile`` writes it later
+            self._failed_write("outcome", exc, len(batch))  # stored: ``reconcile`` writes them
         else:
-            self._store.mark_audited([decision.id], Audited.OUTCOME)
-        self._notify(decision, outcome)
+            self._store.mark_audited([d.id for d, _ in batch], Audited.OUTCOME)
+        for decision, outcome in batch:
+            self._notify(decision, outcome)
 
     def _notify(self, decision: Decision, outcome: Outcome | None) -> None:
         if self._listener is not None:
