@@ -76,6 +76,7 @@ class Stream:
         self.mapping = Mapping_(mappings)
         self.docs: dict[str, dict[str, Any] | None] = {}  # None: not kept (``keep_sources``)
         self.versions: dict[str, int] = {}  # of documents written more than once (op ``index``)
+        self.seq_no = -1  # of the last write (one per write, as a shard's sequence numbers)
 
 
 class FakeElasticsearch:
@@ -558,7 +559,8 @@ class _Request:
             version = 1
             if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
                 version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
-            seq = len(stream.docs) + sum(stream.versions.values()) - len(stream.versions) - 1
+            stream.seq_no += 1
+            seq = stream.seq_no
         return {
             "_index": index,
             "_id": doc_id,

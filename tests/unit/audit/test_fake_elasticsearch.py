@@ -147,3 +147,16 @@ def test_filter_path_keeps_only_the_named_fields_of_a_bulk_answer(
     assert second["error"]["type"] == "version_conflict_engine_exception"
     with pytest.raises(BadRequestError, match="filter_path"):
         client.bulk(operations=ops, filter_path="-items")
+
+
+def test_index_over_an_existing_id_is_an_update_with_a_new_version() -> None:
+    with FakeElasticsearch() as fake:
+        client = Elasticsearch(fake.url, max_retries=0)
+        ops = [{"index": {"_index": "plain", "_id": "a"}}, {"n": 1}]
+        first = client.bulk(operations=ops)["items"][0]["index"]
+        second = client.bulk(operations=[ops[0], {"n": 2}])["items"][0]["index"]
+        client.close()
+        assert (first["result"], first["status"], first["_version"]) == ("created", 201, 1)
+        assert (second["result"], second["status"], second["_version"]) == ("updated", 200, 2)
+        assert second["_seq_no"] == first["_seq_no"] + 1
+        assert fake.documents("plain") == [{"n": 2}]
