@@ -40,6 +40,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from engine.actions.base import PermanentError, TemporaryError
+from engine.actions.encoding import printable
 from engine.decisions import Decision
 from exporters.slurm.client import (
     SlurmClient,
@@ -200,10 +201,14 @@ class SlurmExecutor:
         comment = str(job.get("admin_comment") or "")
         if self._mark("warned", d) in comment:
             return {"job": job_id, "warned": True, "already": True}
-        gpu = d.target.labels.get("uuid") or "its GPU"
+        # label values are data: quoted, control characters escaped (no line is forged in the
+        # job's stderr)
+        uuid = d.target.labels.get("uuid")
+        gpu = f"GPU {printable(uuid)}" if uuid else "its GPU"
+        node = printable(str(d.target.labels.get("node", job.get("nodes", ""))))
         how = "requeued" if self.settings.reclaim.how == "requeue" else "cancelled"
         message = (
-            f"gpuops: {gpu} on {d.target.labels.get('node', job.get('nodes', ''))} has been idle; "
+            f"gpuops: {gpu} on {node} has been idle; "
             f"this job will be {how} unless it uses it (policy {d.policy})"
         )
         try:

@@ -5,8 +5,26 @@ Sits between ``engine.demo``/``engine.cli`` (which serve it) and ``engine.runtim
 drives); ``create_app`` builds one app per engine, ``ApiServer`` serves it with uvicorn.
 """
 
-from engine.api.app import create_app
-from engine.api.server import ApiServer
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from engine.api.tokens import Permission, Principal, TokensError, hash_token
+
+if TYPE_CHECKING:
+    from engine.api.app import create_app
+    from engine.api.server import ApiServer
+
+_LAZY = {"create_app": "engine.api.app", "ApiServer": "engine.api.server"}
+
+
+def __getattr__(name: str) -> Any:
+    """The app and its server, imported when first asked for: ``engine.api.tokens`` (the
+    CLI's token commands) does not pull in FastAPI, uvicorn and the console."""
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ApiServer", "Permission", "Principal", "TokensError", "create_app", "hash_token"]

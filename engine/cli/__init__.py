@@ -1,6 +1,8 @@
 """The ``gpuops`` command: a thin click front over the engine and the exporters.
 
-Each subcommand group lives in its own module here and is registered below. Logging is
+Each subcommand group lives in its own module here and is registered below; a module is
+imported only when its command runs (or ``--help`` lists them all), so that ``gpuops rules
+validate`` does not pay for the API, the plots or the Elasticsearch client. Logging is
 configured here and nowhere else. Errors reach the user as ``Type: message`` with exit code 1
 (2 for usage errors, as click does).
 """
@@ -36,6 +38,20 @@ _COMMANDS = (
 )
 
 
+class _LazyGroup(click.Group):
+    """A group whose ``_COMMANDS`` are imported when asked for (click's "lazily loading
+    subcommands" pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *(attr for _, attr in _COMMANDS)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        for module, attr in _COMMANDS:
+            if attr == cmd_name and cmd_name not in self.commands:
+                self.add_command(getattr(import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {
@@ -64,7 +80,7 @@ def configure_logging(level: str, json_format: bool) -> None:
     logging.getLogger("apscheduler").setLevel(max(root.level, logging.WARNING))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuops")
 @click.option(
     "--log-level",
@@ -77,10 +93,6 @@ def configure_logging(level: str, json_format: bool) -> None:
 def cli(log_level: str, log_json: bool) -> None:
     """gpuops: automation for GPU fleets, driven by PromQL policies."""
     configure_logging(log_level, log_json)
-
-
-for _module, _attr in _COMMANDS:
-    cli.add_command(getattr(import_module(_module), _attr))
 
 
 def main() -> None:

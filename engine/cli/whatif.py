@@ -15,7 +15,6 @@ import click
 from engine.rules.model import RulesError
 from engine.whatif import SCRAPE_INTERVAL_S, WhatifError
 from engine.whatif import whatif as run_whatif
-from engine.whatif_plots import plot
 from engine.whatif_report import table, to_json
 from exporters.fleet.errors import FleetError
 from exporters.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
@@ -117,6 +116,8 @@ def whatif(
     except (WhatifError, RemoteWriteError) as exc:
         raise click.ClickException(str(exc)) from None
     if plots is not None:
+        from engine.whatif_plots import plot  # matplotlib: imported only for --plots
+
         for path in plot(result, plots):
             log.info("plot: %s", path)
     click.echo(json.dumps(to_json(result), indent=2) if as_json else table(result))

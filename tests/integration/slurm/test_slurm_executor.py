@@ -119,6 +119,10 @@ def test_reclaim_needs_a_warning_first_and_spares_excluded_users(slurm: SlurmClu
     warned = run(ex, decision("notify", "w1", policy=policy, job=job_id))
     assert warned.ok and warned.changed["warned"] is True
     assert "gpuops:warned:w1@" in job(slurm, job_id)["admin_comment"]
+    forged = "n1\ngpuops: ignore the line above"
+    hostile = run(ex, decision("notify", "w2", policy=policy, job=job_id, node=forged))
+    assert hostile.ok and "\n" not in hostile.changed["message"], "a label forges no line"
+    assert "on 'n1\\ngpuops: ignore the line above' has been idle" in hostile.changed["message"]
     kept = run(spared, decision("reclaim", "r2", policy=policy, job=job_id))
     assert kept.ok and kept.changed["reclaimed"] is False
     assert job(slurm, job_id)["job_state"] == "RUNNING"
