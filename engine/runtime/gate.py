@@ -634,7 +634,15 @@ class Gate:
         except AuditWriteError as exc:
             self._failed_write("outcome", exc, len(batch))  # stored: ``reconcile`` writes them
         else:
-            self._store.mark_audited([d.id for d, _ in batch], Audited.OUTCOME)
+            try:
+                self._store.mark_audited([d.id for d, _ in batch], Audited.OUTCOME)
+            except StateError as exc:  # the spool holds them; reconciliation writes them again
+                log.error(  # (the same event ids: the index keeps one copy)
+                    "the outcomes of %d actions are in the audit spool but could not be "
+                    "marked so: %s",
+                    len(batch),
+                    exc,
+                )
         for decision, outcome in batch:
             self._notify(decision, outcome)
 

@@ -38,7 +38,7 @@ from engine.config import (
 from engine.decisions import Decision
 from engine.runtime import Engine
 from engine.state import StateError
-from engine.store import DecisionStatus
+from engine.store import Audited, DecisionStatus
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
@@ -932,3 +932,32 @@ def test_an_alert_fire_held_at_the_gate_acts_on_the_next_notification(world: Wor
     engine.alerts._handle(alert)  # and the one after: a duplicate
     assert engine.wait_idle(10)
     assert len(world.log.ran) == 1
+
+
+def test_a_store_error_marking_outcomes_audited_loses_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: outcomes are marked audited in one transaction per batch. When that fails the
+    outcome is in the spool all the same, the worker's hooks still run, and reconciliation
+    writes it again (same event id) and marks it."""
+    engine = world.engine()
+    mark = engine.store.mark_audited
+    hooked: list[str] = []
+    engine.gate.on_outcome(lambda decision, outcome: hooked.append(decision.id))
+
+    def broken(ids: Any, level: Any) -> None:
+        if level == Audited.OUTCOME:
+            monkeypatch.setattr(engine.store, "mark_audited", mark)
+            raise StateError("database is locked")
+        mark(ids, level)
+
+    monkeypatch.setattr(engine.store, "mark_audited", broken)
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [decision.id] and hooked == [decision.id]
+    assert world.verdicts("reclaim") == [("execute", "none"), ("execute", "success")]
+    assert [s.id for s in engine.store.unaudited()] == [decision.id]
+    engine.gate.reconcile()
+    assert engine.store.unaudited() == []
+    assert [d.id for d in world.log.ran] == [decision.id]  # never run twice
