@@ -85,8 +85,16 @@ class _Item:
     @property
     def doc_id(self) -> str:
         """Its ``event.id`` (read from the action line: only to report a refused document)."""
+        return self._meta("_id")
+
+    @property
+    def index(self) -> str:
+        """Its data stream (read from the action line: only to report a refused document)."""
+        return self._meta("_index")
+
+    def _meta(self, key: str) -> str:
         try:
-            return str(orjson.loads(self.pair[0])["create"]["_id"])
+            return str(orjson.loads(self.pair[0])["create"][key])
         except (ValueError, KeyError, TypeError):
             return "?"
 
@@ -307,7 +315,12 @@ class Shipper:
             if len(batch) > 1:
                 self._split = max(1, len(batch) // 2)
                 return batch
-            self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+            try:
+                self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+            except OSError:  # kept in the spool: sent (and refused) again after a backoff
+                log.exception("audit: the dead-letter file is not writable")
+                self._backoff(f"bulk request refused: {exc}")
+                return batch
             batch[0].work.outstanding -= 1
             self._split = None
             return []
@@ -382,7 +395,11 @@ class Shipper:
         self._metrics.shipped.labels(result="created").inc(created)
         self._metrics.shipped.labels(result="duplicate").inc(duplicates)
         if dead:
-            self._dead_letter(dead)
+            try:
+                self._dead_letter(dead)
+            except OSError:  # kept in the spool: sent (and refused) again after a backoff
+                log.exception("audit: the dead-letter file is not writable")
+                result.retry += [item for item, _ in dead]
         self._metrics.bulk_requests.labels(result="ok").inc()
         return result
 
@@ -392,7 +409,6 @@ class Shipper:
         now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         with (directory / "dead-letter.jsonl").open("ab") as fh:
             for item, result in dead:
-                doc = orjson.loads(item.line)
                 error = result.get("error") or {}
                 reason = error.get("reason") if isinstance(error, Mapping) else str(error)
                 entry = {
@@ -400,9 +416,12 @@ class Shipper:
                     "status": result.get("status"),
                     "reason": reason,
                     "error": error,
-                    "index": stream_of(doc),
-                    "document": doc,
+                    "index": item.index,
                 }
+                try:
+                    entry["document"] = orjson.loads(item.line)
+                except ValueError:  # a corrupt spool line: its bytes as they are, losing nothing
+                    entry["document_raw"] = item.line.decode("utf-8", errors="backslashreplace")
                 fh.write(orjson.dumps(entry, default=str) + b"\n")
                 log.error(
                     "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",

@@ -76,7 +76,13 @@ def segment_version(path: Path) -> int:
 def entries(data: bytes, path: Path) -> Iterator[tuple[int, bytes, bytes]]:
     """The complete entries of a format 2 segment's bytes: (line number of the action line,
     action line, document line), newlines cut off. A torn last entry (a process killed while
-    writing, never acknowledged) and a line out of place are skipped with a warning."""
+    writing, never acknowledged) and a line out of place are skipped with a warning.
+
+    A document line is checked only as far as it costs nothing: it must start with ``{`` and
+    not be an action line (a corrupt line, e.g. a disk block of zeros, is skipped with its
+    action; an action line followed by another action line lost its document and is skipped
+    alone). A line that starts well but is not JSON is sent all the same: Elasticsearch refuses
+    it and the shipper dead-letters its bytes."""
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the segment ends with a newline
     i, n = 0, len(lines)
@@ -89,7 +95,16 @@ def entries(data: bytes, path: Path) -> Iterator[tuple[int, bytes, bytes]]:
         if i + 1 == n:
             torn = torn or action
             break
-        yield i + 1, action, lines[i + 1]
+        line = lines[i + 1]
+        if not line.startswith(b"{"):
+            log.warning("%s: skipping invalid document line %d", path, i + 2)
+            i += 2
+            continue
+        if line.startswith(ACTION_PREFIX):
+            log.warning("%s: skipping action line %d without its document", path, i + 1)
+            i += 1
+            continue
+        yield i + 1, action, line
         i += 2
     if torn:
         log.warning("%s: skipping torn last entry at line %d (never acknowledged)", path, i + 1)
