@@ -628,7 +628,11 @@ class Gate:
         self._outcomes.write(decision, outcome)
 
     def _write_outcomes(self, batch: Sequence[tuple[Decision, Outcome]]) -> None:
-        """One spool write, then one transaction marking them audited, for ``batch``."""
+        """One spool write, then one transaction marking them audited, for ``batch``; then
+        the listener for each. What fails for the batch (an unwritable spool, a failed mark) is
+        logged, and a listener's error for one outcome too, so that no worker of the batch
+        skips its outcome hooks for what happened to another (reconciliation writes what the
+        spool or the marks lack)."""
         try:
             self._audit.write_ahead(batch)
         except AuditWriteError as exc:
@@ -643,8 +647,11 @@ class Gate:
                     len(batch),
                     exc,
                 )
-        for decision, outcome in batch:
-            self._notify(decision, outcome)
+        for decision, outcome in batch:  # each worker's own: one listener error is not theirs
+            try:
+                self._notify(decision, outcome)
+            except Exception:  # a collaborator's bug must not skip the others' outcome hooks
+                log.exception("decision listener failed for the outcome of %s", decision.id)
 
     def _notify(self, decision: Decision, outcome: Outcome | None) -> None:
         if self._listener is not None:

@@ -961,3 +961,35 @@ def test_a_store_error_marking_outcomes_audited_loses_nothing(
     engine.gate.reconcile()
     assert engine.store.unaudited() == []
     assert [d.id for d in world.log.ran] == [decision.id]  # never run twice
+
+
+def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: World) -> None:
+    """Issue 15 (review D6): outcomes finishing together are audited by one worker, for all of
+    them; a listener's error for one of them reached every worker of the batch, which skipped
+    its outcome hooks. Now each outcome is notified and hooked, whatever the others' did."""
+    engine = world.engine()
+    gate = engine.gate
+    write_ahead = gate._audit.write_ahead
+    first_write = threading.Event()
+
+    def slow_first_outcome(entries: Any) -> Any:
+        if any(o is not None for _, o in entries) and not first_write.is_set():
+            first_write.set()  # the next two outcomes queue meanwhile: one batch of two
+            wait_for(lambda: len(gate._outcomes._pending) == 2, 10, "two outcomes to queue")
+        return write_ahead(entries)
+
+    notified: list[str] = []
+    hooked: list[str] = []
+
+    def listener(decision: Decision, outcome: Any) -> None:
+        notified.append(decision.id)
+        if len(notified) == 2:  # the first of the batch of two
+            raise RuntimeError("listener bug")
+
+    gate._audit.write_ahead = slow_first_outcome  # type: ignore[method-assign]
+    gate._listener = listener
+    gate.on_outcome(lambda decision, outcome: hooked.append(decision.id))
+    world.prom.results["idle"] = uuids(3)
+    decisions = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert sorted(notified) == sorted(hooked) == sorted(d.id for d in decisions)
