@@ -61,7 +61,7 @@ from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
 from engine.state import StateError
-from engine.store import Audited, DecisionStatus, Store
+from engine.store import Audited, DecisionStatus, Store, StoredDecision
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,7 @@ class Gate:
         self._executors: dict[str, Executor] = {}
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._in_flight: dict[str, Future[Outcome]] = {}
+        self._running: set[str] = set()  # ids submitted and not done (set before submitting)
         self._problem: str | None = None
         self._outcomes = _OutcomeBatch(self._write_outcomes)
         self._resume_pending = False
@@ -272,13 +273,7 @@ class Gate:
         on a still unwritable spool, 0 and ``problem`` stays."""
         with self._admit_lock:
             rows = self._store.unaudited()
-            if not rows:  # nothing waits for the spool (the next write tells if it is full)
-                if self._problem is not None:
-                    self._wrote()
-                if self._resume_pending:
-                    self._resume_pending = False
-                    self._resume_unfinished()
-                return 0
+            lacking = self._outcomes_lacking(rows)
             entries: list[tuple[Decision, Outcome | None]] = []
             intents, outcomes, to_run = [], [], []
             for stored in rows:
@@ -288,9 +283,16 @@ class Gate:
                     intents.append(decision.id)
                     if stored.status is DecisionStatus.STARTED:
                         to_run.append(decision)
-                if stored.outcome is not None:
+                if stored.outcome is not None and decision.id in lacking:
                     entries.append((decision, stored.outcome))
                     outcomes.append(decision.id)
+            if not entries:  # nothing waits for the spool (the next write tells if it is full)
+                if self._problem is not None:
+                    self._wrote()
+                if self._resume_pending:
+                    self._resume_pending = False
+                    self._resume_unfinished()
+                return 0
             try:
                 self._audit.write_ahead(entries)
             except AuditWriteError as exc:
@@ -311,6 +313,20 @@ class Gate:
                 for decision in to_run:
                     self._submit(decision)
             return len(entries)
+
+    def _outcomes_lacking(self, rows: Sequence[StoredDecision]) -> set[str]:
+        """The ids among ``rows`` (just read) whose stored outcome the spool lacks and no worker
+        of this gate is about to write: an action still in ``_run`` (its outcome waiting in
+        the outcome batch) writes and marks its own, so reconciliation writing it too would
+        leave two copies in the spool. Its worker marks the outcome audited before it leaves
+        ``_running``, so what is not running now is read again: written and marked meanwhile,
+        or lacking for good (a failed write or mark, a previous run's)."""
+        with self._lock:
+            running = set(self._running)  # after the rows were read: see the docstring
+        idle = [s.id for s in rows if s.outcome is not None and s.id not in running]
+        if not idle:
+            return set()
+        return {s.id for s in self._store.unaudited(idle) if s.outcome is not None}
 
     def resume(self) -> None:
         """At start: reconcile the audit with the state file, then run again the actions a
@@ -343,6 +359,7 @@ class Gate:
             if pool is None:
                 pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"gpuops-{name}")
                 self._pools[name] = pool
+            self._running.add(decision.id)  # before it can start: see _outcomes_lacking
             future = pool.submit(self._run, decision)
             self._in_flight[decision.id] = future
         future.add_done_callback(lambda _: self._done(decision.id))
@@ -351,6 +368,7 @@ class Gate:
     def _done(self, decision_id: str) -> None:
         with self._lock:
             self._in_flight.pop(decision_id, None)
+            self._running.discard(decision_id)
 
     def _not_leading(self, decision: Decision) -> Outcome | None:
         """The outcome of an action this replica may not run or go on with because it no longer

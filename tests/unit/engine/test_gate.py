@@ -993,3 +993,32 @@ def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: Wo
     decisions = world.evaluate(engine, "reclaim")
     assert engine.wait_idle(10)
     assert sorted(notified) == sorted(hooked) == sorted(d.id for d in decisions)
+
+
+def test_reconcile_leaves_an_outcome_waiting_in_the_batch_to_its_worker(world: World) -> None:
+    """Issue 15 (review D8): an outcome stored and waiting for its batch's spool write is not
+    yet marked audited; a reconciliation meanwhile (a spool writable again) wrote it as well:
+    two copies of it in the spool. Now reconciliation leaves it to its worker."""
+    engine = world.engine()
+    gate = engine.gate
+    write_ahead = gate._audit.write_ahead
+    writing, release = threading.Event(), threading.Event()
+    worker = threading.current_thread()
+
+    def held_outcome(entries: Any) -> Any:
+        if threading.current_thread() is not worker and any(o is not None for _, o in entries):
+            writing.set()
+            assert release.wait(10)
+        return write_ahead(entries)
+
+    gate._audit.write_ahead = held_outcome  # type: ignore[method-assign]
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert writing.wait(10)  # stored, not yet audited: what reconciliation reads as lacking
+    assert [s.id for s in engine.store.unaudited()] == [decision.id]
+    assert gate.reconcile() == 0
+    release.set()
+    assert engine.wait_idle(10)
+    assert world.verdicts("reclaim") == [("execute", "none"), ("execute", "success")]
+    assert engine.store.unaudited() == []
+    # (a failed mark is still reconciled: test_a_store_error_marking_outcomes_audited_...)
