@@ -5,7 +5,9 @@ bulk action line (``{"create":{"_index":<data stream>,"_id":<event.id>}}``) and 
 (``engine.audit.lines``), so a segment is a ready Elasticsearch ``_bulk`` body and the shipper
 sends its bytes without parsing them. Format 1 (``segment-<seq>.jsonl``, one JSON document per
 line) is still read: a spool left by an older engine is shipped and searched as before; new
-documents always go to format 2 segments. Readers tell the formats by the file name.
+documents always go to format 2 segments. Readers tell the formats by the file name. A
+downgrade to an engine that knows only format 1 is not supported (it would neither ship nor
+search ``.ndjson`` segments): ``elk/README.md`` says how to drain or convert the spool first.
 
 ``AuditLog`` appends every document here before anything else; the shipper reads sealed
 segments and removes one only when Elasticsearch acknowledged all its documents; ``gpuops audit
