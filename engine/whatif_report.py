@@ -102,6 +102,7 @@ OVERALL: tuple[Row, ...] = (
     ("jobs queued at end", lambda r: r.jobs_queued_at_end, _num("d"), False),
     ("JCT mean", lambda r: r.jct_mean_s, _h, False),
     ("JCT p95", lambda r: r.jct_p95_s, _h, False),
+    ("JCT mean, unfinished counted", lambda r: r.jct_all_mean_s, _h, False),
     ("queue wait mean", lambda r: r.wait_mean_s, _h, False),
     ("preemptions", lambda r: r.preemptions, _num("d"), False),
     ("reclaims", lambda r: r.reclaims, _num("d"), False),
@@ -112,6 +113,9 @@ OVERALL: tuple[Row, ...] = (
     ("kWh per completed GPU-hour", lambda r: r.kwh_per_completed_gpu_hour, _num(".3f"), False),
     ("work (full-clock GPU-hours)", lambda r: r.work_gpu_hours, _num(".1f"), False),
     ("throughput lost to clock locks", lambda r: r.downclock_loss, _pct, True),
+    ("throughput lost to GPU sharing", lambda r: r.sharing_loss, _pct, True),
+    ("packs", lambda r: r.packs, _num("d"), False),
+    ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, _num(".1f"), False),
 )
 
 

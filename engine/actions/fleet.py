@@ -32,6 +32,9 @@ class FleetExecutor:
             "release_quota",
             "hold_class",
             "release_class",
+            "pack",
+            "lend",
+            "unlend",
         }
     )
 
@@ -59,6 +62,11 @@ class FleetExecutor:
         body: dict[str, Any] = {"decision_id": decision.id}
         if verb == "reclaim":
             method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/reclaim"
+        elif verb == "pack":
+            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/pack"
+        elif verb in ("lend", "unlend"):
+            method = "POST" if verb == "lend" else "DELETE"
+            path = f"/api/v1/pools/{_need(labels, 'pool', verb)}/lend"
         elif verb == "downclock":
             method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
             if "max_clock_mhz" not in params:

@@ -25,7 +25,7 @@ from exporters.fleet.config import (
     PoolSpec,
     default_workload,
 )
-from exporters.fleet.energy import JOULES_PER_KWH
+from exporters.fleet.energy import JOULES_PER_KWH, throughput
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
     FleetReading,
@@ -37,14 +37,20 @@ from exporters.fleet.model import (
     profile_utilization,
 )
 from exporters.fleet.scheduler import Scheduler
+from exporters.fleet.sharing import gpu_utilization, progress_rates
 from exporters.fleet.workload import Arrivals, PriorityClass
+
+SESSION_PROFILES = ("notebook", "inference")
+"""Profiles whose duration is wall-clock time (a user's session, a service's serving time),
+not work: a lower clock or a shared GPU makes them slower to answer, not longer; what they
+lose is still counted (``downclock_lost_gpu_s``, ``share_lost_gpu_s``)."""
 
 NO_CLASS = PriorityClass("", 0)
 """The class of jobs submitted without one: plain ``priority`` ordering, never preempting."""
 
 log = logging.getLogger(__name__)
 
-NODE_STATES = ("up", "failed", "drained")
+NODE_STATES = ("up", "failed", "drained", "booting")
 
 
 class Cluster:
@@ -66,6 +72,7 @@ class Cluster:
             "nodes_added": 0,
             "downclocked": 0,
             "restored": 0,
+            "packed": 0,
         }
         self.arrival_rate_per_min = config.arrival_rate_per_min
         """Background arrivals per minute; with job classes, their total mean rate."""
@@ -73,6 +80,7 @@ class Cluster:
         self._id_rng = random.Random(f"{config.seed}-identity")
         self._node_seq = 0
         self._rates: dict[str, float] = {}
+        self._clock_rates: dict[str, float] = {}
 
         self._job_seq = 0
         self._next_arrival = math.inf
@@ -92,10 +100,15 @@ class Cluster:
         self.reclaimed_gpu_s = 0.0
         """GPU-seconds the reclaimed jobs would still have held (0 for open-ended ones)."""
         self.work_gpu_s = 0.0
-        """GPU-seconds of job progress at full-clock speed (throughput, for the what-if)."""
+        """GPU-seconds of job progress at full-clock speed (throughput, for the what-if), in
+        A100-equivalents (``GpuModel.speed``)."""
         self.downclock_lost_gpu_s = 0.0
         """GPU-seconds of progress lost to clock locks (full-clock work not done while
         running slower): the throughput cost of downclocking."""
+        self.share_lost_gpu_s = 0.0
+        """GPU-seconds of progress lost to sharing a GPU (contention, context switches)."""
+        self.restart_lost_gpu_s = 0.0
+        """GPU-seconds of work redone by jobs stopped and started again (reclaim, pack)."""
         self.completed_gpu_s = 0.0
         """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
         self.completed: list[tuple[str, str, float, float]] = []
@@ -111,7 +124,9 @@ class Cluster:
 
     # --- building blocks (callers hold the lock) -------------------------------------------
 
-    def add_node(self, pool_name: str) -> Node:
+    def add_node(self, pool_name: str, boot: bool = False) -> Node:
+        """A new node of ``pool_name``; with ``boot``, a machine powered up now, schedulable
+        after the pool's ``boot_s``."""
         pool = self.pools[pool_name]
         model = GPU_MODELS[pool.model]
         seq = self._node_seq
@@ -126,6 +141,8 @@ class Cluster:
             for i in range(pool.gpus_per_node)
         ]
         node = Node(name=f"node-{seq}", pool=pool.name, model=model, gpus=gpus, seq=seq)
+        if boot and pool.boot_s > 0:
+            node.booting_until = self.time + pool.boot_s
         self.nodes[node.name] = node
         return node
 
@@ -230,6 +247,7 @@ class Cluster:
             priority_class=pc.name,
             memory_gib=spec.memory_gib,
             checkpoint_interval_s=spec.checkpoint_interval_s,
+            shareable=spec.shareable,
         )
 
     def candidate_pools(self, pc: PriorityClass, spec: JobSpec) -> tuple[str, ...]:
@@ -297,6 +315,40 @@ class Cluster:
         if job.remaining_s is None:
             job.remaining_s = job.duration_s
 
+    def start_shared(self, job: Job, node: Node, gpus: list[Gpu]) -> None:
+        """Run ``job`` on one slice of each of ``gpus`` (shared GPUs of ``node``)."""
+        for gpu in gpus:
+            gpu.tenants.append(job.id)
+        self.start(job, node, [])
+        job.gpu_uuids = [g.uuid for g in gpus]
+        job.shared = True
+
+    def job_bytes(self, job: Job, gpu: Gpu) -> int:
+        """GPU memory ``job`` uses on ``gpu``: its ``memory_gib``, else its profile's share."""
+        if job.memory_gib is not None:
+            return int(job.memory_gib * GIB)
+        return int(gpu.model.memory_bytes * job.memory_fraction)
+
+    def restart_cost(self, job: Job) -> float:
+        """Stop ``job`` to start it again elsewhere: its work since the last checkpoint (all of
+        it without checkpoints; a session — notebook, inference service — keeps its place) plus
+        the fleet's ``restart_s`` go back on its remaining time. Returns the GPU-seconds
+        charged."""
+        if job.remaining_s is None or job.duration_s is None:
+            return 0.0
+        done = job.duration_s - job.remaining_s
+        if job.profile in SESSION_PROFILES:
+            lost = 0.0
+        elif job.checkpoint_interval_s is not None:
+            lost = min(job.since_checkpoint_s, done)
+        else:
+            lost = done
+        charged = lost + self.config.scheduler.restart_s
+        job.remaining_s += charged
+        job.since_checkpoint_s = 0.0
+        self.restart_lost_gpu_s += charged * job.gpus
+        return charged * job.gpus
+
     def release(self, job: Job) -> list[str]:
         """Free the job's GPUs and drop it from the cluster; returns the freed uuids."""
         freed = self._unplace(job)
@@ -314,9 +366,13 @@ class Cluster:
                 if gpu.job == job.id:
                     gpu.job = None
                     freed.append(gpu.uuid)
+                if job.id in gpu.tenants:
+                    gpu.tenants.remove(job.id)
+                    freed.append(gpu.uuid)
         job.node = None
         job.gpu_uuids = []
         job.state = "queued"
+        job.shared = False
         return freed
 
     def requeue(self, job: Job) -> None:
@@ -378,13 +434,21 @@ class Cluster:
         finished jobs, arrivals, ended grants, scheduling, readings, energy and its cost."""
         with self.lock:
             self.time += dt
+            for booting in self.nodes.values():
+                if booting.booting_until is not None and booting.booting_until <= self.time:
+                    booting.booting_until = None
             for job in list(self.jobs.values()):
                 node = self.nodes.get(job.node or "")
                 if job.state != "running" or job.remaining_s is None or node is None:
                     continue
                 if node.failed:
                     continue
-                progress = dt * self._rates.get(job.id, 1.0)
+                # a session's duration is wall-clock time; work slows with clocks and sharing
+                if job.profile in SESSION_PROFILES:
+                    rate = 1.0
+                else:
+                    rate = self._rates.get(job.id, 1.0) * node.model.speed
+                progress = dt * rate
                 job.remaining_s -= progress
                 job.since_checkpoint_s += progress
                 interval = job.checkpoint_interval_s
@@ -429,6 +493,9 @@ class Cluster:
             before = 0.0
             for gpu in node.gpus:
                 before += gpu.energy_joules
+                if gpu.tenants:
+                    self._step_shared(node.pool, gpu, dt, rates)
+                    continue
                 holder = self.jobs.get(gpu.job or "")
                 if holder is None:
                     gpu.step(dt, 0.0, 0.0)
@@ -440,11 +507,33 @@ class Cluster:
             self.energy_joules[node.pool] += drawn
             joules += drawn
         for job_id, rate in rates.items():
-            gpus = self.jobs[job_id].gpus
+            job = self.jobs[job_id]
+            speed = self.nodes[str(job.node)].model.speed
+            gpus = job.gpus * speed  # in A100-equivalent GPUs
+            clock = self._clock_rates.get(job_id, rate)
             self.work_gpu_s += dt * rate * gpus
-            self.downclock_lost_gpu_s += dt * (1.0 - rate) * gpus
+            # the clock lock's share of the loss, then what sharing took on top of it
+            self.downclock_lost_gpu_s += dt * (1.0 - clock) * gpus
+            self.share_lost_gpu_s += dt * (clock - rate) * gpus
         self._rates = rates
+        self._clock_rates = {}
         self.energy_cost += joules / JOULES_PER_KWH * price
+
+    def _step_shared(self, pool: str, gpu: Gpu, dt: float, rates: dict[str, float]) -> None:
+        """One step of a shared GPU: its jobs' demands, the GPU's load, each job's progress
+        (``exporters.fleet.sharing``) under the GPU's clock lock."""
+        spec = self.pools[pool]
+        mode = spec.sharing or "time-slicing"
+        tenants = [self.jobs[j] for j in gpu.tenants]
+        demands = [profile_utilization(j.profile, self.time, j.phase, self.rng) for j in tenants]
+        used = sum(self.job_bytes(j, gpu) for j in tenants)
+        fraction = min(used / gpu.model.memory_bytes, 1.0)
+        gpu.step(dt, gpu_utilization(mode, demands, spec.slices), fraction)
+        share = gpu.clock_limit_share()
+        for job, rate in zip(tenants, progress_rates(mode, demands, spec.slices), strict=True):
+            clock = throughput(job.profile, share)
+            rates[job.id] = min(rate * clock, rates.get(job.id, 1.0))
+            self._clock_rates[job.id] = min(clock, self._clock_rates.get(job.id, 1.0))
 
     # --- views ---------------------------------------------------------------------------------
 
@@ -458,12 +547,16 @@ class Cluster:
     def fleet_reading(self) -> FleetReading:
         with self.lock:
             allocations = []
+            sharing = []
             for node in self.nodes.values():
+                can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
-                    job = self.jobs.get(gpu.job or "")
+                    job = self.jobs.get(gpu.job or (gpu.tenants[0] if gpu.tenants else ""))
                     allocations.append(
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
+                    if can_share:
+                        sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():
                 nodes[(node.pool, node.state)] += 1
@@ -478,6 +571,7 @@ class Cluster:
                 running=running,
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
+                sharing=tuple(sharing),
                 **self._energy_and_scheduling(),
             )
 
@@ -510,6 +604,8 @@ class Cluster:
             "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
             "quotas": self.scheduler.quotas(),
             "demand": self.scheduler.demand(),
+            "borrow_demand": self.scheduler.borrow_demand(),
+            "lending": {p: p in self.scheduler.lending for p in self.pools},
             "project_gpus": project_gpus,
             "preemptions": dict(self.scheduler.preemptions),
             "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
@@ -531,6 +627,7 @@ class Cluster:
                             "uuid": gpu.uuid,
                             "job": job.id if job else None,
                             "project": job.project if job else None,
+                            "tenants": list(gpu.tenants),
                             "utilization": round(gpu.utilization, 4),
                             "clock_locked_mhz": gpu.clock_locked_mhz,
                             "max_clock_mhz": gpu.max_clock_mhz,
@@ -561,6 +658,7 @@ class Cluster:
                 ],
                 "grants": [g.to_json() for g in self.scheduler.grants.values()],
                 "held_classes": sorted(self.scheduler.held),
+                "lending_pools": sorted(self.scheduler.lending),
                 "preemptions": dict(self.scheduler.preemptions),
                 "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
             }

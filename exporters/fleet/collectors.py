@@ -121,7 +121,7 @@ class FleetCollector(Collector):
         yield queue
         nodes = GaugeMetricFamily(
             "gpuops_fleet_nodes",
-            "Nodes by pool and state (up|failed|drained).",
+            "Nodes by pool and state (up|failed|drained|booting).",
             labels=["pool", "state"],
         )
         for (pool, state), n in sorted(r.nodes.items()):
@@ -145,6 +145,7 @@ class FleetCollector(Collector):
         for pool, n in sorted(r.demand.items()):
             demand.add_metric([pool], n)
         yield demand
+        yield from _sharing_families(r)
         running = GaugeMetricFamily("gpuops_jobs_running", "Running jobs.", labels=["pool"])
         for pool, n in sorted(r.running.items()):
             running.add_metric([pool], n)
@@ -156,6 +157,35 @@ class FleetCollector(Collector):
             "gpuops_gpus_reclaimed", "GPUs' jobs ended by reclaim.", value=r.reclaimed
         )
         yield from _energy_families(r)
+
+
+def _sharing_families(r: FleetReading) -> Iterator[Metric]:
+    """GPU sharing and lending: jobs per shared GPU, the queue only borrowing could place,
+    pools that lend (``exporters.fleet.scheduler``)."""
+    sharing = GaugeMetricFamily(
+        "gpuops_gpu_shared_jobs",
+        "Jobs on the slices of a GPU of a pool that can share (0: not shared).",
+        labels=["node", "uuid"],
+    )
+    for node, uuid, n in r.sharing:
+        sharing.add_metric([node, uuid], n)
+    yield sharing
+    borrow = GaugeMetricFamily(
+        "gpuops_queue_borrow_demand_jobs",
+        "Queued jobs that only idle GPUs reserved by other projects in the pool could place.",
+        labels=["pool"],
+    )
+    for pool, n in sorted(r.borrow_demand.items()):
+        borrow.add_metric([pool], n)
+    yield borrow
+    lending = GaugeMetricFamily(
+        "gpuops_pool_lending",
+        "1 while the pool lends its idle reserved GPUs to other projects (lend).",
+        labels=["pool"],
+    )
+    for pool, on in sorted(r.lending.items()):
+        lending.add_metric([pool], 1.0 if on else 0.0)
+    yield lending
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (

@@ -31,13 +31,17 @@ class GpuModel:
     memory_clock_mhz: int
     power_limit_watts: float
     idle_power_watts: float
+    speed: float = 1.0
+    """Compute-bound work per second relative to an A100 (job durations are A100 time)."""
 
 
 GIB = 1024**3
 
 GPU_MODELS: dict[str, GpuModel] = {
     "A100": GpuModel("A100", "NVIDIA A100-SXM4-80GB", 80 * GIB, 210, 1410, 1593, 400.0, 55.0),
-    "H100": GpuModel("H100", "NVIDIA H100 80GB HBM3", 80 * GIB, 345, 1980, 2619, 700.0, 70.0),
+    "H100": GpuModel(
+        "H100", "NVIDIA H100 80GB HBM3", 80 * GIB, 345, 1980, 2619, 700.0, 70.0, speed=2.0
+    ),
     "V100": GpuModel("V100", "Tesla V100-SXM2-32GB", 32 * GIB, 135, 1530, 877, 300.0, 40.0),
     "T4": GpuModel("T4", "Tesla T4", 16 * GIB, 300, 1590, 5001, 70.0, 10.0),
     "RTXA6000": GpuModel("RTXA6000", "NVIDIA RTX A6000", 48 * GIB, 210, 1800, 8001, 300.0, 22.0),
@@ -46,7 +50,13 @@ GPU_MODELS: dict[str, GpuModel] = {
 clock and board power are NVIDIA's datasheet figures (A100 SXM4 80GB: 400 W, 1410 MHz; H100
 SXM5: 700 W, 1980 MHz; V100 SXM2 32GB: 300 W, 1530 MHz; T4: 70 W, 1590 MHz; RTX A6000: 48 GB,
 300 W, 1800 MHz) as ``nvidia-smi -q`` reports them; the minimum clock is the lowest supported
-application clock; idle power is a typical ``nvidia-smi`` reading at P0 with no process."""
+application clock; idle power is a typical ``nvidia-smi`` reading at P0 with no process.
+
+``speed``: training throughput per GPU relative to the A100, which job durations are measured
+on. H100 SXM: 2.0, the low end of what MLPerf Training v3.0 (2023) results show per GPU against
+A100 (about 2-3x on BERT, ResNet-50, GPT-3, without counting FP8's further gain). The other
+models stay at 1.0: in the shipped fleets only light, inference and notebook work runs on
+them (not compute-bound, or wall-clock sessions), and their durations are their own."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,16 @@ class PoolSpec:
     """Most nodes scale_out may bring the pool to (the machines a physical pool has, powered
     up again after a scale_in; a cloud pool's limit); None: no limit. Quota grants are not
     capped by it."""
+    sharing: str | None = None
+    """How a GPU of the pool can be shared by several jobs once a ``pack`` makes it shared:
+    ``mig`` (A100/H100: isolated slices, each ``1/slices`` of the SMs and memory) or
+    ``time-slicing`` (any model: the jobs take turns; see ``exporters.fleet.sharing``);
+    None: one job per GPU."""
+    slices: int = 1
+    """Jobs one shared GPU can hold (MIG instances, or time-slicing replicas)."""
+    boot_s: float = 0.0
+    """Seconds a machine powered up by scale_out takes before it can run jobs (it draws idle
+    power meanwhile), a cloud pool's too; 0: at once. A quota grant's nodes are there at once."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,9 @@ class JobSpec:
     """Memory each GPU must have; smaller models cannot take the job."""
     checkpoint_interval_s: float | None = None
     """Work lost on preemption is at most this; None: a preempted job starts over."""
+    shareable: bool = False
+    """The job may run on a slice of a shared GPU (``pack``, and the scheduler's placement on
+    free slices)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +141,9 @@ class SchedulerSettings:
     """A job runs at least this long after (re)starting before it can be preempted again."""
     max_preemptions: int = 3
     """A job preempted this often is never preempted again."""
+    restart_s: float = 300.0
+    """What a job stopped and started again (reclaimed, packed onto another GPU) pays on top of
+    the work lost since its last checkpoint: relaunch, reloading data and model (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +229,9 @@ class FleetConfig:
                 )
             if p.nodes < 0 or p.gpus_per_node < 1:
                 raise ValueError(f"pools[{p.name}]: nodes must be >= 0 and gpus_per_node >= 1")
+            problem = sharing_problem(p.sharing, p.slices, p.model)
+            if problem:
+                raise ValueError(f"pools[{p.name}].sharing: {problem}")
         for profile, _weight in self.job_mix:
             if profile not in PROFILES:
                 raise ValueError(f"job_mix: unknown profile {profile!r}; use one of {PROFILES}")
@@ -222,6 +251,25 @@ class FleetConfig:
             for pool, _gpus in project.reserved:
                 if pool not in pools:
                     raise ValueError(f"projects[{project.name}].reserved: no pool {pool!r}")
+
+
+SHARING_MODES = ("mig", "time-slicing")
+MIG_MODELS = ("A100", "H100")
+"""Models with Multi-Instance GPU (NVIDIA's MIG user guide: A100, H100; up to 7 instances)."""
+
+
+def sharing_problem(mode: str | None, slices: int, model: str) -> str:
+    """What is wrong with a pool's sharing settings ("" when nothing)."""
+    if mode is None:
+        return "" if slices == 1 else f"slices {slices} needs a sharing mode"
+    if mode not in SHARING_MODES:
+        return f"{mode!r} is not a sharing mode; use one of {', '.join(SHARING_MODES)}"
+    if mode == "mig" and model not in MIG_MODELS:
+        return f"mig needs one of {', '.join(MIG_MODELS)}; {model} has no MIG (use time-slicing)"
+    top = 7 if mode == "mig" else 16
+    if not 2 <= slices <= top:
+        return f"slices must be within [2, {top}] for {mode}, got {slices}"
+    return ""
 
 
 def default_workload(config: FleetConfig) -> tuple[JobSpec, ...]:

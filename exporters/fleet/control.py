@@ -151,6 +151,21 @@ ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ),
     (
         "POST",
+        re.compile(r"/api/v1/gpus/([^/]+)/pack"),
+        _changed(lambda c, a, b: ops.pack(c, a[0])),
+    ),
+    (
+        "POST",
+        re.compile(r"/api/v1/pools/([^/]+)/lend"),
+        _changed(lambda c, a, b: ops.lend(c, a[0])),
+    ),
+    (
+        "DELETE",
+        re.compile(r"/api/v1/pools/([^/]+)/lend"),
+        _changed(lambda c, a, b: ops.unlend(c, a[0])),
+    ),
+    (
+        "POST",
         re.compile(r"/api/v1/gpus/([^/]+)/clocks"),
         _changed(lambda c, a, b: ops.lock_clocks(c, a[0], _int(b, "max_clock_mhz"))),
     ),

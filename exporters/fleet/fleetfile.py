@@ -26,6 +26,7 @@ from exporters.fleet.config import (
     PoolSpec,
     ProjectSpec,
     SchedulerSettings,
+    sharing_problem,
 )
 from exporters.fleet.energy import Tariff, TariffPeriod
 from exporters.fleet.workload import Burst, JobClass, PriorityClass
@@ -54,6 +55,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Sharing(_Model):
+    mode: str
+    """mig | time-slicing"""
+    slices: int = Field(ge=2)
+
+
 class _Pool(_Model):
     name: str = Field(min_length=1)
     model: str
@@ -62,6 +69,11 @@ class _Pool(_Model):
     cloud: bool = False
     max_nodes: int | None = Field(default=None, ge=0)
     """Most nodes scale_out may bring the pool to (None: no limit)."""
+    sharing: _Sharing | None = None
+    boot: float = Field(default=0.0, ge=0)
+    """How long a machine powered up takes before it runs jobs."""
+
+    _s = field_validator("boot", mode="before")(seconds)
 
 
 class _Project(_Model):
@@ -105,6 +117,8 @@ class _JobClass(_Model):
     duration: _Duration
     memory_gib: float | None = Field(default=None, gt=0)
     checkpoint_interval: float | None = Field(default=None, gt=0)
+    shareable: bool = False
+    """Its jobs may run on slices of shared GPUs (pools with ``sharing``)."""
 
     _s = field_validator("checkpoint_interval", mode="before")(seconds)
 
@@ -152,8 +166,10 @@ class _Scheduler(_Model):
     preemption: bool = True
     min_runtime: float = Field(default=600.0, ge=0)
     max_preemptions: int = Field(default=3, ge=0)
+    restart: float = Field(default=300.0, ge=0)
+    """What a job stopped and started again pays on top of its work since a checkpoint."""
 
-    _s = field_validator("min_runtime", mode="before")(seconds)
+    _s = field_validator("min_runtime", "restart", mode="before")(seconds)
 
 
 class _Job(_Model):
@@ -301,6 +317,11 @@ def _cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
     for i, pool in enumerate(doc.pools):
         if pool.model not in GPU_MODELS:
             out.append((("pools", i, "model"), f"{pool.model!r} is unknown; use one of {models}"))
+        if pool.sharing is not None:
+            problem = sharing_problem(pool.sharing.mode, pool.sharing.slices, pool.model)
+            if problem:
+                key = "slices" if "slices" in problem.split(" ")[0] else "mode"
+                out.append((("pools", i, "sharing", key), problem))
         if pool.max_nodes is not None and pool.max_nodes < pool.nodes:
             out.append(
                 (
@@ -420,7 +441,17 @@ def _config(doc: _FleetFile) -> FleetConfig:
         )
     config = FleetConfig(
         pools=tuple(
-            PoolSpec(p.name, p.nodes, p.gpus_per_node, p.model, p.cloud, p.max_nodes)
+            PoolSpec(
+                p.name,
+                p.nodes,
+                p.gpus_per_node,
+                p.model,
+                p.cloud,
+                p.max_nodes,
+                p.sharing.mode if p.sharing else None,
+                p.sharing.slices if p.sharing else 1,
+                p.boot,
+            )
             for p in doc.pools
         ),
         seed=doc.seed,
@@ -458,6 +489,7 @@ def _config(doc: _FleetFile) -> FleetConfig:
                 duration_max_s=c.duration.max,
                 memory_gib=c.memory_gib,
                 checkpoint_interval_s=c.checkpoint_interval,
+                shareable=c.shareable,
             )
             for c in doc.job_classes
         ),
@@ -466,6 +498,7 @@ def _config(doc: _FleetFile) -> FleetConfig:
             doc.scheduler.preemption,
             doc.scheduler.min_runtime,
             doc.scheduler.max_preemptions,
+            doc.scheduler.restart,
         ),
         tariff=Tariff(
             doc.tariff.base_price_per_kwh,

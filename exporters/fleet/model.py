@@ -46,6 +46,9 @@ class Gpu:
     model: GpuModel
     pci_bus_id: str
     job: str | None = None
+    """The job holding the whole GPU (exclusive); None when free or shared."""
+    tenants: list[str] = field(default_factory=list)
+    """Jobs on the slices of a shared GPU (``exporters.fleet.sharing``); empty otherwise."""
     utilization: float = 0.0
     memory_used: int = 0
     temperature: float = 32.0
@@ -104,20 +107,35 @@ class Node:
     failed: bool = False
     drained: bool = False
     port: int | None = None
+    booting_until: float | None = None
+    """Simulated time a machine powered up by scale_out can run jobs from (None: it can)."""
 
     @property
     def state(self) -> str:
-        """up | failed | drained, as ``gpuops_fleet_nodes{state}`` and the state API say."""
+        """up | failed | drained | booting, as ``gpuops_fleet_nodes{state}`` and the state
+        API say."""
         if self.failed:
             return "failed"
+        if self.booting_until is not None:
+            return "booting"
         return "drained" if self.drained else "up"
 
     @property
     def schedulable(self) -> bool:
-        return not self.failed and not self.drained
+        return not self.failed and not self.drained and self.booting_until is None
 
     def free_gpus(self) -> list[Gpu]:
-        return [g for g in self.gpus if g.job is None]
+        return [g for g in self.gpus if g.job is None and not g.tenants]
+
+    def job_ids(self) -> set[str]:
+        """Every job on the node, exclusive or on a slice."""
+        out = {g.job for g in self.gpus if g.job is not None}
+        for g in self.gpus:
+            out.update(g.tenants)
+        return out
+
+    def idle(self) -> bool:
+        return all(g.job is None and not g.tenants for g in self.gpus)
 
 
 @dataclass
@@ -152,10 +170,16 @@ class Job:
     preemptions: int = 0
     front: bool = False
     """Requeued after a preemption: placed before jobs of its priority that never ran."""
+    queued_at: float | None = None
+    """When a reclaim requeued it (it queues behind what waited then); None: its submit."""
     borrowed: bool = False
     """Runs beyond its project's quota on GPUs it may lose to their owner."""
     lost_gpu_s: float = 0.0
     """GPU-seconds of work lost to preemptions (credited to its project)."""
+    shareable: bool = False
+    """It may run on slices of shared GPUs (its job class says so)."""
+    shared: bool = False
+    """It runs on one slice of each of its GPUs (``Gpu.tenants``), not on whole GPUs."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -175,6 +199,7 @@ class Job:
             "preemptions": self.preemptions,
             "borrowed": self.borrowed,
             "lost_gpu_s": self.lost_gpu_s,
+            "shared": self.shared,
         }
 
 
@@ -238,6 +263,8 @@ class FleetReading:
     running: dict[str, int]
     migrated: int
     reclaimed: int
+    sharing: tuple[tuple[str, str, int], ...] = ()
+    """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)
@@ -261,3 +288,7 @@ class FleetReading:
     completed: dict[str, int] = field(default_factory=dict)
     """priority class ("" for none) -> finished jobs."""
     work_gpu_s: float = 0.0
+    borrow_demand: dict[str, int] = field(default_factory=dict)
+    """Queued jobs that idle GPUs reserved by other projects in the pool could place now."""
+    lending: dict[str, bool] = field(default_factory=dict)
+    """pool -> lends its idle reserved GPUs (``lend``)."""

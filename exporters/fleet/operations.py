@@ -24,16 +24,28 @@ Changed = dict[str, object]
 
 
 def reclaim(cluster: Cluster, uuid: str) -> Changed:
-    """End the job holding GPU ``uuid``; all of its GPUs become free. A free GPU: no-op."""
+    """Take GPU ``uuid`` back from the job holding it whole: the job is requeued (at the back
+    of its priority, its submit time kept, so its completion time counts the wait) with its
+    restart cost on its remaining time (``Cluster.restart_cost``); all of its GPUs become
+    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         if gpu.job is None:
             return {}
         job = cluster.job(gpu.job)
         held_s = job.remaining_s if job.remaining_s is not None else 0.0
-        freed = cluster.release(job)
         cluster.counters["reclaimed"] += 1
         cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
+        if job.duration_s is None:
+            freed = cluster.release(job)
+            requeued = False
+        else:
+            cluster.restart_cost(job)
+            freed = list(job.gpu_uuids)
+            cluster.requeue(job)
+            job.front = False
+            job.queued_at = cluster.time
+            requeued = True
         cluster.schedule()
         log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
         return {
@@ -42,6 +54,69 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
             "job": job.id,
             "project": job.project,
             "released_gpus": freed,
+            "requeued": requeued,
+        }
+
+
+def pack(cluster: Cluster, uuid: str) -> Changed:
+    """Put the shareable job holding GPU ``uuid`` whole onto slices of shared GPUs: onto
+    GPUs shared already in one of its pools (stopped and restarted there: its restart cost is
+    charged, ``Cluster.restart_cost``), else its own GPUs become shared in place (it keeps
+    running; their free slices take the next shareable jobs). Already on slices: no-op."""
+    with cluster.lock:
+        node, gpu = cluster.find_gpu(uuid)
+        job_id = gpu.job or (gpu.tenants[0] if gpu.tenants else None)
+        if job_id is None:
+            return {}
+        job = cluster.job(job_id)
+        if job.shared:
+            return {}
+        if not job.shareable:
+            raise Conflict(f"job {job.id} on GPU {uuid} is not shareable (its job class says)")
+        scheduler = cluster.scheduler
+        target = None
+        for pool in job.pools or (job.pool,):
+            target = scheduler.slices_for(job, pool, exclude=node.name)
+            if target is not None:
+                break
+        if target is not None:
+            to_node, gpus = target
+            charged = cluster.restart_cost(job)
+            cluster.requeue(job)
+            cluster.queues[job.pool].remove(job.id)
+            cluster.start_shared(job, to_node, gpus)
+            cluster.counters["packed"] += 1
+            cluster.schedule()
+            log.info("packed %s from %s onto shared GPUs of %s", job.id, node.name, to_node.name)
+            return {
+                "uuid": uuid,
+                "job": job.id,
+                "from": node.name,
+                "to": to_node.name,
+                "gpus": [g.uuid for g in gpus],
+                "restart_gpu_s": round(charged, 1),
+            }
+        if cluster.pools[node.pool].sharing is None:
+            raise Conflict(
+                f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
+                f"GPU {uuid} cannot share (no sharing in the fleet file)"
+            )
+        mine = [g for g in node.gpus if g.job == job.id]
+        for g in mine:
+            g.job = None
+        started = job.started_at
+        cluster.start_shared(job, node, mine)
+        job.started_at = started  # it goes on running: no restart
+        cluster.counters["packed"] += 1
+        cluster.schedule()
+        log.info("packed %s in place: %s shared", job.id, [g.uuid for g in mine])
+        return {
+            "uuid": uuid,
+            "job": job.id,
+            "from": node.name,
+            "to": node.name,
+            "gpus": [g.uuid for g in mine],
+            "restart_gpu_s": 0.0,
         }
 
 
@@ -100,7 +175,7 @@ def scale_out(cluster: Cluster, pool: str, nodes: int) -> Changed:
                     f"pool {pool} has its {spec.max_nodes} nodes (max_nodes) already; "
                     "nothing to add"
                 )
-        added = [cluster.add_node(pool).name for _ in range(wanted)]
+        added = [cluster.add_node(pool, boot=True).name for _ in range(wanted)]
         cluster.counters["nodes_added"] += len(added)
         cluster.schedule()
     log.info("pool %s scaled out by %s", pool, added)
@@ -121,7 +196,7 @@ def scale_in(cluster: Cluster, pool: str, nodes: int, node: str | None = None) -
             n
             for n in cluster.nodes.values()
             if n.pool == pool
-            and all(g.job is None for g in n.gpus)
+            and n.idle()
             and n.name not in granted
             and (node is None or n.name == node)
         ]
@@ -140,7 +215,7 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
     """Drain ``node_name`` and move its jobs to free GPUs on other up nodes, else to the queue."""
     with cluster.lock:
         node = cluster.node(node_name)
-        job_ids = sorted({g.job for g in node.gpus if g.job is not None})
+        job_ids = sorted(node.job_ids())
         if node.drained and not job_ids:
             return {}
         node.drained = True
@@ -254,6 +329,24 @@ def release_class(cluster: Cluster, priority_class: str) -> Changed:
             return {}
         cluster.schedule()
         return {"priority_class": priority_class, "held": False}
+
+
+def lend(cluster: Cluster, pool: str) -> Changed:
+    """Lend the idle reserved GPUs of ``pool`` to other projects' waiting jobs (elastic
+    quota); their owner takes them back by preemption, with compensation."""
+    with cluster.lock:
+        if not cluster.scheduler.lend(pool):
+            return {}
+        cluster.schedule()
+        return {"pool": pool, "lending": True}
+
+
+def unlend(cluster: Cluster, pool: str) -> Changed:
+    """Stop lending ``pool``'s reserved GPUs; borrowed jobs running there go on."""
+    with cluster.lock:
+        if not cluster.scheduler.unlend(pool):
+            return {}
+        return {"pool": pool, "lending": False}
 
 
 def burst(cluster: Cluster, pool: str, count: int, gpus: int, duration_s: float | None) -> Changed:

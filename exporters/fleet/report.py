@@ -106,6 +106,15 @@ class RunReport:
     kwh_per_completed_gpu_hour: float | None = None
     downclock_loss: float = 0.0
     """Share of full-clock progress lost to clock locks: lost / (done + lost)."""
+    sharing_loss: float = 0.0
+    """Share of progress lost to sharing GPUs (contention, context switches), the same way."""
+    restart_gpu_hours: float = 0.0
+    """Work redone by jobs stopped and started again (reclaimed, packed elsewhere)."""
+    packs: int = 0
+    jct_all_mean_s: float | None = None
+    """Completion time over every job submitted, those unfinished at the end counted until
+    then (a lower bound): not flattered by long jobs that did not finish."""
+    jobs_submitted: int = 0
     classes: dict[str, ClassFigures] = field(default_factory=dict)
     projects: dict[str, ProjectFigures] = field(default_factory=dict)
 
@@ -165,14 +174,16 @@ class Recorder:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
                     power += gpu.power
-                    job = cluster.jobs.get(gpu.job or "")
-                    if job is None:
+                    holders = [gpu.job] if gpu.job is not None else gpu.tenants
+                    if not holders:
                         continue
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
-                    mine = projects[job.project]
-                    mine.allocated_s += 1
-                    mine.allocated_busy_s += gpu.utilization
+                    share = 1.0 / len(holders)  # a shared GPU: each job's part of it
+                    for holder in holders:
+                        mine = projects[cluster.jobs[holder].project]
+                        mine.allocated_s += share
+                        mine.allocated_busy_s += gpu.utilization * share
         self._rate = rate
         self._project_rates = dict(projects)
         self.points.append(
@@ -188,6 +199,10 @@ class Recorder:
             energy_kwh = sum(cluster.energy_joules.values()) / JOULES_PER_KWH
             work_h = cluster.work_gpu_s / 3600.0
             lost_h = cluster.downclock_lost_gpu_s / 3600.0
+            share_h = cluster.share_lost_gpu_s / 3600.0
+            restart_h = cluster.restart_lost_gpu_s / 3600.0
+            packs = cluster.counters["packed"]
+            unfinished = [cluster.time - j.submitted_at for j in cluster.jobs.values()]
             completed_h = cluster.completed_gpu_s / 3600.0
             reclaims = cluster.counters["reclaimed"]
             reclaimed_h = cluster.reclaimed_gpu_s / 3600.0
@@ -247,7 +262,12 @@ class Recorder:
             kwh_per_work_gpu_hour=_ratio(energy_kwh, work_h),
             completed_gpu_hours=completed_h,
             kwh_per_completed_gpu_hour=_ratio(energy_kwh, completed_h),
-            downclock_loss=_ratio(lost_h, work_h + lost_h) or 0.0,
+            downclock_loss=_ratio(lost_h, work_h + lost_h + share_h) or 0.0,
+            sharing_loss=_ratio(share_h, work_h + lost_h + share_h) or 0.0,
+            restart_gpu_hours=restart_h,
+            packs=packs,
+            jct_all_mean_s=_mean([jct for *_, jct in done] + unfinished),
+            jobs_submitted=len(done) + len(unfinished),
             classes=classes,
             projects=projects,
         )
@@ -280,6 +300,10 @@ def table(r: RunReport) -> str:
         "  kWh per completed GPU-hour       "
         + ("-" if r.kwh_per_completed_gpu_hour is None else f"{r.kwh_per_completed_gpu_hour:.3f}"),
         f"  throughput lost to clock locks   {_pct(r.downclock_loss)}",
+        f"  throughput lost to GPU sharing   {_pct(r.sharing_loss)}",
+        f"  packs / work redone on restarts  {r.packs} / {r.restart_gpu_hours:.1f} GPU-h",
+        f"  JCT mean, unfinished counted     {_hours(r.jct_all_mean_s)} "
+        f"({r.jobs_submitted} jobs submitted)",
         "",
         f"  {'priority class':<16}{'done':>6}{'JCT mean':>11}{'JCT p95':>11}"
         f"{'wait mean':>11}{'wait p95':>11}",

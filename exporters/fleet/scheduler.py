@@ -7,7 +7,10 @@ Owned by ``exporters.fleet.cluster`` (one per cluster) and called with the clust
 
 - A project's *quota* in a pool is its reserved GPUs plus its active grants. A job within its
   project's quota is *guaranteed*; beyond it, it uses the pool's unreserved GPUs (*shared*) or,
-  when ``SchedulerSettings.borrowing`` is on, idle GPUs reserved by others (*borrowed*).
+  when ``SchedulerSettings.borrowing`` is on or the pool *lends* (the ``lend`` verb: an
+  engine policy's elastic quota), idle GPUs reserved by others (*borrowed*).
+- A shareable job (its job class says so) goes on free slices of GPUs that are shared already
+  (``pack`` made them so) before whole GPUs; a slice counts ``1/slices`` GPU of its quota.
 - A guaranteed job that does not fit preempts borrowed jobs in its pool (the owner reclaims
   its quota); a job of a class that ``preempts`` also preempts lower, preemptible classes.
   Never a job that started less than ``min_runtime_s`` ago or was preempted
@@ -26,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
-from exporters.fleet.model import Job, Node
+from exporters.fleet.model import Gpu, Job, Node
+from exporters.fleet.sharing import fits
 
 if TYPE_CHECKING:
     from exporters.fleet.cluster import Cluster
@@ -35,6 +39,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 """(project, pool)"""
+Usage = dict[Key, float]
 
 
 @dataclass
@@ -75,6 +80,8 @@ class Scheduler:
         self.grants: dict[str, Grant] = {}
         self.ended_grants: dict[str, Grant] = {}
         self.held: set[str] = set()
+        self.lending: set[str] = set()
+        """Pools whose idle reserved GPUs other projects may borrow (``lend``)."""
         self.preemptions: dict[str, int] = defaultdict(int)
         self.credit_gpu_s: dict[str, float] = defaultdict(float)
 
@@ -90,6 +97,13 @@ class Scheduler:
         keys = set(self.reserved) | {(g.project, g.pool) for g in self.grants.values()}
         return {k: self.quota(*k) for k in sorted(keys)}
 
+    def _reserved_in(self) -> dict[str, int]:
+        """GPUs of every pool that quotas (reservations and grants) hold for projects."""
+        out = dict.fromkeys(self.cluster.pools, 0)
+        for (_project, pool), gpus in self.quotas().items():
+            out[pool] = out.get(pool, 0) + gpus
+        return out
+
     def _capacity(self) -> dict[str, int]:
         cap: dict[str, int] = dict.fromkeys(self.cluster.pools, 0)
         for node in self.cluster.nodes.values():
@@ -97,10 +111,14 @@ class Scheduler:
                 cap[node.pool] += len(node.gpus)
         return cap
 
-    def _usage(self) -> tuple[dict[Key, int], dict[str, int]]:
+    def weight(self, job: Job, pool: str) -> float:
+        """GPUs ``job`` counts for in ``pool``'s quotas: a slice is ``1/slices`` of one."""
+        return job.gpus / self.cluster.pools[pool].slices if job.shared else float(job.gpus)
+
+    def _usage(self) -> tuple[Usage, dict[str, float]]:
         """GPUs of guaranteed jobs per (project, pool), and of shared jobs per pool."""
-        guaranteed: dict[Key, int] = defaultdict(int)
-        shared: dict[str, int] = defaultdict(int)
+        guaranteed: Usage = defaultdict(float)
+        shared: dict[str, float] = defaultdict(float)
         for job in self.cluster.jobs.values():
             if job.state != "running" or job.borrowed:
                 continue
@@ -108,17 +126,20 @@ class Scheduler:
             if node is None:
                 continue
             key = (job.project, node.pool)
-            if guaranteed[key] + job.gpus <= self.quota(*key):
-                guaranteed[key] += job.gpus
+            w = self.weight(job, node.pool)
+            if guaranteed[key] + w <= self.quota(*key):
+                guaranteed[key] += w
             else:
-                shared[node.pool] += job.gpus
+                shared[node.pool] += w
         return guaranteed, shared
 
     def demand(self) -> dict[str, int]:
         """Queued jobs (not held) that one more node could place, by the first of their pools
         that has machines left to power up (``max_nodes``) and would admit them there (their
         project's quota, or unreserved GPUs of the pool at full size): the signal a power-up or
-        scale-out policy acts on, as a cluster autoscaler's expander picks a node group."""
+        scale-out policy acts on, as a cluster autoscaler's expander picks a node group. Jobs
+        that the GPUs of nodes still booting will take are not counted (no second power-up
+        for them)."""
         c = self.cluster
         out = dict.fromkeys(c.pools, 0)
         queued = [c.jobs[j] for q in c.queues.values() for j in q]
@@ -126,16 +147,17 @@ class Scheduler:
             return out
         guaranteed, shared = self._usage()
         present: dict[str, int] = dict.fromkeys(c.pools, 0)
+        booting: dict[str, int] = dict.fromkeys(c.pools, 0)
         for n in c.nodes.values():
             present[n.pool] += 1
+            if n.booting_until is not None:
+                booting[n.pool] += len(n.gpus)
         full = {
             name: (spec.max_nodes if spec.max_nodes is not None else present[name])
             * spec.gpus_per_node
             for name, spec in c.pools.items()
         }
-        reserved_in = dict.fromkeys(c.pools, 0)
-        for (_project, pool), gpus in self.quotas().items():
-            reserved_in[pool] = reserved_in.get(pool, 0) + gpus
+        reserved_in = self._reserved_in()
         for job in queued:
             if job.priority_class in self.held:
                 continue
@@ -146,6 +168,36 @@ class Scheduler:
                 if job.gpus > spec.gpus_per_node:
                     continue
                 if self._kind(job, pool, guaranteed, shared, full, reserved_in) is not None:
+                    if booting[pool] >= job.gpus:
+                        booting[pool] -= job.gpus  # a node on its way takes it
+                    else:
+                        out[pool] += 1
+                    break
+        return out
+
+    def borrow_demand(self) -> dict[str, int]:
+        """Queued jobs (not held) that only borrowing could place now, by the first of their
+        pools with free GPUs for them where their project has no room: what lending that
+        pool's idle reserved GPUs would start (the signal of a lend policy)."""
+        c = self.cluster
+        out = dict.fromkeys(c.pools, 0)
+        queued = [c.jobs[j] for q in c.queues.values() for j in q]
+        if not queued:
+            return out
+        guaranteed, shared = self._usage()
+        capacity = self._capacity()
+        reserved_in = self._reserved_in()
+        for job in queued:
+            if job.priority_class in self.held:
+                continue
+            pools = job.pools or (job.pool,)
+            if any(
+                self._kind(job, p, guaranteed, shared, capacity, reserved_in, lend=False)
+                for p in pools
+            ):
+                continue  # it can be admitted somewhere without borrowing (it waits for room)
+            for pool in pools:
+                if c.best_fit(pool, job.gpus) is not None:
                     out[pool] += 1
                     break
         return out
@@ -159,12 +211,10 @@ class Scheduler:
         queued = [c.jobs[j] for q in c.queues.values() for j in q]
         if not queued:
             return
-        queued.sort(key=lambda j: (-j.priority, not j.front, j.submitted_at))
+        queued.sort(key=lambda j: (-j.priority, not j.front, j.queued_at or j.submitted_at))
         guaranteed, shared = self._usage()
         capacity = self._capacity()
-        reserved_in = {pool: 0 for pool in c.pools}
-        for (_project, pool), gpus in self.quotas().items():
-            reserved_in[pool] = reserved_in.get(pool, 0) + gpus
+        reserved_in = self._reserved_in()
         free = {pool: 0 for pool in c.pools}
         for n in c.nodes.values():
             if n.schedulable:
@@ -175,6 +225,11 @@ class Scheduler:
                 continue
             placed = False
             for pool in job.pools or (job.pool,):
+                if job.shareable and self._on_slices(
+                    job, pool, guaranteed, shared, capacity, reserved_in
+                ):
+                    placed = True
+                    break
                 if free.get(pool, 0) < job.gpus:
                     continue
                 kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in)
@@ -203,7 +258,7 @@ class Scheduler:
                     self._undo_usage(victim, guaranteed, shared)
                     self.preempt(victim, by=job)
                 if kind is None:  # room made by priority: it runs as borrowed capacity
-                    kind = "borrowed" if self.settings.borrowing else "shared"
+                    kind = "borrowed" if self._lends(pool) else "shared"
                 self._place(job, target, kind, guaranteed, shared)
                 free[pool] += sum(v.gpus for v in victims) - job.gpus
                 break
@@ -212,21 +267,95 @@ class Scheduler:
         self,
         job: Job,
         pool: str,
-        guaranteed: dict[Key, int],
-        shared: dict[str, int],
+        guaranteed: Usage,
+        shared: dict[str, float],
         capacity: dict[str, int],
         reserved_in: dict[str, int],
+        gpus: float | None = None,
+        lend: bool = True,
     ) -> str | None:
         key = (job.project, pool)
-        if guaranteed[key] + job.gpus <= self.quota(*key):
+        need = float(job.gpus) if gpus is None else gpus
+        if guaranteed[key] + need <= self.quota(*key):
             return "guaranteed"
         unreserved = max(capacity.get(pool, 0) - reserved_in.get(pool, 0), 0)
-        if shared[pool] + job.gpus <= unreserved:
+        if shared[pool] + need <= unreserved:
             return "shared"
-        return "borrowed" if self.settings.borrowing else None
+        return "borrowed" if lend and self._lends(pool) else None
+
+    def _lends(self, pool: str) -> bool:
+        return self.settings.borrowing or pool in self.lending
+
+    def _on_slices(
+        self,
+        job: Job,
+        pool: str,
+        guaranteed: Usage,
+        shared: dict[str, float],
+        capacity: dict[str, int],
+        reserved_in: dict[str, int],
+    ) -> bool:
+        """Place ``job`` on free slices of GPUs already shared in ``pool`` (never as borrowed
+        capacity: a slice is not preempted for quota); False when none fit."""
+        spec = self.cluster.pools[pool]
+        if spec.sharing is None:
+            return False
+        w = job.gpus / spec.slices
+        kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in, w, lend=False)
+        if kind is None:
+            return False
+        found = self.slices_for(job, pool)
+        if found is None:
+            return False
+        node, gpus = found
+        self.cluster.queues[job.pool].remove(job.id)
+        job.borrowed = False
+        if kind == "guaranteed":
+            guaranteed[(job.project, pool)] += w
+        else:
+            shared[pool] += w
+        self.cluster.start_shared(job, node, gpus)
+        return True
+
+    def slices_for(
+        self, job: Job, pool: str, fresh: bool = False, exclude: str = ""
+    ) -> tuple[Node, list[Gpu]] | None:
+        """``job.gpus`` GPUs of one schedulable node of ``pool`` with a free slice and memory
+        for ``job``: shared ones first (the fullest), then — with ``fresh`` — free GPUs
+        (which ``pack`` turns into shared ones). None when no node has them."""
+        c = self.cluster
+        spec = c.pools[pool]
+        if spec.sharing is None:
+            return None
+        best: tuple[tuple[int, int], Node, list[Gpu]] | None = None
+        for node in c.nodes.values():
+            if node.pool != pool or not node.schedulable or node.name == exclude:
+                continue
+            room = [
+                g
+                for g in node.gpus
+                if g.job is None
+                and (g.tenants or fresh)
+                and job.id not in g.tenants
+                and fits(
+                    spec.sharing,
+                    [c.job_bytes(c.jobs[t], g) for t in g.tenants],
+                    c.job_bytes(job, g),
+                    g.model.memory_bytes,
+                    spec.slices,
+                )
+            ]
+            if len(room) < job.gpus:
+                continue
+            room.sort(key=lambda g: -len(g.tenants))
+            chosen = room[: job.gpus]
+            score = (-sum(len(g.tenants) for g in chosen), node.seq)
+            if best is None or score < best[0]:
+                best = (score, node, chosen)
+        return None if best is None else (best[1], best[2])
 
     def _place(
-        self, job: Job, node: Node, kind: str, guaranteed: dict[Key, int], shared: dict[str, int]
+        self, job: Job, node: Node, kind: str, guaranteed: Usage, shared: dict[str, float]
     ) -> None:
         c = self.cluster
         c.queues[job.pool].remove(job.id)
@@ -237,7 +366,7 @@ class Scheduler:
             shared[node.pool] += job.gpus
         c.start(job, node, node.free_gpus()[: job.gpus])
 
-    def _undo_usage(self, job: Job, guaranteed: dict[Key, int], shared: dict[str, int]) -> None:
+    def _undo_usage(self, job: Job, guaranteed: Usage, shared: dict[str, float]) -> None:
         node = self.cluster.nodes.get(job.node or "")
         if node is None or job.borrowed:
             return
@@ -258,8 +387,10 @@ class Scheduler:
                 continue
             free = len(node.free_gpus())
             candidates: list[Job] = []
-            for jid in {g.job for g in node.gpus if g.job is not None}:
-                other = c.jobs[jid]
+            # sorted: a set's order changes with the interpreter's string hashing, and the
+            # same seed must give the same run in every process
+            for jid in sorted({g.job for g in node.gpus if g.job is not None}):
+                other = c.jobs[jid]  # exclusive holders only: a slice is never a victim
                 if other.preemptions >= s.max_preemptions:
                     continue
                 if c.time - (other.started_at or 0.0) < s.min_runtime_s:
@@ -349,7 +480,7 @@ class Scheduler:
             node = c.nodes.get(name)
             if node is None:
                 continue
-            for jid in sorted({g.job for g in node.gpus if g.job is not None}):
+            for jid in sorted(node.job_ids()):
                 self.preempt(c.jobs[jid])
                 requeued.append(jid)
             del c.nodes[name]
@@ -391,4 +522,24 @@ class Scheduler:
         if priority_class not in self.held:
             return False
         self.held.discard(priority_class)
+        return True
+
+    # --- lending ----------------------------------------------------------------------------
+
+    def lend(self, pool: str) -> bool:
+        """Let other projects' jobs borrow the idle reserved GPUs of ``pool`` (their owner
+        preempts them when it needs them back); False when it lends already."""
+        self.cluster.pool(pool)
+        if pool in self.lending:
+            return False
+        self.lending.add(pool)
+        return True
+
+    def unlend(self, pool: str) -> bool:
+        """Stop lending ``pool``'s reserved GPUs: no new borrowed job starts there (running
+        ones go on until their owner reclaims them or they finish)."""
+        self.cluster.pool(pool)
+        if pool not in self.lending:
+            return False
+        self.lending.discard(pool)
         return True

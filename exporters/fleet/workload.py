@@ -65,6 +65,8 @@ class JobClass:
     """GPU memory each GPU of the job needs; models with less cannot take it."""
     checkpoint_interval_s: float | None = None
     """A preempted job loses the work since its last checkpoint; None: it starts over."""
+    shareable: bool = False
+    """Its jobs may run on slices of shared GPUs (light analysis, inference, notebooks)."""
 
     def mean_rate_per_s(self) -> float:
         return self.rate_per_hour / 3600.0
@@ -155,4 +157,5 @@ class Arrivals:
             priority_class=priority.name,
             memory_gib=jc.memory_gib,
             checkpoint_interval_s=jc.checkpoint_interval_s,
+            shareable=jc.shareable,
         )

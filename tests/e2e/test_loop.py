@@ -100,6 +100,7 @@ def test_nothing_fires_on_a_healthy_busy_fleet(start_loop: StartLoop) -> None:
         "nodes_added": 0,
         "downclocked": 0,
         "restored": 0,
+        "packed": 0,
     }
 
 

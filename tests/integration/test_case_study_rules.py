@@ -1,5 +1,5 @@
-"""The case study's power policies (rules/case-study) pass their policy tests on a real
-Prometheus and check against the fleet executor's verbs."""
+"""The case study's policies (rules/case-study: power, sharing, lending) pass their policy
+tests on a real Prometheus and check against the fleet executor's verbs."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from engine.cli import cli
 ROOT = Path(__file__).parents[2]
 
 
-def test_power_policy_tests_pass() -> None:
+def test_case_study_policy_tests_pass() -> None:
     files = sorted((ROOT / "rules" / "case-study" / "tests").glob("*.yaml"))
     result = CliRunner().invoke(
         cli, ["--log-level", "warning", "rules", "test", *map(str, files)], catch_exceptions=False
     )
     assert result.exit_code == 0, result.stdout
-    assert result.stdout.count("  PASS  ") == 3
+    assert result.stdout.count("  PASS  ") == 5  # power 3, sharing 2
 
 
-def test_power_policies_check() -> None:
+def test_case_study_policies_check() -> None:
     result = CliRunner().invoke(cli, ["rules", "check", str(ROOT / "rules" / "case-study")])
     assert result.exit_code == 0, result.output

@@ -41,11 +41,13 @@ def test_state_document_has_the_contract_shape(fleet: FleetSim) -> None:
     assert set(node) == {"name", "pool", "state", "port", "model", "gpus"}
     assert node["port"] == fleet.node_ports["node-0"]
     assert set(node["gpus"][0]) == {
-        "index", "uuid", "job", "project", "utilization", "clock_locked_mhz", "max_clock_mhz"
+        "index", "uuid", "job", "project", "tenants", "utilization", "clock_locked_mhz",
+        "max_clock_mhz",
     }  # fmt: skip
     assert set(doc["jobs"][0]) >= {"id", "project", "profile", "gpus", "state", "node"}
     assert doc["counters"] == {
-        "reclaimed": 0, "migrated": 0, "nodes_added": 0, "downclocked": 0, "restored": 0
+        "reclaimed": 0, "migrated": 0, "nodes_added": 0, "downclocked": 0, "restored": 0,
+        "packed": 0,
     }  # fmt: skip
     assert doc["queue"] == {"default": 0}
 

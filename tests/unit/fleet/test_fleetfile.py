@@ -100,6 +100,25 @@ def test_good_file_parses_durations_and_defaults() -> None:
             GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, max_nodes: 1}"),
             "t.yaml:3: pools.0.max_nodes: max_nodes 1 is below the 2 nodes the pool starts with",
         ),
+        (
+            GOOD.replace("model: A100", "model: V100").replace(
+                "gpus_per_node: 4}", "gpus_per_node: 4, sharing: {mode: mig, slices: 7}}"
+            ),
+            "t.yaml:3: pools.0.sharing.mode: mig needs one of A100, H100; V100 has no MIG",
+        ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, sharing: {mode: mig, slices: 9}}"),
+            "t.yaml:3: pools.0.sharing.slices: slices must be within [2, 7] for mig, got 9",
+        ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, sharing: {mode: mps, slices: 2}}"),
+            "t.yaml:3: pools.0.sharing.mode: 'mps' is not a sharing mode; use one of mig, "
+            "time-slicing",
+        ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, boot: later}"),
+            "t.yaml:3: pools.0.boot: 'later' is not a duration",
+        ),
         ("pools: [", "t.yaml:1: YAML syntax error"),
         (
             GOOD + "initial_jobs:\n  - {gpus: 4, node: node-1}\n  - {gpus: 1, node: node-1}\n",

@@ -1,0 +1,182 @@
+"""GPU sharing, lending, reclaim-with-requeue and boot delays of the simulated fleet (issue 12):
+what ``pack``, ``lend``/``unlend``, ``reclaim`` and ``scale_out`` change, and what they charge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine.actions.fleet import FleetExecutor
+from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
+from exporters.fleet import operations as ops
+from exporters.fleet.config import GIB, ProjectSpec, SchedulerSettings
+from exporters.fleet.sharing import TIME_SLICING_OVERHEAD, fits, gpu_utilization, progress_rates
+from exporters.fleet.workload import PriorityClass
+from tests.unit.actions.support import make_decision
+
+CLASSES = (PriorityClass("routine", 50),)
+SLICED = PoolSpec("v", 1, 2, "V100", sharing="time-slicing", slices=4, max_nodes=2, boot_s=300)
+
+
+def cluster(*pools: PoolSpec, reserved: dict[str, int] | None = None) -> Cluster:
+    pools = pools or (SLICED,)
+    owners = tuple(
+        ProjectSpec(project, ((pools[0].name, gpus),)) for project, gpus in (reserved or {}).items()
+    )
+    return Cluster(
+        FleetConfig(
+            pools=pools,
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=CLASSES,
+            reservations=owners,
+            scheduler=SchedulerSettings(borrowing=False, min_runtime_s=0.0, restart_s=300.0),
+        )
+    )
+
+
+def light(project: str = "p", shareable: bool = True, **kw: object) -> JobSpec:
+    return JobSpec(
+        "light", 1, project, pool="", duration_s=3600.0, priority_class="routine",
+        memory_gib=12, shareable=shareable, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_time_slicing_adds_demands_and_slows_only_beyond_the_gpu() -> None:
+    assert gpu_utilization("time-slicing", [0.25, 0.25], 4) == 0.5
+    assert progress_rates("time-slicing", [0.25], 4) == [1.0]
+    assert progress_rates("time-slicing", [0.25, 0.25], 4) == [1 - TIME_SLICING_OVERHEAD] * 2
+    slowed = progress_rates("time-slicing", [0.8, 0.8], 4)
+    assert slowed[0] == pytest.approx((1 - TIME_SLICING_OVERHEAD) / 1.6)
+    assert gpu_utilization("mig", [0.5, 0.1], 4) == pytest.approx(0.35)
+    assert progress_rates("mig", [0.5, 0.1], 4) == [0.5, 1.0]
+    assert fits("time-slicing", [12 * GIB, 12 * GIB], 8 * GIB, 32 * GIB, 4)
+    assert not fits("time-slicing", [12 * GIB, 12 * GIB], 12 * GIB, 32 * GIB, 4)
+    assert not fits("mig", [], 30 * GIB, 80 * GIB, 4)
+
+
+def test_pack_in_place_then_the_scheduler_fills_the_free_slices() -> None:
+    c = cluster()
+    first = c.submit(light())
+    second = c.submit(light())
+    assert (first.shared, second.shared) == (False, False)
+    uuid = first.gpu_uuids[0]
+    changed = ops.pack(c, uuid)
+    assert changed["to"] == changed["from"] and changed["restart_gpu_s"] == 0.0
+    assert first.shared and first.remaining_s == 3600.0  # it went on running
+    third = c.submit(light())  # lands on the shared GPU's free slice, memory allowing
+    assert third.shared and third.gpu_uuids == [uuid]
+    node, gpu = c.find_gpu(uuid)
+    assert gpu.tenants == [first.id, third.id]
+    fourth = c.submit(light())  # 3 x 12 GiB does not fit a 32 GB V100: not a third tenant
+    assert fourth.state == "queued"
+    assert ops.pack(c, uuid) == {}  # already shared: no-op
+    for _ in range(40):
+        c.advance(15.0)
+    assert gpu.utilization == pytest.approx(0.5, abs=0.07)
+    expected = 3600.0 - 600.0 * (1 - TIME_SLICING_OVERHEAD)
+    assert first.remaining_s == pytest.approx(expected, abs=15.0)
+    report = c.state()
+    assert report["counters"]["packed"] == 1  # type: ignore[index]
+
+
+def test_pack_moves_a_job_onto_a_shared_gpu_and_charges_its_restart() -> None:
+    c = cluster(PoolSpec("v", 2, 2, "V100", sharing="time-slicing", slices=4))
+    a = c.submit(light())
+    shared_uuid = a.gpu_uuids[0]
+    ops.pack(c, shared_uuid)  # node-0's first GPU is shared now
+    blocker = c.submit(light())
+    assert blocker.shared and blocker.gpu_uuids == [shared_uuid]  # a free slice first
+    c.submit(light())  # 3 x 12 GiB > 32 GB: node-0's second GPU, whole (best fit)
+    mover = c.submit(light())
+    assert mover.node == "node-1" and not mover.shared
+    c.release(blocker)  # room on the shared GPU again
+    for _ in range(40):
+        c.advance(15.0)  # 10 minutes
+    changed = ops.pack(c, mover.gpu_uuids[0])
+    assert changed["from"] == "node-1" and changed["to"] == "node-0"
+    # no checkpoint: its 10 minutes of work are lost, plus the 5-minute restart
+    assert changed["restart_gpu_s"] == pytest.approx(900.0, abs=20.0)
+    assert mover.shared and mover.remaining_s == pytest.approx(3600.0 + 300.0, abs=20.0)
+    assert c.nodes["node-1"].idle()
+
+
+def test_pack_refuses_what_cannot_share() -> None:
+    c = cluster(PoolSpec("a", 1, 4, "A100"))
+    whole = c.submit(light(shareable=False))
+    with pytest.raises(Conflict, match="not shareable"):
+        ops.pack(c, whole.gpu_uuids[0])
+    other = c.submit(light())
+    with pytest.raises(Conflict, match="cannot share"):
+        ops.pack(c, other.gpu_uuids[0])
+
+
+def test_lending_lets_waiting_jobs_borrow_idle_reserved_gpus_until_the_owner_needs_them() -> None:
+    c = cluster(PoolSpec("v", 1, 2, "V100"), reserved={"owner": 2})
+    guest = c.submit(light("guest", shareable=False))
+    assert guest.state == "queued"
+    assert c.scheduler.borrow_demand() == {"v": 1}
+    assert ops.lend(c, "v") == {"pool": "v", "lending": True}
+    assert guest.state == "running" and guest.borrowed
+    assert ops.lend(c, "v") == {}
+    assert c.scheduler.borrow_demand() == {"v": 0}
+    assert ops.unlend(c, "v") == {"pool": "v", "lending": False}
+    assert guest.state == "running"  # lending stopped: running borrowers go on
+    c.submit(light("owner", shareable=False))
+    owner = c.submit(light("owner", shareable=False))  # the owner needs both GPUs back
+    assert owner.state == "running" and guest.state == "queued" and guest.preemptions == 1
+
+
+def test_reclaim_requeues_the_job_with_its_restart_cost() -> None:
+    c = cluster(PoolSpec("a", 1, 1, "A100"))
+    idle = c.submit(light(shareable=False))
+    c.advance(600.0)
+    waiting = c.submit(light(shareable=False))
+    changed = ops.reclaim(c, idle.gpu_uuids[0])
+    assert changed["requeued"] is True
+    assert waiting.state == "running" and idle.state == "queued"  # behind what waited
+    assert idle.remaining_s == pytest.approx(3600.0 + 300.0)  # started over, plus a restart
+    assert idle.submitted_at == 0.0  # its completion time counts from the first submit
+
+
+def test_a_machine_powered_up_boots_before_it_runs_jobs() -> None:
+    c = cluster()
+    c.submit(light(shareable=False))
+    c.submit(light(shareable=False))
+    waiting = c.submit(light(shareable=False))
+    assert c.scheduler.demand() == {"v": 1}
+    added = ops.scale_out(c, "v", 1)["added"]
+    node = c.nodes[added[0]]  # type: ignore[index]
+    assert node.state == "booting" and waiting.state == "queued"
+    assert c.scheduler.demand() == {"v": 0}  # the booting node will take it: no second one
+    c.advance(240.0)
+    assert waiting.state == "queued" and node.gpus[0].power > 0  # idle power while booting
+    c.advance(60.0)
+    assert node.state == "up" and waiting.node == node.name
+
+
+@pytest.fixture
+def sim(tmp_path: object) -> Iterator[FleetSim]:
+    config = FleetConfig(
+        pools=(SLICED,),
+        arrival_rate_per_min=0.0,
+        initial_jobs=(),
+        sd_file=f"{tmp_path}/gpu-nodes.json",
+        priority_classes=CLASSES,
+    )
+    with FleetSim(config) as running:
+        yield running
+
+
+def test_executor_packs_and_lends_through_the_control_api(sim: FleetSim) -> None:
+    job = sim.cluster.submit(light())
+    executor = FleetExecutor({"url": sim.control_url})
+    pack = make_decision("pack", "fleet", {}, did="d-pack", node="node-0", uuid=job.gpu_uuids[0])
+    changed = executor.run(pack)
+    assert changed["job"] == job.id and job.shared
+    assert executor.run(pack) == changed  # same decision id: replayed
+    lend = make_decision("lend", "fleet", {}, did="d-lend", pool="v")
+    assert executor.run(lend) == {"pool": "v", "lending": True}
+    unlend = make_decision("unlend", "fleet", {}, did="d-unlend", pool="v")
+    assert executor.run(unlend) == {"pool": "v", "lending": False}
