@@ -93,6 +93,9 @@ class FakeElasticsearch:
         self.validate = True  # False: no mapping checks (benchmarks of the client side only)
         self.keep_sources = True  # False: keep only the ids (benchmarks; search finds nothing)
         self._faults: list[tuple[str, int]] = []
+        self.bulk_active = 0
+        """Bulk requests being answered now (past their fault check: a request that takes no
+        fault is counted until it stored its documents)."""
         self._server: _Server | None = None
         self.connections: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
@@ -154,6 +157,11 @@ class FakeElasticsearch:
         with ``status`` (429, 503, 400...)."""
         with self.lock:
             self._faults.extend([(scope, status)] * times)
+
+    def clear_faults(self) -> None:
+        """Forget the faults not yet taken."""
+        with self.lock:
+            self._faults.clear()
 
     def take_fault(self, scope: str) -> int | None:
         with self.lock:
@@ -471,6 +479,15 @@ class _Request:
         return 200, {label: [{"name": name, kind: store[name]}]}
 
     def _bulk(self, default_index: str | None, raw: bytes) -> tuple[int, Any]:
+        with self.es.lock:
+            self.es.bulk_active += 1
+        try:
+            return self._bulk_counted(default_index, raw)
+        finally:
+            with self.es.lock:
+                self.es.bulk_active -= 1
+
+    def _bulk_counted(self, default_index: str | None, raw: bytes) -> tuple[int, Any]:
         status = self.es.take_fault("request")
         if status is not None:
             if status == 429:
