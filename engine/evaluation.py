@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import lru_cache
 from math import inf
 
 from engine.decisions import (
@@ -134,6 +135,30 @@ def index_targets(policy: Policy, samples: Iterable[Sample]) -> dict[str, tuple[
     return found
 
 
+def _by_key(policy: Policy, samples: Iterable[Sample]) -> dict[str, Sample]:
+    """``index_targets`` without building a ``Target`` per sample (most targets of an
+    evaluation were seen before: their ``Target`` is built only when a decision needs it)."""
+    found: dict[str, Sample] = {}
+    names = policy.target
+    if not names:
+        for sample in samples:
+            found.setdefault(Target.from_labels(sample.labels, names).key, sample)
+        return found
+    parts = _key_parts(names)
+    for sample in samples:
+        get = sample.labels.get
+        key = ",".join([prefix + get(name, "") for prefix, name in parts])
+        if key not in found:
+            found[key] = sample
+    return found
+
+
+@lru_cache(maxsize=4096)
+def _key_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(``name=``, name) per target label, in the order ``Target.from_labels`` keys them."""
+    return tuple((f"{name}=", name) for name in sorted(set(names) - {"__name__"}))
+
+
 def evaluate(
     policy: Policy,
     result: QueryResult,
@@ -151,17 +176,42 @@ def evaluate(
         )
         return _no_data(policy, stale, state, now)
 
-    matched = index_targets(policy, result.samples)
+    matched = _by_key(policy, result.samples)
     cleared = (
-        set(index_targets(policy, result.clear_samples))
+        _by_key(policy, result.clear_samples).keys()
         if result.clear_samples is not None
-        else set()
+        else frozenset()
     )
     targets: dict[str, TargetState] = {}
     decisions: list[Decision] = []
+    previous = state.targets.get
+    max_gap_s = freshness.max_gap_s
 
-    for key, (target, sample) in matched.items():
-        prev = state.targets.get(key)
+    for key, sample in matched.items():
+        prev = previous(key)
+        if prev is not None and prev.status is Status.PENDING:  # the common cases first
+            if prev.absent_since is None or now - prev.absent_since <= max_gap_s:
+                current = _seen_again(prev, now, sample.value)
+                if now - current.active_since >= policy.for_s:
+                    current, decision = _advance(policy, Target(key, prev.labels), current, now)
+                    if decision is not None:
+                        decisions.append(decision)
+                targets[key] = current
+                continue
+        elif (
+            prev is not None
+            and prev.status is Status.FIRING
+            and key not in cleared
+            and prev.retry_at is None
+            and policy.repeat_interval_s is None
+        ):
+            targets[key] = _seen_again(prev, now, sample.value)  # firing on, nothing to decide
+            continue
+        target = (
+            Target(key, prev.labels)
+            if prev is not None
+            else Target.from_labels(sample.labels, policy.target)
+        )
         if prev is not None and prev.status is Status.FIRING and key in cleared:
             decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, sample.value))
             continue
@@ -179,7 +229,7 @@ def evaluate(
                 held_since=None,
                 held_repeats=0,
             )
-        current = _observe(prev, target, sample, now, freshness.max_gap_s)
+        current = _observe(prev, target, sample, now, max_gap_s)
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)

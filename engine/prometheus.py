@@ -14,14 +14,18 @@ markers were written): their age is what tells them apart.
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlencode
 
+import orjson
 import promql_parser
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -31,6 +35,14 @@ from urllib3.util.retry import Retry
 from engine.decisions import Sample, freeze
 
 MAX_ERROR_CHARS = 256
+
+MAX_GET_QUERY_CHARS = 4096
+"""A query whose encoded parameters are longer is sent as a POST form (``/api/v1/query``
+takes both): a narrowed ``clear_expr`` for 1,000 targets is ~40 kB, and proxies refuse request
+lines past ~8 kB (nginx's default buffers, Apache's ``LimitRequestLine``) with 414. Shorter
+ones stay GETs, which read-only proxies and caches in front of Prometheus expect."""
+
+FORM = "application/x-www-form-urlencoded"
 
 
 class PrometheusError(Exception):
@@ -51,31 +63,72 @@ class PrometheusClient:
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._headers = dict(headers or {})
+        self._session = session if session is not None else requests.Session()
         # No retries inside a query: a failed query is a skipped evaluation and the next cycle
         # asks again, so an outage costs one refused connection per query, not seconds.
         self._conn = PrometheusConnect(
             url=self.url,
-            headers=dict(headers or {}),
+            headers=self._headers,
             disable_ssl=False,
-            session=session,
+            session=self._session,
             retry=Retry(total=0, raise_on_status=False),
         )
 
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now)."""
-        params: dict[str, Any] = {} if at is None else {"time": f"{at:.3f}"}
+        """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now). The answer is
+        decoded with orjson (issue 15: requests' ``json`` was most of a steady round's CPU
+        after the socket reads)."""
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        form = urlencode(params)
         with self._errors(expr):
-            raw = self._conn.custom_query(expr, params=params, timeout=self.timeout_s)
+            if len(form) <= MAX_GET_QUERY_CHARS:
+                response = self._session.get(
+                    f"{self.url}/api/v1/query?{form}",
+                    headers=self._headers,
+                    timeout=self.timeout_s,
+                )
+            else:  # the same parameters as a form, which the HTTP API takes as well
+                response = self._session.post(
+                    f"{self.url}/api/v1/query",
+                    data=form,
+                    headers={**self._headers, "Content-Type": FORM},
+                    timeout=self.timeout_s,
+                )
+            if response.status_code != 200:
+                raise PrometheusApiClientException(
+                    f"HTTP Status Code {response.status_code} ({response.content!r})"
+                )
+            try:
+                raw = orjson.loads(response.content)["data"]["result"]
+            except (KeyError, TypeError) as exc:
+                raise ValueError("not a query answer") from exc
         return parse_vector(raw, expr)
 
     def sample_age(self, exprs: Iterable[str], at: float | None = None) -> float | None:
         """How old (seconds, at ``at``) the oldest sample is that the vector selectors of
         ``exprs`` read; None when they read no series (or no selector reads the present)."""
-        probe = age_expr(tuple(exprs))
+        selectors = [s for expr in exprs for s in input_selectors(expr)]
+        ages = self.sample_ages(selectors, at=at)
+        return max(ages.values(), default=None)
+
+    def sample_ages(self, selectors: Iterable[str], at: float | None = None) -> dict[str, float]:
+        """The age (seconds, at ``at``) of the oldest sample each of ``selectors`` (as
+        ``input_selectors`` names them) reads, in one query; a selector that reads no series
+        is absent."""
+        wanted = tuple(dict.fromkeys(selectors))
+        probe = ages_expr(wanted)
         if probe is None:
-            return None
-        samples = self.query(probe, at=at)
-        return max((s.value for s in samples), default=None)
+            return {}
+        ages: dict[str, float] = {}
+        for sample in self.query(probe, at=at):
+            index = sample.labels.get(AGE_LABEL, "")
+            if not index.isdigit() or int(index) >= len(wanted):
+                raise QueryError(f"{probe!r} returned a series it did not ask for")
+            ages[wanted[int(index)]] = sample.value
+        return ages
 
     @contextmanager
     def _errors(self, expr: str) -> Iterator[None]:
@@ -109,9 +162,9 @@ class PrometheusClient:
             stop = min(end, at + chunk - step_s)
             for labels, values in self._range_chunk(expr, at, stop, step_s):
                 for ts, value in values:
-                    v = _float(value)
+                    v, t = _float(value), _time(ts)
                     if not math.isnan(v):
-                        by_step.setdefault(float(ts), []).append(Sample(labels, v, float(ts)))
+                        by_step.setdefault(t, []).append(Sample(labels, v, t))
             at = stop + step_s
         return {ts: tuple(samples) for ts, samples in by_step.items()}
 
@@ -138,59 +191,255 @@ class PrometheusClient:
         return out
 
 
+AGE_LABEL = "gpuops_input"
+"""The label that tells the parts of an ``ages_expr`` answer apart (the selector's index)."""
+
+
 @lru_cache(maxsize=1024)
-def age_expr(exprs: tuple[str, ...]) -> str | None:
-    """One query for the age of the oldest input series of ``exprs``: per distinct vector
-    selector ``max(time() - timestamp(selector))``, the maximum over all. Selectors with
-    ``offset`` or ``@`` read the past on purpose and are left out. None: no selector."""
+def input_selectors(expr: str) -> tuple[str, ...]:
+    """The distinct vector selectors ``expr`` reads the present with (as PromQL text);
+    selectors with ``offset`` or ``@`` read the past on purpose and are left out."""
+    try:
+        tree = promql_parser.parse(expr)
+    except ValueError as exc:
+        raise QueryError(f"cannot tell how old the data of {expr!r} is: {_cap(exc)}") from exc
     selectors: dict[str, None] = {}
-    for expr in exprs:
-        try:
-            tree = promql_parser.parse(expr)
-        except ValueError as exc:
-            raise QueryError(f"cannot tell how old the data of {expr!r} is: {_cap(exc)}") from exc
 
-        def visit(node: promql_parser.Expr) -> bool:
-            if isinstance(node, promql_parser.VectorSelector):
-                if node.offset is None and node.at is None:
-                    selectors[str(node)] = None
-            return True
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.offset is None and node.at is None:
+                selectors[selector_text(node)] = None
+        return True
 
-        promql_parser.walk(tree, visit)
+    promql_parser.walk(tree, visit)
+    return tuple(selectors)
+
+
+_MATCH_OPS = (
+    (promql_parser.MatchOp.Equal, "="),
+    (promql_parser.MatchOp.NotEqual, "!="),
+    (promql_parser.MatchOp.Re, "=~"),
+    (promql_parser.MatchOp.NotRe, "!~"),
+)
+
+
+def string_literal(value: str) -> str:
+    """``value`` as a PromQL string literal ("labels are data": quotes, backslashes and control
+    characters escaped as Go's ``strconv.Unquote``, which Prometheus uses, reads them)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def regex_literal(value: str) -> str:
+    """A RE2 pattern that matches exactly ``value``."""
+    return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", value)
+
+
+def selector_text(node: promql_parser.VectorSelector, extra: Iterable[str] = ()) -> str:
+    """``node`` as PromQL (its offset and ``@`` left out), with the matchers ``extra`` (PromQL
+    text) added (to each ``or`` group of a selector that has them, MetricsQL's
+    ``{a="1" or b="2"}``). Written here, not with ``str(node)``: promql-parser prints matcher
+    values without escaping them (``{a="q\\""}`` comes back as ``{a="q""}``) and an ``or``
+    selector as ``{ or a="1" or b="2"}``."""
+    extra = tuple(extra)
+    groups = node.matchers.or_matchers or [node.matchers.matchers]
+    text = " or ".join(",".join([*map(_matcher_text, group), *extra]) for group in groups)
+    return f"{node.name or ''}{{{text}}}"
+
+
+def _matcher_text(m: promql_parser.Matcher) -> str:
+    op = next((text for kind, text in _MATCH_OPS if m.op == kind), None)
+    if op is None:
+        raise QueryError(f"unknown label matcher {m.op} on {m.name}")
+    return f"{m.name}{op}{string_literal(m.value)}"
+
+
+NARROW_MAX_TARGETS = 1000
+"""``narrowed`` restricts a query to at most this many targets' label values; past that the
+wide query is cheaper than matching the values (and its text would pass 40 kB)."""
+
+_LOCAL_FUNCTIONS = frozenset(
+    {f"{agg}_over_time" for agg in ("avg", "min", "max", "sum", "count", "last", "stddev")}
+    | {"stdvar_over_time", "quantile_over_time", "present_over_time", "rate", "irate"}
+    | {"increase", "delta", "idelta", "deriv", "predict_linear", "changes", "resets", "abs"}
+    | {"ceil", "floor", "round", "exp", "ln", "log2", "log10", "sqrt", "sgn", "clamp"}
+    | {"clamp_min", "clamp_max", "timestamp", "time", "histogram_quantile"}
+)
+"""Functions whose result for a series depends on that series alone (and keep its labels)."""
+
+
+def narrowed(expr: str, names: Sequence[str], targets: Iterable[Mapping[str, str]]) -> str | None:
+    """``expr`` read only for ``targets`` (their values of the labels ``names``): every vector
+    selector gets ``name=~"v1|v2|..."`` per label (values escaped), so Prometheus reads only
+    those series. Sound only when each output series of ``expr`` depends on input series with
+    the same values of ``names``; ``expr`` must be made of selectors, numbers, per-series
+    functions (``_LOCAL_FUNCTIONS``), aggregations ``by`` all of ``names`` (or ``without``
+    none of them) and binary operators that match on all of ``names`` — else None (as when
+    there are more than ``NARROW_MAX_TARGETS`` targets, or none: ask the wide query). The
+    answer may hold more series than ``targets`` (every combination of the values).
+    ``__name__`` is left out of ``names``: a target does not keep it (``Target.from_labels``),
+    so its values would all be ``""``, which no series has."""
+    names = [n for n in names if n != "__name__"]
+    wanted = [dict.fromkeys(t.get(n, "") for t in targets) for n in names]
+    if not names or not wanted[0] or max(len(v) for v in wanted) > NARROW_MAX_TARGETS:
+        return None
+    extra = [
+        f"{name}=~{string_literal('|'.join(regex_literal(v) for v in values))}"
+        for name, values in zip(names, wanted, strict=True)
+    ]
+    try:
+        return _render(promql_parser.parse(expr), frozenset(names), extra)
+    except (ValueError, _NotLocal):
+        return None
+
+
+class _NotLocal(Exception):
+    """``narrowed`` cannot restrict this expression soundly."""
+
+
+def _render(node: promql_parser.Expr, names: frozenset[str], extra: Sequence[str]) -> str:
+    pp = promql_parser
+    if isinstance(node, pp.VectorSelector):
+        # ``or`` groups (MetricsQL's ``{a="1" or b="2"}``): not narrowed, the wide query
+        if node.offset is not None or node.at is not None or node.matchers.or_matchers:
+            raise _NotLocal
+        return selector_text(node, extra)
+    if isinstance(node, pp.MatrixSelector):
+        inner = _render(node.vector_selector, names, extra)
+        return f"{inner}[{pp.display_duration(node.range)}]"
+    if isinstance(node, pp.NumberLiteral):
+        value = float(node.val)
+        if value != value or value in (math.inf, -math.inf):
+            raise _NotLocal
+        return repr(value)
+    if isinstance(node, pp.ParenExpr):
+        return f"({_render(node.expr, names, extra)})"
+    if isinstance(node, pp.UnaryExpr):
+        return f"-({_render(node.expr, names, extra)})"
+    if isinstance(node, pp.Call):
+        if node.func.name not in _LOCAL_FUNCTIONS:
+            raise _NotLocal
+        return f"{node.func.name}({', '.join(_render(a, names, extra) for a in node.args)})"
+    if isinstance(node, pp.AggregateExpr):
+        mod = node.modifier
+        if mod is None or node.param is not None and not isinstance(node.param, pp.NumberLiteral):
+            raise _NotLocal
+        by = mod.type == pp.AggModifierType.By
+        if (by and not names <= set(mod.labels)) or (not by and names & set(mod.labels)):
+            raise _NotLocal
+        clause = f"{'by' if by else 'without'} ({', '.join(mod.labels)})"
+        param = f"{_render(node.param, names, extra)}, " if node.param is not None else ""
+        return f"{node.op} {clause} ({param}{_render(node.expr, names, extra)})"
+    if isinstance(node, pp.BinaryExpr):
+        bin_mod = node.modifier
+        matching = bin_mod.matching if bin_mod is not None else None
+        if matching is not None:
+            on = matching.type == pp.LabelModifierType.Include
+            if (on and not names <= set(matching.labels)) or (
+                not on and names & set(matching.labels)
+            ):
+                raise _NotLocal
+        lhs, rhs = _render(node.lhs, names, extra), _render(node.rhs, names, extra)
+        modifier = f"{bin_mod} " if bin_mod is not None and str(bin_mod) else ""
+        return f"({lhs}) {node.op} {modifier}({rhs})"
+    raise _NotLocal
+
+
+@lru_cache(maxsize=1024)
+def ages_expr(selectors: tuple[str, ...]) -> str | None:
+    """One query for the age of the oldest series of each selector: per selector
+    ``max(time() - timestamp(selector))``, labelled with its index (``AGE_LABEL``). None: no
+    selector."""
     if not selectors:
         return None
     parts = [
-        f'label_replace(max(time() - timestamp({s})), "gpuops_input", "{i}", "", "")'
+        f'label_replace(max(time() - timestamp({s})), "{AGE_LABEL}", "{i}", "", "")'
         for i, s in enumerate(selectors)
     ]
-    return f"max({' or '.join(parts)})"
+    return " or ".join(parts)
+
+
+def age_expr(exprs: tuple[str, ...]) -> str | None:
+    """One query for the age of the oldest input series of ``exprs``: the maximum of
+    ``ages_expr`` over their selectors. None: no selector."""
+    probe = ages_expr(tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e))))
+    return None if probe is None else f"max({probe})"
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
-    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample)."""
+    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample).
+    ``raw`` is the decoder's own (its ``metric`` objects become the samples' labels, not
+    copied)."""
     if isinstance(raw, list) and len(raw) == 2 and not isinstance(raw[0], dict):
-        return (Sample(freeze({}), _float(raw[1]), float(raw[0])),)
+        return (Sample(freeze({}), _float(raw[1]), _time(raw[0])),)
     if not isinstance(raw, list):
         raise QueryError(f"{expr!r} did not return a vector")
+    # One pass without a check per field (one per series of every query: after the JSON
+    # decoding itself, the largest part of a steady round); anything malformed raises in it
+    # and the careful pass below says what and where.
+    samples = []
+    new = object.__new__
+    proxy = MappingProxyType
+    join = "".join
+    number = _NUMBER.fullmatch
+    try:
+        for item in raw:
+            ts, value = item["value"]
+            labels = item["metric"]
+            join(labels.values())  # TypeError unless every value is a str (keys are: JSON)
+            # float() alone took `true`, a dict's keys, " 1_0 ": anything else is read carefully
+            if (type(ts) is not float and type(ts) is not int) or number(value) is None:
+                raise ValueError
+            v = float(value)
+            if v != v:  # NaN
+                continue
+            # ``Sample(MappingProxyType(labels), v, ts)`` without the dataclass' __init__
+            sample = new(Sample)
+            fields = sample.__dict__
+            fields["labels"] = proxy(labels)
+            fields["value"] = v
+            fields["timestamp"] = float(ts)
+            samples.append(sample)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return _parse_carefully(raw, expr)
+    return tuple(samples)
+
+
+def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
+    """``parse_vector`` for an answer its fast pass could not read: a missing ``metric`` is
+    no labels, a label value that is not a string is made one, anything else is a
+    ``QueryError`` naming the series."""
     samples = []
     for item in raw:
         try:
             ts, value = item["value"]
             labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
-        except (KeyError, TypeError, ValueError) as exc:
+            ts = _time(ts)
+        except (KeyError, TypeError, ValueError, AttributeError, QueryError) as exc:
             raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
         v = _float(value)
-        if math.isnan(v):
-            continue
-        samples.append(Sample(freeze(labels), v, float(ts)))
+        if not math.isnan(v):
+            samples.append(Sample(freeze(labels), v, ts))
     return tuple(samples)
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf")
+"""A sample value as the Prometheus HTTP API writes it (a JSON string: Go's ``strconv``
+format, ``NaN``, ``+Inf``, ``-Inf``). Python's ``float()`` takes more (``" 1_0 "``, ``"nan"``,
+``"infinity"``, other scripts' digits): none of that is a value Prometheus sent."""
+
+
 def _float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise QueryError(f"not a number: {value!r:.50}") from exc
+    """A sample value (``_NUMBER``), else a ``QueryError`` naming it."""
+    if type(value) is not str or _NUMBER.fullmatch(value) is None:
+        raise QueryError(f"not a number: {value!r:.50}")
+    return float(value)
+
+
+def _time(value: Any) -> float:
+    """A sample's timestamp (a JSON number), else a ``QueryError`` naming it."""
+    if type(value) is not float and type(value) is not int:
+        raise QueryError(f"not a timestamp: {value!r:.50}")
+    return float(value)
 
 
 def _api_error(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ Readiness is waited for by polling ``/-/ready`` until a deadline, never by sleep
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -52,6 +53,8 @@ class _Server:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+        """Variables added to the server's environment (e.g. ``GOGC``), set before start."""
         self.log_path = self.workdir / f"{self.kind}.log"
 
     @property
@@ -70,6 +73,7 @@ class _Server:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         self.wait_ready(timeout)
         log.info("%s ready at %s (pid %d)", self.kind, self.url, self.proc.pid)

@@ -20,34 +20,49 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import promql_parser
 import requests
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Outcome
-from engine.prometheus import PrometheusClient
+from engine.decisions import Decision, Outcome, Sample
+from engine.prometheus import PrometheusClient, age_expr
 from engine.promproc import PrometheusServer
-from engine.rules.model import Group
+from engine.rules.model import Group, cron_time
 from engine.runtime import Engine
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.remotewrite import RemoteWriter
 from exporters.fleet.report import Point, Recorder, RunReport
-from exporters.fleet.virtual import VirtualFleet
+from exporters.fleet.virtual import Meter, VirtualFleet
 
 log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL_S = 30.0
 """Virtual seconds between two scrapes of the fleet (every series written at each)."""
+
+RECORD_INTERVAL_S = 30.0
+"""Virtual seconds between two observations of the figures, at most (a shorter scrape
+interval observes at every scrape): what is measured does not get coarser with a longer
+scrape interval."""
+
+
+def record_interval(scrape_interval_s: float) -> float:
+    return min(scrape_interval_s, RECORD_INTERVAL_S)
+
 
 CLUSTER_STEP_S = 15.0
 """Virtual seconds per cluster step in both runs (so that they step the cluster alike)."""
@@ -63,6 +78,11 @@ ACTION_TIMEOUT_S = 60.0
 
 PROMETHEUS_ARGS = ("--web.enable-remote-write-receiver", "--storage.tsdb.retention.time=30d")
 """A Prometheus that takes samples by remote write and keeps the past the run writes."""
+
+PROMETHEUS_ENV = {"GOGC": "400"}
+"""The run's own Prometheus collects garbage when its heap has grown 4x, not 2x (Go's
+default): a quarter less of its CPU in a 500-GPU run (measured: 4.5 s instead of 6.2 s for
+30 busy virtual minutes of remote write), for a heap of some hundred MB more."""
 
 
 class WhatifError(Exception):
@@ -92,6 +112,26 @@ class RunResult:
     """``"policy verdict"`` -> decisions (the "on" run; empty for "off")."""
     outcomes: dict[str, int]
     """``"policy action status"`` -> executed actions' outcomes."""
+    parts: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Where the run's time went: part -> (wall s, CPU s); NaN where not measured. See
+    ``PARTS``."""
+    queries: tuple[int, int] = (0, 0)
+    """Instant queries the engine asked, and how many of them were answered from an answer
+    (or a prefetch) at the same instant (``LockstepPrometheus``)."""
+
+
+PARTS = (
+    ("fleet step", "the cluster stepped (scheduler, workload, energy)"),
+    ("record", "the figures observed at every scrape (exporters.fleet.report)"),
+    ("collect", "every series' sample at every scrape"),
+    ("encode", "protobuf and snappy"),
+    ("Prometheus ingest", "remote-write requests until Prometheus answered (wall)"),
+    ("engine evaluate", "the groups' cycles: queries, sample-age checks, state, audit intent"),
+    ("gate", "waiting for the actions the gate started (executor calls over HTTP)"),
+    ("Prometheus", "the Prometheus process: ingest and queries (CPU)"),
+    ("all", "the whole run (CPU: this process)"),
+)
+"""The parts of ``RunResult.parts`` and what each holds."""
 
 
 def start_time(hours: float, start_hour: float, now: float | None = None) -> float:
@@ -116,29 +156,44 @@ def run_off(
     recorder = Recorder()
     started = time.monotonic()
     fleet = VirtualFleet(
-        config, 0, None, scrape_interval_s, step_s=CLUSTER_STEP_S, recorder=recorder
+        config,
+        0,
+        None,
+        scrape_interval_s,
+        step_s=CLUSTER_STEP_S,
+        recorder=recorder,
+        record_interval_s=record_interval(scrape_interval_s),
     )
+    cpu = time.process_time()
     for t in _hourly(hours):
         fleet.run_until(t)
-    return RunResult(
-        recorder.report(fleet.cluster),
-        tuple(recorder.points),
-        time.monotonic() - started,
-        {},
-        {},
-    )
+    wall = time.monotonic() - started
+    parts = {
+        "fleet step": fleet.step_time.pair(),
+        "record": fleet.record_time.pair(),
+        "all": (wall, time.process_time() - cpu),
+    }
+    return RunResult(recorder.report(fleet.cluster), tuple(recorder.points), wall, {}, {}, parts)
 
 
 class PolicyLoop:
     """The engine without its scheduler: every group and cron policy evaluated at the virtual
     instants its schedule says, the actions finished before the loop returns."""
 
-    def __init__(self, engine: Engine, clock: VirtualClock) -> None:
+    def __init__(
+        self, engine: Engine, clock: VirtualClock, prometheus: LockstepPrometheus | None = None
+    ) -> None:
         self.engine = engine
         self.clock = clock
+        self.prometheus = prometheus
+        """Prefetches each due group's queries (None: the cycle asks them one by one)."""
         self._crons: dict[str, tuple[Group, CronTrigger, float]] = {}
         self._approvals_at = 0.0
         self._pool = ThreadPoolExecutor(GROUP_WORKERS, thread_name_prefix="gpuops-whatif")
+        self.evaluate_time = Meter()
+        """The evaluation instants (wall) and the groups' cycles (CPU of their threads)."""
+        self.gate_time = Meter()
+        """Waiting for the gate's actions (wall)."""
 
     def open(self) -> None:
         """What ``Engine.start`` does before it schedules: check the stored guardrail state,
@@ -175,28 +230,156 @@ class PolicyLoop:
         the actions they started."""
         self.clock.t = t
         e = self.engine
-        due: list[Future[None]] = []
+        started = time.perf_counter()
+        runs: list[tuple[Group, bool]] = []
         for group in e.rules.groups:
             if round(t) % max(1, round(group.interval_s)) == 0:
-                due.append(self._pool.submit(e.evaluate_group, group))
+                runs.append((group, False))
         for name, (group, trigger, at) in list(self._crons.items()):
             if at <= t:
-                due.append(self._pool.submit(e.evaluate_group, group, True))
+                runs.append((group, True))
                 self._crons[name] = (group, trigger, self._next_cron(trigger, t))
-        for future in due:  # groups run side by side, as the engine's scheduler runs them
-            future.result()
+        if self.prometheus is not None:
+            now = self.clock()
+            for group, scheduled in runs:
+                at = cron_time(now) if scheduled else now
+                self.prometheus.prefetch(group_queries(group, scheduled), at)
+        due = [self._pool.submit(self._timed, group, scheduled) for group, scheduled in runs]
+        # groups run side by side, as the engine's scheduler runs them
+        cpu = sum(future.result() for future in due)
         if t >= self._approvals_at:
             e.expire_approvals()
             self._approvals_at = t + APPROVALS_EVERY_S
-        if not e.wait_idle(ACTION_TIMEOUT_S):
+        waiting = time.perf_counter()
+        self.evaluate_time.add(waiting - started, cpu)
+        idle = e.wait_idle(ACTION_TIMEOUT_S)
+        self.gate_time.add(time.perf_counter() - waiting, math.nan)
+        if not idle:
             raise WhatifError(
                 f"actions decided at virtual second {t:.0f} did not finish within "
                 f"{ACTION_TIMEOUT_S:.0f} s"
             )
 
+    def _timed(self, group: Group, scheduled: bool) -> float:
+        """Evaluate ``group``; returns the CPU seconds of this thread it took."""
+        started = time.thread_time()
+        self.engine.evaluate_group(group, scheduled)
+        return time.thread_time() - started
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self.engine.stop()
+
+
+class LockstepPrometheus(PrometheusClient):
+    """The engine's Prometheus client in the "on" run: an instant query asked again at the
+    same evaluation time answers what it answered (the policies of one group, and the
+    groups of one instant, share selectors and sample-age probes), and ``prefetch`` asks
+    the queries a group's cycle will ask before it runs, side by side. That is exact here,
+    not an approximation: in lockstep nothing is written while the engine evaluates instant
+    ``t``, so a query at ``t`` cannot change its answer (a live engine may not do this:
+    samples arrive meanwhile). A query in flight is waited for, not asked twice; answers of
+    earlier instants are forgotten; errors are not kept (the next ask asks again)."""
+
+    def __init__(self, url: str, session: requests.Session, workers: int = 4) -> None:
+        super().__init__(url, session=session)
+        self._at: float | None = None
+        self._answers: dict[str, Future[tuple[Sample, ...]]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpuops-whatif-prefetch")
+        self.asked = 0
+        self.answered = 0
+        """Queries asked, and those answered from an earlier (or prefetched) answer."""
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        if at is None:
+            return super().query(expr)
+        answer, mine = self._claim(expr, at, asked=True)
+        if mine:
+            self._fetch(expr, at, answer)
+        return answer.result()
+
+    def prefetch(self, exprs: Iterable[str], at: float) -> None:
+        """Start asking ``exprs`` at ``at`` in the background (each once)."""
+        for expr in exprs:
+            answer, mine = self._claim(expr, at, asked=False)
+            if mine:
+                self._pool.submit(self._fetch, expr, at, answer)
+
+    def _claim(self, expr: str, at: float, asked: bool) -> tuple[Future[tuple[Sample, ...]], bool]:
+        """The answer to ``expr`` at ``at``, and whether the caller is to fetch it."""
+        with self._lock:
+            if at != self._at:
+                self._at = at
+                self._answers = {}
+            self.asked += asked
+            known = self._answers.get(expr)
+            if known is not None:
+                self.answered += asked
+                return known, False
+            answer: Future[tuple[Sample, ...]] = Future()
+            self._answers[expr] = answer
+            return answer, True
+
+    def _fetch(self, expr: str, at: float, answer: Future[tuple[Sample, ...]]) -> None:
+        try:
+            answer.set_result(super().query(expr, at=at))
+        except Exception as exc:  # for every waiter; forgotten, so the next ask asks again
+            with self._lock:
+                if self._answers.get(expr) is answer:
+                    del self._answers[expr]
+            answer.set_exception(exc)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
+    """What the engine's cycle asks first for each policy of ``group`` (its expression and
+    the sample-age probe of that expression; a clear expression only while firing, so not
+    here): prefetched by the what-if, answered from there when the cycle asks."""
+    for policy in group.policies:
+        if policy.expr is None or (policy.schedule is not None) != scheduled:
+            continue
+        yield policy.expr
+        probe = age_expr((policy.expr,))
+        if probe is not None:
+            yield probe
+
+
+def windows(expr: str) -> Iterator[float]:
+    """The range (seconds) of every range selector and subquery of ``expr``."""
+    found: list[float] = []
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.MatrixSelector | promql_parser.SubqueryExpr):
+            if node.range is not None:
+                found.append(node.range.total_seconds())
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return iter(found)
+
+
+def check_windows(engine: Engine, scrape_interval_s: float) -> None:
+    """Every window the policies read must hold two samples at this scrape interval (a
+    `[2m]` window scraped every 90 s would see one, or none): else the run would measure
+    policies that do not work as written."""
+    for group in engine.rules.groups:
+        for policy in group.policies:
+            for key, expr in (("expr", policy.expr), ("clear_expr", policy.clear_expr)):
+                for window in windows(expr) if expr else ():
+                    if window < 2 * scrape_interval_s:
+                        line = policy.key_lines.get(key)
+                        where = (
+                            f"{policy.source.rsplit(':', 1)[0]}:{line}" if line else policy.source
+                        )
+                        raise WhatifError(
+                            f"{where}: policy {policy.name}, {key}: reads a {window:g} s "
+                            f"window, which holds fewer than two samples at a scrape interval "
+                            f"of {scrape_interval_s:g} s: use a scrape interval of at most "
+                            f"{window / 2:g} s"
+                        )
 
 
 class _Tally:
@@ -222,11 +405,13 @@ def run_on(
     workdir: Path,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
+    prometheus_cpu: Callable[[], float] = lambda: math.nan,
 ) -> RunResult:
     """The same workload with the policies of ``rules`` evaluated by the engine at the
     virtual clock against ``prometheus_url`` (a fresh Prometheus with the remote-write
     receiver), acting on the cluster through the fleet's control API. ``workdir`` holds the
-    engine's state file and audit spool (``workdir/audit``: every decision of the run)."""
+    engine's state file and audit spool (``workdir/audit``: every decision of the run).
+    ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``)."""
     clock = VirtualClock(start_time(hours, config.start_hour))
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url)
@@ -237,9 +422,11 @@ def run_on(
         scrape_interval_s,
         step_s=CLUSTER_STEP_S,
         recorder=recorder,
+        record_interval_s=record_interval(scrape_interval_s),
     )
     tally = _Tally()
     started = time.monotonic()
+    cpu, prometheus_started = time.process_time(), prometheus_cpu()
     with fleet:
         control = fleet.serve_control()
         engine_config = EngineConfig(
@@ -253,7 +440,7 @@ def run_on(
         # loopback only: no proxy lookup from the environment on each of ~10^4 queries
         session = requests.Session()
         session.trust_env = False
-        client = PrometheusClient(prometheus_url, session=session)
+        client = LockstepPrometheus(prometheus_url, session)
         engine = Engine(
             engine_config,
             clock=clock,
@@ -261,9 +448,10 @@ def run_on(
             prometheus=client,
             listener=tally,
         )
-        loop = PolicyLoop(engine, clock)
+        loop = PolicyLoop(engine, clock, client)
         try:
             loop.open()
+            check_windows(engine, scrape_interval_s)
             step = loop.step_s()
             end = hours * 3600.0
             for i in range(math.floor(end / step) + 1):
@@ -275,26 +463,68 @@ def run_on(
             fleet.run_until(end)
         finally:
             loop.close()
+            client.close()
+    wall = time.monotonic() - started
+    log.info(
+        "what-if queries: %d asked, %d answered again at the same instant",
+        client.asked,
+        client.answered,
+    )
+    parts = {
+        "fleet step": fleet.step_time.pair(),
+        "record": fleet.record_time.pair(),
+        "collect": fleet.collect_time.pair(),
+        "encode": (writer.encode_s, writer.encode_s),
+        "Prometheus ingest": (writer.send_s, math.nan),
+        "engine evaluate": loop.evaluate_time.pair(),
+        "gate": loop.gate_time.pair(),
+        "Prometheus": (math.nan, prometheus_cpu() - prometheus_started),
+        "all": (wall, time.process_time() - cpu),
+    }
     return RunResult(
         recorder.report(fleet.cluster),
         tuple(recorder.points),
-        time.monotonic() - started,
+        wall,
         dict(tally.decisions),
         dict(tally.outcomes),
+        parts,
+        (client.asked, client.answered),
     )
 
 
+@dataclass(frozen=True)
+class Served:
+    """The Prometheus of the "on" run: its URL and how to read its CPU seconds so far (NaN
+    when it is not ours or its process cannot be read)."""
+
+    url: str
+    cpu_s: Callable[[], float]
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def prometheus(workdir: Path, url: str | None = None) -> Iterator[str]:
+def prometheus(workdir: Path, url: str | None = None) -> Iterator[Served]:
     """``url`` when given (it must take remote write and hold no samples of this run's
     series), else a fresh Prometheus of its own, on a free loopback port, stopped at the end."""
     if url is not None:
-        yield url
+        yield Served(url, lambda: math.nan)
         return
     config = "global:\n  scrape_interval: 1m\nscrape_configs: []\n"
+    server = PrometheusServer(workdir, config, extra_args=list(PROMETHEUS_ARGS))
+    server.env.update(PROMETHEUS_ENV)
     try:
-        with PrometheusServer(workdir, config, extra_args=list(PROMETHEUS_ARGS)) as server:
-            yield server.url
+        with server:
+            assert server.proc is not None
+            pid = server.proc.pid
+            yield Served(server.url, lambda: _process_cpu_s(pid))
     except FileNotFoundError as exc:
         raise WhatifError(f"a Prometheus is needed for the policies-on run: {exc}") from None
 
@@ -306,6 +536,55 @@ def _scratch() -> str | None:
     temporary directory. (Prometheus' data stays on disk: it is large.)"""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+OFF_PROCESS_GPU_HOURS = 1000.0
+"""From how many GPU-hours (GPUs x virtual hours) on the baseline runs in a process of its
+own, beside the "on" run: a 500-GPU day's baseline (~40 s) then costs no wall time, as the
+"on" run, in lockstep, leaves a core free much of the time; a small one is not worth the
+~2 s of CPU a fresh interpreter takes to import the engine."""
+
+
+def _baseline(
+    stack: ExitStack, config: FleetConfig, hours: float, scrape_interval_s: float
+) -> Callable[[], RunResult]:
+    """The policies-off run: started in a Python process of its own (nothing shared but
+    ``config``, pickled through a pipe; not ``multiprocessing``, which would run the
+    caller's main module again) when it is large, else run here now. Returns how to wait
+    for its result."""
+    gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
+    if gpus * hours < OFF_PROCESS_GPU_HOURS:
+        done = run_off(config, hours, scrape_interval_s)
+        return lambda: done
+    child = stack.enter_context(
+        subprocess.Popen(
+            [sys.executable, "-c", "from engine.whatif import _off_child; _off_child()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(pickle.dumps((config, hours, scrape_interval_s)))
+    child.stdin.close()
+
+    def result() -> RunResult:
+        assert child.stdout is not None
+        out = child.stdout.read()
+        if child.wait() != 0:
+            raise WhatifError(f"the policies-off run failed (exit status {child.returncode})")
+        found = pickle.loads(out)
+        assert isinstance(found, RunResult)
+        return found
+
+    return result
+
+
+def _off_child() -> None:
+    """The policies-off run in a child process (``_baseline``): arguments pickled on stdin,
+    the ``RunResult`` pickled on stdout."""
+    config, hours, scrape_interval_s = pickle.loads(sys.stdin.buffer.read())
+    done = run_off(config, hours, scrape_interval_s)
+    sys.stdout.buffer.write(pickle.dumps(done))
 
 
 @dataclass(frozen=True)
@@ -337,17 +616,20 @@ def whatif(
         engine_dir = workdir / "engine" if workdir else Path(tmp)
         prom_dir = workdir / "prometheus" if workdir else Path(tmp_prom)
         prom_dir.mkdir(parents=True, exist_ok=True)
-        off = run_off(config, hours, scrape_interval_s)
+        with ExitStack() as stack:
+            baseline = _baseline(stack, config, hours, scrape_interval_s)
+            with prometheus(prom_dir, prometheus_url) as served:
+                on = run_on(
+                    config,
+                    rules,
+                    hours,
+                    served.url,
+                    engine_dir,
+                    scrape_interval_s,
+                    None if progress is None else (lambda t: progress("on", t)),
+                    served.cpu_s,
+                )
+            off = baseline()
         if progress is not None:
             progress("off", hours * 3600.0)
-        with prometheus(prom_dir, prometheus_url) as url:
-            on = run_on(
-                config,
-                rules,
-                hours,
-                url,
-                engine_dir,
-                scrape_interval_s,
-                None if progress is None else (lambda t: progress("on", t)),
-            )
     return Whatif(config.name, hours, config.seed, tuple(map(str, rules)), off, on)

@@ -17,7 +17,7 @@ from engine.api.tokens import TokenStore
 from engine.config import ConfigError, load_config
 from engine.postgres import DatabaseUnavailable
 from engine.rules.model import RulesError
-from engine.runtime import Engine
+from engine.runtime import Engine, collect_less
 from engine.state import StateError
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def run(config_path: Path, dry_run: bool) -> None:
         config = config.model_copy(
             update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}
         )
+    collect_less()  # a long-running process holding the fleet's state (issue 15)
     try:
         eng = Engine(config)
     except StateError as exc:  # never a silent reset: gpuops state reset does that

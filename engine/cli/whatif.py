@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
     default=SCRAPE_INTERVAL_S,
     show_default=True,
     type=click.FloatRange(min=1),
-    help="Virtual seconds between two samples of every series.",
+    help="Virtual seconds between two samples of every series written to Prometheus (every "
+    "window the rules read must span two; the figures are observed every 30 s, or at every "
+    "scrape if more often).",
 )
 @click.option(
     "--prometheus-url",

@@ -7,8 +7,9 @@ audit, checks at execution time, workers per executor, outcomes, resume), ``appr
 itself is pure (``engine.guardrails.judge_step``), shared with ``engine.backtest``.
 """
 
+from engine.runtime.cycle import collect_less
 from engine.runtime.facade import Engine
 from engine.runtime.gate import DecisionListener
 from engine.runtime.rulebook import ReloadResult
 
-__all__ = ["DecisionListener", "Engine", "ReloadResult"]
+__all__ = ["DecisionListener", "Engine", "ReloadResult", "collect_less"]

@@ -17,10 +17,11 @@ write). A state or windows row that did not change is not written.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -30,14 +31,15 @@ from engine.config import GuardrailSettings
 from engine.decisions import (
     Decision,
     Outcome,
+    Sample,
     SkippedEvaluation,
     Transition,
     Verdict,
 )
-from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
+from engine.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
 from engine.guardrails import Context, Judgement, judge_step, population_expr
 from engine.metrics import EngineMetrics
-from engine.prometheus import PrometheusClient, QueryError
+from engine.prometheus import PrometheusClient, QueryError, input_selectors, narrowed
 from engine.rules.model import Group, Policy, cron_time
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
@@ -48,10 +50,30 @@ log = logging.getLogger(__name__)
 
 
 POPULATIONS_KEPT = 256
-"""Population counts remembered, by (query, evaluation time). Sound: it is the same query at
-the same evaluation time, so Prometheus would answer the same (the policies of one group, and
-groups of the same phase, share their evaluation times); a count is never reused at another
-time, so a fleet that shrank or grew is seen at the next evaluation."""
+"""Population queries whose count is remembered for their evaluation time (``population``)."""
+
+GC_THRESHOLDS = (50_000, 20, 20)
+"""The cyclic garbage collector's thresholds in the engine process (``collect_less``)."""
+
+
+def collect_less() -> None:
+    """Run Python's cyclic garbage collector less often (``GC_THRESHOLDS``; the default is a
+    young collection every 700 allocations). A steady round at 10,000 GPUs allocates about a
+    million objects (samples, target states) while the policies' states (as many again) stay
+    alive, so the default thresholds made the collector scan the whole heap many times a
+    round: 2/3 of the engine's CPU (issue 15; 590 -> 210 us per GPU with the collector tuned).
+    Almost all of it is freed by reference counting; the collector only finds cycles, which
+    the cycle does not make. A process setting: called by ``gpuops engine run`` (and the
+    benchmarks that stand in for it), not by the library."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+TIMES_KEPT = 8
+"""Evaluation times whose sample ages are remembered."""
+
+CLEARS_KEPT = 2
+"""Evaluation times whose ``clear_expr`` results are remembered (a wide one at 50,000 GPUs is
+~20,000 samples: kept only for the policies of the group run that asked it)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +123,10 @@ class Cycle:
         self.epochs: dict[str, float] = {}  # group -> clock at its first scheduled run
         self.last_evaluation: dict[str, LastEvaluation] = {}  # policy -> its last evaluation
         self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
-        self._populations: dict[tuple[str, float], int] = {}  # (query, evaluation time) -> count
+        self._populations: dict[str, tuple[float, int]] = {}  # query -> (evaluation time, count)
+        # evaluation time -> input selector -> age of its oldest sample (None: no series)
+        self._ages: dict[float, dict[str, float | None]] = {}
+        self._clears: dict[float, dict[str, tuple[Sample, ...]]] = {}  # time -> query -> result
         self._cache_lock = threading.Lock()
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
@@ -119,6 +144,7 @@ class Cycle:
         with ExitStack() as held:  # one writer of each policy's state, in one order everywhere
             for lock in locks:
                 held.enter_context(lock)
+            self._prefetch_ages(policies, now)
             steps: list[_Step] = []
             for policy in policies:
                 try:
@@ -161,7 +187,12 @@ class Cycle:
             self._unreadable(policy, now, exc)
             return None
         self.unreadable.pop(policy.name, None)
-        result = self._query(policy, now, has_firing=bool(state.firing()))
+        firing = (
+            [t.labels for t in state.targets.values() if t.status is not Status.PENDING]
+            if policy.clear_expr is not None
+            else []
+        )
+        result = self._query(policy, now, firing)
         step = evaluate(policy, result, state, now, self._freshness(policy))
         if step.skipped is not None:
             self._skipped(step.skipped)
@@ -175,32 +206,92 @@ class Cycle:
         self._metrics.state_errors.labels(policy.name).inc()
         self._skipped(SkippedEvaluation(policy.name, policy.group, now, str(exc), "bad state"))
 
-    def _query(self, policy: Policy, now: float, has_firing: bool) -> QueryResult:
+    def _query(
+        self, policy: Policy, now: float, firing: Sequence[Mapping[str, str]]
+    ) -> QueryResult:
+        """``policy``'s expr, its ``clear_expr`` while a target fires (only for the firing
+        targets where that is sound: ``engine.prometheus.narrowed``), and the age of the
+        oldest sample they read (fresh data only)."""
         assert policy.expr is not None
         try:
             samples = self._prometheus.query(policy.expr, at=now)
             clear = None
-            if policy.clear_expr is not None and has_firing:
-                clear = self._prometheus.query(policy.clear_expr, at=now)
-            inputs = [policy.expr, policy.clear_expr or ""] if clear is not None else [policy.expr]
-            age = self._prometheus.sample_age(inputs, at=now)  # fresh data only
+            inputs = [policy.expr]
+            if policy.clear_expr is not None and firing:
+                clear = self._clear(policy.clear_expr, policy.target, firing, now)
+                inputs.append(policy.clear_expr)
+            age = self._age(inputs, now)
         except QueryError as exc:
             self._metrics.query_failures.labels(policy.name).inc()
             return QueryResult(error=str(exc))
         return QueryResult(samples, clear, sample_age=age)
 
+    def _clear(
+        self,
+        expr: str,
+        names: Sequence[str] | None,
+        firing: Sequence[Mapping[str, str]],
+        now: float,
+    ) -> tuple[Sample, ...]:
+        """``expr`` at ``now`` for the ``firing`` targets (wide when it cannot be narrowed),
+        asked once per query and evaluation time."""
+        query = narrowed(expr, names or (), firing) or expr
+        with self._cache_lock:
+            known = self._clears.get(now, {}).get(query)
+        if known is not None:
+            return known
+        found = self._prometheus.query(query, at=now)
+        with self._cache_lock:
+            _remember(self._clears, now, {}, CLEARS_KEPT)[query] = found
+        return found
+
+    def _age(self, exprs: Sequence[str], now: float) -> float | None:
+        """How old the oldest sample is that ``exprs`` read at ``now`` (None: no series), from
+        the ages already asked at ``now`` (``_prefetch_ages``) and one query for the rest."""
+        selectors = list(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
+        with self._cache_lock:
+            known = dict(self._ages.get(now, {}))
+        missing = [s for s in selectors if s not in known]
+        if missing:
+            found = self._prometheus.sample_ages(missing, at=now)
+            got = {s: found.get(s) for s in missing}
+            with self._cache_lock:
+                _remember(self._ages, now, {}).update(got)
+            known.update(got)
+        return max((a for s in selectors if (a := known[s]) is not None), default=None)
+
+    def _prefetch_ages(self, policies: Sequence[Policy], now: float) -> None:
+        """The ages of every input selector of ``policies`` at ``now`` in one query (they
+        share it: one probe per group run instead of one per policy). A failure is left to
+        each policy's own ask (``_age``), which then skips its evaluation."""
+        exprs = [e for p in policies for e in (p.expr, p.clear_expr) if e is not None]
+        try:
+            self._age(exprs, now)
+        except QueryError as exc:
+            log.debug("sample ages at %s not known yet: %s", now, exc)
+
     def population(
-        self, policy: Policy, now: float, decisions: Iterable[Decision] = ()
+        self,
+        policy: Policy,
+        now: float,
+        decisions: Iterable[Decision] = (),
+        reuse: bool = True,
     ) -> int | None:
+        """How many targets ``max_fraction`` of ``policy`` divides by at ``now`` (None: the
+        query failed, which holds what needs it). ``reuse``: a count already made for this
+        very evaluation time (by another policy or group evaluated at it) is taken again; the
+        gate's recheck at execution passes False and always asks Prometheus, so that a fleet
+        that shrank since (a dead rack's series drop out of results at once: staleness
+        markers) or a Prometheus that went away is seen then."""
         expr = population_expr(policy, {n for d in decisions for n in d.target.labels})
         if expr is None:
             # max_fraction of targets without labels (`sum(x) > 10`): there is only one
             return 1 if policy.max_fraction is not None else None
-        key = (expr, now)
-        with self._cache_lock:
-            known = self._populations.get(key)
-        if known is not None:
-            return known
+        if reuse:
+            with self._cache_lock:
+                known = self._populations.get(expr)
+            if known is not None and known[0] == now:
+                return known[1]
         try:
             if policy.population is None:  # ours: one number back, not every target's series
                 counted = self._prometheus.query(f"count({expr})", at=now)
@@ -210,10 +301,11 @@ class Cycle:
         except QueryError as exc:
             log.warning("population of %s unknown: %s", policy.name, exc)
             return None
-        with self._cache_lock:
-            if len(self._populations) >= POPULATIONS_KEPT:
-                self._populations.clear()
-            self._populations[key] = found
+        if reuse:
+            with self._cache_lock:
+                if len(self._populations) >= POPULATIONS_KEPT:
+                    self._populations.clear()
+                self._populations[expr] = (now, found)
         return found
 
     def context(self, population: int | None, approved: bool = False) -> Context:
@@ -344,6 +436,17 @@ class Cycle:
                 self._metrics.suppressed.labels(decision.policy, reason.value).inc()
             if _state_only(decision):
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
+
+
+def _remember(cache: dict[float, Any], at: float, empty: Any, kept: int = TIMES_KEPT) -> Any:
+    """The entry of evaluation time ``at`` in ``cache`` (made from ``empty`` when new; the
+    oldest times are forgotten past ``kept``)."""
+    entry = cache.get(at)
+    if entry is None:
+        while len(cache) >= kept:
+            del cache[min(cache)]
+        entry = cache[at] = empty
+    return entry
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,9 @@ class Engine:
             locks=self.locks,
             clock=clock,
             policy=self._policy,
-            population=lambda policy, decision: self.cycle.population(policy, clock(), (decision,)),
+            population=lambda policy, decision: self.cycle.population(
+                policy, clock(), (decision,), reuse=False
+            ),
             listener=listener,
             workers_per_executor=action_workers,
             retry=action_retry or RetryPolicy(),

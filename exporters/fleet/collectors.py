@@ -47,28 +47,69 @@ GPU_SERIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 """The ``nvml_*`` series of a GPU, as the real NVML exporter names them."""
 
 
+_CLOCKS = ("graphics", "sm", "memory")
+
+
+def gpu_series(r: GpuReading, driver_version: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(series name, values of its labels after the GPU's) of each of one GPU's samples, in
+    the order of ``gpu_values``: the same for every reading of that GPU, so a writer can
+    build each series' labels once (``exporters.fleet.virtual``). A counter's name is
+    without ``_total``."""
+    series: list[tuple[str, tuple[str, ...]]] = [
+        ("nvml_gpu_up", ()),
+        ("nvml_gpu_info", (r.name, r.model, driver_version, r.pci_bus_id)),
+    ]
+    series += [
+        (name, ())
+        for name in (
+            "nvml_gpu_utilization_ratio",
+            "nvml_gpu_memory_utilization_ratio",
+            "nvml_gpu_memory_total_bytes",
+            "nvml_gpu_memory_used_bytes",
+            "nvml_gpu_memory_free_bytes",
+            "nvml_gpu_power_usage_watts",
+            "nvml_gpu_power_limit_watts",
+            "nvml_gpu_temperature_celsius",
+        )
+    ]
+    for clock in _CLOCKS:
+        series += [("nvml_gpu_clock_hertz", (clock,)), ("nvml_gpu_clock_max_hertz", (clock,))]
+    series.append(("nvml_gpu_energy_joules", ()))
+    return tuple(series)
+
+
+def gpu_values(r: GpuReading) -> tuple[float, ...]:
+    """The values of one GPU's reading, in the order of ``gpu_series``."""
+    graphics = r.graphics_clock_mhz * _MHZ
+    top = r.max_graphics_clock_mhz * _MHZ
+    total = r.memory_total_bytes
+    used = r.memory_used_bytes
+    return (
+        1.0,
+        1.0,
+        r.utilization,
+        used / total,
+        float(total),
+        float(used),
+        float(total - used),
+        r.power_watts,
+        r.power_limit_watts,
+        r.temperature_celsius,
+        float(graphics),
+        float(top),
+        float(graphics),
+        float(top),
+        float(r.memory_clock_mhz * _MHZ),
+        float(r.max_memory_clock_mhz * _MHZ),
+        r.energy_joules,
+    )
+
+
 def gpu_samples(r: GpuReading, driver_version: str) -> Iterator[tuple[str, tuple[str, ...], float]]:
     """(series name, values of its labels after the GPU's, value) of one GPU's reading; a
-    counter's name is without ``_total``. Served by ``NodeCollector`` and written by
-    ``exporters.fleet.virtual``."""
-    yield "nvml_gpu_up", (), 1.0
-    yield "nvml_gpu_info", (r.name, r.model, driver_version, r.pci_bus_id), 1.0
-    yield "nvml_gpu_utilization_ratio", (), r.utilization
-    yield "nvml_gpu_memory_utilization_ratio", (), r.memory_used_bytes / r.memory_total_bytes
-    yield "nvml_gpu_memory_total_bytes", (), r.memory_total_bytes
-    yield "nvml_gpu_memory_used_bytes", (), r.memory_used_bytes
-    yield "nvml_gpu_memory_free_bytes", (), r.memory_total_bytes - r.memory_used_bytes
-    yield "nvml_gpu_power_usage_watts", (), r.power_watts
-    yield "nvml_gpu_power_limit_watts", (), r.power_limit_watts
-    yield "nvml_gpu_temperature_celsius", (), r.temperature_celsius
-    for clock, now, top in (
-        ("graphics", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
-        ("sm", r.graphics_clock_mhz, r.max_graphics_clock_mhz),
-        ("memory", r.memory_clock_mhz, r.max_memory_clock_mhz),
-    ):
-        yield "nvml_gpu_clock_hertz", (clock,), now * _MHZ
-        yield "nvml_gpu_clock_max_hertz", (clock,), top * _MHZ
-    yield "nvml_gpu_energy_joules", (), r.energy_joules
+    counter's name is without ``_total``. Served by ``NodeCollector``."""
+    for (name, extra), value in zip(gpu_series(r, driver_version), gpu_values(r), strict=True):
+        yield name, extra, value
 
 
 class NodeCollector(Collector):

@@ -12,20 +12,45 @@ acts on ``cluster`` through ``exporters.fleet.operations``.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
 from exporters.fleet.cluster import Cluster
-from exporters.fleet.collectors import GPU_SERIES, FleetCollector, gpu_samples
+from exporters.fleet.collectors import GPU_SERIES, FleetCollector, gpu_series, gpu_values
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.control import Idempotency, control_handler
 from exporters.fleet.listener import Listener
 from exporters.fleet.model import GpuReading
-from exporters.fleet.remotewrite import Labels, RemoteWriter
+from exporters.fleet.remotewrite import Labels, RemoteWriter, SeriesTable
 from exporters.fleet.report import Recorder
 from exporters.fleet.sd import FLEET_JOB, NODES_JOB
+
+
+class Meter:
+    """Wall and CPU seconds (of the measuring thread) spent in one part of a run."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+
+    def add(self, wall_s: float, cpu_s: float) -> None:
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+
+    def pair(self) -> tuple[float, float]:
+        return self.wall_s, self.cpu_s
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
 
 class VirtualFleet:
@@ -40,10 +65,14 @@ class VirtualFleet:
         step_s: float | None = None,
         flush_every: int = 20,
         recorder: Recorder | None = None,
+        record_interval_s: float | None = None,
     ) -> None:
         self.cluster = Cluster(config)
         self.recorder = recorder
-        """Observes the cluster at every scrape (``exporters.fleet.report``)."""
+        """Observes the cluster every ``record_interval_s`` (``exporters.fleet.report``)."""
+        self.record_interval_s = record_interval_s or scrape_interval_s
+        """Virtual seconds between two observations of the recorder (default: at every
+        scrape): what a run measures need not depend on how often its series are written."""
         self.start_ms = start_ms
         self.writer = writer
         self.scrape_interval_s = scrape_interval_s
@@ -53,14 +82,23 @@ class VirtualFleet:
         """Scrapes buffered per remote-write request."""
         self._fleet = FleetCollector(self.cluster)
         self._driver = config.driver_version
-        self._next_scrape = 0.0
+        self._scrape_n = 0
+        self._record_n = 0
         self._buffered = 0
         self._control: Listener | None = None
         self.scrapes = 0
-        self.last: dict[Labels, float] = {}
-        self._keys: dict[tuple[object, ...], Labels] = {}
-        """(name, target, label values) -> sorted labels: sorting once per series, not per
-        sample, is most of a scrape's cost at 500 GPUs."""
+        self.series = writer.series if writer is not None else SeriesTable()
+        self._last: tuple[list[int], list[float]] = ([], [])
+        self._keys: dict[tuple[object, ...], int] = {}
+        """(name, label values) of a fleet target's sample (a target: of its ``up``) -> its
+        series number."""
+        self._gpu_series: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self.step_time = Meter()
+        """Stepping the cluster."""
+        self.record_time = Meter()
+        """The recorder's observations."""
+        self.collect_time = Meter()
+        """Collecting the scrapes' samples."""
 
     def serve_control(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve the fleet's control API (``exporters.fleet.control``) for this cluster, so
@@ -98,71 +136,110 @@ class VirtualFleet:
     def run_until(self, t: float) -> None:
         """Advance to virtual second ``t``, scraping at every scrape instant up to it, and
         flush so that Prometheus has every sample up to ``t`` before this returns."""
-        while self._next_scrape <= t:
-            while self.cluster.time < self._next_scrape:
-                self.cluster.advance(min(self.step_s, self._next_scrape - self.cluster.time))
-            self.scrape()
-            self._next_scrape += self.scrape_interval_s
-        while self.cluster.time < t:
-            self.cluster.advance(min(self.step_s, t - self.cluster.time))
+        while True:
+            next_scrape = self._scrape_n * self.scrape_interval_s
+            next_record = self._record_n * self.record_interval_s
+            if self.recorder is None or self.record_interval_s == self.scrape_interval_s:
+                next_record = math.inf  # observed with each scrape
+            at = min(next_scrape, next_record)
+            if at > t:
+                break
+            with self.step_time():
+                while self.cluster.time < at:
+                    self.cluster.advance(min(self.step_s, at - self.cluster.time))
+            if at == next_record:
+                self._observe()
+                self._record_n += 1
+            if at == next_scrape:
+                self.scrape(observe=next_record == math.inf)
+                self._scrape_n += 1
+        with self.step_time():
+            while self.cluster.time < t:
+                self.cluster.advance(min(self.step_s, t - self.cluster.time))
         self.flush()
 
-    def scrape(self) -> None:
+    def _observe(self) -> None:
         if self.recorder is not None:
-            self.recorder.observe(self.cluster)
+            with self.record_time():
+                self.recorder.observe(self.cluster)
+
+    def scrape(self, observe: bool = True) -> None:
+        """Collect every series now and hand them to the writer (with ``observe``: the
+        recorder observes first)."""
+        if observe:
+            self._observe()
         if self.writer is None and self.recorder is not None:
             self.scrapes += 1
             return  # nothing to write: no need to collect the series
-        samples = dict(self._samples())
-        self.last = samples
+        with self.collect_time():
+            ids, values = self._samples()
+        self._last = (ids, values)
         self.scrapes += 1
         if self.writer is not None:
-            self.writer.add(self.timestamp_ms(self.cluster.time), samples)
+            self.writer.add_ids(self.timestamp_ms(self.cluster.time), ids, values)
             self._buffered += 1
             if self._buffered >= self.flush_every:
                 self.flush()
+
+    @property
+    def last(self) -> dict[Labels, float]:
+        """The series of the last scrape and their values."""
+        ids, values = self._last
+        return {self.series.labels[i]: v for i, v in zip(ids, values, strict=True)}
 
     def flush(self) -> None:
         if self.writer is not None and self._buffered:
             self.writer.flush()
         self._buffered = 0
 
-    def _samples(self) -> Iterator[tuple[Labels, float]]:
+    def _samples(self) -> tuple[list[int], list[float]]:
+        """One scrape (series numbers and values): every series of every node target, then
+        the fleet target's."""
+        ids: list[int] = []
+        values: list[float] = []
         with self.cluster.lock:
             nodes = [(n.name, n.pool, n.failed) for n in self.cluster.nodes.values()]
         for name, pool, failed in nodes:
             target = (("instance", name), ("job", NODES_JOB), ("node", name), ("pool", pool))
-            yield (("__name__", "up"), *target), 0.0 if failed else 1.0
+            ids.append(self._id(target, (("__name__", "up"), *target)))
+            values.append(0.0 if failed else 1.0)
             if failed:
                 continue
-            yield from self._gpu_samples(name, target)
+            for r in self.cluster.gpu_readings(name):
+                ids += self._gpu_ids(r, target)
+                values += gpu_values(r)
         fleet = (("instance", "fleet"), ("job", FLEET_JOB))
-        yield (("__name__", "up"), *fleet), 1.0
-        yield from self._flatten(self._fleet.collect(), fleet)
-
-    def _gpu_samples(self, node: str, target: Labels) -> Iterator[tuple[Labels, float]]:
+        ids.append(self._id(fleet, (("__name__", "up"), *fleet)))
+        values.append(1.0)
         keys = self._keys
-        for r in self.cluster.gpu_readings(node):
-            for name, extra, value in gpu_samples(r, self._driver):
-                cache_key = (name, r.uuid, *extra)
-                labels = keys.get(cache_key)
-                if labels is None:
-                    labels = keys[cache_key] = _gpu_key(name, r, extra, target)
-                yield labels, float(value)
-
-    def _flatten(
-        self, families: Iterator[Metric], target: Labels
-    ) -> Iterator[tuple[Labels, float]]:
-        """Samples with the target's labels added under the series' own (``honor_labels``)."""
-        keys = self._keys
-        for family in families:
+        for family in self._fleet.collect():
             for sample in family.samples:
-                cache_key = (sample.name, target, *sample.labels.values())
-                labels = keys.get(cache_key)
-                if labels is None:
-                    merged = {**dict(target), **sample.labels, "__name__": sample.name}
-                    labels = keys[cache_key] = tuple(sorted(merged.items()))
-                yield labels, float(sample.value)
+                cache_key = (sample.name, *sample.labels.values())
+                series = keys.get(cache_key)
+                if series is None:  # the target's labels under the series' own (honor_labels)
+                    merged = {**dict(fleet), **sample.labels, "__name__": sample.name}
+                    series = keys[cache_key] = self.series.id(tuple(sorted(merged.items())))
+                ids.append(series)
+                values.append(float(sample.value))
+        return ids, values
+
+    def _id(self, cache_key: tuple[object, ...], labels: Labels) -> int:
+        found = self._keys.get(cache_key)
+        if found is None:
+            found = self._keys[cache_key] = self.series.id(labels)
+        return found
+
+    def _gpu_ids(self, r: GpuReading, target: Labels) -> tuple[int, ...]:
+        """The series numbers of a GPU's samples (``gpu_series`` order), built once per GPU
+        identity and target."""
+        identity = (r.uuid, r.index, r.name, r.model, r.pci_bus_id, target)
+        ids = self._gpu_series.get(identity)
+        if ids is None:
+            ids = self._gpu_series[identity] = tuple(
+                self.series.id(_gpu_key(name, r, extra, target))
+                for name, extra in gpu_series(r, self._driver)
+            )
+        return ids
 
 
 _EXTRA = {name: extra for name, _kind, _text, extra in GPU_SERIES}

@@ -11,12 +11,14 @@ Run: ``python -m tests.benchmarks.bench_whatif [hours] [factor]``
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.whatif import whatif
+from engine.whatif import PARTS, RunResult, whatif
 from engine.whatif_report import table
 from exporters.fleet.config import FleetConfig, ProjectSpec
 from exporters.fleet.fleetfile import load_fleet
@@ -62,12 +64,31 @@ def scaled(config: FleetConfig, factor: int) -> FleetConfig:
     )
 
 
+def _seconds(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
+def parts(run: RunResult) -> str:
+    """Wall and CPU per part of one run (``engine.whatif.PARTS``)."""
+    rows = [f"  {'part':<18} {'wall s':>8} {'CPU s':>8}  what"]
+    for name, what in PARTS:
+        if name in run.parts:
+            wall, cpu = run.parts[name]
+            rows.append(f"  {name:<18} {_seconds(wall):>8} {_seconds(cpu):>8}  {what}")
+    return "\n".join(rows)
+
+
 def one(config: FleetConfig, hours: float) -> float:
     gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
+    load = os.getloadavg()
     started = time.perf_counter()
     result = whatif(config, RULES, hours)
     wall = time.perf_counter() - started
     print(f"fleet {config.name}: {gpus} GPUs, {hours:g} virtual hours, policies off and on")
+    print(
+        f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+        f"after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)"
+    )
     day = wall * 24.0 / hours
     print(
         f"wall: {wall:.0f} s in all (off {result.off.wall_s:.0f} s, on {result.on.wall_s:.0f} s, "
@@ -76,6 +97,12 @@ def one(config: FleetConfig, hours: float) -> float:
         + f"; target for 24 h: {TARGET_S:.0f} s, "
         + ("met" if day <= TARGET_S else "NOT met")
     )
+    for label, run in (("off", result.off), ("on", result.on)):
+        print(f"{label}: wall {run.wall_s:.1f} s, CPU {run.parts['all'][1]:.1f} s")
+        if run.queries[0]:
+            asked, answered = run.queries
+            print(f"  engine queries: {asked:,} asked, {answered:,} answered at the same instant")
+        print(parts(run))
     print(table(result), flush=True)
     return wall
 

@@ -32,3 +32,6 @@ class FakePrometheus:
 
     def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
         return None
+
+    def sample_ages(self, selectors: Any, at: float | None = None) -> dict[str, float]:
+        return {}

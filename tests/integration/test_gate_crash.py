@@ -42,6 +42,8 @@ class Prom:
     step = 0
     def sample_age(self, exprs, at=None):
         return None
+    def sample_ages(self, selectors, at=None):
+        return {}
     def query(self, expr, at=None):
         Prom.step += 1
         return tuple(
@@ -191,6 +193,9 @@ def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
 
         def sample_age(self, exprs: object, at: float | None = None) -> float | None:
             return None
+
+        def sample_ages(self, selectors: object, at: float | None = None) -> dict[str, float]:
+            return {}
 
     registry = ExecutorRegistry()
     registry.register("log", lambda s: Ran())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -156,6 +156,9 @@ class Prometheus:
 
     def sample_age(self, exprs: object, at: float | None = None) -> float:
         return 0.0
+
+    def sample_ages(self, selectors: Iterable[str], at: float | None = None) -> dict[str, float]:
+        return dict.fromkeys(selectors, 0.0)
 
 
 class SteppedWall:

@@ -91,6 +91,31 @@ def test_a_save_writes_only_the_targets_that_changed(tmp_path: Path) -> None:
         reopened.close()
 
 
+def test_refreshes_are_spread_over_half_of_refresh_s_to_all_of_it(tmp_path: Path) -> None:
+    """Issue 15: the targets of one episode, written in one round, were all rewritten in one
+    round REFRESH_S later (55,000 rows at 10,000 GPUs); now each at its own point between half
+    of REFRESH_S and REFRESH_S, so no value a restart knows is older than REFRESH_S."""
+    store = StateStore(tmp_path / "state.sqlite")
+    try:
+        many = [(f"uuid={i}", target(str(i))) for i in range(200)]
+        saved(store, "p", state(*many))
+        early = [(k, replace(t, last_seen=t.last_seen + REFRESH_S * 0.49)) for k, t in many]
+        assert saved(store, "p", state(*early)) == 0
+        mid = [(k, replace(t, last_seen=t.last_seen + REFRESH_S * 0.75)) for k, t in many]
+        spread = saved(store, "p", state(*mid))
+        assert 20 < spread < 180
+        late = [(k, replace(t, last_seen=t.last_seen + REFRESH_S)) for k, t in many]
+        assert saved(store, "p", state(*late)) == 200 - spread  # the rest, none twice
+        stored = StateStore(tmp_path / "state.sqlite")
+        try:
+            oldest = min(t.last_seen for t in stored.policy_state("p").targets.values())
+        finally:
+            stored.close()
+        assert oldest >= many[0][1].last_seen + REFRESH_S * 0.5
+    finally:
+        store.close()
+
+
 def test_a_rolled_back_save_is_not_cached(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.sqlite")
     try:

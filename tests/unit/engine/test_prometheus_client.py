@@ -5,12 +5,13 @@ the integration and e2e tests)."""
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qs
 
 import pytest
 import requests
 import responses
 
-from engine.prometheus import PrometheusClient, QueryError
+from engine.prometheus import PrometheusClient, QueryError, parse_vector
 from engine.promproc import free_port
 
 URL = "http://prom.test:9090"
@@ -85,3 +86,88 @@ def test_query_range_is_split_and_grouped_by_step() -> None:
     steps = PrometheusClient(URL).query_range("x", 0, 60 * 25_000, 60)
     assert len(steps) == 25_001 and len(responses.calls) == 3  # 10,000 points a request
     assert steps[60.0][0].labels == {"pool": "p"}
+
+
+@responses.activate
+def test_an_answer_the_fast_pass_cannot_read_is_read_carefully() -> None:
+    """Issue 15: the decoder reads series without a check per field; what it cannot read is
+    read again carefully: a series without ``metric`` has no labels, a label value that is not
+    a string becomes one, a value that is not a number is an error naming it."""
+    body = vector(({"uuid": "a"}, "0.5"))
+    body["data"]["result"] += [  # type: ignore[index]
+        {"value": [1700000000.0, "0.25"]},
+        {"metric": {"uuid": 7}, "value": [1700000000.0, "1"]},
+    ]
+    responses.get(f"{URL}/api/v1/query", json=body)
+    samples = PrometheusClient(URL).query("up")
+    assert [(dict(s.labels), s.value) for s in samples] == [
+        ({"uuid": "a"}, 0.5),
+        ({}, 0.25),
+        ({"uuid": "7"}, 1.0),
+    ]
+    responses.replace(responses.GET, f"{URL}/api/v1/query", json=vector(({"u": "a"}, "x")))
+    with pytest.raises(QueryError, match="not a number: 'x'"):
+        PrometheusClient(URL).query("up")
+    bad = {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}
+    responses.replace(responses.GET, f"{URL}/api/v1/query", json=bad)
+    with pytest.raises(QueryError, match="returned a malformed series"):
+        PrometheusClient(URL).query("up")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1700000000, True],  # float(True) was 1.0
+        {"1": "x", "2": "y"},  # unpacked as its keys: ts 1, value 2.0
+        [1700000000, " 1_0 "],  # float() reads 10.0
+        [1700000000, "nan"],
+        [1700000000, "infinity"],
+        [1700000000, "１"],  # a full-width digit: float() reads 1.0
+        [1700000000, 1],  # a number where Prometheus writes a string
+        [True, "1"],
+        ["1700000000", "1"],
+    ],
+)
+def test_a_value_prometheus_would_not_write_is_a_query_error(value: object) -> None:
+    """Review D7: the fast pass read these as numbers (any of them could fire a ``> 0.5``
+    policy); now the careful pass refuses them, naming the series."""
+    with pytest.raises(QueryError, match="malformed series|not a number"):
+        parse_vector([{"metric": {"uuid": "a"}, "value": value}], "x")
+
+
+def test_every_value_format_prometheus_writes_is_read() -> None:
+    written = ["1", "-0.25", "1e+06", "1.5E-07", "+Inf", "-Inf", ".5", "3."]
+    raw = [{"metric": {"i": str(i)}, "value": [1700000000, v]} for i, v in enumerate(written)]
+    raw.append({"metric": {}, "value": [1700000000.5, "NaN"]})  # dropped, as before
+    assert [s.value for s in parse_vector(raw, "x")] == [float(v) for v in written]
+    (scalar,) = parse_vector([1700000000.5, "2"], "scalar(x)")
+    assert (scalar.timestamp, scalar.value) == (1700000000.5, 2.0)
+    with pytest.raises(QueryError, match="not a number"):
+        parse_vector([1700000000.5, "0x10"], "scalar(x)")
+
+
+@responses.activate
+def test_a_long_query_is_posted_as_a_form() -> None:
+    """Review D5: a narrowed clear_expr for 1,000 targets (~40 kB) went out as a GET, which a
+    proxy (nginx: ~8 kB) answers with 414: the policy was skipped at every evaluation while
+    many targets fired. Now past MAX_GET_QUERY_CHARS it is a POST form; short ones stay GETs."""
+    seen: list[tuple[str, str]] = []
+
+    def proxy(request: requests.PreparedRequest) -> tuple[int, dict[str, str], str]:
+        seen.append((request.method or "", request.headers.get("Content-Type", "")))
+        if len(request.url or "") > 8192:
+            return 414, {}, "<html>414 Request-URI Too Large</html>"
+        form = request.body if request.method == "POST" else (request.url or "").split("?")[1]
+        assert isinstance(form, str)
+        query = parse_qs(form)["query"][0]
+        body = vector(({"uuid": "a"}, "1"), ({"q": str(len(query))}, "2"))
+        return 200, {}, json.dumps(body)
+
+    responses.add_callback(responses.GET, f"{URL}/api/v1/query", callback=proxy)
+    responses.add_callback(responses.POST, f"{URL}/api/v1/query", callback=proxy)
+    values = json.dumps("|".join(f"GPU-{i:036d}" for i in range(1000)))
+    long = f"x{{uuid=~{values}}} > 0"
+    client = PrometheusClient(URL)
+    assert [s.value for s in client.query(long, at=1700000000)] == [1.0, 2.0]
+    assert client.query("up", at=1700000000)[1].labels == {"q": "2"}
+    assert seen == [("POST", "application/x-www-form-urlencoded"), ("GET", "")]

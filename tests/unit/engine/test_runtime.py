@@ -357,10 +357,59 @@ def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
     engine.evaluate_group(group)
     assert engine.wait_idle(10)
     asked = [q for q in make.prom.queries if "uuid!=" in q]
-    assert asked == [f"count({population})"]  # both policies decided at the same time
+    # both policies decided at the same time: one count; the gate counts again for each of the
+    # 4 actions it runs (at execution, never a reused count)
+    assert asked == [f"count({population})"] * 5
     assert len(make.ran) == 4  # 2 of 3 targets per policy: 50% of the 4 counted
     verdicts = [d.decision.verdict for d in engine.store.decisions(limit=10)]
     assert sorted(verdicts) == ["execute"] * 4 + ["suppressed:max_fraction"] * 2  # 50% of 4
+
+
+def test_a_population_count_is_reused_for_its_evaluation_time_only(make, tmp_path: Path) -> None:
+    """Issue 15 review: a count was reused for 30 s, by the gate's recheck too, so a rack that
+    died (its series gone from results at once) still counted. Now a count is reused only for
+    the evaluation time it was made at; any other time, and every recheck by the gate, asks
+    again, and a failed query is None (it holds the action)."""
+    rules = RULES.replace("cooldown: 1h", "limits: {max_fraction: 0.5}")
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    population = 'group by (uuid) ({uuid!=""})'
+    make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(10)]
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None
+    start = make.clock.now
+
+    def counted() -> int:
+        return sum(1 for q in make.prom.queries if q == f"count({population})")
+
+    assert engine.cycle.population(policy, start) == 10
+    make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(4)]  # a rack died
+    assert engine.cycle.population(policy, start) == 10  # the same evaluation time: reused
+    assert engine.cycle.population(policy, start, reuse=False) == 4  # the gate: counted
+    assert engine.cycle.population(policy, start + 1) == 4  # a later time: counted
+    make.prom.results[population] = Exception("Prometheus unreachable")
+    assert engine.cycle.population(policy, start + 1, reuse=False) is None
+    assert engine.cycle.population(policy, start + 2) is None
+    assert counted() == 5
+
+
+def test_clear_expr_is_asked_only_for_the_firing_targets(make, tmp_path: Path) -> None:
+    """Issue 15: main asked ``clear_expr`` for the whole fleet while any target fired; now
+    only for the firing targets (their values matched, escaped), and a target it matches
+    clears as before."""
+    rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
+    (tmp_path / "rules" / "p.yaml").write_text(rules.replace("for: 60s", "for: 0s"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": 'GPU-"1'}, {"uuid": "GPU-2"}]
+    assert len(cycle(engine)) == 2  # both fire
+    make.prom.results["util < 0.2"] = []
+    narrowed = '(util{uuid=~"GPU-\\"1|GPU-2"}) > (0.5)'
+    make.prom.results[narrowed] = [{"uuid": "GPU-2"}]
+    decided = cycle(engine, 10)
+    (cleared,) = decided
+    assert cleared.transition == "clear" and cleared.target.key == "uuid=GPU-2"
+    assert "util > 0.5" not in make.prom.queries  # never the wide query
+    assert make.prom.queries.count(narrowed) == 1
 
 
 def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write(

@@ -1,0 +1,262 @@
+"""The engine's own CPU in a steady round of ``bench_scale``'s 24 policies, without Prometheus
+(issue 15): a loopback HTTP server in a child process answers every query at once with what a
+real Prometheus gives for the synthetic fleet of ``bench_scale`` (its idle, underused and busy
+GPUs, down nodes and queues, as JSON bytes made once), so what is measured is the engine's
+side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite.
+
+Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the cProfile of
+the steady rounds. Never fails on noise.
+
+Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 6]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import orjson
+
+from engine.audit import AuditLog, AuditSettings
+from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from engine.metrics import EngineMetrics
+from engine.rules.loader import load_rules
+from engine.runtime import Engine, collect_less
+from tests.benchmarks.bench_scale import (
+    ROOT,
+    SPOOL_BYTES,
+    fleet,
+    policies,
+    registry,
+    rss_mib,
+    sum_samples,
+)
+
+
+def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
+    """The series of each kind of query for the fleet (labels only; values set when served)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {"idle": [], "under": [], "busy": [], "down": []}
+    by_kind["queue"] = []
+    for labels, value in fleet(gpus).items():
+        metric = dict(labels)
+        name = metric["__name__"]
+        if name == "up" and value == 0.0:
+            by_kind["down"].append(metric)
+        elif name == "gpuops_queue_pending_jobs" and value > 10:
+            by_kind["queue"].append({"pool": metric["pool"]})
+        elif name == "nvml_gpu_utilization_ratio":
+            del metric["__name__"]
+            kind = "idle" if value < 0.2 else "under" if value < 0.3 else "busy" if value else ""
+            if kind:
+                by_kind[kind].append(metric)
+    return by_kind
+
+
+class Canned(ThreadingHTTPServer):
+    """Answers /api/v1/query like Prometheus for ``bench_scale``'s policies."""
+
+    daemon_threads = True
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.kinds = answers(gpus)
+        self.bodies: dict[tuple[str, str], bytes] = {}
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
+
+    def body(self, expr: str, at: str) -> bytes:
+        key = (expr, at)
+        known = self.bodies.get(key)
+        if known is None:
+            t = float(at)
+            if "gpuops_input" in expr:  # the sample-age probe: 10 s old
+                n = expr.count("label_replace(")
+                series = [{"gpuops_input": str(i)} for i in range(n)]
+                result = [{"metric": m, "value": [t, "10"]} for m in series]
+            else:
+                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr)]
+            if expr.startswith("count("):
+                result = [{"metric": {}, "value": [t, str(len(self._series(expr)))]}]
+            data = {"resultType": "vector", "result": result}
+            known = self.bodies[key] = orjson.dumps({"status": "success", "data": data})
+            if len(self.bodies) > 64:
+                self.bodies.clear()
+        return known
+
+    def _series(self, expr: str) -> list[dict[str, Any]]:
+        if "gpuops_queue_pending_jobs" in expr:
+            return self.kinds["queue"]
+        if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
+            return self.kinds["down"] if "== 0" in expr else self.kinds["down"] * 100
+        if "max_over_time" in expr:
+            return self.kinds["idle"]
+        if "[2m]" in expr:  # clear_expr: busy GPUs, narrowed or not
+            wanted = re.search(r'uuid=~"([^"]*)"', expr)
+            busy = self.kinds["busy"]
+            if wanted is None:
+                return busy
+            uuids = set(wanted.group(1).replace("\\", "").split("|"))
+            return [m for m in busy if m["uuid"] in uuids]
+        if "[10m]" in expr:
+            return self.kinds["under"]
+        if "group by" in expr:
+            return self.kinds["idle"] * 2
+        return []
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Canned
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._answer(parse_qs(urlparse(self.path).query))
+
+    def do_POST(self) -> None:  # a long query comes as a form (engine.prometheus)
+        length = int(self.headers.get("Content-Length", "0"))
+        self._answer(parse_qs(self.rfile.read(length).decode()))
+
+    def _answer(self, params: dict[str, list[str]]) -> None:
+        body = self.server.body(params["query"][0], params.get("time", ["0"])[0])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve(gpus: int) -> None:
+    """The child process: serve the canned answers until killed (its CPU is not the
+    engine's); its first line is its port."""
+    server = Canned(gpus)
+    print(server.server_address[1], flush=True)
+    threading.Event().wait()
+
+
+def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.benchmarks.bench_round", "--serve", str(gpus)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert child.stdout is not None
+    url = f"http://127.0.0.1:{int(child.stdout.readline())}"
+    with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
+        work = Path(tmp)
+        rules = policies(work)
+        config = EngineConfig(
+            prometheus=PrometheusSettings(url=url, timeout=60, max_sample_age=1800),
+            rules=[rules],
+            state_file=work / "state.sqlite",
+            audit=AuditConfig(spool_dir=work / "audit"),
+            guardrails=GuardrailSettings(global_max_per_hour=100),
+            metrics_listen=None,
+        )
+        clock = [time.time()]
+        metrics = EngineMetrics.create()
+        audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
+            AuditSettings(spool_dir=work / "audit", max_spool_bytes=SPOOL_BYTES),
+            host_name="bench",
+            registry=metrics.registry,
+        )
+        engine = Engine(
+            config, executors=registry(), clock=lambda: clock[0], metrics=metrics, audit=audit
+        )
+        engine.reload(strict=True)
+        load_rules([rules])
+        profiler = cProfile.Profile() if profile is not None else None
+        cpus: list[float] = []
+        rows: list[dict[str, float]] = []
+        try:
+            for n in range(rounds):
+                decided, audited = sum_samples(engine.metrics.decisions), spool_bytes(work)
+                wall, cpu = time.perf_counter(), time.process_time()
+                steady = n >= 4  # round 0 new, 2 fires (for: 1m), 3 settles the fire
+                if profiler is not None and steady:
+                    profiler.enable()
+                for group in engine.rules.groups:
+                    for _ in range(round(30 / group.interval_s)):
+                        engine.evaluate_group(group)
+                if profiler is not None and steady:
+                    profiler.disable()
+                engine.wait_idle(600)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                row = {
+                    "wall": wall,
+                    "cpu": cpu,
+                    "decisions": sum_samples(engine.metrics.decisions) - decided,
+                    "audit": spool_bytes(work) - audited,
+                    "rss": rss_mib(),
+                }
+                rows.append(row)
+                print(
+                    f"  round {n}: wall {wall:6.2f} s, engine CPU {cpu:6.2f} s "
+                    f"({cpu / gpus * 1e6:6.1f} us/GPU), decisions {row['decisions']:6.0f}, "
+                    f"audit {row['audit'] / 1e6:6.2f} MB, RSS {row['rss']:4.0f} MiB",
+                    flush=True,
+                )
+                if steady:
+                    cpus.append(cpu)
+                clock[0] += 30
+        finally:
+            engine.stop()
+            child.terminate()
+            child.wait(30)
+    if profiler is not None and profile is not None:
+        profiler.dump_stats(str(profile))
+    cpu = statistics.median(cpus) if cpus else float("nan")
+    fire = max(range(len(rows)), key=lambda i: rows[i]["decisions"])
+    after = rows[fire + 1 :]
+    return {
+        "gpus": gpus,
+        "cpu": cpu,
+        "cpu_us": cpu / gpus * 1e6,
+        "fire_wall": rows[fire]["wall"],
+        "fire_decisions": rows[fire]["decisions"],
+        "after_fire": max((r["decisions"] for r in after), default=float("nan")),
+        "after_audit": max((r["audit"] for r in after), default=float("nan")),
+        "rss": max(r["rss"] for r in rows),
+    }
+
+
+def spool_bytes(work: Path) -> int:
+    return sum(p.stat().st_size for p in (work / "audit").rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--profile", type=Path)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
+    collect_less()  # as `gpuops engine run` does
+    r = run(args.gpus, args.rounds, args.profile)
+    print(
+        f"{r['gpus']:.0f} GPUs, steady rounds without Prometheus: engine CPU {r['cpu']:.2f} s"
+        f" per 30 s round, {r['cpu_us']:.1f} us per GPU (goal <= 40); fire round"
+        f" {r['fire_wall']:.1f} s, {r['fire_decisions']:.0f} decisions; most decisions in a"
+        f" round after it {r['after_fire']:.0f} ({r['after_audit'] / 1e6:.2f} MB of audit);"
+        f" RSS {r['rss']:.0f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""``engine.prometheus``'s PromQL rewriting, pure (no server): what ``narrowed`` and
+``input_selectors`` make of selectors the hostile review of issue 15 found mishandled.
+Against a real Prometheus: tests/integration/test_narrowed_prometheus.py."""
+
+from __future__ import annotations
+
+from engine.prometheus import input_selectors, narrowed
+
+
+def test_a_selector_with_or_groups_is_not_narrowed_and_its_probe_keeps_them() -> None:
+    """Review D2: ``{a="1" or b="2"}`` (MetricsQL) keeps its matchers in ``or`` groups, which
+    were dropped: the narrowed clear_expr matched every ``up`` series of a firing node (it
+    cleared: an undo), and the age probe was ``{}``, which Prometheus rejects (the policy was
+    skipped forever). Now such a query is asked wide, and the probe keeps the groups."""
+    assert narrowed('up{a="1" or b="2"} == 1', ["node"], [{"node": "n1"}]) is None
+    assert input_selectors('{a="1" or b="2"} > 0') == ('{a="1" or b="2"}',)
+    assert input_selectors('up{a="1",c="q\\"" or b!~"2"} > 0') == ('up{a="1",c="q\\"" or b!~"2"}',)
+    assert narrowed('up{a="1"} == 1', ["node"], [{"node": "n1"}]) == (
+        '(up{a="1",node=~"n1"}) == (1.0)'
+    )
+
+
+def test_a_target_label_name_is_not_narrowed_by() -> None:
+    """Review D4: a target ``[__name__, uuid]`` added ``__name__=~""`` (a target keeps no
+    ``__name__``), which matches no series: the firing targets never cleared."""
+    assert narrowed("x == 1", ["__name__", "uuid"], [{"uuid": "u1"}]) == (
+        '(x{uuid=~"u1"}) == (1.0)'
+    )
+    assert narrowed("x == 1", ["__name__"], [{"uuid": "u1"}]) is None  # nothing left: wide

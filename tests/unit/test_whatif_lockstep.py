@@ -1,0 +1,113 @@
+"""The what-if's engine side without a fleet: the lockstep Prometheus client (a query asked
+again at the same instant is answered once; prefetched queries are what the cycle asks) and
+the scrape-interval check of the policies' windows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import requests
+import responses
+
+from engine.prometheus import QueryError, age_expr
+from engine.rules.loader import load_rules, load_rules_text
+from engine.whatif import (
+    LockstepPrometheus,
+    WhatifError,
+    check_windows,
+    group_queries,
+    windows,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+URL = "http://prom.test"
+QUERY = f"{URL}/api/v1/query"
+
+
+def _vector(value: float) -> dict[str, Any]:
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"a": "1"}, "value": [1, str(value)]}],
+        },
+    }
+
+
+@pytest.fixture
+def client() -> Iterator[LockstepPrometheus]:
+    session = requests.Session()
+    session.trust_env = False
+    c = LockstepPrometheus(URL, session)
+    yield c
+    c.close()
+
+
+@responses.activate
+def test_a_query_asked_again_at_the_same_instant_is_asked_once(client: LockstepPrometheus) -> None:
+    responses.get(QUERY, json=_vector(1.0))
+    responses.post(QUERY, json=_vector(1.0))
+    first = client.query("up", at=100.0)
+    again = client.query("up", at=100.0)
+    assert first == again and first[0].value == 1.0
+    assert len(responses.calls) == 1
+    client.query("up", at=130.0)  # the next instant asks again
+    assert len(responses.calls) == 2
+    assert (client.asked, client.answered) == (3, 1)
+
+
+@responses.activate
+def test_a_failed_query_is_not_kept(client: LockstepPrometheus) -> None:
+    responses.get(QUERY, status=503, body="overloaded")
+    responses.post(QUERY, status=503, body="overloaded")
+    for _ in range(2):
+        with pytest.raises(QueryError):
+            client.query("up", at=100.0)
+    assert len(responses.calls) >= 2  # asked again, not answered from the failure
+
+
+@responses.activate
+def test_prefetched_queries_are_the_cycles_own(client: LockstepPrometheus) -> None:
+    responses.get(QUERY, json=_vector(0.1))
+    responses.post(QUERY, json=_vector(0.1))
+    (group,) = load_rules([REPO / "rules" / "gpu-efficiency.yaml"]).groups
+    asked = list(group_queries(group, scheduled=False))
+    policy = group.policies[0]
+    assert policy.expr is not None
+    assert asked[:2] == [policy.expr, age_expr((policy.expr,))]
+    client.prefetch(asked, at=100.0)
+    for expr in asked:  # as the cycle asks them
+        client.query(expr, at=100.0)
+    assert client.answered == len(asked)
+    assert len(responses.calls) == len(set(asked))
+
+
+def test_windows_are_every_range_and_subquery() -> None:
+    expr = "avg_over_time(x[10m]) and max_over_time(rate(y[1m])[5m:30s]) and z offset 20m"
+    assert sorted(windows(expr)) == [60.0, 300.0, 600.0]
+
+
+def test_a_window_that_holds_fewer_than_two_samples_is_refused() -> None:
+    rules = load_rules_text(
+        "groups:\n"
+        "  - name: g\n"
+        "    interval: 30s\n"
+        "    rules:\n"
+        "      - policy: busy\n"
+        "        expr: avg_over_time(nvml_gpu_utilization_ratio[2m]) > 0.9\n"
+        "        target: [uuid]\n"
+        "        action: {type: reclaim, executor: log}\n",
+        "w.yaml",
+    )
+    engine = cast(Any, SimpleNamespace(rules=rules))
+    check_windows(engine, 60.0)  # [2m] holds two samples at 60 s
+    with pytest.raises(WhatifError) as error:
+        check_windows(engine, 90.0)
+    assert str(error.value) == (
+        "w.yaml:6: policy busy, expr: reads a 120 s window, which holds fewer than two samples "
+        "at a scrape interval of 90 s: use a scrape interval of at most 60 s"
+    )
