@@ -142,6 +142,10 @@ class Shipper:
         self._in_flight: dict[Future[_Result], list[_Item]] = {}
 
     def start(self) -> None:
+        """Start the shipper thread; a second start while it runs does nothing (two loops on
+        one spool would race: one could remove a segment the other has only just taken)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self._thread = threading.Thread(target=self._run, name="gpuops-audit-shipper", daemon=True)
         self._thread.start()
 

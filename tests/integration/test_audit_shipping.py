@@ -97,7 +97,10 @@ def test_whole_request_errors_are_retried(
 def test_item_level_429_is_retried_alone(tmp_path: Path, es: FakeElasticsearch) -> None:
     es.fail_next(429, times=2, scope="item")
     with AuditLog(settings(tmp_path, es), host_name="h") as audit:
-        audit.start()
+        assert audit._shipper is not None
+        running = audit._shipper._thread
+        audit.start()  # a second start (``with`` started it): still the one shipper thread
+        assert running is not None and audit._shipper._thread is running
         ids = record(audit, 5)
         wait_until(lambda: audit.pending == 0)
     assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
