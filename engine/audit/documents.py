@@ -84,6 +84,40 @@ def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def outcome_fields(verdict: str, outcome: Outcome | None) -> tuple[str, str, bool]:
+    """A decision document's outcome status (``none`` without one), ECS ``event.outcome`` and
+    whether the action ran (``event.type`` change)."""
+    if outcome is None:
+        return "none", "unknown", False
+    outcome_status = outcome.status
+    if verdict == _EXECUTE:
+        if outcome_status is OutcomeStatus.SUCCESS:
+            return outcome_status._value_, "success", True
+        if outcome_status is OutcomeStatus.FAILURE:
+            return outcome_status._value_, "failure", True
+    return outcome_status._value_, "unknown", False
+
+
+def decision_message(
+    decision: Decision,
+    labels: Mapping[str, str],
+    transition: str,
+    verdict: str,
+    status: str,
+    outcome: Outcome | None,
+) -> str:
+    """A decision document's ``message``: policy, transition, target, verdict, outcome."""
+    target = ", ".join(map("=".join, sorted(labels.items())))
+    message = f"{decision.policy} {transition} on {target or decision.target.key}: {verdict}"
+    if decision.reason:
+        message += f" ({decision.reason})"
+    if outcome is not None:
+        message += f", {status}"
+        if outcome.error:
+            message += f": {outcome.error}"
+    return message
+
+
 def decision_document(
     decision: Decision, outcome: Outcome | None, host_name: str, namespace: str, now: float
 ) -> dict[str, Any]:
@@ -97,19 +131,7 @@ def decision_document(
     transition = decision.transition.value
     spec = decision.action
     reason = decision.reason
-    executed = False
-    if outcome is None:
-        status = "none"
-        ecs_outcome = "unknown"
-    else:
-        outcome_status = outcome.status
-        status = outcome_status.value
-        ecs_outcome = "unknown"
-        if verdict == _EXECUTE:
-            if outcome_status is OutcomeStatus.SUCCESS:
-                ecs_outcome, executed = "success", True
-            elif outcome_status is OutcomeStatus.FAILURE:
-                ecs_outcome, executed = "failure", True
+    status, ecs_outcome, executed = outcome_fields(verdict, outcome)
     labels = {str(k): str(v) for k, v in decision.target.labels.items()}
     event: dict[str, Any] = {
         "kind": "event",
@@ -126,14 +148,7 @@ def decision_document(
         event["reason"] = reason
     if outcome is not None and math.isfinite(outcome.duration_s):
         event["duration"] = int(round(outcome.duration_s * 1e9))
-    target = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    message = f"{decision.policy} {transition} on {target or decision.target.key}: {verdict}"
-    if reason:
-        message += f" ({reason})"
-    if outcome is not None:
-        message += f", {status}"
-        if outcome.error:
-            message += f": {outcome.error}"
+    message = decision_message(decision, labels, transition, verdict, status, outcome)
     evidence = decision.evidence
     value = evidence.value
     gpuops_evidence: dict[str, Any] = {

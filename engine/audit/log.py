@@ -2,7 +2,8 @@
 
 Called by ``engine.runtime`` for every decision, outcome and skipped evaluation, and by
 ``engine.api`` / ``engine.cli`` for every user operation. Each call turns its values into one
-ECS document (``engine.audit.documents``), appends it fsync'd to the spool and returns its
+ECS document (``engine.audit.documents``; decisions straight to their JSON,
+``engine.audit.lines``), appends it fsync'd to the spool and returns its
 ``event.id``; the shipper thread sends the spool to Elasticsearch. No call ever waits for
 Elasticsearch or raises because of it.
 """
@@ -21,12 +22,12 @@ from prometheus_client import CollectorRegistry
 from engine.audit.client import make_client
 from engine.audit.documents import (
     clock_step_document,
-    decision_document,
     leadership_document,
     operation_document,
     skipped_document,
 )
 from engine.audit.errors import AuditWriteError
+from engine.audit.lines import decision_entry, entry
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
 from engine.audit.shipper import Shipper
@@ -110,24 +111,23 @@ class AuditLog:
 
     def decision(self, decision: Decision, outcome: Outcome | None) -> str:
         """Record a decision (``outcome`` None when not executed); returns its ``event.id``."""
-        doc = decision_document(
-            decision, outcome, self.host_name, self.settings.namespace, self._clock()
+        return self._append_entry(
+            decision_entry(
+                decision, outcome, self.host_name, self.settings.namespace, self._clock()
+            )
         )
-        return self._append(doc)
 
     def write_ahead(self, entries: Sequence[tuple[Decision, Outcome | None]]) -> list[str]:
         """Record decisions (and outcomes) durably with one fsync, or raise ``AuditWriteError``
         (nothing written): the engine's gate calls it before it acts, and acts only if it
         returns. Returns the documents' ``event.id``s."""
         now = self._clock()
-        docs = [
-            decision_document(d, o, self.host_name, self.settings.namespace, now)
-            for d, o in entries
-        ]
+        host, namespace = self.host_name, self.settings.namespace
+        built = [decision_entry(d, o, host, namespace, now) for d, o in entries]
         try:
-            stored = self._spool.append_many(docs)
+            stored = self._spool.append_entries([data for _, data in built])
         except OSError as exc:
-            self.metrics.dropped.labels(policy="write_error").inc(len(docs))
+            self.metrics.dropped.labels(policy="write_error").inc(len(built))
             raise AuditWriteError(f"audit spool {self.spool_dir} not writable: {exc}") from exc
         if not stored:
             raise AuditWriteError(
@@ -135,7 +135,7 @@ class AuditLog:
                 f"{self._spool.documents} documents not yet shipped; max_spool_bytes "
                 f"{self.settings.max_spool_bytes}, full_policy fail_closed)"
             )
-        return [str(doc["event"]["id"]) for doc in docs]
+        return [doc_id for doc_id, _ in built]
 
     def skipped(self, skipped: SkippedEvaluation) -> str:
         """Record an evaluation skipped because its query failed; returns its ``event.id``."""
@@ -199,9 +199,12 @@ class AuditLog:
         return self._append(doc)
 
     def _append(self, doc: dict[str, Any]) -> str:
-        event_id = str(doc["event"]["id"])
+        return self._append_entry(entry(doc))
+
+    def _append_entry(self, built: tuple[str, bytes]) -> str:
+        event_id, data = built
         try:
-            stored = self._spool.append(doc)
+            stored = self._spool.append_entries([data])
         except OSError as exc:
             self.metrics.dropped.labels(policy="write_error").inc()
             log.error("audit: could not write document %s to the spool: %s", event_id, exc)

@@ -45,8 +45,10 @@ class AuditSettings:
     segment_max_age_s: float = 1.0
     """...or when its first document is this many seconds old: bounds audit latency."""
 
-    max_spool_bytes: int = 256 * 1024 * 1024
-    """Upper bound of the spool on disk, in bytes (about 300k decision documents)."""
+    max_spool_bytes: int = 280 * 1024 * 1024
+    """Upper bound of the spool on disk, in bytes (about 210k decision documents of ~1.3 KB).
+    256 MiB in spool format 1; format 2 adds each document's bulk action line (~95 B, 7%),
+    so the default grew with it: the spool holds as many documents as before."""
 
     full_policy: FullPolicy = "fail_closed"
     """What happens when the spool is full. ``fail_closed`` (default): nothing already spooled

@@ -2,8 +2,10 @@
 
 Started and stopped by ``AuditLog``. Each document is sent with op_type ``create`` and
 ``_id = event.id`` into its data stream, so a document sent twice (a retry, a restart after a
-crash) is a 409, which counts as stored. The spooled bytes go out as they are: each line is
-parsed (orjson) only to read its ``event.id`` and data stream, never re-encoded.
+crash) is a 409, which counts as stored. The spooled bytes go out as they are: a segment of
+spool format 2 holds each document's action line next to it (``engine.audit.spool``), so
+nothing is parsed or encoded per document; a format 1 segment (left by an older engine) has
+each line parsed (orjson) only for its ``event.id`` and data stream.
 
 Up to ``bulk_in_flight`` bulk requests run at once (a small pool; the shipper thread alone
 decides what is sent); the batch size adapts between ``bulk_min_documents`` and
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -37,12 +41,18 @@ from elasticsearch import Elasticsearch
 from engine.audit.client import CLIENT_ERRORS, RETRYABLE_STATUSES, wrap
 from engine.audit.documents import stream_of
 from engine.audit.errors import ElasticsearchError, RetryableError, TemplateError
+from engine.audit.lines import action_line
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
-from engine.audit.spool import Segment, Spool
+from engine.audit.spool import Segment, Spool, entries
 from engine.audit.templates import install_templates
 
 log = logging.getLogger(__name__)
+
+_PAIR = attrgetter("pair")
+_FILTER_PATH = "errors,items.*.status,items.*.error"
+"""What a bulk answer needs to carry back (Elasticsearch's ``filter_path``): its items without
+the ids, versions and shards the shipper never reads (an eighth of the bytes to parse)."""
 
 
 class _GiveUp(Exception):
@@ -57,18 +67,36 @@ class _Work:
     outstanding: int = 0
 
 
-@dataclass
 class _Item:
-    """One spooled document: its bulk action line and its line from the segment, as is."""
+    """One spooled document: its bulk action line and its line from the segment, as they are
+    (without their newlines)."""
 
-    work: _Work
-    doc_id: str
-    action: bytes
-    line: bytes
+    __slots__ = ("pair", "size", "work")
+
+    def __init__(self, work: _Work, action: bytes, line: bytes) -> None:
+        self.work = work
+        self.pair = (action, line)
+        self.size = len(action) + len(line) + 2
 
     @property
-    def size(self) -> int:
-        return len(self.action) + len(self.line)
+    def line(self) -> bytes:
+        return self.pair[1]
+
+    @property
+    def doc_id(self) -> str:
+        """Its ``event.id`` (read from the action line: only to report a refused document)."""
+        return self._meta("_id")
+
+    @property
+    def index(self) -> str:
+        """Its data stream (read from the action line: only to report a refused document)."""
+        return self._meta("_index")
+
+    def _meta(self, key: str) -> str:
+        try:
+            return str(orjson.loads(self.pair[0])["create"][key])
+        except (ValueError, KeyError, TypeError):
+            return "?"
 
 
 @dataclass
@@ -97,6 +125,7 @@ class Shipper:
         self._metrics = metrics
         self._client_factory = client_factory
         self._client: Elasticsearch | None = None
+        self._bulk: tuple[Elasticsearch, Elasticsearch] | None = None  # (client, its options)
         self._client_lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -113,6 +142,10 @@ class Shipper:
         self._in_flight: dict[Future[_Result], list[_Item]] = {}
 
     def start(self) -> None:
+        """Start the shipper thread; a second start while it runs does nothing (two loops on
+        one spool would race: one could remove a segment the other has only just taken)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self._thread = threading.Thread(target=self._run, name="gpuops-audit-shipper", daemon=True)
         self._thread.start()
 
@@ -180,6 +213,10 @@ class Shipper:
             data = work.segment.path.read_bytes()
         except FileNotFoundError:
             return
+        if work.segment.version == 2:  # ready action and document lines
+            for _, action, line in entries(data, work.segment.path):
+                yield _Item(work, action, line)
+            return
         lines = data.split(b"\n")
         for number, line in enumerate(lines[:-1], start=1):  # the last piece: torn or empty
             try:
@@ -188,8 +225,7 @@ class Shipper:
             except (ValueError, KeyError, TypeError):
                 log.warning("%s: skipping invalid line %d", work.segment.path, number)
                 continue
-            action = {"create": {"_index": stream_of(doc), "_id": doc_id}}
-            yield _Item(work, doc_id, orjson.dumps(action) + b"\n", line + b"\n")
+            yield _Item(work, action_line(stream_of(doc), doc_id)[:-1], line)
         if lines[-1]:
             log.warning("%s: skipping torn last line %d", work.segment.path, len(lines))
 
@@ -283,7 +319,12 @@ class Shipper:
             if len(batch) > 1:
                 self._split = max(1, len(batch) // 2)
                 return batch
-            self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+            try:
+                self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+            except OSError:  # kept in the spool: sent (and refused) again after a backoff
+                log.exception("audit: the dead-letter file is not writable")
+                self._backoff(f"bulk request refused: {exc}")
+                return batch
             batch[0].work.outstanding -= 1
             self._split = None
             return []
@@ -314,12 +355,12 @@ class Shipper:
     def _send(self, batch: Sequence[_Item]) -> _Result:
         """One bulk request; never raises (the shipper thread reads the result)."""
         result = _Result(list(batch))
-        body = b"".join(part for item in batch for part in (item.action, item.line))
+        body = b"\n".join(chain.from_iterable(map(_PAIR, batch))) + b"\n"
         started = time.monotonic()
         try:
-            client = self._get_client()
-            response = client.options(request_timeout=self._request_timeout()).bulk(
-                operations=body  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
+            response = self._bulk_client().bulk(
+                operations=body,  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
+                filter_path=_FILTER_PATH,
             )
         except CLIENT_ERRORS as exc:
             result.error = wrap(exc, "bulk request")
@@ -335,6 +376,10 @@ class Shipper:
             result.error = RetryableError(
                 f"bulk response has {len(items)} items for {len(batch)} documents"
             )
+            return result
+        if response.body.get("errors") is False:  # every item created (a 409 is an error)
+            self._metrics.shipped.labels(result="created").inc(len(batch))
+            self._metrics.bulk_requests.labels(result="ok").inc()
             return result
         dead: list[tuple[_Item, Mapping[str, Any]]] = []
         created = duplicates = 0
@@ -354,7 +399,11 @@ class Shipper:
         self._metrics.shipped.labels(result="created").inc(created)
         self._metrics.shipped.labels(result="duplicate").inc(duplicates)
         if dead:
-            self._dead_letter(dead)
+            try:
+                self._dead_letter(dead)
+            except OSError:  # kept in the spool: sent (and refused) again after a backoff
+                log.exception("audit: the dead-letter file is not writable")
+                result.retry += [item for item, _ in dead]
         self._metrics.bulk_requests.labels(result="ok").inc()
         return result
 
@@ -364,7 +413,6 @@ class Shipper:
         now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         with (directory / "dead-letter.jsonl").open("ab") as fh:
             for item, result in dead:
-                doc = orjson.loads(item.line)
                 error = result.get("error") or {}
                 reason = error.get("reason") if isinstance(error, Mapping) else str(error)
                 entry = {
@@ -372,9 +420,12 @@ class Shipper:
                     "status": result.get("status"),
                     "reason": reason,
                     "error": error,
-                    "index": stream_of(doc),
-                    "document": doc,
+                    "index": item.index,
                 }
+                try:
+                    entry["document"] = orjson.loads(item.line)
+                except ValueError:  # a corrupt spool line: its bytes as they are, losing nothing
+                    entry["document_raw"] = item.line.decode("utf-8", errors="backslashreplace")
                 fh.write(orjson.dumps(entry, default=str) + b"\n")
                 log.error(
                     "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
@@ -414,6 +465,18 @@ class Shipper:
             if self._client is None:
                 self._client = self._client_factory()
             return self._client
+
+    def _bulk_client(self) -> Elasticsearch:
+        """The client with the request timeout of bulk requests: made once (``options()``
+        builds a client and its OpenTelemetry wrappers, ~1 ms each time), except while closing,
+        when the timeout shrinks to the time left."""
+        if self._closing.is_set():
+            return self._get_client().options(request_timeout=self._request_timeout())
+        client = self._get_client()
+        with self._client_lock:
+            if self._bulk is None or self._bulk[0] is not client:
+                self._bulk = (client, client.options(request_timeout=self._request_timeout()))
+            return self._bulk[1]
 
     def _request_timeout(self) -> float:
         timeout = self._settings.request_timeout_s

@@ -1,4 +1,13 @@
-"""The local audit spool: fsync'd, append-only JSON-lines segments in one directory.
+"""The local audit spool: fsync'd, append-only segments in one directory.
+
+Format 2 (``segment-<seq>.ndjson``, written since issue 15): each document is two lines, its
+bulk action line (``{"create":{"_index":<data stream>,"_id":<event.id>}}``) and its JSON
+(``engine.audit.lines``), so a segment is a ready Elasticsearch ``_bulk`` body and the shipper
+sends its bytes without parsing them. Format 1 (``segment-<seq>.jsonl``, one JSON document per
+line) is still read: a spool left by an older engine is shipped and searched as before; new
+documents always go to format 2 segments. Readers tell the formats by the file name. A
+downgrade to an engine that knows only format 1 is not supported (it would neither ship nor
+search ``.ndjson`` segments): ``elk/README.md`` says how to drain or convert the spool first.
 
 ``AuditLog`` appends every document here before anything else; the shipper reads sealed
 segments and removes one only when Elasticsearch acknowledged all its documents; ``gpuops audit
@@ -19,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
@@ -33,35 +41,18 @@ from typing import IO, Any
 import orjson
 
 from engine.audit.errors import SpoolLockedError
+from engine.audit.lines import encode_line, entry
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import FullPolicy
 
 log = logging.getLogger(__name__)
 
-_SEGMENT = re.compile(r"^segment-(\d{12})\.jsonl$")
+__all__ = ["Segment", "Spool", "encode_line", "read_segment", "read_spool", "segment_paths"]
 
-
-def _default(value: Any) -> Any:
-    """What orjson cannot serialize by itself: read-only mappings and other sequences."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple | list | frozenset | set):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def encode_line(doc: Mapping[str, Any]) -> bytes:
-    """One spool line: the document as compact UTF-8 JSON and a newline.
-
-    orjson (C) instead of ``json.dumps``: 5-10x cheaper per document, and the same JSON values
-    (keys in insertion order, non-ASCII as UTF-8). An integer beyond 64 bits or anything else
-    orjson refuses falls back to ``json.dumps``. (The documents carry no NaN or Infinity:
-    ``engine.audit.documents`` turns them into null, as JSON has neither.)"""
-    try:
-        return orjson.dumps(doc, default=_default, option=orjson.OPT_APPEND_NEWLINE)
-    except TypeError:  # orjson.JSONEncodeError is a TypeError
-        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=_default)
-        return (text + "\n").encode()
+_SEGMENT = re.compile(r"^segment-(\d{12})\.(jsonl|ndjson)$")
+ACTION_PREFIX = b'{"create":'
+"""How every action line of a format 2 segment starts (no document line does: documents
+start with ``{"@timestamp"`` or another field of their own)."""
 
 
 @dataclass
@@ -74,6 +65,52 @@ class Segment:
     size: int
     opened_at: float = 0.0
 
+    @property
+    def version(self) -> int:
+        """The segment's format: 2 (action and document lines), 1 (document lines)."""
+        return segment_version(self.path)
+
+
+def segment_version(path: Path) -> int:
+    return 2 if path.suffix == ".ndjson" else 1
+
+
+def entries(data: bytes, path: Path) -> Iterator[tuple[int, bytes, bytes]]:
+    """The complete entries of a format 2 segment's bytes: (line number of the action line,
+    action line, document line), newlines cut off. A torn last entry (a process killed while
+    writing, never acknowledged) and a line out of place are skipped with a warning.
+
+    A document line is checked only as far as it costs nothing: it must start with ``{`` and
+    not be an action line (a corrupt line, e.g. a disk block of zeros, is skipped with its
+    action; an action line followed by another action line lost its document and is skipped
+    alone). A line that starts well but is not JSON is sent all the same: Elasticsearch refuses
+    it and the shipper dead-letters its bytes."""
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the segment ends with a newline
+    i, n = 0, len(lines)
+    while i < n:
+        action = lines[i]
+        if not action.startswith(ACTION_PREFIX):
+            log.warning("%s: skipping invalid line %d", path, i + 1)
+            i += 1
+            continue
+        if i + 1 == n:
+            torn = torn or action
+            break
+        line = lines[i + 1]
+        if not line.startswith(b"{"):
+            log.warning("%s: skipping invalid document line %d", path, i + 2)
+            i += 2
+            continue
+        if line.startswith(ACTION_PREFIX):
+            log.warning("%s: skipping action line %d without its document", path, i + 1)
+            i += 1
+            continue
+        yield i + 1, action, line
+        i += 2
+    if torn:
+        log.warning("%s: skipping torn last entry at line %d (never acknowledged)", path, i + 1)
+
 
 def segment_paths(directory: Path) -> list[Path]:
     """The segment files of a spool directory, oldest first."""
@@ -85,6 +122,20 @@ def segment_paths(directory: Path) -> list[Path]:
 
 def read_segment(path: Path) -> Iterator[dict[str, Any]]:
     """The documents of one segment; a torn or invalid line (a crash mid-write) is skipped."""
+    if segment_version(path) == 2:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        for number, _, line in entries(data, path):
+            try:
+                doc = orjson.loads(line)
+            except ValueError:  # orjson.JSONDecodeError is a ValueError
+                log.warning("%s: skipping invalid line %d", path, number + 1)
+                continue
+            if isinstance(doc, dict):
+                yield doc
+        return
     try:
         with path.open("rb") as fh:
             for number, raw in enumerate(fh, start=1):
@@ -100,6 +151,14 @@ def read_segment(path: Path) -> Iterator[dict[str, Any]]:
                     yield doc
     except FileNotFoundError:
         return
+
+
+def _count(path: Path) -> int:
+    """The documents of a segment a previous run left (format 2: its complete entries, not
+    parsed)."""
+    if segment_version(path) == 2:
+        return sum(1 for _ in entries(path.read_bytes(), path))
+    return sum(1 for _ in read_segment(path))
 
 
 def read_spool(directory: Path) -> Iterator[dict[str, Any]]:
@@ -159,7 +218,7 @@ class Spool:
         self._lock_fh = lock_fh
         for path in segment_paths(self.directory):
             seq = int(path.name[8:20])
-            docs = sum(1 for _ in read_segment(path))
+            docs = _count(path)
             if docs == 0:
                 path.unlink(missing_ok=True)
                 continue
@@ -197,10 +256,11 @@ class Spool:
         or its fsync failed, in which case nothing of it stays in the segment."""
         if not docs:
             return True
-        return self.append_lines([encode_line(doc) for doc in docs])
+        return self.append_entries([entry(doc)[1] for doc in docs])
 
-    def append_lines(self, lines: Sequence[bytes]) -> bool:
-        """``append_many`` for documents already encoded by ``encode_line`` (one line each)."""
+    def append_entries(self, lines: Sequence[bytes]) -> bool:
+        """``append_many`` for documents already encoded as spool entries (one each, from
+        ``engine.audit.lines``: the action line and the document line)."""
         if not lines:
             return True
         data = b"".join(lines)
@@ -359,7 +419,7 @@ class Spool:
     # -- internals (hold self._lock) ---------------------------------------------------------
 
     def _open_active(self) -> None:
-        path = self.directory / f"segment-{self._next_seq:012d}.jsonl"
+        path = self.directory / f"segment-{self._next_seq:012d}.ndjson"
         self._fh = path.open("ab", buffering=0)  # no buffer to replay a failed write
         self._active = Segment(path, self._next_seq, 0, 0, time.monotonic())
         self._durable_size = self._durable_documents = 0

@@ -61,7 +61,7 @@ from engine.metrics import EngineMetrics
 from engine.rules.model import Policy
 from engine.runtime.controls import Controls, Locks
 from engine.state import StateError
-from engine.store import Audited, DecisionStatus, Store
+from engine.store import Audited, DecisionStatus, Store, StoredDecision
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,52 @@ lease (``engine.runtime.leadership``): nothing is stored, the new leader resumes
 WINDOWS_S = 5.0
 """How long the gate reuses its count of unchanged guardrail windows (an execution that left the
 hour's window meanwhile still counts for at most this long: it holds, never lets through)."""
+
+
+class _OutcomeBatch:
+    """Group commit of outcomes' audit: a worker whose outcome is stored hands it here and
+    waits until it is written; the first waiting worker writes every outcome handed in until
+    then (one spool write, one transaction), the others wait for it (the spool's own group
+    commit, one level up). A failure of the write is raised in every worker of its batch."""
+
+    def __init__(self, write: Callable[[Sequence[tuple[Decision, Outcome]]], None]) -> None:
+        self._write = write
+        self._cv = threading.Condition()
+        self._pending: list[tuple[Decision, Outcome]] = []
+        self._queued = 0  # outcomes handed in (tickets)
+        self._done = 0  # outcomes written (or failed)
+        self._writing = False
+        self._failures: list[tuple[int, int, BaseException]] = []
+
+    def write(self, decision: Decision, outcome: Outcome) -> None:
+        with self._cv:
+            self._pending.append((decision, outcome))
+            self._queued += 1
+            ticket = self._queued
+            while self._done < ticket:
+                if self._writing:
+                    self._cv.wait()
+                    continue
+                self._writing = True
+                batch, self._pending = self._pending, []
+                low, high = self._done, self._queued
+                self._cv.release()
+                failure: BaseException | None = None
+                try:
+                    self._write(batch)
+                except BaseException as exc:  # raised below in each worker of the batch
+                    failure = exc
+                finally:
+                    self._cv.acquire()
+                    self._writing = False
+                    self._done = high
+                    if failure is not None:
+                        self._failures.append((low, high, failure))
+                        del self._failures[:-64]  # older batches have no waiter left
+                    self._cv.notify_all()
+            for low, high, failure in self._failures:
+                if low < ticket <= high:
+                    raise failure
 
 
 class RetryError(Exception):
@@ -144,7 +190,9 @@ class Gate:
         self._executors: dict[str, Executor] = {}
         self._pools: dict[str, ThreadPoolExecutor] = {}
         self._in_flight: dict[str, Future[Outcome]] = {}
+        self._running: set[str] = set()  # ids submitted and not done (set before submitting)
         self._problem: str | None = None
+        self._outcomes = _OutcomeBatch(self._write_outcomes)
         self._resume_pending = False
         self._stopped = False
         metrics.audit_healthy.set(1)
@@ -225,13 +273,7 @@ class Gate:
         on a still unwritable spool, 0 and ``problem`` stays."""
         with self._admit_lock:
             rows = self._store.unaudited()
-            if not rows:  # nothing waits for the spool (the next write tells if it is full)
-                if self._problem is not None:
-                    self._wrote()
-                if self._resume_pending:
-                    self._resume_pending = False
-                    self._resume_unfinished()
-                return 0
+            lacking = self._outcomes_lacking(rows)
             entries: list[tuple[Decision, Outcome | None]] = []
             intents, outcomes, to_run = [], [], []
             for stored in rows:
@@ -241,9 +283,16 @@ class Gate:
                     intents.append(decision.id)
                     if stored.status is DecisionStatus.STARTED:
                         to_run.append(decision)
-                if stored.outcome is not None:
+                if stored.outcome is not None and decision.id in lacking:
                     entries.append((decision, stored.outcome))
                     outcomes.append(decision.id)
+            if not entries:  # nothing waits for the spool (the next write tells if it is full)
+                if self._problem is not None:
+                    self._wrote()
+                if self._resume_pending:
+                    self._resume_pending = False
+                    self._resume_unfinished()
+                return 0
             try:
                 self._audit.write_ahead(entries)
             except AuditWriteError as exc:
@@ -264,6 +313,20 @@ class Gate:
                 for decision in to_run:
                     self._submit(decision)
             return len(entries)
+
+    def _outcomes_lacking(self, rows: Sequence[StoredDecision]) -> set[str]:
+        """The ids among ``rows`` (just read) whose stored outcome the spool lacks and no worker
+        of this gate is about to write: an action still in ``_run`` (its outcome waiting in
+        the outcome batch) writes and marks its own, so reconciliation writing it too would
+        leave two copies in the spool. Its worker marks the outcome audited before it leaves
+        ``_running``, so what is not running now is read again: written and marked meanwhile,
+        or lacking for good (a failed write or mark, a previous run's)."""
+        with self._lock:
+            running = set(self._running)  # after the rows were read: see the docstring
+        idle = [s.id for s in rows if s.outcome is not None and s.id not in running]
+        if not idle:
+            return set()
+        return {s.id for s in self._store.unaudited(idle) if s.outcome is not None}
 
     def resume(self) -> None:
         """At start: reconcile the audit with the state file, then run again the actions a
@@ -296,6 +359,7 @@ class Gate:
             if pool is None:
                 pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"gpuops-{name}")
                 self._pools[name] = pool
+            self._running.add(decision.id)  # before it can start: see _outcomes_lacking
             future = pool.submit(self._run, decision)
             self._in_flight[decision.id] = future
         future.add_done_callback(lambda _: self._done(decision.id))
@@ -304,6 +368,7 @@ class Gate:
     def _done(self, decision_id: str) -> None:
         with self._lock:
             self._in_flight.pop(decision_id, None)
+            self._running.discard(decision_id)
 
     def _not_leading(self, decision: Decision) -> Outcome | None:
         """The outcome of an action this replica may not run or go on with because it no longer
@@ -576,13 +641,35 @@ class Gate:
         return decision
 
     def _write_outcome(self, decision: Decision, outcome: Outcome) -> None:
+        """Audit a stored outcome; returns once it is written (or failed to be). Outcomes
+        that finish together share one spool write and one transaction (``_OutcomeBatch``)."""
+        self._outcomes.write(decision, outcome)
+
+    def _write_outcomes(self, batch: Sequence[tuple[Decision, Outcome]]) -> None:
+        """One spool write, then one transaction marking them audited, for ``batch``; then
+        the listener for each. What fails for the batch (an unwritable spool, a failed mark) is
+        logged, and a listener's error for one outcome too, so that no worker of the batch
+        skips its outcome hooks for what happened to another (reconciliation writes what the
+        spool or the marks lack)."""
         try:
-            self._audit.write_ahead([(decision, outcome)])
+            self._audit.write_ahead(batch)
         except AuditWriteError as exc:
-            self._failed_write("outcome", exc, 1)  # stored: ``reconcile`` writes it later
+            self._failed_write("outcome", exc, len(batch))  # stored: ``reconcile`` writes them
         else:
-            self._store.mark_audited([decision.id], Audited.OUTCOME)
-        self._notify(decision, outcome)
+            try:
+                self._store.mark_audited([d.id for d, _ in batch], Audited.OUTCOME)
+            except StateError as exc:  # the spool holds them; reconciliation writes them again
+                log.error(  # (the same event ids: the index keeps one copy)
+                    "the outcomes of %d actions are in the audit spool but could not be "
+                    "marked so: %s",
+                    len(batch),
+                    exc,
+                )
+        for decision, outcome in batch:  # each worker's own: one listener error is not theirs
+            try:
+                self._notify(decision, outcome)
+            except Exception:  # a collaborator's bug must not skip the others' outcome hooks
+                log.exception("decision listener failed for the outcome of %s", decision.id)
 
     def _notify(self, decision: Decision, outcome: Outcome | None) -> None:
         if self._listener is not None:

@@ -8,6 +8,8 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    the gate's concurrent outcomes), shipped to the fake Elasticsearch running in its own
    process. Prints events/s from the first write to the last acknowledged bulk item, the
    engine process' CPU per event (documents, spool, shipper) and the fake's CPU separately.
+   The fake keeps only ids (``keep_sources = False``) but checks every document against the
+   mapping as Elasticsearch would, then the same again without mapping checks.
 2. Loss and duplicates: an engine process (``--writer``) streams decisions at ``--rate`` while
    Elasticsearch goes away for ``--outage-s``; the engine is SIGKILLed in the middle of the
    outage and again while the backlog drains (bulk requests in flight), each time restarted on
@@ -15,9 +17,9 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    had acknowledged (``write_ahead`` returned) must be there once (0 lost, 0 duplicated,
    counted by ``event.id`` of the stored documents).
 
-The engine side can be pointed at another tree (main as it was) with ``PYTHONPATH=<tree>``: the
-child processes run this file by path (``python tests/benchmarks/bench_audit.py``). The figures
-before and after issue 15 are in docs/audit-performance.md.
+``--before <tree>`` first runs the same figures with the engine and the fake of another tree
+(main as it was; ``PYTHONPATH=<tree>`` for this file's child processes, which run it by path).
+The figures before and after issue 15 are in docs/audit-performance.md.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def serve_fake_es(validate: bool) -> None:
 
     es = FakeElasticsearch()
     es.validate = validate
+    es.keep_sources = False  # ids only (dedup and the counts below need nothing more)
     es.start()
     print(es.port, flush=True)
     for line in sys.stdin:
@@ -84,8 +87,11 @@ def serve_fake_es(validate: bool) -> None:
             es.start()
             print("started", flush=True)
         elif command == "stats":
-            with es.lock:
-                docs = [d["event"]["id"] for d in es.documents(DECISIONS)]
+            if hasattr(es, "ids"):  # the _id is the event.id
+                docs = es.ids(DECISIONS)
+            else:  # the fake of an older tree (PYTHONPATH=<tree>) keeps whole documents
+                with es.lock:
+                    docs = [d["event"]["id"] for d in es.documents(DECISIONS)]
             print(json.dumps({"ids": docs, "cpu_s": time.process_time()}), flush=True)
         elif command == "quit":
             break
@@ -100,7 +106,7 @@ class FakeEs:
             [sys.executable, str(HERE), "--serve-fake-es", "1" if validate else "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # http.server's tracebacks of the connections a kill cuts
+            stderr=subprocess.DEVNULL,  # tracebacks of the connections a kill cuts
             text=True,
             env=os.environ.copy(),
         )
@@ -146,6 +152,7 @@ def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
             audit.start()
             fake_cpu = es.stats()["cpu_s"]
             cpu = time.process_time()
+            polling = time.thread_time()  # this thread only waits and polls the metrics
             started = time.perf_counter()
 
             def produce(mine: Sequence[list[Any]]) -> None:
@@ -165,6 +172,7 @@ def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
                 time.sleep(0.01)
             shipped = time.perf_counter() - started
             engine_cpu = time.process_time() - cpu
+            polling = time.thread_time() - polling
             audit.close()
             fake_cpu = es.stats()["cpu_s"] - fake_cpu
     finally:
@@ -179,6 +187,10 @@ def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
     print(
         f"  engine process CPU:             {engine_cpu / events * 1e6:10.1f} us/event "
         f"({events / engine_cpu:.0f} events per engine CPU-second)"
+    )
+    print(
+        f"    of which the benchmark's polling of the metrics: {polling / events * 1e6:.1f} us"
+        f"/event; the engine alone {(engine_cpu - polling) / events * 1e6:.1f} us/event"
     )
     print(f"  fake Elasticsearch process CPU: {fake_cpu / events * 1e6:10.1f} us/event")
 
@@ -311,7 +323,20 @@ def main() -> None:
     parser.add_argument("--outage-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1000.0, help="decisions/s in the outage run")
     parser.add_argument("--skip-outage", action="store_true")
+    parser.add_argument(
+        "--before",
+        metavar="TREE",
+        help="first run the same figures with the engine and fake of TREE (a checkout of main "
+        "as it was: git worktree add /tmp/before <commit>), printed as 'before'",
+    )
     args = parser.parse_args()
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs")
+    if args.before:
+        argv = [a for a in sys.argv[1:] if a not in ("--before", args.before)]
+        env = {**os.environ, "PYTHONPATH": str(Path(args.before).resolve())}
+        print(f"== before: {args.before}", flush=True)
+        subprocess.run([sys.executable, str(HERE), *argv], env=env, check=False)
+        print("== after: this tree", flush=True)
     for validate in (True, False):
         throughput(args.events, args.batch, args.threads, validate)
     if not args.skip_outage:

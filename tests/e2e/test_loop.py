@@ -4,11 +4,11 @@ produces no action."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 
+from engine.audit.spool import read_spool
 from exporters.fleet import JobSpec
 from tests.e2e.conftest import StartLoop
 from tests.waiting import wait_for
@@ -121,9 +121,7 @@ def test_prometheus_outage_produces_no_action(start_loop: StartLoop) -> None:
     assert all(t.absent_since is not None for t in held.values())
     assert {k: replace(t, absent_since=None) for k, t in held.items()} == pending
     assert loop.state()["counters"]["reclaimed"] == 0
-    docs = [
-        json.loads(line) for p in loop.spool.glob("*.jsonl") for line in p.read_text().splitlines()
-    ]
+    docs = list(read_spool(loop.spool))
     skipped = [
         d
         for d in docs

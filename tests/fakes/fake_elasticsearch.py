@@ -15,19 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
+import gzip
 import json
 import socket
+import socketserver
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import orjson
+
 from tests.fakes.fake_es_search import (
+    NUMERIC,
     Doc,
     DslError,
     Mapping_,
@@ -64,11 +69,14 @@ class Stream:
 
     def __init__(self, name: str, mappings: Mapping[str, Any], data_stream: bool) -> None:
         self.name = name
+        self.shapes: dict[tuple[Any, ...], _Plan] = {}
         self.data_stream = data_stream
         day = datetime.now(tz=UTC).strftime("%Y.%m.%d")
         self.index = f".ds-{name}-{day}-000001" if data_stream else name
         self.mapping = Mapping_(mappings)
-        self.docs: dict[str, dict[str, Any]] = {}
+        self.docs: dict[str, dict[str, Any] | None] = {}  # None: not kept (``keep_sources``)
+        self.versions: dict[str, int] = {}  # of documents written more than once (op ``index``)
+        self.seq_no = -1  # of the last write (one per write, as a shard's sequence numbers)
 
 
 class FakeElasticsearch:
@@ -83,8 +91,12 @@ class FakeElasticsearch:
         self.requests: list[tuple[str, str]] = []
         self.delay_s = 0.0
         self.validate = True  # False: no mapping checks (benchmarks of the client side only)
+        self.keep_sources = True  # False: keep only the ids (benchmarks; search finds nothing)
         self._faults: list[tuple[str, int]] = []
-        self._server: ThreadingHTTPServer | None = None
+        self.bulk_active = 0
+        """Bulk requests being answered now (past their fault check: a request that takes no
+        fault is counted until it stored its documents)."""
+        self._server: _Server | None = None
         self.connections: set[socket.socket] = set()
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -96,13 +108,15 @@ class FakeElasticsearch:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeElasticsearch:
-        fake = self
-
-        class Handler(_Handler):
-            es = fake
-
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", self.port), _Connection, bind_and_activate=False)
+        server.es = self
+        server.block_on_close = False
+        try:
+            server.server_bind()
+            server.server_activate()
+        except OSError:
+            server.server_close()
+            raise
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="fake-es", daemon=True)
@@ -144,6 +158,11 @@ class FakeElasticsearch:
         with self.lock:
             self._faults.extend([(scope, status)] * times)
 
+    def clear_faults(self) -> None:
+        """Forget the faults not yet taken."""
+        with self.lock:
+            self._faults.clear()
+
     def take_fault(self, scope: str) -> int | None:
         with self.lock:
             for i, (where, status) in enumerate(self._faults):
@@ -155,7 +174,13 @@ class FakeElasticsearch:
     def documents(self, stream: str) -> list[dict[str, Any]]:
         with self.lock:
             found = self.streams.get(stream)
-            return list(found.docs.values()) if found else []
+            return [d for d in found.docs.values() if d is not None] if found else []
+
+    def ids(self, stream: str) -> list[str]:
+        """The ``_id`` of every document of ``stream`` (kept whether or not sources are)."""
+        with self.lock:
+            found = self.streams.get(stream)
+            return list(found.docs) if found else []
 
     # -- templates and streams --------------------------------------------------------------
 
@@ -213,43 +238,129 @@ def _merge(into: dict[str, Any], props: Mapping[str, Any]) -> None:
             into[key] = json.loads(json.dumps(spec))
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Headers(dict[str, str]):
+    """Request headers by lower-cased name (``get`` is case-insensitive, as http.server's)."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 404: "Not Found", 406: "Not Acceptable"}
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """A small HTTP/1.1 server with keep-alive: one thread per connection, requests parsed by
+    hand (``http.server`` parses headers with ``email.parser``, which costs more than a bulk
+    of small documents)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
     es: FakeElasticsearch
-    protocol_version = "HTTP/1.1"
+
+
+class _Connection(socketserver.StreamRequestHandler):
+    """One client connection: requests read one after another until the client closes."""
+
+    server: _Server
     disable_nagle_algorithm = True
+    rbufsize = 1 << 16
 
     def setup(self) -> None:
         super().setup()
-        with self.es.lock:
-            self.es.connections.add(self.connection)
+        with self.server.es.lock:
+            self.server.es.connections.add(self.connection)
 
     def finish(self) -> None:
-        with self.es.lock:
-            self.es.connections.discard(self.connection)
+        with self.server.es.lock:
+            self.server.es.connections.discard(self.connection)
         with contextlib.suppress(OSError):
             super().finish()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-        return
+    def handle(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while self._one():
+                pass
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
+    def _one(self) -> bool:
+        """Serve one request; False when the connection is over."""
+        rfile = self.rfile
+        line = rfile.readline(65537)
+        while line in (b"\r\n", b"\n"):  # tolerated between requests, as http.server does
+            line = rfile.readline(65537)
+        if not line:
+            return False
+        try:
+            method, target, version = line.decode("latin-1").split()
+        except ValueError:
+            self._write(400, b'{"error":"bad request line"}', _Headers(), {})
+            return False
+        headers = _Headers()
+        while True:
+            raw = rfile.readline(65537)
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = raw.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = self._chunked()
+        else:
+            length = int(headers.get("content-length") or 0)
+            body = rfile.read(length) if length else b""
+        if headers.get("content-encoding", "").lower() == "gzip":
+            body = gzip.decompress(body)
+        request = _Request(self.server.es, method, target, headers, body)
+        status, data, extra = request.answer()
+        self._write(status, data, headers, extra, head=method == "HEAD")
+        keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+        return keep
 
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
+    def _chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
 
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
+    def _write(
+        self,
+        status: int,
+        data: bytes,
+        headers: _Headers,
+        extra: Mapping[str, str],
+        head: bool = False,
+    ) -> None:
+        compat = "compatible-with=8" in (headers.get("accept") or "")
+        ctype = (
+            "application/vnd.elasticsearch+json;compatible-with=8" if compat else "application/json"
+        )
+        lines = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
+            f"Content-Type: {ctype}",
+            f"Content-Length: {len(data)}",
+            *(f"{k}: {v}" for k, v in extra.items()),
+        ]
+        out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.wfile.write(out if head else out + data)
 
-    def do_POST(self) -> None:
-        self._dispatch("POST")
 
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
+class _Request:
+    """One request to the fake: routed, answered as (status, JSON bytes, extra headers)."""
 
-    def _dispatch(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+    def __init__(
+        self, es: FakeElasticsearch, method: str, target: str, headers: _Headers, raw: bytes
+    ) -> None:
+        self.es = es
+        self.method = method
+        self.path = target
+        self.headers = headers
+        self.raw = raw
+
+    def answer(self) -> tuple[int, bytes, dict[str, str]]:
+        method, raw = self.method, self.raw
         split = urlsplit(self.path)
         params = {k: v[-1] for k, v in parse_qs(split.query).items()}
         parts = [p for p in split.path.split("/") if p]
@@ -259,12 +370,13 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._check_media_types(raw)
             status, body = self._route(method, parts, params, raw)
+            if "filter_path" in params and isinstance(body, dict):
+                body = filter_path(body, params["filter_path"])
         except HttpError as exc:
-            self._send(exc.status, exc.body(), product=exc.product)
+            return self._answer(exc.status, exc.body(), product=exc.product)
         except DslError as exc:
-            self._send(400, HttpError(400, exc.kind, exc.reason).body())
-        else:
-            self._send(status, body, head=method == "HEAD")
+            return self._answer(400, HttpError(400, exc.kind, exc.reason).body())
+        return self._answer(status, body)
 
     def _check_media_types(self, raw: bytes) -> None:
         for header in ("Accept", "Content-Type"):
@@ -277,20 +389,13 @@ class _Handler(BaseHTTPRequestHandler):
                 406, "media_type_header_exception", f"Content-Type [{ctype}] is not supported"
             )
 
-    def _send(self, status: int, body: Any, product: bool = True, head: bool = False) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        compat = "compatible-with=8" in (self.headers.get("Accept") or "")
-        ctype = (
-            "application/vnd.elasticsearch+json;compatible-with=8" if compat else "application/json"
-        )
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
+    @staticmethod
+    def _answer(status: int, body: Any, product: bool = True) -> tuple[int, bytes, dict[str, str]]:
+        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        extra = {}
         if product and (200 <= status < 300 or status == 429 or status < 500):
-            self.send_header("X-Elastic-Product", "Elasticsearch")
-        self.end_headers()
-        if not head:
-            self.wfile.write(data)
+            extra["X-Elastic-Product"] = "Elasticsearch"
+        return status, data, extra
 
     def _route(
         self, method: str, parts: list[str], params: dict[str, str], raw: bytes
@@ -374,6 +479,15 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, {label: [{"name": name, kind: store[name]}]}
 
     def _bulk(self, default_index: str | None, raw: bytes) -> tuple[int, Any]:
+        with self.es.lock:
+            self.es.bulk_active += 1
+        try:
+            return self._bulk_counted(default_index, raw)
+        finally:
+            with self.es.lock:
+                self.es.bulk_active -= 1
+
+    def _bulk_counted(self, default_index: str | None, raw: bytes) -> tuple[int, Any]:
         status = self.es.take_fault("request")
         if status is not None:
             if status == 429:
@@ -384,26 +498,31 @@ class _Handler(BaseHTTPRequestHandler):
         lines = [line for line in raw.split(b"\n") if line.strip()]
         started = time.monotonic()
         items: list[dict[str, Any]] = []
+        errors = False
         i = 0
-        while i < len(lines):
-            try:  # real Elasticsearch refuses a malformed bulk body as a whole, with a 400
-                action = json.loads(lines[i])
-                ((op, meta),) = action.items()
-                source = json.loads(lines[i + 1]) if op != "delete" else None
-            except (ValueError, IndexError, AttributeError) as exc:
-                raise HttpError(
-                    400, "illegal_argument_exception", f"Malformed action/metadata line [{i + 1}]"
-                ) from exc
-            if op not in ("create", "index", "delete", "update"):
-                raise HttpError(
-                    400,
-                    "illegal_argument_exception",
-                    f"Malformed action/metadata line [{i + 1}], expected one of [create, "
-                    f"delete, index, update] but found [{op}]",
-                )
-            i += 1 if op == "delete" else 2
-            items.append({op: self._bulk_item(op, meta, source, default_index)})
-        errors = any(next(iter(it.values()))["status"] >= 300 for it in items)
+        with self.es.lock:  # one bulk at a time, as one shard's write thread would
+            while i < len(lines):
+                try:  # real Elasticsearch refuses a malformed bulk body as a whole, with a 400
+                    action = _loads(lines[i])
+                    ((op, meta),) = action.items()
+                    source = _loads(lines[i + 1]) if op != "delete" else None
+                except (ValueError, IndexError, AttributeError) as exc:
+                    raise HttpError(
+                        400,
+                        "illegal_argument_exception",
+                        f"Malformed action/metadata line [{i + 1}]",
+                    ) from exc
+                if op not in ("create", "index", "delete", "update"):
+                    raise HttpError(
+                        400,
+                        "illegal_argument_exception",
+                        f"Malformed action/metadata line [{i + 1}], expected one of [create, "
+                        f"delete, index, update] but found [{op}]",
+                    )
+                i += 1 if op == "delete" else 2
+                item = self._bulk_item(op, meta, source, default_index)
+                errors = errors or item["status"] >= 300
+                items.append({op: item})
         took = int((time.monotonic() - started) * 1000)
         return 200, {"errors": errors, "took": took, "items": items}
 
@@ -412,7 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> dict[str, Any]:
         name = meta.get("_index") or default_index or ""
         doc_id = str(meta.get("_id") or uuid.uuid4().hex[:20])
-        fault = self.es.take_fault("item")
+        fault = self.es.take_fault("item") if self.es._faults else None
 
         def error(status: int, kind: str, reason: str, index: str) -> dict[str, Any]:
             return {
@@ -425,7 +544,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None:
             return error(fault, "es_rejected_execution_exception", "injected item fault", name)
         with self.es.lock:
-            stream = self.es.stream(name)
+            stream = self.es.streams.get(name) or self.es.stream(name)
             index = stream.index
             if stream.data_stream and op != "create":
                 return error(
@@ -434,34 +553,40 @@ class _Handler(BaseHTTPRequestHandler):
                     "only write ops with an op_type of create are allowed in data streams",
                     index,
                 )
-            if stream.data_stream and not values_of(source, "@timestamp"):
+            if stream.data_stream and not _has_timestamp(source):
                 return error(
                     400,
                     "document_parsing_exception",
                     "data stream timestamp field [@timestamp] is missing",
                     index,
                 )
-            problem = _validate(source, stream.mapping) if self.es.validate else None
+            problem = _validate(source, stream) if self.es.validate else None
             if problem:
                 return error(400, "document_parsing_exception", problem, index)
-            if doc_id in stream.docs and op == "create":
+            exists = doc_id in stream.docs
+            if exists and op == "create":
                 return error(
                     409,
                     "version_conflict_engine_exception",
-                    f"[{doc_id}]: version conflict, document already exists (current version [1])",
+                    f"[{doc_id}]: version conflict, document already exists (current version "
+                    f"[{stream.versions.get(doc_id, 1)}])",
                     index,
                 )
-            stream.docs[doc_id] = source
-            seq = len(stream.docs) - 1
+            stream.docs[doc_id] = source if self.es.keep_sources else None
+            version = 1
+            if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
+                version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
+            stream.seq_no += 1
+            seq = stream.seq_no
         return {
             "_index": index,
             "_id": doc_id,
-            "_version": 1,
-            "result": "created",
+            "_version": version,
+            "result": "updated" if exists else "created",
             "_shards": {"total": 1, "successful": 1, "failed": 0},
             "_seq_no": seq,
             "_primary_term": 1,
-            "status": 201,
+            "status": 200 if exists else 201,
         }
 
     def _search(self, expression: str, params: dict[str, str], raw: bytes) -> dict[str, Any]:
@@ -473,7 +598,10 @@ class _Handler(BaseHTTPRequestHandler):
         with self.es.lock:
             streams = self.es.resolve(expression, allow)
             docs: list[tuple[Doc, Stream, str]] = [
-                ((src, s.mapping), s, i) for s in streams for i, src in s.docs.items()
+                ((src, s.mapping), s, i)
+                for s in streams
+                for i, src in s.docs.items()
+                if src is not None
             ]
         test = matcher(body.get("query") or {"match_all": {}})
         hits = [entry for entry in docs if test(entry[0])]
@@ -507,33 +635,220 @@ class _Handler(BaseHTTPRequestHandler):
         return out
 
 
-def _validate(source: Mapping[str, Any], mapping: Mapping_) -> str | None:
-    # sources are parsed JSON: objects are dicts (a dict check is ~5x cheaper than Mapping's)
-    def walk(node: Any, prefix: str) -> str | None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                path = f"{prefix}{key}"
-                sample = None if isinstance(value, dict | list) else value
-                kind = mapping.field_type(path, sample)
-                if kind == "flattened":
-                    continue
-                if kind is None and mapping.dynamic == "strict" and not isinstance(value, dict):
-                    return (
-                        f"[1:1] mapping set to strict, dynamic introduction of [{path}] "
-                        "is not allowed"
-                    )
-                if kind and kind != "object":
-                    for item in value if isinstance(value, list) else [value]:
-                        problem = check_value(kind, item, mapping.fields.get(path, {}))
-                        if problem:
-                            return f"failed to parse field [{path}] of type [{kind}]: {problem}"
-                    continue
-                problem = walk(value, path + ".")
-                if problem:
-                    return problem
-        return None
+_DROP = object()
 
-    return walk(source, "")
+
+def filter_path(body: dict[str, Any], spec: str) -> Any:
+    """``body`` with only the fields ``filter_path`` names (Elasticsearch's response filtering:
+    comma-separated dotted paths, ``*`` matching one key, arrays passed through; empty
+    objects dropped). Exclusions (``-path``) and ``**`` are not implemented: a 400."""
+    patterns = tuple(tuple(p.strip().split(".")) for p in spec.split(",") if p.strip())
+    if any(p[0].startswith("-") or "**" in p for p in patterns):
+        raise HttpError(
+            400, "illegal_argument_exception", f"filter_path [{spec}]: the fake does not do it"
+        )
+    kept = _filtered(body, patterns)
+    return {} if kept is _DROP else kept
+
+
+def _filtered(value: Any, patterns: tuple[tuple[str, ...], ...]) -> Any:
+    if () in patterns:  # a path ends here: the whole value is kept
+        return value
+    if isinstance(value, list):
+        items = [v for v in (_filtered(v, patterns) for v in value) if v is not _DROP]
+        return items if items else _DROP
+    if not isinstance(value, dict):
+        return _DROP
+    out = {}
+    for key, item in value.items():
+        rest = _step(key, patterns)
+        if rest:
+            kept = _filtered(item, rest)
+            if kept is not _DROP:
+                out[key] = kept
+    return out if out else _DROP
+
+
+@functools.lru_cache(maxsize=4096)
+def _step(key: str, patterns: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
+    """What is left of ``patterns`` below ``key``."""
+    return tuple(p[1:] for p in patterns if p and fnmatch.fnmatchcase(key, p[0]))
+
+
+def _loads(line: bytes) -> Any:
+    """A JSON line, parsed in C (orjson); what orjson refuses and Python's parser takes
+    (integers beyond 64 bits) falls back to ``json``."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+def _has_timestamp(source: Any) -> bool:
+    if isinstance(source, dict):
+        value = source.get("@timestamp")
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return True
+    return bool(values_of(source, "@timestamp"))
+
+
+_Shape = tuple[Any, ...]
+_Plan = list[tuple[tuple[str, ...], str, Callable[[Any], bool]]]
+_CONTAINERS = frozenset({dict, list})
+
+
+def _shape(node: dict[str, Any]) -> _Shape:
+    """The shape of a document: its keys, in order, and the type of every value, all the way
+    down (lists by the types of their items). Documents of one shape pass or fail the same
+    type-level mapping checks; only a few checks look at values (see ``_validate``)."""
+    types = tuple(map(type, node.values()))
+    if _CONTAINERS.isdisjoint(types):  # a leaf object: keys and value types, in C
+        return (tuple(node), types)
+    return (
+        tuple(node),
+        types,
+        *[
+            _shape(v) if type(v) is dict else tuple(map(type, v))
+            for v in node.values()
+            if type(v) in _CONTAINERS
+        ],
+    )
+
+
+def _validate(source: Any, stream: Stream) -> str | None:
+    """Why ``source`` cannot be indexed with ``stream``'s mapping, or None.
+
+    Checked per document shape: a new shape is walked field by field (``_walk``), which also
+    yields the plan for its shape: the fields whose check depends on the value, not only on
+    its type (a date string, an IP, a number in a string, a constant_keyword...). A document of
+    a known shape runs only that plan, in document order, so its first problem is the one the
+    field-by-field walk would find."""
+    if not isinstance(source, dict):
+        return None
+    key = _shape(source)
+    plan = stream.shapes.get(key)
+    if plan is None:
+        plan = []
+        problem = _walk(source, "", (), stream.mapping, plan)
+        if len(stream.shapes) < 10_000:
+            stream.shapes[key] = plan
+        return problem
+    for keys, path, fine in plan:
+        node: Any = source
+        for k in keys:
+            node = node[k]
+        if fine(node):
+            continue
+        problem = _check_field(path, node, stream.mapping)
+        if problem:
+            return problem
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_date(value: str) -> bool:
+    """Whether ``value`` is an ISO 8601 date ``check_value`` takes (the common case, cached:
+    the documents of one cycle share their timestamps)."""
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
+    """A cheap test that a value of this field certainly passes (when it says no, the field is
+    checked in full by ``_check_field``, which finds the problem and its message)."""
+    sample = None if isinstance(value, dict | list) else value
+    kind = mapping.field_type(path, sample)
+    by_value = sample is not None and mapping.by_value(path, type(sample))
+    if kind == "date" and isinstance(sample, str) and not by_value:
+        return lambda v: type(v) is str and _iso_date(v)
+    spec = mapping.fields.get(path, {})
+    if kind == "constant_keyword" and "value" not in spec:
+        return lambda v: True  # its first value would set it: any value passes
+    expected = spec.get("value")
+    if kind == "constant_keyword" and isinstance(expected, str):
+        return lambda v: v == expected
+    return lambda v: False
+
+
+def _walk(
+    node: Any, prefix: str, keys: tuple[str, ...], mapping: Mapping_, plan: _Plan
+) -> str | None:
+    """Check every field of ``node`` (the field-by-field walk); append to ``plan`` the fields
+    whose check depends on more than the value's type. Returns the first problem."""
+    first = None
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            here = (*keys, key)
+            if isinstance(value, dict) and _is_object(path, mapping):
+                problem = _walk(value, path + ".", here, mapping, plan)
+            else:
+                problem = _check_field(path, value, mapping)
+                if problem is not None or not _type_decides(path, value, mapping):
+                    plan.append((here, path, _fast_check(path, value, mapping)))
+            first = first or problem
+    return first
+
+
+def _is_object(path: str, mapping: Mapping_) -> bool:
+    """Whether a dict at ``path`` is walked into (not flattened, not a leaf type)."""
+    kind = mapping.field_type(path, None)
+    if kind == "flattened":
+        return False
+    if kind is None and mapping.dynamic == "strict":
+        return True
+    return not kind or kind == "object"
+
+
+def _check_field(path: str, value: Any, mapping: Mapping_) -> str | None:
+    """The mapping check of one field that is not walked into (Elasticsearch's per-field
+    parsing: strict dynamic mapping, then the mapped type of the value or of each item)."""
+    sample = None if isinstance(value, dict | list) else value
+    kind = mapping.field_type(path, sample)
+    if kind == "flattened":
+        return None
+    if kind is None and mapping.dynamic == "strict" and not isinstance(value, dict):
+        return f"[1:1] mapping set to strict, dynamic introduction of [{path}] is not allowed"
+    if kind and kind != "object":
+        for item in value if isinstance(value, list) else [value]:
+            problem = check_value(kind, item, mapping.fields.get(path, {}))
+            if problem:
+                return f"failed to parse field [{path}] of type [{kind}]: {problem}"
+    return None
+
+
+_FREE_TYPES = frozenset({"keyword", "text", "match_only_text", "wildcard", "flattened", "object"})
+
+
+def _type_decides(path: str, value: Any, mapping: Mapping_) -> bool:
+    """Whether a field that passed its check passes for every value of the same type (so a
+    document of the same shape need not check it again)."""
+    sample = None if isinstance(value, dict | list) else value
+    if sample is not None and mapping.by_value(path, type(sample)):
+        return isinstance(sample, bool | int | float)  # strings: "date" or "text" by value
+    kind = mapping.field_type(path, sample)
+    if kind is None or kind in _FREE_TYPES:
+        return kind is not None or mapping.dynamic != "strict" or isinstance(value, dict)
+    items = value if isinstance(value, list) else [value]
+    return all(_value_free(kind, item) for item in items)
+
+
+def _value_free(kind: str, item: Any) -> bool:
+    """Whether ``check_value(kind, item)`` depends only on the type of ``item``."""
+    if item is None or isinstance(item, dict):
+        return True
+    if kind in ("long", "integer", "short", "byte"):
+        return isinstance(item, int) and not isinstance(item, bool)
+    if kind in NUMERIC:
+        return isinstance(item, int | float)
+    if kind == "date":
+        return isinstance(item, int | float) and not isinstance(item, bool)
+    if kind == "boolean":
+        return isinstance(item, bool)
+    return kind not in ("ip", "constant_keyword") and kind in _FREE_TYPES
 
 
 def _info() -> dict[str, Any]:

@@ -128,6 +128,14 @@ class Mapping_:
             return self._dynamic_type(sample)
         return found  # type: ignore[return-value]
 
+    def by_value(self, path: str, kind: type) -> bool:
+        """Whether ``path``'s type, for a value of Python type ``kind``, is not mapped but
+        guessed from each value (Elasticsearch's default dynamic mapping)."""
+        key = (path, kind)
+        if key not in self._memo:
+            self.field_type(path, kind())
+        return self._memo[key] is _BY_VALUE
+
     def _mapped_type(self, path: str, sample: Any) -> object:
         if path in self.fields:
             return str(self.fields[path].get("type", "object"))

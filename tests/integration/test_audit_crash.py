@@ -61,6 +61,18 @@ def test_sigkill_mid_stream_loses_no_acknowledged_event_and_duplicates_none(
                 line = child.stdout.readline()
                 assert line, "the writer died before the kill"
                 acknowledged.append(line.strip())
+            # The kill must leave acknowledged documents unshipped (a loaded machine's slow
+            # writer was overtaken by its shipper: nothing left for the restart). From here
+            # the fake refuses every bulk request (retried: 503); once the requests already
+            # past that check have stored theirs, it stores nothing more, and the kill comes
+            # as soon as an acknowledged document is not in the index.
+            es.fail_next(503, times=100_000)
+            wait_until(lambda: es.bulk_active == 0, timeout_s=30, what="bulk requests to end")
+            shipped = set(es.ids(DECISIONS))
+            while acknowledged[-1] in shipped:
+                line = child.stdout.readline()
+                assert line, "the writer died before the kill"
+                acknowledged.append(line.strip())
             child.send_signal(signal.SIGKILL)
             acknowledged += [line.strip() for line in child.stdout if line.strip()]
             assert child.wait(10) == -signal.SIGKILL
@@ -68,6 +80,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_event_and_duplicates_none(
         wait_until(lambda: not es.connections, timeout_s=30, what="the killed engine's requests")
         shipped_before = len(es.documents(DECISIONS))
         assert 0 < shipped_before < len(acknowledged)
+        es.clear_faults()
 
         settings = AuditSettings(spool_dir=spool, elasticsearch_url=es.url, poll_interval_s=0.01)
         with AuditLog(settings, host_name="restarted") as audit:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine.audit import AuditLog, AuditSettings
+from engine.audit.spool import segment_paths
 from engine.cli import cli
 from engine.decisions import Outcome, OutcomeStatus, Transition
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
@@ -95,7 +96,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     with AuditLog(AuditSettings(spool_dir=spool), host_name="h", clock=lambda: clock[0]) as audit:
         populate(audit, clock)
     shipped = tmp_path_factory.mktemp("shipped")
-    for segment in spool.glob("segment-*.jsonl"):
+    for segment in segment_paths(spool):
         shutil.copy(segment, shipped)
     with FakeElasticsearch() as es:
         settings = AuditSettings(spool_dir=shipped, elasticsearch_url=es.url, poll_interval_s=0.01)

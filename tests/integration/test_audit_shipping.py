@@ -13,6 +13,8 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
 from engine.audit import AuditLog, AuditSettings
+from engine.audit.lines import action_line, entry
+from engine.audit.spool import segment_paths
 from engine.cli import cli
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import make_decision, wait_until
@@ -60,7 +62,7 @@ def test_documents_reach_their_data_streams_and_segments_are_deleted(
     assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
     assert [d["event"]["id"] for d in es.documents(AUDIT)] == [op]
     assert es.streams[DECISIONS].data_stream
-    assert list(tmp_path.glob("segment-*.jsonl")) == []
+    assert segment_paths(tmp_path) == []
     assert ("PUT", "/_index_template/logs-gpuops.decision") in es.requests
     assert sample(audit, "gpuops_audit_shipped_documents_total", result="created") == 6
 
@@ -95,7 +97,10 @@ def test_whole_request_errors_are_retried(
 def test_item_level_429_is_retried_alone(tmp_path: Path, es: FakeElasticsearch) -> None:
     es.fail_next(429, times=2, scope="item")
     with AuditLog(settings(tmp_path, es), host_name="h") as audit:
-        audit.start()
+        assert audit._shipper is not None
+        running = audit._shipper._thread
+        audit.start()  # a second start (``with`` started it): still the one shipper thread
+        assert running is not None and audit._shipper._thread is running
         ids = record(audit, 5)
         wait_until(lambda: audit.pending == 0)
     assert sorted(d["event"]["id"] for d in es.documents(DECISIONS)) == sorted(ids)
@@ -124,7 +129,7 @@ def test_other_item_errors_go_to_the_dead_letter_file_with_the_reason(
     assert entry["document"] == bad
     assert "event.duration" in entry["reason"]
     assert sample(audit, "gpuops_audit_dead_lettered_documents_total") == 1
-    assert list(tmp_path.glob("segment-*.jsonl")) == []
+    assert segment_paths(tmp_path) == []
 
 
 def test_an_outage_never_blocks_decisions_and_loses_nothing(
@@ -224,3 +229,51 @@ def test_a_document_refused_alone_goes_to_the_dead_letter_file(
     dead = (tmp_path / "dead-letter" / "dead-letter.jsonl").read_text().splitlines()
     (entry,) = [json.loads(line) for line in dead]
     assert entry["status"] == 400 and entry["document"]["event"]["id"] == refused
+
+
+def test_a_corrupt_line_in_a_spooled_segment_is_dead_lettered_and_shipping_goes_on(
+    tmp_path: Path, es: FakeElasticsearch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A segment of format 2 left with corrupt lines (a bad disk block, an edited file): a
+    document line that is no JSON goes to the dead-letter file as its bytes, a line that does
+    not even start like a document is skipped on read with its line number; the rest is
+    shipped, the segment removed, and the shipper lives on (it crashed on every start)."""
+
+    def doc(n: int) -> dict[str, object]:
+        return {
+            "@timestamp": "2024-01-01T00:00:00.000Z",
+            "data_stream": {"type": "logs", "dataset": "gpuops.decision", "namespace": "default"},
+            "event": {"id": f"old-{n}"},
+        }
+
+    corrupt = b'{"@timestamp":"2024-01-01T00:00:00.000Z","event":{"id":"old-2"\xff\x00'
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "segment-000000000001.ndjson").write_bytes(
+        entry(doc(1))[1]
+        + action_line(DECISIONS, "old-2")
+        + corrupt
+        + b"\n"
+        + action_line(DECISIONS, "old-3")
+        + b"\x00" * 16
+        + b"\n"
+        + action_line(DECISIONS, "old-4")  # lost its document line
+        + entry(doc(5))[1]
+    )
+    with AuditLog(settings(tmp_path, es), host_name="h") as audit:
+        wait_until(lambda: audit.pending == 0, what="the corrupt segment to leave the spool")
+        later = record(audit, 1)  # the shipper is still alive
+        wait_until(lambda: audit.pending == 0, what="a later document")
+    stored = sorted(d["event"]["id"] for d in es.documents(DECISIONS))
+    assert stored == sorted(["old-1", "old-5", *later])
+    dead = (tmp_path / "dead-letter" / "dead-letter.jsonl").read_text().splitlines()
+    (refused,) = [json.loads(line) for line in dead]
+    assert refused["status"] == 400 and refused["index"] == DECISIONS
+    assert (
+        refused["document_raw"]
+        == '{"@timestamp":"2024-01-01T00:00:00.000Z","event":{"id":"old-2"\\xff\x00'
+    )
+    assert "segment-000000000001.ndjson: skipping invalid document line 6" in caplog.text
+    assert "segment-000000000001.ndjson: skipping action line 7 without its document" in (
+        caplog.text
+    )
+    assert segment_paths(tmp_path) == []

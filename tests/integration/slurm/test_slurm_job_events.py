@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from engine.audit import AuditLog, AuditSettings
 from engine.audit.jobs import SlurmJobWatcher, expand_output_path
+from engine.audit.spool import read_spool
 from engine.cli import cli
 from exporters.slurm.client import SlurmClient
 from exporters.slurm.localcluster import SlurmCluster
@@ -51,11 +52,7 @@ def test_a_job_out_of_gpu_memory_three_times_is_an_anomaly(
         wait_for(both_ended, 60, "the jobs to end", interval=0.3)
         ids.extend(watcher.poll())
         assert watcher.poll() == []  # each run is written once
-    docs = [
-        json.loads(line)
-        for f in sorted(spool.glob("*.jsonl"))
-        for line in f.read_text().splitlines()
-    ]
+    docs = list(read_spool(spool))
     runs = [d for d in docs if d["labels"]["job"] == oom]
     assert [(d["gpuops"]["job"]["run"], d["gpuops"]["job"]["state"]) for d in runs] == [
         (0, "REQUEUED"),

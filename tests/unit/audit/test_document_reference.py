@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from engine.audit.documents import decision_document
+from engine.audit.lines import decision_entry, entry
 from engine.audit.spool import encode_line
 from engine.decisions import ActionSpec, Decision, Evidence, Outcome, OutcomeStatus, Transition
 from tests.unit.audit import reference_documents
@@ -62,3 +63,16 @@ def test_the_document_equals_mains(decision: str, outcome: str) -> None:
     assert ours == theirs
     assert list(ours) == list(theirs)  # the same keys in the same order, too
     assert json.loads(encode_line(ours)) == json.loads(json.dumps(theirs, allow_nan=False))
+
+
+@pytest.mark.parametrize("outcome", sorted(OUTCOMES))
+@pytest.mark.parametrize("decision", sorted(DECISIONS))
+def test_the_spool_entry_is_the_documents_json_byte_for_byte(decision: str, outcome: str) -> None:
+    d, o = DECISIONS[decision], OUTCOMES[outcome]
+    doc = decision_document(d, o, "host-1", 'n"s', NOW)
+    doc_id, data = decision_entry(d, o, "host-1", 'n"s', NOW)
+    assert doc_id == doc["event"]["id"]
+    assert data == entry(doc)[1]
+    action, line = data.split(b"\n", 1)
+    assert json.loads(action) == {"create": {"_index": 'logs-gpuops.decision-n"s', "_id": doc_id}}
+    assert line == encode_line(doc)

@@ -131,3 +131,32 @@ def test_a_malformed_bulk_body_is_a_400_like_the_real_one() -> None:
         body = b'{"frobnicate": {"_index": "x"}}\n{}\n'
         resp = requests.post(f"{es.url}/_bulk", data=body, headers=headers, timeout=5)
         assert resp.status_code == 400 and "found [frobnicate]" in resp.text
+
+
+def test_filter_path_keeps_only_the_named_fields_of_a_bulk_answer(
+    es: tuple[FakeElasticsearch, Elasticsearch],
+) -> None:
+    _, client = es
+    ops = [{"create": {"_index": STREAM, "_id": "f1"}}, DOC]
+    body = client.bulk(operations=ops * 2, filter_path="errors,items.*.status,items.*.error")
+    assert body["errors"] is True
+    assert body["items"][0] == {"create": {"status": 201}}
+    (second,) = body["items"][1].values()
+    assert second["status"] == 409
+    assert set(second) == {"status", "error"}
+    assert second["error"]["type"] == "version_conflict_engine_exception"
+    with pytest.raises(BadRequestError, match="filter_path"):
+        client.bulk(operations=ops, filter_path="-items")
+
+
+def test_index_over_an_existing_id_is_an_update_with_a_new_version() -> None:
+    with FakeElasticsearch() as fake:
+        client = Elasticsearch(fake.url, max_retries=0)
+        ops = [{"index": {"_index": "plain", "_id": "a"}}, {"n": 1}]
+        first = client.bulk(operations=ops)["items"][0]["index"]
+        second = client.bulk(operations=[ops[0], {"n": 2}])["items"][0]["index"]
+        client.close()
+        assert (first["result"], first["status"], first["_version"]) == ("created", 201, 1)
+        assert (second["result"], second["status"], second["_version"]) == ("updated", 200, 2)
+        assert second["_seq_no"] == first["_seq_no"] + 1
+        assert fake.documents("plain") == [{"n": 2}]

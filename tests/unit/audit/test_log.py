@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.audit import AuditLog, AuditSettings, SpoolLockedError
+from engine.audit.spool import read_spool
 from engine.decisions import Outcome, OutcomeStatus, SkippedEvaluation
 from tests.unit.audit.factories import make_decision
 
 
 def spool_lines(directory: Path) -> list[dict[str, object]]:
-    return [
-        json.loads(line)
-        for path in sorted(directory.glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    return list(read_spool(directory))
 
 
 def test_every_call_appends_one_ecs_line_and_returns_its_event_id(tmp_path: Path) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from engine.audit.documents import decision_document
+from engine.audit.lines import encode_line
+from engine.audit.lines import entry as entry_of
 from engine.audit.metrics import AuditMetrics
-from engine.audit.settings import FullPolicy
+from engine.audit.settings import AuditSettings, FullPolicy
 from engine.audit.spool import Spool, read_spool, segment_paths
+from tests.unit.audit.factories import make_decision
 
 
 def make_spool(
@@ -42,13 +48,15 @@ def test_segments_roll_at_their_size_and_a_restart_starts_a_new_one(tmp_path: Pa
         assert spool.append(doc(n))
     spool.close()
     before = segment_paths(tmp_path)
-    assert len(before) == 3
+    entry = len(entry_of(doc(0))[1])  # ~190 bytes: 5 entries fill the first 1,000
+    assert len(before) == -(-25 // -(-1_000 // entry))
+    assert all(p.stat().st_size >= 1_000 for p in before[:-1])
     spool, registry = make_spool(tmp_path)
     assert registry.get_sample_value("gpuops_audit_spool_documents") == 25
     spool.append(doc(25))
     spool.close()
     after = segment_paths(tmp_path)
-    assert after[:3] == before and len(after) == 4
+    assert after[: len(before)] == before and len(after) == len(before) + 1
     assert ids(tmp_path) == [f"id-{n:04d}" for n in range(26)]
 
 
@@ -117,3 +125,50 @@ def test_a_document_after_close_is_kept_without_leaving_a_file_open(tmp_path: Pa
     assert spool.append(doc(1))  # a late decision of a stopping engine
     assert spool._fh is None
     assert ids(tmp_path) == ["id-0000", "id-0001"]
+
+
+def test_a_format_1_spool_of_an_older_engine_is_read_and_continued_in_format_2(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / "segment-000000000007.jsonl"  # one document per line, no action lines
+    old.write_bytes(b"".join(encode_line(doc(n)) for n in range(3)))
+    spool, registry = make_spool(tmp_path)
+    assert registry.get_sample_value("gpuops_audit_spool_documents") == 3
+    spool.append(doc(3))
+    spool.close()
+    assert [p.name for p in segment_paths(tmp_path)] == [
+        "segment-000000000007.jsonl",
+        "segment-000000000008.ndjson",
+    ]
+    assert ids(tmp_path) == [f"id-{n:04d}" for n in range(4)]
+    action, line = segment_paths(tmp_path)[1].read_bytes().splitlines()
+    assert json.loads(action) == {
+        "create": {"_index": "logs-gpuops.audit-default", "_id": "id-0003"}
+    }
+    assert json.loads(line) == doc(3)
+
+
+def test_the_default_limit_holds_as_many_decisions_as_format_1_did(tmp_path: Path) -> None:
+    """Review D9: format 2 adds each document's action line; the default limit grew with it.
+    And the downgrade recipe of elk/README.md (keep every second line) gives a format 1
+    segment with the same documents."""
+    decision = decision_document(
+        make_decision(labels={"node": "node-0001", "uuid": "GPU-0c6a3b1e-8b7f-4b43-9d1a-0123"}),
+        None,
+        host_name="gpuops-1",
+        namespace="default",
+        now=0.0,
+    )
+    spooled = len(entry_of(decision)[1])
+    as_format_1 = len(encode_line(decision))
+    limit = AuditSettings(spool_dir=tmp_path).max_spool_bytes
+    assert limit // spooled >= (256 * 1024 * 1024) // as_format_1
+    spool, _ = make_spool(tmp_path / "new", max_bytes=100_000)
+    spool.append_many([doc(n) for n in range(5)])
+    spool.close()
+    (segment,) = segment_paths(tmp_path / "new")
+    old = tmp_path / "old"
+    old.mkdir()
+    with (old / segment.with_suffix(".jsonl").name).open("wb") as out:
+        subprocess.run(["sed", "-n", "n;p", str(segment)], stdout=out, check=True)
+    assert ids(old) == ids(tmp_path / "new") == [f"id-{n:04d}" for n in range(5)]

@@ -38,7 +38,7 @@ from engine.config import (
 from engine.decisions import Decision
 from engine.runtime import Engine
 from engine.state import StateError
-from engine.store import DecisionStatus
+from engine.store import Audited, DecisionStatus
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
@@ -933,3 +933,93 @@ def test_an_alert_fire_held_at_the_gate_acts_on_the_next_notification(world: Wor
     engine.alerts._handle(alert)  # and the one after: a duplicate
     assert engine.wait_idle(10)
     assert len(world.log.ran) == 1
+
+
+def test_a_store_error_marking_outcomes_audited_loses_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15: outcomes are marked audited in one transaction per batch. When that fails the
+    outcome is in the spool all the same, the worker's hooks still run, and reconciliation
+    writes it again (same event id) and marks it."""
+    engine = world.engine()
+    mark = engine.store.mark_audited
+    hooked: list[str] = []
+    engine.gate.on_outcome(lambda decision, outcome: hooked.append(decision.id))
+
+    def broken(ids: Any, level: Any) -> None:
+        if level == Audited.OUTCOME:
+            monkeypatch.setattr(engine.store, "mark_audited", mark)
+            raise StateError("database is locked")
+        mark(ids, level)
+
+    monkeypatch.setattr(engine.store, "mark_audited", broken)
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert [d.id for d in world.log.ran] == [decision.id] and hooked == [decision.id]
+    assert world.verdicts("reclaim") == [("execute", "none"), ("execute", "success")]
+    assert [s.id for s in engine.store.unaudited()] == [decision.id]
+    engine.gate.reconcile()
+    assert engine.store.unaudited() == []
+    assert [d.id for d in world.log.ran] == [decision.id]  # never run twice
+
+
+def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: World) -> None:
+    """Issue 15 (review D6): outcomes finishing together are audited by one worker, for all of
+    them; a listener's error for one of them reached every worker of the batch, which skipped
+    its outcome hooks. Now each outcome is notified and hooked, whatever the others' did."""
+    engine = world.engine()
+    gate = engine.gate
+    write_ahead = gate._audit.write_ahead
+    first_write = threading.Event()
+
+    def slow_first_outcome(entries: Any) -> Any:
+        if any(o is not None for _, o in entries) and not first_write.is_set():
+            first_write.set()  # the next two outcomes queue meanwhile: one batch of two
+            wait_for(lambda: len(gate._outcomes._pending) == 2, 10, "two outcomes to queue")
+        return write_ahead(entries)
+
+    notified: list[str] = []
+    hooked: list[str] = []
+
+    def listener(decision: Decision, outcome: Any) -> None:
+        notified.append(decision.id)
+        if len(notified) == 2:  # the first of the batch of two
+            raise RuntimeError("listener bug")
+
+    gate._audit.write_ahead = slow_first_outcome  # type: ignore[method-assign]
+    gate._listener = listener
+    gate.on_outcome(lambda decision, outcome: hooked.append(decision.id))
+    world.prom.results["idle"] = uuids(3)
+    decisions = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert sorted(notified) == sorted(hooked) == sorted(d.id for d in decisions)
+
+
+def test_reconcile_leaves_an_outcome_waiting_in_the_batch_to_its_worker(world: World) -> None:
+    """Issue 15 (review D8): an outcome stored and waiting for its batch's spool write is not
+    yet marked audited; a reconciliation meanwhile (a spool writable again) wrote it as well:
+    two copies of it in the spool. Now reconciliation leaves it to its worker."""
+    engine = world.engine()
+    gate = engine.gate
+    write_ahead = gate._audit.write_ahead
+    writing, release = threading.Event(), threading.Event()
+    worker = threading.current_thread()
+
+    def held_outcome(entries: Any) -> Any:
+        if threading.current_thread() is not worker and any(o is not None for _, o in entries):
+            writing.set()
+            assert release.wait(10)
+        return write_ahead(entries)
+
+    gate._audit.write_ahead = held_outcome  # type: ignore[method-assign]
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert writing.wait(10)  # stored, not yet audited: what reconciliation reads as lacking
+    assert [s.id for s in engine.store.unaudited()] == [decision.id]
+    assert gate.reconcile() == 0
+    release.set()
+    assert engine.wait_idle(10)
+    assert world.verdicts("reclaim") == [("execute", "none"), ("execute", "success")]
+    assert engine.store.unaudited() == []
+    # (a failed mark is still reconciled: test_a_store_error_marking_outcomes_audited_...)

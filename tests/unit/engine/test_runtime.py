@@ -14,6 +14,7 @@ import pytest
 
 from engine.actions.base import ExecutorRegistry, TemporaryError
 from engine.actions.fleet import FleetExecutor
+from engine.audit.spool import read_spool
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision
 from engine.runtime import Engine
@@ -105,11 +106,7 @@ def cycle(engine: Engine, seconds: float = 0) -> list[Decision]:
 
 
 def audit_docs(root: Path) -> list[dict[str, Any]]:
-    return [
-        json.loads(line)
-        for p in sorted((root / "audit").glob("*.jsonl"))
-        for line in p.read_text().splitlines()
-    ]
+    return list(read_spool(root / "audit"))
 
 
 def test_fires_after_for_and_audits_the_outcome(make) -> None:
