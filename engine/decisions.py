@@ -101,6 +101,15 @@ _VERDICT_OF = {s: Verdict(f"suppressed:{s.value}") for s in Suppression}
 _SUPPRESSION_OF = {v: s for s, v in _VERDICT_OF.items()}
 
 
+def key_value(value: str) -> str:
+    """A label value as it stands in a target key: ``\\`` and ``,`` escaped, so that two
+    label sets never share a key (``a="1,b=2",b="3"`` and ``a="1",b="2,b=3"`` would). A value
+    without either is unchanged, as are the keys stored before this escaping."""
+    if "," in value or "\\" in value:
+        return value.replace("\\", "\\\\").replace(",", "\\,")
+    return value
+
+
 @dataclass(frozen=True)
 class Target:
     """What an action is applied to: a stable key and the labels it was built from."""
@@ -113,7 +122,7 @@ class Target:
         """Build the target of a series; ``names`` picks the identifying labels (None: all)."""
         picked = {k: labels.get(k, "") for k in names} if names else dict(labels)
         picked.pop("__name__", None)
-        key = ",".join(f"{k}={picked[k]}" for k in sorted(picked))
+        key = ",".join(f"{k}={key_value(picked[k])}" for k in sorted(picked))
         return cls(key=key, labels=freeze(picked))
 
 

@@ -28,6 +28,7 @@ from engine.decisions import (
     Verdict,
     decision_id,
     freeze,
+    key_value,
 )
 from engine.rules.model import Policy
 from engine.rules.templating import render
@@ -147,7 +148,7 @@ def _by_key(policy: Policy, samples: Iterable[Sample]) -> dict[str, Sample]:
     parts = _key_parts(names)
     for sample in samples:
         get = sample.labels.get
-        key = ",".join([prefix + get(name, "") for prefix, name in parts])
+        key = ",".join([prefix + key_value(get(name, "")) for prefix, name in parts])
         if key not in found:
             found[key] = sample
     return found

@@ -7,7 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from engine.decisions import ActionSpec, Decision, Sample, Transition, decision_id, freeze
+from engine.decisions import (
+    ActionSpec,
+    Decision,
+    Sample,
+    Target,
+    Transition,
+    decision_id,
+    freeze,
+)
 from engine.evaluation import PolicyState, QueryResult, Status, evaluate, failed, settle
 from engine.rules.model import Policy
 
@@ -299,3 +307,21 @@ def test_a_failed_repeat_keeps_the_undo_of_the_action_that_ran() -> None:
     state = failed(state, repeat, retry_at=220)
     (clear,) = evaluate(policy, NONE, state, 170).decisions
     assert clear.action == POLICY.on_clear  # the first action did run
+
+
+def test_label_values_never_make_two_series_one_target() -> None:
+    """Labels are data: commas and backslashes in values are escaped in the key, so a series
+    crafted to spell another target's key is a target of its own and acts on its own labels."""
+    policy = replace(POLICY, target=("a", "b"), for_s=0)
+    first = Sample(freeze({"a": "1,b=2", "b": "3"}), 0.1, 0.0)
+    crafted = Sample(freeze({"a": "1", "b": "2,b=3"}), 0.1, 0.0)
+    step = evaluate(policy, QueryResult((first, crafted)), PolicyState(), 0)
+    assert sorted(d.target.key for d in step.decisions) == ["a=1,b=2\\,b=3", "a=1\\,b=2,b=3"]
+    # the first seen before, then only the crafted one: a target of its own, its own labels
+    again = evaluate(policy, QueryResult((crafted,)), step.state, 30)
+    fired = {d.target.key: d.target.labels for d in again.decisions if d.transition.value == "fire"}
+    assert fired == {}, "the crafted series was firing already under its own key"
+    [cleared] = [d for d in again.decisions if d.transition.value == "clear"]
+    assert dict(cleared.target.labels) == {"a": "1,b=2", "b": "3"}
+    assert Target.from_labels(crafted.labels, ("a", "b")).key == "a=1,b=2\\,b=3"
+    assert Target.from_labels(freeze({"uuid": "GPU-1"}), ("uuid",)).key == "uuid=GPU-1"
