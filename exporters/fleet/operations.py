@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from exporters.fleet.cluster import Cluster
-from exporters.fleet.config import PROFILES, JobSpec
+from exporters.fleet.config import GIB, PROFILES, JobSpec
 from exporters.fleet.errors import BadRequest, Conflict
+from exporters.fleet.sharing import fits
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +97,25 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 "gpus": [g.uuid for g in gpus],
                 "restart_gpu_s": round(charged, 1),
             }
-        if cluster.pools[node.pool].sharing is None:
+        spec = cluster.pools[node.pool]
+        sharing = spec.sharing
+        if sharing is None:
             raise Conflict(
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
                 f"GPU {uuid} cannot share (no sharing in the fleet file)"
             )
         mine = [g for g in node.gpus if g.job == job.id]
+        too_big = [
+            g.uuid
+            for g in mine
+            if not fits(sharing, [], cluster.job_bytes(job, g), g.model.memory_bytes, spec.slices)
+        ]
+        if too_big:
+            need = cluster.job_bytes(job, mine[0]) / GIB
+            raise Conflict(
+                f"job {job.id} needs {need:.1f} GiB per GPU: it does not fit one {sharing} slice "
+                f"of GPUs {too_big} in pool {node.pool} ({spec.slices} slices); left whole"
+            )
         for g in mine:
             g.job = None
         started = job.started_at

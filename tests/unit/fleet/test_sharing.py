@@ -36,10 +36,12 @@ def cluster(*pools: PoolSpec, reserved: dict[str, int] | None = None) -> Cluster
     )
 
 
-def light(project: str = "p", shareable: bool = True, **kw: object) -> JobSpec:
+def light(
+    project: str = "p", shareable: bool = True, memory_gib: float = 12, **kw: object
+) -> JobSpec:
     return JobSpec(
         "light", 1, project, pool="", duration_s=3600.0, priority_class="routine",
-        memory_gib=12, shareable=shareable, **kw,  # type: ignore[arg-type]
+        memory_gib=memory_gib, shareable=shareable, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -110,6 +112,17 @@ def test_pack_refuses_what_cannot_share() -> None:
     other = c.submit(light())
     with pytest.raises(Conflict, match="cannot share"):
         ops.pack(c, other.gpu_uuids[0])
+
+
+def test_pack_in_place_refuses_a_job_too_big_for_one_slice() -> None:
+    c = cluster(PoolSpec("a", 1, 1, "A100", sharing="mig", slices=7))
+    big = c.submit(light(memory_gib=60))  # a 1g slice of an 80 GB A100 holds 80/7 = 11.4 GiB
+    uuid = big.gpu_uuids[0]
+    with pytest.raises(Conflict, match=r"needs 60.0 GiB .* does not fit one mig slice"):
+        ops.pack(c, uuid)
+    assert not big.shared and c.find_gpu(uuid)[1].job == big.id  # left whole
+    second = c.submit(light())
+    assert second.state == "queued"  # nothing shares the GPU it holds
 
 
 def test_lending_lets_waiting_jobs_borrow_idle_reserved_gpus_until_the_owner_needs_them() -> None:
