@@ -77,6 +77,8 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
         scheduler = cluster.scheduler
         target = None
         for pool in job.pools or (job.pool,):
+            if not scheduler.admits_on_slices(job, pool):
+                continue  # its quota or the pool's reservations do not let it run there
             target = scheduler.slices_for(job, pool, exclude=node.name)
             if target is not None:
                 break
@@ -103,6 +105,12 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             raise Conflict(
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
                 f"GPU {uuid} cannot share (no sharing in the fleet file)"
+            )
+        if not scheduler.admits_on_slices(job, node.pool):
+            raise Conflict(
+                f"job {job.id} of project {job.project} on GPU {uuid} runs on GPUs of pool "
+                f"{node.pool} that its quota does not cover (borrowed or reserved for others); "
+                "a slice is never preempted, so it is left whole"
             )
         mine = [g for g in node.gpus if g.job == job.id]
         too_big = [

@@ -125,6 +125,20 @@ def test_pack_in_place_refuses_a_job_too_big_for_one_slice() -> None:
     assert second.state == "queued"  # nothing shares the GPU it holds
 
 
+def test_pack_keeps_a_borrowed_job_off_the_owners_slices() -> None:
+    c = cluster(PoolSpec("v", 2, 1, "V100", sharing="time-slicing", slices=4), reserved={"o": 2})
+    owner = c.submit(light("o"))
+    ops.pack(c, owner.gpu_uuids[0])  # node-0's GPU is shared, with free slices
+    ops.lend(c, "v")
+    guest = c.submit(light("guest"))
+    assert guest.node == "node-1" and guest.borrowed  # on the owner's idle reserved GPU
+    ops.unlend(c, "v")
+    with pytest.raises(Conflict, match="its quota does not cover"):
+        ops.pack(c, guest.gpu_uuids[0])  # neither onto node-0's slices nor shared in place
+    assert guest.node == "node-1" and not guest.shared and guest.borrowed
+    assert c.find_gpu(owner.gpu_uuids[0])[1].tenants == [owner.id]
+
+
 def test_lending_lets_waiting_jobs_borrow_idle_reserved_gpus_until_the_owner_needs_them() -> None:
     c = cluster(PoolSpec("v", 1, 2, "V100"), reserved={"owner": 2})
     guest = c.submit(light("guest", shareable=False))
