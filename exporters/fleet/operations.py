@@ -28,7 +28,13 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
     """Take GPU ``uuid`` back from the job holding it whole: the job is requeued (at the back
     of its priority, its submit time kept, so its completion time counts the wait) with its
     restart cost on its remaining time (``Cluster.restart_cost``); all of its GPUs become
-    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op."""
+    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op.
+
+    The scheduler runs at once: when nothing else waits, the job may start straight again
+    (on the same GPUs or others). Then nothing was reclaimed — it holds GPUs as before, and
+    only its restart was paid — so ``reclaimed_gpu_s`` counts its remaining GPU-seconds only
+    when it did not start again, and ``released_gpus`` lists only the GPUs it no longer
+    holds (``restarted_on``: those it holds again)."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         if gpu.job is None:
@@ -36,7 +42,6 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         job = cluster.job(gpu.job)
         held_s = job.remaining_s if job.remaining_s is not None else 0.0
         cluster.counters["reclaimed"] += 1
-        cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
         if job.duration_s is None:
             freed = cluster.release(job)
             requeued = False
@@ -48,14 +53,22 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
             job.queued_at = cluster.time
             requeued = True
         cluster.schedule()
-        log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
+        again = list(job.gpu_uuids) if requeued and job.state == "running" else []
+        if not again:
+            cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
+        released = [u for u in freed if u not in again]
+        log.info(
+            "reclaimed %s (%s) from %s: freed %s, started again on %s",
+            job.id, job.project, node.name, freed, again,
+        )  # fmt: skip
         return {
             "uuid": uuid,
             "node": node.name,
             "job": job.id,
             "project": job.project,
-            "released_gpus": freed,
+            "released_gpus": released,
             "requeued": requeued,
+            "restarted_on": again,
         }
 
 

@@ -165,6 +165,20 @@ def test_reclaim_requeues_the_job_with_its_restart_cost() -> None:
     assert waiting.state == "running" and idle.state == "queued"  # behind what waited
     assert idle.remaining_s == pytest.approx(3600.0 + 300.0)  # started over, plus a restart
     assert idle.submitted_at == 0.0  # its completion time counts from the first submit
+    assert c.reclaimed_gpu_s == pytest.approx(3000.0)  # what it had left, on 1 GPU
+    assert changed["released_gpus"] == [waiting.gpu_uuids[0]] and changed["restarted_on"] == []
+
+
+def test_reclaim_counts_nothing_when_the_job_starts_straight_again() -> None:
+    c = cluster(PoolSpec("a", 1, 1, "A100"))
+    job = c.submit(light(shareable=False))
+    uuid = job.gpu_uuids[0]
+    c.advance(600.0)
+    changed = ops.reclaim(c, uuid)  # nothing else waits: the scheduler places it back
+    assert job.state == "running" and job.gpu_uuids == [uuid]
+    assert changed["released_gpus"] == [] and changed["restarted_on"] == [uuid]
+    assert c.reclaimed_gpu_s == 0.0  # it holds the GPU as before
+    assert job.remaining_s == pytest.approx(3600.0 + 300.0)  # only its restart was paid
 
 
 def test_a_machine_powered_up_boots_before_it_runs_jobs() -> None:
