@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from exporters.fleet.cluster import Cluster
-from exporters.fleet.config import PROFILES, JobSpec
+from exporters.fleet.config import GIB, PROFILES, JobSpec
 from exporters.fleet.errors import BadRequest, Conflict
+from exporters.fleet.sharing import fits
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,13 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
     """Take GPU ``uuid`` back from the job holding it whole: the job is requeued (at the back
     of its priority, its submit time kept, so its completion time counts the wait) with its
     restart cost on its remaining time (``Cluster.restart_cost``); all of its GPUs become
-    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op."""
+    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op.
+
+    The scheduler runs at once: when nothing else waits, the job may start straight again
+    (on the same GPUs or others). Then nothing was reclaimed — it holds GPUs as before, and
+    only its restart was paid — so ``reclaimed_gpu_s`` counts its remaining GPU-seconds only
+    when it did not start again, and ``released_gpus`` lists only the GPUs it no longer
+    holds (``restarted_on``: those it holds again)."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         if gpu.job is None:
@@ -35,7 +42,6 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         job = cluster.job(gpu.job)
         held_s = job.remaining_s if job.remaining_s is not None else 0.0
         cluster.counters["reclaimed"] += 1
-        cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
         if job.duration_s is None:
             freed = cluster.release(job)
             requeued = False
@@ -47,14 +53,22 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
             job.queued_at = cluster.time
             requeued = True
         cluster.schedule()
-        log.info("reclaimed %s (%s) from %s: freed %s", job.id, job.project, node.name, freed)
+        again = list(job.gpu_uuids) if requeued and job.state == "running" else []
+        if not again:
+            cluster.reclaimed_gpu_s += max(held_s, 0.0) * job.gpus
+        released = [u for u in freed if u not in again]
+        log.info(
+            "reclaimed %s (%s) from %s: freed %s, started again on %s",
+            job.id, job.project, node.name, freed, again,
+        )  # fmt: skip
         return {
             "uuid": uuid,
             "node": node.name,
             "job": job.id,
             "project": job.project,
-            "released_gpus": freed,
+            "released_gpus": released,
             "requeued": requeued,
+            "restarted_on": again,
         }
 
 
@@ -76,6 +90,8 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
         scheduler = cluster.scheduler
         target = None
         for pool in job.pools or (job.pool,):
+            if not scheduler.admits_on_slices(job, pool):
+                continue  # its quota or the pool's reservations do not let it run there
             target = scheduler.slices_for(job, pool, exclude=node.name)
             if target is not None:
                 break
@@ -96,12 +112,31 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 "gpus": [g.uuid for g in gpus],
                 "restart_gpu_s": round(charged, 1),
             }
-        if cluster.pools[node.pool].sharing is None:
+        spec = cluster.pools[node.pool]
+        sharing = spec.sharing
+        if sharing is None:
             raise Conflict(
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
                 f"GPU {uuid} cannot share (no sharing in the fleet file)"
             )
+        if not scheduler.admits_on_slices(job, node.pool):
+            raise Conflict(
+                f"job {job.id} of project {job.project} on GPU {uuid} runs on GPUs of pool "
+                f"{node.pool} that its quota does not cover (borrowed or reserved for others); "
+                "a slice is never preempted, so it is left whole"
+            )
         mine = [g for g in node.gpus if g.job == job.id]
+        too_big = [
+            g.uuid
+            for g in mine
+            if not fits(sharing, [], cluster.job_bytes(job, g), g.model.memory_bytes, spec.slices)
+        ]
+        if too_big:
+            need = cluster.job_bytes(job, mine[0]) / GIB
+            raise Conflict(
+                f"job {job.id} needs {need:.1f} GiB per GPU: it does not fit one {sharing} slice "
+                f"of GPUs {too_big} in pool {node.pool} ({spec.slices} slices); left whole"
+            )
         for g in mine:
             g.job = None
         started = job.started_at

@@ -115,12 +115,13 @@ class Scheduler:
         """GPUs ``job`` counts for in ``pool``'s quotas: a slice is ``1/slices`` of one."""
         return job.gpus / self.cluster.pools[pool].slices if job.shared else float(job.gpus)
 
-    def _usage(self) -> tuple[Usage, dict[str, float]]:
-        """GPUs of guaranteed jobs per (project, pool), and of shared jobs per pool."""
+    def _usage(self, exclude: str = "") -> tuple[Usage, dict[str, float]]:
+        """GPUs of guaranteed jobs per (project, pool), and of shared jobs per pool (leaving
+        out job ``exclude``)."""
         guaranteed: Usage = defaultdict(float)
         shared: dict[str, float] = defaultdict(float)
         for job in self.cluster.jobs.values():
-            if job.state != "running" or job.borrowed:
+            if job.state != "running" or job.borrowed or job.id == exclude:
                 continue
             node = self.cluster.nodes.get(job.node or "")
             if node is None:
@@ -282,6 +283,19 @@ class Scheduler:
         if shared[pool] + need <= unreserved:
             return "shared"
         return "borrowed" if lend and self._lends(pool) else None
+
+    def admits_on_slices(self, job: Job, pool: str) -> bool:
+        """Whether ``job``'s project may run it on slices of ``pool`` — its quota there, or
+        unreserved GPUs, never borrowed capacity (a slice is not preempted for quota) — not
+        counting what it holds now: the admission ``_on_slices`` makes, for ``pack``."""
+        spec = self.cluster.pools[pool]
+        if spec.sharing is None:
+            return False
+        guaranteed, shared = self._usage(exclude=job.id)
+        w = job.gpus / spec.slices
+        capacity, reserved_in = self._capacity(), self._reserved_in()
+        kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in, w, lend=False)
+        return kind is not None
 
     def _lends(self, pool: str) -> bool:
         return self.settings.borrowing or pool in self.lending

@@ -36,10 +36,12 @@ def cluster(*pools: PoolSpec, reserved: dict[str, int] | None = None) -> Cluster
     )
 
 
-def light(project: str = "p", shareable: bool = True, **kw: object) -> JobSpec:
+def light(
+    project: str = "p", shareable: bool = True, memory_gib: float = 12, **kw: object
+) -> JobSpec:
     return JobSpec(
         "light", 1, project, pool="", duration_s=3600.0, priority_class="routine",
-        memory_gib=12, shareable=shareable, **kw,  # type: ignore[arg-type]
+        memory_gib=memory_gib, shareable=shareable, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -112,6 +114,31 @@ def test_pack_refuses_what_cannot_share() -> None:
         ops.pack(c, other.gpu_uuids[0])
 
 
+def test_pack_in_place_refuses_a_job_too_big_for_one_slice() -> None:
+    c = cluster(PoolSpec("a", 1, 1, "A100", sharing="mig", slices=7))
+    big = c.submit(light(memory_gib=60))  # a 1g slice of an 80 GB A100 holds 80/7 = 11.4 GiB
+    uuid = big.gpu_uuids[0]
+    with pytest.raises(Conflict, match=r"needs 60.0 GiB .* does not fit one mig slice"):
+        ops.pack(c, uuid)
+    assert not big.shared and c.find_gpu(uuid)[1].job == big.id  # left whole
+    second = c.submit(light())
+    assert second.state == "queued"  # nothing shares the GPU it holds
+
+
+def test_pack_keeps_a_borrowed_job_off_the_owners_slices() -> None:
+    c = cluster(PoolSpec("v", 2, 1, "V100", sharing="time-slicing", slices=4), reserved={"o": 2})
+    owner = c.submit(light("o"))
+    ops.pack(c, owner.gpu_uuids[0])  # node-0's GPU is shared, with free slices
+    ops.lend(c, "v")
+    guest = c.submit(light("guest"))
+    assert guest.node == "node-1" and guest.borrowed  # on the owner's idle reserved GPU
+    ops.unlend(c, "v")
+    with pytest.raises(Conflict, match="its quota does not cover"):
+        ops.pack(c, guest.gpu_uuids[0])  # neither onto node-0's slices nor shared in place
+    assert guest.node == "node-1" and not guest.shared and guest.borrowed
+    assert c.find_gpu(owner.gpu_uuids[0])[1].tenants == [owner.id]
+
+
 def test_lending_lets_waiting_jobs_borrow_idle_reserved_gpus_until_the_owner_needs_them() -> None:
     c = cluster(PoolSpec("v", 1, 2, "V100"), reserved={"owner": 2})
     guest = c.submit(light("guest", shareable=False))
@@ -138,6 +165,20 @@ def test_reclaim_requeues_the_job_with_its_restart_cost() -> None:
     assert waiting.state == "running" and idle.state == "queued"  # behind what waited
     assert idle.remaining_s == pytest.approx(3600.0 + 300.0)  # started over, plus a restart
     assert idle.submitted_at == 0.0  # its completion time counts from the first submit
+    assert c.reclaimed_gpu_s == pytest.approx(3000.0)  # what it had left, on 1 GPU
+    assert changed["released_gpus"] == [waiting.gpu_uuids[0]] and changed["restarted_on"] == []
+
+
+def test_reclaim_counts_nothing_when_the_job_starts_straight_again() -> None:
+    c = cluster(PoolSpec("a", 1, 1, "A100"))
+    job = c.submit(light(shareable=False))
+    uuid = job.gpu_uuids[0]
+    c.advance(600.0)
+    changed = ops.reclaim(c, uuid)  # nothing else waits: the scheduler places it back
+    assert job.state == "running" and job.gpu_uuids == [uuid]
+    assert changed["released_gpus"] == [] and changed["restarted_on"] == [uuid]
+    assert c.reclaimed_gpu_s == 0.0  # it holds the GPU as before
+    assert job.remaining_s == pytest.approx(3600.0 + 300.0)  # only its restart was paid
 
 
 def test_a_machine_powered_up_boots_before_it_runs_jobs() -> None:
