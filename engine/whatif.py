@@ -40,10 +40,11 @@ from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome, Sample
-from engine.prometheus import PrometheusClient, age_expr
+from engine.prometheus import PrometheusClient, ages_expr
 from engine.promproc import PrometheusServer
 from engine.rules.model import Group, cron_time
 from engine.runtime import Engine
+from engine.runtime.cycle import age_selectors
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.remotewrite import RemoteWriter
 from exporters.fleet.report import Point, Recorder, RunReport
@@ -335,16 +336,19 @@ class LockstepPrometheus(PrometheusClient):
 
 
 def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
-    """What the engine's cycle asks first for each policy of ``group`` (its expression and
-    the sample-age probe of that expression; a clear expression only while firing, so not
-    here): prefetched by the what-if, answered from there when the cycle asks."""
-    for policy in group.policies:
-        if policy.expr is None or (policy.schedule is not None) != scheduled:
-            continue
+    """What the engine's cycle asks first in a run of ``group``: the sample-age probe of its
+    policies (``engine.runtime.cycle.age_selectors``, as ``Cycle._prefetch_ages`` asks it)
+    and each policy's expression (a clear expression only while firing, so not here):
+    prefetched by the what-if, answered from there when the cycle asks."""
+    policies = [
+        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
+    ]
+    probe = ages_expr(age_selectors(policies))
+    if probe is not None:
+        yield probe
+    for policy in policies:
+        assert policy.expr is not None
         yield policy.expr
-        probe = age_expr((policy.expr,))
-        if probe is not None:
-            yield probe
 
 
 def windows(expr: str) -> Iterator[float]:
