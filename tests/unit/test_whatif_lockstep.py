@@ -66,6 +66,26 @@ def test_a_query_asked_again_at_the_same_instant_is_asked_once(client: LockstepP
 
 
 @responses.activate
+def test_groups_at_two_instants_in_one_step_keep_each_others_answers(
+    client: LockstepPrometheus,
+) -> None:
+    """A step off the whole minute: interval groups ask at ``now``, cron groups at
+    ``cron_time(now)``, interleaved; each instant's answers and prefetches are kept until the
+    step ends (``forget``)."""
+    responses.get(QUERY, json=_vector(1.0))
+    responses.post(QUERY, json=_vector(1.0))
+    client.prefetch(["up", "load"], at=90.0)
+    client.prefetch(["cron"], at=60.0)
+    for expr, at in [("up", 90.0), ("cron", 60.0), ("load", 90.0), ("cron", 60.0)]:
+        client.query(expr, at=at)
+    assert len(responses.calls) == 3
+    assert (client.asked, client.answered) == (4, 4)
+    client.forget()  # the next step
+    client.query("up", at=90.0)
+    assert len(responses.calls) == 4
+
+
+@responses.activate
 def test_a_failed_query_is_not_kept(client: LockstepPrometheus) -> None:
     responses.get(QUERY, status=503, body="overloaded")
     responses.post(QUERY, status=503, body="overloaded")
