@@ -40,10 +40,11 @@ from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome, Sample
-from engine.prometheus import PrometheusClient, age_expr
+from engine.prometheus import PrometheusClient, ages_expr
 from engine.promproc import PrometheusServer
 from engine.rules.model import Group, cron_time
 from engine.runtime import Engine
+from engine.runtime.cycle import age_selectors
 from exporters.fleet.config import FleetConfig
 from exporters.fleet.remotewrite import RemoteWriter
 from exporters.fleet.report import Point, Recorder, RunReport
@@ -240,6 +241,7 @@ class PolicyLoop:
                 runs.append((group, True))
                 self._crons[name] = (group, trigger, self._next_cron(trigger, t))
         if self.prometheus is not None:
+            self.prometheus.forget()
             now = self.clock()
             for group, scheduled in runs:
                 at = cron_time(now) if scheduled else now
@@ -278,13 +280,14 @@ class LockstepPrometheus(PrometheusClient):
     the queries a group's cycle will ask before it runs, side by side. That is exact here,
     not an approximation: in lockstep nothing is written while the engine evaluates instant
     ``t``, so a query at ``t`` cannot change its answer (a live engine may not do this:
-    samples arrive meanwhile). A query in flight is waited for, not asked twice; answers of
-    earlier instants are forgotten; errors are not kept (the next ask asks again)."""
+    samples arrive meanwhile). Answers are kept by instant and query, so the interval groups
+    (at ``now``) and the cron groups (at ``cron_time(now)``) of a step off the whole minute
+    keep each other's, until ``forget`` at the start of the next step. A query in flight is
+    waited for, not asked twice; errors are not kept (the next ask asks again)."""
 
     def __init__(self, url: str, session: requests.Session, workers: int = 4) -> None:
         super().__init__(url, session=session)
-        self._at: float | None = None
-        self._answers: dict[str, Future[tuple[Sample, ...]]] = {}
+        self._answers: dict[tuple[float, str], Future[tuple[Sample, ...]]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gpuops-whatif-prefetch")
         self.asked = 0
@@ -309,25 +312,28 @@ class LockstepPrometheus(PrometheusClient):
     def _claim(self, expr: str, at: float, asked: bool) -> tuple[Future[tuple[Sample, ...]], bool]:
         """The answer to ``expr`` at ``at``, and whether the caller is to fetch it."""
         with self._lock:
-            if at != self._at:
-                self._at = at
-                self._answers = {}
             self.asked += asked
-            known = self._answers.get(expr)
+            known = self._answers.get((at, expr))
             if known is not None:
                 self.answered += asked
                 return known, False
             answer: Future[tuple[Sample, ...]] = Future()
-            self._answers[expr] = answer
+            self._answers[at, expr] = answer
             return answer, True
+
+    def forget(self) -> None:
+        """Forget every answer (``PolicyLoop.evaluate``: once per step, before it prefetches;
+        the step before has finished its actions, so nothing asks those instants again)."""
+        with self._lock:
+            self._answers = {}
 
     def _fetch(self, expr: str, at: float, answer: Future[tuple[Sample, ...]]) -> None:
         try:
             answer.set_result(super().query(expr, at=at))
         except Exception as exc:  # for every waiter; forgotten, so the next ask asks again
             with self._lock:
-                if self._answers.get(expr) is answer:
-                    del self._answers[expr]
+                if self._answers.get((at, expr)) is answer:
+                    del self._answers[at, expr]
             answer.set_exception(exc)
 
     def close(self) -> None:
@@ -335,16 +341,19 @@ class LockstepPrometheus(PrometheusClient):
 
 
 def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
-    """What the engine's cycle asks first for each policy of ``group`` (its expression and
-    the sample-age probe of that expression; a clear expression only while firing, so not
-    here): prefetched by the what-if, answered from there when the cycle asks."""
-    for policy in group.policies:
-        if policy.expr is None or (policy.schedule is not None) != scheduled:
-            continue
+    """What the engine's cycle asks first in a run of ``group``: the sample-age probe of its
+    policies (``engine.runtime.cycle.age_selectors``, as ``Cycle._prefetch_ages`` asks it)
+    and each policy's expression (a clear expression only while firing, so not here):
+    prefetched by the what-if, answered from there when the cycle asks."""
+    policies = [
+        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
+    ]
+    probe = ages_expr(age_selectors(policies))
+    if probe is not None:
+        yield probe
+    for policy in policies:
+        assert policy.expr is not None
         yield policy.expr
-        probe = age_expr((policy.expr,))
-        if probe is not None:
-            yield probe
 
 
 def windows(expr: str) -> Iterator[float]:

@@ -253,20 +253,31 @@ class Cycle:
             known = dict(self._ages.get(now, {}))
         missing = [s for s in selectors if s not in known]
         if missing:
-            found = self._prometheus.sample_ages(missing, at=now)
-            got = {s: found.get(s) for s in missing}
-            with self._cache_lock:
-                _remember(self._ages, now, {}).update(got)
-            known.update(got)
+            known.update(self._ask_ages(missing, now))
         return max((a for s in selectors if (a := known[s]) is not None), default=None)
+
+    def _ask_ages(self, selectors: Sequence[str], now: float) -> dict[str, float | None]:
+        """The ages of ``selectors`` at ``now`` in one query, remembered for ``now``."""
+        found = self._prometheus.sample_ages(selectors, at=now)
+        got = {s: found.get(s) for s in selectors}
+        with self._cache_lock:
+            _remember(self._ages, now, {}).update(got)
+        return got
 
     def _prefetch_ages(self, policies: Sequence[Policy], now: float) -> None:
         """The ages of every input selector of ``policies`` at ``now`` in one query (they
-        share it: one probe per group run instead of one per policy). A failure is left to
-        each policy's own ask (``_age``), which then skips its evaluation."""
-        exprs = [e for p in policies for e in (p.expr, p.clear_expr) if e is not None]
+        share it: one probe per group run instead of one per policy). The probe is the same
+        for every run of the group (``age_selectors``, all of them when any is not known yet
+        at ``now``), so the what-if can ask it beforehand (``engine.whatif.group_queries``).
+        A failure is left to each policy's own ask (``_age``), which then skips its
+        evaluation."""
+        selectors = age_selectors(policies)
+        with self._cache_lock:
+            known = self._ages.get(now, {})
+            if all(s in known for s in selectors):
+                return
         try:
-            self._age(exprs, now)
+            self._ask_ages(selectors, now)
         except QueryError as exc:
             log.debug("sample ages at %s not known yet: %s", now, exc)
 
@@ -436,6 +447,14 @@ class Cycle:
                 self._metrics.suppressed.labels(decision.policy, reason.value).inc()
             if _state_only(decision):
                 log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
+
+
+def age_selectors(policies: Iterable[Policy]) -> tuple[str, ...]:
+    """The input selectors of ``policies``' expressions and clear expressions, each once, in
+    order: a group run asks their sample ages first, in one query (``Cycle._prefetch_ages``:
+    ``engine.prometheus.ages_expr`` of them), which the what-if prefetches."""
+    exprs = (e for p in policies for e in (p.expr, p.clear_expr) if e is not None)
+    return tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
 
 
 def _remember(cache: dict[float, Any], at: float, empty: Any, kept: int = TIMES_KEPT) -> Any:

@@ -4,6 +4,7 @@ the scrape-interval check of the policies' windows."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,8 +14,12 @@ import pytest
 import requests
 import responses
 
-from engine.prometheus import QueryError, age_expr
-from engine.rules.loader import load_rules, load_rules_text
+from engine.actions.base import ExecutorRegistry
+from engine.config import AuditConfig, EngineConfig, PrometheusSettings
+from engine.decisions import Sample
+from engine.prometheus import PrometheusClient, QueryError
+from engine.rules.loader import load_rules_text
+from engine.runtime import Engine
 from engine.whatif import (
     LockstepPrometheus,
     WhatifError,
@@ -61,6 +66,26 @@ def test_a_query_asked_again_at_the_same_instant_is_asked_once(client: LockstepP
 
 
 @responses.activate
+def test_groups_at_two_instants_in_one_step_keep_each_others_answers(
+    client: LockstepPrometheus,
+) -> None:
+    """A step off the whole minute: interval groups ask at ``now``, cron groups at
+    ``cron_time(now)``, interleaved; each instant's answers and prefetches are kept until the
+    step ends (``forget``)."""
+    responses.get(QUERY, json=_vector(1.0))
+    responses.post(QUERY, json=_vector(1.0))
+    client.prefetch(["up", "load"], at=90.0)
+    client.prefetch(["cron"], at=60.0)
+    for expr, at in [("up", 90.0), ("cron", 60.0), ("load", 90.0), ("cron", 60.0)]:
+        client.query(expr, at=at)
+    assert len(responses.calls) == 3
+    assert (client.asked, client.answered) == (4, 4)
+    client.forget()  # the next step
+    client.query("up", at=90.0)
+    assert len(responses.calls) == 4
+
+
+@responses.activate
 def test_a_failed_query_is_not_kept(client: LockstepPrometheus) -> None:
     responses.get(QUERY, status=503, body="overloaded")
     responses.post(QUERY, status=503, body="overloaded")
@@ -70,20 +95,64 @@ def test_a_failed_query_is_not_kept(client: LockstepPrometheus) -> None:
     assert len(responses.calls) >= 2  # asked again, not answered from the failure
 
 
-@responses.activate
-def test_prefetched_queries_are_the_cycles_own(client: LockstepPrometheus) -> None:
-    responses.get(QUERY, json=_vector(0.1))
-    responses.post(QUERY, json=_vector(0.1))
-    (group,) = load_rules([REPO / "rules" / "gpu-efficiency.yaml"]).groups
-    asked = list(group_queries(group, scheduled=False))
-    policy = group.policies[0]
-    assert policy.expr is not None
-    assert asked[:2] == [policy.expr, age_expr((policy.expr,))]
-    client.prefetch(asked, at=100.0)
-    for expr in asked:  # as the cycle asks them
-        client.query(expr, at=100.0)
-    assert client.answered == len(asked)
-    assert len(responses.calls) == len(set(asked))
+class _Recording(PrometheusClient):
+    """A Prometheus client that records the instant queries asked of it (no series)."""
+
+    def __init__(self) -> None:
+        super().__init__("http://unused")
+        self.asked: list[str] = []
+        self._lock = threading.Lock()
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        with self._lock:
+            self.asked.append(expr)
+        return ()
+
+
+CRON = """
+groups:
+  - name: nightly
+    interval: 30s
+    rules:
+      - policy: busy
+        expr: avg_over_time(nvml_gpu_utilization_ratio[5m]) > 0.9
+        clear_expr: avg_over_time(nvml_gpu_utilization_ratio[5m]) < 0.5 or gpuops_gpu_shared
+        target: [uuid]
+        action: {type: downclock, executor: log}
+      - policy: nightly-reclaim
+        schedule: "0 2 * * *"
+        expr: max_over_time(nvml_gpu_utilization_ratio[1h]) < 0.05 and on(uuid) gpuops_gpu_up
+        target: [uuid]
+        action: {type: reclaim, executor: log}
+"""
+
+
+def test_prefetched_queries_are_those_a_real_cycle_asks(tmp_path: Path) -> None:
+    (tmp_path / "cron.yaml").write_text(CRON)
+    rules = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "case-study"]
+    rules.append(tmp_path / "cron.yaml")
+    recording = _Recording()
+    config = EngineConfig(
+        prometheus=PrometheusSettings(url="http://unused"),
+        rules=rules,
+        state_file=tmp_path / "state.sqlite",
+        audit=AuditConfig(spool_dir=tmp_path / "audit"),
+        metrics_listen=None,
+    )
+    engine = Engine(
+        config, clock=lambda: 7200.0, executors=ExecutorRegistry(), prometheus=recording
+    )
+    try:
+        engine.reload(strict=True)
+        runs = [(g, s) for g in engine.rules.groups for s in (False, True)]
+        assert any(s and any(p.schedule for p in g.policies) for g, s in runs)
+        for group, scheduled in runs:
+            recording.asked.clear()
+            engine.evaluate_group(group, scheduled)
+            prefetched = list(group_queries(group, scheduled))
+            assert sorted(prefetched) == sorted(recording.asked), (group.name, scheduled)
+    finally:
+        engine.stop()
 
 
 def test_windows_are_every_range_and_subquery() -> None:
