@@ -52,13 +52,14 @@ class Prom:
         )
 
 class Ran:
+    # one file per action run, named by its decision id: creating a name is atomic, where a
+    # line appended to a log can be torn by the SIGKILL (a short write across a page boundary)
     name = "log"
     verbs = None
     def __init__(self, settings):
-        self.fd = os.open(work / "ran.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        (work / "ran").mkdir(exist_ok=True)
     def run(self, decision):
-        os.write(self.fd, (decision.id + "\n").encode())
-        os.fsync(self.fd)
+        os.close(os.open(work / "ran" / decision.id, os.O_WRONLY | os.O_CREAT))
         return {}
 
 registry = ExecutorRegistry()
@@ -120,7 +121,7 @@ def _compare(work: Path) -> tuple[set[str], set[str], set[str], set[str]]:
     audited = {d["gpuops"]["decision"]["id"] for d in docs}
     with_outcome = {d["gpuops"]["decision"]["id"] for d in docs if "outcome" in d["gpuops"]}
     assert finished <= with_outcome, f"{len(finished - with_outcome)} outcomes not audited"
-    ran = set((work / "ran.log").read_text().split()) if (work / "ran.log").exists() else set()
+    ran = set(os.listdir(work / "ran")) if (work / "ran").exists() else set()
     return stored, audited, ran, finished
 
 
