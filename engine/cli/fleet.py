@@ -191,14 +191,18 @@ def _write_prometheus_config(path: Path, fleet_sim: FleetSim, scrape_interval: s
     )
 
 
-@fleet.command(name="run")
-@click.option(
+FLEET_FILE = click.option(
     "--fleet",
     "fleet_file",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Fleet file (examples/fleets/).",
 )
+"""``--fleet FILE``: the fleet file of ``gpuops fleet run`` and ``gpuops whatif``."""
+
+
+@fleet.command(name="run")
+@FLEET_FILE
 @click.option(
     "--hours",
     default=24.0,

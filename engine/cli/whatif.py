@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from engine.cli.fleet import FLEET_FILE
 from engine.rules.model import RulesError
 from engine.whatif import SCRAPE_INTERVAL_S, WhatifError
 from engine.whatif import whatif as run_whatif
@@ -24,13 +25,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command(name="whatif")
-@click.option(
-    "--fleet",
-    "fleet_file",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Fleet file (examples/fleets/).",
-)
+@FLEET_FILE
 @click.option(
     "--rules",
     "rules",
