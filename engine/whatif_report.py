@@ -116,6 +116,8 @@ OVERALL: tuple[Row, ...] = (
     ("throughput lost to GPU sharing", lambda r: r.sharing_loss, _pct, True),
     ("packs", lambda r: r.packs, _num("d"), False),
     ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, _num(".1f"), False),
+    ("nodes consolidated", lambda r: r.consolidations, _num("d"), False),
+    ("jobs moved by consolidation", lambda r: r.jobs_moved, _num("d"), False),
 )
 
 
@@ -160,6 +162,17 @@ def table(w: Whatif) -> str:
             x = None if pa is None else get(pa)
             y = None if pb is None else get(pb)
             lines.append(_line(f"{p} {what}", fmt(x), fmt(y), _delta(x, y, points)))
+    lines += ["", _line("pool: powered GPU-h / util over them", "off", "on", "change")]
+    for name in sorted(set(off.pools) | set(on.pools)):
+        qa, qb = off.pools.get(name), on.pools.get(name)
+        for what, get, fmt, points in (
+            ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
+            ("util (powered)", lambda f: f.utilization_powered, _pct, True),
+            ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
+        ):
+            x = None if qa is None else get(qa)
+            y = None if qb is None else get(qb)
+            lines.append(_line(f"{name} {what}", fmt(x), fmt(y), _delta(x, y, points)))
     lines += ["", "  targets (issue 12, on the case-study fleet):"]
     for t in targets(w):
         fmt = (

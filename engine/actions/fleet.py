@@ -35,6 +35,7 @@ class FleetExecutor:
             "pack",
             "lend",
             "unlend",
+            "consolidate",
         }
     )
 
@@ -64,6 +65,8 @@ class FleetExecutor:
             method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/reclaim"
         elif verb == "pack":
             method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/pack"
+        elif verb == "consolidate":
+            method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/consolidate"
         elif verb in ("lend", "unlend"):
             method = "POST" if verb == "lend" else "DELETE"
             path = f"/api/v1/pools/{_need(labels, 'pool', verb)}/lend"

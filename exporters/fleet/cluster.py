@@ -28,6 +28,7 @@ from exporters.fleet.config import (
 from exporters.fleet.energy import JOULES_PER_KWH, throughput
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
+    SESSION_PROFILES,
     FleetReading,
     Gpu,
     GpuReading,
@@ -36,14 +37,9 @@ from exporters.fleet.model import (
     profile_memory_fraction,
     profile_utilization,
 )
-from exporters.fleet.scheduler import Scheduler
+from exporters.fleet.scheduler import Claim, Scheduler
 from exporters.fleet.sharing import gpu_utilization, progress_rates
 from exporters.fleet.workload import Arrivals, PriorityClass
-
-SESSION_PROFILES = ("notebook", "inference")
-"""Profiles whose duration is wall-clock time (a user's session, a service's serving time),
-not work: a lower clock or a shared GPU makes them slower to answer, not longer; what they
-lose is still counted (``downclock_lost_gpu_s``, ``share_lost_gpu_s``)."""
 
 NO_CLASS = PriorityClass("", 0)
 """The class of jobs submitted without one: plain ``priority`` ordering, never preempting."""
@@ -73,6 +69,8 @@ class Cluster:
             "downclocked": 0,
             "restored": 0,
             "packed": 0,
+            "consolidated": 0,
+            "moved": 0,
         }
         self.arrival_rate_per_min = config.arrival_rate_per_min
         """Background arrivals per minute; with job classes, their total mean rate."""
@@ -572,8 +570,30 @@ class Cluster:
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
                 sharing=tuple(sharing),
+                drainable=self.drainable(),
                 **self._energy_and_scheduling(),
             )
+
+    def drainable(self) -> tuple[tuple[str, str, int], ...]:
+        """(node, pool, 1 or 0) for every up node: 1 when ``consolidate`` would empty it now
+        (``Scheduler.drain_plan``). The plans are made together, emptiest node first, so that
+        two nodes are never both drainable onto the same free GPUs, nor one onto the other."""
+        with self.lock:
+            claim = Claim()
+            up = [n for n in self.nodes.values() if n.schedulable]
+            up.sort(key=lambda n: (len(n.gpus) - len(n.free_gpus()), -n.seq))
+            out = []
+            for node in up:
+                used = len(node.gpus) - len(node.free_gpus())
+                ok = 0
+                if used and 2 * used <= len(node.gpus):
+                    try:
+                        self.scheduler.drain_plan(node, claim)
+                        ok = 1
+                    except Conflict:
+                        pass
+                out.append((node.name, node.pool, ok))
+            return tuple(sorted(out))
 
     def _energy_and_scheduling(self) -> dict[str, Any]:
         tariff = self.config.tariff

@@ -227,6 +227,15 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     for pool, on in sorted(r.lending.items()):
         lending.add_metric([pool], 1.0 if on else 0.0)
     yield lending
+    drainable = GaugeMetricFamily(
+        "gpuops_node_drainable",
+        "1 when every job on the (at most half used) node can move to other nodes of its pool "
+        "now, so consolidate would empty it and power it down (Scheduler.drain_plan).",
+        labels=["node", "pool"],
+    )
+    for node, pool, ok in r.drainable:
+        drainable.add_metric([node, pool], ok)
+    yield drainable
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (

@@ -144,6 +144,8 @@ class SchedulerSettings:
     restart_s: float = 300.0
     """What a job stopped and started again (reclaimed, packed onto another GPU) pays on top of
     the work lost since its last checkpoint: relaunch, reloading data and model (seconds)."""
+    move_interval_s: float = 3600.0
+    """A job moved by ``consolidate`` is not moved again for this long (no ping-pong)."""
 
 
 @dataclass(frozen=True)

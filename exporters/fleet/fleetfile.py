@@ -168,8 +168,10 @@ class _Scheduler(_Model):
     max_preemptions: int = Field(default=3, ge=0)
     restart: float = Field(default=300.0, ge=0)
     """What a job stopped and started again pays on top of its work since a checkpoint."""
+    move_interval: float = Field(default=3600.0, ge=0)
+    """A job that consolidation moved is not moved again for this long."""
 
-    _s = field_validator("min_runtime", "restart", mode="before")(seconds)
+    _s = field_validator("min_runtime", "restart", "move_interval", mode="before")(seconds)
 
 
 class _Job(_Model):
@@ -499,6 +501,7 @@ def _config(doc: _FleetFile) -> FleetConfig:
             doc.scheduler.min_runtime,
             doc.scheduler.max_preemptions,
             doc.scheduler.restart,
+            doc.scheduler.move_interval,
         ),
         tariff=Tariff(
             doc.tariff.base_price_per_kwh,

@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from exporters.fleet.config import GpuModel
 from exporters.fleet.energy import power_watts, throughput
 
+SESSION_PROFILES = ("notebook", "inference")
+"""Profiles whose duration is wall-clock time (a user's session, a service's serving time),
+not work: a lower clock or a shared GPU makes them slower to answer, not longer; what they
+lose is still counted (``downclock_lost_gpu_s``, ``share_lost_gpu_s``). Stopped and started
+again elsewhere, they lose no work (only the restart)."""
+
 _PROFILE_MEMORY = {"training": 0.85, "notebook": 0.30, "inference": 0.45, "light": 0.20}
 
 
@@ -180,6 +186,8 @@ class Job:
     """It may run on slices of shared GPUs (its job class says so)."""
     shared: bool = False
     """It runs on one slice of each of its GPUs (``Gpu.tenants``), not on whole GPUs."""
+    moved_at: float | None = None
+    """When ``consolidate`` last moved it to another node (None: never)."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -292,3 +300,5 @@ class FleetReading:
     """Queued jobs that idle GPUs reserved by other projects in the pool could place now."""
     lending: dict[str, bool] = field(default_factory=dict)
     """pool -> lends its idle reserved GPUs (``lend``)."""
+    drainable: tuple[tuple[str, str, int], ...] = ()
+    """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""

@@ -271,6 +271,50 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
     return {"node": node_name, "state": state, "moved": moved, "requeued": requeued}
 
 
+def consolidate(cluster: Cluster, node_name: str) -> Changed:
+    """Empty the partly used node ``node_name`` and power it down, as Kubernetes' cluster
+    autoscaler scales down an underused node whose pods fit elsewhere (or Karpenter's
+    consolidation, or Slurm's ``POWER_DOWN_ASAP`` after a requeue): every job on it moves to
+    free GPUs (slices, for a job on slices) of the pool's other up nodes, best fit
+    (``Scheduler.drain_plan``), each paying its restart (``Cluster.restart_cost``: work since
+    its last checkpoint, none for a session, plus the fleet's ``restart``) and not moved
+    again within ``scheduler.move_interval``; then the node is drained and removed (powered
+    down: ``scale_out`` powers a machine of the pool up again). All or nothing: Conflict,
+    with the reason, when any job cannot move."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        moves = cluster.scheduler.drain_plan(node)
+        node.drained = True  # no placement lands here meanwhile
+        moved: list[dict[str, object]] = []
+        restart_gpu_s = 0.0
+        for move in moves:
+            job = move.job
+            restart_gpu_s += cluster.restart_cost(job)
+            cluster.requeue(job)
+            cluster.queues[job.pool].remove(job.id)
+            if move.shared:
+                cluster.start_shared(job, move.node, move.gpus)
+            else:
+                cluster.start(job, move.node, move.gpus)
+            job.moved_at = cluster.time
+            moved.append({"job": job.id, "to": move.node.name, "gpus": job.gpu_uuids})
+        if not node.idle():  # cannot happen: every job moved above; never power down a job
+            raise Conflict(f"node {node_name} still runs {sorted(node.job_ids())}")
+        del cluster.nodes[node_name]
+        cluster.counters["consolidated"] += 1
+        cluster.counters["moved"] += len(moves)
+        cluster.schedule()
+    log.info("consolidated %s (pool %s): moved %s", node_name, node.pool, moved)
+    cluster.notify_topology()
+    return {
+        "node": node_name,
+        "pool": node.pool,
+        "moved": moved,
+        "restart_gpu_s": round(restart_gpu_s, 1),
+        "powered_down": True,
+    }
+
+
 def fail(cluster: Cluster, node_name: str) -> Changed:
     """Fail ``node_name``: its listener closes (Prometheus sees up == 0), its jobs stall."""
     with cluster.lock:

@@ -76,6 +76,16 @@ class ProjectFigures:
 
 
 @dataclass(frozen=True)
+class PoolFigures:
+    """Where the powered GPU-hours went, per pool: what bounds utilization over powered GPUs."""
+
+    powered_gpu_hours: float
+    utilization_powered: float | None
+    allocated_gpu_hours: float
+    utilization_allocated: float | None
+
+
+@dataclass(frozen=True)
 class RunReport:
     fleet: str
     hours: float
@@ -115,8 +125,13 @@ class RunReport:
     """Completion time over every job submitted, those unfinished at the end counted until
     then (a lower bound): not flattered by long jobs that did not finish."""
     jobs_submitted: int = 0
+    consolidations: int = 0
+    """Nodes emptied and powered down by ``consolidate``."""
+    jobs_moved: int = 0
+    """Jobs it moved to other nodes (each paying its restart)."""
     classes: dict[str, ClassFigures] = field(default_factory=dict)
     projects: dict[str, ProjectFigures] = field(default_factory=dict)
+    pools: dict[str, PoolFigures] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,11 +158,13 @@ class Recorder:
     def __init__(self) -> None:
         self.total = _Sums()
         self.projects: dict[str, _Sums] = defaultdict(_Sums)
+        self.pools: dict[str, _Sums] = defaultdict(_Sums)
         self.seconds = 0.0
         self._last: float | None = None
         self._rate = _Sums()
         """GPUs (powered, allocated) and their utilization sums at the last observation."""
         self._project_rates: dict[str, _Sums] = {}
+        self._pool_rates: dict[str, _Sums] = {}
         self.points: list[Point] = []
         """The fleet at every observation (``Point``)."""
 
@@ -161,24 +178,32 @@ class Recorder:
             self.total.add(self._rate, dt)
             for project, rates in self._project_rates.items():
                 self.projects[project].add(rates, dt)
+            for pool, rates in self._pool_rates.items():
+                self.pools[pool].add(rates, dt)
         self._last = now
         rate = _Sums()
         projects: dict[str, _Sums] = defaultdict(_Sums)
+        pools: dict[str, _Sums] = defaultdict(_Sums)
         power = 0.0
         with cluster.lock:
             queued = sum(len(q) for q in cluster.queues.values())
             for node in cluster.nodes.values():
                 if node.failed:
                     continue
+                in_pool = pools[node.pool]
                 for gpu in node.gpus:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
+                    in_pool.powered_s += 1
+                    in_pool.busy_s += gpu.utilization
                     power += gpu.power
                     holders = [gpu.job] if gpu.job is not None else gpu.tenants
                     if not holders:
                         continue
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
+                    in_pool.allocated_s += 1
+                    in_pool.allocated_busy_s += gpu.utilization
                     share = 1.0 / len(holders)  # a shared GPU: each job's part of it
                     for holder in holders:
                         mine = projects[cluster.jobs[holder].project]
@@ -186,6 +211,7 @@ class Recorder:
                         mine.allocated_busy_s += gpu.utilization * share
         self._rate = rate
         self._project_rates = dict(projects)
+        self._pool_rates = dict(pools)
         self.points.append(
             Point(now, int(rate.powered_s), int(rate.allocated_s), rate.busy_s, queued, power)
         )
@@ -202,6 +228,8 @@ class Recorder:
             share_h = cluster.share_lost_gpu_s / 3600.0
             restart_h = cluster.restart_lost_gpu_s / 3600.0
             packs = cluster.counters["packed"]
+            consolidations = cluster.counters["consolidated"]
+            moved = cluster.counters["moved"]
             unfinished = [cluster.time - j.submitted_at for j in cluster.jobs.values()]
             completed_h = cluster.completed_gpu_s / 3600.0
             reclaims = cluster.counters["reclaimed"]
@@ -239,6 +267,15 @@ class Recorder:
             )
             for p in names
         }
+        pools = {
+            name: PoolFigures(
+                powered_gpu_hours=sums.powered_s / 3600.0,
+                utilization_powered=_ratio(sums.busy_s, sums.powered_s),
+                allocated_gpu_hours=sums.allocated_s / 3600.0,
+                utilization_allocated=_ratio(sums.allocated_busy_s, sums.allocated_s),
+            )
+            for name, sums in sorted(self.pools.items())
+        }
         t = self.total
         return RunReport(
             fleet=name,
@@ -268,8 +305,11 @@ class Recorder:
             packs=packs,
             jct_all_mean_s=_mean([jct for *_, jct in done] + unfinished),
             jobs_submitted=len(done) + len(unfinished),
+            consolidations=consolidations,
+            jobs_moved=moved,
             classes=classes,
             projects=projects,
+            pools=pools,
         )
 
 
@@ -302,6 +342,7 @@ def table(r: RunReport) -> str:
         f"  throughput lost to clock locks   {_pct(r.downclock_loss)}",
         f"  throughput lost to GPU sharing   {_pct(r.sharing_loss)}",
         f"  packs / work redone on restarts  {r.packs} / {r.restart_gpu_hours:.1f} GPU-h",
+        f"  nodes consolidated / jobs moved  {r.consolidations} / {r.jobs_moved}",
         f"  JCT mean, unfinished counted     {_hours(r.jct_all_mean_s)} "
         f"({r.jobs_submitted} jobs submitted)",
         "",
@@ -322,5 +363,11 @@ def table(r: RunReport) -> str:
         lines.append(
             f"  {p:<16}{_pct(f.utilization_allocated):>12}{f.allocated_gpu_hours:>9.1f}"
             f"{f.completed:>6}{f.preemptions:>9}{f.credit_gpu_hours:>14.2f}"
+        )
+    lines += ["", f"  {'pool':<16}{'powered GPU-h':>14}{'util':>8}{'alloc GPU-h':>13}{'util':>8}"]
+    for name, pf in r.pools.items():
+        lines.append(
+            f"  {name:<16}{pf.powered_gpu_hours:>14.1f}{_pct(pf.utilization_powered):>8}"
+            f"{pf.allocated_gpu_hours:>13.1f}{_pct(pf.utilization_allocated):>8}"
         )
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
-from exporters.fleet.model import Gpu, Job, Node
+from exporters.fleet.model import SESSION_PROFILES, Gpu, Job, Node
 from exporters.fleet.sharing import fits
 
 if TYPE_CHECKING:
@@ -65,6 +65,33 @@ class Grant:
             "ends_at": self.ends_at,
             "nodes": list(self.nodes),
         }
+
+
+@dataclass
+class Move:
+    """One job of a node being consolidated: where it goes (``Scheduler.drain_plan``)."""
+
+    job: Job
+    node: Node
+    gpus: list[Gpu]
+    shared: bool
+    """On one slice of each of ``gpus`` (a job on slices stays on slices)."""
+
+
+@dataclass
+class Claim:
+    """What the consolidation plans of one pass took: drained nodes (no target), whole GPUs,
+    and the bytes of jobs put on slices of a GPU."""
+
+    nodes: set[str] = field(default_factory=set)
+    whole: set[str] = field(default_factory=set)
+    slices: dict[str, list[int]] = field(default_factory=dict)
+
+    def copy(self) -> Claim:
+        return Claim(set(self.nodes), set(self.whole), {k: list(v) for k, v in self.slices.items()})
+
+    def update(self, other: Claim) -> None:
+        self.nodes, self.whole, self.slices = other.nodes, other.whole, other.slices
 
 
 class Scheduler:
@@ -453,6 +480,113 @@ class Scheduler:
         log.debug("%s preempted by %s; %.0f GPU-s lost", job.id, by.id if by else "-", lost)
         c.requeue(job)
         return lost * job.gpus
+
+    # --- consolidation ------------------------------------------------------------------------
+
+    def drain_plan(self, node: Node, claim: Claim | None = None) -> list[Move]:
+        """Where each job on ``node`` would go so that the node empties (``consolidate``): a
+        free GPU (or a slice of a shared GPU, for a job on slices) of another schedulable node
+        of its pool, the fullest first (best fit, as the scheduler places), never a node
+        being drained nor one in ``claim.nodes``. Raises Conflict naming the first reason it
+        cannot: the node is not up, of a quota grant, idle (power-down's business), more than
+        half used (cluster-autoscaler's scale-down threshold: moving more costs more restarts
+        than a node saves), a job that would lose its work (no checkpoints and not a session),
+        a job moved less than ``move_interval_s`` ago, or no room. ``claim`` (updated only when
+        the plan succeeds) keeps what earlier plans of the same pass took."""
+        c = self.cluster
+        if not node.schedulable:
+            raise Conflict(f"node {node.name} is {node.state}; only an up node is consolidated")
+        if any(node.name in g.nodes for g in self.grants.values()):
+            raise Conflict(f"node {node.name} holds a quota grant; release_quota removes it")
+        used = [g for g in node.gpus if g.job is not None or g.tenants]
+        if not used:
+            raise Conflict(f"node {node.name} is idle: nothing to move (power it down)")
+        if 2 * len(used) > len(node.gpus):
+            raise Conflict(
+                f"node {node.name} uses {len(used)} of its {len(node.gpus)} GPUs: more than half"
+            )
+        mine = Claim() if claim is None else claim.copy()
+        mine.nodes.add(node.name)
+        jobs = sorted((c.jobs[j] for j in node.job_ids()), key=lambda j: (-j.gpus, j.id))
+        moves = []
+        for job in jobs:
+            self._movable(job)
+            move = self._move_target(job, node.pool, mine)
+            if move is None:
+                raise Conflict(
+                    f"no other node of pool {node.pool} has room for job {job.id} "
+                    f"({job.gpus} GPU{'s' if job.gpus > 1 else ''}"
+                    f"{' on slices' if job.shared else ''}); node {node.name} stays"
+                )
+            moves.append(move)
+        if claim is not None:
+            claim.update(mine)
+        return moves
+
+    def _movable(self, job: Job) -> None:
+        c = self.cluster
+        if job.checkpoint_interval_s is None and job.profile not in SESSION_PROFILES:
+            raise Conflict(
+                f"job {job.id} has no checkpoints and is not a session: moving it would lose "
+                "its work"
+            )
+        interval = self.settings.move_interval_s
+        if job.moved_at is not None and c.time - job.moved_at < interval:
+            raise Conflict(
+                f"job {job.id} was moved {(c.time - job.moved_at) / 60:.0f} min ago; not again "
+                f"within {interval / 60:.0f} min (scheduler.move_interval)"
+            )
+
+    def _move_target(self, job: Job, pool: str, claim: Claim) -> Move | None:
+        c = self.cluster
+        spec = c.pools[pool]
+        best: tuple[tuple[int, int, int], Move] | None = None
+        for other in c.nodes.values():
+            if other.pool != pool or not other.schedulable or other.name in claim.nodes:
+                continue
+            free = [g for g in other.free_gpus() if g.uuid not in claim.whole]
+            free = [g for g in free if g.uuid not in claim.slices]
+            if not job.shared:
+                if len(free) < job.gpus:
+                    continue
+                score = (0, len(free), other.seq)
+                move = Move(job, other, free[: job.gpus], shared=False)
+            else:
+                assert spec.sharing is not None  # a job on slices runs in a pool that shares
+                need = c.job_bytes(job, other.gpus[0])  # one model per pool
+                room = [
+                    g
+                    for g in other.gpus
+                    if g.job is None
+                    and g.uuid not in claim.whole
+                    and (g.tenants or g.uuid in claim.slices)
+                    and fits(
+                        spec.sharing,
+                        [c.job_bytes(c.jobs[t], g) for t in g.tenants]
+                        + claim.slices.get(g.uuid, []),
+                        need,
+                        g.model.memory_bytes,
+                        spec.slices,
+                    )
+                ]
+                room.sort(key=lambda g: -len(g.tenants) - len(claim.slices.get(g.uuid, [])))
+                fresh = max(job.gpus - len(room), 0)
+                if fresh > len(free):
+                    continue
+                chosen = room[: job.gpus] + free[:fresh]
+                score = (fresh, len(free), other.seq)
+                move = Move(job, other, chosen, shared=True)
+            if best is None or score < best[0]:
+                best = (score, move)
+        if best is None:
+            return None
+        move = best[1]
+        for g in move.gpus:
+            if move.shared:
+                claim.slices.setdefault(g.uuid, []).append(c.job_bytes(job, g))
+            else:
+                claim.whole.add(g.uuid)
+        return move
 
     # --- elastic quota ------------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ def test_good_file_parses_durations_and_defaults() -> None:
     config = parse_fleet(GOOD, "t.yaml")
     assert config.job_classes[0].duration_median_s == 3600.0
     assert config.reservations[0].reserved == (("a", 4),)
+    assert config.scheduler.move_interval_s == 3600.0
+    moved = parse_fleet(GOOD + "scheduler: {move_interval: 30m}\n", "t.yaml")
+    assert moved.scheduler.move_interval_s == 1800.0
 
 
 @pytest.mark.parametrize(
@@ -118,6 +121,10 @@ def test_good_file_parses_durations_and_defaults() -> None:
         (
             GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, boot: later}"),
             "t.yaml:3: pools.0.boot: 'later' is not a duration",
+        ),
+        (
+            GOOD + "scheduler: {restart: 5m, move_interval: -1h}\n",
+            "t.yaml:14: scheduler.move_interval: '-1h' is not a duration",
         ),
         ("pools: [", "t.yaml:1: YAML syntax error"),
         (

@@ -14,6 +14,7 @@ from exporters.fleet.config import GIB, ProjectSpec, SchedulerSettings
 from exporters.fleet.sharing import TIME_SLICING_OVERHEAD, fits, gpu_utilization, progress_rates
 from exporters.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
+from tests.unit.fleet.conftest import quiet_sim
 
 CLASSES = (PriorityClass("routine", 50),)
 SLICED = PoolSpec("v", 1, 2, "V100", sharing="time-slicing", slices=4, max_nodes=2, boot_s=300)
@@ -199,14 +200,7 @@ def test_a_machine_powered_up_boots_before_it_runs_jobs() -> None:
 
 @pytest.fixture
 def sim(tmp_path: object) -> Iterator[FleetSim]:
-    config = FleetConfig(
-        pools=(SLICED,),
-        arrival_rate_per_min=0.0,
-        initial_jobs=(),
-        sd_file=f"{tmp_path}/gpu-nodes.json",
-        priority_classes=CLASSES,
-    )
-    with FleetSim(config) as running:
+    with quiet_sim(tmp_path, (SLICED,), CLASSES) as running:
         yield running
 
 

@@ -1,0 +1,143 @@
+"""Consolidation of the simulated fleet (issue 12): ``consolidate`` empties a partly used node
+onto other nodes' free GPUs and powers it down, charging each job's restart; what it refuses,
+and the ``gpuops_node_drainable`` signal that the case study's policy reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine.actions.base import PermanentError
+from engine.actions.fleet import FleetExecutor
+from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
+from exporters.fleet import operations as ops
+from exporters.fleet.config import SchedulerSettings
+from exporters.fleet.workload import PriorityClass
+from tests.unit.actions.support import make_decision
+from tests.unit.fleet.conftest import quiet_sim
+
+CLASSES = (PriorityClass("high", 100), PriorityClass("routine", 50))
+POOL = PoolSpec("a", 3, 4, "A100", max_nodes=3, boot_s=300)
+SLICED = PoolSpec("r", 2, 2, "RTXA6000", sharing="time-slicing", slices=4)
+
+
+def cluster(*pools: PoolSpec) -> Cluster:
+    return Cluster(
+        FleetConfig(
+            pools=pools or (POOL,),
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=CLASSES,
+            scheduler=SchedulerSettings(
+                borrowing=False, min_runtime_s=0.0, restart_s=300.0, move_interval_s=3600.0
+            ),
+        )
+    )
+
+
+def training(gpus: int, node: str, checkpoint_s: float | None = 1800.0) -> JobSpec:
+    return JobSpec(
+        "training", gpus, "p", pool="", duration_s=7200.0, priority_class="high",
+        node=node, checkpoint_interval_s=checkpoint_s,
+    )  # fmt: skip
+
+
+def notebook(node: str = "") -> JobSpec:
+    return JobSpec(
+        "notebook", 1, "p", pool="", duration_s=4 * 3600.0, priority_class="routine",
+        shareable=True, node=node or None,
+    )  # fmt: skip
+
+
+def drainable(c: Cluster) -> dict[str, int]:
+    return {node: ok for node, _pool, ok in c.fleet_reading().drainable}
+
+
+def steps(c: Cluster, seconds: float) -> None:
+    for _ in range(int(seconds // 15)):
+        c.advance(15.0)
+
+
+def test_consolidate_moves_the_jobs_best_fit_charges_restarts_and_powers_the_node_down() -> None:
+    c = cluster()
+    big = c.submit(training(3, "node-0"))  # node-0: 1 GPU free
+    pair = c.submit(training(2, "node-1"))  # node-1: 2 free
+    small = c.submit(training(1, "node-2"))  # node-2: a quarter used
+    other = c.submit(training(1, "node-2"))
+    steps(c, 20 * 60)  # 20 minutes of work, no checkpoint yet (every 30 min)
+    assert drainable(c) == {"node-0": 0, "node-1": 0, "node-2": 1}
+    changed = ops.consolidate(c, "node-2")
+    assert "node-2" not in c.nodes and changed["powered_down"] is True
+    # best fit: the fuller node-0 takes one job, node-1 the other
+    assert {m["to"] for m in changed["moved"]} == {"node-0", "node-1"}  # type: ignore[union-attr]
+    assert {small.node, other.node} == {"node-0", "node-1"}
+    # each lost its 20 minutes since the last checkpoint, plus the 5-minute restart
+    assert changed["restart_gpu_s"] == pytest.approx(2 * 1500.0, abs=40.0)
+    assert small.remaining_s == pytest.approx(7200.0 - 1200.0 + 1500.0, abs=20.0)
+    assert small.moved_at == c.time and big.moved_at is None
+    assert c.state()["counters"]["consolidated"] == 1  # type: ignore[index]
+    c.release(pair)  # node-1 holds only the job moved there now: it may not move again yet
+    assert drainable(c) == {"node-0": 0, "node-1": 0}
+    with pytest.raises(Conflict, match=r"moved 0 min ago; not again within 60 min"):
+        ops.consolidate(c, "node-1")
+
+
+def test_consolidate_refuses_what_would_lose_work_or_not_empty_the_node() -> None:
+    c = cluster()
+    c.submit(training(3, "node-0"))
+    with pytest.raises(Conflict, match="more than half"):
+        ops.consolidate(c, "node-0")
+    with pytest.raises(Conflict, match="idle: nothing to move"):
+        ops.consolidate(c, "node-2")
+    lossy = c.submit(training(1, "node-1", checkpoint_s=None))
+    with pytest.raises(Conflict, match=f"job {lossy.id} has no checkpoints"):
+        ops.consolidate(c, "node-1")
+    c.release(lossy)
+    c.submit(training(2, "node-1"))
+    c.submit(training(2, "node-2"))
+    # node-1 and node-2 each hold 2 GPUs: node-0 has 1 free, the other half node 2 — either
+    # could move onto the other, but not both: only the first of the pass is drainable
+    assert sorted(drainable(c).values()) == [0, 0, 1]
+    c.submit(training(1, "node-0"))
+    c.submit(training(2, "node-2"))  # node-2 full: node-1's job has nowhere to go
+    with pytest.raises(Conflict, match="no other node of pool a has room"):
+        ops.consolidate(c, "node-1")
+    assert c.nodes["node-1"].schedulable  # refused: left as it was
+
+
+def test_a_job_on_slices_moves_onto_a_slice_of_another_shared_gpu() -> None:
+    c = cluster(SLICED)
+    first = c.submit(notebook("node-0"))
+    ops.pack(c, first.gpu_uuids[0])  # node-0's first GPU shared in place
+    c.submit(notebook())  # onto its free slice
+    third = c.submit(notebook())  # and the next: 3 x 14.4 GB fill a 48 GB RTX A6000
+    lone = c.submit(notebook("node-1"))
+    ops.pack(c, lone.gpu_uuids[0])  # no room on node-0: node-1's GPU shared in place
+    c.release(third)  # room for one more notebook on node-0's shared GPU
+    # either node could go onto the other's shared GPU, not both: the newest first
+    assert drainable(c) == {"node-0": 0, "node-1": 1}
+    changed = ops.consolidate(c, "node-1")
+    assert lone.shared and lone.node == "node-0" and lone.gpu_uuids == first.gpu_uuids
+    assert changed["restart_gpu_s"] == pytest.approx(300.0)  # a session loses no work
+    gpu = c.find_gpu(first.gpu_uuids[0])[1]
+    assert len(gpu.tenants) == 3 and "node-1" not in c.nodes
+
+
+@pytest.fixture
+def sim(tmp_path: object) -> Iterator[FleetSim]:
+    with quiet_sim(tmp_path, (POOL,), CLASSES) as running:
+        yield running
+
+
+def test_executor_consolidates_through_the_control_api(sim: FleetSim) -> None:
+    job = sim.cluster.submit(training(1, "node-1"))
+    sim.cluster.submit(training(2, "node-0"))
+    executor = FleetExecutor({"url": sim.control_url})
+    decision = make_decision("consolidate", "fleet", {}, did="d-c", node="node-1", pool="a")
+    changed = executor.run(decision)
+    assert changed["node"] == "node-1" and job.node == "node-0"
+    assert executor.run(decision) == changed  # same decision id: replayed, nothing moved
+    again = make_decision("consolidate", "fleet", {}, did="d-c2", node="node-0", pool="a")
+    with pytest.raises(PermanentError, match="409 node node-0 uses 3 of its 4 GPUs"):
+        executor.run(again)
