@@ -168,6 +168,7 @@ def table(w: Whatif) -> str:
         for what, get, fmt, points in (
             ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
             ("util (powered)", lambda f: f.utilization_powered, _pct, True),
+            ("allocated GPU-h", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
             ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
         ):
             x = None if qa is None else get(qa)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from engine.whatif import RunResult, Whatif
 from engine.whatif_report import table, targets, to_json
-from exporters.fleet.report import ClassFigures, RunReport
+from exporters.fleet.report import ClassFigures, PoolFigures, RunReport
 
 OFF = RunReport(
     fleet="f",
@@ -65,8 +65,16 @@ def test_each_target_fails_on_its_own_figure() -> None:
 
 
 def test_table_and_json_show_off_on_and_change() -> None:
-    w = compare(utilization_powered=0.58, energy_kwh=120.0)
+    w = compare(
+        utilization_powered=0.58,
+        energy_kwh=120.0,
+        consolidations=3,
+        pools={"v100": PoolFigures(100.0, 0.3, 80.0, 0.375)},
+    )
     text = table(w)
+    assert "  nodes consolidated                           0           3           -" in text
+    assert "  v100 powered GPU-h                           -       100.0           -" in text
+    assert "  v100 util (allocated)                        -       37.5%           -" in text
     assert "  utilization over powered GPUs            40.0%       58.0%    +18.0 pt" in text
     assert "  energy (kWh)                             150.0       120.0      -20.0%" in text
     assert "NOT met utilization over powered GPUs >= 75 % and >= 30 points above off" in text

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from engine.actions.fleet import FleetExecutor
 from engine.cli import cli
-from exporters.fleet import FleetConfig, JobSpec
+from exporters.fleet import FleetConfig, JobSpec, PoolSpec
+from exporters.fleet import operations as ops
 from exporters.fleet.report import Recorder, table
 from exporters.fleet.virtual import VirtualFleet
 from tests.unit.actions.support import make_decision
@@ -68,3 +69,34 @@ def test_the_engines_fleet_executor_acts_on_a_virtual_fleet() -> None:
     # the scrape at 30 min saw 15 GPUs allocated (it came before the reclaim) and holds
     # until the next one, as a Prometheus sample does
     assert report.allocation_ratio == pytest.approx((15 * 1830 + 14 * 1770) / (16 * 3600))
+
+
+def test_utilization_counts_sharers_capped_booting_gpus_idle_and_rented_gpus() -> None:
+    """Over powered GPUs: a shared GPU is as busy as its sharers together, at most 100 %; a
+    machine booting is powered and idle; a rented cloud GPU counts while it is rented."""
+    shared = PoolSpec("s", 2, 1, "RTXA6000", sharing="time-slicing", slices=4)
+    cloud = PoolSpec("c", 0, 4, "H100", cloud=True, max_nodes=1, boot_s=180.0)
+    config = FleetConfig(pools=(shared, cloud), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    c = fleet.cluster
+    spec = JobSpec("training", 1, "p", pool="s", duration_s=7200.0, memory_gib=10, shareable=True)
+    first, second = c.submit(spec), c.submit(spec)
+    ops.pack(c, first.gpu_uuids[0])  # shared in place
+    ops.pack(c, second.gpu_uuids[0])  # onto the first's GPU: two trainings ask 1.8 of it
+    assert second.gpu_uuids == first.gpu_uuids
+    rented = ops.scale_out(c, "c", 1)["added"]
+    fleet.run_until(1800.0)
+    report = recorder.report(c)
+    # (1.0 + idle) / 2; the first 30 s count the readings before the first step (0)
+    assert report.pools["s"].utilization_powered == pytest.approx(0.5, abs=0.01)
+    assert report.pools["s"].utilization_allocated == pytest.approx(1.0, abs=0.02)
+    assert report.pools["c"].powered_gpu_hours == pytest.approx(4 * 0.5)
+    assert report.pools["c"].utilization_powered == 0.0  # booting, then idle
+    assert report.gpus_mean == pytest.approx(6.0)
+    assert report.utilization_powered == pytest.approx(1.0 / 6, abs=0.005)
+    ops.scale_in(c, "c", 1, rented[0])  # given back: no longer counted
+    fleet.run_until(3600.0)
+    report = recorder.report(c)
+    assert report.pools["c"].powered_gpu_hours == pytest.approx(4 * 0.5, abs=0.05)
+    assert report.gpus_mean == pytest.approx(4.0, abs=0.05)
