@@ -101,6 +101,8 @@ def test_nothing_fires_on_a_healthy_busy_fleet(start_loop: StartLoop) -> None:
         "downclocked": 0,
         "restored": 0,
         "packed": 0,
+        "consolidated": 0,
+        "moved": 0,
     }
 
 
