@@ -487,11 +487,12 @@ class Scheduler:
         """Where each job on ``node`` would go so that the node empties (``consolidate``): a
         free GPU (or a slice of a shared GPU, for a job on slices) of another schedulable node
         of its pool, the fullest first (best fit, as the scheduler places), never a node
-        being drained nor one in ``claim.nodes``. Raises Conflict naming the first reason it
-        cannot: the node is not up, of a quota grant, idle (power-down's business), more than
-        half used (cluster-autoscaler's scale-down threshold: moving more costs more restarts
-        than a node saves), a job that would lose its work (no checkpoints and not a session),
-        a job moved less than ``move_interval_s`` ago, or no room. ``claim`` (updated only when
+        being drained, of a quota grant or in ``claim.nodes``. Raises Conflict naming the
+        first reason it cannot: the node is not up, of a quota grant, idle (power-down's
+        business), more than half used (cluster-autoscaler's scale-down threshold: moving
+        more costs more restarts than a node saves), a job that would lose its work (no
+        checkpoints and not a session), a job moved less than ``move_interval_s`` ago, or
+        no room. ``claim`` (updated only when
         the plan succeeds) keeps what earlier plans of the same pass took."""
         c = self.cluster
         if not node.schedulable:
@@ -507,6 +508,8 @@ class Scheduler:
             )
         mine = Claim() if claim is None else claim.copy()
         mine.nodes.add(node.name)
+        # a grant's nodes go when it ends, whatever runs there: never a target either
+        mine.nodes.update(n for g in self.grants.values() for n in g.nodes)
         jobs = sorted((c.jobs[j] for j in node.job_ids()), key=lambda j: (-j.gpus, j.id))
         moves = []
         for job in jobs:

@@ -141,3 +141,20 @@ def test_executor_consolidates_through_the_control_api(sim: FleetSim) -> None:
     again = make_decision("consolidate", "fleet", {}, did="d-c2", node="node-0", pool="a")
     with pytest.raises(PermanentError, match="409 node node-0 uses 3 of its 4 GPUs"):
         executor.run(again)
+
+
+def test_a_quota_grants_node_is_never_a_target() -> None:
+    c = cluster()
+    c.submit(training(4, "node-0"))
+    c.submit(training(4, "node-1"))
+    lone = c.submit(training(1, "node-2"))
+    grant = ops.grant_quota(c, "p", "g-1", "a", 4, None)["grant"]
+    assert grant["nodes"] == ["node-3"]  # type: ignore[index]
+    # only the grant's node has room, and it goes when the grant ends: node-2 stays
+    assert drainable(c)["node-2"] == 0
+    with pytest.raises(Conflict, match="no other node of pool a has room"):
+        ops.consolidate(c, "node-2")
+    c.submit(training(1, "node-3"))
+    with pytest.raises(Conflict, match="holds a quota grant"):
+        ops.consolidate(c, "node-3")
+    assert lone.node == "node-2"
