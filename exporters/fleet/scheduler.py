@@ -486,8 +486,9 @@ class Scheduler:
     def drain_plan(self, node: Node, claim: Claim | None = None) -> list[Move]:
         """Where each job on ``node`` would go so that the node empties (``consolidate``): a
         free GPU (or a slice of a shared GPU, for a job on slices) of another schedulable node
-        of its pool, the fullest first (best fit, as the scheduler places), never a node
-        being drained, of a quota grant or in ``claim.nodes``. Raises Conflict naming the
+        of its pool that runs jobs already, the fullest first (best fit, as the scheduler
+        places), never an idle node (the move would power nothing down), a node being
+        drained, of a quota grant or in ``claim.nodes``. Raises Conflict naming the
         first reason it cannot: the node is not up, of a quota grant, idle (power-down's
         business), more than half used (cluster-autoscaler's scale-down threshold: moving
         more costs more restarts than a node saves), a job that would lose its work (no
@@ -546,6 +547,8 @@ class Scheduler:
         best: tuple[tuple[int, int, int], Move] | None = None
         for other in c.nodes.values():
             if other.pool != pool or not other.schedulable or other.name in claim.nodes:
+                continue
+            if other.idle():  # moving onto an idle node powers nothing down: it saves nothing
                 continue
             free = [g for g in other.free_gpus() if g.uuid not in claim.whole]
             free = [g for g in free if g.uuid not in claim.slices]

@@ -158,3 +158,13 @@ def test_a_quota_grants_node_is_never_a_target() -> None:
     with pytest.raises(Conflict, match="holds a quota grant"):
         ops.consolidate(c, "node-3")
     assert lone.node == "node-2"
+
+
+def test_an_idle_node_is_never_a_target() -> None:
+    c = cluster()
+    c.submit(training(4, "node-0"))  # node-0 full
+    lone = c.submit(training(1, "node-1"))  # node-2 idle: moving there would save nothing
+    assert drainable(c)["node-1"] == 0
+    with pytest.raises(Conflict, match="no other node of pool a has room"):
+        ops.consolidate(c, "node-1")
+    assert lone.node == "node-1" and c.restart_lost_gpu_s == 0.0
