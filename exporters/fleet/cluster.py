@@ -330,7 +330,9 @@ class Cluster:
     def restart_cost(self, job: Job) -> float:
         """Stop ``job`` to start it again elsewhere: its work since the last checkpoint (all of
         it without checkpoints; a session — notebook, inference service — keeps its place) plus
-        the fleet's ``restart_s`` go back on its remaining time. Returns the GPU-seconds
+        the fleet's ``restart_s`` go back on its remaining time, and ``moved_at`` says when
+        (every restart — packed elsewhere, consolidated, reclaimed — goes through here, so
+        ``scheduler.move_interval`` holds whichever verb moved it). Returns the GPU-seconds
         charged."""
         if job.remaining_s is None or job.duration_s is None:
             return 0.0
@@ -344,6 +346,7 @@ class Cluster:
         charged = lost + self.config.scheduler.restart_s
         job.remaining_s += charged
         job.since_checkpoint_s = 0.0
+        job.moved_at = self.time
         self.restart_lost_gpu_s += charged * job.gpus
         return charged * job.gpus
 

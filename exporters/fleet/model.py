@@ -187,7 +187,8 @@ class Job:
     shared: bool = False
     """It runs on one slice of each of its GPUs (``Gpu.tenants``), not on whole GPUs."""
     moved_at: float | None = None
-    """When ``consolidate`` last moved it to another node (None: never)."""
+    """When it was last stopped and started again (``Cluster.restart_cost``: packed onto
+    another GPU, consolidated, reclaimed) or migrated off a node; None: never."""
 
     def to_json(self) -> dict[str, object]:
         return {

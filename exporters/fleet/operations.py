@@ -76,7 +76,9 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
     """Put the shareable job holding GPU ``uuid`` whole onto slices of shared GPUs: onto
     GPUs shared already in one of its pools (stopped and restarted there: its restart cost is
     charged, ``Cluster.restart_cost``), else its own GPUs become shared in place (it keeps
-    running; their free slices take the next shareable jobs). Already on slices: no-op."""
+    running; their free slices take the next shareable jobs). A job moved less than
+    ``scheduler.move_interval`` ago is only shared in place (no ping-pong with
+    ``consolidate``). Already on slices: no-op."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         job_id = gpu.job or (gpu.tenants[0] if gpu.tenants else None)
@@ -89,7 +91,9 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             raise Conflict(f"job {job.id} on GPU {uuid} is not shareable (its job class says)")
         scheduler = cluster.scheduler
         target = None
-        for pool in job.pools or (job.pool,):
+        interval = cluster.config.scheduler.move_interval_s
+        recently = job.moved_at is not None and cluster.time - job.moved_at < interval
+        for pool in () if recently else job.pools or (job.pool,):  # moved lately: in place
             if not scheduler.admits_on_slices(job, pool):
                 continue  # its quota or the pool's reservations do not let it run there
             target = scheduler.slices_for(job, pool, exclude=node.name)
@@ -258,6 +262,7 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
         requeued: list[str] = []
         for job_id in job_ids:
             job = cluster.job(job_id)
+            job.moved_at = cluster.time
             cluster.requeue(job)
             cluster.schedule()
             if job.state == "running":
@@ -296,7 +301,6 @@ def consolidate(cluster: Cluster, node_name: str) -> Changed:
                 cluster.start_shared(job, move.node, move.gpus)
             else:
                 cluster.start(job, move.node, move.gpus)
-            job.moved_at = cluster.time
             moved.append({"job": job.id, "to": move.node.name, "gpus": job.gpu_uuids})
         if not node.idle():  # cannot happen: every job moved above; never power down a job
             raise Conflict(f"node {node_name} still runs {sorted(node.job_ids())}")

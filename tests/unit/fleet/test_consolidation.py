@@ -168,3 +168,28 @@ def test_an_idle_node_is_never_a_target() -> None:
     with pytest.raises(Conflict, match="no other node of pool a has room"):
         ops.consolidate(c, "node-1")
     assert lone.node == "node-1" and c.restart_lost_gpu_s == 0.0
+
+
+def test_pack_and_consolidate_do_not_move_a_job_back_and_forth() -> None:
+    c = cluster(PoolSpec("r", 3, 2, "RTXA6000", sharing="time-slicing", slices=4))
+    first = c.submit(notebook("node-0"))
+    ops.pack(c, first.gpu_uuids[0])  # node-0's GPU shared in place
+    c.submit(notebook("node-1"))
+    b = c.submit(notebook("node-1"))
+    assert ops.pack(c, b.gpu_uuids[0])["to"] == "node-0"  # restarted onto node-0's slice
+    assert b.moved_at == c.time
+    # node-1 (one GPU still free) could take node-0's two notebooks back: not b, not yet
+    with pytest.raises(Conflict, match=f"job {b.id} was moved 0 min ago"):
+        ops.consolidate(c, "node-0")
+    assert drainable(c)["node-0"] == 0 and b.node == "node-0"
+    # the other way round: a job consolidation moved is only shared in place by pack
+    c2 = cluster(PoolSpec("r", 3, 2, "RTXA6000", sharing="time-slicing", slices=4))
+    c2.submit(notebook("node-0"))
+    moved = c2.submit(notebook("node-1"))
+    shared = c2.submit(notebook("node-2"))
+    ops.pack(c2, shared.gpu_uuids[0])  # node-2's first GPU shared, a slice free
+    c2.submit(notebook("node-2"))  # node-2 full: node-0's free GPU is the only target
+    ops.consolidate(c2, "node-1")
+    assert moved.node == "node-0" and moved.moved_at == c2.time
+    ops.pack(c2, moved.gpu_uuids[0])  # without the interval: restarted onto node-2's slice
+    assert moved.node == "node-0" and moved.shared
