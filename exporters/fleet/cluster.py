@@ -580,7 +580,8 @@ class Cluster:
     def drainable(self) -> tuple[tuple[str, str, int], ...]:
         """(node, pool, 1 or 0) for every up node: 1 when ``consolidate`` would empty it now
         (``Scheduler.drain_plan``). The plans are made together, emptiest node first, so that
-        two nodes are never both drainable onto the same free GPUs, nor one onto the other."""
+        two nodes are never both drainable onto the same free GPUs, nor one onto the other
+        (a node that an earlier plan moves jobs onto is not drainable)."""
         with self.lock:
             claim = Claim()
             up = [n for n in self.nodes.values() if n.schedulable]

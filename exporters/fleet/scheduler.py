@@ -81,17 +81,24 @@ class Move:
 @dataclass
 class Claim:
     """What the consolidation plans of one pass took: drained nodes (no target), whole GPUs,
-    and the bytes of jobs put on slices of a GPU."""
+    the bytes of jobs put on slices of a GPU, and the nodes that take jobs (never drained)."""
 
     nodes: set[str] = field(default_factory=set)
     whole: set[str] = field(default_factory=set)
     slices: dict[str, list[int]] = field(default_factory=dict)
+    targets: set[str] = field(default_factory=set)
 
     def copy(self) -> Claim:
-        return Claim(set(self.nodes), set(self.whole), {k: list(v) for k, v in self.slices.items()})
+        return Claim(
+            set(self.nodes),
+            set(self.whole),
+            {k: list(v) for k, v in self.slices.items()},
+            set(self.targets),
+        )
 
     def update(self, other: Claim) -> None:
         self.nodes, self.whole, self.slices = other.nodes, other.whole, other.slices
+        self.targets = other.targets
 
 
 class Scheduler:
@@ -493,8 +500,8 @@ class Scheduler:
         business), more than half used (cluster-autoscaler's scale-down threshold: moving
         more costs more restarts than a node saves), a job that would lose its work (no
         checkpoints and not a session), a job moved less than ``move_interval_s`` ago, or
-        no room. ``claim`` (updated only when
-        the plan succeeds) keeps what earlier plans of the same pass took."""
+        no room, or (with ``claim``) the node takes the jobs of an earlier plan. ``claim`` (updated
+        only when the plan succeeds) keeps what earlier plans of the same pass took."""
         c = self.cluster
         if not node.schedulable:
             raise Conflict(f"node {node.name} is {node.state}; only an up node is consolidated")
@@ -507,6 +514,8 @@ class Scheduler:
             raise Conflict(
                 f"node {node.name} uses {len(used)} of its {len(node.gpus)} GPUs: more than half"
             )
+        if claim is not None and node.name in claim.targets:
+            raise Conflict(f"node {node.name} takes the jobs of another node being drained")
         mine = Claim() if claim is None else claim.copy()
         mine.nodes.add(node.name)
         # a grant's nodes go when it ends, whatever runs there: never a target either
@@ -523,6 +532,7 @@ class Scheduler:
                     f"{' on slices' if job.shared else ''}); node {node.name} stays"
                 )
             moves.append(move)
+            mine.targets.add(move.node.name)
         if claim is not None:
             claim.update(mine)
         return moves

@@ -193,3 +193,17 @@ def test_pack_and_consolidate_do_not_move_a_job_back_and_forth() -> None:
     assert moved.node == "node-0" and moved.moved_at == c2.time
     ops.pack(c2, moved.gpu_uuids[0])  # without the interval: restarted onto node-2's slice
     assert moved.node == "node-0" and moved.shared
+
+
+def test_a_node_that_takes_anothers_jobs_is_not_drainable_in_the_same_pass() -> None:
+    c = cluster(PoolSpec("a", 4, 4, "A100", max_nodes=4, boot_s=300))
+    c.submit(training(1, "node-0"))
+    c.submit(training(2, "node-1"))
+    c.submit(training(4, "node-2"))
+    c.submit(training(2, "node-3"))
+    # node-0's job goes onto node-1 (best fit): node-1 must stay up for it, though on its
+    # own it could drain onto node-3; both plans at once would end in a 409 or "no room"
+    assert [m.node.name for m in c.scheduler.drain_plan(c.nodes["node-0"])] == ["node-1"]
+    assert drainable(c) == {"node-0": 1, "node-1": 0, "node-2": 0, "node-3": 0}
+    ops.consolidate(c, "node-0")
+    assert sorted(c.nodes) == ["node-1", "node-2", "node-3"]
