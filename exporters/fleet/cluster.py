@@ -28,6 +28,7 @@ from exporters.fleet.config import (
 from exporters.fleet.energy import JOULES_PER_KWH, throughput
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
+    SESSION_IDLE_UTILIZATION,
     SESSION_PROFILES,
     FleetReading,
     Gpu,
@@ -502,6 +503,8 @@ class Cluster:
                     gpu.step(dt, 0.0, 0.0)
                     continue
                 util = profile_utilization(holder.profile, self.time, holder.phase, self.rng)
+                if util > SESSION_IDLE_UTILIZATION:
+                    holder.busy_at = self.time
                 rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
                 rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
             drawn = sum(g.energy_joules for g in node.gpus) - before
@@ -527,6 +530,9 @@ class Cluster:
         mode = spec.sharing or "time-slicing"
         tenants = [self.jobs[j] for j in gpu.tenants]
         demands = [profile_utilization(j.profile, self.time, j.phase, self.rng) for j in tenants]
+        for job, demand in zip(tenants, demands, strict=True):
+            if demand > SESSION_IDLE_UTILIZATION:
+                job.busy_at = self.time
         used = sum(self.job_bytes(j, gpu) for j in tenants)
         fraction = min(used / gpu.model.memory_bytes, 1.0)
         gpu.step(dt, gpu_utilization(mode, demands, spec.slices), fraction)

@@ -19,6 +19,13 @@ not work: a lower clock or a shared GPU makes them slower to answer, not longer;
 lose is still counted (``downclock_lost_gpu_s``, ``share_lost_gpu_s``). Stopped and started
 again elsewhere, they lose no work (only the restart)."""
 
+SESSION_IDLE_UTILIZATION = 0.05
+"""A session's GPU load at or below this is idle (nobody uses the notebook or service)."""
+
+SESSION_IDLE_S = 600.0
+"""A session without checkpoints is moved only after this long idle: moved while in use,
+its user or clients would see the outage."""
+
 _PROFILE_MEMORY = {"training": 0.85, "notebook": 0.30, "inference": 0.45, "light": 0.20}
 
 
@@ -186,6 +193,9 @@ class Job:
     """It may run on slices of shared GPUs (its job class says so)."""
     shared: bool = False
     """It runs on one slice of each of its GPUs (``Gpu.tenants``), not on whole GPUs."""
+    busy_at: float | None = None
+    """When its GPU load last exceeded ``SESSION_IDLE_UTILIZATION`` (None: not since it
+    started); a session without checkpoints moves only when idle (``Scheduler.drain_plan``)."""
     moved_at: float | None = None
     """When it was last stopped and started again (``Cluster.restart_cost``: packed onto
     another GPU, consolidated, reclaimed) or migrated off a node; None: never."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
-from exporters.fleet.model import SESSION_PROFILES, Gpu, Job, Node
+from exporters.fleet.model import SESSION_IDLE_S, SESSION_PROFILES, Gpu, Job, Node
 from exporters.fleet.sharing import fits
 
 if TYPE_CHECKING:
@@ -499,9 +499,11 @@ class Scheduler:
         first reason it cannot: the node is not up, of a quota grant, idle (power-down's
         business), more than half used (cluster-autoscaler's scale-down threshold: moving
         more costs more restarts than a node saves), a job that would lose its work (no
-        checkpoints and not a session), a job moved less than ``move_interval_s`` ago, or
-        no room, or (with ``claim``) the node takes the jobs of an earlier plan. ``claim`` (updated
-        only when the plan succeeds) keeps what earlier plans of the same pass took."""
+        checkpoints and not a session), a session without checkpoints that was in use (its
+        GPU load above ``SESSION_IDLE_UTILIZATION``) within ``SESSION_IDLE_S``, a job moved
+        less than ``move_interval_s`` ago, no room, or (with ``claim``) the node takes the
+        jobs of an earlier plan. ``claim`` (updated only when the plan succeeds) keeps what
+        earlier plans of the same pass took."""
         c = self.cluster
         if not node.schedulable:
             raise Conflict(f"node {node.name} is {node.state}; only an up node is consolidated")
@@ -544,6 +546,14 @@ class Scheduler:
                 f"job {job.id} has no checkpoints and is not a session: moving it would lose "
                 "its work"
             )
+        if job.checkpoint_interval_s is None and job.profile in SESSION_PROFILES:
+            since = max(t for t in (job.busy_at, job.started_at, 0.0) if t is not None)
+            if c.time - since < SESSION_IDLE_S:
+                raise Conflict(
+                    f"job {job.id} ({job.profile} session, no checkpoints) was in use "
+                    f"{(c.time - since) / 60:.0f} min ago: a session moves only after "
+                    f"{SESSION_IDLE_S / 60:.0f} min idle"
+                )
         interval = self.settings.move_interval_s
         if job.moved_at is not None and c.time - job.moved_at < interval:
             raise Conflict(

@@ -13,6 +13,7 @@ from engine.actions.fleet import FleetExecutor
 from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
 from exporters.fleet import operations as ops
 from exporters.fleet.config import SchedulerSettings
+from exporters.fleet.model import SESSION_IDLE_S
 from exporters.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
 from tests.unit.fleet.conftest import quiet_sim
@@ -115,6 +116,7 @@ def test_a_job_on_slices_moves_onto_a_slice_of_another_shared_gpu() -> None:
     lone = c.submit(notebook("node-1"))
     ops.pack(c, lone.gpu_uuids[0])  # no room on node-0: node-1's GPU shared in place
     c.release(third)  # room for one more notebook on node-0's shared GPU
+    steps(c, SESSION_IDLE_S)  # sessions without checkpoints move only once seen idle
     # either node could go onto the other's shared GPU, not both: the newest first
     assert drainable(c) == {"node-0": 0, "node-1": 1}
     changed = ops.consolidate(c, "node-1")
@@ -178,8 +180,9 @@ def test_pack_and_consolidate_do_not_move_a_job_back_and_forth() -> None:
     b = c.submit(notebook("node-1"))
     assert ops.pack(c, b.gpu_uuids[0])["to"] == "node-0"  # restarted onto node-0's slice
     assert b.moved_at == c.time
+    steps(c, SESSION_IDLE_S)  # idle notebooks: movable but for the interval
     # node-1 (one GPU still free) could take node-0's two notebooks back: not b, not yet
-    with pytest.raises(Conflict, match=f"job {b.id} was moved 0 min ago"):
+    with pytest.raises(Conflict, match=f"job {b.id} was moved 10 min ago"):
         ops.consolidate(c, "node-0")
     assert drainable(c)["node-0"] == 0 and b.node == "node-0"
     # the other way round: a job consolidation moved is only shared in place by pack
@@ -189,6 +192,7 @@ def test_pack_and_consolidate_do_not_move_a_job_back_and_forth() -> None:
     shared = c2.submit(notebook("node-2"))
     ops.pack(c2, shared.gpu_uuids[0])  # node-2's first GPU shared, a slice free
     c2.submit(notebook("node-2"))  # node-2 full: node-0's free GPU is the only target
+    steps(c2, SESSION_IDLE_S)
     ops.consolidate(c2, "node-1")
     assert moved.node == "node-0" and moved.moved_at == c2.time
     ops.pack(c2, moved.gpu_uuids[0])  # without the interval: restarted onto node-2's slice
@@ -207,3 +211,26 @@ def test_a_node_that_takes_anothers_jobs_is_not_drainable_in_the_same_pass() -> 
     assert drainable(c) == {"node-0": 1, "node-1": 0, "node-2": 0, "node-3": 0}
     ops.consolidate(c, "node-0")
     assert sorted(c.nodes) == ["node-1", "node-2", "node-3"]
+
+
+def test_a_session_without_checkpoints_moves_only_once_idle() -> None:
+    c = cluster()
+    c.submit(training(3, "node-0"))
+    service = c.submit(
+        JobSpec("inference", 1, "p", pool="", duration_s=8 * 3600.0, node="node-2")
+    )  # bursty: busy every minute or so, no checkpoints
+    steps(c, 2 * SESSION_IDLE_S)
+    assert drainable(c)["node-2"] == 0
+    with pytest.raises(
+        Conflict, match=rf"job {service.id} \(inference session, no checkpoints\) was in use"
+    ):
+        ops.consolidate(c, "node-2")
+    assert service.node == "node-2"
+    c.release(service)
+    notes = c.submit(notebook("node-2"))  # ~2 % load: nobody at it
+    with pytest.raises(Conflict, match="in use 0 min ago: a session moves only after 10 min idle"):
+        ops.consolidate(c, "node-2")
+    steps(c, SESSION_IDLE_S)
+    assert drainable(c)["node-2"] == 1
+    ops.consolidate(c, "node-2")
+    assert notes.node == "node-0"
