@@ -96,6 +96,7 @@ Row = tuple[str, Callable[[RunReport], float | None], Callable[[float | None], s
 OVERALL: tuple[Row, ...] = (
     ("GPUs powered (mean)", lambda r: r.gpus_mean, _num(".1f"), False),
     ("utilization over powered GPUs", lambda r: r.utilization_powered, _pct, True),
+    ("  without work done again", lambda r: r.utilization_powered_net, _pct, True),
     ("utilization over allocated GPUs", lambda r: r.utilization_allocated, _pct, True),
     ("allocation ratio", lambda r: r.allocation_ratio, _pct, True),
     ("jobs completed", lambda r: r.jobs_completed, _num("d"), False),

@@ -107,7 +107,15 @@ class Cluster:
         self.share_lost_gpu_s = 0.0
         """GPU-seconds of progress lost to sharing a GPU (contention, context switches)."""
         self.restart_lost_gpu_s = 0.0
-        """GPU-seconds of work redone by jobs stopped and started again (reclaim, pack)."""
+        """GPU-seconds a restart costs jobs stopped and started again (reclaim, pack,
+        consolidate): their relaunch (GPUs held, idle) and the work they do again."""
+        self.redo_busy_gpu_s = 0.0
+        """GPU-seconds of utilization spent doing lost work again (counted as busy in
+        utilization over powered GPUs; the report shows the figure without it too)."""
+        self._active: dict[str, float] = {}
+        """job -> the part of the last step it ran (the rest it relaunched); absent: all."""
+        self._redo: dict[str, float] = {}
+        """job -> the part of its last step's progress that was work done again."""
         self.completed_gpu_s = 0.0
         """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
         self.completed: list[tuple[str, str, float, float]] = []
@@ -309,6 +317,9 @@ class Cluster:
         job.node = node.name
         job.gpu_uuids = [g.uuid for g in gpus]
         job.started_at = self.time
+        # a restarted job relaunches first: its GPUs held but idle (``restart_cost``)
+        job.restarting_until = self.time + job.relaunch_s if job.relaunch_s > 0 else None
+        job.relaunch_s = 0.0
         if job.first_started_at is None:
             job.first_started_at = self.time
         if job.remaining_s is None:
@@ -330,8 +341,10 @@ class Cluster:
 
     def restart_cost(self, job: Job) -> float:
         """Stop ``job`` to start it again elsewhere: its work since the last checkpoint (all of
-        it without checkpoints; a session — notebook, inference service — keeps its place) plus
-        the fleet's ``restart_s`` go back on its remaining time, and ``moved_at`` says when
+        it without checkpoints; a session — notebook, inference service — keeps its place) goes
+        back on its remaining time, done again at its usual load (``redo_s``); when it starts
+        again it first relaunches for the fleet's ``restart_s``, its GPUs held but idle
+        (``relaunch_s``, ``restarting_until``); ``moved_at`` says when
         (every restart — packed elsewhere, consolidated, reclaimed — goes through here, so
         ``scheduler.move_interval`` holds whichever verb moved it). Returns the GPU-seconds
         charged."""
@@ -345,7 +358,9 @@ class Cluster:
         else:
             lost = done
         charged = lost + self.config.scheduler.restart_s
-        job.remaining_s += charged
+        job.remaining_s += lost
+        job.redo_s += lost
+        job.relaunch_s = self.config.scheduler.restart_s
         job.since_checkpoint_s = 0.0
         job.moved_at = self.time
         self.restart_lost_gpu_s += charged * job.gpus
@@ -445,12 +460,22 @@ class Cluster:
                     continue
                 if node.failed:
                     continue
+                ran = dt
+                if job.restarting_until is not None:  # relaunching for part of the step
+                    ran = min(max(self.time - job.restarting_until, 0.0), dt)
+                    self._active[job.id] = ran / dt
+                    if job.restarting_until <= self.time:
+                        job.restarting_until = None
                 # a session's duration is wall-clock time; work slows with clocks and sharing
                 if job.profile in SESSION_PROFILES:
                     rate = 1.0
                 else:
                     rate = self._rates.get(job.id, 1.0) * node.model.speed
-                progress = dt * rate
+                progress = ran * rate
+                if job.redo_s > 0 and progress > 0:
+                    redo = min(job.redo_s, progress)
+                    job.redo_s -= redo
+                    self._redo[job.id] = redo / progress
                 job.remaining_s -= progress
                 job.since_checkpoint_s += progress
                 interval = job.checkpoint_interval_s
@@ -503,8 +528,10 @@ class Cluster:
                     gpu.step(dt, 0.0, 0.0)
                     continue
                 util = profile_utilization(holder.profile, self.time, holder.phase, self.rng)
+                util *= self._active.get(holder.id, 1.0)
                 if util > SESSION_IDLE_UTILIZATION:
                     holder.busy_at = self.time
+                self.redo_busy_gpu_s += util * dt * self._redo.get(holder.id, 0.0)
                 rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
                 rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
             drawn = sum(g.energy_joules for g in node.gpus) - before
@@ -513,7 +540,8 @@ class Cluster:
         for job_id, rate in rates.items():
             job = self.jobs[job_id]
             speed = self.nodes[str(job.node)].model.speed
-            gpus = job.gpus * speed  # in A100-equivalent GPUs
+            # in A100-equivalent GPUs, for the part of the step it ran (not relaunching)
+            gpus = job.gpus * speed * self._active.get(job_id, 1.0)
             clock = self._clock_rates.get(job_id, rate)
             self.work_gpu_s += dt * rate * gpus
             # the clock lock's share of the loss, then what sharing took on top of it
@@ -521,6 +549,8 @@ class Cluster:
             self.share_lost_gpu_s += dt * (clock - rate) * gpus
         self._rates = rates
         self._clock_rates = {}
+        self._active = {}
+        self._redo = {}
         self.energy_cost += joules / JOULES_PER_KWH * price
 
     def _step_shared(self, pool: str, gpu: Gpu, dt: float, rates: dict[str, float]) -> None:
@@ -529,13 +559,22 @@ class Cluster:
         spec = self.pools[pool]
         mode = spec.sharing or "time-slicing"
         tenants = [self.jobs[j] for j in gpu.tenants]
-        demands = [profile_utilization(j.profile, self.time, j.phase, self.rng) for j in tenants]
+        demands = [
+            profile_utilization(j.profile, self.time, j.phase, self.rng)
+            * self._active.get(j.id, 1.0)
+            for j in tenants
+        ]  # a relaunching tenant asks nothing of the GPU
         for job, demand in zip(tenants, demands, strict=True):
             if demand > SESSION_IDLE_UTILIZATION:
                 job.busy_at = self.time
         used = sum(self.job_bytes(j, gpu) for j in tenants)
         fraction = min(used / gpu.model.memory_bytes, 1.0)
-        gpu.step(dt, gpu_utilization(mode, demands, spec.slices), fraction)
+        load = gpu_utilization(mode, demands, spec.slices)
+        total = sum(demands)
+        if total > 0:  # each tenant's part of the load, the redone part of it
+            for job, demand in zip(tenants, demands, strict=True):
+                self.redo_busy_gpu_s += load * dt * demand / total * self._redo.get(job.id, 0.0)
+        gpu.step(dt, load, fraction)
         share = gpu.clock_limit_share()
         for job, rate in zip(tenants, progress_rates(mode, demands, spec.slices), strict=True):
             clock = throughput(job.profile, share)

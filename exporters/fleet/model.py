@@ -193,6 +193,12 @@ class Job:
     """It may run on slices of shared GPUs (its job class says so)."""
     shared: bool = False
     """It runs on one slice of each of its GPUs (``Gpu.tenants``), not on whole GPUs."""
+    relaunch_s: float = 0.0
+    """Relaunch time it owes when it next starts (``Cluster.restart_cost``)."""
+    restarting_until: float | None = None
+    """It relaunches until then: its GPUs are held but idle, it makes no progress."""
+    redo_s: float = 0.0
+    """Work (seconds) lost at its last restarts that it is still doing again."""
     busy_at: float | None = None
     """When its GPU load last exceeded ``SESSION_IDLE_UTILIZATION`` (None: not since it
     started); a session without checkpoints moves only when idle (``Scheduler.drain_plan``)."""

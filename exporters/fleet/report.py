@@ -119,7 +119,11 @@ class RunReport:
     sharing_loss: float = 0.0
     """Share of progress lost to sharing GPUs (contention, context switches), the same way."""
     restart_gpu_hours: float = 0.0
-    """Work redone by jobs stopped and started again (reclaimed, packed elsewhere)."""
+    """What restarts cost jobs stopped and started again (reclaimed, packed elsewhere,
+    consolidated): the relaunch (GPUs held, idle) and the work done again, in GPU-hours."""
+    utilization_powered_net: float | None = None
+    """``utilization_powered`` without the load of work done again after restarts: busy,
+    but not useful."""
     packs: int = 0
     jct_all_mean_s: float | None = None
     """Completion time over every job submitted, those unfinished at the end counted until
@@ -227,6 +231,7 @@ class Recorder:
             lost_h = cluster.downclock_lost_gpu_s / 3600.0
             share_h = cluster.share_lost_gpu_s / 3600.0
             restart_h = cluster.restart_lost_gpu_s / 3600.0
+            redo_busy_s = cluster.redo_busy_gpu_s
             packs = cluster.counters["packed"]
             consolidations = cluster.counters["consolidated"]
             moved = cluster.counters["moved"]
@@ -302,6 +307,7 @@ class Recorder:
             downclock_loss=_ratio(lost_h, work_h + lost_h + share_h) or 0.0,
             sharing_loss=_ratio(share_h, work_h + lost_h + share_h) or 0.0,
             restart_gpu_hours=restart_h,
+            utilization_powered_net=_ratio(max(t.busy_s - redo_busy_s, 0.0), t.powered_s),
             packs=packs,
             jct_all_mean_s=_mean([jct for *_, jct in done] + unfinished),
             jobs_submitted=len(done) + len(unfinished),
@@ -326,6 +332,7 @@ def table(r: RunReport) -> str:
     lines = [
         f"fleet {r.fleet}: {r.hours:.1f} virtual hours, {r.gpus_mean:.0f} GPUs on average",
         f"  utilization over powered GPUs    {_pct(r.utilization_powered)}",
+        f"    without work done again        {_pct(r.utilization_powered_net)}",
         f"  utilization over allocated GPUs  {_pct(r.utilization_allocated)}",
         f"  allocation ratio                 {_pct(r.allocation_ratio)}",
         f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end}",

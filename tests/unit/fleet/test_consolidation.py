@@ -14,6 +14,7 @@ from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, P
 from exporters.fleet import operations as ops
 from exporters.fleet.config import SchedulerSettings
 from exporters.fleet.model import SESSION_IDLE_S
+from exporters.fleet.report import Recorder
 from exporters.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
 from tests.unit.fleet.conftest import quiet_sim
@@ -75,7 +76,9 @@ def test_consolidate_moves_the_jobs_best_fit_charges_restarts_and_powers_the_nod
     assert {small.node, other.node} == {"node-0", "node-1"}
     # each lost its 20 minutes since the last checkpoint, plus the 5-minute restart
     assert changed["restart_gpu_s"] == pytest.approx(2 * 1500.0, abs=40.0)
-    assert small.remaining_s == pytest.approx(7200.0 - 1200.0 + 1500.0, abs=20.0)
+    # the 20 minutes go back on its remaining time; the 5 minutes it relaunches, idle
+    assert small.remaining_s == pytest.approx(7200.0 - 1200.0 + 1200.0, abs=20.0)
+    assert small.restarting_until == c.time + 300.0
     assert small.moved_at == c.time and big.moved_at is None
     assert c.state()["counters"]["consolidated"] == 1  # type: ignore[index]
     c.release(pair)  # node-1 holds only the job moved there now: it may not move again yet
@@ -234,3 +237,30 @@ def test_a_session_without_checkpoints_moves_only_once_idle() -> None:
     assert drainable(c)["node-2"] == 1
     ops.consolidate(c, "node-2")
     assert notes.node == "node-0"
+
+
+def test_a_restarted_job_relaunches_on_idle_gpus_and_its_redone_work_is_counted() -> None:
+    c = cluster()
+    c.submit(training(3, "node-0"))
+    job = c.submit(training(1, "node-2"))
+    steps(c, 20 * 60)  # 20 minutes since its last checkpoint
+    ops.consolidate(c, "node-2")
+    gpu = c.find_gpu(job.gpu_uuids[0])[1]
+    left = job.remaining_s
+    c.advance(15.0)
+    # relaunching: the GPU is held but idle and the job makes no progress
+    assert gpu.utilization == 0.0 and job.remaining_s == left
+    steps(c, 300.0)
+    assert job.restarting_until is None and gpu.utilization > 0.8
+    assert job.remaining_s < left and job.redo_s == pytest.approx(1200.0 - 15.0, abs=20.0)
+    recorder = Recorder()
+    for _ in range(int(1200 // 15)):  # the 20 minutes done again, at ~90 % load
+        recorder.observe(c)
+        c.advance(15.0)
+    recorder.observe(c)
+    assert job.redo_s == 0.0
+    assert c.redo_busy_gpu_s == pytest.approx(0.9 * 1200.0, rel=0.06)
+    report = recorder.report(c)
+    # 8 powered GPUs for 20 min, 4 of them busy; the moved job's was busy doing work again
+    assert report.utilization_powered == pytest.approx(4 * 0.9 / 8, rel=0.06)
+    assert report.utilization_powered_net == pytest.approx(3 * 0.9 / 8, rel=0.06)

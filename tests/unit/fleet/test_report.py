@@ -88,13 +88,15 @@ def test_utilization_counts_sharers_capped_booting_gpus_idle_and_rented_gpus() -
     rented = ops.scale_out(c, "c", 1)["added"]
     fleet.run_until(1800.0)
     report = recorder.report(c)
-    # (1.0 + idle) / 2; the first 30 s count the readings before the first step (0)
-    assert report.pools["s"].utilization_powered == pytest.approx(0.5, abs=0.01)
-    assert report.pools["s"].utilization_allocated == pytest.approx(1.0, abs=0.02)
+    # (1.0 + idle) / 2, but 0.9 for the 5 minutes the second relaunches (asking nothing of
+    # the GPU); the first 30 s count the readings before the first step (0)
+    busy = 0.9 * 300.0 + 1.0 * 1470.0
+    assert report.pools["s"].utilization_powered == pytest.approx(busy / 3600, abs=0.01)
+    assert report.pools["s"].utilization_allocated == pytest.approx(busy / 1770, abs=0.02)
     assert report.pools["c"].powered_gpu_hours == pytest.approx(4 * 0.5)
     assert report.pools["c"].utilization_powered == 0.0  # booting, then idle
     assert report.gpus_mean == pytest.approx(6.0)
-    assert report.utilization_powered == pytest.approx(1.0 / 6, abs=0.005)
+    assert report.utilization_powered == pytest.approx(busy / 1800 / 6, abs=0.005)
     ops.scale_in(c, "c", 1, rented[0])  # given back: no longer counted
     fleet.run_until(3600.0)
     report = recorder.report(c)

@@ -101,7 +101,8 @@ def test_pack_moves_a_job_onto_a_shared_gpu_and_charges_its_restart() -> None:
     assert changed["from"] == "node-1" and changed["to"] == "node-0"
     # no checkpoint: its 10 minutes of work are lost, plus the 5-minute restart
     assert changed["restart_gpu_s"] == pytest.approx(900.0, abs=20.0)
-    assert mover.shared and mover.remaining_s == pytest.approx(3600.0 + 300.0, abs=20.0)
+    assert mover.shared and mover.remaining_s == pytest.approx(3600.0, abs=20.0)
+    assert mover.restarting_until == c.time + 300.0  # relaunching on its slice first
     assert c.nodes["node-1"].idle()
 
 
@@ -164,7 +165,8 @@ def test_reclaim_requeues_the_job_with_its_restart_cost() -> None:
     changed = ops.reclaim(c, idle.gpu_uuids[0])
     assert changed["requeued"] is True
     assert waiting.state == "running" and idle.state == "queued"  # behind what waited
-    assert idle.remaining_s == pytest.approx(3600.0 + 300.0)  # started over, plus a restart
+    assert idle.remaining_s == pytest.approx(3600.0)  # started over
+    assert idle.relaunch_s == 300.0  # and relaunches first when it starts again
     assert idle.submitted_at == 0.0  # its completion time counts from the first submit
     assert c.reclaimed_gpu_s == pytest.approx(3000.0)  # what it had left, on 1 GPU
     assert changed["released_gpus"] == [waiting.gpu_uuids[0]] and changed["restarted_on"] == []
@@ -179,7 +181,8 @@ def test_reclaim_counts_nothing_when_the_job_starts_straight_again() -> None:
     assert job.state == "running" and job.gpu_uuids == [uuid]
     assert changed["released_gpus"] == [] and changed["restarted_on"] == [uuid]
     assert c.reclaimed_gpu_s == 0.0  # it holds the GPU as before
-    assert job.remaining_s == pytest.approx(3600.0 + 300.0)  # only its restart was paid
+    assert job.remaining_s == pytest.approx(3600.0)  # its restart was paid: work lost,
+    assert job.restarting_until == c.time + 300.0  # and the relaunch
 
 
 def test_a_machine_powered_up_boots_before_it_runs_jobs() -> None:
