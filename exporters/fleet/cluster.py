@@ -463,7 +463,7 @@ class Cluster:
                 ran = dt
                 if job.restarting_until is not None:  # relaunching for part of the step
                     ran = min(max(self.time - job.restarting_until, 0.0), dt)
-                    self._active[job.id] = ran / dt
+                    self._active[job.id] = ran / dt if dt > 0 else 0.0
                     if job.restarting_until <= self.time:
                         job.restarting_until = None
                 # a session's duration is wall-clock time; work slows with clocks and sharing
