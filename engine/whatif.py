@@ -40,9 +40,11 @@ from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome, Sample
+from engine.guardrails import population_expr
 from engine.prometheus import PrometheusClient, ages_expr
 from engine.promproc import PrometheusServer
-from engine.rules.model import Group, cron_time
+from engine.rules.loader import load_rules
+from engine.rules.model import Group, RuleSet, cron_time
 from engine.runtime import Engine
 from engine.runtime.cycle import age_selectors
 from exporters.fleet.config import FleetConfig
@@ -370,6 +372,52 @@ def windows(expr: str) -> Iterator[float]:
     return iter(found)
 
 
+def metric_names(rules: RuleSet) -> frozenset[str] | None:
+    """The metric names every query of ``rules`` can read — each policy's ``expr``,
+    ``clear_expr`` and population query (``limits.population``, else
+    ``engine.guardrails.population_expr``), offset selectors included — so that the run writes
+    only those series. None (write every series): a selector without a metric name (``{job=
+    "x"}``, ``{__name__=~"..."}``), or a population that may read any series (a policy with
+    ``max_fraction`` but neither ``target`` nor ``limits.population``, or whose results' sources
+    cannot be told)."""
+    names: set[str] = set()
+    for policy in rules.policies():
+        exprs = [policy.expr, policy.clear_expr]
+        if policy.max_fraction is not None:
+            if policy.population is None and not policy.target:
+                return None  # its population's labels are its targets': known only at run time
+            exprs.append(population_expr(policy))
+        for expr in exprs:
+            if expr is None:
+                continue
+            for selector in _selectors(expr):
+                name = selector.name or next(
+                    (
+                        m.value
+                        for m in selector.matchers.matchers
+                        if m.name == "__name__" and m.op == promql_parser.MatchOp.Equal
+                    ),
+                    None,
+                )
+                if not name or selector.matchers.or_matchers:
+                    return None
+                names.add(name)
+    return frozenset(names)
+
+
+def _selectors(expr: str) -> list[promql_parser.VectorSelector]:
+    """Every vector selector of ``expr`` (offset and ``@`` ones too)."""
+    found: list[promql_parser.VectorSelector] = []
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
 def check_windows(engine: Engine, scrape_interval_s: float) -> None:
     """Every window the policies read must hold two samples at this scrape interval (a
     `[2m]` window scraped every 90 s would see one, or none): else the run would measure
@@ -415,15 +463,19 @@ def run_on(
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
     prometheus_cpu: Callable[[], float] = lambda: math.nan,
+    all_series: bool = False,
 ) -> RunResult:
     """The same workload with the policies of ``rules`` evaluated by the engine at the
     virtual clock against ``prometheus_url`` (a fresh Prometheus with the remote-write
     receiver), acting on the cluster through the fleet's control API. ``workdir`` holds the
     engine's state file and audit spool (``workdir/audit``: every decision of the run).
-    ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``)."""
+    ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``).
+    Only the series the rules read are written (``metric_names``), unless ``all_series``
+    (for dashboards on the run's Prometheus data)."""
     clock = VirtualClock(start_time(hours, config.start_hour))
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url)
+    names = None if all_series else metric_names(load_rules(rules))
     fleet = VirtualFleet(
         config,
         int(clock.start_s * 1000),
@@ -432,6 +484,7 @@ def run_on(
         step_s=CLUSTER_STEP_S,
         recorder=recorder,
         record_interval_s=record_interval(scrape_interval_s),
+        names=names,
     )
     tally = _Tally()
     started = time.monotonic()
@@ -616,8 +669,10 @@ def whatif(
     workdir: Path | None = None,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[str, float], None] | None = None,
+    all_series: bool = False,
 ) -> Whatif:
-    """Run ``config`` for ``hours`` without and with the policies of ``rules``."""
+    """Run ``config`` for ``hours`` without and with the policies of ``rules`` (writing
+    every series to Prometheus with ``all_series``, else only those the rules read)."""
     with (
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-", dir=_scratch()) as tmp,
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-prometheus-") as tmp_prom,
@@ -637,6 +692,7 @@ def whatif(
                     scrape_interval_s,
                     None if progress is None else (lambda t: progress("on", t)),
                     served.cpu_s,
+                    all_series,
                 )
             off = baseline()
         if progress is not None:

@@ -4,6 +4,7 @@ the scrape-interval check of the policies' windows."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,4 +180,51 @@ def test_a_window_that_holds_fewer_than_two_samples_is_refused() -> None:
     assert str(error.value) == (
         "w.yaml:6: policy busy, expr: reads a 120 s window, which holds fewer than two samples "
         "at a scrape interval of 90 s: use a scrape interval of at most 60 s"
+    )
+
+
+def _policy(expr: str, extra: str = "") -> str:
+    return (
+        "groups:\n  - name: g\n    interval: 30s\n    rules:\n"
+        f"      - policy: p\n        expr: {json.dumps(expr)}\n"
+        f"        action: {{type: reclaim, executor: log}}\n{extra}"
+    )
+
+
+def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
+    from engine.rules.loader import load_rules
+    from engine.whatif import metric_names
+
+    shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
+    assert metric_names(load_rules([*shipped, REPO / "rules" / "case-study"])) == {
+        "nvml_gpu_utilization_ratio",
+        "gpuops_gpu_allocated",
+        "gpuops_gpu_shared_jobs",
+        "up",  # power-down-idle-nodes, also `offset 10m`
+        "gpuops_queue_scale_demand_jobs",
+        "gpuops_queue_borrow_demand_jobs",
+        "gpuops_priority_class_held",
+        "gpuops_electricity_price_per_kwh",
+        "gpuops_electricity_off_peak_price_per_kwh",
+    }
+    path = tmp_path / "p.yaml"
+
+    def names(expr: str, extra: str = "") -> frozenset[str] | None:
+        path.write_text(_policy(expr, extra))
+        return metric_names(load_rules([path]))
+
+    population = (
+        "        target: [node]\n        limits: {max_fraction: 0.5, population: 'c offset 5m'}\n"
+    )
+    assert names("a > 1", "        clear_expr: b < 1\n" + population) == {"a", "b", "c"}
+    assert names('{__name__="a", x="1"} > 1') == {"a"}
+    # a selector without a name, or a population that may read any series: every series
+    assert names('{__name__=~"a|b"} > 1') is None
+    assert names("a > 1", "        limits: {max_fraction: 0.5}\n") is None  # no target
+    assert (
+        names(
+            'label_replace(a, "node", "$1", "n", "(.*)") > 1',
+            "        target: [node]\n        limits: {max_fraction: 0.5}\n",
+        )
+        is None
     )
