@@ -121,6 +121,8 @@ class RunResult:
     queries: tuple[int, int] = (0, 0)
     """Instant queries the engine asked, and how many of them were answered from an answer
     (or a prefetch) at the same instant (``LockstepPrometheus``)."""
+    series: tuple[int, int] = (0, 0)
+    """Series written to Prometheus over the run, and samples written ("on" run)."""
 
 
 PARTS = (
@@ -551,6 +553,7 @@ def run_on(
         dict(tally.outcomes),
         parts,
         (client.asked, client.answered),
+        (len(writer.series.labels), writer.samples_sent),
     )
 
 
