@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import promql_parser
@@ -39,12 +40,12 @@ import requests
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Outcome, Sample
+from engine.decisions import Decision, Outcome, Sample, freeze
 from engine.guardrails import population_expr
-from engine.prometheus import PrometheusClient, ages_expr
+from engine.prometheus import AGE_LABEL, PrometheusClient, ages_expr
 from engine.promproc import PrometheusServer
 from engine.rules.loader import load_rules
-from engine.rules.model import Group, RuleSet, cron_time
+from engine.rules.model import Group, Policy, RuleSet, cron_time
 from engine.runtime import Engine
 from engine.runtime.cycle import age_selectors
 from exporters.fleet.config import FleetConfig
@@ -247,9 +248,16 @@ class PolicyLoop:
         if self.prometheus is not None:
             self.prometheus.forget()
             now = self.clock()
+            probes: dict[float, list[tuple[str, ...]]] = {}
             for group, scheduled in runs:
                 at = cron_time(now) if scheduled else now
-                self.prometheus.prefetch(group_queries(group, scheduled), at)
+                probes.setdefault(at, []).append(age_selectors(_due(group, scheduled)))
+            for at, selectors in probes.items():
+                self.prometheus.prefetch_ages(selectors, at)
+            for group, scheduled in runs:
+                at = cron_time(now) if scheduled else now
+                exprs = [p.expr for p in _due(group, scheduled) if p.expr is not None]
+                self.prometheus.prefetch(exprs, at)
         due = [self._pool.submit(self._timed, group, scheduled) for group, scheduled in runs]
         # groups run side by side, as the engine's scheduler runs them
         cpu = sum(future.result() for future in due)
@@ -313,6 +321,54 @@ class LockstepPrometheus(PrometheusClient):
             if mine:
                 self._pool.submit(self._fetch, expr, at, answer)
 
+    def prefetch_ages(self, probes: Iterable[tuple[str, ...]], at: float) -> None:
+        """Start asking the sample-age probes of ``probes`` (each the selectors of one
+        group's ``engine.prometheus.ages_expr``) at ``at``, as one probe of all their
+        selectors: each group's probe is then answered from it (the same ages, numbered as
+        that probe numbers its selectors), not asked. Exact: each selector's part of a probe
+        (``label_replace(max(time() - timestamp(s)), ...)``) does not depend on the other
+        parts. The groups of a step share selectors (the GPUs' utilization and allocation):
+        each was read once per group before."""
+        wanted = [p for p in dict.fromkeys(probes) if p]
+        union = tuple(dict.fromkeys(s for p in wanted for s in p))
+        whole = ages_expr(union)
+        if whole is None:
+            return
+        answer, mine = self._claim(whole, at, asked=False)
+        if mine:
+            self._pool.submit(self._fetch, whole, at, answer)
+        for selectors in wanted:
+            expr = ages_expr(selectors)
+            assert expr is not None
+            part, todo = self._claim(expr, at, asked=False)
+            if todo:
+                numbers = {str(union.index(s)): str(i) for i, s in enumerate(selectors)}
+                answer.add_done_callback(partial(self._renumber, expr, at, numbers, part))
+
+    def _renumber(
+        self,
+        expr: str,
+        at: float,
+        numbers: dict[str, str],
+        part: Future[tuple[Sample, ...]],
+        whole: Future[tuple[Sample, ...]],
+    ) -> None:
+        """``part`` (the probe ``expr``) from the answer of the probe of all selectors:
+        the samples of its selectors, numbered ``numbers`` (union index -> its index)."""
+        error = whole.exception()
+        if error is None:
+            found = tuple(
+                Sample(freeze({AGE_LABEL: numbers[i]}), s.value, s.timestamp)
+                for s in whole.result()
+                if (i := s.labels.get(AGE_LABEL)) in numbers
+            )
+            part.set_result(found)
+            return
+        with self._lock:  # asked again by whoever asks it (the cycle, on its own)
+            if self._answers.get((at, expr)) is part:
+                del self._answers[at, expr]
+        part.set_exception(error)
+
     def _claim(self, expr: str, at: float, asked: bool) -> tuple[Future[tuple[Sample, ...]], bool]:
         """The answer to ``expr`` at ``at``, and whether the caller is to fetch it."""
         with self._lock:
@@ -349,15 +405,20 @@ def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
     policies (``engine.runtime.cycle.age_selectors``, as ``Cycle._prefetch_ages`` asks it)
     and each policy's expression (a clear expression only while firing, so not here):
     prefetched by the what-if, answered from there when the cycle asks."""
-    policies = [
-        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
-    ]
+    policies = _due(group, scheduled)
     probe = ages_expr(age_selectors(policies))
     if probe is not None:
         yield probe
     for policy in policies:
         assert policy.expr is not None
         yield policy.expr
+
+
+def _due(group: Group, scheduled: bool) -> list[Policy]:
+    """The policies of ``group`` a run of it evaluates (cron ones, or the others)."""
+    return [
+        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
+    ]
 
 
 def windows(expr: str) -> Iterator[float]:

@@ -228,3 +228,40 @@ def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
         )
         is None
     )
+
+
+@responses.activate
+def test_the_groups_age_probes_are_asked_as_one(client: LockstepPrometheus) -> None:
+    """Two groups' probes share a selector: one probe of the three selectors is asked, and
+    each group's probe is answered from it with its own numbering (a selector that reads no
+    series is absent from both)."""
+    from engine.prometheus import AGE_LABEL, ages_expr
+
+    def ages(request: Any) -> tuple[int, dict[str, str], str]:
+        asked = request.params["query"] if request.params else ""
+        assert asked == ages_expr(("util", "alloc", "shared")), asked
+        result = [
+            {"metric": {AGE_LABEL: "0"}, "value": [100, "12"]},  # util
+            {"metric": {AGE_LABEL: "2"}, "value": [100, "7"]},  # shared; alloc: no series
+        ]
+        body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        return 200, {}, json.dumps(body)
+
+    responses.add_callback(responses.GET, QUERY, callback=ages)
+    responses.add_callback(responses.POST, QUERY, callback=ages)
+    client.prefetch_ages([("util", "alloc"), ("shared", "util"), ("util", "alloc")], at=100.0)
+    assert client.sample_ages(("util", "alloc"), at=100.0) == {"util": 12.0}
+    assert client.sample_ages(("shared", "util"), at=100.0) == {"shared": 7.0, "util": 12.0}
+    assert len(responses.calls) == 1
+    assert (client.asked, client.answered) == (2, 2)
+
+
+@responses.activate
+def test_a_failed_shared_probe_is_asked_again_by_each_group(client: LockstepPrometheus) -> None:
+    responses.get(QUERY, status=503, body="overloaded")
+    responses.post(QUERY, status=503, body="overloaded")
+    client.prefetch_ages([("a",), ("b",)], at=100.0)
+    for selectors in (("a",), ("b",)):
+        with pytest.raises(QueryError):
+            client.sample_ages(selectors, at=100.0)
+    assert len(responses.calls) >= 3  # the shared probe, then each group's own
