@@ -141,7 +141,10 @@ def lead_selectors(
             return visit(node.expr)
         return True  # numbers and strings: no series
 
-    if not visit(tree):
+    try:
+        if not visit(tree):
+            return None
+    except ValueError:  # a matcher this module cannot write: the wide query
         return None
     return tuple(found.values())
 
