@@ -94,6 +94,9 @@ def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | No
 
 _LABEL_MAKERS = frozenset({"label_replace", "label_join", "absent", "absent_over_time"})
 """Functions whose results carry labels no input series has (``count_values`` too)."""
+_PICKERS = frozenset({"topk", "bottomk", "limitk", "limit_ratio"})
+"""Aggregations that hand back some of their input series unchanged, every label kept:
+``by``/``without`` only group the picking (their parameter is a number, no source)."""
 
 
 @lru_cache(maxsize=256)
@@ -102,7 +105,8 @@ def lead_selectors(
 ) -> tuple[promql_parser.VectorSelector, ...] | None:
     """The vector selectors whose series the results of ``expr`` (and their labels
     ``names``) come from: every selector but those on the right of ``and`` and ``unless``
-    (they only filter) and those under an aggregation that drops one of ``names``, each
+    (they only filter) and those under an aggregation that drops one of ``names`` (not
+    ``topk``, ``bottomk``, ``limitk``, ``limit_ratio``: they keep every label), each
     once, without those reading the past (``offset``, ``@``). None: ``expr`` does not parse,
     or has a function that makes labels (``label_replace``, ``absent``, ``count_values``)."""
     try:
@@ -126,6 +130,8 @@ def lead_selectors(
         if isinstance(node, pp.AggregateExpr):
             if str(node.op) == "count_values":
                 return False
+            if str(node.op) in _PICKERS:
+                return visit(node.expr)  # its results are input series, labels and all
             kept = set(node.modifier.labels) if node.modifier is not None else set()
             by = node.modifier is not None and node.modifier.type == pp.AggModifierType.By
             if (by or node.modifier is None) and not kept.issuperset(names):

@@ -181,6 +181,14 @@ def test_population_counts_the_targets_of_the_series_the_results_come_from() -> 
     assert population("sum(x) > 1 or y", ("pool",)) == 'group by (pool) (y{pool!=""})'
     # the same selector twice is read once
     assert population("a > 1 or a < 0", ("node",)) == 'group by (node) (a{node!=""})'
+    # topk, bottomk, limitk and limit_ratio pick series and keep all their labels, `by` and
+    # `without` only group the picking: their results come from their inner expression
+    assert population("topk(5, gpu_temp) > 80 or xid_errors > 0") == (
+        'group by (node, uuid) (gpu_temp{node!="",uuid!=""} or xid_errors{node!="",uuid!=""})'
+    )
+    for picked in ("topk by (node) (1, x)", "bottomk without (uuid) (2, x)", "limitk(2, x)"):
+        assert population(picked) == 'group by (node, uuid) (x{node!="",uuid!=""})', picked
+    assert population("limit_ratio(0.5, x)") == 'group by (node, uuid) (x{node!="",uuid!=""})'
 
 
 def test_population_falls_back_to_any_series_where_its_sources_cannot_be_told() -> None:
