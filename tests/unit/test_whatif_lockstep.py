@@ -191,12 +191,41 @@ def _policy(expr: str, extra: str = "") -> str:
     )
 
 
+def _read_names(rules: Any) -> set[str]:
+    """The names of every vector selector of each policy's queries (its population's too),
+    read from the parse trees."""
+    import promql_parser
+
+    from engine.guardrails import population_expr
+
+    found: set[str] = set()
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            named = [m.value for m in node.matchers.matchers if m.name == "__name__"]
+            found.add(node.name or named[0])
+        return True
+
+    for policy in rules.policies():
+        population = population_expr(policy) if policy.max_fraction is not None else None
+        for expr in (policy.expr, policy.clear_expr, population):
+            if expr is not None:
+                promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
 def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
     from engine.rules.loader import load_rules
     from engine.whatif import metric_names
 
     shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
-    assert metric_names(load_rules([*shipped, REPO / "rules" / "case-study"])) == {
+    loaded = load_rules([*shipped, REPO / "rules" / "case-study"])
+    written = metric_names(loaded)
+    assert written is not None
+    # every metric name a query of the loaded policies reads, whatever rules the directories
+    # hold (a new case-study rule adds its own): expr, clear_expr and the population query
+    assert written == _read_names(loaded)
+    assert written >= {  # the shipped rules' metrics, known to be among them
         "nvml_gpu_utilization_ratio",
         "gpuops_gpu_allocated",
         "gpuops_gpu_shared_jobs",
@@ -207,6 +236,7 @@ def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
         "gpuops_electricity_price_per_kwh",
         "gpuops_electricity_off_peak_price_per_kwh",
     }
+    assert "nvml_gpu_temperature_celsius" not in written  # the fleet writes it, no rule reads it
     path = tmp_path / "p.yaml"
 
     def names(expr: str, extra: str = "") -> frozenset[str] | None:
