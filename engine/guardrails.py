@@ -14,11 +14,14 @@ only evaluated at its cron times. No I/O, no clock.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from itertools import count
+
+import promql_parser
 
 from engine.decisions import EMPTY, Decision, Suppression, Transition, Verdict, freeze
 from engine.evaluation import PolicyState, settle_all
@@ -65,8 +68,13 @@ class Context:
 
 def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | None:
     """The query whose series count is the population ``max_fraction`` applies to:
-    ``limits.population``, else every distinct combination of the target labels in any series
-    — the policy's ``target``, or (without one) ``label_names``, the labels of its targets."""
+    ``limits.population``, else every distinct combination of the target labels — the
+    policy's ``target``, or (without one) ``label_names``, the labels of its targets — in
+    the series of the selectors its results come from (``lead_selectors``: the GPUs that
+    have the metric a policy reads, not every series that carries ``node`` and ``uuid``),
+    each with ``label!=""`` per target label. Where those selectors cannot be told (a
+    function that makes labels, no selector reading the present), any series with the
+    target labels (``{node!="", uuid!=""}``)."""
     if policy.max_fraction is None:
         return None
     if policy.population is not None:
@@ -75,8 +83,107 @@ def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | No
     if not names:
         return None
     by = ", ".join(names)
-    matchers = ", ".join(f'{name}!=""' for name in names)
-    return f"group by ({by}) ({{{matchers}}})"
+    present = [f"{name}!={_string('')}" for name in names]
+    lead = lead_selectors(policy.expr, tuple(names)) if policy.expr is not None else None
+    if not lead:
+        matchers = ", ".join(present)
+        return f"group by ({by}) ({{{matchers}}})"
+    union = " or ".join(_selector(node, present) for node in lead)
+    return f"group by ({by}) ({union})"
+
+
+_LABEL_MAKERS = frozenset({"label_replace", "label_join", "absent", "absent_over_time"})
+"""Functions whose results carry labels no input series has (``count_values`` too)."""
+_PICKERS = frozenset({"topk", "bottomk", "limitk", "limit_ratio"})
+"""Aggregations that hand back some of their input series unchanged, every label kept:
+``by``/``without`` only group the picking (their parameter is a number, no source)."""
+
+
+@lru_cache(maxsize=256)
+def lead_selectors(
+    expr: str, names: tuple[str, ...] = ()
+) -> tuple[promql_parser.VectorSelector, ...] | None:
+    """The vector selectors whose series the results of ``expr`` (and their labels
+    ``names``) come from: every selector but those on the right of ``and`` and ``unless``
+    (they only filter) and those under an aggregation that drops one of ``names`` (not
+    ``topk``, ``bottomk``, ``limitk``, ``limit_ratio``: they keep every label), each
+    once, without those reading the past (``offset``, ``@``). None: ``expr`` does not parse,
+    or has a function that makes labels (``label_replace``, ``absent``, ``count_values``)."""
+    try:
+        tree = promql_parser.parse(expr)
+    except ValueError:
+        return None
+    found: dict[str, promql_parser.VectorSelector] = {}
+    pp = promql_parser
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, pp.VectorSelector):
+            if node.offset is None and node.at is None:
+                found.setdefault(_selector(node, ()), node)
+            return True
+        if isinstance(node, pp.MatrixSelector):
+            return visit(node.vector_selector)
+        if isinstance(node, pp.Call):
+            if node.func.name in _LABEL_MAKERS:
+                return False
+            return all(visit(arg) for arg in node.args)
+        if isinstance(node, pp.AggregateExpr):
+            if str(node.op) == "count_values":
+                return False
+            if str(node.op) in _PICKERS:
+                return visit(node.expr)  # its results are input series, labels and all
+            kept = set(node.modifier.labels) if node.modifier is not None else set()
+            by = node.modifier is not None and node.modifier.type == pp.AggModifierType.By
+            if (by or node.modifier is None) and not kept.issuperset(names):
+                return True  # its results lack one of the labels: no target comes from it
+            if not by and kept.intersection(names):
+                return True
+            return visit(node.expr)
+        if isinstance(node, pp.BinaryExpr):
+            if str(node.op) in ("and", "unless"):
+                return visit(node.lhs)
+            return visit(node.lhs) and visit(node.rhs)
+        if isinstance(node, pp.ParenExpr | pp.UnaryExpr | pp.SubqueryExpr):
+            return visit(node.expr)
+        return True  # numbers and strings: no series
+
+    try:
+        if not visit(tree):
+            return None
+    except ValueError:  # a matcher this module cannot write: the wide query
+        return None
+    return tuple(found.values())
+
+
+def _string(value: str) -> str:
+    """``value`` as a PromQL string literal (labels are data: escaped as Go's
+    ``strconv.Unquote`` reads it; ``engine.prometheus.string_literal`` does the same above
+    this layer)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _selector(node: promql_parser.VectorSelector, extra: Sequence[str]) -> str:
+    """``node`` as PromQL with the matchers ``extra`` added (values escaped; each ``or``
+    group of MetricsQL's ``{a="1" or b="2"}`` gets them)."""
+    groups = node.matchers.or_matchers or [node.matchers.matchers]
+    text = " or ".join(
+        ",".join([*(f"{m.name}{_op(m)}{_string(m.value)}" for m in group), *extra])
+        for group in groups
+    )
+    return f"{node.name or ''}{{{text}}}"
+
+
+def _op(matcher: promql_parser.Matcher) -> str:
+    pp = promql_parser
+    for kind, text in (
+        (pp.MatchOp.Equal, "="),
+        (pp.MatchOp.NotEqual, "!="),
+        (pp.MatchOp.Re, "=~"),
+        (pp.MatchOp.NotRe, "!~"),
+    ):
+        if matcher.op == kind:
+            return text
+    raise ValueError(f"unknown label matcher {matcher.op} on {matcher.name}")
 
 
 def cooldown_key(policy: str, target: str) -> str:

@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import promql_parser
@@ -39,10 +40,12 @@ import requests
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Outcome, Sample
-from engine.prometheus import PrometheusClient, ages_expr
+from engine.decisions import Decision, Outcome, Sample, freeze
+from engine.guardrails import population_expr
+from engine.prometheus import AGE_LABEL, PrometheusClient, ages_expr
 from engine.promproc import PrometheusServer
-from engine.rules.model import Group, cron_time
+from engine.rules.loader import load_rules
+from engine.rules.model import Group, Policy, RuleSet, cron_time
 from engine.runtime import Engine
 from engine.runtime.cycle import age_selectors
 from exporters.fleet.config import FleetConfig
@@ -119,6 +122,8 @@ class RunResult:
     queries: tuple[int, int] = (0, 0)
     """Instant queries the engine asked, and how many of them were answered from an answer
     (or a prefetch) at the same instant (``LockstepPrometheus``)."""
+    series: tuple[int, int] = (0, 0)
+    """Series written to Prometheus over the run, and samples written ("on" run)."""
 
 
 PARTS = (
@@ -243,9 +248,16 @@ class PolicyLoop:
         if self.prometheus is not None:
             self.prometheus.forget()
             now = self.clock()
+            probes: dict[float, list[tuple[str, ...]]] = {}
             for group, scheduled in runs:
                 at = cron_time(now) if scheduled else now
-                self.prometheus.prefetch(group_queries(group, scheduled), at)
+                probes.setdefault(at, []).append(age_selectors(_due(group, scheduled)))
+            for at, selectors in probes.items():
+                self.prometheus.prefetch_ages(selectors, at)
+            for group, scheduled in runs:
+                at = cron_time(now) if scheduled else now
+                exprs = [p.expr for p in _due(group, scheduled) if p.expr is not None]
+                self.prometheus.prefetch(exprs, at)
         due = [self._pool.submit(self._timed, group, scheduled) for group, scheduled in runs]
         # groups run side by side, as the engine's scheduler runs them
         cpu = sum(future.result() for future in due)
@@ -309,6 +321,54 @@ class LockstepPrometheus(PrometheusClient):
             if mine:
                 self._pool.submit(self._fetch, expr, at, answer)
 
+    def prefetch_ages(self, probes: Iterable[tuple[str, ...]], at: float) -> None:
+        """Start asking the sample-age probes of ``probes`` (each the selectors of one
+        group's ``engine.prometheus.ages_expr``) at ``at``, as one probe of all their
+        selectors: each group's probe is then answered from it (the same ages, numbered as
+        that probe numbers its selectors), not asked. Exact: each selector's part of a probe
+        (``label_replace(max(time() - timestamp(s)), ...)``) does not depend on the other
+        parts. The groups of a step share selectors (the GPUs' utilization and allocation):
+        each was read once per group before."""
+        wanted = [p for p in dict.fromkeys(probes) if p]
+        union = tuple(dict.fromkeys(s for p in wanted for s in p))
+        whole = ages_expr(union)
+        if whole is None:
+            return
+        answer, mine = self._claim(whole, at, asked=False)
+        if mine:
+            self._pool.submit(self._fetch, whole, at, answer)
+        for selectors in wanted:
+            expr = ages_expr(selectors)
+            assert expr is not None
+            part, todo = self._claim(expr, at, asked=False)
+            if todo:
+                numbers = {str(union.index(s)): str(i) for i, s in enumerate(selectors)}
+                answer.add_done_callback(partial(self._renumber, expr, at, numbers, part))
+
+    def _renumber(
+        self,
+        expr: str,
+        at: float,
+        numbers: dict[str, str],
+        part: Future[tuple[Sample, ...]],
+        whole: Future[tuple[Sample, ...]],
+    ) -> None:
+        """``part`` (the probe ``expr``) from the answer of the probe of all selectors:
+        the samples of its selectors, numbered ``numbers`` (union index -> its index)."""
+        error = whole.exception()
+        if error is None:
+            found = tuple(
+                Sample(freeze({AGE_LABEL: numbers[i]}), s.value, s.timestamp)
+                for s in whole.result()
+                if (i := s.labels.get(AGE_LABEL)) in numbers
+            )
+            part.set_result(found)
+            return
+        with self._lock:  # asked again by whoever asks it (the cycle, on its own)
+            if self._answers.get((at, expr)) is part:
+                del self._answers[at, expr]
+        part.set_exception(error)
+
     def _claim(self, expr: str, at: float, asked: bool) -> tuple[Future[tuple[Sample, ...]], bool]:
         """The answer to ``expr`` at ``at``, and whether the caller is to fetch it."""
         with self._lock:
@@ -345,15 +405,20 @@ def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
     policies (``engine.runtime.cycle.age_selectors``, as ``Cycle._prefetch_ages`` asks it)
     and each policy's expression (a clear expression only while firing, so not here):
     prefetched by the what-if, answered from there when the cycle asks."""
-    policies = [
-        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
-    ]
+    policies = _due(group, scheduled)
     probe = ages_expr(age_selectors(policies))
     if probe is not None:
         yield probe
     for policy in policies:
         assert policy.expr is not None
         yield policy.expr
+
+
+def _due(group: Group, scheduled: bool) -> list[Policy]:
+    """The policies of ``group`` a run of it evaluates (cron ones, or the others)."""
+    return [
+        p for p in group.policies if p.expr is not None and (p.schedule is not None) == scheduled
+    ]
 
 
 def windows(expr: str) -> Iterator[float]:
@@ -368,6 +433,52 @@ def windows(expr: str) -> Iterator[float]:
 
     promql_parser.walk(promql_parser.parse(expr), visit)
     return iter(found)
+
+
+def metric_names(rules: RuleSet) -> frozenset[str] | None:
+    """The metric names every query of ``rules`` can read — each policy's ``expr``,
+    ``clear_expr`` and population query (``limits.population``, else
+    ``engine.guardrails.population_expr``), offset selectors included — so that the run writes
+    only those series. None (write every series): a selector without a metric name (``{job=
+    "x"}``, ``{__name__=~"..."}``), or a population that may read any series (a policy with
+    ``max_fraction`` but neither ``target`` nor ``limits.population``, or whose results' sources
+    cannot be told)."""
+    names: set[str] = set()
+    for policy in rules.policies():
+        exprs = [policy.expr, policy.clear_expr]
+        if policy.max_fraction is not None:
+            if policy.population is None and not policy.target:
+                return None  # its population's labels are its targets': known only at run time
+            exprs.append(population_expr(policy))
+        for expr in exprs:
+            if expr is None:
+                continue
+            for selector in _selectors(expr):
+                name = selector.name or next(
+                    (
+                        m.value
+                        for m in selector.matchers.matchers
+                        if m.name == "__name__" and m.op == promql_parser.MatchOp.Equal
+                    ),
+                    None,
+                )
+                if not name or selector.matchers.or_matchers:
+                    return None
+                names.add(name)
+    return frozenset(names)
+
+
+def _selectors(expr: str) -> list[promql_parser.VectorSelector]:
+    """Every vector selector of ``expr`` (offset and ``@`` ones too)."""
+    found: list[promql_parser.VectorSelector] = []
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+        return True
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
 
 
 def check_windows(engine: Engine, scrape_interval_s: float) -> None:
@@ -415,15 +526,19 @@ def run_on(
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[float], None] | None = None,
     prometheus_cpu: Callable[[], float] = lambda: math.nan,
+    all_series: bool = False,
 ) -> RunResult:
     """The same workload with the policies of ``rules`` evaluated by the engine at the
     virtual clock against ``prometheus_url`` (a fresh Prometheus with the remote-write
     receiver), acting on the cluster through the fleet's control API. ``workdir`` holds the
     engine's state file and audit spool (``workdir/audit``: every decision of the run).
-    ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``)."""
+    ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``).
+    Only the series the rules read are written (``metric_names``), unless ``all_series``
+    (for dashboards on the run's Prometheus data)."""
     clock = VirtualClock(start_time(hours, config.start_hour))
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url)
+    names = None if all_series else metric_names(load_rules(rules))
     fleet = VirtualFleet(
         config,
         int(clock.start_s * 1000),
@@ -432,6 +547,7 @@ def run_on(
         step_s=CLUSTER_STEP_S,
         recorder=recorder,
         record_interval_s=record_interval(scrape_interval_s),
+        names=names,
     )
     tally = _Tally()
     started = time.monotonic()
@@ -498,6 +614,7 @@ def run_on(
         dict(tally.outcomes),
         parts,
         (client.asked, client.answered),
+        (len(writer.series.labels), writer.samples_sent),
     )
 
 
@@ -616,8 +733,10 @@ def whatif(
     workdir: Path | None = None,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[str, float], None] | None = None,
+    all_series: bool = False,
 ) -> Whatif:
-    """Run ``config`` for ``hours`` without and with the policies of ``rules``."""
+    """Run ``config`` for ``hours`` without and with the policies of ``rules`` (writing
+    every series to Prometheus with ``all_series``, else only those the rules read)."""
     with (
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-", dir=_scratch()) as tmp,
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-prometheus-") as tmp_prom,
@@ -637,6 +756,7 @@ def whatif(
                     scrape_interval_s,
                     None if progress is None else (lambda t: progress("on", t)),
                     served.cpu_s,
+                    all_series,
                 )
             off = baseline()
         if progress is not None:

@@ -64,6 +64,12 @@ log = logging.getLogger(__name__)
     help="Keep the engine's state file, its audit spool (every decision of the on run) and "
     "Prometheus' data here (default: a temporary directory, removed).",
 )
+@click.option(
+    "--all-series",
+    is_flag=True,
+    help="Write every series of the fleet to Prometheus (for dashboards on the kept data, "
+    "with --workdir or --prometheus-url); default: only the metrics the rules read.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option(
     "--plots",
@@ -79,6 +85,7 @@ def whatif(
     scrape_interval: float,
     prometheus_url: str | None,
     workdir: Path | None,
+    all_series: bool,
     as_json: bool,
     plots: Path | None,
 ) -> None:
@@ -105,6 +112,7 @@ def whatif(
             workdir=workdir,
             scrape_interval_s=scrape_interval,
             progress=progress,
+            all_series=all_series,
         )
     except RulesError as exc:
         raise click.ClickException(f"rules not loaded: {exc}") from None

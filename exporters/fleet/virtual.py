@@ -66,8 +66,13 @@ class VirtualFleet:
         flush_every: int = 20,
         recorder: Recorder | None = None,
         record_interval_s: float | None = None,
+        names: frozenset[str] | None = None,
     ) -> None:
         self.cluster = Cluster(config)
+        self.names = names
+        """The series names written (None: every series): a what-if writes only what its
+        rules read (``engine.whatif.metric_names``), Prometheus' ingest being its largest
+        cost."""
         self.recorder = recorder
         """Observes the cluster every ``record_interval_s`` (``exporters.fleet.report``)."""
         self.record_interval_s = record_interval_s or scrape_interval_s
@@ -92,7 +97,9 @@ class VirtualFleet:
         self._keys: dict[tuple[object, ...], int] = {}
         """(name, label values) of a fleet target's sample (a target: of its ``up``) -> its
         series number."""
-        self._gpu_series: dict[tuple[object, ...], tuple[int, ...]] = {}
+        self._gpu_series: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        """A GPU's identity and target -> its written series' numbers, and their places in
+        ``gpu_values`` (every place: all of them)."""
         self.step_time = Meter()
         """Stepping the cluster."""
         self.record_time = Meter()
@@ -199,28 +206,41 @@ class VirtualFleet:
         values: list[float] = []
         with self.cluster.lock:
             nodes = [(n.name, n.pool, n.failed) for n in self.cluster.nodes.values()]
+        names = self.names
+        node_up = names is None or "up" in names
         for name, pool, failed in nodes:
             target = (("instance", name), ("job", NODES_JOB), ("node", name), ("pool", pool))
-            ids.append(self._id(target, (("__name__", "up"), *target)))
-            values.append(0.0 if failed else 1.0)
+            if node_up:
+                ids.append(self._id(target, (("__name__", "up"), *target)))
+                values.append(0.0 if failed else 1.0)
             if failed:
                 continue
             for r in self.cluster.gpu_readings(name):
-                ids += self._gpu_ids(r, target)
-                values += gpu_values(r)
+                gpu_ids, places = self._gpu_ids(r, target)
+                ids += gpu_ids
+                if places is _ALL:
+                    values += gpu_values(r)
+                elif places:
+                    read = gpu_values(r)
+                    values += [read[i] for i in places]
         fleet = (("instance", "fleet"), ("job", FLEET_JOB))
-        ids.append(self._id(fleet, (("__name__", "up"), *fleet)))
-        values.append(1.0)
+        if node_up:
+            ids.append(self._id(fleet, (("__name__", "up"), *fleet)))
+            values.append(1.0)
         keys = self._keys
         for family in self._fleet.collect():
             for sample in family.samples:
                 cache_key = (sample.name, *sample.labels.values())
                 series = keys.get(cache_key)
                 if series is None:  # the target's labels under the series' own (honor_labels)
-                    merged = {**dict(fleet), **sample.labels, "__name__": sample.name}
-                    series = keys[cache_key] = self.series.id(tuple(sorted(merged.items())))
-                ids.append(series)
-                values.append(float(sample.value))
+                    if names is not None and sample.name not in names:
+                        series = keys[cache_key] = -1  # not written
+                    else:
+                        merged = {**dict(fleet), **sample.labels, "__name__": sample.name}
+                        series = keys[cache_key] = self.series.id(tuple(sorted(merged.items())))
+                if series >= 0:
+                    ids.append(series)
+                    values.append(float(sample.value))
         return ids, values
 
     def _id(self, cache_key: tuple[object, ...], labels: Labels) -> int:
@@ -229,17 +249,31 @@ class VirtualFleet:
             found = self._keys[cache_key] = self.series.id(labels)
         return found
 
-    def _gpu_ids(self, r: GpuReading, target: Labels) -> tuple[int, ...]:
-        """The series numbers of a GPU's samples (``gpu_series`` order), built once per GPU
-        identity and target."""
+    def _gpu_ids(self, r: GpuReading, target: Labels) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The series numbers of a GPU's written samples and their places in ``gpu_values``
+        (``_ALL``: every sample, in ``gpu_series`` order), built once per GPU identity and
+        target."""
         identity = (r.uuid, r.index, r.name, r.model, r.pci_bus_id, target)
-        ids = self._gpu_series.get(identity)
-        if ids is None:
-            ids = self._gpu_series[identity] = tuple(
-                self.series.id(_gpu_key(name, r, extra, target))
-                for name, extra in gpu_series(r, self._driver)
+        found = self._gpu_series.get(identity)
+        if found is None:
+            keys = [_gpu_key(name, r, extra, target) for name, extra in gpu_series(r, self._driver)]
+            places = tuple(
+                i for i, key in enumerate(keys) if self.names is None or _name(key) in self.names
             )
-        return ids
+            ids = tuple(self.series.id(keys[i]) for i in places)
+            found = self._gpu_series[identity] = (
+                ids,
+                _ALL if len(places) == len(keys) else places,
+            )
+        return found
+
+
+_ALL: tuple[int, ...] = (-1,)
+"""``VirtualFleet._gpu_ids``' places when every sample of a GPU is written."""
+
+
+def _name(labels: Labels) -> str:
+    return dict(labels)["__name__"]
 
 
 _EXTRA = {name: extra for name, _kind, _text, extra in GPU_SERIES}

@@ -5,7 +5,7 @@ run against the target (<= 10 minutes for both on these 2-core machines) and the
 table; then the case-study fleet itself at its own size (the README's table). Never fails on
 noise.
 
-Run: ``python -m tests.benchmarks.bench_whatif [hours] [factor]``
+Run: ``python -m tests.benchmarks.bench_whatif [hours] [factor] [scrape interval s]``
 (``make bench`` runs it with 24 hours, x11 and the unscaled case study).
 """
 
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.whatif import PARTS, RunResult, whatif
+from engine.whatif import PARTS, SCRAPE_INTERVAL_S, RunResult, whatif
 from engine.whatif_report import table
 from exporters.fleet.config import FleetConfig, ProjectSpec
 from exporters.fleet.fleetfile import load_fleet
@@ -78,13 +79,18 @@ def parts(run: RunResult) -> str:
     return "\n".join(rows)
 
 
-def one(config: FleetConfig, hours: float) -> float:
+def one(config: FleetConfig, hours: float, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> float:
     gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
     load = os.getloadavg()
     started = time.perf_counter()
-    result = whatif(config, RULES, hours)
+    cpu, children = time.process_time(), _children_cpu_s()
+    result = whatif(config, RULES, hours, scrape_interval_s=scrape_interval_s)
     wall = time.perf_counter() - started
-    print(f"fleet {config.name}: {gpus} GPUs, {hours:g} virtual hours, policies off and on")
+    cpu, children = time.process_time() - cpu, _children_cpu_s() - children
+    print(
+        f"fleet {config.name}: {gpus} GPUs, {hours:g} virtual hours, policies off and on, "
+        f"scrape interval {scrape_interval_s:g} s"
+    )
     print(
         f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
         f"after: {' '.join(f'{x:.1f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)"
@@ -97,25 +103,39 @@ def one(config: FleetConfig, hours: float) -> float:
         + f"; target for 24 h: {TARGET_S:.0f} s, "
         + ("met" if day <= TARGET_S else "NOT met")
     )
+    print(
+        f"CPU: {cpu + children:.0f} s in all: this process {cpu:.0f} s, its children "
+        f"(Prometheus, the off run's process) {children:.0f} s"
+    )
     for label, run in (("off", result.off), ("on", result.on)):
         print(f"{label}: wall {run.wall_s:.1f} s, CPU {run.parts['all'][1]:.1f} s")
         if run.queries[0]:
             asked, answered = run.queries
             print(f"  engine queries: {asked:,} asked, {answered:,} answered at the same instant")
+        if run.series[0]:
+            series, samples = run.series
+            print(f"  written to Prometheus: {series:,} series, {samples:,} samples")
         print(parts(run))
     print(table(result), flush=True)
     return wall
 
 
-def main(hours: float, factor: int) -> None:
+def _children_cpu_s() -> float:
+    """User and system CPU seconds of the child processes waited for so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def main(hours: float, factor: int, scrape_interval_s: float) -> None:
     config = load_fleet(FLEET)
-    one(scaled(config, factor), hours)
+    one(scaled(config, factor), hours, scrape_interval_s)
     print()
-    one(config, hours)
+    one(config, hours, scrape_interval_s)
 
 
 if __name__ == "__main__":
     main(
         float(sys.argv[1]) if len(sys.argv) > 1 else 24.0,
         int(sys.argv[2]) if len(sys.argv) > 2 else 11,
+        float(sys.argv[3]) if len(sys.argv) > 3 else SCRAPE_INTERVAL_S,
     )

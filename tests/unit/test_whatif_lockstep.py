@@ -4,6 +4,7 @@ the scrape-interval check of the policies' windows."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +181,117 @@ def test_a_window_that_holds_fewer_than_two_samples_is_refused() -> None:
         "w.yaml:6: policy busy, expr: reads a 120 s window, which holds fewer than two samples "
         "at a scrape interval of 90 s: use a scrape interval of at most 60 s"
     )
+
+
+def _policy(expr: str, extra: str = "") -> str:
+    return (
+        "groups:\n  - name: g\n    interval: 30s\n    rules:\n"
+        f"      - policy: p\n        expr: {json.dumps(expr)}\n"
+        f"        action: {{type: reclaim, executor: log}}\n{extra}"
+    )
+
+
+def _read_names(rules: Any) -> set[str]:
+    """The names of every vector selector of each policy's queries (its population's too),
+    read from the parse trees."""
+    import promql_parser
+
+    from engine.guardrails import population_expr
+
+    found: set[str] = set()
+
+    def visit(node: promql_parser.Expr) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            named = [m.value for m in node.matchers.matchers if m.name == "__name__"]
+            found.add(node.name or named[0])
+        return True
+
+    for policy in rules.policies():
+        population = population_expr(policy) if policy.max_fraction is not None else None
+        for expr in (policy.expr, policy.clear_expr, population):
+            if expr is not None:
+                promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
+    from engine.rules.loader import load_rules
+    from engine.whatif import metric_names
+
+    shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
+    loaded = load_rules([*shipped, REPO / "rules" / "case-study"])
+    written = metric_names(loaded)
+    assert written is not None
+    # every metric name a query of the loaded policies reads, whatever rules the directories
+    # hold (a new case-study rule adds its own): expr, clear_expr and the population query
+    assert written == _read_names(loaded)
+    assert written >= {  # the shipped rules' metrics, known to be among them
+        "nvml_gpu_utilization_ratio",
+        "gpuops_gpu_allocated",
+        "gpuops_gpu_shared_jobs",
+        "up",  # power-down-idle-nodes, also `offset 10m`
+        "gpuops_queue_scale_demand_jobs",
+        "gpuops_queue_borrow_demand_jobs",
+        "gpuops_priority_class_held",
+        "gpuops_electricity_price_per_kwh",
+        "gpuops_electricity_off_peak_price_per_kwh",
+    }
+    assert "nvml_gpu_temperature_celsius" not in written  # the fleet writes it, no rule reads it
+    path = tmp_path / "p.yaml"
+
+    def names(expr: str, extra: str = "") -> frozenset[str] | None:
+        path.write_text(_policy(expr, extra))
+        return metric_names(load_rules([path]))
+
+    population = (
+        "        target: [node]\n        limits: {max_fraction: 0.5, population: 'c offset 5m'}\n"
+    )
+    assert names("a > 1", "        clear_expr: b < 1\n" + population) == {"a", "b", "c"}
+    assert names('{__name__="a", x="1"} > 1') == {"a"}
+    # a selector without a name, or a population that may read any series: every series
+    assert names('{__name__=~"a|b"} > 1') is None
+    assert names("a > 1", "        limits: {max_fraction: 0.5}\n") is None  # no target
+    assert (
+        names(
+            'label_replace(a, "node", "$1", "n", "(.*)") > 1',
+            "        target: [node]\n        limits: {max_fraction: 0.5}\n",
+        )
+        is None
+    )
+
+
+@responses.activate
+def test_the_groups_age_probes_are_asked_as_one(client: LockstepPrometheus) -> None:
+    """Two groups' probes share a selector: one probe of the three selectors is asked, and
+    each group's probe is answered from it with its own numbering (a selector that reads no
+    series is absent from both)."""
+    from engine.prometheus import AGE_LABEL, ages_expr
+
+    def ages(request: Any) -> tuple[int, dict[str, str], str]:
+        asked = request.params["query"] if request.params else ""
+        assert asked == ages_expr(("util", "alloc", "shared")), asked
+        result = [
+            {"metric": {AGE_LABEL: "0"}, "value": [100, "12"]},  # util
+            {"metric": {AGE_LABEL: "2"}, "value": [100, "7"]},  # shared; alloc: no series
+        ]
+        body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        return 200, {}, json.dumps(body)
+
+    responses.add_callback(responses.GET, QUERY, callback=ages)
+    responses.add_callback(responses.POST, QUERY, callback=ages)
+    client.prefetch_ages([("util", "alloc"), ("shared", "util"), ("util", "alloc")], at=100.0)
+    assert client.sample_ages(("util", "alloc"), at=100.0) == {"util": 12.0}
+    assert client.sample_ages(("shared", "util"), at=100.0) == {"shared": 7.0, "util": 12.0}
+    assert len(responses.calls) == 1
+    assert (client.asked, client.answered) == (2, 2)
+
+
+@responses.activate
+def test_a_failed_shared_probe_is_asked_again_by_each_group(client: LockstepPrometheus) -> None:
+    responses.get(QUERY, status=503, body="overloaded")
+    responses.post(QUERY, status=503, body="overloaded")
+    client.prefetch_ages([("a",), ("b",)], at=100.0)
+    for selectors in (("a",), ("b",)):
+        with pytest.raises(QueryError):
+            client.sample_ages(selectors, at=100.0)
+    assert len(responses.calls) >= 3  # the shared probe, then each group's own

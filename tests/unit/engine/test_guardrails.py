@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from engine.decisions import (
@@ -140,11 +141,89 @@ def test_population_of_a_policy_without_target_uses_its_targets_labels() -> None
 
     policy = replace(POLICY, target=None, max_fraction=0.25)
     expr = population_expr(policy, {"node", "job", "__name__"})
-    assert expr == 'group by (job, node) ({job!="", node!=""})'
+    assert expr == 'group by (job, node) (x{job!="",node!=""})'
     assert population_expr(replace(policy, population="up")) == "up"
     assert population_expr(replace(policy, max_fraction=None)) is None
     assert population_expr(POLICY) is None  # no max_fraction
-    assert population_expr(replace(POLICY, max_fraction=0.5)) == 'group by (uuid) ({uuid!=""})'
+    assert population_expr(replace(POLICY, max_fraction=0.5)) == 'group by (uuid) (x{uuid!=""})'
+
+
+def population(expr: str, target: tuple[str, ...] = ("node", "uuid")) -> str | None:
+    from engine.guardrails import population_expr
+
+    return population_expr(replace(POLICY, expr=expr, target=target, max_fraction=0.1))
+
+
+def test_population_counts_the_targets_of_the_series_the_results_come_from() -> None:
+    # the shipped reclaim policy: the right of `and`/`unless` only filters its GPUs
+    reclaim = (
+        "max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.20"
+        " and on (uuid) gpuops_gpu_allocated == 1"
+        " unless on (uuid) gpuops_gpu_shared_jobs > 0"
+    )
+    assert population(reclaim) == (
+        'group by (node, uuid) (nvml_gpu_utilization_ratio{node!="",uuid!=""})'
+    )
+    # both sides of `or` and of arithmetic give targets; an aggregation that drops a target
+    # label gives none (power-down-idle-nodes: the pool comes from `up`)
+    assert population("a or b", ("node",)) == 'group by (node) (a{node!=""} or b{node!=""})'
+    power_down = (
+        "(max by (node) (max_over_time(gpuops_gpu_allocated[10m])) == 0)"
+        ' * on (node) group_left (pool) (up{job="gpu-nodes"} == 1)'
+        ' and on (node) (up{job="gpu-nodes"} offset 10m)'
+    )
+    assert population(power_down, ("node", "pool")) == (
+        'group by (node, pool) (up{job="gpu-nodes",node!="",pool!=""})'
+    )
+    assert population("sum by (pool) (rate(x[5m])) > 1", ("pool",)) == (
+        'group by (pool) (x{pool!=""})'
+    )
+    assert population("sum(x) > 1 or y", ("pool",)) == 'group by (pool) (y{pool!=""})'
+    # the same selector twice is read once
+    assert population("a > 1 or a < 0", ("node",)) == 'group by (node) (a{node!=""})'
+    # topk, bottomk, limitk and limit_ratio pick series and keep all their labels, `by` and
+    # `without` only group the picking: their results come from their inner expression
+    assert population("topk(5, gpu_temp) > 80 or xid_errors > 0") == (
+        'group by (node, uuid) (gpu_temp{node!="",uuid!=""} or xid_errors{node!="",uuid!=""})'
+    )
+    for picked in ("topk by (node) (1, x)", "bottomk without (uuid) (2, x)", "limitk(2, x)"):
+        assert population(picked) == 'group by (node, uuid) (x{node!="",uuid!=""})', picked
+    assert population("limit_ratio(0.5, x)") == 'group by (node, uuid) (x{node!="",uuid!=""})'
+
+
+def test_population_falls_back_to_any_series_where_its_sources_cannot_be_told() -> None:
+    wide = 'group by (node, uuid) ({node!="", uuid!=""})'  # as before
+    assert population('label_replace(x, "uuid", "$1", "gpu", "(.*)")') == wide
+    assert population('absent(x{node="a"})') == wide
+    assert population('count_values("uuid", x)') == wide
+    assert population("x offset 10m > 1") == wide  # reads the past only
+    assert population("vector(1)") == wide
+    # limits.population overrides it
+    from engine.guardrails import population_expr
+
+    given = replace(POLICY, expr="x", target=("node",), max_fraction=0.1, population="up")
+    assert population_expr(given) == "up"
+
+
+def test_population_escapes_the_policys_label_values() -> None:
+    import promql_parser
+
+    value = 'a"b\\c\nd'
+    expr = f'x{{pool={json.dumps(value)}, gpu=~{json.dumps("0|1")}, job!~"z.*"}} > 1'
+    found = population(expr, ("node",))
+    assert found is not None
+    selectors: list[promql_parser.VectorSelector] = []
+    promql_parser.walk(
+        promql_parser.parse(found),
+        lambda n: not (isinstance(n, promql_parser.VectorSelector) and selectors.append(n)),
+    )
+    (selector,) = selectors
+    matchers = {(m.name, str(m.op), m.value) for m in selector.matchers.matchers}
+    assert ("pool", str(promql_parser.MatchOp.Equal), value) in matchers
+    assert ("gpu", str(promql_parser.MatchOp.Re), "0|1") in matchers
+    assert ("job", str(promql_parser.MatchOp.NotRe), "z.*") in matchers
+    assert ("node", str(promql_parser.MatchOp.NotEqual), "") in matchers
+    assert selector.name == "x"
 
 
 def test_dry_run_is_neither_held_nor_counted_by_the_global_budget() -> None:

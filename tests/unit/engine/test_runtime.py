@@ -328,7 +328,7 @@ def test_max_fraction_without_target_counts_the_targets_labels(make, tmp_path: P
     engine = make()
     down = [{"node": f"n{i}", "job": "gpu-nodes"} for i in range(3)]
     make.prom.results["util < 0.2"] = down
-    make.prom.results['group by (job, node) ({job!="", node!=""})'] = [
+    make.prom.results['group by (job, node) (util{job!="",node!=""})'] = [
         {"node": f"n{i}", "job": "gpu-nodes"} for i in range(8)
     ]
     cycle(engine)
@@ -348,7 +348,7 @@ def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
     )
     (tmp_path / "rules" / "p.yaml").write_text(rules)
     engine = make()
-    population = 'group by (uuid) ({uuid!=""})'
+    population = 'group by (uuid) (util{uuid!=""})'
     make.prom.results["util < 0.2"] = [{"uuid": f"GPU-{i}"} for i in range(3)]
     make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(4)]
     group = engine.rules.groups[0]
@@ -373,7 +373,7 @@ def test_a_population_count_is_reused_for_its_evaluation_time_only(make, tmp_pat
     rules = RULES.replace("cooldown: 1h", "limits: {max_fraction: 0.5}")
     (tmp_path / "rules" / "p.yaml").write_text(rules)
     engine = make()
-    population = 'group by (uuid) ({uuid!=""})'
+    population = 'group by (uuid) (util{uuid!=""})'
     make.prom.results[population] = [{"uuid": f"GPU-{i}"} for i in range(10)]
     policy = engine.rules.policy("reclaim")
     assert policy is not None

@@ -19,7 +19,7 @@ from engine.demo_report import DemoReport
 from engine.runtime import Engine
 from tests.unit.engine.test_runtime import RULES, audit_docs, cycle, make  # noqa: F401
 
-POPULATION = 'group by (uuid) ({uuid!=""})'
+POPULATION = 'group by (uuid) (util{uuid!=""})'
 
 
 def _clears(root: Path) -> list[dict[str, Any]]:
