@@ -15,6 +15,7 @@ here) puts a broken file aside and starts afresh.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +149,8 @@ class StateStore:
             _check_file(self.path, previous_run)
         self._lock = threading.RLock()
         self._states: dict[str, PolicyState] = {}  # policy -> its state, as committed
-        self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
-        self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
+        self._stored: dict[str, _Rows] = {}  # policy -> its targets as its rows hold them
+        self._pending: dict[str, tuple[PolicyState, _Rows]] = {}
         self._data_version = -1
         self._guard: GuardrailState | None = None  # the guardrail windows, as committed
         self._guard_pending: GuardrailState | None = None
@@ -276,7 +278,9 @@ class StateStore:
                 ) from exc
             state = PolicyState(freeze(targets))
             self._states[policy] = state
-            self._stored[policy] = dict(targets)
+            due = [(t.last_seen + _refresh_after(k), k) for k, t in targets.items()]
+            heapq.heapify(due)
+            self._stored[policy] = _Rows(dict(targets), state.base, due)
             return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
@@ -319,22 +323,30 @@ class StateStore:
         or written the policy's rows since it opened the file (or another process wrote it)."""
         with self._lock:
             pending = self._pending.get(policy)
-            stored = dict(pending[1]) if pending is not None else self._stored.get(policy)
-            if stored is None:
+            known = pending[1] if pending is not None else self._stored.get(policy)
+            if known is None:
                 db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
                 db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
-                stored = {}
+                rows = _Rows({}, None, [])
             else:
-                stored = dict(stored)
-            writes: list[tuple[str, str, str]] = []
-            for key, target in state.targets.items():
-                before = stored.get(key)
-                if before is None or _changed(before, target, key):
-                    writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
-                    stored[key] = target
-            gone = [(policy, key) for key in stored if key not in state.targets]
-            for _, key in gone:
-                del stored[key]
+                rows = known.copy()
+            gone: list[tuple[str, str]] = []
+            if rows.base is not None and state.base is rows.base:
+                writes = _refreshed(policy, state, rows)  # only seen values moved
+            else:
+                writes = []
+                stored = rows.rows
+                for key, target in state.targets.items():
+                    before = stored.get(key)
+                    if before is None or _changed(before, target, key):
+                        writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                        stored[key] = target
+                        if before is None or before.last_seen != target.last_seen:
+                            heapq.heappush(rows.due, (target.last_seen + _refresh_after(key), key))
+                gone = [(policy, key) for key in stored if key not in state.base]
+                for _, key in gone:
+                    del stored[key]
+                rows.base = state.base
             if gone:
                 db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
             if writes:
@@ -343,7 +355,7 @@ class StateStore:
                     " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
                     writes,
                 )
-            self._pending[policy] = (state, stored)
+            self._pending[policy] = (state, rows)
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
@@ -893,6 +905,53 @@ result); nothing the state machine decides reads ``last_seen``."""
 _MOVING = frozenset({"last_seen", "value"})
 
 
+def _refresh_after(key: str) -> float:
+    """How far ``last_seen`` moves before the row of target ``key`` is rewritten: between
+    half of ``REFRESH_S`` and all of it, by its key (see ``_changed``)."""
+    return REFRESH_S * (0.5 + hash(key) % 16 / 32)
+
+
+@dataclass
+class _Rows:
+    """A policy's targets as its rows hold them (``rows``); ``base``: a ``PolicyState.base``
+    whose targets equal the rows but for ``last_seen`` and ``value`` (a state sharing it
+    changed nothing else: ``_refreshed``); ``due``: a heap of (when a row's refresh is due,
+    its key), with stale entries (rows rewritten since) skipped when they come up."""
+
+    rows: dict[str, TargetState]
+    base: Mapping[str, TargetState] | None
+    due: list[tuple[float, str]]
+
+    def copy(self) -> _Rows:
+        """A copy to change in a transaction (the cached one stays as committed)."""
+        return _Rows(dict(self.rows), self.base, list(self.due))
+
+
+def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, str, str]]:
+    """The rows of ``state`` to write when it shares ``rows.base``: only those whose refresh
+    is due by ``state.seen_at`` (``_changed``'s rule), taken off the heap in order instead of
+    comparing every target (issue 15); ``rows`` is updated."""
+    due, stored = rows.due, rows.rows
+    writes: list[tuple[str, str, str]] = []
+    later: list[tuple[float, str]] = []
+    while due and due[0][0] <= state.seen_at:
+        at, key = heapq.heappop(due)
+        row = stored.get(key)
+        after = _refresh_after(key)
+        if row is None or row.last_seen + after != at:
+            continue  # stale: the row was rewritten or removed since
+        target = state.target(key)
+        if target is not None and target.last_seen - row.last_seen >= after:
+            writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+            stored[key] = target
+            later.append((target.last_seen + after, key))
+        else:
+            later.append((at, key))
+    for entry in later:
+        heapq.heappush(due, entry)
+    return writes
+
+
 def _changed(before: TargetState, after: TargetState, key: str) -> bool:
     """Whether ``after``'s row must be written over ``before``'s (see ``REFRESH_S``; this runs
     for every target of every evaluation). A target's refresh comes between half of
@@ -901,7 +960,7 @@ def _changed(before: TargetState, after: TargetState, key: str) -> bool:
     a round that rewrote 55,000 rows at once)."""
     if after is before:
         return False
-    if after.last_seen - before.last_seen >= REFRESH_S * (0.5 + hash(key) % 16 / 32):
+    if after.last_seen - before.last_seen >= _refresh_after(key):
         return True
     old, new = vars(before), dict(vars(after))
     new["last_seen"], new["value"] = old["last_seen"], old["value"]  # ``_MOVING``

@@ -1,0 +1,160 @@
+"""The steady path of the evaluation (issue 15): answers as columns (``Vector``), target keys
+made in C, a quiet state seen again without a ``TargetState`` per target, and the store
+writing only the rows whose refresh is due. Each is checked against the general path it
+stands in for: the same decisions and the same states, round after round."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.decisions import ActionSpec, Sample, Target, Vector, Verdict, freeze
+from engine.evaluation import (
+    PolicyState,
+    QueryResult,
+    Status,
+    evaluate,
+    settle,
+)
+from engine.prometheus import QueryError, decode_vector
+from engine.rules.model import Policy
+from engine.state import REFRESH_S, StateStore
+
+POLICY = Policy(
+    name="reclaim",
+    group="g",
+    expr="util < 0.2",
+    clear_expr="util > 0.5",
+    action=ActionSpec("reclaim", "fleet"),
+    on_clear=ActionSpec("restore_clocks", "fleet"),
+    for_s=60,
+    target=("node", "uuid"),
+    mode="enforce",
+)
+
+
+def series(uuids: list[str], value: float = 0.1) -> list[dict[str, object]]:
+    return [
+        {"metric": {"node": f"n{u}", "uuid": u, "job": "x"}, "value": [0, f"{value}"]}
+        for u in uuids
+    ]
+
+
+def both(raw: list[dict[str, object]]) -> tuple[Vector, tuple[Sample, ...]]:
+    """The same answer as columns (the steady path may run) and as samples (it may not)."""
+    vector = decode_vector(raw, "q")
+    return vector, tuple(vector)
+
+
+def test_target_keys_are_those_of_target_from_labels_or_none() -> None:
+    raw = series(["a", "b"]) + [{"metric": {"uuid": "c", "node": "n"}, "value": [1, "2"]}]
+    vector = decode_vector(raw, "q")
+    assert vector.target_keys(("uuid", "node", "__name__")) == [
+        Target.from_labels(s.labels, ("uuid", "node")).key for s in vector
+    ]
+    assert vector.target_keys(("uuid",)) == ["uuid=a", "uuid=b", "uuid=c"]
+    assert vector.target_keys(("pool",)) is None  # a series without it: asked one by one
+    assert vector.target_keys(None) is None  # all labels
+    comma = decode_vector([{"metric": {"uuid": "a,b"}, "value": [1, "1"]}], "q")
+    assert comma.target_keys(("uuid",)) is None  # key_value escapes it
+
+
+def test_decode_vector_checks_every_series_and_says_which_is_bad() -> None:
+    vector = decode_vector(
+        [
+            {"metric": {"uuid": "a"}, "value": [1.5, "0.25"]},
+            {"metric": {"uuid": "b"}, "value": [2, "NaN"]},  # left out
+            {"metric": {"uuid": "c", "n": 7}, "value": [3, "-Inf"]},
+        ],
+        "q",
+    )
+    assert list(vector) == [
+        Sample(freeze({"uuid": "a"}), 0.25, 1.5),
+        Sample(freeze({"uuid": "c", "n": "7"}), float("-inf"), 3.0),
+    ]
+    for bad, why in (
+        ({"metric": {}, "value": [True, "1"]}, "malformed series"),
+        ({"metric": {}, "value": [1, " 1"]}, "not a number: ' 1'"),
+        ({"metric": {}, "value": [1, "1\n2"]}, "not a number"),
+        ({"metric": {}, "value": [1, "1", 2]}, "malformed series"),
+        ({"metric": [], "value": [1, "1"]}, "malformed series"),
+    ):
+        with pytest.raises(QueryError, match=why):
+            decode_vector([*series(["a"]), bad], "q")
+
+
+def test_the_steady_path_gives_what_the_general_path_gives() -> None:
+    """Rounds of one policy fed the same answers as columns and as samples: pending, firing
+    (the fire settled as held back, with a retry time), seen again quietly, the retry,
+    another target coming and one cleared by clear_expr."""
+    uuids = [f"u{i}" for i in range(6)]
+    rounds: list[tuple[float, list[str], list[str]]] = [
+        (0, uuids, []),
+        (30, uuids, []),
+        (60, uuids, []),  # fire
+        (90, uuids, []),
+        (120, uuids, []),  # quiet: the steady path
+        (150, uuids, []),
+        (200, uuids, []),  # the retry time of the held fires
+        (230, [*uuids, "new"], []),
+        (260, [*uuids, "new"], ["u1"]),  # u1 clears
+        (290, [u for u in uuids if u != "u1"] + ["new"], []),
+    ]
+    states = [PolicyState(), PolicyState()]
+    steady = 0
+    for now, present, clearing in rounds:
+        outcomes = []
+        for which, state in enumerate(states):
+            vector, samples = both(series(present))
+            clear_v, clear_s = both(series(clearing, 0.9))
+            answer = (vector, clear_v) if which == 0 else (samples, clear_s)
+            step = evaluate(POLICY, QueryResult(*answer), state, now)
+            if which == 0 and step.state.base is state.base and state.base:
+                steady += 1
+            held = [replace(d, verdict=Verdict.SUPPRESSED_MAX_PER_HOUR) for d in step.decisions]
+            states[which] = settle(step.state, held, lambda d: 200.0)
+            outcomes.append(([(d.id, d.transition, d.evidence.value) for d in held], step))
+        (fast, fast_step), (slow, slow_step) = outcomes
+        assert fast == slow, now
+        assert fast_step.state == slow_step.state, now
+        assert dict(states[0].targets) == dict(states[1].targets), now
+    assert steady == 3  # 30, 120 and 150; the others decided, or followed a change
+    assert states[0].targets["node=nu0,uuid=u0"].last_seen == 290
+
+
+def test_a_steady_state_writes_only_the_rows_whose_refresh_is_due(tmp_path: Path) -> None:
+    """The store writes nothing while only values move, each row once its refresh is due
+    (between half of REFRESH_S and all of it), and a restart reads the refreshed values."""
+    uuids = [f"u{i}" for i in range(40)]
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    state = PolicyState()
+    written: list[int] = []
+    try:
+        for n in range(int(REFRESH_S / 30) + 2):
+            now = n * 30.0
+            vector = decode_vector(series(uuids, 0.1 + n / 1000), "q")
+            step = evaluate(replace(POLICY, for_s=3600), QueryResult(vector), state, now)
+            with store.transaction() as db:
+                before = db.total_changes
+                store.save_policy_state(db, "p", step.state)
+                written.append(db.total_changes - before)
+            state = store.policy_state("p")
+            assert state is step.state  # the cache hands back what was committed
+    finally:
+        store.close()
+    half = int(REFRESH_S / 2 / 30)
+    assert written[0] == len(uuids)  # all new
+    assert sum(written[1:half]) == 0  # only values moved, no refresh due yet
+    assert len(uuids) <= sum(written[half:]) < 2 * len(uuids)  # each row refreshed once
+    reopened = StateStore(path)
+    try:
+        targets = reopened.policy_state("p").targets
+        assert len(targets) == len(uuids)
+        assert all(
+            t.status is Status.PENDING and t.last_seen >= REFRESH_S / 2 for t in targets.values()
+        )
+    finally:
+        reopened.close()
