@@ -39,7 +39,7 @@ class Vector(Sequence[Sample]):
     is read; the evaluation's steady path reads the columns (``target_keys``, ``values``)
     and builds nothing per series (issue 15). Made by ``engine.prometheus``."""
 
-    __slots__ = ("metrics", "values", "times")
+    __slots__ = ("metrics", "values", "times", "_keys")
 
     def __init__(
         self, metrics: Sequence[Mapping[str, str]], values: Sequence[float], times: Sequence[float]
@@ -47,6 +47,7 @@ class Vector(Sequence[Sample]):
         self.metrics = metrics
         self.values = values
         self.times = times
+        self._keys: tuple[tuple[str, ...] | None, list[str] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.values)
@@ -76,7 +77,16 @@ class Vector(Sequence[Sample]):
     def target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:
         """Every series' target key, as ``Target.from_labels(labels, names).key`` makes it,
         in passes that run in C; None when that cannot be done safely (no ``names``, a series
-        without one of them, a value that ``key_value`` would escape): ask each series."""
+        without one of them, a value that ``key_value`` would escape): ask each series.
+        Remembered for the last ``names`` (policies sharing an answer share its keys)."""
+        known = self._keys
+        if known is not None and known[0] == names:
+            return known[1]
+        keys = self._target_keys(names)
+        self._keys = (names, keys)
+        return keys
+
+    def _target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:
         picked = sorted(set(names or ()) - {"__name__"})
         if not picked:
             return None

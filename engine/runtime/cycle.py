@@ -148,9 +148,10 @@ class Cycle:
                 held.enter_context(lock)
             self._prefetch_ages(policies, now)
             steps: list[_Step] = []
+            answers: dict[str, Sequence[Sample]] = {}  # this run's, by query (dropped after)
             for policy in policies:
                 try:
-                    step = self._step(policy, now)
+                    step = self._step(policy, now, answers)
                 except Exception:  # one broken policy must not stop the others
                     log.exception("evaluation of policy %s failed", policy.name)
                     continue
@@ -179,9 +180,13 @@ class Cycle:
             committed = self.commit(policy, step.decisions, step.state, now, step.population)
             return list(committed.decisions)
 
-    def _step(self, policy: Policy, now: float) -> _Step | None:
+    def _step(
+        self, policy: Policy, now: float, answers: dict[str, Sequence[Sample]] | None = None
+    ) -> _Step | None:
         """Read, query and evaluate ``policy`` at ``now`` (the caller holds its lock); None
-        when its stored state cannot be read."""
+        when its stored state cannot be read. ``answers``: the group run's answers by query,
+        shared by its policies with the same ``expr`` (asked once per query and evaluation
+        time, as ``clear_expr`` and populations are)."""
         self._metrics.evaluations.labels(policy.group, policy.name).inc()
         try:
             state = self._store.policy_state(policy.name)
@@ -189,7 +194,7 @@ class Cycle:
             self._unreadable(policy, now, exc)
             return None
         self.unreadable.pop(policy.name, None)
-        result = self._query(policy, now, self._clear_query(policy, state))
+        result = self._query(policy, now, self._clear_query(policy, state), answers)
         step = evaluate(policy, result, state, now, self._freshness(policy))
         if step.skipped is not None:
             self._skipped(step.skipped)
@@ -219,13 +224,22 @@ class Cycle:
         self._clear_queries[policy.name] = (state.base, (expr, policy.target), query)
         return query
 
-    def _query(self, policy: Policy, now: float, clear_query: str | None) -> QueryResult:
+    def _query(
+        self,
+        policy: Policy,
+        now: float,
+        clear_query: str | None,
+        answers: dict[str, Sequence[Sample]] | None = None,
+    ) -> QueryResult:
         """``policy``'s expr, its ``clear_expr`` while a target fires (only for the firing
         targets where that is sound: ``engine.prometheus.narrowed``), and the age of the
         oldest sample they read (fresh data only)."""
         assert policy.expr is not None
         try:
-            samples = self._ask(policy.expr, now)
+            known = answers.get(policy.expr) if answers is not None else None
+            samples = known if known is not None else self._ask(policy.expr, now)
+            if answers is not None:
+                answers[policy.expr] = samples
             clear = None
             inputs = [policy.expr]
             if policy.clear_expr is not None and clear_query is not None:
