@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 from math import inf
-from types import MappingProxyType
 
 from engine.decisions import (
     EMPTY,
@@ -99,11 +98,11 @@ class Quiet:
 class PolicyState:
     """The state of one policy: its non-inactive targets by key (a frozen value).
 
-    Kept as ``base`` (the targets) plus ``seen`` (key -> value, seen at ``seen_at``: newer
-    than the base's ``value`` and ``last_seen`` for those keys) so that an evaluation in which
-    every target is seen again and nothing changes (``_steady``) shares the base and writes
-    only the new values: no ``TargetState`` per target and round (issue 15). ``targets`` is
-    the two merged (built once, when read)."""
+    Kept as ``base`` (the targets) plus ``seen`` (empty, or every base target's value in the
+    base's order, seen at ``seen_at``: newer than the base's ``value`` and ``last_seen``) so
+    that an evaluation in which every target is seen again and nothing changes (``_steady``)
+    shares the base and keeps only the new values: no ``TargetState``, key or dict entry per
+    target and round (issue 15). ``targets`` is the two merged (built once, when read)."""
 
     __slots__ = ("base", "seen", "seen_at", "quiet", "_targets")
 
@@ -111,7 +110,7 @@ class PolicyState:
         self,
         targets: Mapping[str, TargetState] = EMPTY,
         *,
-        seen: Mapping[str, float] = EMPTY,
+        seen: Sequence[float] = (),
         seen_at: float = -inf,
         quiet: Quiet | None = None,
     ) -> None:
@@ -125,18 +124,18 @@ class PolicyState:
     def targets(self) -> Mapping[str, TargetState]:
         merged = self._targets
         if merged is None:
-            base, seen, at = self.base, self.seen, self.seen_at
+            at = self.seen_at
             merged = self._targets = freeze(
-                {k: _observed(t, at, seen[k]) if k in seen else t for k, t in base.items()}
+                {
+                    k: _observed(t, at, v)
+                    for (k, t), v in zip(self.base.items(), self.seen, strict=True)
+                }
             )
         return merged
 
-    def target(self, key: str) -> TargetState | None:
-        """``targets.get(key)`` without merging every target."""
-        found = self.base.get(key)
-        if found is not None and key in self.seen:
-            return _observed(found, self.seen_at, self.seen[key])
-        return found
+    def values(self) -> Mapping[str, float]:
+        """``seen`` by key (empty when it is)."""
+        return dict(zip(self.base, self.seen, strict=True)) if self.seen else {}
 
     def firing(self) -> list[str]:
         return [k for k, t in self.base.items() if t.status is not Status.PENDING]
@@ -144,7 +143,7 @@ class PolicyState:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PolicyState):
             return NotImplemented
-        if self.base is other.base and self.seen == other.seen:
+        if self.base is other.base and list(self.seen) == list(other.seen):
             return True
         return self.targets == other.targets
 
@@ -346,7 +345,8 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     the ``clear_expr`` answer, and no pending timer reaches ``for`` at ``now``. Then every
     target is seen again, as ``_seen_again`` would make it, and nothing is decided: the next
     state shares the base and carries the new values (``PolicyState.seen``). The keys are
-    made in C (``Vector.target_keys``); nothing is built per target."""
+    made in C (``Vector.target_keys``) and compared with the base's in C; nothing is built
+    or kept per target."""
     quiet = state.quiet
     samples = result.samples
     if (
@@ -362,9 +362,14 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     base = state.base
     if keys is None or len(keys) != len(base):
         return None
-    seen = dict(zip(keys, samples.values, strict=True))
-    if len(seen) != len(keys) or seen.keys() != base.keys():
-        return None
+    values: Sequence[float]
+    if keys == list(base):  # in the base's order, as a steady answer is: the column itself
+        values = samples.values
+    else:
+        by_key = dict(zip(keys, samples.values, strict=True))
+        if len(by_key) != len(keys) or by_key.keys() != base.keys():
+            return None
+        values = list(map(by_key.__getitem__, base))
     clear = result.clear_samples
     if clear is not None and clear:
         cleared = clear.target_keys(policy.target) if isinstance(clear, Vector) else None
@@ -372,7 +377,7 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
             cleared = list(_by_key(policy, clear))
         if not base.keys().isdisjoint(cleared):
             return None
-    return Step((), PolicyState(base, seen=MappingProxyType(seen), seen_at=now, quiet=quiet))
+    return Step((), PolicyState(base, seen=values, seen_at=now, quiet=quiet))
 
 
 def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +280,7 @@ class StateStore:
             self._states[policy] = state
             due = [(t.last_seen + _refresh_after(k), k) for k, t in targets.items()]
             heapq.heapify(due)
-            self._stored[policy] = _Rows(dict(targets), state.base, due)
+            self._stored[policy] = _Rows(dict(targets), state.base, due, set(targets))
             return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
@@ -327,7 +327,7 @@ class StateStore:
             if known is None:
                 db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
                 db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
-                rows = _Rows({}, None, [])
+                rows = _Rows({}, None, [], set())
             else:
                 rows = known.copy()
             gone: list[tuple[str, str]] = []
@@ -341,7 +341,8 @@ class StateStore:
                     if before is None or _changed(before, target, key):
                         writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
                         stored[key] = target
-                        if before is None or before.last_seen != target.last_seen:
+                        if key not in rows.queued:  # one entry per row, moved on when due
+                            rows.queued.add(key)
                             heapq.heappush(rows.due, (target.last_seen + _refresh_after(key), key))
                 gone = [(policy, key) for key in stored if key not in state.base]
                 for _, key in gone:
@@ -916,15 +917,22 @@ class _Rows:
     """A policy's targets as its rows hold them (``rows``); ``base``: a ``PolicyState.base``
     whose targets equal the rows but for ``last_seen`` and ``value`` (a state sharing it
     changed nothing else: ``_refreshed``); ``due``: a heap of (when a row's refresh is due,
-    its key), with stale entries (rows rewritten since) skipped when they come up."""
+    its key), one entry per row, put later when it comes up for a row rewritten since."""
 
     rows: dict[str, TargetState]
     base: Mapping[str, TargetState] | None
     due: list[tuple[float, str]]
+    queued: set[str]
+    """The keys in ``due``."""
 
     def copy(self) -> _Rows:
         """A copy to change in a transaction (the cached one stays as committed)."""
-        return _Rows(dict(self.rows), self.base, list(self.due))
+        return _Rows(dict(self.rows), self.base, list(self.due), set(self.queued))
+
+
+def _observed(target: TargetState, state: PolicyState, value: float) -> TargetState:
+    """``target`` as ``state`` saw it last (``PolicyState.seen``)."""
+    return replace(target, last_seen=state.seen_at, value=value)
 
 
 def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, str, str]]:
@@ -934,19 +942,26 @@ def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, 
     due, stored = rows.due, rows.rows
     writes: list[tuple[str, str, str]] = []
     later: list[tuple[float, str]] = []
+    values: Mapping[str, float] | None = None
     while due and due[0][0] <= state.seen_at:
-        at, key = heapq.heappop(due)
+        _, key = heapq.heappop(due)
         row = stored.get(key)
+        if row is None:
+            rows.queued.discard(key)  # removed since
+            continue
         after = _refresh_after(key)
-        if row is None or row.last_seen + after != at:
-            continue  # stale: the row was rewritten or removed since
-        target = state.target(key)
-        if target is not None and target.last_seen - row.last_seen >= after:
+        if row.last_seen + after > state.seen_at:  # rewritten since: due later
+            later.append((row.last_seen + after, key))
+            continue
+        values = state.values() if values is None else values
+        value = values.get(key)
+        target = state.base[key] if value is None else _observed(state.base[key], state, value)
+        if target.last_seen - row.last_seen >= after:
             writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
             stored[key] = target
             later.append((target.last_seen + after, key))
         else:
-            later.append((at, key))
+            later.append((row.last_seen + after, key))
     for entry in later:
         heapq.heappush(due, entry)
     return writes
