@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import chain, starmap
 from operator import itemgetter
+from sys import intern
 from types import MappingProxyType
 from typing import Any, overload
 
@@ -202,11 +203,15 @@ class Target:
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str], names: tuple[str, ...] | None) -> Target:
-        """Build the target of a series; ``names`` picks the identifying labels (None: all)."""
+        """Build the target of a series; ``names`` picks the identifying labels (None: all).
+        The key and the values are interned (``sys.intern``): the policies that share a
+        target keep one copy of its strings (issue 15: a GPU is a target of a dozen
+        policies, each of which decoded its strings from its own answer)."""
         picked = {k: labels.get(k, "") for k in names} if names else dict(labels)
         picked.pop("__name__", None)
-        key = ",".join(f"{k}={key_value(picked[k])}" for k in sorted(picked))
-        return cls(key=key, labels=freeze(picked))
+        picked = {k: intern(v) if type(v) is str else v for k, v in picked.items()}
+        key = intern(",".join(f"{k}={key_value(picked[k])}" for k in sorted(picked)))
+        return cls(key=key, labels=MappingProxyType(picked))
 
 
 @dataclass(frozen=True)

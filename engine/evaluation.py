@@ -308,7 +308,7 @@ def evaluate(
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)
-        targets[key] = current
+        targets[target.key] = current  # the same key, interned when new (Target.from_labels)
 
     for key, prev in before.items():
         if key in matched:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 from engine.codecs import alert_doc, alert_from_doc, quota_request_doc, quota_request_from_doc
@@ -268,7 +269,7 @@ class StateStore:
                     raise ValueError(f"not a JSON object: {str(legacy[0])[:80]!r}")
                 targets: dict[str, TargetState] = {}
                 for key, data in rows:
-                    targets[key] = _target_state_from_dict(json.loads(data))
+                    targets[intern(key)] = _target_state_from_dict(json.loads(data))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 where = f"target {key!r}: " if key is not None else ""
                 detail = f"{where}{type(exc).__name__}: {exc}"
@@ -1001,13 +1002,19 @@ def _target_state_to_dict(t: TargetState) -> dict[str, Any]:
     }
 
 
+def _interned(labels: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``freeze(labels)`` with its string values interned (``Target.from_labels``)."""
+    frozen = freeze(labels)
+    return freeze({k: intern(v) if type(v) is str else v for k, v in frozen.items()})
+
+
 def _target_state_from_dict(t: Mapping[str, Any]) -> TargetState:
     return TargetState(
         status=Status(t["status"]),
         active_since=t["active_since"],
         last_seen=t["last_seen"],
         value=t["value"],
-        labels=freeze(t["labels"]),
+        labels=_interned(t["labels"]),
         fired_at=t["fired_at"],
         last_fire_at=t["last_fire_at"],
         repeats=t["repeats"],
