@@ -345,8 +345,9 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     the ``clear_expr`` answer, and no pending timer reaches ``for`` at ``now``. Then every
     target is seen again, as ``_seen_again`` would make it, and nothing is decided: the next
     state shares the base and carries the new values (``PolicyState.seen``). The keys are
-    made in C (``Vector.target_keys``) and compared with the base's in C; nothing is built
-    or kept per target."""
+    made in C (``Vector.target_keys``) and compared with the base's, in its order, in C;
+    nothing is built or kept per target. An answer in another order takes the general path,
+    which orders the state as the answer came."""
     quiet = state.quiet
     samples = result.samples
     if (
@@ -362,14 +363,13 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     base = state.base
     if keys is None or len(keys) != len(base):
         return None
-    values: Sequence[float]
-    if keys == list(base):  # in the base's order, as a steady answer is: the column itself
-        values = samples.values
-    else:
-        by_key = dict(zip(keys, samples.values, strict=True))
-        if len(by_key) != len(keys) or by_key.keys() != base.keys():
-            return None
-        values = list(map(by_key.__getitem__, base))
+    if keys != list(base):
+        # Only an answer in the base's order (as a steady one is) keeps it: the general path
+        # orders the state as the answer came, and the clears of absent targets (judged in
+        # that order, each seeing the budget used before it) must come out in the same order
+        # whichever path ran (review of issue 15: the live engine and the what-if differed).
+        return None
+    values = samples.values  # the column itself
     clear = result.clear_samples
     if clear is not None and clear:
         cleared = clear.target_keys(policy.target) if isinstance(clear, Vector) else None

@@ -124,6 +124,29 @@ def test_the_steady_path_gives_what_the_general_path_gives() -> None:
     assert states[0].targets["node=nu0,uuid=u0"].last_seen == 290
 
 
+def test_both_paths_order_the_state_and_the_clears_as_the_answer_came() -> None:
+    """Review of issue 15 (finding 1): an answer in a new order kept the base's order on the
+    steady path and took the answer's on the general one, so the clears of absent targets
+    (judged in order, each seeing the budget used before it) came out in different orders in
+    the live engine and in the what-if."""
+    policy = replace(POLICY, for_s=0, clear_expr=None, on_clear=None, target=("uuid",))
+    rounds = [(0, ["u0", "u1", "u2"]), (30, ["u0", "u1", "u2"]), (60, ["u2", "u0", "u1"])]
+    orders: list[list[list[str]]] = [[], []]
+    for which in (0, 1):
+        state = PolicyState()
+        for now, present in [*rounds, (90, [])]:
+            vector, samples = both(series(present))
+            step = evaluate(policy, QueryResult(vector if which == 0 else samples), state, now)
+            state = settle(
+                step.state,
+                [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions],
+                lambda d: 0,
+            )
+            orders[which].append(list(state.targets) or [d.target.key for d in step.decisions])
+    assert orders[0] == orders[1]
+    assert orders[0][-1] == ["uuid=u2", "uuid=u0", "uuid=u1"]  # the clears, in the last order
+
+
 def test_a_steady_state_writes_only_the_rows_whose_refresh_is_due(tmp_path: Path) -> None:
     """The store writes nothing while only values move, each row once its refresh is due
     (between half of REFRESH_S and all of it), and a restart reads the refreshed values."""
