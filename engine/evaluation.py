@@ -143,7 +143,11 @@ class PolicyState:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PolicyState):
             return NotImplemented
-        if self.base is other.base and list(self.seen) == list(other.seen):
+        if (
+            self.base is other.base
+            and self.seen_at == other.seen_at
+            and list(self.seen) == list(other.seen)
+        ):  # the same values seen at the same time: equal without merging
             return True
         return self.targets == other.targets
 

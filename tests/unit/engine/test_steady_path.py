@@ -15,6 +15,7 @@ from engine.evaluation import (
     PolicyState,
     QueryResult,
     Status,
+    TargetState,
     evaluate,
     settle,
 )
@@ -145,6 +146,21 @@ def test_both_paths_order_the_state_and_the_clears_as_the_answer_came() -> None:
             orders[which].append(list(state.targets) or [d.target.key for d in step.decisions])
     assert orders[0] == orders[1]
     assert orders[0][-1] == ["uuid=u2", "uuid=u0", "uuid=u1"]  # the clears, in the last order
+
+
+def test_states_sharing_a_base_are_equal_only_when_seen_at_the_same_time() -> None:
+    """Review of issue 15 (finding 2): two states sharing a base with the same values were
+    equal although seen at different times (their targets' ``last_seen`` differ)."""
+    base = freeze(
+        {"k": TargetState(Status.FIRING, active_since=0, last_seen=0, value=0.1, labels=freeze({}))}
+    )
+    early = PolicyState(base, seen=[0.1], seen_at=100.0)
+    late = PolicyState(base, seen=[0.1], seen_at=900.0)
+    assert early.targets != late.targets
+    assert early != late
+    assert early == PolicyState(base, seen=[0.1], seen_at=100.0)
+    assert early != PolicyState(base, seen=[0.2], seen_at=100.0)
+    assert PolicyState(base) == PolicyState(base, seen=[0.1], seen_at=0)  # merged: the same
 
 
 def test_a_steady_state_writes_only_the_rows_whose_refresh_is_due(tmp_path: Path) -> None:
