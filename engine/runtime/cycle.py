@@ -131,6 +131,14 @@ class Cycle:
         # policy -> (the targets it was made for, (clear_expr, target labels), its query)
         self._clear_queries: dict[str, tuple[Mapping[str, Any], Any, str | None]] = {}
 
+    def rules_changed(self, policies: Iterable[str]) -> None:
+        """The rules now hold ``policies`` (names): what is kept for a policy that is gone
+        (its narrowed ``clear_expr``, the targets it was made for) goes too."""
+        kept = set(policies)
+        with self._cache_lock:
+            for name in [n for n in self._clear_queries if n not in kept]:
+                self._clear_queries.pop(name, None)
+
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         """One run of ``group``: every policy queried and evaluated, then all of them judged
         and stored in one transaction (one fsync) and handed to the gate together, which

@@ -700,3 +700,23 @@ def test_steady_rounds_reuse_the_narrowed_clear_query_until_the_targets_change(
     assert cycle(engine, 10) == []
     clears = [q for q in make.prom.queries[asked:] if "> (0.5)" in q]
     assert clears == ['(util{uuid=~"GPU-1"}) > (0.5)'] or clears == ['(util{uuid="GPU-1"}) > (0.5)']
+
+
+@pytest.mark.parametrize("make", ["vector"], indirect=True)
+def test_a_reload_forgets_the_clear_query_of_a_policy_that_is_gone(make, tmp_path: Path) -> None:
+    """Review of issue 15 (finding 4): the narrowed ``clear_expr`` of a removed or renamed
+    policy, and the targets it was made for, were kept for the life of the process."""
+    rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
+    rule_file = tmp_path / "rules" / "p.yaml"
+    rule_file.write_text(rules.replace("for: 60s", "for: 0s"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "GPU-1"}]
+    assert len(cycle(engine)) == 1
+    assert cycle(engine, 10) == []
+    assert "reclaim" in engine.cycle._clear_queries  # made for the firing target
+    rule_file.write_text(
+        rules.replace("for: 60s", "for: 0s").replace("policy: reclaim", "policy: r2")
+    )
+    assert engine.reload().ok
+    assert "reclaim" not in engine.cycle._clear_queries
+    assert engine.rules.policy("r2") is not None
