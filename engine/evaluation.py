@@ -133,10 +133,6 @@ class PolicyState:
             )
         return merged
 
-    def values(self) -> Mapping[str, float]:
-        """``seen`` by key (empty when it is)."""
-        return dict(zip(self.base, self.seen, strict=True)) if self.seen else {}
-
     def firing(self) -> list[str]:
         return [k for k, t in self.base.items() if t.status is not Status.PENDING]
 

@@ -348,7 +348,7 @@ class StateStore:
                 gone = [(policy, key) for key in stored if key not in state.base]
                 for _, key in gone:
                     del stored[key]
-                rows.base = state.base
+                rows.base, rows.index = state.base, None
             if gone:
                 db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
             if writes:
@@ -925,10 +925,13 @@ class _Rows:
     due: list[tuple[float, str]]
     queued: set[str]
     """The keys in ``due``."""
+    index: Mapping[str, int] | None = None
+    """Each ``base`` key's position (in ``PolicyState.seen``), made once per base when a
+    refresh first needs it (``_refreshed``); None: not made yet, or ``base`` changed."""
 
     def copy(self) -> _Rows:
         """A copy to change in a transaction (the cached one stays as committed)."""
-        return _Rows(dict(self.rows), self.base, list(self.due), set(self.queued))
+        return _Rows(dict(self.rows), self.base, list(self.due), set(self.queued), self.index)
 
 
 def _observed(target: TargetState, state: PolicyState, value: float) -> TargetState:
@@ -943,7 +946,7 @@ def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, 
     due, stored = rows.due, rows.rows
     writes: list[tuple[str, str, str]] = []
     later: list[tuple[float, str]] = []
-    values: Mapping[str, float] | None = None
+    seen = state.seen
     while due and due[0][0] <= state.seen_at:
         _, key = heapq.heappop(due)
         row = stored.get(key)
@@ -954,9 +957,13 @@ def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, 
         if row.last_seen + after > state.seen_at:  # rewritten since: due later
             later.append((row.last_seen + after, key))
             continue
-        values = state.values() if values is None else values
-        value = values.get(key)
-        target = state.base[key] if value is None else _observed(state.base[key], state, value)
+        if seen:
+            index = rows.index
+            if index is None:  # once per base, in C (not each round: review of issue 15)
+                index = rows.index = dict(zip(state.base, range(len(seen)), strict=True))
+            target = _observed(state.base[key], state, seen[index[key]])
+        else:
+            target = state.base[key]
         if target.last_seen - row.last_seen >= after:
             writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
             stored[key] = target

@@ -197,3 +197,44 @@ def test_a_steady_state_writes_only_the_rows_whose_refresh_is_due(tmp_path: Path
         )
     finally:
         reopened.close()
+
+
+def test_a_refresh_writes_each_target_its_own_value_with_one_index_per_base(
+    tmp_path: Path,
+) -> None:
+    """Review of issue 15 (finding 5): a round with a refresh due built a dict of every
+    target's value (``state.values()``); now each base key's position in ``seen`` is made
+    once per base. Each refreshed row holds its own target's value of the round it was
+    refreshed in."""
+    uuids = [f"u{i}" for i in range(40)]
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    state = PolicyState()
+    indexes: set[int] = set()
+    try:
+        for n in range(int(REFRESH_S / 30) + 2):
+            raw = series(uuids)
+            for i, item in enumerate(raw):
+                item["value"] = [0, f"{i + n / 1000}"]
+            step = evaluate(
+                replace(POLICY, for_s=3600), QueryResult(decode_vector(raw, "q")), state, n * 30.0
+            )
+            with store.transaction() as db:
+                store.save_policy_state(db, "p", step.state)
+            state = store.policy_state("p")
+            index = store._stored["p"].index
+            if index is not None:
+                indexes.add(id(index))
+    finally:
+        store.close()
+    assert len(indexes) == 1  # one base after the first round: made once
+    reopened = StateStore(path)
+    try:
+        targets = reopened.policy_state("p").targets
+        refreshed = [t for t in targets.values() if t.last_seen > 0]
+        assert len(refreshed) == len(uuids)
+        for t in refreshed:
+            i, n = int(t.labels["uuid"][1:]), t.last_seen / 30
+            assert t.value == pytest.approx(i + n / 1000), t
+    finally:
+        reopened.close()
