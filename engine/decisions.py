@@ -8,11 +8,14 @@ This module imports nothing of the engine: every other module may import it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from itertools import chain, starmap
+from operator import itemgetter
+from sys import intern
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -29,6 +32,87 @@ class Sample:
     labels: Mapping[str, str]
     value: float
     timestamp: float
+
+
+class Vector(Sequence[Sample]):
+    """The samples of an instant query as columns: each series' labels (the decoder's own
+    dict, read-only by convention), value and timestamp. A ``Sample`` is built only when one
+    is read; the evaluation's steady path reads the columns (``target_keys``, ``values``)
+    and builds nothing per series (issue 15). Made by ``engine.prometheus``."""
+
+    __slots__ = ("metrics", "values", "times", "_keys")
+
+    def __init__(
+        self, metrics: Sequence[Mapping[str, str]], values: Sequence[float], times: Sequence[float]
+    ) -> None:
+        self.metrics = metrics
+        self.values = values
+        self.times = times
+        self._keys: tuple[tuple[str, ...] | None, list[str] | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sample]: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | Sequence[Sample]:
+        if isinstance(index, slice):
+            return Vector(self.metrics[index], self.values[index], self.times[index])
+        return Sample(_labels(self.metrics[index]), self.values[index], self.times[index])
+
+    def __iter__(self) -> Iterator[Sample]:
+        for labels, value, ts in zip(self.metrics, self.values, self.times, strict=True):
+            yield Sample(_labels(labels), value, ts)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:
+        """Every series' target key, as ``Target.from_labels(labels, names).key`` makes it,
+        in passes that run in C; None when that cannot be done safely (no ``names``, a series
+        without one of them, a value that ``key_value`` would escape): ask each series.
+        Remembered for the last ``names`` (policies sharing an answer share its keys)."""
+        known = self._keys
+        if known is not None and known[0] == names:
+            return known[1]
+        keys = self._target_keys(names)
+        self._keys = (names, keys)
+        return keys
+
+    def _target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:
+        picked = sorted(set(names or ()) - {"__name__"})
+        if not picked:
+            return None
+        template = ",".join(f"{name}={{}}" for name in picked)
+        try:
+            values = list(map(itemgetter(*picked), self.metrics))
+            # TypeError unless every value is a string
+            text = "".join(values if len(picked) == 1 else chain.from_iterable(values))
+        except (KeyError, TypeError):
+            return None
+        if "," in text or "\\" in text:
+            return None
+        if len(picked) == 1:
+            return list(map(template.format, values))
+        return list(starmap(template.format, values))
+
+
+def _labels(metric: Mapping[str, Any]) -> Mapping[str, str]:
+    """A series' labels, read-only; a value that is not a string is made one (a decoder's
+    ``metric`` object may hold anything)."""
+    try:
+        "".join(metric.values())
+    except TypeError:
+        return MappingProxyType({str(k): str(v) for k, v in metric.items()})
+    return MappingProxyType(metric)
 
 
 class Transition(StrEnum):
@@ -119,11 +203,15 @@ class Target:
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str], names: tuple[str, ...] | None) -> Target:
-        """Build the target of a series; ``names`` picks the identifying labels (None: all)."""
+        """Build the target of a series; ``names`` picks the identifying labels (None: all).
+        The key and the values are interned (``sys.intern``): the policies that share a
+        target keep one copy of its strings (issue 15: a GPU is a target of a dozen
+        policies, each of which decoded its strings from its own answer)."""
         picked = {k: labels.get(k, "") for k in names} if names else dict(labels)
         picked.pop("__name__", None)
-        key = ",".join(f"{k}={key_value(picked[k])}" for k in sorted(picked))
-        return cls(key=key, labels=freeze(picked))
+        picked = {k: intern(v) if type(v) is str else v for k, v in picked.items()}
+        key = intern(",".join(f"{k}={key_value(picked[k])}" for k in sorted(picked)))
+        return cls(key=key, labels=MappingProxyType(picked))
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ no globals: the live loop (``engine.runtime``), Alertmanager triggers and backte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 from math import inf
@@ -25,6 +25,7 @@ from engine.decisions import (
     SkippedEvaluation,
     Target,
     Transition,
+    Vector,
     Verdict,
     decision_id,
     freeze,
@@ -81,13 +82,75 @@ class TargetState:
 
 
 @dataclass(frozen=True)
-class PolicyState:
-    """The state of one policy: its non-inactive targets by key."""
+class Quiet:
+    """What a policy state's last full evaluation found (``PolicyState.quiet``): every target
+    pending or firing and none absent; ``pending_since``, the earliest start among the
+    pending ones, for the policy's ``for`` of ``for_s``; ``retry_at``, the earliest time a
+    target held back is decided again (inf: none). While every target is seen again and
+    nothing clears, no timer can expire before those: the evaluation takes its steady path
+    (``_steady``)."""
 
-    targets: Mapping[str, TargetState] = field(default_factory=lambda: EMPTY)
+    for_s: float
+    pending_since: float
+    retry_at: float
+
+
+class PolicyState:
+    """The state of one policy: its non-inactive targets by key (a frozen value).
+
+    Kept as ``base`` (the targets) plus ``seen`` (empty, or every base target's value in the
+    base's order, seen at ``seen_at``: newer than the base's ``value`` and ``last_seen``) so
+    that an evaluation in which every target is seen again and nothing changes (``_steady``)
+    shares the base and keeps only the new values: no ``TargetState``, key or dict entry per
+    target and round (issue 15). ``targets`` is the two merged (built once, when read)."""
+
+    __slots__ = ("base", "seen", "seen_at", "quiet", "_targets")
+
+    def __init__(
+        self,
+        targets: Mapping[str, TargetState] = EMPTY,
+        *,
+        seen: Sequence[float] = (),
+        seen_at: float = -inf,
+        quiet: Quiet | None = None,
+    ) -> None:
+        self.base = targets
+        self.seen = seen
+        self.seen_at = seen_at
+        self.quiet = quiet
+        self._targets: Mapping[str, TargetState] | None = None if seen else targets
+
+    @property
+    def targets(self) -> Mapping[str, TargetState]:
+        merged = self._targets
+        if merged is None:
+            at = self.seen_at
+            merged = self._targets = freeze(
+                {
+                    k: _observed(t, at, v)
+                    for (k, t), v in zip(self.base.items(), self.seen, strict=True)
+                }
+            )
+        return merged
 
     def firing(self) -> list[str]:
-        return [k for k, t in self.targets.items() if t.status is not Status.PENDING]
+        return [k for k, t in self.base.items() if t.status is not Status.PENDING]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PolicyState):
+            return NotImplemented
+        if (
+            self.base is other.base
+            and self.seen_at == other.seen_at
+            and list(self.seen) == list(other.seen)
+        ):  # the same values seen at the same time: equal without merging
+            return True
+        return self.targets == other.targets
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PolicyState(targets={dict(self.targets)!r})"
 
 
 @dataclass(frozen=True)
@@ -101,8 +164,8 @@ class QueryResult:
         None: not known (backtests) or no input series.
     """
 
-    samples: tuple[Sample, ...] = ()
-    clear_samples: tuple[Sample, ...] | None = None
+    samples: Sequence[Sample] = ()
+    clear_samples: Sequence[Sample] | None = None
     error: str | None = None
     sample_age: float | None = None
 
@@ -141,6 +204,13 @@ def _by_key(policy: Policy, samples: Iterable[Sample]) -> dict[str, Sample]:
     evaluation were seen before: their ``Target`` is built only when a decision needs it)."""
     found: dict[str, Sample] = {}
     names = policy.target
+    keys = samples.target_keys(names) if isinstance(samples, Vector) else None
+    if keys is not None:
+        assert isinstance(samples, Vector)
+        for index, key in enumerate(keys):
+            if key not in found:
+                found[key] = samples[index]
+        return found
     if not names:
         for sample in samples:
             found.setdefault(Target.from_labels(sample.labels, names).key, sample)
@@ -176,6 +246,9 @@ def evaluate(
             f"max_sample_age {freshness.max_sample_age_s:g}s"
         )
         return _no_data(policy, stale, state, now)
+    steady = _steady(policy, result, state, now)
+    if steady is not None:
+        return steady
 
     matched = _by_key(policy, result.samples)
     cleared = (
@@ -185,7 +258,8 @@ def evaluate(
     )
     targets: dict[str, TargetState] = {}
     decisions: list[Decision] = []
-    previous = state.targets.get
+    before = state.targets
+    previous = before.get
     max_gap_s = freshness.max_gap_s
 
     for key, sample in matched.items():
@@ -234,9 +308,9 @@ def evaluate(
         current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)
-        targets[key] = current
+        targets[target.key] = current  # the same key, interned when new (Target.from_labels)
 
-    for key, prev in state.targets.items():
+    for key, prev in before.items():
         if key in matched:
             continue
         if prev.status is Status.PENDING:
@@ -262,7 +336,64 @@ def evaluate(
             else:
                 targets[key] = replace(prev, absent_since=absent_since)
 
-    return Step(tuple(decisions), PolicyState(freeze(targets)))
+    return Step(tuple(decisions), PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)))
+
+
+def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+    """``evaluate``'s result when it can be had without looking at each target (else None):
+    the state is ``Quiet``, the answer holds exactly its targets, once each, none of them in
+    the ``clear_expr`` answer, and no pending timer reaches ``for`` at ``now``. Then every
+    target is seen again, as ``_seen_again`` would make it, and nothing is decided: the next
+    state shares the base and carries the new values (``PolicyState.seen``). The keys are
+    made in C (``Vector.target_keys``) and compared with the base's, in its order, in C;
+    nothing is built or kept per target. An answer in another order takes the general path,
+    which orders the state as the answer came."""
+    quiet = state.quiet
+    samples = result.samples
+    if (
+        quiet is None
+        or quiet.for_s != policy.for_s
+        or not now - quiet.pending_since < policy.for_s
+        or not now < quiet.retry_at
+        or policy.repeat_interval_s is not None
+        or not isinstance(samples, Vector)
+    ):
+        return None
+    keys = samples.target_keys(policy.target)
+    base = state.base
+    if keys is None or len(keys) != len(base):
+        return None
+    if keys != list(base):
+        # Only an answer in the base's order (as a steady one is) keeps it: the general path
+        # orders the state as the answer came, and the clears of absent targets (judged in
+        # that order, each seeing the budget used before it) must come out in the same order
+        # whichever path ran (review of issue 15: the live engine and the what-if differed).
+        return None
+    values = samples.values  # the column itself
+    clear = result.clear_samples
+    if clear is not None and clear:
+        cleared = clear.target_keys(policy.target) if isinstance(clear, Vector) else None
+        if cleared is None:
+            cleared = list(_by_key(policy, clear))
+        if not base.keys().isdisjoint(cleared):
+            return None
+    return Step((), PolicyState(base, seen=values, seen_at=now, quiet=quiet))
+
+
+def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
+    """``Quiet`` of ``targets`` (None: a target is clearing or absent)."""
+    since = retry = inf
+    for t in targets.values():
+        if t.absent_since is not None:
+            return None
+        if t.retry_at is not None and t.retry_at < retry:
+            retry = t.retry_at
+        if t.status is Status.PENDING:
+            if t.active_since < since:
+                since = t.active_since
+        elif t.status is not Status.FIRING:
+            return None
+    return Quiet(for_s, since, retry)
 
 
 def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
@@ -311,6 +442,17 @@ def _seen_again(prev: TargetState, now: float, value: float) -> TargetState:
     fields["last_seen"] = now
     fields["value"] = value
     fields["absent_since"] = None
+    return seen
+
+
+def _observed(prev: TargetState, last_seen: float, value: float) -> TargetState:
+    """``prev`` with ``last_seen`` and ``value`` set (``PolicyState.seen``), as ``_seen_again``
+    copies."""
+    seen = object.__new__(TargetState)
+    fields = seen.__dict__
+    fields.update(prev.__dict__)
+    fields["last_seen"] = last_seen
+    fields["value"] = value
     return seen
 
 
@@ -447,6 +589,9 @@ def settle_all(
     ``retry_at(decision)`` while the target stays in the same state. A suppressed fire whose
     target is already held with the same verdict is a repeat: counted in the target's state,
     not recorded again; the next recorded decision of the target carries the count."""
+    judged = list(judged)
+    if not judged:  # the steady case: the state as it is (not copied: ``PolicyState.seen``)
+        return Settled(state, ())
     targets = dict(state.targets)
     out: list[Decision] = []
     repeats: set[str] = set()

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
-from types import MappingProxyType
+from operator import itemgetter
 from typing import Any
 from urllib.parse import urlencode
 
@@ -32,7 +32,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from engine.decisions import Sample, freeze
+from engine.decisions import Sample, Vector, freeze
 
 MAX_ERROR_CHARS = 256
 
@@ -76,13 +76,16 @@ class PrometheusClient:
         )
 
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now). The answer is
-        decoded with orjson (issue 15: requests' ``json`` was most of a steady round's CPU
-        after the socket reads)."""
-        params: dict[str, Any] = {"query": expr}
+        """Evaluate ``expr`` at ``at`` (unix seconds; None: the server's now)."""
+        return tuple(self.query_vector(expr, at))
+
+    def query_vector(self, expr: str, at: float | None = None) -> Vector:
+        """``query`` as columns (``decode_vector``: no object per series until one is read).
+        The answer is decoded with orjson (issue 15: requests' ``json`` was most of a steady
+        round's CPU after the socket reads)."""
+        form = _encoded(expr)
         if at is not None:
-            params["time"] = f"{at:.3f}"
-        form = urlencode(params)
+            form += f"&time={at:.3f}"
         with self._errors(expr):
             if len(form) <= MAX_GET_QUERY_CHARS:
                 response = self._session.get(
@@ -105,7 +108,7 @@ class PrometheusClient:
                 raw = orjson.loads(response.content)["data"]["result"]
             except (KeyError, TypeError) as exc:
                 raise ValueError("not a query answer") from exc
-        return parse_vector(raw, expr)
+        return decode_vector(raw, expr)
 
     def sample_age(self, exprs: Iterable[str], at: float | None = None) -> float | None:
         """How old (seconds, at ``at``) the oldest sample is that the vector selectors of
@@ -189,6 +192,14 @@ class PrometheusClient:
             except (KeyError, TypeError, AttributeError) as exc:
                 raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
         return out
+
+
+@lru_cache(maxsize=256)
+def _encoded(expr: str) -> str:
+    """``query=expr`` form-encoded (``urlencode``), once per query text: a narrowed
+    ``clear_expr`` of 40 kB is the same every round while its targets fire, and quoting it
+    runs Python code per character."""
+    return urlencode({"query": expr})
 
 
 AGE_LABEL = "gpuops_input"
@@ -366,45 +377,55 @@ def age_expr(exprs: tuple[str, ...]) -> str | None:
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:
-    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample).
-    ``raw`` is the decoder's own (its ``metric`` objects become the samples' labels, not
-    copied)."""
+    """Turn the ``data.result`` of an instant query into samples (a scalar gives one sample)."""
+    return tuple(decode_vector(raw, expr))
+
+
+_METRIC, _VALUE = itemgetter("metric"), itemgetter("value")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_NUMERIC, _OBJECT, _PAIR = frozenset({float, int}), frozenset({dict}), {2}
+
+
+def decode_vector(raw: Any, expr: str) -> Vector:
+    """``parse_vector`` as columns (``engine.decisions.Vector``): ``raw`` is the decoder's
+    own (its ``metric`` objects become the labels, not copied). Checked in passes that run in
+    C, with no Python code per series (issue 15: building and checking a ``Sample`` per
+    series was, after the JSON decoding itself, the largest part of a steady round): every
+    ``metric`` an object, every timestamp a JSON number, every value a number as Prometheus
+    writes it (``_NUMBER``); anything else goes to the careful pass, which says what and
+    where. A label value that is not a string is made one when its sample is read
+    (``Vector``), as the careful pass does."""
     if isinstance(raw, list) and len(raw) == 2 and not isinstance(raw[0], dict):
-        return (Sample(freeze({}), _float(raw[1]), _time(raw[0])),)
+        return Vector([{}], [_float(raw[1])], [_time(raw[0])])
     if not isinstance(raw, list):
         raise QueryError(f"{expr!r} did not return a vector")
-    # One pass without a check per field (one per series of every query: after the JSON
-    # decoding itself, the largest part of a steady round); anything malformed raises in it
-    # and the careful pass below says what and where.
-    samples = []
-    new = object.__new__
-    proxy = MappingProxyType
-    join = "".join
-    number = _NUMBER.fullmatch
+    if not raw:
+        return Vector([], [], [])
     try:
-        for item in raw:
-            ts, value = item["value"]
-            labels = item["metric"]
-            join(labels.values())  # TypeError unless every value is a str (keys are: JSON)
-            # float() alone took `true`, a dict's keys, " 1_0 ": anything else is read carefully
-            if (type(ts) is not float and type(ts) is not int) or number(value) is None:
-                raise ValueError
-            v = float(value)
-            if v != v:  # NaN
-                continue
-            # ``Sample(MappingProxyType(labels), v, ts)`` without the dataclass' __init__
-            sample = new(Sample)
-            fields = sample.__dict__
-            fields["labels"] = proxy(labels)
-            fields["value"] = v
-            fields["timestamp"] = float(ts)
-            samples.append(sample)
+        metrics = list(map(_METRIC, raw))
+        if not set(map(type, metrics)) <= _OBJECT:
+            raise TypeError
+        pairs = list(map(_VALUE, raw))
+        if set(map(len, pairs)) != _PAIR:
+            raise ValueError
+        times, texts = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
+        if not set(map(type, times)) <= _NUMERIC:  # not `true` (bool), not a string
+            raise ValueError
+        joined = "\n".join(texts)  # TypeError unless every value is a string
+        # one match for all values; a value holding "\n" between two numbers fails float()
+        if _NUMBERS.fullmatch(joined) is None:
+            raise ValueError
+        values = list(map(float, texts))
     except (KeyError, TypeError, ValueError, AttributeError):
         return _parse_carefully(raw, expr)
-    return tuple(samples)
+    if "NaN" in joined:  # NaN samples are left out, as before
+        kept = [i for i, v in enumerate(values) if v == v]
+        kept_times = [float(times[i]) for i in kept]
+        return Vector([metrics[i] for i in kept], [values[i] for i in kept], kept_times)
+    return Vector(metrics, values, list(map(float, times)))
 
 
-def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
+def _parse_carefully(raw: list[Any], expr: str) -> Vector:
     """``parse_vector`` for an answer its fast pass could not read: a missing ``metric`` is
     no labels, a label value that is not a string is made one, anything else is a
     ``QueryError`` naming the series."""
@@ -418,14 +439,17 @@ def _parse_carefully(raw: list[Any], expr: str) -> tuple[Sample, ...]:
             raise QueryError(f"{expr!r} returned a malformed series: {item!r:.200}") from exc
         v = _float(value)
         if not math.isnan(v):
-            samples.append(Sample(freeze(labels), v, ts))
-    return tuple(samples)
+            samples.append((labels, v, ts))
+    return Vector([s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples])
 
 
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf")
 """A sample value as the Prometheus HTTP API writes it (a JSON string: Go's ``strconv``
 format, ``NaN``, ``+Inf``, ``-Inf``). Python's ``float()`` takes more (``" 1_0 "``, ``"nan"``,
 ``"infinity"``, other scripts' digits): none of that is a value Prometheus sent."""
+
+_NUMBERS = re.compile(f"(?:{_NUMBER.pattern})(?:\n(?:{_NUMBER.pattern}))*")
+"""``_NUMBER``s joined by newlines: all values of an answer checked in one match."""
 
 
 def _float(value: Any) -> float:

@@ -15,6 +15,7 @@ here) puts a broken file aside and starts afresh.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -23,7 +24,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
+from sys import intern
 from typing import Any
 
 from engine.codecs import alert_doc, alert_from_doc, quota_request_doc, quota_request_from_doc
@@ -147,8 +150,8 @@ class StateStore:
             _check_file(self.path, previous_run)
         self._lock = threading.RLock()
         self._states: dict[str, PolicyState] = {}  # policy -> its state, as committed
-        self._stored: dict[str, dict[str, TargetState]] = {}  # policy -> targets as rows hold them
-        self._pending: dict[str, tuple[PolicyState, dict[str, TargetState]]] = {}
+        self._stored: dict[str, _Rows] = {}  # policy -> its targets as its rows hold them
+        self._pending: dict[str, tuple[PolicyState, _Rows]] = {}
         self._data_version = -1
         self._guard: GuardrailState | None = None  # the guardrail windows, as committed
         self._guard_pending: GuardrailState | None = None
@@ -266,7 +269,7 @@ class StateStore:
                     raise ValueError(f"not a JSON object: {str(legacy[0])[:80]!r}")
                 targets: dict[str, TargetState] = {}
                 for key, data in rows:
-                    targets[key] = _target_state_from_dict(json.loads(data))
+                    targets[intern(key)] = _target_state_from_dict(json.loads(data))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 where = f"target {key!r}: " if key is not None else ""
                 detail = f"{where}{type(exc).__name__}: {exc}"
@@ -276,7 +279,9 @@ class StateStore:
                 ) from exc
             state = PolicyState(freeze(targets))
             self._states[policy] = state
-            self._stored[policy] = dict(targets)
+            due = [(t.last_seen + _refresh_after(k), k) for k, t in targets.items()]
+            heapq.heapify(due)
+            self._stored[policy] = _Rows(dict(targets), state.base, due, set(targets))
             return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
@@ -319,22 +324,31 @@ class StateStore:
         or written the policy's rows since it opened the file (or another process wrote it)."""
         with self._lock:
             pending = self._pending.get(policy)
-            stored = dict(pending[1]) if pending is not None else self._stored.get(policy)
-            if stored is None:
+            known = pending[1] if pending is not None else self._stored.get(policy)
+            if known is None:
                 db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
                 db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
-                stored = {}
+                rows = _Rows({}, None, [], set())
             else:
-                stored = dict(stored)
-            writes: list[tuple[str, str, str]] = []
-            for key, target in state.targets.items():
-                before = stored.get(key)
-                if before is None or _changed(before, target, key):
-                    writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
-                    stored[key] = target
-            gone = [(policy, key) for key in stored if key not in state.targets]
-            for _, key in gone:
-                del stored[key]
+                rows = known.copy()
+            gone: list[tuple[str, str]] = []
+            if rows.base is not None and state.base is rows.base:
+                writes = _refreshed(policy, state, rows)  # only seen values moved
+            else:
+                writes = []
+                stored = rows.rows
+                for key, target in state.targets.items():
+                    before = stored.get(key)
+                    if before is None or _changed(before, target, key):
+                        writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                        stored[key] = target
+                        if key not in rows.queued:  # one entry per row, moved on when due
+                            rows.queued.add(key)
+                            heapq.heappush(rows.due, (target.last_seen + _refresh_after(key), key))
+                gone = [(policy, key) for key in stored if key not in state.base]
+                for _, key in gone:
+                    del stored[key]
+                rows.base, rows.index = state.base, None
             if gone:
                 db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
             if writes:
@@ -343,7 +357,7 @@ class StateStore:
                     " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
                     writes,
                 )
-            self._pending[policy] = (state, stored)
+            self._pending[policy] = (state, rows)
 
     # --- guardrails ---------------------------------------------------------------------
     def guardrail_state(self) -> GuardrailState:
@@ -893,6 +907,74 @@ result); nothing the state machine decides reads ``last_seen``."""
 _MOVING = frozenset({"last_seen", "value"})
 
 
+def _refresh_after(key: str) -> float:
+    """How far ``last_seen`` moves before the row of target ``key`` is rewritten: between
+    half of ``REFRESH_S`` and all of it, by its key (see ``_changed``)."""
+    return REFRESH_S * (0.5 + hash(key) % 16 / 32)
+
+
+@dataclass
+class _Rows:
+    """A policy's targets as its rows hold them (``rows``); ``base``: a ``PolicyState.base``
+    whose targets equal the rows but for ``last_seen`` and ``value`` (a state sharing it
+    changed nothing else: ``_refreshed``); ``due``: a heap of (when a row's refresh is due,
+    its key), one entry per row, put later when it comes up for a row rewritten since."""
+
+    rows: dict[str, TargetState]
+    base: Mapping[str, TargetState] | None
+    due: list[tuple[float, str]]
+    queued: set[str]
+    """The keys in ``due``."""
+    index: Mapping[str, int] | None = None
+    """Each ``base`` key's position (in ``PolicyState.seen``), made once per base when a
+    refresh first needs it (``_refreshed``); None: not made yet, or ``base`` changed."""
+
+    def copy(self) -> _Rows:
+        """A copy to change in a transaction (the cached one stays as committed)."""
+        return _Rows(dict(self.rows), self.base, list(self.due), set(self.queued), self.index)
+
+
+def _observed(target: TargetState, state: PolicyState, value: float) -> TargetState:
+    """``target`` as ``state`` saw it last (``PolicyState.seen``)."""
+    return replace(target, last_seen=state.seen_at, value=value)
+
+
+def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, str, str]]:
+    """The rows of ``state`` to write when it shares ``rows.base``: only those whose refresh
+    is due by ``state.seen_at`` (``_changed``'s rule), taken off the heap in order instead of
+    comparing every target (issue 15); ``rows`` is updated."""
+    due, stored = rows.due, rows.rows
+    writes: list[tuple[str, str, str]] = []
+    later: list[tuple[float, str]] = []
+    seen = state.seen
+    while due and due[0][0] <= state.seen_at:
+        _, key = heapq.heappop(due)
+        row = stored.get(key)
+        if row is None:
+            rows.queued.discard(key)  # removed since
+            continue
+        after = _refresh_after(key)
+        if row.last_seen + after > state.seen_at:  # rewritten since: due later
+            later.append((row.last_seen + after, key))
+            continue
+        if seen:
+            index = rows.index
+            if index is None:  # once per base, in C (not each round: review of issue 15)
+                index = rows.index = dict(zip(state.base, range(len(seen)), strict=True))
+            target = _observed(state.base[key], state, seen[index[key]])
+        else:
+            target = state.base[key]
+        if target.last_seen - row.last_seen >= after:
+            writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+            stored[key] = target
+            later.append((target.last_seen + after, key))
+        else:
+            later.append((row.last_seen + after, key))
+    for entry in later:
+        heapq.heappush(due, entry)
+    return writes
+
+
 def _changed(before: TargetState, after: TargetState, key: str) -> bool:
     """Whether ``after``'s row must be written over ``before``'s (see ``REFRESH_S``; this runs
     for every target of every evaluation). A target's refresh comes between half of
@@ -901,7 +983,7 @@ def _changed(before: TargetState, after: TargetState, key: str) -> bool:
     a round that rewrote 55,000 rows at once)."""
     if after is before:
         return False
-    if after.last_seen - before.last_seen >= REFRESH_S * (0.5 + hash(key) % 16 / 32):
+    if after.last_seen - before.last_seen >= _refresh_after(key):
         return True
     old, new = vars(before), dict(vars(after))
     new["last_seen"], new["value"] = old["last_seen"], old["value"]  # ``_MOVING``
@@ -927,13 +1009,19 @@ def _target_state_to_dict(t: TargetState) -> dict[str, Any]:
     }
 
 
+def _interned(labels: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``freeze(labels)`` with its string values interned (``Target.from_labels``)."""
+    frozen = freeze(labels)
+    return freeze({k: intern(v) if type(v) is str else v for k, v in frozen.items()})
+
+
 def _target_state_from_dict(t: Mapping[str, Any]) -> TargetState:
     return TargetState(
         status=Status(t["status"]),
         active_since=t["active_since"],
         last_seen=t["last_seen"],
         value=t["value"],
-        labels=freeze(t["labels"]),
+        labels=_interned(t["labels"]),
         fired_at=t["fired_at"],
         last_fire_at=t["last_fire_at"],
         repeats=t["repeats"],

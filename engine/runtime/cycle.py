@@ -126,8 +126,18 @@ class Cycle:
         self._populations: dict[str, tuple[float, int]] = {}  # query -> (evaluation time, count)
         # evaluation time -> input selector -> age of its oldest sample (None: no series)
         self._ages: dict[float, dict[str, float | None]] = {}
-        self._clears: dict[float, dict[str, tuple[Sample, ...]]] = {}  # time -> query -> result
+        self._clears: dict[float, dict[str, Sequence[Sample]]] = {}  # time -> query -> result
         self._cache_lock = threading.Lock()
+        # policy -> (the targets it was made for, (clear_expr, target labels), its query)
+        self._clear_queries: dict[str, tuple[Mapping[str, Any], Any, str | None]] = {}
+
+    def rules_changed(self, policies: Iterable[str]) -> None:
+        """The rules now hold ``policies`` (names): what is kept for a policy that is gone
+        (its narrowed ``clear_expr``, the targets it was made for) goes too."""
+        kept = set(policies)
+        with self._cache_lock:
+            for name in [n for n in self._clear_queries if n not in kept]:
+                self._clear_queries.pop(name, None)
 
     def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
         """One run of ``group``: every policy queried and evaluated, then all of them judged
@@ -146,9 +156,10 @@ class Cycle:
                 held.enter_context(lock)
             self._prefetch_ages(policies, now)
             steps: list[_Step] = []
+            answers: dict[str, Sequence[Sample]] = {}  # this run's, by query (dropped after)
             for policy in policies:
                 try:
-                    step = self._step(policy, now)
+                    step = self._step(policy, now, answers)
                 except Exception:  # one broken policy must not stop the others
                     log.exception("evaluation of policy %s failed", policy.name)
                     continue
@@ -177,9 +188,13 @@ class Cycle:
             committed = self.commit(policy, step.decisions, step.state, now, step.population)
             return list(committed.decisions)
 
-    def _step(self, policy: Policy, now: float) -> _Step | None:
+    def _step(
+        self, policy: Policy, now: float, answers: dict[str, Sequence[Sample]] | None = None
+    ) -> _Step | None:
         """Read, query and evaluate ``policy`` at ``now`` (the caller holds its lock); None
-        when its stored state cannot be read."""
+        when its stored state cannot be read. ``answers``: the group run's answers by query,
+        shared by its policies with the same ``expr`` (asked once per query and evaluation
+        time, as ``clear_expr`` and populations are)."""
         self._metrics.evaluations.labels(policy.group, policy.name).inc()
         try:
             state = self._store.policy_state(policy.name)
@@ -187,12 +202,7 @@ class Cycle:
             self._unreadable(policy, now, exc)
             return None
         self.unreadable.pop(policy.name, None)
-        firing = (
-            [t.labels for t in state.targets.values() if t.status is not Status.PENDING]
-            if policy.clear_expr is not None
-            else []
-        )
-        result = self._query(policy, now, firing)
+        result = self._query(policy, now, self._clear_query(policy, state), answers)
         step = evaluate(policy, result, state, now, self._freshness(policy))
         if step.skipped is not None:
             self._skipped(step.skipped)
@@ -206,19 +216,42 @@ class Cycle:
         self._metrics.state_errors.labels(policy.name).inc()
         self._skipped(SkippedEvaluation(policy.name, policy.group, now, str(exc), "bad state"))
 
+    def _clear_query(self, policy: Policy, state: PolicyState) -> str | None:
+        """``policy``'s ``clear_expr`` for its firing targets in ``state`` (narrowed where
+        sound: ``engine.prometheus.narrowed``; None: no target fires). Made again only when
+        the targets changed (a steady evaluation keeps ``PolicyState.base``: the same text
+        of up to 40 kB is not escaped and printed again every round)."""
+        expr = policy.clear_expr
+        if expr is None:
+            return None
+        known = self._clear_queries.get(policy.name)
+        if known is not None and known[0] is state.base and known[1] == (expr, policy.target):
+            return known[2]
+        firing = [t.labels for t in state.base.values() if t.status is not Status.PENDING]
+        query = (narrowed(expr, policy.target or (), firing) or expr) if firing else None
+        self._clear_queries[policy.name] = (state.base, (expr, policy.target), query)
+        return query
+
     def _query(
-        self, policy: Policy, now: float, firing: Sequence[Mapping[str, str]]
+        self,
+        policy: Policy,
+        now: float,
+        clear_query: str | None,
+        answers: dict[str, Sequence[Sample]] | None = None,
     ) -> QueryResult:
         """``policy``'s expr, its ``clear_expr`` while a target fires (only for the firing
         targets where that is sound: ``engine.prometheus.narrowed``), and the age of the
         oldest sample they read (fresh data only)."""
         assert policy.expr is not None
         try:
-            samples = self._prometheus.query(policy.expr, at=now)
+            known = answers.get(policy.expr) if answers is not None else None
+            samples = known if known is not None else self._ask(policy.expr, now)
+            if answers is not None:
+                answers[policy.expr] = samples
             clear = None
             inputs = [policy.expr]
-            if policy.clear_expr is not None and firing:
-                clear = self._clear(policy.clear_expr, policy.target, firing, now)
+            if policy.clear_expr is not None and clear_query is not None:
+                clear = self._clear(clear_query, now)
                 inputs.append(policy.clear_expr)
             age = self._age(inputs, now)
         except QueryError as exc:
@@ -226,24 +259,24 @@ class Cycle:
             return QueryResult(error=str(exc))
         return QueryResult(samples, clear, sample_age=age)
 
-    def _clear(
-        self,
-        expr: str,
-        names: Sequence[str] | None,
-        firing: Sequence[Mapping[str, str]],
-        now: float,
-    ) -> tuple[Sample, ...]:
-        """``expr`` at ``now`` for the ``firing`` targets (wide when it cannot be narrowed),
-        asked once per query and evaluation time."""
-        query = narrowed(expr, names or (), firing) or expr
+    def _clear(self, query: str, now: float) -> Sequence[Sample]:
+        """``query`` (``_clear_query``) at ``now``, asked once per query and evaluation time."""
         with self._cache_lock:
             known = self._clears.get(now, {}).get(query)
         if known is not None:
             return known
-        found = self._prometheus.query(query, at=now)
+        found = self._ask(query, now)
         with self._cache_lock:
             _remember(self._clears, now, {}, CLEARS_KEPT)[query] = found
         return found
+
+    def _ask(self, expr: str, now: float) -> Sequence[Sample]:
+        """``expr`` at ``now``, as columns (``PrometheusClient.query_vector``: the evaluation's
+        steady path builds nothing per series) unless the client answers ``query`` its own way
+        (the what-if's lockstep cache, a test's fake), which is then asked."""
+        if type(self._prometheus).query is PrometheusClient.query:
+            return self._prometheus.query_vector(expr, at=now)
+        return self._prometheus.query(expr, at=now)
 
     def _age(self, exprs: Sequence[str], now: float) -> float | None:
         """How old the oldest sample is that ``exprs`` read at ``now`` (None: no series), from
@@ -385,8 +418,9 @@ class Cycle:
                 for step, judgement in judged:
                     if granted_by is not None:
                         self._grant(db, judgement, granted_by, now, fresh, runs)
-                    if judgement.policy_state is not None and judgement.policy_state != step.read:
-                        self._store.save_policy_state(db, step.policy.name, judgement.policy_state)
+                    state = judgement.policy_state
+                    if state is not None and _changed(state, step.read):
+                        self._store.save_policy_state(db, step.policy.name, state)
                     if granted_by is None:
                         self._record(db, judgement, now, fresh, runs)
                 if windows != before:
@@ -493,6 +527,16 @@ def _granted(judgement: Judgement, user: str) -> Judgement:
             raise NotGranted(f"granted but not runnable now: {decision.verdict}: {decision.reason}")
         granted.append(replace(decision, reason=f"approved by {user}; {decision.reason}"))
     return replace(judgement, decisions=tuple(granted))
+
+
+def _changed(state: PolicyState, read: PolicyState | None) -> bool:
+    """Whether ``state`` must be stored over ``read``: not when it is the state read, or
+    equal to it. A state that shares the read one's targets (``PolicyState.base``: only
+    values seen again moved) is handed to the store without comparing the targets (it
+    writes only what its refresh is due for)."""
+    if state is read:
+        return False
+    return read is None or state.base is read.base or state != read
 
 
 def _state_only(decision: Decision) -> bool:

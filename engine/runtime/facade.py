@@ -207,6 +207,7 @@ class Engine:
         self.rulebook.check_reload()
 
     def _rules_changed(self) -> None:
+        self.cycle.rules_changed(p.name for p in self.rules.policies())
         if self._scheduler is not None:
             self._schedule_groups()
 

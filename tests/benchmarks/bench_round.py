@@ -184,7 +184,7 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
         try:
             for n in range(rounds):
                 decided, audited = sum_samples(engine.metrics.decisions), spool_bytes(work)
-                wall, cpu = time.perf_counter(), time.process_time()
+                wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
                 steady = n >= 4  # round 0 new, 2 fires (for: 1m), 3 settles the fire
                 if profiler is not None and steady:
                     profiler.enable()
@@ -193,6 +193,7 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
                         engine.evaluate_group(group)
                 if profiler is not None and steady:
                     profiler.disable()
+                own = time.thread_time() - own  # the evaluating thread's own CPU
                 engine.wait_idle(600)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 row = {
@@ -201,11 +202,13 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
                     "decisions": sum_samples(engine.metrics.decisions) - decided,
                     "audit": spool_bytes(work) - audited,
                     "rss": rss_mib(),
+                    "own": own,
                 }
                 rows.append(row)
                 print(
                     f"  round {n}: wall {wall:6.2f} s, engine CPU {cpu:6.2f} s "
-                    f"({cpu / gpus * 1e6:6.1f} us/GPU), decisions {row['decisions']:6.0f}, "
+                    f"({cpu / gpus * 1e6:6.1f} us/GPU; evaluating thread {own:5.2f} s), "
+                    f"decisions {row['decisions']:6.0f}, "
                     f"audit {row['audit'] / 1e6:6.2f} MB, RSS {row['rss']:4.0f} MiB",
                     flush=True,
                 )

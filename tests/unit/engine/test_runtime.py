@@ -1,6 +1,9 @@
 """The runtime with fakes at our own boundary: a scripted Prometheus client, a recording
 executor and an injected clock. Covers persistence, replays, controls, approvals, alerts and
-live reload; the real loop is in tests/e2e."""
+live reload; the real loop is in tests/e2e. Every test runs with both kinds of client
+(tests/fakes/prometheus.py): one that answers ``query`` with tuples (the cycle's general path,
+as with the what-if's client) and a ``PrometheusClient`` whose answers go through the real
+decoder as columns (the path against a real Prometheus: ``query_vector``, the steady path)."""
 
 from __future__ import annotations
 
@@ -12,14 +15,17 @@ from typing import Any
 
 import pytest
 
+from engine import evaluation
 from engine.actions.base import ExecutorRegistry, TemporaryError
 from engine.actions.fleet import FleetExecutor
 from engine.audit.spool import read_spool
 from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from engine.decisions import Decision
 from engine.runtime import Engine
+from engine.runtime import cycle as cycle_module
 from engine.runtime.approvals import ApprovalError
-from tests.fakes.prometheus import FakePrometheus
+from engine.state import REFRESH_S
+from tests.fakes.prometheus import FakePrometheus, FakePrometheusClient
 
 RULES = """
 groups:
@@ -62,11 +68,11 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def make(tmp_path: Path):
+@pytest.fixture(params=["tuples", "vector"])
+def make(request: pytest.FixtureRequest, tmp_path: Path):
     engines: list[Engine] = []
     ran: list[Decision] = []
-    prom = FakePrometheus()
+    prom = FakePrometheusClient() if request.param == "vector" else FakePrometheus()
     clock = Clock()
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "p.yaml").write_text(RULES)
@@ -592,3 +598,125 @@ def test_every_minute_with_repeat_interval_1m_acts_every_minute(make, tmp_path: 
         engine.evaluate_group(group, scheduled=True)
         assert engine.wait_idle(10)
     assert [d.at - at_0817 for d in make.ran] == [0, 60, 120, 180, 240, 300, 360]
+
+
+def _count_steady(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """(policy, whether the evaluation took its steady path) for each evaluation from now on."""
+    taken: list[tuple[str, bool]] = []
+    steady = evaluation._steady
+
+    def spy(policy, result, state, now):  # type: ignore[no-untyped-def]
+        step = steady(policy, result, state, now)
+        taken.append((policy.name, step is not None))
+        return step
+
+    monkeypatch.setattr(evaluation, "_steady", spy)
+    return taken
+
+
+@pytest.mark.parametrize("make", ["vector"], indirect=True)
+def test_policies_with_the_same_expr_share_its_answer_and_steady_rounds_refresh_the_rows(
+    make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 review (finding 3), through the client's own decoding: a group run asks an
+    expr once for all its policies, the rounds after the fire take the steady path for both,
+    decide nothing more, and the store still rewrites each row once its refresh is due, so
+    that a new engine on the file knows values at most ``REFRESH_S`` old."""
+    twin = RULES.split("      - policy: drain")[0].replace("policy: reclaim", "policy: reclaim-b")
+    (tmp_path / "rules" / "p.yaml").write_text(RULES + twin.split("rules:\n", 1)[1])
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": f"GPU-{i}"} for i in range(3)]
+    taken = _count_steady(monkeypatch)
+    group = engine.rules.groups[0]
+    runs = 0
+    decided: list[Decision] = []
+
+    def run(seconds: float) -> None:
+        nonlocal runs
+        make.clock.now += seconds
+        decided.extend(engine.evaluate_group(group) or [])
+        runs += 1
+
+    run(0)
+    run(60)  # both policies fire: 6 actions
+    assert engine.wait_idle(10)
+    assert len(make.ran) == 6
+    fired_at = make.clock.now
+    del taken[:]
+    while make.clock.now < fired_at + REFRESH_S + 30:
+        run(30)
+    assert engine.wait_idle(10)
+    assert len(make.ran) == 6  # nothing decided again
+    assert make.prom.queries.count("util < 0.2") == runs  # one answer for both policies
+    steady = [name for name, hit in taken if hit]
+    # every evaluation after the first one after the fire (its state came from the decisions)
+    assert sorted(set(steady)) == ["reclaim", "reclaim-b"]
+    assert len(steady) == len(taken) - 2
+    now = make.clock.now
+    for name in ("reclaim", "reclaim-b"):
+        targets = engine.store.policy_state(name).targets
+        assert sorted(targets) == [f"uuid=GPU-{i}" for i in range(3)]
+        assert {t.last_seen for t in targets.values()} == {now}  # this process: the last round
+        assert {t.status for t in targets.values()} == {evaluation.Status.FIRING}
+    engine.stop()
+    stored = make().store.policy_state("reclaim").targets  # read from the file
+    assert {t.status for t in stored.values()} == {evaluation.Status.FIRING}
+    for t in stored.values():
+        assert now - REFRESH_S <= t.last_seen and t.last_seen > fired_at, t
+
+
+@pytest.mark.parametrize("make", ["vector"], indirect=True)
+def test_steady_rounds_reuse_the_narrowed_clear_query_until_the_targets_change(
+    make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 review (finding 3): the narrowed ``clear_expr`` is made again only when the
+    targets change (``Cycle._clear_query``, keyed on the state's base); a steady round asks
+    the one it has; once a target clears, the query names only the one left."""
+    rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
+    (tmp_path / "rules" / "p.yaml").write_text(rules.replace("for: 60s", "for: 0s"))
+    engine = make()
+    made: list[int] = []
+    narrowed = cycle_module.narrowed
+
+    def counted(expr, names, firing):  # type: ignore[no-untyped-def]
+        made.append(len(firing))
+        return narrowed(expr, names, firing)
+
+    monkeypatch.setattr(cycle_module, "narrowed", counted)
+    taken = _count_steady(monkeypatch)
+    make.prom.results["util < 0.2"] = [{"uuid": "GPU-1"}, {"uuid": "GPU-2"}]
+    assert len(cycle(engine)) == 2  # both fire
+    for _ in range(5):
+        assert cycle(engine, 10) == []
+    both = '(util{uuid=~"GPU-1|GPU-2"}) > (0.5)'
+    assert make.prom.queries.count(both) == 5
+    assert [hit for _, hit in taken[-4:]] == [True] * 4  # steady, the narrowed query reused
+    assert made == [2, 2]  # for the fire's state, then the first steady one's base: not per round
+    make.prom.results["util < 0.2"] = [{"uuid": "GPU-1"}]
+    make.prom.results[both] = [{"uuid": "GPU-2"}]
+    (cleared,) = cycle(engine, 10)
+    assert cleared.transition == "clear" and cleared.target.key == "uuid=GPU-2"
+    asked = len(make.prom.queries)
+    assert cycle(engine, 10) == []
+    clears = [q for q in make.prom.queries[asked:] if "> (0.5)" in q]
+    assert clears == ['(util{uuid=~"GPU-1"}) > (0.5)'] or clears == ['(util{uuid="GPU-1"}) > (0.5)']
+
+
+@pytest.mark.parametrize("make", ["vector"], indirect=True)
+def test_a_reload_forgets_the_clear_query_of_a_policy_that_is_gone(make, tmp_path: Path) -> None:
+    """Review of issue 15 (finding 4): the narrowed ``clear_expr`` of a removed or renamed
+    policy, and the targets it was made for, were kept for the life of the process."""
+    rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
+    rule_file = tmp_path / "rules" / "p.yaml"
+    rule_file.write_text(rules.replace("for: 60s", "for: 0s"))
+    engine = make()
+    make.prom.results["util < 0.2"] = [{"uuid": "GPU-1"}]
+    assert len(cycle(engine)) == 1
+    assert cycle(engine, 10) == []
+    assert "reclaim" in engine.cycle._clear_queries  # made for the firing target
+    rule_file.write_text(
+        rules.replace("for: 60s", "for: 0s").replace("policy: reclaim", "policy: r2")
+    )
+    assert engine.reload().ok
+    assert "reclaim" not in engine.cycle._clear_queries
+    assert engine.rules.policy("r2") is not None

@@ -1,0 +1,240 @@
+"""The steady path of the evaluation (issue 15): answers as columns (``Vector``), target keys
+made in C, a quiet state seen again without a ``TargetState`` per target, and the store
+writing only the rows whose refresh is due. Each is checked against the general path it
+stands in for: the same decisions and the same states, round after round."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.decisions import ActionSpec, Sample, Target, Vector, Verdict, freeze
+from engine.evaluation import (
+    PolicyState,
+    QueryResult,
+    Status,
+    TargetState,
+    evaluate,
+    settle,
+)
+from engine.prometheus import QueryError, decode_vector
+from engine.rules.model import Policy
+from engine.state import REFRESH_S, StateStore
+
+POLICY = Policy(
+    name="reclaim",
+    group="g",
+    expr="util < 0.2",
+    clear_expr="util > 0.5",
+    action=ActionSpec("reclaim", "fleet"),
+    on_clear=ActionSpec("restore_clocks", "fleet"),
+    for_s=60,
+    target=("node", "uuid"),
+    mode="enforce",
+)
+
+
+def series(uuids: list[str], value: float = 0.1) -> list[dict[str, object]]:
+    return [
+        {"metric": {"node": f"n{u}", "uuid": u, "job": "x"}, "value": [0, f"{value}"]}
+        for u in uuids
+    ]
+
+
+def both(raw: list[dict[str, object]]) -> tuple[Vector, tuple[Sample, ...]]:
+    """The same answer as columns (the steady path may run) and as samples (it may not)."""
+    vector = decode_vector(raw, "q")
+    return vector, tuple(vector)
+
+
+def test_target_keys_are_those_of_target_from_labels_or_none() -> None:
+    raw = series(["a", "b"]) + [{"metric": {"uuid": "c", "node": "n"}, "value": [1, "2"]}]
+    vector = decode_vector(raw, "q")
+    assert vector.target_keys(("uuid", "node", "__name__")) == [
+        Target.from_labels(s.labels, ("uuid", "node")).key for s in vector
+    ]
+    assert vector.target_keys(("uuid",)) == ["uuid=a", "uuid=b", "uuid=c"]
+    assert vector.target_keys(("pool",)) is None  # a series without it: asked one by one
+    assert vector.target_keys(None) is None  # all labels
+    comma = decode_vector([{"metric": {"uuid": "a,b"}, "value": [1, "1"]}], "q")
+    assert comma.target_keys(("uuid",)) is None  # key_value escapes it
+
+
+def test_decode_vector_checks_every_series_and_says_which_is_bad() -> None:
+    vector = decode_vector(
+        [
+            {"metric": {"uuid": "a"}, "value": [1.5, "0.25"]},
+            {"metric": {"uuid": "b"}, "value": [2, "NaN"]},  # left out
+            {"metric": {"uuid": "c", "n": 7}, "value": [3, "-Inf"]},
+        ],
+        "q",
+    )
+    assert list(vector) == [
+        Sample(freeze({"uuid": "a"}), 0.25, 1.5),
+        Sample(freeze({"uuid": "c", "n": "7"}), float("-inf"), 3.0),
+    ]
+    for bad, why in (
+        ({"metric": {}, "value": [True, "1"]}, "malformed series"),
+        ({"metric": {}, "value": [1, " 1"]}, "not a number: ' 1'"),
+        ({"metric": {}, "value": [1, "1\n2"]}, "not a number"),
+        ({"metric": {}, "value": [1, "1", 2]}, "malformed series"),
+        ({"metric": [], "value": [1, "1"]}, "malformed series"),
+    ):
+        with pytest.raises(QueryError, match=why):
+            decode_vector([*series(["a"]), bad], "q")
+
+
+def test_the_steady_path_gives_what_the_general_path_gives() -> None:
+    """Rounds of one policy fed the same answers as columns and as samples: pending, firing
+    (the fire settled as held back, with a retry time), seen again quietly, the retry,
+    another target coming and one cleared by clear_expr."""
+    uuids = [f"u{i}" for i in range(6)]
+    rounds: list[tuple[float, list[str], list[str]]] = [
+        (0, uuids, []),
+        (30, uuids, []),
+        (60, uuids, []),  # fire
+        (90, uuids, []),
+        (120, uuids, []),  # quiet: the steady path
+        (150, uuids, []),
+        (200, uuids, []),  # the retry time of the held fires
+        (230, [*uuids, "new"], []),
+        (260, [*uuids, "new"], ["u1"]),  # u1 clears
+        (290, [u for u in uuids if u != "u1"] + ["new"], []),
+    ]
+    states = [PolicyState(), PolicyState()]
+    steady = 0
+    for now, present, clearing in rounds:
+        outcomes = []
+        for which, state in enumerate(states):
+            vector, samples = both(series(present))
+            clear_v, clear_s = both(series(clearing, 0.9))
+            answer = (vector, clear_v) if which == 0 else (samples, clear_s)
+            step = evaluate(POLICY, QueryResult(*answer), state, now)
+            if which == 0 and step.state.base is state.base and state.base:
+                steady += 1
+            held = [replace(d, verdict=Verdict.SUPPRESSED_MAX_PER_HOUR) for d in step.decisions]
+            states[which] = settle(step.state, held, lambda d: 200.0)
+            outcomes.append(([(d.id, d.transition, d.evidence.value) for d in held], step))
+        (fast, fast_step), (slow, slow_step) = outcomes
+        assert fast == slow, now
+        assert fast_step.state == slow_step.state, now
+        assert dict(states[0].targets) == dict(states[1].targets), now
+    assert steady == 3  # 30, 120 and 150; the others decided, or followed a change
+    assert states[0].targets["node=nu0,uuid=u0"].last_seen == 290
+
+
+def test_both_paths_order_the_state_and_the_clears_as_the_answer_came() -> None:
+    """Review of issue 15 (finding 1): an answer in a new order kept the base's order on the
+    steady path and took the answer's on the general one, so the clears of absent targets
+    (judged in order, each seeing the budget used before it) came out in different orders in
+    the live engine and in the what-if."""
+    policy = replace(POLICY, for_s=0, clear_expr=None, on_clear=None, target=("uuid",))
+    rounds = [(0, ["u0", "u1", "u2"]), (30, ["u0", "u1", "u2"]), (60, ["u2", "u0", "u1"])]
+    orders: list[list[list[str]]] = [[], []]
+    for which in (0, 1):
+        state = PolicyState()
+        for now, present in [*rounds, (90, [])]:
+            vector, samples = both(series(present))
+            step = evaluate(policy, QueryResult(vector if which == 0 else samples), state, now)
+            state = settle(
+                step.state,
+                [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions],
+                lambda d: 0,
+            )
+            orders[which].append(list(state.targets) or [d.target.key for d in step.decisions])
+    assert orders[0] == orders[1]
+    assert orders[0][-1] == ["uuid=u2", "uuid=u0", "uuid=u1"]  # the clears, in the last order
+
+
+def test_states_sharing_a_base_are_equal_only_when_seen_at_the_same_time() -> None:
+    """Review of issue 15 (finding 2): two states sharing a base with the same values were
+    equal although seen at different times (their targets' ``last_seen`` differ)."""
+    base = freeze(
+        {"k": TargetState(Status.FIRING, active_since=0, last_seen=0, value=0.1, labels=freeze({}))}
+    )
+    early = PolicyState(base, seen=[0.1], seen_at=100.0)
+    late = PolicyState(base, seen=[0.1], seen_at=900.0)
+    assert early.targets != late.targets
+    assert early != late
+    assert early == PolicyState(base, seen=[0.1], seen_at=100.0)
+    assert early != PolicyState(base, seen=[0.2], seen_at=100.0)
+    assert PolicyState(base) == PolicyState(base, seen=[0.1], seen_at=0)  # merged: the same
+
+
+def test_a_steady_state_writes_only_the_rows_whose_refresh_is_due(tmp_path: Path) -> None:
+    """The store writes nothing while only values move, each row once its refresh is due
+    (between half of REFRESH_S and all of it), and a restart reads the refreshed values."""
+    uuids = [f"u{i}" for i in range(40)]
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    state = PolicyState()
+    written: list[int] = []
+    try:
+        for n in range(int(REFRESH_S / 30) + 2):
+            now = n * 30.0
+            vector = decode_vector(series(uuids, 0.1 + n / 1000), "q")
+            step = evaluate(replace(POLICY, for_s=3600), QueryResult(vector), state, now)
+            with store.transaction() as db:
+                before = db.total_changes
+                store.save_policy_state(db, "p", step.state)
+                written.append(db.total_changes - before)
+            state = store.policy_state("p")
+            assert state is step.state  # the cache hands back what was committed
+    finally:
+        store.close()
+    half = int(REFRESH_S / 2 / 30)
+    assert written[0] == len(uuids)  # all new
+    assert sum(written[1:half]) == 0  # only values moved, no refresh due yet
+    assert len(uuids) <= sum(written[half:]) < 2 * len(uuids)  # each row refreshed once
+    reopened = StateStore(path)
+    try:
+        targets = reopened.policy_state("p").targets
+        assert len(targets) == len(uuids)
+        assert all(
+            t.status is Status.PENDING and t.last_seen >= REFRESH_S / 2 for t in targets.values()
+        )
+    finally:
+        reopened.close()
+
+
+def test_a_refresh_writes_each_target_its_own_value_with_one_index_per_base(
+    tmp_path: Path,
+) -> None:
+    """Review of issue 15 (finding 5): a round with a refresh due built a dict of every
+    target's value (``state.values()``); now each base key's position in ``seen`` is made
+    once per base. Each refreshed row holds its own target's value of the round it was
+    refreshed in."""
+    uuids = [f"u{i}" for i in range(40)]
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    state = PolicyState()
+    indexes: set[int] = set()
+    try:
+        for n in range(int(REFRESH_S / 30) + 2):
+            raw = series(uuids)
+            for i, item in enumerate(raw):
+                item["value"] = [0, f"{i + n / 1000}"]
+            step = evaluate(
+                replace(POLICY, for_s=3600), QueryResult(decode_vector(raw, "q")), state, n * 30.0
+            )
+            with store.transaction() as db:
+                store.save_policy_state(db, "p", step.state)
+            state = store.policy_state("p")
+            index = store._stored["p"].index
+            if index is not None:
+                indexes.add(id(index))
+    finally:
+        store.close()
+    assert len(indexes) == 1  # one base after the first round: made once
+    reopened = StateStore(path)
+    try:
+        targets = reopened.policy_state("p").targets
+        refreshed = [t for t in targets.values() if t.last_seen > 0]
+        assert len(refreshed) == len(uuids)
+        for t in refreshed:
+            i, n = int(t.labels["uuid"][1:]), t.last_seen / 30
+            assert t.value == pytest.approx(i + n / 1000), t
+    finally:
+        reopened.close()
