@@ -25,6 +25,7 @@ The figures before and after issue 15 are in docs/audit-performance.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -58,10 +59,19 @@ def settings(spool: Path, url: str) -> Any:
 
 
 def decisions(first: int, count: int) -> list[Any]:
+    """Decisions of one policy: as in the engine, they share the policy's ``ActionSpec`` and
+    labels (read-only mappings, which the audit encodes once)."""
+    from engine.decisions import ActionSpec, freeze
     from tests.unit.audit.factories import make_decision
 
+    spec = ActionSpec("reclaim", "fleet", freeze({"grace_s": 30}))
+    labels = freeze({"team": "platform"})
     return [
-        make_decision(labels={"node": f"node-{i // 8}", "uuid": f"GPU-{i:09d}"})
+        dataclasses.replace(
+            make_decision(labels={"node": f"node-{i // 8}", "uuid": f"GPU-{i:09d}"}),
+            action=spec,
+            labels=labels,
+        )
         for i in range(first, first + count)
     ]
 
