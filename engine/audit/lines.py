@@ -166,7 +166,7 @@ def _decision_entry(
     )
     template = _TEMPLATES.get(key)
     if template is None:
-        template = _template(*key)
+        template = _template(key)
     labels = dict(decision.target.labels)
     if {*map(type, labels), *map(type, labels.values())} - _STR:
         labels = {str(k): str(v) for k, v in labels.items()}
@@ -212,22 +212,11 @@ def _decision_entry(
     )
 
 
-def _template(
-    namespace: str,
-    host_name: str,
-    verdict: str,
-    transition: str,
-    ecs_outcome: str,
-    executed: bool,
-    reason: str,
-    policy: str,
-    group: str,
-    mode: str,
-    expr: str,
-    action: str,
-) -> bytes:
+def _template(key: tuple[Any, ...]) -> bytes:
     """The bytes every decision entry with these values shares, with a ``%b`` slot for each
     value of its own (``_decision_entry`` fills them in one ``%``); built once per key."""
+    (namespace, host_name, verdict, transition, ecs_outcome, executed) = key[:6]
+    (reason, policy, group, mode, expr, action) = key[6:]
     action_start, head, host = _constant(namespace, host_name)
 
     def fixed(*parts: bytes) -> bytes:
@@ -278,22 +267,7 @@ def _template(
     )
     if len(_TEMPLATES) >= 4096:
         _TEMPLATES.clear()
-    _TEMPLATES[
-        (
-            namespace,
-            host_name,
-            verdict,
-            transition,
-            ecs_outcome,
-            executed,
-            reason,
-            policy,
-            group,
-            mode,
-            expr,
-            action,
-        )
-    ] = template
+    _TEMPLATES[key] = template
     return template
 
 
