@@ -494,7 +494,7 @@ class _Request:
                     429, "es_rejected_execution_exception", "rejected execution of bulk"
                 )
             raise HttpError(status, "fake_fault", f"injected {status}", product=False)
-        lines = [line for line in raw.split(b"\n") if line.strip()]
+        lines = list(filter(bytes.strip, raw.split(b"\n")))  # without blank lines
         started = time.monotonic()
         items: list[dict[str, Any]] = []
         errors = False
@@ -533,12 +533,7 @@ class _Request:
         fault = self.es.take_fault("item") if self.es._faults else None
 
         def error(status: int, kind: str, reason: str, index: str) -> dict[str, Any]:
-            return {
-                "_index": index,
-                "_id": doc_id,
-                "status": status,
-                "error": {"type": kind, "reason": reason},
-            }
+            return _item_error(status, kind, reason, index, doc_id)
 
         if fault is not None:
             return error(fault, "es_rejected_execution_exception", "injected item fault", name)
@@ -582,7 +577,7 @@ class _Request:
             "_id": doc_id,
             "_version": version,
             "result": "updated" if exists else "created",
-            "_shards": {"total": 1, "successful": 1, "failed": 0},
+            "_shards": _SHARDS,  # one shard: the same for every item (read only)
             "_seq_no": seq,
             "_primary_term": 1,
             "status": 200 if exists else 201,
@@ -635,6 +630,16 @@ class _Request:
 
 
 _DROP = object()
+_SHARDS = {"total": 1, "successful": 1, "failed": 0}
+
+
+def _item_error(status: int, kind: str, reason: str, index: str, doc_id: str) -> dict[str, Any]:
+    return {
+        "_index": index,
+        "_id": doc_id,
+        "status": status,
+        "error": {"type": kind, "reason": reason},
+    }
 
 
 def filter_path(body: dict[str, Any], spec: str) -> Any:
