@@ -9,7 +9,7 @@ dynamic template) typing the others; objects are walked field by field, flattene
 anything. ``walk`` is that check, field by field; ``Checker`` gives the same answer cheaper.
 
 ``Checker`` (one per stream) memoizes per *object*: the key of an object is its keys and the
-types of its values (and of its lists' items), built in C (``tuple``, ``map``) and hashed
+types of its values (and of its lists' items), one flat tuple built in C and hashed
 shallowly (strings cache their hash, types hash by identity); its plan is what a document with
 that object still has to check: the fields whose check depends on the value (a date string, a
 number in a string, a constant_keyword, a field that fails) and the child objects to walk. A
@@ -114,15 +114,11 @@ class _NodePlans:
         self.plans: dict[tuple[Any, ...], list[_Step]] = {}
 
     def check(self, node: dict[str, Any]) -> str | None:
-        types = tuple(map(type, node.values()))
-        if list in types:  # a list's check depends on its items' types too
-            key: tuple[Any, ...] = (
-                tuple(node),
-                types,
-                *[tuple(map(type, v)) for v in node.values() if type(v) is list],
-            )
-        else:
-            key = (tuple(node), types)
+        # one flat tuple: the keys (strings), then their values' types, then the item types
+        # of each list value (tuples); unambiguous, as no key is a type or a tuple
+        key: tuple[Any, ...] = (*node, *map(type, node.values()))
+        if list in key:  # a list's check depends on its items' types too
+            key += tuple(tuple(map(type, v)) for v in node.values() if type(v) is list)
         plan = self.plans.get(key)
         if plan is None:
             plan = self._plan(node)
