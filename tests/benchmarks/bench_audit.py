@@ -366,6 +366,7 @@ def main() -> None:
     parser.add_argument("--outage-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1000.0, help="decisions/s in the outage run")
     parser.add_argument("--skip-outage", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true", help="only the outage run")
     parser.add_argument(
         "--before",
         metavar="TREE",
@@ -380,7 +381,7 @@ def main() -> None:
         print(f"== before: {args.before}", flush=True)
         subprocess.run([sys.executable, str(HERE), *argv], env=env, check=False)
         print("== after: this tree", flush=True)
-    for validate in (True, False):
+    for validate in () if args.skip_throughput else (True, False):
         throughput(args.events, args.batch, args.threads, validate)
     if not args.skip_outage:
         outage(args.outage_s, args.rate)
