@@ -315,12 +315,14 @@ def outage(outage_s: float, rate: float, warm_s: float = 10.0, tail_s: float = 1
                 print(f"  t={time.monotonic() - started:6.1f}s  {what}", flush=True)
 
             first = Writer(spool, es.url, 0, rate)
-            at(warm_s, f"Elasticsearch down ({es.command('stop')})")
+            at(warm_s, "Elasticsearch down")  # (the command after the wait: it was an argument
+            es.command("stop")  # of at(), so the outage began at t=0 and ended 30 s early)
             at(warm_s + outage_s / 2, "SIGKILL the engine during the outage; restart it")
             first.kill()
             second = Writer(spool, es.url, 10_000_000, rate)
             print(f"           restarted with {second.pending_at_start} documents spooled")
-            at(warm_s + outage_s, f"Elasticsearch back ({es.command('start')})")
+            at(warm_s + outage_s, "Elasticsearch back")
+            es.command("start")
             at(warm_s + outage_s + 3.0, "SIGKILL the engine while the backlog drains; restart")
             stored_at_kill = len(es.stats()["ids"])
             second.kill()

@@ -174,8 +174,10 @@ def _free(mapping: Mapping_, path: str) -> bool:
         if spec["type"] not in FREE_TYPES:
             return False
         if json_kind in ("string", "*") and pattern.endswith("*"):
-            stem = pattern[:-1]
-            strings_typed = strings_typed or (below.startswith(stem) if by_path else stem == "")
+            stem = pattern[:-1]  # a literal prefix matches every path below it
+            literal = not any(c in stem for c in "*?[")
+            covers = below.startswith(stem) if by_path else stem == ""
+            strings_typed = strings_typed or (literal and covers)
     return strings_typed
 
 
