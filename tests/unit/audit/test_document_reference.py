@@ -76,3 +76,15 @@ def test_the_spool_entry_is_the_documents_json_byte_for_byte(decision: str, outc
     action, line = data.split(b"\n", 1)
     assert json.loads(action) == {"create": {"_index": 'logs-gpuops.decision-n"s', "_id": doc_id}}
     assert line == encode_line(doc)
+
+
+def test_percent_signs_in_shared_and_own_values_stay_as_they_are() -> None:
+    """The entry's shared bytes are a %-template: a % in a policy name, a reason, a query, a
+    host name or a label is text, never a format."""
+    decision = replace(
+        make_decision(reason="100%s %b %%", policy="p%d", labels={"a": "%s"}),
+        evidence=Evidence("rate(x[5m]) > 50%", 0.5, 1.0, 2.0),
+    )
+    built = decision_entry(decision, None, "h%s", "ns%", 3.0)
+    assert built == entry(decision_document(decision, None, "h%s", "ns%", 3.0))
+    assert b'"reason":"100%s %b %%"' in built[1]
