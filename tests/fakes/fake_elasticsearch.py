@@ -76,6 +76,12 @@ class Stream:
         self.docs: dict[str, dict[str, Any] | None] = {}  # None: not kept (``keep_sources``)
         self.versions: dict[str, int] = {}  # of documents written more than once (op ``index``)
         self.seq_no = -1  # of the last write (one per write, as a shard's sequence numbers)
+        # Every write attempt per ``_id`` (``write_tally``): 201s (a second one would be a
+        # second copy), 409s (a resend of a stored document: nothing stored) and, in
+        # ``versions``, the overwrites by op ``index`` (a second copy too).
+        self.created: dict[str, int] = {}
+        self.conflicts: dict[str, int] = {}
+        self.field_copies: dict[Any, int] = {}  # stored writes per value of ``tally_field``
 
 
 class FakeElasticsearch:
@@ -91,6 +97,9 @@ class FakeElasticsearch:
         self.delay_s = 0.0
         self.validate = True  # False: no mapping checks (benchmarks of the client side only)
         self.keep_sources = True  # False: keep only the ids (benchmarks; search finds nothing)
+        self.tally_field: str | None = None
+        """A dotted field (``event.id``) whose value in every stored write is counted per
+        stream (``write_tally``): a document stored twice under two ``_id`` is seen too."""
         self._faults: list[tuple[str, int]] = []
         self.bulk_active = 0
         """Bulk requests being answered now (past their fault check: a request that takes no
@@ -180,6 +189,29 @@ class FakeElasticsearch:
         with self.lock:
             found = self.streams.get(stream)
             return list(found.docs) if found else []
+
+    def write_tally(self, stream: str) -> dict[str, Any]:
+        """What the writes to ``stream`` did, for counting duplicates (benchmarks): ``ids``
+        stored; ``stored_more_than_once``, the ``_id`` stored by more than one write (two
+        201s, or an op ``index`` over a stored one) with their number of stored writes;
+        ``resends``, the 409s (a ``create`` of a stored ``_id``: nothing stored) and
+        ``resent_ids``, how many ``_id`` had one; with ``tally_field`` set, ``field_values``
+        (the values stored) and ``field_more_than_once`` (those in more than one stored
+        write, and how many)."""
+        with self.lock:
+            found = self.streams.get(stream)
+            if found is None:
+                found = Stream(stream, {}, False)
+            stored = {i: n + found.versions.get(i, 1) - 1 for i, n in found.created.items()}
+            return {
+                "ids": list(found.docs),
+                "stored_more_than_once": {i: n for i, n in stored.items() if n > 1},
+                "resends": sum(found.conflicts.values()),
+                "resent_ids": len(found.conflicts),
+                "field": self.tally_field,
+                "field_values": list(found.field_copies) if self.tally_field else [],
+                "field_more_than_once": {str(v): n for v, n in found.field_copies.items() if n > 1},
+            }
 
     # -- templates and streams --------------------------------------------------------------
 
@@ -577,6 +609,7 @@ class _Request:
                 return error(400, "document_parsing_exception", problem, index)
             exists = doc_id in stream.docs
             if exists and op == "create":
+                stream.conflicts[doc_id] = stream.conflicts.get(doc_id, 0) + 1
                 return error(
                     409,
                     "version_conflict_engine_exception",
@@ -588,6 +621,11 @@ class _Request:
             version = 1
             if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
                 version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
+            else:
+                stream.created[doc_id] = stream.created.get(doc_id, 0) + 1
+            if self.es.tally_field is not None:
+                value = _field(source, self.es.tally_field)
+                stream.field_copies[value] = stream.field_copies.get(value, 0) + 1
             stream.seq_no += 1
             seq = stream.seq_no
         return {
@@ -730,6 +768,14 @@ def _loads(line: bytes) -> Any:
         return orjson.loads(line)
     except orjson.JSONDecodeError:
         return json.loads(line)
+
+
+def _field(source: Any, dotted: str) -> Any:
+    """The value at a dotted path of a source (nested objects; None where there is none)."""
+    value = source
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
 
 
 def _has_timestamp(source: Any) -> bool:
