@@ -137,9 +137,6 @@ def decision_entry(
         return entry(decision_document(decision, outcome, host_name, namespace, now))
 
 
-_TEMPLATES: dict[tuple[Any, ...], bytes] = {}
-
-
 def _decision_entry(
     decision: Decision, outcome: Outcome | None, host_name: str, namespace: str, now: float
 ) -> tuple[str, bytes]:
@@ -157,16 +154,13 @@ def _decision_entry(
         transition,
         ecs_outcome,
         executed,
-        reason,
         decision.policy,
         decision.group,
         decision.mode,
         evidence.expr,
         spec.type if spec is not None else transition,
     )
-    template = _TEMPLATES.get(key)
-    if template is None:
-        template = _template(key)
+    template = _template(key)
     labels = dict(decision.target.labels)
     if {*map(type, labels), *map(type, labels.values())} - _STR:
         labels = {str(k): str(v) for k, v in labels.items()}
@@ -179,6 +173,7 @@ def _decision_entry(
         _iso_json(decision.at),
         _iso_json(now),
         id_bytes,
+        b',"reason":' + _dumps(reason) if reason else b"",
         b""
         if outcome is None or not math.isfinite(outcome.duration_s)
         else b',"duration":' + _dumps(int(round(outcome.duration_s * 1e9))),
@@ -191,6 +186,7 @@ def _decision_entry(
         _iso_json(decision.episode_start),
         _dumps(decision.repeat),
         b',"held_repeats":' + _dumps(decision.held_repeats) if decision.held_repeats else b"",
+        _dumps(reason),
         _dumps(decision.target.key),
         labels_json,
         _dumps(value if value is not None and math.isfinite(value) else None),
@@ -212,11 +208,15 @@ def _decision_entry(
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _template(key: tuple[Any, ...]) -> bytes:
     """The bytes every decision entry with these values shares, with a ``%b`` slot for each
-    value of its own (``_decision_entry`` fills them in one ``%``); built once per key."""
+    value of its own (``_decision_entry`` fills them in one ``%``); built once per key. The key
+    holds only what is the same for a policy's decisions of one verdict and outcome: a
+    ``reason`` differs per target and cycle (a cooldown's "10s ago, 3590s left"), so it is a
+    slot. A least-recently-used cache: a burst of new keys does not drop the hot ones."""
     (namespace, host_name, verdict, transition, ecs_outcome, executed) = key[:6]
-    (reason, policy, group, mode, expr, action) = key[6:]
+    (policy, group, mode, expr, action) = key[6:]
     action_start, head, host = _constant(namespace, host_name)
 
     def fixed(*parts: bytes) -> bytes:
@@ -235,8 +235,8 @@ def _template(key: tuple[Any, ...]) -> bytes:
                 b',"outcome":"',
                 ecs_outcome.encode(),
                 b'"',
-                b',"reason":' + _dumps(reason) if reason else b"",
-            ),  # duration
+            ),  # event.reason
+            b"",  # duration
             fixed(b'},"message":'),  # message
             fixed(b',"rule":', _rule(policy, group), b',"host":', host, b',"labels":'),  # labels
             b"",  # error
@@ -244,11 +244,8 @@ def _template(key: tuple[Any, ...]) -> bytes:
             fixed(b',"episode_start":'),  # episode start
             fixed(b',"repeat":'),  # repeat
             b"",  # held_repeats
+            fixed(b'},"verdict":', _dumps(verdict), b',"reason":'),  # gpuops reason
             fixed(
-                b'},"verdict":',
-                _dumps(verdict),
-                b',"reason":',
-                _dumps(reason),
                 b',"transition":',
                 _dumps(transition),
                 b',"mode":',
@@ -265,9 +262,6 @@ def _template(key: tuple[Any, ...]) -> bytes:
             fixed(b"}}\n"),
         ]
     )
-    if len(_TEMPLATES) >= 4096:
-        _TEMPLATES.clear()
-    _TEMPLATES[key] = template
     return template
 
 
