@@ -9,7 +9,10 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    process. Prints events/s from the first write to the last acknowledged bulk item, the
    engine process' CPU per event (documents, spool, shipper) and the fake's CPU separately.
    The fake keeps only ids (``keep_sources = False``) but checks every document against the
-   mapping as Elasticsearch would, then the same again without mapping checks.
+   mapping as Elasticsearch would, then the same again without mapping checks. The decisions
+   are realistic (``decisions``: per-target evidence and times, a mix of verdicts with the
+   guardrails' per-target reasons): the headline figure; ``--inputs uniform`` (or ``both``)
+   gives the best case the figures before review 15a were measured with.
 2. Loss and duplicates: an engine process (``--writer``) streams decisions at ``--rate`` while
    Elasticsearch goes away for ``--outage-s``; the engine is SIGKILLed in the middle of the
    outage and again while the backlog drains (bulk requests in flight), each time restarted on
@@ -61,18 +64,113 @@ def settings(spool: Path, url: str) -> Any:
     )
 
 
-def decisions(first: int, count: int) -> list[Any]:
-    """Decisions of one policy (those of ``tests.unit.audit.factories.make_decision`` for
-    GPUs ``first``...): as in the engine, they share the policy's ``ActionSpec``, labels
-    (read-only mappings, which the audit encodes once) and, within a cycle, the evidence's
-    expression and times. Built in ~3 us each, so that the outage run's writer can offer
-    20,000/s."""
+CYCLE_TARGETS = 5_000  # decisions of one evaluation cycle (they share its time)
+CYCLE_S = 15.0
+
+
+def decisions(first: int, count: int, uniform: bool = False) -> list[Any]:
+    """Decisions for GPUs ``first``... as the engine makes them (``engine.evaluation._decide``,
+    then the guardrails' verdict): two policies (one enforced, one in dry-run), each sharing
+    its ``ActionSpec``, query and labels (read-only mappings, encoded once); per target its own
+    ``Evidence`` (value, and ``pending_since``/``episode_start``, when its condition began),
+    repeat and reason; ``at`` and ``observed_at`` the cycle's time (a cycle every 15 s of 5,000
+    decisions). Verdicts: of the enforced policy's decisions 40% execute, 30% suppressed by
+    cooldown, 10% by max_per_hour, 10% awaiting approval, 10% by max_fraction, each
+    suppression with the guardrail's per-target reason (``engine.guardrails``); the dry-run
+    policy's are dry_run. Built in a few us each, so that the outage run's writer can offer
+    20,000/s.
+
+    ``uniform``: the best case the figures before review 15a were measured with: one policy,
+    one ``Evidence`` and one time for all, every verdict ``execute`` and no reason."""
     from engine.decisions import (
         ActionSpec,
         Decision,
         Evidence,
         Target,
         Transition,
+        Verdict,
+        decision_id,
+        freeze,
+    )
+
+    if uniform:
+        return _uniform(first, count)
+    base = 1_700_000_000.0
+    policies = (
+        (
+            "reclaim-idle-gpus",
+            "gpu-efficiency",
+            "enforce",
+            ActionSpec("reclaim", "fleet", freeze({"grace_s": 30})),
+            "max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.2",
+            freeze({"team": "platform"}),
+        ),
+        (
+            "downclock-underused",
+            "gpu-energy",
+            "dry-run",
+            ActionSpec("set_clocks", "fleet", freeze({"max_mhz": 1200})),
+            "avg_over_time(nvml_gpu_utilization_ratio[15m]) < 0.5",
+            freeze({"team": "energy", "tier": "2"}),
+        ),
+    )
+    verdicts = [Verdict.EXECUTE] * 4 + [Verdict.SUPPRESSED_COOLDOWN] * 3
+    verdicts += [Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.AWAITING_APPROVAL]
+    verdicts += [Verdict.SUPPRESSED_MAX_FRACTION]
+    built = []
+    for i in range(first, first + count):
+        name, group, mode, spec, expr, labels = policies[i % 2]
+        at = base + (i // CYCLE_TARGETS) * CYCLE_S
+        start = at - 300 - (i * 7919) % 86_400  # this target's episode: since when it holds
+        repeat = (i // 2) % 3
+        node, uuid = f"node-{i // 8}", f"GPU-{i:09d}"
+        key = f"node={node},uuid={uuid}"
+        if repeat:
+            reason = f"still firing (decision {repeat + 1} of this episode)"
+        else:
+            reason = f"condition held for {at - start:.0f}s (for: 300s)"
+        verdict = Verdict.DRY_RUN if mode == "dry-run" else verdicts[(i // 2) % 10]
+        if verdict is Verdict.SUPPRESSED_COOLDOWN:
+            ago = (i * 31) % 3600
+            reason = (
+                f"cooldown 3600s: last action on this target {ago:.0f}s ago, {3600 - ago:.0f}s left"
+            )
+        elif verdict is Verdict.SUPPRESSED_MAX_PER_HOUR:
+            reason = f"{20 + i % 5} actions in the last hour, limit max_per_hour=20"
+        elif verdict is Verdict.SUPPRESSED_MAX_FRACTION:
+            reason = (
+                f"{i % 997} of {CYCLE_TARGETS} targets acted on in the last hour, limit "
+                f"max_fraction=0.1 allows {CYCLE_TARGETS // 10}"
+            )
+        built.append(
+            Decision(
+                id=decision_id(name, key, start, "fire", repeat),
+                policy=name,
+                group=group,
+                target=Target(key, freeze({"node": node, "uuid": uuid})),
+                transition=Transition.FIRE,
+                action=spec,
+                evidence=Evidence(expr, (i % 200) / 1000, start, at),
+                at=at,
+                episode_start=start,
+                repeat=repeat,
+                verdict=verdict,
+                reason=reason,
+                mode=mode,
+                labels=labels,
+            )
+        )
+    return built
+
+
+def _uniform(first: int, count: int) -> list[Any]:
+    from engine.decisions import (
+        ActionSpec,
+        Decision,
+        Evidence,
+        Target,
+        Transition,
+        Verdict,
         decision_id,
         freeze,
     )
@@ -97,7 +195,7 @@ def decisions(first: int, count: int) -> list[Any]:
                 evidence=evidence,
                 at=at,
                 episode_start=start,
-                verdict="execute",
+                verdict=Verdict.EXECUTE,
                 reason="",
                 mode="enforce",
                 labels=labels,
@@ -227,11 +325,11 @@ class FakeEs:
 # -- 1. throughput ------------------------------------------------------------------------------
 
 
-def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
+def throughput(events: int, batch: int, threads: int, validate: bool, uniform: bool) -> None:
     from engine.audit import AuditLog
 
     es = FakeEs(validate)
-    prepared = decisions(0, events)
+    prepared = decisions(0, events, uniform)
     chunks = [prepared[i : i + batch] for i in range(0, events, batch)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -265,9 +363,10 @@ def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
     finally:
         es.close()
     checks = "with" if validate else "WITHOUT"
+    inputs = "uniform (best case: one evidence, time, verdict)" if uniform else "realistic"
     print(
-        f"{events} decisions, {threads} writer threads, write_ahead batches of {batch}, "
-        f"fake Elasticsearch {checks} mapping checks"
+        f"{events} decisions ({inputs}), {threads} writer threads, write_ahead batches of "
+        f"{batch}, fake Elasticsearch {checks} mapping checks"
     )
     print(f"  append (fsync'd) to spool:      {events / appended:10.0f} events/s")
     print(f"  decision -> acknowledged bulk:  {events / shipped:10.0f} events/s ({shipped:.2f} s)")
@@ -425,6 +524,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--outage-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1000.0, help="decisions/s in the outage run")
+    parser.add_argument(
+        "--inputs",
+        choices=("realistic", "uniform", "both"),
+        default="realistic",
+        help="the throughput run's decisions: per-target evidence, times, verdicts and reasons "
+        "(realistic, the headline figure), or the best case of one evidence, time and verdict "
+        "(uniform), or both",
+    )
     parser.add_argument("--skip-outage", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true", help="only the outage run")
     parser.add_argument(
@@ -441,8 +548,10 @@ def main() -> None:
         print(f"== before: {args.before}", flush=True)
         subprocess.run([sys.executable, str(HERE), *argv], env=env, check=False)
         print("== after: this tree", flush=True)
-    for validate in () if args.skip_throughput else (True, False):
-        throughput(args.events, args.batch, args.threads, validate)
+    uniforms = {"realistic": (False,), "uniform": (True,), "both": (False, True)}[args.inputs]
+    for uniform in () if args.skip_throughput else uniforms:
+        for validate in (True, False):
+            throughput(args.events, args.batch, args.threads, validate, uniform)
     if not args.skip_outage:
         outage(args.outage_s, args.rate)
 
