@@ -335,7 +335,15 @@ class _Connection(socketserver.StreamRequestHandler):
         if headers.get("transfer-encoding", "").lower() == "chunked":
             body = self._chunked()
         else:
-            length = int(headers.get("content-length") or 0)
+            declared = headers.get("content-length") or "0"
+            if not declared.isascii() or not declared.isdigit():  # negative, or no number
+                # the body's end is unknown: answered 400 and the connection closed, as
+                # Elasticsearch's HTTP layer does (nothing of the request is run)
+                reason = f"invalid Content-Length [{declared}]"
+                error = HttpError(400, "illegal_argument_exception", reason)
+                self._write(400, orjson.dumps(error.body()), headers, {"Connection": "close"})
+                return False
+            length = int(declared)
             body = self._body(length) if length else b""
         if headers.get("content-encoding", "").lower() == "gzip":
             body = gzip.decompress(body)
@@ -546,29 +554,34 @@ class _Request:
             raise HttpError(status, "fake_fault", f"injected {status}", product=False)
         lines = list(filter(bytes.strip, raw.split(b"\n")))  # without blank lines
         started = time.monotonic()
+        # Parsed whole before anything is run: real Elasticsearch refuses a malformed bulk body
+        # as a whole, with a 400, and stores none of its items.
+        operations: list[tuple[str, Any, Any]] = []
+        i = 0
+        while i < len(lines):
+            try:
+                action = _loads(lines[i])
+                ((op, meta),) = action.items()
+                source = _loads(lines[i + 1]) if op != "delete" else None
+            except (ValueError, IndexError, AttributeError) as exc:
+                raise HttpError(
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}]",
+                ) from exc
+            if op not in ("create", "index", "delete", "update"):
+                raise HttpError(
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}], expected one of [create, "
+                    f"delete, index, update] but found [{op}]",
+                )
+            i += 1 if op == "delete" else 2
+            operations.append((op, meta, source))
         items: list[dict[str, Any]] = []
         errors = False
-        i = 0
         with self.es.lock:  # one bulk at a time, as one shard's write thread would
-            while i < len(lines):
-                try:  # real Elasticsearch refuses a malformed bulk body as a whole, with a 400
-                    action = _loads(lines[i])
-                    ((op, meta),) = action.items()
-                    source = _loads(lines[i + 1]) if op != "delete" else None
-                except (ValueError, IndexError, AttributeError) as exc:
-                    raise HttpError(
-                        400,
-                        "illegal_argument_exception",
-                        f"Malformed action/metadata line [{i + 1}]",
-                    ) from exc
-                if op not in ("create", "index", "delete", "update"):
-                    raise HttpError(
-                        400,
-                        "illegal_argument_exception",
-                        f"Malformed action/metadata line [{i + 1}], expected one of [create, "
-                        f"delete, index, update] but found [{op}]",
-                    )
-                i += 1 if op == "delete" else 2
+            for op, meta, source in operations:
                 item = self._bulk_item(op, meta, source, default_index)
                 errors = errors or item["status"] >= 300
                 items.append({op: item})
