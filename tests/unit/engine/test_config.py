@@ -74,8 +74,6 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
         ),
     ],
     ids=[
-        "spool-too-small",
-        "unknown-full-policy",
         "unknown-key",
         "bad-duration",
         "duplicate-key",
@@ -84,6 +82,8 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
         "password-in-state-url",
         "not-postgres",
         "renewal-too-slow",
+        "spool-too-small",
+        "unknown-full-policy",
     ],
 )
 def test_mistakes_name_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
