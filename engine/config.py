@@ -81,7 +81,9 @@ class AuditConfig(_Model):
     elasticsearch_url: str | None = None
     max_spool_bytes: int = Field(default=AuditSettings.max_spool_bytes, ge=1024 * 1024)
     """Upper bound of the spool on disk, in bytes (at least 1 MiB; default 280 MiB, about
-    210,000 decision documents): what an Elasticsearch outage can leave waiting."""
+    210,000 decision documents): what an Elasticsearch outage can leave waiting. Below a
+    few segments (``segment_max_bytes``, 4 MiB) a ``drop_oldest`` overflow deletes most of the
+    spool at once (whole segments): docs/audit-performance.md."""
     full_policy: FullPolicy = AuditSettings.full_policy
     """What a full spool does: ``fail_closed`` (default: nothing spooled is deleted, new
     documents are refused, so no action runs until the shipper made room) or ``drop_oldest``
