@@ -554,15 +554,17 @@ class _Request:
             raise HttpError(status, "fake_fault", f"injected {status}", product=False)
         lines = list(filter(bytes.strip, raw.split(b"\n")))  # without blank lines
         started = time.monotonic()
-        # Parsed whole before anything is run: real Elasticsearch refuses a malformed bulk body
-        # as a whole, with a 400, and stores none of its items.
-        operations: list[tuple[str, Any, Any]] = []
+        # Every action line is parsed before any item runs: real Elasticsearch refuses a
+        # malformed action line (or a missing source) with a 400 for the whole request and
+        # stores none of its items. A source is parsed when its item runs: a malformed one
+        # fails that item only (document_parsing_exception), as in Elasticsearch.
+        operations: list[tuple[str, Any, bytes | None]] = []
         i = 0
         while i < len(lines):
             try:
                 action = _loads(lines[i])
                 ((op, meta),) = action.items()
-                source = _loads(lines[i + 1]) if op != "delete" else None
+                source_line = lines[i + 1] if op != "delete" else None
             except (ValueError, IndexError, AttributeError) as exc:
                 raise HttpError(
                     400,
@@ -577,12 +579,21 @@ class _Request:
                     f"delete, index, update] but found [{op}]",
                 )
             i += 1 if op == "delete" else 2
-            operations.append((op, meta, source))
+            operations.append((op, meta, source_line))
         items: list[dict[str, Any]] = []
         errors = False
         with self.es.lock:  # one bulk at a time, as one shard's write thread would
-            for op, meta, source in operations:
-                item = self._bulk_item(op, meta, source, default_index)
+            for op, meta, source_line in operations:
+                try:
+                    source = _loads(source_line) if source_line is not None else None
+                except ValueError as exc:
+                    known = meta if isinstance(meta, dict) else {}
+                    doc_id = str(known.get("_id") or "")
+                    index = str(known.get("_index") or default_index or "")
+                    reason = f"failed to parse: {exc}"
+                    item = _item_error(400, "document_parsing_exception", reason, index, doc_id)
+                else:
+                    item = self._bulk_item(op, meta, source, default_index)
                 errors = errors or item["status"] >= 300
                 items.append({op: item})
         took = int((time.monotonic() - started) * 1000)

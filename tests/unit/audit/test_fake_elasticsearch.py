@@ -201,3 +201,17 @@ def test_a_bulk_with_a_malformed_line_stores_none_of_its_items() -> None:
             resp = requests.post(f"{es.url}/_bulk", data=good + bad, headers=headers, timeout=5)
             assert resp.status_code == 400 and "line [3]" in resp.text
         assert es.ids("idx") == []
+
+
+def test_a_malformed_source_fails_its_item_only() -> None:
+    """As in Elasticsearch, a source is parsed when its item runs: the other items are stored."""
+    with FakeElasticsearch() as es:
+        good = b'{"create":{"_index":"idx","_id":"a"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
+        bad = b'{"create":{"_index":"idx","_id":"b"}}\n{"@timestamp": nope}\n'
+        headers = {"Content-Type": "application/x-ndjson"}
+        resp = requests.post(f"{es.url}/_bulk", data=bad + good, headers=headers, timeout=5)
+        assert resp.status_code == 200
+        first, second = (item["create"] for item in resp.json()["items"])
+        assert (first["status"], first["_id"], second["status"]) == (400, "b", 201)
+        assert first["error"]["type"] == "document_parsing_exception"
+        assert es.ids("idx") == ["a"]
