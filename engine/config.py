@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from engine.actions.logical import LOGICAL_DEFAULTS
+from engine.audit.settings import AuditSettings, FullPolicy
 from engine.evaluation import Freshness
 from engine.rules.durations import parse_duration
 from engine.rules.yamlsource import parse_yaml
@@ -78,6 +79,24 @@ class AuditConfig(_Model):
     spool_dir: Path = Path("var/audit")
     """Local spool of ECS documents; the audit store itself when Elasticsearch is not set."""
     elasticsearch_url: str | None = None
+    max_spool_bytes: int = Field(default=AuditSettings.max_spool_bytes, ge=1024 * 1024)
+    """Upper bound of the spool on disk, in bytes (at least 1 MiB; default 280 MiB, about
+    210,000 decision documents): what an Elasticsearch outage can leave waiting. Below a
+    few segments (``segment_max_bytes``, 4 MiB) a ``drop_oldest`` overflow deletes most of the
+    spool at once (whole segments): docs/audit-performance.md."""
+    full_policy: FullPolicy = AuditSettings.full_policy
+    """What a full spool does: ``fail_closed`` (default: nothing spooled is deleted, new
+    documents are refused, so no action runs until the shipper made room) or ``drop_oldest``
+    (delete the oldest segments, shipped or not). See ``engine.audit.settings``."""
+
+    def settings(self) -> AuditSettings:
+        """The audit log's settings from this section (the rest at their defaults)."""
+        return AuditSettings(
+            spool_dir=self.spool_dir,
+            elasticsearch_url=self.elasticsearch_url,
+            max_spool_bytes=self.max_spool_bytes,
+            full_policy=self.full_policy,
+        )
 
 
 class GuardrailSettings(_Model):

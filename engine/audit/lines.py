@@ -17,6 +17,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -33,7 +34,7 @@ from engine.audit.documents import (
     outcome_fields,
     stream_of,
 )
-from engine.decisions import Decision, Outcome
+from engine.decisions import ActionSpec, Decision, Outcome
 
 _dumps = orjson.dumps
 
@@ -114,6 +115,8 @@ def _params(params: Mapping[str, Any]) -> bytes:
     if cached is not None and cached[0] is params:
         return cached[1]
     data = _dumps(_plain_params(params))
+    if type(params) is not MappingProxyType:  # a mutable mapping may change: not cached
+        return data
     if len(_PARAMS) >= 1024:
         _PARAMS.clear()
     _PARAMS[id(params)] = (params, data)
@@ -143,102 +146,163 @@ def _decision_entry(
     reason = decision.reason
     status, ecs_outcome, executed = outcome_fields(verdict, outcome)
     doc_id = event_id(decision.id, verdict, status)
-    action_start, head, host = _constant(namespace, host_name)
+    evidence = decision.evidence
+    key = (
+        namespace,
+        host_name,
+        verdict,
+        transition,
+        ecs_outcome,
+        executed,
+        decision.policy,
+        decision.group,
+        decision.mode,
+        evidence.expr,
+        spec.type if spec is not None else transition,
+    )
+    template = _template(key)
     labels = dict(decision.target.labels)
     if {*map(type, labels), *map(type, labels.values())} - _STR:
         labels = {str(k): str(v) for k, v in labels.items()}
     labels_json = _dumps(labels)
-    parts = [
-        action_start,
-        doc_id.encode(),
-        b'"}}\n',
-        b'{"@timestamp":',
-        _iso_json(decision.at),
-        head,
-        _iso_json(now),
-        b',"id":"',
-        doc_id.encode(),
-        b'","category":["host"],"type":',
-        b'["change"],"action":' if executed else b'["info"],"action":',
-        _string(spec.type if spec is not None else transition),
-        b',"outcome":"',
-        ecs_outcome.encode(),
-        b'"',
-    ]
-    if reason:
-        parts += (b',"reason":', _dumps(reason))
-    if outcome is not None and math.isfinite(outcome.duration_s):
-        parts += (b',"duration":', _dumps(int(round(outcome.duration_s * 1e9))))
-    message = decision_message(decision, labels, transition, verdict, status, outcome)
-    parts += (
-        b'},"message":',
-        _dumps(message),
-        b',"rule":',
-        _rule(decision.policy, decision.group),
-        b',"host":',
-        host,
-        b',"labels":',
-        labels_json,
-    )
-    if outcome is not None and outcome.error:
-        parts += (b',"error":{"message":', _dumps(outcome.error), b"}")
-    parts += (
-        b',"gpuops":{"decision":{"id":',
-        _dumps(decision.id),
-        b',"episode_start":',
-        _iso_json(decision.episode_start),
-        b',"repeat":',
-        _dumps(decision.repeat),
-    )
-    if decision.held_repeats:
-        parts += (b',"held_repeats":', _dumps(decision.held_repeats))
-    evidence = decision.evidence
     value = evidence.value
-    parts += (
-        b'},"verdict":',
-        _dumps(verdict),
-        b',"reason":',
-        _dumps(reason),
-        b',"transition":',
-        _string(transition),
-        b',"mode":',
-        _string(decision.mode),
-        b',"target":{"key":',
-        _dumps(decision.target.key),
-        b',"labels":',
+    id_bytes = doc_id.encode()
+    message = decision_message(decision, labels, transition, verdict, status, outcome)
+    return doc_id, template % (
+        id_bytes,
+        _iso_json(decision.at),
+        _iso_json(now),
+        id_bytes,
+        b',"reason":' + _dumps(reason) if reason else b"",
+        b""
+        if outcome is None or not math.isfinite(outcome.duration_s)
+        else b',"duration":' + _dumps(int(round(outcome.duration_s * 1e9))),
+        _dumps(message),
         labels_json,
-        b'},"evidence":{"expr":',
-        _string(evidence.expr),
-        b',"value":',
+        b',"error":{"message":' + _dumps(outcome.error) + b"}"
+        if outcome is not None and outcome.error
+        else b"",
+        _dumps(decision.id),
+        _iso_json(decision.episode_start),
+        _dumps(decision.repeat),
+        b',"held_repeats":' + _dumps(decision.held_repeats) if decision.held_repeats else b"",
+        _dumps(reason),
+        _dumps(decision.target.key),
+        labels_json,
         _dumps(value if value is not None and math.isfinite(value) else None),
-        b',"observed_at":',
         _iso_json(evidence.observed_at),
+        b""
+        if evidence.pending_since is None
+        else b',"pending_since":' + _iso_json(evidence.pending_since),
+        _policy_labels(decision.labels) if decision.labels else b"",
+        b"" if spec is None else _spec(spec),
+        b""
+        if outcome is None
+        else b',"outcome":{"status":'
+        + _dumps(status)
+        + b',"attempts":'
+        + _dumps(outcome.attempts)
+        + b',"changed":'
+        + _dumps(_plain(outcome.changed))
+        + b"}",
     )
-    if evidence.pending_since is not None:
-        parts += (b',"pending_since":', _iso_json(evidence.pending_since))
-    parts.append(b"}")
-    if decision.labels:
-        policy_labels = {str(k): str(v) for k, v in decision.labels.items()}
-        parts += (b',"policy":{"labels":', _dumps(policy_labels), b"}")
-    if spec is not None:
-        parts += (
-            b',"executor":',
-            _string(spec.executor),
-            b',"action":{"type":',
-            _string(spec.type),
-            b',"params":',
-            _params(spec.params),
-            b"}",
-        )
-    if outcome is not None:
-        parts += (
-            b',"outcome":{"status":',
-            _dumps(status),
-            b',"attempts":',
-            _dumps(outcome.attempts),
-            b',"changed":',
-            _dumps(_plain(outcome.changed)),
-            b"}",
-        )
-    parts.append(b"}}\n")
-    return doc_id, b"".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _template(key: tuple[Any, ...]) -> bytes:
+    """The bytes every decision entry with these values shares, with a ``%b`` slot for each
+    value of its own (``_decision_entry`` fills them in one ``%``); built once per key. The key
+    holds only what is the same for a policy's decisions of one verdict and outcome: a
+    ``reason`` differs per target and cycle (a cooldown's "10s ago, 3590s left"), so it is a
+    slot. A least-recently-used cache: a burst of new keys does not drop the hot ones."""
+    (namespace, host_name, verdict, transition, ecs_outcome, executed) = key[:6]
+    (policy, group, mode, expr, action) = key[6:]
+    action_start, head, host = _constant(namespace, host_name)
+
+    def fixed(*parts: bytes) -> bytes:
+        return b"".join(parts).replace(b"%", b"%%")
+
+    template = b"%b".join(
+        [
+            fixed(action_start),  # doc_id
+            fixed(b'"}}\n{"@timestamp":'),  # @timestamp
+            fixed(head),  # event.created
+            fixed(b',"id":"'),  # doc_id
+            fixed(
+                b'","category":["host"],"type":',
+                b'["change"],"action":' if executed else b'["info"],"action":',
+                _dumps(action),
+                b',"outcome":"',
+                ecs_outcome.encode(),
+                b'"',
+            ),  # event.reason
+            b"",  # duration
+            fixed(b'},"message":'),  # message
+            fixed(b',"rule":', _rule(policy, group), b',"host":', host, b',"labels":'),  # labels
+            b"",  # error
+            fixed(b',"gpuops":{"decision":{"id":'),  # decision id
+            fixed(b',"episode_start":'),  # episode start
+            fixed(b',"repeat":'),  # repeat
+            b"",  # held_repeats
+            fixed(b'},"verdict":', _dumps(verdict), b',"reason":'),  # gpuops reason
+            fixed(
+                b',"transition":',
+                _dumps(transition),
+                b',"mode":',
+                _dumps(mode),
+                b',"target":{"key":',
+            ),  # target key
+            fixed(b',"labels":'),  # target labels
+            fixed(b'},"evidence":{"expr":', _dumps(expr), b',"value":'),  # value
+            fixed(b',"observed_at":'),  # observed_at
+            b"",  # pending_since
+            fixed(b"}"),  # policy labels
+            b"",  # executor and action
+            b"",  # outcome
+            fixed(b"}}\n"),
+        ]
+    )
+    return template
+
+
+_POLICY_LABELS: dict[int, tuple[Mapping[str, Any], bytes]] = {}
+_SPECS: dict[int, tuple[ActionSpec, bytes]] = {}
+
+
+def _policy_labels(labels: Mapping[str, Any]) -> bytes:
+    """``,"policy":{"labels":...}``: a policy's decisions share its labels mapping, encoded
+    once (by identity, as ``_params``)."""
+    cached = _POLICY_LABELS.get(id(labels))
+    if cached is not None and cached[0] is labels:
+        return cached[1]
+    plain = {str(k): str(v) for k, v in labels.items()}
+    data = b',"policy":{"labels":' + _dumps(plain) + b"}"
+    if type(labels) is not MappingProxyType:  # a mutable mapping may change: not cached
+        return data
+    if len(_POLICY_LABELS) >= 1024:
+        _POLICY_LABELS.clear()
+    _POLICY_LABELS[id(labels)] = (labels, data)
+    return data
+
+
+def _spec(spec: ActionSpec) -> bytes:
+    """``,"executor":...,"action":{...}`` of an action (by identity: a policy's decisions share
+    one ``ActionSpec``)."""
+    cached = _SPECS.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    data = (
+        b',"executor":'
+        + _string(spec.executor)
+        + b',"action":{"type":'
+        + _string(spec.type)
+        + b',"params":'
+        + _params(spec.params)
+        + b"}"
+    )
+    if type(spec.params) is not MappingProxyType:  # mutable params may change: not cached
+        return data
+    if len(_SPECS) >= 1024:
+        _SPECS.clear()
+    _SPECS[id(spec)] = (spec, data)
+    return data

@@ -26,13 +26,15 @@ import os
 import random
 import threading
 import time
-from collections import deque
+from bisect import bisect_right
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain
-from operator import attrgetter
+from functools import partial
+from itertools import accumulate, chain, islice, repeat
+from operator import add, itemgetter
 from typing import Any
 
 import orjson
@@ -44,12 +46,11 @@ from engine.audit.errors import ElasticsearchError, RetryableError, TemplateErro
 from engine.audit.lines import action_line
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings
-from engine.audit.spool import Segment, Spool, entries
+from engine.audit.spool import Segment, Spool, entry_lines
 from engine.audit.templates import install_templates
 
 log = logging.getLogger(__name__)
 
-_PAIR = attrgetter("pair")
 _FILTER_PATH = "errors,items.*.status,items.*.error"
 """What a bulk answer needs to carry back (Elasticsearch's ``filter_path``): its items without
 the ids, versions and shards the shipper never reads (an eighth of the bytes to parse)."""
@@ -59,7 +60,7 @@ class _GiveUp(Exception):
     """Stop shipping now (closing and out of time); what is left stays in the spool."""
 
 
-@dataclass
+@dataclass(eq=False)  # by identity: counted per segment (``_count``)
 class _Work:
     """A sealed segment being shipped: how many of its documents are not yet settled."""
 
@@ -67,36 +68,31 @@ class _Work:
     outstanding: int = 0
 
 
-class _Item:
-    """One spooled document: its bulk action line and its line from the segment, as they are
-    (without their newlines)."""
+_Item = tuple[_Work, bytes, bytes]
+"""One spooled document: its segment's work, its bulk action line and its line, as they are
+in the segment (without their newlines). A plain tuple: a bulk of thousands is built, sized,
+sent and counted with C-level ``map``/``zip``/``itemgetter``, not per-document Python."""
 
-    __slots__ = ("pair", "size", "work")
+_WORK = itemgetter(0)
+_ACTION = itemgetter(1)
+_LINE = itemgetter(2)
+_PAIR = itemgetter(1, 2)
+_PLUS_NEWLINES = partial(add, 2)
 
-    def __init__(self, work: _Work, action: bytes, line: bytes) -> None:
-        self.work = work
-        self.pair = (action, line)
-        self.size = len(action) + len(line) + 2
 
-    @property
-    def line(self) -> bytes:
-        return self.pair[1]
+def _meta(item: _Item, key: str) -> str:
+    """A field of a document's action line (``_id``, ``_index``): only to report a refused
+    document."""
+    try:
+        return str(orjson.loads(item[1])["create"][key])
+    except (ValueError, KeyError, TypeError):
+        return "?"
 
-    @property
-    def doc_id(self) -> str:
-        """Its ``event.id`` (read from the action line: only to report a refused document)."""
-        return self._meta("_id")
 
-    @property
-    def index(self) -> str:
-        """Its data stream (read from the action line: only to report a refused document)."""
-        return self._meta("_index")
-
-    def _meta(self, key: str) -> str:
-        try:
-            return str(orjson.loads(self.pair[0])["create"][key])
-        except (ValueError, KeyError, TypeError):
-            return "?"
+def _count(items: Iterable[_Item], step: int) -> None:
+    """Add ``step`` to the outstanding count of each item's segment, once per item."""
+    for work, n in Counter(map(_WORK, items)).items():
+        work.outstanding += step * n
 
 
 @dataclass
@@ -203,31 +199,32 @@ class Shipper:
                 continue
             work = _Work(segment)
             self._works.append(work)
-            items = list(self._items(work))
+            items = self._items(work)
             work.outstanding = len(items)
             self._queue.extend(items)
         self._remove_done()
 
-    def _items(self, work: _Work) -> Iterable[_Item]:
+    def _items(self, work: _Work) -> list[_Item]:
         try:
             data = work.segment.path.read_bytes()
         except FileNotFoundError:
-            return
+            return []
         if work.segment.version == 2:  # ready action and document lines
-            for _, action, line in entries(data, work.segment.path):
-                yield _Item(work, action, line)
-            return
-        lines = data.split(b"\n")
-        for number, line in enumerate(lines[:-1], start=1):  # the last piece: torn or empty
+            actions, lines = entry_lines(data, work.segment.path)
+            return list(zip(repeat(work), actions, lines))
+        items: list[_Item] = []
+        pieces = data.split(b"\n")
+        for number, line in enumerate(pieces[:-1], start=1):  # the last piece: torn or empty
             try:
                 doc = orjson.loads(line)
                 doc_id = str(doc["event"]["id"])
             except (ValueError, KeyError, TypeError):
                 log.warning("%s: skipping invalid line %d", work.segment.path, number)
                 continue
-            yield _Item(work, action_line(stream_of(doc), doc_id)[:-1], line)
-        if lines[-1]:
-            log.warning("%s: skipping torn last line %d", work.segment.path, len(lines))
+            items.append((work, action_line(stream_of(doc), doc_id)[:-1], line))
+        if pieces[-1]:
+            log.warning("%s: skipping torn last line %d", work.segment.path, len(pieces))
+        return items
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         """Send batches while a slot is free and no backoff holds them back."""
@@ -240,15 +237,15 @@ class Shipper:
             self._in_flight[pool.submit(self._send, batch)] = batch
 
     def _next_batch(self) -> list[_Item]:
-        limit = self._split or self._batch_docs
-        batch: list[_Item] = []
-        size = 0
-        while self._queue and len(batch) < limit:
-            size += self._queue[0].size
-            if batch and size > self._settings.bulk_max_bytes:
-                break
-            batch.append(self._queue.popleft())
-        return batch
+        """The next documents of the queue: at most the batch size, and as many as fit in
+        ``bulk_max_bytes`` (at least one)."""
+        queue = self._queue
+        first = list(islice(queue, self._split or self._batch_docs))
+        lengths = map(add, map(len, map(_ACTION, first)), map(len, map(_LINE, first)))
+        sizes = accumulate(map(_PLUS_NEWLINES, lengths))
+        fits = max(1, bisect_right(list(sizes), self._settings.bulk_max_bytes))
+        popleft = queue.popleft
+        return [popleft() for _ in range(min(fits, len(first)))]
 
     def _wait(self) -> set[Future[_Result]]:
         """Wait for a finished request, new work, the end of a backoff or closing."""
@@ -284,10 +281,8 @@ class Shipper:
                 continue
             requeue += result.retry
             settled = len(batch) - len(result.retry)
-            for item in batch:
-                item.work.outstanding -= 1
-            for item in result.retry:
-                item.work.outstanding += 1
+            _count(batch, -1)
+            _count(result.retry, +1)
             self._split = None
             self._adapt(result)
             if result.retry:
@@ -325,7 +320,7 @@ class Shipper:
                 log.exception("audit: the dead-letter file is not writable")
                 self._backoff(f"bulk request refused: {exc}")
                 return batch
-            batch[0].work.outstanding -= 1
+            batch[0][0].outstanding -= 1
             self._split = None
             return []
         self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(len(batch))
@@ -420,16 +415,16 @@ class Shipper:
                     "status": result.get("status"),
                     "reason": reason,
                     "error": error,
-                    "index": item.index,
+                    "index": _meta(item, "_index"),
                 }
                 try:
-                    entry["document"] = orjson.loads(item.line)
+                    entry["document"] = orjson.loads(item[2])
                 except ValueError:  # a corrupt spool line: its bytes as they are, losing nothing
-                    entry["document_raw"] = item.line.decode("utf-8", errors="backslashreplace")
+                    entry["document_raw"] = item[2].decode("utf-8", errors="backslashreplace")
                 fh.write(orjson.dumps(entry, default=str) + b"\n")
                 log.error(
                     "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
-                    item.doc_id,
+                    _meta(item, "_id"),
                     result.get("status"),
                     reason,
                     directory / "dead-letter.jsonl",

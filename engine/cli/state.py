@@ -8,6 +8,7 @@ the engine's audit spool. It refuses while an engine runs (the spool's writer lo
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import socket
 import time
@@ -16,7 +17,7 @@ from urllib.parse import quote
 
 import click
 
-from engine.audit import AuditLog, AuditSettings
+from engine.audit import AuditLog
 from engine.audit.errors import SpoolLockedError
 from engine.config import ConfigError, EngineConfig, load_config
 from engine.postgres import Credentials, PostgresStore, redacted
@@ -112,7 +113,8 @@ def reset_cmd(config_path: Path, policy: str | None) -> None:
     config = _config(config_path)
     path = config.state_file
     problem = _problem(config) if policy is None else None
-    settings = AuditSettings(spool_dir=config.audit.spool_dir)
+    # the spool's limits from the config; nothing is shipped from here (the engine ships it)
+    settings = dataclasses.replace(config.audit.settings(), elasticsearch_url=None)
     try:
         audit = AuditLog(settings, host_name=socket.gethostname())
     except SpoolLockedError as exc:

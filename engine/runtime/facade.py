@@ -23,7 +23,7 @@ from typing import Any
 from apscheduler.triggers.cron import CronTrigger
 
 from engine.actions.base import ExecutorRegistry, RetryPolicy
-from engine.audit import AuditLog, AuditSettings
+from engine.audit import AuditLog
 from engine.audit.spool import segment_paths
 from engine.config import EngineConfig
 from engine.decisions import Decision, SkippedEvaluation
@@ -83,10 +83,7 @@ class Engine:
         self.metrics = metrics or EngineMetrics.create()
         self.registry = executors or ExecutorRegistry.from_entry_points()
         self.audit = audit or AuditLog(
-            AuditSettings(
-                spool_dir=config.audit.spool_dir,
-                elasticsearch_url=config.audit.elasticsearch_url,
-            ),
+            config.audit.settings(),
             host_name=socket.gethostname(),
             registry=self.metrics.registry,
         )

@@ -9,13 +9,19 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    process. Prints events/s from the first write to the last acknowledged bulk item, the
    engine process' CPU per event (documents, spool, shipper) and the fake's CPU separately.
    The fake keeps only ids (``keep_sources = False``) but checks every document against the
-   mapping as Elasticsearch would, then the same again without mapping checks.
+   mapping as Elasticsearch would, then the same again without mapping checks. The decisions
+   are realistic (``decisions``: per-target evidence and times, a mix of verdicts with the
+   guardrails' per-target reasons): the headline figure; ``--inputs uniform`` (or ``both``)
+   gives the best case the figures before review 15a were measured with.
 2. Loss and duplicates: an engine process (``--writer``) streams decisions at ``--rate`` while
    Elasticsearch goes away for ``--outage-s``; the engine is SIGKILLed in the middle of the
    outage and again while the backlog drains (bulk requests in flight), each time restarted on
-   the same spool. At the end the fake is asked which event ids it holds: every id an engine
-   had acknowledged (``write_ahead`` returned) must be there once (0 lost, 0 duplicated,
-   counted by ``event.id`` of the stored documents).
+   the same spool. At the end the fake is asked what every write did (``write_tally``: each
+   ``_id``'s 201s, 409s and overwrites, and each stored write's ``event.id``): every id an
+   engine had acknowledged (``write_ahead`` returned) must be stored, and stored by one write
+   only (0 lost, 0 duplicated: a second 201 or an ``index`` overwrite of an ``_id``, or an
+   event.id in two documents, is a duplicate; a resend answered 409 stores nothing and is
+   counted apart, as resends).
 
 ``--before <tree>`` first runs the same figures with the engine and the fake of another tree
 (main as it was; ``PYTHONPATH=<tree>`` for this file's child processes, which run it by path).
@@ -40,6 +46,7 @@ from typing import IO, Any
 
 HERE = Path(__file__).resolve()
 DECISIONS = "logs-gpuops.decision-default"
+WRITER_BATCH = 100  # decisions per write_ahead of the outage run's writer
 
 
 def settings(spool: Path, url: str) -> Any:
@@ -53,17 +60,148 @@ def settings(spool: Path, url: str) -> Any:
         backoff_initial_s=0.2,
         backoff_max_s=2.0,
         close_timeout_s=5.0,
-        max_spool_bytes=1024 * 1024 * 1024,
+        max_spool_bytes=8 * 1024 * 1024 * 1024,  # a 60 s outage at 20,000/s spools ~1.6 GB
     )
 
 
-def decisions(first: int, count: int) -> list[Any]:
-    from tests.unit.audit.factories import make_decision
+CYCLE_TARGETS = 5_000  # decisions of one evaluation cycle (they share its time)
+CYCLE_S = 15.0
 
-    return [
-        make_decision(labels={"node": f"node-{i // 8}", "uuid": f"GPU-{i:09d}"})
-        for i in range(first, first + count)
-    ]
+
+def decisions(first: int, count: int, uniform: bool = False) -> list[Any]:
+    """Decisions for GPUs ``first``... as the engine makes them (``engine.evaluation._decide``,
+    then the guardrails' verdict): two policies (one enforced, one in dry-run), each sharing
+    its ``ActionSpec``, query and labels (read-only mappings, encoded once); per target its own
+    ``Evidence`` (value, and ``pending_since``/``episode_start``, when its condition began),
+    repeat and reason; ``at`` and ``observed_at`` the cycle's time (a cycle every 15 s of 5,000
+    decisions). Verdicts: of the enforced policy's decisions 40% execute, 30% suppressed by
+    cooldown, 10% by max_per_hour, 10% awaiting approval, 10% by max_fraction, each
+    suppression with the guardrail's per-target reason (``engine.guardrails``); the dry-run
+    policy's are dry_run. Built in a few us each, so that the outage run's writer can offer
+    20,000/s.
+
+    ``uniform``: the best case the figures before review 15a were measured with: one policy,
+    one ``Evidence`` and one time for all, every verdict ``execute`` and no reason."""
+    from engine.decisions import (
+        ActionSpec,
+        Decision,
+        Evidence,
+        Target,
+        Transition,
+        Verdict,
+        decision_id,
+        freeze,
+    )
+
+    if uniform:
+        return _uniform(first, count)
+    base = 1_700_000_000.0
+    policies = (
+        (
+            "reclaim-idle-gpus",
+            "gpu-efficiency",
+            "enforce",
+            ActionSpec("reclaim", "fleet", freeze({"grace_s": 30})),
+            "max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.2",
+            freeze({"team": "platform"}),
+        ),
+        (
+            "downclock-underused",
+            "gpu-energy",
+            "dry-run",
+            ActionSpec("set_clocks", "fleet", freeze({"max_mhz": 1200})),
+            "avg_over_time(nvml_gpu_utilization_ratio[15m]) < 0.5",
+            freeze({"team": "energy", "tier": "2"}),
+        ),
+    )
+    verdicts = [Verdict.EXECUTE] * 4 + [Verdict.SUPPRESSED_COOLDOWN] * 3
+    verdicts += [Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.AWAITING_APPROVAL]
+    verdicts += [Verdict.SUPPRESSED_MAX_FRACTION]
+    built = []
+    for i in range(first, first + count):
+        name, group, mode, spec, expr, labels = policies[i % 2]
+        at = base + (i // CYCLE_TARGETS) * CYCLE_S
+        start = at - 300 - (i * 7919) % 86_400  # this target's episode: since when it holds
+        repeat = (i // 2) % 3
+        node, uuid = f"node-{i // 8}", f"GPU-{i:09d}"
+        key = f"node={node},uuid={uuid}"
+        if repeat:
+            reason = f"still firing (decision {repeat + 1} of this episode)"
+        else:
+            reason = f"condition held for {at - start:.0f}s (for: 300s)"
+        verdict = Verdict.DRY_RUN if mode == "dry-run" else verdicts[(i // 2) % 10]
+        if verdict is Verdict.SUPPRESSED_COOLDOWN:
+            ago = (i * 31) % 3600
+            reason = (
+                f"cooldown 3600s: last action on this target {ago:.0f}s ago, {3600 - ago:.0f}s left"
+            )
+        elif verdict is Verdict.SUPPRESSED_MAX_PER_HOUR:
+            reason = f"{20 + i % 5} actions in the last hour, limit max_per_hour=20"
+        elif verdict is Verdict.SUPPRESSED_MAX_FRACTION:
+            reason = (
+                f"{i % 997} of {CYCLE_TARGETS} targets acted on in the last hour, limit "
+                f"max_fraction=0.1 allows {CYCLE_TARGETS // 10}"
+            )
+        built.append(
+            Decision(
+                id=decision_id(name, key, start, "fire", repeat),
+                policy=name,
+                group=group,
+                target=Target(key, freeze({"node": node, "uuid": uuid})),
+                transition=Transition.FIRE,
+                action=spec,
+                evidence=Evidence(expr, (i % 200) / 1000, start, at),
+                at=at,
+                episode_start=start,
+                repeat=repeat,
+                verdict=verdict,
+                reason=reason,
+                mode=mode,
+                labels=labels,
+            )
+        )
+    return built
+
+
+def _uniform(first: int, count: int) -> list[Any]:
+    from engine.decisions import (
+        ActionSpec,
+        Decision,
+        Evidence,
+        Target,
+        Transition,
+        Verdict,
+        decision_id,
+        freeze,
+    )
+
+    policy, at = "reclaim-idle-gpus", 1_700_000_000.0
+    start = at - 600
+    spec = ActionSpec("reclaim", "fleet", freeze({"grace_s": 30}))
+    labels = freeze({"team": "platform"})
+    evidence = Evidence("max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.2", 0.05, start, at)
+    built = []
+    for i in range(first, first + count):
+        node, uuid = f"node-{i // 8}", f"GPU-{i:09d}"
+        key = f"node={node},uuid={uuid}"
+        built.append(
+            Decision(
+                id=decision_id(policy, key, start, "fire"),
+                policy=policy,
+                group="gpu-efficiency",
+                target=Target(key, freeze({"node": node, "uuid": uuid})),
+                transition=Transition.FIRE,
+                action=spec,
+                evidence=evidence,
+                at=at,
+                episode_start=start,
+                verdict=Verdict.EXECUTE,
+                reason="",
+                mode="enforce",
+                labels=labels,
+            )
+        )
+    return built
 
 
 # -- the fake Elasticsearch in its own process --------------------------------------------------
@@ -76,6 +214,7 @@ def serve_fake_es(validate: bool) -> None:
     es = FakeElasticsearch()
     es.validate = validate
     es.keep_sources = False  # ids only (dedup and the counts below need nothing more)
+    es.tally_field = "event.id"  # every stored write's event.id counted (duplicates)
     es.start()
     print(es.port, flush=True)
     for line in sys.stdin:
@@ -87,15 +226,61 @@ def serve_fake_es(validate: bool) -> None:
             es.start()
             print("started", flush=True)
         elif command == "stats":
-            if hasattr(es, "ids"):  # the _id is the event.id
-                docs = es.ids(DECISIONS)
-            else:  # the fake of an older tree (PYTHONPATH=<tree>) keeps whole documents
-                with es.lock:
-                    docs = [d["event"]["id"] for d in es.documents(DECISIONS)]
-            print(json.dumps({"ids": docs, "cpu_s": time.process_time()}), flush=True)
+            print(json.dumps({"cpu_s": time.process_time()}), flush=True)
+        elif command == "tally":
+            print(json.dumps(_tally(es)), flush=True)
         elif command == "quit":
             break
     es.stop()
+
+
+def _tally(es: Any) -> dict[str, Any]:
+    """The fake's ``write_tally`` of the decisions' stream; from an older tree's fake, which
+    has no tally, its ids (``ids()``, or the event.id of its whole documents): such a count
+    cannot see a second copy of one ``_id``."""
+    if hasattr(es, "write_tally"):
+        tally: dict[str, Any] = es.write_tally(DECISIONS)
+        return tally
+    if hasattr(es, "ids"):  # the _id is the event.id
+        ids = es.ids(DECISIONS)
+    else:
+        with es.lock:
+            ids = [d["event"]["id"] for d in es.documents(DECISIONS)]
+    copies = Counter(ids)
+    return {
+        "ids": ids,
+        "stored_more_than_once": {},
+        "resends": 0,
+        "resent_ids": 0,
+        "field": "event.id",
+        "field_values": list(copies),
+        "field_more_than_once": {i: n for i, n in copies.items() if n > 1},
+    }
+
+
+def count(tally: dict[str, Any], acknowledged: Sequence[str]) -> dict[str, int]:
+    """Lost and duplicated decisions from the fake's ``write_tally`` and the event ids the
+    engines acknowledged: ``lost``, acknowledged but not stored (by event.id, and by ``_id``,
+    which is the event.id); ``duplicated``, stored by more than one write (an ``_id`` created
+    twice or overwritten by op ``index``, or an event.id in two stored documents);
+    ``extra_copies``, the stored writes beyond the first of those; ``resends``, the 409s
+    (a resend of a stored document, which stores nothing: allowed); ``unacknowledged``, stored
+    but never acknowledged (written when a kill came)."""
+    ids = set(tally["ids"])
+    values = set(tally["field_values"]) if tally["field"] else ids
+    by_id, by_value = tally["stored_more_than_once"], tally["field_more_than_once"]
+    acked = set(acknowledged)
+    return {
+        "lost": len(acked - values),
+        "duplicated": len(set(by_id) | set(by_value)),
+        "extra_copies": sum(
+            max(by_id.get(k, 1), by_value.get(k, 1)) - 1 for k in set(by_id) | set(by_value)
+        ),
+        "resends": int(tally["resends"]),
+        "resent_ids": int(tally["resent_ids"]),
+        "stored": len(ids),
+        "unacknowledged": len(values - acked),
+    }
 
 
 class FakeEs:
@@ -129,6 +314,10 @@ class FakeEs:
         stats: dict[str, Any] = json.loads(self.command("stats"))
         return stats
 
+    def tally(self) -> dict[str, Any]:
+        tally: dict[str, Any] = json.loads(self.command("tally"))
+        return tally
+
     def close(self) -> None:
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
@@ -140,11 +329,11 @@ class FakeEs:
 # -- 1. throughput ------------------------------------------------------------------------------
 
 
-def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
+def throughput(events: int, batch: int, threads: int, validate: bool, uniform: bool) -> None:
     from engine.audit import AuditLog
 
     es = FakeEs(validate)
-    prepared = decisions(0, events)
+    prepared = decisions(0, events, uniform)
     chunks = [prepared[i : i + batch] for i in range(0, events, batch)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -178,9 +367,10 @@ def throughput(events: int, batch: int, threads: int, validate: bool) -> None:
     finally:
         es.close()
     checks = "with" if validate else "WITHOUT"
+    inputs = "uniform (best case: one evidence, time, verdict)" if uniform else "realistic"
     print(
-        f"{events} decisions, {threads} writer threads, write_ahead batches of {batch}, "
-        f"fake Elasticsearch {checks} mapping checks"
+        f"{events} decisions ({inputs}), {threads} writer threads, write_ahead batches of "
+        f"{batch}, fake Elasticsearch {checks} mapping checks"
     )
     print(f"  append (fsync'd) to spool:      {events / appended:10.0f} events/s")
     print(f"  decision -> acknowledged bulk:  {events / shipped:10.0f} events/s ({shipped:.2f} s)")
@@ -213,7 +403,7 @@ def writer(spool: str, url: str, first: int, rate: float, count: int) -> None:
     audit = AuditLog(settings(Path(spool), url), host_name="bench-writer")
     audit.start()
     print(f"pending {audit.pending}", flush=True)
-    step = 100
+    step = WRITER_BATCH
     started = time.monotonic()
     n = 0
     while count == 0 or n < count:
@@ -242,6 +432,7 @@ class Writer:
             env=os.environ.copy(),
         )
         self.acknowledged: list[str] = []
+        self.first_ack = self.last_ack = 0.0  # monotonic times of the first and last id read
         self.drained = threading.Event()
         assert self.proc.stdout is not None
         self.pending_at_start = int(self.proc.stdout.readline().split()[-1])
@@ -254,6 +445,8 @@ class Writer:
             if line == "drained":
                 self.drained.set()
             elif line:
+                self.last_ack = time.monotonic()
+                self.first_ack = self.first_ack or self.last_ack
                 self.acknowledged.append(line)
 
     def kill(self) -> None:
@@ -276,14 +469,16 @@ def outage(outage_s: float, rate: float, warm_s: float = 10.0, tail_s: float = 1
                 print(f"  t={time.monotonic() - started:6.1f}s  {what}", flush=True)
 
             first = Writer(spool, es.url, 0, rate)
-            at(warm_s, f"Elasticsearch down ({es.command('stop')})")
+            at(warm_s, "Elasticsearch down")  # (the command after the wait: it was an argument
+            es.command("stop")  # of at(), so the outage began at t=0 and ended 30 s early)
             at(warm_s + outage_s / 2, "SIGKILL the engine during the outage; restart it")
             first.kill()
             second = Writer(spool, es.url, 10_000_000, rate)
             print(f"           restarted with {second.pending_at_start} documents spooled")
-            at(warm_s + outage_s, f"Elasticsearch back ({es.command('start')})")
+            at(warm_s + outage_s, "Elasticsearch back")
+            es.command("start")
             at(warm_s + outage_s + 3.0, "SIGKILL the engine while the backlog drains; restart")
-            stored_at_kill = len(es.stats()["ids"])
+            stored_at_kill = len(es.tally()["ids"])
             second.kill()
             third = Writer(spool, es.url, 20_000_000, rate, count=int(rate * tail_s))
             print(
@@ -294,18 +489,29 @@ def outage(outage_s: float, rate: float, warm_s: float = 10.0, tail_s: float = 1
                 print("  the last engine did not drain its spool within 15 minutes")
             third.proc.wait(60)
             at(0, "spool drained")
-            stats = es.stats()
+            tally = es.tally()
     finally:
         es.close()
     acknowledged = first.acknowledged + second.acknowledged + third.acknowledged
-    copies = Counter(stats["ids"])
-    lost = len(set(acknowledged) - set(copies))
-    duplicated = sum(n - 1 for n in copies.values())
-    unacknowledged = len(set(copies) - set(acknowledged))
-    print(f"outage stream: {rate:.0f} decisions/s, {outage_s:.0f} s outage, 2 SIGKILLs")
-    print(f"  acknowledged {len(acknowledged)}, stored {len(stats['ids'])}")
-    print(f"  stored but never acknowledged (written when a kill came): {unacknowledged}")
-    print(f"  lost {lost}, duplicated {duplicated}")
+    counted = count(tally, acknowledged)
+    print(f"outage stream: {rate:.0f} decisions/s offered, {outage_s:.0f} s outage, 2 SIGKILLs")
+    for name, w in (("first", first), ("second", second), ("third", third)):
+        took = w.last_ack - w.first_ack
+        # the first batch's ids are all read at first_ack: the rate is of those after it
+        achieved = f"{(len(w.acknowledged) - WRITER_BATCH) / took:.0f}/s" if took > 0 else "-"
+        print(f"  {name} engine: {len(w.acknowledged)} acknowledged, {achieved} written")
+    print(f"  acknowledged {len(acknowledged)}, stored {counted['stored']}")
+    print(
+        f"  stored but never acknowledged (written when a kill came): {counted['unacknowledged']}"
+    )
+    print(
+        f"  resends answered 409 (already stored, nothing stored again): {counted['resends']} "
+        f"for {counted['resent_ids']} ids"
+    )
+    print(
+        f"  lost {counted['lost']}, duplicated {counted['duplicated']} (stored more than once, "
+        f"by _id and by event.id; {counted['extra_copies']} extra copies)"
+    )
 
 
 def main() -> None:
@@ -322,7 +528,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--outage-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1000.0, help="decisions/s in the outage run")
+    parser.add_argument(
+        "--inputs",
+        choices=("realistic", "uniform", "both"),
+        default="realistic",
+        help="the throughput run's decisions: per-target evidence, times, verdicts and reasons "
+        "(realistic, the headline figure), or the best case of one evidence, time and verdict "
+        "(uniform), or both",
+    )
     parser.add_argument("--skip-outage", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true", help="only the outage run")
     parser.add_argument(
         "--before",
         metavar="TREE",
@@ -337,8 +552,10 @@ def main() -> None:
         print(f"== before: {args.before}", flush=True)
         subprocess.run([sys.executable, str(HERE), *argv], env=env, check=False)
         print("== after: this tree", flush=True)
-    for validate in (True, False):
-        throughput(args.events, args.batch, args.threads, validate)
+    uniforms = {"realistic": (False,), "uniform": (True,), "both": (False, True)}[args.inputs]
+    for uniform in () if args.skip_throughput else uniforms:
+        for validate in (True, False):
+            throughput(args.events, args.batch, args.threads, validate, uniform)
     if not args.skip_outage:
         outage(args.outage_s, args.rate)
 

@@ -23,7 +23,7 @@ import socketserver
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -31,13 +31,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from tests.fakes.fake_es_mapping import Checker
 from tests.fakes.fake_es_search import (
-    NUMERIC,
     Doc,
     DslError,
     Mapping_,
     aggregate,
-    check_value,
     matcher,
     sort_key,
     values_of,
@@ -69,14 +68,20 @@ class Stream:
 
     def __init__(self, name: str, mappings: Mapping[str, Any], data_stream: bool) -> None:
         self.name = name
-        self.shapes: dict[tuple[Any, ...], _Plan] = {}
         self.data_stream = data_stream
         day = datetime.now(tz=UTC).strftime("%Y.%m.%d")
         self.index = f".ds-{name}-{day}-000001" if data_stream else name
         self.mapping = Mapping_(mappings)
+        self.checker = Checker(self.mapping)
         self.docs: dict[str, dict[str, Any] | None] = {}  # None: not kept (``keep_sources``)
         self.versions: dict[str, int] = {}  # of documents written more than once (op ``index``)
         self.seq_no = -1  # of the last write (one per write, as a shard's sequence numbers)
+        # Every write attempt per ``_id`` (``write_tally``): 201s (a second one would be a
+        # second copy), 409s (a resend of a stored document: nothing stored) and, in
+        # ``versions``, the overwrites by op ``index`` (a second copy too).
+        self.created: dict[str, int] = {}
+        self.conflicts: dict[str, int] = {}
+        self.field_copies: dict[Any, int] = {}  # stored writes per value of ``tally_field``
 
 
 class FakeElasticsearch:
@@ -92,6 +97,9 @@ class FakeElasticsearch:
         self.delay_s = 0.0
         self.validate = True  # False: no mapping checks (benchmarks of the client side only)
         self.keep_sources = True  # False: keep only the ids (benchmarks; search finds nothing)
+        self.tally_field: str | None = None
+        """A dotted field (``event.id``) whose value in every stored write is counted per
+        stream (``write_tally``): a document stored twice under two ``_id`` is seen too."""
         self._faults: list[tuple[str, int]] = []
         self.bulk_active = 0
         """Bulk requests being answered now (past their fault check: a request that takes no
@@ -181,6 +189,29 @@ class FakeElasticsearch:
         with self.lock:
             found = self.streams.get(stream)
             return list(found.docs) if found else []
+
+    def write_tally(self, stream: str) -> dict[str, Any]:
+        """What the writes to ``stream`` did, for counting duplicates (benchmarks): ``ids``
+        stored; ``stored_more_than_once``, the ``_id`` stored by more than one write (two
+        201s, or an op ``index`` over a stored one) with their number of stored writes;
+        ``resends``, the 409s (a ``create`` of a stored ``_id``: nothing stored) and
+        ``resent_ids``, how many ``_id`` had one; with ``tally_field`` set, ``field_values``
+        (the values stored) and ``field_more_than_once`` (those in more than one stored
+        write, and how many)."""
+        with self.lock:
+            found = self.streams.get(stream)
+            if found is None:
+                found = Stream(stream, {}, False)
+            stored = {i: n + found.versions.get(i, 1) - 1 for i, n in found.created.items()}
+            return {
+                "ids": list(found.docs),
+                "stored_more_than_once": {i: n for i, n in stored.items() if n > 1},
+                "resends": sum(found.conflicts.values()),
+                "resent_ids": len(found.conflicts),
+                "field": self.tally_field,
+                "field_values": list(found.field_copies) if self.tally_field else [],
+                "field_more_than_once": {str(v): n for v, n in found.field_copies.items() if n > 1},
+            }
 
     # -- templates and streams --------------------------------------------------------------
 
@@ -304,8 +335,16 @@ class _Connection(socketserver.StreamRequestHandler):
         if headers.get("transfer-encoding", "").lower() == "chunked":
             body = self._chunked()
         else:
-            length = int(headers.get("content-length") or 0)
-            body = rfile.read(length) if length else b""
+            declared = headers.get("content-length") or "0"
+            if not declared.isascii() or not declared.isdigit():  # negative, or no number
+                # the body's end is unknown: answered 400 and the connection closed, as
+                # Elasticsearch's HTTP layer does (nothing of the request is run)
+                reason = f"invalid Content-Length [{declared}]"
+                error = HttpError(400, "illegal_argument_exception", reason)
+                self._write(400, orjson.dumps(error.body()), headers, {"Connection": "close"})
+                return False
+            length = int(declared)
+            body = self._body(length) if length else b""
         if headers.get("content-encoding", "").lower() == "gzip":
             body = gzip.decompress(body)
         request = _Request(self.server.es, method, target, headers, body)
@@ -313,6 +352,24 @@ class _Connection(socketserver.StreamRequestHandler):
         self._write(status, data, headers, extra, head=method == "HEAD")
         keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         return keep
+
+    def _body(self, length: int) -> bytes:
+        """The request body: what the buffer holds, then the rest straight from the socket
+        with ``MSG_WAITALL``, so that a body of megabytes is one wait in the kernel (reading
+        it in 64 KiB pieces made this thread take the GIL from the one answering another
+        bulk request a hundred times per request)."""
+        head = self.rfile.read(len(self.rfile.peek(length)[:length]))  # buffered: no read
+        if len(head) >= length or not head:
+            return head
+        body = bytearray(length)
+        body[: len(head)] = head
+        view = memoryview(body)[len(head) :]
+        while view:
+            got = self.connection.recv_into(view, len(view), socket.MSG_WAITALL)
+            if not got:
+                raise ConnectionError("the client closed the connection within a body")
+            view = view[got:]
+        return bytes(body)
 
     def _chunked(self) -> bytes:
         parts = []
@@ -495,32 +552,48 @@ class _Request:
                     429, "es_rejected_execution_exception", "rejected execution of bulk"
                 )
             raise HttpError(status, "fake_fault", f"injected {status}", product=False)
-        lines = [line for line in raw.split(b"\n") if line.strip()]
+        lines = list(filter(bytes.strip, raw.split(b"\n")))  # without blank lines
         started = time.monotonic()
+        # Every action line is parsed before any item runs: real Elasticsearch refuses a
+        # malformed action line (or a missing source) with a 400 for the whole request and
+        # stores none of its items. A source is parsed when its item runs: a malformed one
+        # fails that item only (document_parsing_exception), as in Elasticsearch.
+        operations: list[tuple[str, Any, bytes | None]] = []
+        i = 0
+        while i < len(lines):
+            try:
+                action = _loads(lines[i])
+                ((op, meta),) = action.items()
+                source_line = lines[i + 1] if op != "delete" else None
+            except (ValueError, IndexError, AttributeError) as exc:
+                raise HttpError(
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}]",
+                ) from exc
+            if op not in ("create", "index", "delete", "update"):
+                raise HttpError(
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}], expected one of [create, "
+                    f"delete, index, update] but found [{op}]",
+                )
+            i += 1 if op == "delete" else 2
+            operations.append((op, meta, source_line))
         items: list[dict[str, Any]] = []
         errors = False
-        i = 0
         with self.es.lock:  # one bulk at a time, as one shard's write thread would
-            while i < len(lines):
-                try:  # real Elasticsearch refuses a malformed bulk body as a whole, with a 400
-                    action = _loads(lines[i])
-                    ((op, meta),) = action.items()
-                    source = _loads(lines[i + 1]) if op != "delete" else None
-                except (ValueError, IndexError, AttributeError) as exc:
-                    raise HttpError(
-                        400,
-                        "illegal_argument_exception",
-                        f"Malformed action/metadata line [{i + 1}]",
-                    ) from exc
-                if op not in ("create", "index", "delete", "update"):
-                    raise HttpError(
-                        400,
-                        "illegal_argument_exception",
-                        f"Malformed action/metadata line [{i + 1}], expected one of [create, "
-                        f"delete, index, update] but found [{op}]",
-                    )
-                i += 1 if op == "delete" else 2
-                item = self._bulk_item(op, meta, source, default_index)
+            for op, meta, source_line in operations:
+                try:
+                    source = _loads(source_line) if source_line is not None else None
+                except ValueError as exc:
+                    known = meta if isinstance(meta, dict) else {}
+                    doc_id = str(known.get("_id") or "")
+                    index = str(known.get("_index") or default_index or "")
+                    reason = f"failed to parse: {exc}"
+                    item = _item_error(400, "document_parsing_exception", reason, index, doc_id)
+                else:
+                    item = self._bulk_item(op, meta, source, default_index)
                 errors = errors or item["status"] >= 300
                 items.append({op: item})
         took = int((time.monotonic() - started) * 1000)
@@ -534,12 +607,7 @@ class _Request:
         fault = self.es.take_fault("item") if self.es._faults else None
 
         def error(status: int, kind: str, reason: str, index: str) -> dict[str, Any]:
-            return {
-                "_index": index,
-                "_id": doc_id,
-                "status": status,
-                "error": {"type": kind, "reason": reason},
-            }
+            return _item_error(status, kind, reason, index, doc_id)
 
         if fault is not None:
             return error(fault, "es_rejected_execution_exception", "injected item fault", name)
@@ -560,11 +628,12 @@ class _Request:
                     "data stream timestamp field [@timestamp] is missing",
                     index,
                 )
-            problem = _validate(source, stream) if self.es.validate else None
+            problem = stream.checker.check(source) if self.es.validate else None
             if problem:
                 return error(400, "document_parsing_exception", problem, index)
             exists = doc_id in stream.docs
             if exists and op == "create":
+                stream.conflicts[doc_id] = stream.conflicts.get(doc_id, 0) + 1
                 return error(
                     409,
                     "version_conflict_engine_exception",
@@ -576,6 +645,11 @@ class _Request:
             version = 1
             if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
                 version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
+            else:
+                stream.created[doc_id] = stream.created.get(doc_id, 0) + 1
+            if self.es.tally_field is not None:
+                value = _field(source, self.es.tally_field)
+                stream.field_copies[value] = stream.field_copies.get(value, 0) + 1
             stream.seq_no += 1
             seq = stream.seq_no
         return {
@@ -583,7 +657,7 @@ class _Request:
             "_id": doc_id,
             "_version": version,
             "result": "updated" if exists else "created",
-            "_shards": {"total": 1, "successful": 1, "failed": 0},
+            "_shards": _SHARDS,  # one shard: the same for every item (read only)
             "_seq_no": seq,
             "_primary_term": 1,
             "status": 200 if exists else 201,
@@ -636,43 +710,79 @@ class _Request:
 
 
 _DROP = object()
+_SHARDS = {"total": 1, "successful": 1, "failed": 0}
+
+
+def _item_error(status: int, kind: str, reason: str, index: str, doc_id: str) -> dict[str, Any]:
+    return {
+        "_index": index,
+        "_id": doc_id,
+        "status": status,
+        "error": {"type": kind, "reason": reason},
+    }
 
 
 def filter_path(body: dict[str, Any], spec: str) -> Any:
     """``body`` with only the fields ``filter_path`` names (Elasticsearch's response filtering:
     comma-separated dotted paths, ``*`` matching one key, arrays passed through; empty
     objects dropped). Exclusions (``-path``) and ``**`` are not implemented: a 400."""
+    kept = _path_filter(spec).apply(body)
+    return {} if kept is _DROP else kept
+
+
+@functools.lru_cache(maxsize=64)
+def _path_filter(spec: str) -> _PathFilter:
     patterns = tuple(tuple(p.strip().split(".")) for p in spec.split(",") if p.strip())
     if any(p[0].startswith("-") or "**" in p for p in patterns):
         raise HttpError(
             400, "illegal_argument_exception", f"filter_path [{spec}]: the fake does not do it"
         )
-    kept = _filtered(body, patterns)
-    return {} if kept is _DROP else kept
+    return _PathFilter(patterns)
 
 
-def _filtered(value: Any, patterns: tuple[tuple[str, ...], ...]) -> Any:
-    if () in patterns:  # a path ends here: the whole value is kept
-        return value
-    if isinstance(value, list):
-        items = [v for v in (_filtered(v, patterns) for v in value) if v is not _DROP]
-        return items if items else _DROP
-    if not isinstance(value, dict):
-        return _DROP
-    out = {}
-    for key, item in value.items():
-        rest = _step(key, patterns)
-        if rest:
-            kept = _filtered(item, rest)
+class _PathFilter:
+    """What is left of the ``filter_path`` patterns at one depth; which keys of an object they
+    keep is remembered per tuple of the object's keys (a bulk answer's thousands of items have
+    the same few)."""
+
+    __slots__ = ("_children", "_patterns", "_plans", "_whole")
+
+    def __init__(self, patterns: tuple[tuple[str, ...], ...]) -> None:
+        self._patterns = patterns
+        self._whole = () in patterns  # a path ends here: the whole value is kept
+        self._plans: dict[tuple[str, ...], list[tuple[str, _PathFilter]]] = {}
+        self._children: dict[tuple[tuple[str, ...], ...], _PathFilter] = {}
+
+    def apply(self, value: Any) -> Any:
+        if self._whole:
+            return value
+        if isinstance(value, list):
+            items = [v for v in map(self.apply, value) if v is not _DROP]
+            return items if items else _DROP
+        if not isinstance(value, dict):
+            return _DROP
+        keys = tuple(value)
+        plan = self._plans.get(keys)
+        if plan is None:
+            plan = self._plan(keys)
+        out = {}
+        for key, child in plan:
+            kept = child.apply(value[key])
             if kept is not _DROP:
                 out[key] = kept
-    return out if out else _DROP
+        return out if out else _DROP
 
-
-@functools.lru_cache(maxsize=4096)
-def _step(key: str, patterns: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], ...]:
-    """What is left of ``patterns`` below ``key``."""
-    return tuple(p[1:] for p in patterns if p and fnmatch.fnmatchcase(key, p[0]))
+    def _plan(self, keys: tuple[str, ...]) -> list[tuple[str, _PathFilter]]:
+        plan = []
+        for key in keys:
+            rest = tuple(p[1:] for p in self._patterns if p and fnmatch.fnmatchcase(key, p[0]))
+            if rest:
+                if rest not in self._children:
+                    self._children[rest] = _PathFilter(rest)
+                plan.append((key, self._children[rest]))
+        if len(self._plans) < 1024:
+            self._plans[keys] = plan
+        return plan
 
 
 def _loads(line: bytes) -> Any:
@@ -684,171 +794,20 @@ def _loads(line: bytes) -> Any:
         return json.loads(line)
 
 
+def _field(source: Any, dotted: str) -> Any:
+    """The value at a dotted path of a source (nested objects; None where there is none)."""
+    value = source
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
 def _has_timestamp(source: Any) -> bool:
     if isinstance(source, dict):
         value = source.get("@timestamp")
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             return True
     return bool(values_of(source, "@timestamp"))
-
-
-_Shape = tuple[Any, ...]
-_Plan = list[tuple[tuple[str, ...], str, Callable[[Any], bool]]]
-_CONTAINERS = frozenset({dict, list})
-
-
-def _shape(node: dict[str, Any]) -> _Shape:
-    """The shape of a document: its keys, in order, and the type of every value, all the way
-    down (lists by the types of their items). Documents of one shape pass or fail the same
-    type-level mapping checks; only a few checks look at values (see ``_validate``)."""
-    types = tuple(map(type, node.values()))
-    if _CONTAINERS.isdisjoint(types):  # a leaf object: keys and value types, in C
-        return (tuple(node), types)
-    return (
-        tuple(node),
-        types,
-        *[
-            _shape(v) if type(v) is dict else tuple(map(type, v))
-            for v in node.values()
-            if type(v) in _CONTAINERS
-        ],
-    )
-
-
-def _validate(source: Any, stream: Stream) -> str | None:
-    """Why ``source`` cannot be indexed with ``stream``'s mapping, or None.
-
-    Checked per document shape: a new shape is walked field by field (``_walk``), which also
-    yields the plan for its shape: the fields whose check depends on the value, not only on
-    its type (a date string, an IP, a number in a string, a constant_keyword...). A document of
-    a known shape runs only that plan, in document order, so its first problem is the one the
-    field-by-field walk would find."""
-    if not isinstance(source, dict):
-        return None
-    key = _shape(source)
-    plan = stream.shapes.get(key)
-    if plan is None:
-        plan = []
-        problem = _walk(source, "", (), stream.mapping, plan)
-        if len(stream.shapes) < 10_000:
-            stream.shapes[key] = plan
-        return problem
-    for keys, path, fine in plan:
-        node: Any = source
-        for k in keys:
-            node = node[k]
-        if fine(node):
-            continue
-        problem = _check_field(path, node, stream.mapping)
-        if problem:
-            return problem
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_date(value: str) -> bool:
-    """Whether ``value`` is an ISO 8601 date ``check_value`` takes (the common case, cached:
-    the documents of one cycle share their timestamps)."""
-    try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    return True
-
-
-def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
-    """A cheap test that a value of this field certainly passes (when it says no, the field is
-    checked in full by ``_check_field``, which finds the problem and its message)."""
-    sample = None if isinstance(value, dict | list) else value
-    kind = mapping.field_type(path, sample)
-    by_value = sample is not None and mapping.by_value(path, type(sample))
-    if kind == "date" and isinstance(sample, str) and not by_value:
-        return lambda v: type(v) is str and _iso_date(v)
-    spec = mapping.fields.get(path, {})
-    if kind == "constant_keyword" and "value" not in spec:
-        return lambda v: True  # its first value would set it: any value passes
-    expected = spec.get("value")
-    if kind == "constant_keyword" and isinstance(expected, str):
-        return lambda v: v == expected
-    return lambda v: False
-
-
-def _walk(
-    node: Any, prefix: str, keys: tuple[str, ...], mapping: Mapping_, plan: _Plan
-) -> str | None:
-    """Check every field of ``node`` (the field-by-field walk); append to ``plan`` the fields
-    whose check depends on more than the value's type. Returns the first problem."""
-    first = None
-    if isinstance(node, dict):
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            here = (*keys, key)
-            if isinstance(value, dict) and _is_object(path, mapping):
-                problem = _walk(value, path + ".", here, mapping, plan)
-            else:
-                problem = _check_field(path, value, mapping)
-                if problem is not None or not _type_decides(path, value, mapping):
-                    plan.append((here, path, _fast_check(path, value, mapping)))
-            first = first or problem
-    return first
-
-
-def _is_object(path: str, mapping: Mapping_) -> bool:
-    """Whether a dict at ``path`` is walked into (not flattened, not a leaf type)."""
-    kind = mapping.field_type(path, None)
-    if kind == "flattened":
-        return False
-    if kind is None and mapping.dynamic == "strict":
-        return True
-    return not kind or kind == "object"
-
-
-def _check_field(path: str, value: Any, mapping: Mapping_) -> str | None:
-    """The mapping check of one field that is not walked into (Elasticsearch's per-field
-    parsing: strict dynamic mapping, then the mapped type of the value or of each item)."""
-    sample = None if isinstance(value, dict | list) else value
-    kind = mapping.field_type(path, sample)
-    if kind == "flattened":
-        return None
-    if kind is None and mapping.dynamic == "strict" and not isinstance(value, dict):
-        return f"[1:1] mapping set to strict, dynamic introduction of [{path}] is not allowed"
-    if kind and kind != "object":
-        for item in value if isinstance(value, list) else [value]:
-            problem = check_value(kind, item, mapping.fields.get(path, {}))
-            if problem:
-                return f"failed to parse field [{path}] of type [{kind}]: {problem}"
-    return None
-
-
-_FREE_TYPES = frozenset({"keyword", "text", "match_only_text", "wildcard", "flattened", "object"})
-
-
-def _type_decides(path: str, value: Any, mapping: Mapping_) -> bool:
-    """Whether a field that passed its check passes for every value of the same type (so a
-    document of the same shape need not check it again)."""
-    sample = None if isinstance(value, dict | list) else value
-    if sample is not None and mapping.by_value(path, type(sample)):
-        return isinstance(sample, bool | int | float)  # strings: "date" or "text" by value
-    kind = mapping.field_type(path, sample)
-    if kind is None or kind in _FREE_TYPES:
-        return kind is not None or mapping.dynamic != "strict" or isinstance(value, dict)
-    items = value if isinstance(value, list) else [value]
-    return all(_value_free(kind, item) for item in items)
-
-
-def _value_free(kind: str, item: Any) -> bool:
-    """Whether ``check_value(kind, item)`` depends only on the type of ``item``."""
-    if item is None or isinstance(item, dict):
-        return True
-    if kind in ("long", "integer", "short", "byte"):
-        return isinstance(item, int) and not isinstance(item, bool)
-    if kind in NUMERIC:
-        return isinstance(item, int | float)
-    if kind == "date":
-        return isinstance(item, int | float) and not isinstance(item, bool)
-    if kind == "boolean":
-        return isinstance(item, bool)
-    return kind not in ("ip", "constant_keyword") and kind in _FREE_TYPES
 
 
 def _info() -> dict[str, Any]:

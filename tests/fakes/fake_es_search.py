@@ -125,7 +125,9 @@ class Mapping_:
             found = self._mapped_type(path, sample)
             self._memo[key] = found
         if found is _BY_VALUE:
-            return self._dynamic_type(sample)
+            # ``dynamic: strict``: an unmapped field has no type (and is refused), it is not
+            # typed by its value
+            return None if self.dynamic == "strict" else self._dynamic_type(sample)
         return found  # type: ignore[return-value]
 
     def by_value(self, path: str, kind: type) -> bool:

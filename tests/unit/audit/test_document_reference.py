@@ -76,3 +76,32 @@ def test_the_spool_entry_is_the_documents_json_byte_for_byte(decision: str, outc
     action, line = data.split(b"\n", 1)
     assert json.loads(action) == {"create": {"_index": 'logs-gpuops.decision-n"s', "_id": doc_id}}
     assert line == encode_line(doc)
+
+
+def test_percent_signs_in_shared_and_own_values_stay_as_they_are() -> None:
+    """The entry's shared bytes are a %-template: a % in a policy name, a reason, a query, a
+    host name or a label is text, never a format."""
+    decision = replace(
+        make_decision(reason="100%s %b %%", policy="p%d", labels={"a": "%s"}),
+        evidence=Evidence("rate(x[5m]) > 50%", 0.5, 1.0, 2.0),
+    )
+    built = decision_entry(decision, None, "h%s", "ns%", 3.0)
+    assert built == entry(decision_document(decision, None, "h%s", "ns%", 3.0))
+    assert b'"reason":"100%s %b %%"' in built[1]
+
+
+def test_a_reason_per_target_is_a_value_not_a_new_template() -> None:
+    """A cooldown's reason differs per target and cycle: the decisions of one policy and verdict
+    share one template whatever their reasons (review 15a finding 2: the reason was part of the
+    template key, so each suppressed decision built one and the cache dropped the hot ones)."""
+    from engine.audit import lines
+
+    lines._template.cache_clear()
+    for i in range(50):
+        decision = make_decision(
+            "suppressed:cooldown", reason=f"cooldown 3600s: last action {i}s ago, {3600 - i}s left"
+        )
+        built = decision_entry(decision, None, "h", "default", NOW)
+        assert built == entry(decision_document(decision, None, "h", "default", NOW))
+    assert lines._template.cache_info().currsize == 1
+    assert lines._template.cache_info().misses == 1

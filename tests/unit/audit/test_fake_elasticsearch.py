@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,57 @@ def test_index_over_an_existing_id_is_an_update_with_a_new_version() -> None:
         assert (second["result"], second["status"], second["_version"]) == ("updated", 200, 2)
         assert second["_seq_no"] == first["_seq_no"] + 1
         assert fake.documents("plain") == [{"n": 2}]
+
+
+def _raw_exchange(es: FakeElasticsearch, data: bytes) -> bytes:
+    """``data`` sent on one connection, closed for writing; all the fake answered."""
+    with socket.create_connection(("127.0.0.1", es.port), timeout=5) as conn:
+        conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := conn.recv(1 << 16):
+            out += chunk
+    return out
+
+
+@pytest.mark.parametrize("declared", ["-1", "abc", "+5"])
+def test_a_content_length_that_is_no_length_is_a_400_and_runs_nothing(declared: str) -> None:
+    """Review 15a finding 4: ``Content-Length: -1`` read the buffer minus one byte as the body
+    (the next pipelined request's too) and indexed it."""
+    doc = b'{"create":{"_index":"idx","_id":"neg"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
+    request = (
+        b"POST /_bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
+        b"Content-Length: " + declared.encode() + b"\r\n\r\n" + doc
+    )
+    with FakeElasticsearch() as es:
+        answer = _raw_exchange(es, request + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert f"invalid Content-Length [{declared}]".encode() in answer
+        assert answer.count(b"HTTP/1.1 ") == 1  # the connection is closed: framing is lost
+        assert es.ids("idx") == []
+
+
+def test_a_bulk_with_a_malformed_line_stores_none_of_its_items() -> None:
+    """Review 15a finding 5: the items before the malformed line were stored under the 400;
+    Elasticsearch parses the whole body before it runs any item."""
+    with FakeElasticsearch() as es:
+        good = b'{"create":{"_index":"idx","_id":"a"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
+        headers = {"Content-Type": "application/x-ndjson"}
+        for bad in (b"{not json\n", b'{"frobnicate":{"_index":"idx"}}\n{}\n'):
+            resp = requests.post(f"{es.url}/_bulk", data=good + bad, headers=headers, timeout=5)
+            assert resp.status_code == 400 and "line [3]" in resp.text
+        assert es.ids("idx") == []
+
+
+def test_a_malformed_source_fails_its_item_only() -> None:
+    """As in Elasticsearch, a source is parsed when its item runs: the other items are stored."""
+    with FakeElasticsearch() as es:
+        good = b'{"create":{"_index":"idx","_id":"a"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
+        bad = b'{"create":{"_index":"idx","_id":"b"}}\n{"@timestamp": nope}\n'
+        headers = {"Content-Type": "application/x-ndjson"}
+        resp = requests.post(f"{es.url}/_bulk", data=bad + good, headers=headers, timeout=5)
+        assert resp.status_code == 200
+        first, second = (item["create"] for item in resp.json()["items"])
+        assert (first["status"], first["_id"], second["status"]) == (400, "b", 201)
+        assert first["error"]["type"] == "document_parsing_exception"
+        assert es.ids("idx") == ["a"]

@@ -13,7 +13,7 @@ from engine.audit.lines import encode_line
 from engine.audit.lines import entry as entry_of
 from engine.audit.metrics import AuditMetrics
 from engine.audit.settings import AuditSettings, FullPolicy
-from engine.audit.spool import Spool, read_spool, segment_paths
+from engine.audit.spool import Spool, entries, entry_lines, read_spool, segment_paths
 from tests.unit.audit.factories import make_decision
 
 
@@ -172,3 +172,26 @@ def test_the_default_limit_holds_as_many_decisions_as_format_1_did(tmp_path: Pat
     with (old / segment.with_suffix(".jsonl").name).open("wb") as out:
         subprocess.run(["sed", "-n", "n;p", str(segment)], stdout=out, check=True)
     assert ids(old) == ids(tmp_path / "new") == [f"id-{n:04d}" for n in range(5)]
+
+
+def test_entry_lines_split_a_segment_as_entries_reads_it(tmp_path: Path) -> None:
+    """The shipper's split (checked in C when well formed) agrees with ``entries`` on a good
+    segment and on torn, corrupt and misplaced lines."""
+    good = b"".join(
+        entry_of(decision_document(make_decision(), None, "h", "default", 1.0))[1] for _ in range(3)
+    )
+    action, line = good.split(b"\n")[:2]
+    cases = [
+        good,
+        b"",
+        good + action + b"\n",  # an action line torn off its document
+        good + action + b"\n" + line[:20],  # a torn last entry
+        action + b"\n" + b"\x00\x00\n" + good,  # a block of zeros for a document
+        action + b"\n" + good,  # an action line without its document
+        b"garbage\n" + good,
+    ]
+    for data in cases:
+        path = tmp_path / "segment-000000000001.ndjson"
+        found = list(entries(data, path))
+        assert entry_lines(data, path) == ([a for _, a, _ in found], [d for _, _, d in found])
+    assert len(entry_lines(good, tmp_path / "x.ndjson")[0]) == 3

@@ -63,6 +63,15 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
             "engine.yaml:1: state: renew_interval (2s) must be at most a third of the lease (3s):"
             " a leader renews a few times before it may lapse",
         ),
+        (
+            "audit:\n  spool_dir: a\n  max_spool_bytes: 1000\n",
+            "engine.yaml:3: audit.max_spool_bytes: Input should be greater than or equal to"
+            " 1048576",
+        ),
+        (
+            "audit:\n  full_policy: drop_newest\n",
+            "engine.yaml:2: audit.full_policy: Input should be 'fail_closed' or 'drop_oldest'",
+        ),
     ],
     ids=[
         "unknown-key",
@@ -73,9 +82,20 @@ def test_shipped_example_loads_and_resolves_paths_against_the_file() -> None:
         "password-in-state-url",
         "not-postgres",
         "renewal-too-slow",
+        "spool-too-small",
+        "unknown-full-policy",
     ],
 )
 def test_mistakes_name_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, text))
     assert str(caught.value) == f"{tmp_path}/{expected}"
+
+
+def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path) -> None:
+    text = "audit:\n  spool_dir: a\n  max_spool_bytes: 2097152\n  full_policy: drop_oldest\n"
+    settings = load_config(write(tmp_path, text)).audit.settings()
+    assert (settings.max_spool_bytes, settings.full_policy) == (2097152, "drop_oldest")
+    assert settings.spool_dir == tmp_path / "a"
+    default = load_config(write(tmp_path, "{}\n")).audit.settings()
+    assert (default.max_spool_bytes, default.full_policy) == (280 * 1024 * 1024, "fail_closed")
