@@ -263,7 +263,7 @@ class Pair:
         common = {
             "prometheus": {"url": prometheus_url, "timeout": "2s"},
             "rules": [str(root / "rules")],
-            "executors": {"fleet": {"url": self.recorder.url}},
+            "executors": {"fleet": {"url": self.recorder.url, "timeout_s": 120}},
             "state": {
                 "password_file": str(pg.password_file),
                 "lease": lease,

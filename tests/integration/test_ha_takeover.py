@@ -183,11 +183,12 @@ def test_sigkill_mid_action_and_between_recording_and_executing(pair: Pair) -> N
     assert leader is not None
     pair.recorder.hold()
 
-    # the executor's 4 workers wait on held answers, later decisions queue behind them:
-    # recorded ``started`` in the database, not delivered yet
+    # the executor's 4 workers wait on held answers (its timeout is longer than the hold),
+    # later decisions queue behind them: recorded ``started`` in the database, not delivered
+    # yet. With fewer than 4 held, a free worker would deliver a queued one in a moment.
     def both() -> bool:
         started, delivered = pair.started(), set(pair.recorder.deliveries())
-        return bool(started - delivered and started & delivered)
+        return bool(started - delivered) and len(started & delivered) >= 4
 
     wait_for(both, 60, "actions in flight and actions recorded but not yet executed")
     earlier = pair.recorder.deliveries()
