@@ -14,9 +14,11 @@ that are the same for every decision are encoded once, the rest value by value w
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -28,9 +30,7 @@ from engine.audit.documents import (
     _plain,
     _plain_params,
     decision_document,
-    decision_message,
-    event_id,
-    iso,
+    iso_json,
     outcome_fields,
     stream_of,
 )
@@ -71,11 +71,6 @@ def entry(doc: Mapping[str, Any]) -> tuple[str, bytes]:
     """A document's ``event.id`` and spool entry (its action line, then its line)."""
     doc_id = str(doc["event"]["id"])
     return doc_id, action_line(stream_of(doc), doc_id) + encode_line(doc)
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_json(ts: float) -> bytes:
-    return _dumps(iso(ts))
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,6 +119,31 @@ def _params(params: Mapping[str, Any]) -> bytes:
 
 
 _STR = {str}
+_sha256 = hashlib.sha256
+_TARGET_TEXTS: dict[tuple[str, ...], tuple[Callable[[Mapping[str, str]], Any], str]] = {}
+
+
+def _target_text(labels: dict[str, str]) -> str | None:
+    """``decision_message``'s text of a target's labels (``k=v, ...`` sorted by name), or None
+    when a key or value is not a plain ``str`` (the document path converts those): a format
+    and an ``itemgetter`` per tuple of label names, made once, so a target costs one ``%``."""
+    names = tuple(labels)
+    made = _TARGET_TEXTS.get(names)
+    if made is None:
+        order = sorted(names)
+        if len(_TARGET_TEXTS) >= 1024:
+            _TARGET_TEXTS.clear()
+        getter: Callable[[Mapping[str, str]], Any] = (
+            itemgetter(*order) if len(order) > 1 else lambda m: tuple(m[k] for k in order)
+        )
+        text = ", ".join(f"{k.replace('%', '%%')}=%s" for k in order)
+        made = _TARGET_TEXTS[names] = (getter, text)
+    getter, text = made
+    values = getter(labels)
+    if not {*map(type, names), *map(type, values)} <= _STR:
+        return None
+    formatted: str = text % values
+    return formatted
 
 
 def decision_entry(
@@ -132,20 +152,23 @@ def decision_entry(
     """``entry(decision_document(...))``, built without the document (the audit's hot path:
     one per decision and outcome)."""
     try:
-        return _decision_entry(decision, outcome, host_name, namespace, now)
+        built = _decision_entry(decision, outcome, host_name, namespace, now)
     except (TypeError, ValueError):  # what orjson refuses (an integer beyond 64 bits...)
+        built = None
+    if built is None:  # or labels that are not plain strings
         return entry(decision_document(decision, outcome, host_name, namespace, now))
+    return built
 
 
 def _decision_entry(
     decision: Decision, outcome: Outcome | None, host_name: str, namespace: str, now: float
-) -> tuple[str, bytes]:
+) -> tuple[str, bytes] | None:
     verdict: str = decision.verdict._value_  # the enums' text (``.value`` is a slow property)
     transition: str = decision.transition._value_
     spec = decision.action
     reason = decision.reason
     status, ecs_outcome, executed = outcome_fields(verdict, outcome)
-    doc_id = event_id(decision.id, verdict, status)
+    doc_id = _sha256(f"{decision.id}\x1f{verdict}\x1f{status}".encode()).hexdigest()[:32]
     evidence = decision.evidence
     key = (
         namespace,
@@ -161,39 +184,50 @@ def _decision_entry(
         spec.type if spec is not None else transition,
     )
     template = _template(key)
-    labels = dict(decision.target.labels)
-    if {*map(type, labels), *map(type, labels.values())} - _STR:
-        labels = {str(k): str(v) for k, v in labels.items()}
+    labels = decision.target.labels
+    labels = labels.copy() if type(labels) is MappingProxyType else dict(labels)
+    if type(labels) is not dict:
+        labels = dict(labels)
+    target = _target_text(labels) if labels else ""
+    if target is None:
+        return None
     labels_json = _dumps(labels)
     value = evidence.value
     id_bytes = doc_id.encode()
-    message = decision_message(decision, labels, transition, verdict, status, outcome)
+    reason_json = _dumps(reason)
+    # the message (``decision_message``): its policy, transition and verdict are in the
+    # template; a JSON string's escapes are per character, so its pieces are encoded apart
+    tail = b" (" + reason_json[1:-1] + b")" if reason else b""
+    if outcome is not None:
+        said = f", {status}: {outcome.error}" if outcome.error else f", {status}"
+        tail += _dumps(said)[1:-1]
     return doc_id, template % (
         id_bytes,
-        _iso_json(decision.at),
-        _iso_json(now),
+        iso_json(decision.at),
+        iso_json(now),
         id_bytes,
-        b',"reason":' + _dumps(reason) if reason else b"",
+        b',"reason":' + reason_json if reason else b"",
         b""
         if outcome is None or not math.isfinite(outcome.duration_s)
         else b',"duration":' + _dumps(int(round(outcome.duration_s * 1e9))),
-        _dumps(message),
+        _dumps(target or decision.target.key)[1:-1],
+        tail,
         labels_json,
         b',"error":{"message":' + _dumps(outcome.error) + b"}"
         if outcome is not None and outcome.error
         else b"",
         _dumps(decision.id),
-        _iso_json(decision.episode_start),
+        iso_json(decision.episode_start),
         _dumps(decision.repeat),
         b',"held_repeats":' + _dumps(decision.held_repeats) if decision.held_repeats else b"",
-        _dumps(reason),
+        reason_json,
         _dumps(decision.target.key),
         labels_json,
         _dumps(value if value is not None and math.isfinite(value) else None),
-        _iso_json(evidence.observed_at),
+        iso_json(evidence.observed_at),
         b""
         if evidence.pending_since is None
-        else b',"pending_since":' + _iso_json(evidence.pending_since),
+        else b',"pending_since":' + iso_json(evidence.pending_since),
         _policy_labels(decision.labels) if decision.labels else b"",
         b"" if spec is None else _spec(spec),
         b""
@@ -237,8 +271,9 @@ def _template(key: tuple[Any, ...]) -> bytes:
                 b'"',
             ),  # event.reason
             b"",  # duration
-            fixed(b'},"message":'),  # message
-            fixed(b',"rule":', _rule(policy, group), b',"host":', host, b',"labels":'),  # labels
+            fixed(b'},"message":"', _dumps(f"{policy} {transition} on ")[1:-1]),  # target
+            fixed(_dumps(f": {verdict}")[1:-1]),  # reason and outcome
+            fixed(b'","rule":', _rule(policy, group), b',"host":', host, b',"labels":'),  # labels
             b"",  # error
             fixed(b',"gpuops":{"decision":{"id":'),  # decision id
             fixed(b',"episode_start":'),  # episode start

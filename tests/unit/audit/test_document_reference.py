@@ -4,16 +4,27 @@ document's JSON."""
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
 
 import pytest
 
 from engine.audit.documents import decision_document
 from engine.audit.lines import decision_entry, entry
 from engine.audit.spool import encode_line
-from engine.decisions import ActionSpec, Decision, Evidence, Outcome, OutcomeStatus, Transition
+from engine.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    Outcome,
+    OutcomeStatus,
+    Target,
+    Transition,
+)
 from tests.unit.audit import reference_documents
 from tests.unit.audit.factories import make_decision
 
@@ -105,3 +116,36 @@ def test_a_reason_per_target_is_a_value_not_a_new_template() -> None:
         assert built == entry(decision_document(decision, None, "h", "default", NOW))
     assert lines._template.cache_info().currsize == 1
     assert lines._template.cache_info().misses == 1
+
+
+class Tag(str):
+    """A str subclass: its text is the value, but the document path stores ``str(value)``."""
+
+
+class Named(str, enum.Enum):  # noqa: UP042 (a StrEnum str()s to its value)
+    """A str enum: ``str()`` of a member is ``Named.A`` on Python 3.11, not its value."""
+
+    A = "a"
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"node": "n1", "gpu": 3},
+        {"node": Tag("n1")},
+        {"node": Named.A, "uuid": "GPU-1"},
+        {Tag("node"): "n1"},
+        {"z": "1", "a": "2", "m%s": "%d"},
+        {"only": "one"},
+    ],
+    ids=["int value", "str subclass value", "str enum value", "str subclass key", "order", "one"],
+)
+def test_labels_that_are_not_plain_strings_are_written_as_the_document_has_them(
+    labels: dict[Any, Any],
+) -> None:
+    """The entry formats a target's labels once per tuple of names; a key or value that is not
+    exactly ``str`` goes the document's way (``str()`` of each), so nothing differs."""
+    decision = replace(BASE, target=Target(BASE.target.key, MappingProxyType(labels)))
+    for outcome in (None, OUTCOMES["failure"]):
+        built = decision_entry(decision, outcome, "host-1", "default", NOW)
+        assert built == entry(decision_document(decision, outcome, "host-1", "default", NOW))
