@@ -7,15 +7,28 @@ retry is visible in ``gpuops_audit_retried_documents_total``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from elastic_transport import ConnectionError as TransportConnectionError
 from elastic_transport import ConnectionTimeout, TransportError
 from elasticsearch import ApiError, Elasticsearch, UnsupportedProductError
-from elasticsearch.serializer import OrjsonSerializer
+from elasticsearch.serializer import NdjsonSerializer, OrjsonSerializer
 
 from engine.audit.errors import ElasticsearchError, RetryableError, cap
 from engine.audit.settings import AuditSettings
 
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+
+
+class SpooledNdjsonSerializer(NdjsonSerializer):
+    """The bulk body the shipper hands over (the spooled bytes, ending with a newline) sent as
+    it is: the client's NDJSON serializer copies a bytes body twice (into a ``bytearray``,
+    then out of it) before the transport sends it. Anything else is serialized as before."""
+
+    def dumps(self, data: Any) -> bytes:
+        if type(data) is bytes and data.endswith(b"\n"):
+            return data
+        return super().dumps(data)
 
 
 def make_client(settings: AuditSettings, url: str | None = None) -> Elasticsearch:
@@ -38,9 +51,12 @@ def make_client(settings: AuditSettings, url: str | None = None) -> Elasticsearc
         request_timeout=settings.request_timeout_s,
         max_retries=0,
         retry_on_timeout=False,
-        # responses (a bulk answer has an item per document) parsed in C; request bodies of
-        # the shipper are bytes already, which the NDJSON serializer passes through
-        serializers={"application/json": OrjsonSerializer()},
+        # responses (a bulk answer has an item per document) parsed in C; the shipper's bulk
+        # bodies are the spool's bytes, passed through (also for the compatibility mimetype)
+        serializers={
+            "application/json": OrjsonSerializer(),
+            "application/x-ndjson": SpooledNdjsonSerializer(),
+        },
         **auth,  # type: ignore[arg-type]
     )
 

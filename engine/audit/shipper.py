@@ -27,14 +27,15 @@ import random
 import threading
 import time
 from bisect import bisect_right
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from itertools import accumulate, chain, islice, repeat
-from operator import add, itemgetter
+from itertools import accumulate, chain, repeat
+from operator import add
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -60,47 +61,65 @@ class _GiveUp(Exception):
     """Stop shipping now (closing and out of time); what is left stays in the spool."""
 
 
-@dataclass(eq=False)  # by identity: counted per segment (``_count``)
+@dataclass(eq=False)  # by identity
 class _Work:
-    """A sealed segment being shipped: how many of its documents are not yet settled."""
+    """A sealed segment being shipped: its entries as one ready ``_bulk`` body (``data``: each
+    document's action line and line), where each entry starts (``starts``: a byte offset per
+    document, then the end), and how many of its documents are not yet settled."""
 
     segment: Segment
+    data: bytes = b""
+    starts: list[int] = field(default_factory=list)
     outstanding: int = 0
 
-
-_Item = tuple[_Work, bytes, bytes]
-"""One spooled document: its segment's work, its bulk action line and its line, as they are
-in the segment (without their newlines). A plain tuple: a bulk of thousands is built, sized,
-sent and counted with C-level ``map``/``zip``/``itemgetter``, not per-document Python."""
-
-_WORK = itemgetter(0)
-_ACTION = itemgetter(1)
-_LINE = itemgetter(2)
-_PAIR = itemgetter(1, 2)
-_PLUS_NEWLINES = partial(add, 2)
+    def entry(self, k: int) -> tuple[bytes, bytes]:
+        """Document ``k``'s action line and line, without their newlines."""
+        action, _, line = self.data[self.starts[k] : self.starts[k + 1] - 1].partition(b"\n")
+        return action, line
 
 
-def _meta(item: _Item, key: str) -> str:
+_Run = tuple[_Work, int, int]
+"""Documents ``lo`` to ``hi - 1`` of one segment: a slice of its bytes, sent as it is. The
+shipper queues, sizes, sends and counts runs, not documents: a bulk of thousands is a few
+slices of the spooled bytes, with no object per document (issue 15: the per-document tuples
+cost the shipper ~4 us each, most of it in the garbage collector). A document refused with a
+retryable status is queued again as a run of one."""
+
+_PLUS_TWO = partial(add, 2)
+
+
+def _documents(runs: Iterable[_Run]) -> Iterator[tuple[_Work, int]]:
+    """Each document of ``runs``, in order: its segment's work and its number."""
+    for work, lo, hi in runs:
+        for k in range(lo, hi):
+            yield work, k
+
+
+def _size(runs: Iterable[_Run]) -> int:
+    return sum(hi - lo for _, lo, hi in runs)
+
+
+def _meta(item: tuple[_Work, int], key: str) -> str:
     """A field of a document's action line (``_id``, ``_index``): only to report a refused
     document."""
     try:
-        return str(orjson.loads(item[1])["create"][key])
+        return str(orjson.loads(item[0].entry(item[1])[0])["create"][key])
     except (ValueError, KeyError, TypeError):
         return "?"
 
 
-def _count(items: Iterable[_Item], step: int) -> None:
-    """Add ``step`` to the outstanding count of each item's segment, once per item."""
-    for work, n in Counter(map(_WORK, items)).items():
-        work.outstanding += step * n
+def _count(runs: Iterable[_Run], step: int) -> None:
+    """Add ``step`` to the outstanding count of each run's segment, once per document."""
+    for work, lo, hi in runs:
+        work.outstanding += step * (hi - lo)
 
 
 @dataclass
 class _Result:
     """What one bulk request came back with."""
 
-    batch: list[_Item]
-    retry: list[_Item] = field(default_factory=list)
+    batch: list[_Run]
+    retry: list[_Run] = field(default_factory=list)
     error: ElasticsearchError | None = None
     seconds: float = 0.0
     throttled: bool = False
@@ -133,9 +152,9 @@ class Shipper:
         self._not_before = 0.0  # no request before this monotonic time (backoff)
         self._batch_docs = max(settings.bulk_min_documents, settings.bulk_max_documents // 4)
         self._split: int | None = None  # a batch refused as too large: at most this many
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[_Run] = deque()
         self._works: deque[_Work] = deque()  # segments taken, in spool order
-        self._in_flight: dict[Future[_Result], list[_Item]] = {}
+        self._in_flight: dict[Future[_Result], list[_Run]] = {}
 
     def start(self) -> None:
         """Start the shipper thread; a second start while it runs does nothing (two loops on
@@ -199,32 +218,49 @@ class Shipper:
                 continue
             work = _Work(segment)
             self._works.append(work)
-            items = self._items(work)
-            work.outstanding = len(items)
-            self._queue.extend(items)
+            work.outstanding = self._load(work)
+            if work.outstanding:
+                self._queue.append((work, 0, work.outstanding))
         self._remove_done()
 
-    def _items(self, work: _Work) -> list[_Item]:
+    def _load(self, work: _Work) -> int:
+        """Read a segment's entries into ``work`` (its bytes as they are when well formed,
+        which is the rule; else the entries that ``entries`` keeps, joined); their count."""
         try:
             data = work.segment.path.read_bytes()
         except FileNotFoundError:
-            return []
+            return 0
         if work.segment.version == 2:  # ready action and document lines
             actions, lines = entry_lines(data, work.segment.path)
-            return list(zip(repeat(work), actions, lines))
-        items: list[_Item] = []
+        else:
+            actions, lines = self._format_1(data, work.segment.path)
+        lengths = map(_PLUS_TWO, map(add, map(len, actions), map(len, lines)))
+        work.starts = list(accumulate(lengths, initial=0))
+        if work.starts[-1] != len(data):  # lines were skipped (or format 1): join the rest
+            pieces = zip(actions, repeat(b"\n"), lines, repeat(b"\n"))
+            data = b"".join(chain.from_iterable(pieces))
+        work.data = data
+        return len(actions)
+
+    @staticmethod
+    def _format_1(data: bytes, path: Path) -> tuple[list[bytes], list[bytes]]:
+        """A format 1 segment's action lines (made from each document's id and data stream)
+        and lines."""
+        actions: list[bytes] = []
+        lines: list[bytes] = []
         pieces = data.split(b"\n")
         for number, line in enumerate(pieces[:-1], start=1):  # the last piece: torn or empty
             try:
                 doc = orjson.loads(line)
                 doc_id = str(doc["event"]["id"])
             except (ValueError, KeyError, TypeError):
-                log.warning("%s: skipping invalid line %d", work.segment.path, number)
+                log.warning("%s: skipping invalid line %d", path, number)
                 continue
-            items.append((work, action_line(stream_of(doc), doc_id)[:-1], line))
+            actions.append(action_line(stream_of(doc), doc_id)[:-1])
+            lines.append(line)
         if pieces[-1]:
-            log.warning("%s: skipping torn last line %d", work.segment.path, len(pieces))
-        return items
+            log.warning("%s: skipping torn last line %d", path, len(pieces))
+        return actions, lines
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         """Send batches while a slot is free and no backoff holds them back."""
@@ -236,16 +272,30 @@ class Shipper:
             batch = self._next_batch()
             self._in_flight[pool.submit(self._send, batch)] = batch
 
-    def _next_batch(self) -> list[_Item]:
+    def _next_batch(self) -> list[_Run]:
         """The next documents of the queue: at most the batch size, and as many as fit in
-        ``bulk_max_bytes`` (at least one)."""
+        ``bulk_max_bytes`` (at least one), as runs of the segments' documents."""
         queue = self._queue
-        first = list(islice(queue, self._split or self._batch_docs))
-        lengths = map(add, map(len, map(_ACTION, first)), map(len, map(_LINE, first)))
-        sizes = accumulate(map(_PLUS_NEWLINES, lengths))
-        fits = max(1, bisect_right(list(sizes), self._settings.bulk_max_bytes))
-        popleft = queue.popleft
-        return [popleft() for _ in range(min(fits, len(first)))]
+        docs = self._split or self._batch_docs
+        room = self._settings.bulk_max_bytes
+        batch: list[_Run] = []
+        while queue and docs > 0:
+            work, lo, hi = queue[0]
+            starts = work.starts
+            # the most documents from lo on whose bytes fit in the room left
+            end = bisect_right(starts, starts[lo] + room, lo, min(hi, lo + docs) + 1) - 1
+            if end <= lo:
+                if batch:
+                    break
+                end = lo + 1  # a document larger than bulk_max_bytes goes alone
+            batch.append((work, lo, end))
+            room -= starts[end] - starts[lo]
+            docs -= end - lo
+            if end < hi:
+                queue[0] = (work, end, hi)
+                break
+            queue.popleft()
+        return batch
 
     def _wait(self) -> set[Future[_Result]]:
         """Wait for a finished request, new work, the end of a backoff or closing."""
@@ -272,7 +322,7 @@ class Shipper:
 
     def _settle(self, done: Iterable[Future[_Result]]) -> None:
         """Account for finished requests: settled documents, retries, backoff, batch size."""
-        requeue: list[_Item] = []
+        requeue: list[_Run] = []
         for future in done:
             batch = self._in_flight.pop(future)
             result = future.result()
@@ -280,27 +330,29 @@ class Shipper:
                 requeue += self._failed(result)
                 continue
             requeue += result.retry
-            settled = len(batch) - len(result.retry)
+            settled = _size(batch) - _size(result.retry)
             _count(batch, -1)
             _count(result.retry, +1)
             self._split = None
             self._adapt(result)
             if result.retry:
-                self._backoff(f"{len(result.retry)} documents refused with a retryable status")
+                retried = _size(result.retry)
+                self._backoff(f"{retried} documents refused with a retryable status")
             elif settled:
                 self._failures = 0
         if requeue:  # retried documents go out first, in the order they were batched
             self._queue.extendleft(reversed(requeue))
         self._remove_done()
 
-    def _failed(self, result: _Result) -> list[_Item]:
+    def _failed(self, result: _Result) -> list[_Run]:
         """A bulk request failed as a whole: what to send again."""
         exc = result.error
         assert exc is not None
         batch = result.batch
+        size = _size(batch)
         if isinstance(exc, RetryableError):
             self._metrics.bulk_requests.labels(result="retry").inc()
-            self._metrics.retried.labels(reason=_reason(exc)).inc(len(batch))
+            self._metrics.retried.labels(reason=_reason(exc)).inc(size)
             if exc.status == 429:
                 self._shrink()
             self._backoff(f"bulk request failed: {exc}")
@@ -311,19 +363,20 @@ class Shipper:
         # 500, ...) is retried with backoff until someone fixes it.
         self._metrics.bulk_requests.labels(result="error").inc()
         if exc.status in (400, 413):
-            if len(batch) > 1:
-                self._split = max(1, len(batch) // 2)
+            if size > 1:
+                self._split = max(1, size // 2)
                 return batch
+            work, lo, _ = batch[0]
             try:
-                self._dead_letter([(batch[0], {"status": exc.status, "error": str(exc)})])
+                self._dead_letter([((work, lo), {"status": exc.status, "error": str(exc)})])
             except OSError:  # kept in the spool: sent (and refused) again after a backoff
                 log.exception("audit: the dead-letter file is not writable")
                 self._backoff(f"bulk request refused: {exc}")
                 return batch
-            batch[0][0].outstanding -= 1
+            work.outstanding -= 1
             self._split = None
             return []
-        self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(len(batch))
+        self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(size)
         self._backoff(f"bulk request refused: {exc}")
         return batch
 
@@ -332,7 +385,7 @@ class Shipper:
         settings = self._settings
         if result.throttled or result.seconds > settings.bulk_target_s:
             self._shrink()
-        elif len(result.batch) >= self._batch_docs:
+        elif _size(result.batch) >= self._batch_docs:
             self._batch_docs = min(settings.bulk_max_documents, int(self._batch_docs * 1.25) + 1)
 
     def _shrink(self) -> None:
@@ -347,10 +400,13 @@ class Shipper:
 
     # -- one request (on a pool thread) -----------------------------------------------------
 
-    def _send(self, batch: Sequence[_Item]) -> _Result:
+    def _send(self, batch: Sequence[_Run]) -> _Result:
         """One bulk request; never raises (the shipper thread reads the result)."""
         result = _Result(list(batch))
-        body = b"\n".join(chain.from_iterable(map(_PAIR, batch))) + b"\n"
+        size = _size(batch)
+        # the spooled bytes as they are: one slice per run, joined once; the client sends
+        # them without copying (``client.SpooledNdjsonSerializer``)
+        body = b"".join([w.data[w.starts[lo] : w.starts[hi]] for w, lo, hi in batch])
         started = time.monotonic()
         try:
             response = self._bulk_client().bulk(
@@ -367,18 +423,18 @@ class Shipper:
         finally:
             result.seconds = time.monotonic() - started
         items = response.body.get("items") or []
-        if len(items) != len(batch):
+        if len(items) != size:
             result.error = RetryableError(
-                f"bulk response has {len(items)} items for {len(batch)} documents"
+                f"bulk response has {len(items)} items for {size} documents"
             )
             return result
         if response.body.get("errors") is False:  # every item created (a 409 is an error)
-            self._metrics.shipped.labels(result="created").inc(len(batch))
+            self._metrics.shipped.labels(result="created").inc(size)
             self._metrics.bulk_requests.labels(result="ok").inc()
             return result
-        dead: list[tuple[_Item, Mapping[str, Any]]] = []
+        dead: list[tuple[tuple[_Work, int], Mapping[str, Any]]] = []
         created = duplicates = 0
-        for item, answer in zip(batch, items, strict=True):
+        for item, answer in zip(_documents(batch), items, strict=True):
             outcome = next(iter(answer.values()))
             status = int(outcome.get("status", 0))
             if 200 <= status < 300:
@@ -387,7 +443,7 @@ class Shipper:
                 duplicates += 1
             elif status in RETRYABLE_STATUSES:
                 self._metrics.retried.labels(reason=f"item_{status}").inc()
-                result.retry.append(item)
+                result.retry.append((item[0], item[1], item[1] + 1))
                 result.throttled = result.throttled or status == 429
             else:
                 dead.append((item, outcome))
@@ -398,11 +454,11 @@ class Shipper:
                 self._dead_letter(dead)
             except OSError:  # kept in the spool: sent (and refused) again after a backoff
                 log.exception("audit: the dead-letter file is not writable")
-                result.retry += [item for item, _ in dead]
+                result.retry += [(work, k, k + 1) for (work, k), _ in dead]
         self._metrics.bulk_requests.labels(result="ok").inc()
         return result
 
-    def _dead_letter(self, dead: Sequence[tuple[_Item, Mapping[str, Any]]]) -> None:
+    def _dead_letter(self, dead: Sequence[tuple[tuple[_Work, int], Mapping[str, Any]]]) -> None:
         directory = self._settings.dead_letter_dir
         directory.mkdir(parents=True, exist_ok=True)
         now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -417,10 +473,11 @@ class Shipper:
                     "error": error,
                     "index": _meta(item, "_index"),
                 }
+                line = item[0].entry(item[1])[1]
                 try:
-                    entry["document"] = orjson.loads(item[2])
+                    entry["document"] = orjson.loads(line)
                 except ValueError:  # a corrupt spool line: its bytes as they are, losing nothing
-                    entry["document_raw"] = item[2].decode("utf-8", errors="backslashreplace")
+                    entry["document_raw"] = line.decode("utf-8", errors="backslashreplace")
                 fh.write(orjson.dumps(entry, default=str) + b"\n")
                 log.error(
                     "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
