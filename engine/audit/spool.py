@@ -33,8 +33,10 @@ import os
 import re
 import threading
 import time
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, islice
 from operator import methodcaller
 from pathlib import Path
 from typing import IO, Any
@@ -65,6 +67,12 @@ class Segment:
     documents: int
     size: int
     opened_at: float = 0.0
+    starts: array[int] | None = None
+    """Of a segment this process wrote (format 2): the byte offset of each entry, then the
+    segment's size, kept as each append is written, so that the shipper need not split and
+    check the lines it wrote itself; None when unknown (a segment a previous run left, or one
+    whose failed write could not be cut off): the shipper then reads it line by line. 8 bytes
+    a document (an ``array``: a 60 s outage at 20,000/s keeps ~10 MB of them)."""
 
     @property
     def version(self) -> int:
@@ -303,6 +311,10 @@ class Spool:
             except OSError:
                 self._undo_write()
                 raise
+            starts = self._active.starts
+            if starts is not None:  # where each entry ends: the next one's start
+                ends = accumulate(map(len, lines), initial=self._active.size)
+                starts.extend(islice(ends, 1, None))
             self._active.documents += len(lines)
             self._active.size += len(data)
             self._written += 1
@@ -372,10 +384,16 @@ class Spool:
         """Cut a failed write off the active segment, so no torn line stays before the next
         one; a segment that cannot be cut is closed (readers skip its torn last line)."""
         assert self._fh is not None and self._active is not None
+        starts = self._active.starts
+        if starts is not None:  # the entries cut off (or all: read them back if it fails)
+            del starts[self._active.documents + 1 :]
+            if starts[-1] != self._active.size:
+                self._active.starts = None
         try:
             os.ftruncate(self._fh.fileno(), self._active.size)
         except OSError:
             log.warning("audit spool: could not cut a failed write off %s", self._active.path)
+            self._active.starts = None
             self._close_active(sync=False)
 
     def _fail_unsynced(self, error: OSError) -> None:
@@ -444,7 +462,7 @@ class Spool:
     def _open_active(self) -> None:
         path = self.directory / f"segment-{self._next_seq:012d}.ndjson"
         self._fh = path.open("ab", buffering=0)  # no buffer to replay a failed write
-        self._active = Segment(path, self._next_seq, 0, 0, time.monotonic())
+        self._active = Segment(path, self._next_seq, 0, 0, time.monotonic(), array("q", [0]))
         self._durable_size = self._durable_documents = 0
         self._next_seq += 1
         if self._fsync:  # the new directory entry must survive a crash too

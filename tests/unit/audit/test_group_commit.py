@@ -9,13 +9,14 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.audit.metrics import AuditMetrics
-from engine.audit.spool import Spool, encode_line, read_spool
+from engine.audit.spool import Spool, encode_line, entry_lines, read_spool
 from tests.waiting import wait_for
 
 
@@ -123,6 +124,12 @@ def test_a_failed_fsync_fails_every_append_it_covered_and_cuts_their_lines(
     assert spool.append(doc(99))
     assert [d["event"]["id"] for d in read_spool(tmp_path)] == ["id-00000", "id-00099"]
     assert spool.documents == 2
+    # the offsets the spool keeps for the shipper (Segment.starts) are the file's, cut too
+    active = spool._active
+    assert active is not None and active.starts is not None
+    actions, lines = entry_lines(active.path.read_bytes(), active.path)
+    sizes = [len(a) + len(line) + 2 for a, line in zip(actions, lines, strict=True)]
+    assert list(active.starts) == list(accumulate(sizes, initial=0))
 
 
 def test_encoded_lines_are_the_documents_json() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from elasticsearch import Elasticsearch
 from prometheus_client import CollectorRegistry
 
@@ -20,7 +21,10 @@ def doc(n: int, size: int) -> dict[str, object]:
     return {"event": {"id": f"id-{n:04d}"}, "message": "x" * size}
 
 
-def test_batches_cover_every_document_once_in_order_within_their_limits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("known", [True, False], ids=["offsets kept", "segments read back"])
+def test_batches_cover_every_document_once_in_order_within_their_limits(
+    tmp_path: Path, known: bool
+) -> None:
     settings = AuditSettings(
         spool_dir=tmp_path, elasticsearch_url="http://127.0.0.1:9", bulk_max_bytes=2_000
     )
@@ -48,6 +52,12 @@ def test_batches_cover_every_document_once_in_order_within_their_limits(tmp_path
     shipper = Shipper(spool, settings, metrics, no_client)
     shipper._take_sealed()
     spool.close()
+    assert all(w.starts is w.segment.starts for w in shipper._works)  # as the spool wrote them
+    if not known:  # as a restarted engine reads them: each segment split and checked
+        for segment in spool.sealed():
+            segment.starts = None
+        shipper = Shipper(spool, settings, metrics, no_client)
+        shipper._take_sealed()
     shipper._batch_docs = 7
     sent: list[bytes] = []
     spans = 0
