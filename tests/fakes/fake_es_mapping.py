@@ -36,6 +36,10 @@ _Step = tuple[str, str, Any]
 cheap test of the value; False: check the field in full)."""
 _MAX_PLANS = 10_000
 """Object shapes remembered per object path (beyond: checked field by field, not stored)."""
+_MAX_SHAPES = 1_000
+"""Document shapes compiled per stream (``_compile``; beyond: checked through the plans)."""
+_MAX_SHAPES_PER_KEYS = 16
+"""Of them, with the same top-level keys (each one is tried in turn)."""
 
 
 def walk(node: Any, mapping: Mapping_, prefix: str = "") -> str | None:
@@ -88,12 +92,32 @@ class Checker:
         self.mapping = mapping
         self.root = _NodePlans(self, "")
         self._free: dict[str, bool] = {}
+        self._shapes: dict[tuple[str, ...], list[Callable[[dict[str, Any]], bool]]] = {}
+        """Compiled document shapes (``_compile``) by the document's top-level keys."""
+        self._learned = 0
 
     def check(self, source: Any) -> str | None:
         """Why ``source`` cannot be indexed, or None (``walk``'s answer, cheaper)."""
-        if not isinstance(source, dict):
-            return None
-        return self.root.check(source)
+        if type(source) is not dict:
+            return None if not isinstance(source, dict) else self.root.check(source)
+        shapes = self._shapes.get(tuple(source))
+        if shapes is not None:
+            for passes in shapes:
+                if passes(source):
+                    return None
+        problem = self.root.check(source)
+        if problem is None:
+            self._learn(source)
+        return problem
+
+    def _learn(self, source: dict[str, Any]) -> None:
+        """Compile the shape of a document that passed (``_compile``), kept by its keys."""
+        if self._learned >= _MAX_SHAPES:
+            return
+        shapes = self._shapes.setdefault(tuple(source), [])
+        if len(shapes) < _MAX_SHAPES_PER_KEYS:
+            shapes.append(_compile(self.root, source))
+            self._learned += 1
 
     def free(self, path: str) -> bool:
         """Whether nothing below the object at ``path`` can fail, whatever it holds."""
@@ -113,7 +137,8 @@ class _NodePlans:
         self.prefix = prefix
         self.plans: dict[tuple[Any, ...], list[_Step]] = {}
 
-    def check(self, node: dict[str, Any]) -> str | None:
+    def plan_of(self, node: dict[str, Any]) -> list[_Step]:
+        """The plan of an object of ``node``'s shape (made the first time it is seen)."""
         # one flat tuple: the keys (strings), then their values' types, then the item types
         # of each list value (tuples); unambiguous, as no key is a type or a tuple
         key: tuple[Any, ...] = (*node, *map(type, node.values()))
@@ -124,7 +149,10 @@ class _NodePlans:
             plan = self._plan(node)
             if len(self.plans) < _MAX_PLANS:
                 self.plans[key] = plan
-        for key_, path, what in plan:
+        return plan
+
+    def check(self, node: dict[str, Any]) -> str | None:
+        for key_, path, what in self.plan_of(node):
             value = node[key_]
             if type(what) is _NodePlans:
                 problem = what.check(value)
@@ -150,6 +178,46 @@ class _NodePlans:
             ):
                 plan.append((key, path, _fast_check(path, value, mapping)))
         return plan
+
+
+def _compile(root: _NodePlans, source: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """A function that is True for a document of ``source``'s shape (the same keys, value
+    types and list item types in every object the plans walk into) whose value-dependent
+    fields all pass their cheap test: one comparison of a key tuple and one of a type tuple
+    per object, then the plan's tests, in straight-line code. It is True only where
+    ``root.check`` would find no problem along the same plans; anything else (another
+    shape, a value that needs the full check) is False and is checked by ``root.check``.
+    The source text holds names only: keys, types and tests are constants of its namespace
+    (a key is data, never code)."""
+    namespace: dict[str, Any] = {}
+    body: list[str] = []
+
+    def const(value: Any) -> str:
+        name = f"c{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def visit(var: str, plans: _NodePlans, node: dict[str, Any]) -> None:
+        body.append(f"if tuple({var}) != {const(tuple(node))}: return False")
+        types = tuple(map(type, node.values()))
+        body.append(f"if tuple(map(type, {var}.values())) != {const(types)}: return False")
+        for key, value in node.items():
+            if type(value) is list:
+                items = const(tuple(map(type, value)))
+                body.append(f"if tuple(map(type, {var}[{const(key)}])) != {items}: return False")
+        for key, _path, what in plans.plan_of(node):
+            if type(what) is _NodePlans:
+                child = f"o{len(namespace)}"
+                body.append(f"{child} = {var}[{const(key)}]")
+                visit(child, what, node[key])
+            else:
+                body.append(f"if not {const(what)}({var}[{const(key)}]): return False")
+
+    visit("d", root, source)
+    code = "def passes(d):\n" + "".join(f"    {line}\n" for line in [*body, "return True"])
+    exec(compile(code, "<fake_es_mapping shape>", "exec"), namespace)  # noqa: S102
+    passes: Callable[[dict[str, Any]], bool] = namespace["passes"]
+    return passes
 
 
 def _free(mapping: Mapping_, path: str) -> bool:
