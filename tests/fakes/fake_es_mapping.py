@@ -95,6 +95,7 @@ class Checker:
         self._shapes: dict[tuple[str, ...], list[Callable[[dict[str, Any]], bool]]] = {}
         """Compiled document shapes (``_compile``) by the document's top-level keys."""
         self._learned = 0
+        self._any: dict[str, bool] = {}
 
     def check(self, source: Any) -> str | None:
         """Why ``source`` cannot be indexed, or None (``walk``'s answer, cheaper)."""
@@ -116,8 +117,17 @@ class Checker:
             return
         shapes = self._shapes.setdefault(tuple(source), [])
         if len(shapes) < _MAX_SHAPES_PER_KEYS:
-            shapes.append(_compile(self.root, source))
-            self._learned += 1
+            compiled = _compile(self, source)
+            if compiled is not None:
+                shapes.append(compiled)
+            self._learned += 1  # (a shape without a compiled check is tried again, up to this)
+
+    def any_value(self, path: str) -> bool:
+        """Whether every value at ``path`` passes (``_any_value``), memoized."""
+        found = self._any.get(path)
+        if found is None:
+            found = self._any[path] = _any_value(self, path)
+        return found
 
     def free(self, path: str) -> bool:
         """Whether nothing below the object at ``path`` can fail, whatever it holds."""
@@ -180,16 +190,21 @@ class _NodePlans:
         return plan
 
 
-def _compile(root: _NodePlans, source: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
-    """A function that is True for a document of ``source``'s shape (the same keys, value
-    types and list item types in every object the plans walk into) whose value-dependent
-    fields all pass their cheap test: one comparison of a key tuple and one of a type tuple
-    per object, then the plan's tests, in straight-line code. It is True only where
-    ``root.check`` would find no problem along the same plans; anything else (another
-    shape, a value that needs the full check) is False and is checked by ``root.check``.
-    The source text holds names only: keys, types and tests are constants of its namespace
-    (a key is data, never code)."""
-    namespace: dict[str, Any] = {}
+def _compile(checker: Checker, source: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """A function that is True for a document of ``source``'s shape whose value-dependent
+    fields pass their cheap test, in straight-line code (None: a shape whose plans have a
+    field without a cheap test, left to the plans). Per object the plans walk into: its set of
+    keys (one comparison; the top-level keys are the lookup's key already), the type of each
+    value whose type can matter (not of a field that takes every value, ``any_value``), the
+    item types of such a list, then the plan's tests (a date string's ISO parse, cached; a
+    constant_keyword's value). Order does not matter: whether the walk finds a problem does
+    not depend on the order of the fields, only which one it names first, and a document that
+    has one is always checked by the plans. So True only where ``Checker.root.check`` (and
+    ``walk``) finds nothing; anything else is False and goes through the plans. The source
+    text holds names only: keys, types and values are constants of its namespace (a key is
+    data, never code)."""
+    mapping = checker.mapping
+    namespace: dict[str, Any] = {"iso": _iso_date}
     body: list[str] = []
 
     def const(value: Any) -> str:
@@ -197,27 +212,62 @@ def _compile(root: _NodePlans, source: dict[str, Any]) -> Callable[[dict[str, An
         namespace[name] = value
         return name
 
-    def visit(var: str, plans: _NodePlans, node: dict[str, Any]) -> None:
-        body.append(f"if tuple({var}) != {const(tuple(node))}: return False")
-        types = tuple(map(type, node.values()))
-        body.append(f"if tuple(map(type, {var}.values())) != {const(types)}: return False")
+    def visit(var: str, plans: _NodePlans, node: dict[str, Any], top: bool) -> bool:
+        if not top:  # the top-level keys are the key the function is found by
+            body.append(f"if {var}.keys() != {const(frozenset(node))}: return False")
+        planned = {key: (path, what) for key, path, what in plans.plan_of(node)}
         for key, value in node.items():
-            if type(value) is list:
-                items = const(tuple(map(type, value)))
-                body.append(f"if tuple(map(type, {var}[{const(key)}])) != {items}: return False")
-        for key, _path, what in plans.plan_of(node):
+            got = f"{var}[{const(key)}]"
+            path, what = planned.get(key, (plans.prefix + key, None))
             if type(what) is _NodePlans:
                 child = f"o{len(namespace)}"
-                body.append(f"{child} = {var}[{const(key)}]")
-                visit(child, what, node[key])
-            else:
-                body.append(f"if not {const(what)}({var}[{const(key)}]): return False")
+                body.append(f"{child} = {got}")
+                body.append(f"if type({child}) is not dict: return False")
+                if not visit(child, what, value, False):
+                    return False
+                continue
+            if what is not None:
+                test, expected = _fast_test(path, value, mapping)
+                if test == "none":
+                    return False
+                if test == "date":
+                    body.append(f"v = {got}")
+                    body.append("if type(v) is not str or not iso(v): return False")
+                    continue
+                if test == "equals":
+                    body.append(f"if {got} != {const(expected)}: return False")
+                    continue
+                # "any": every value of this type passes, as for the fields not planned
+            if checker.any_value(path):
+                continue
+            body.append(f"v = {got}")
+            body.append(f"if type(v) is not {const(type(value))}: return False")
+            if type(value) is list:
+                items = const(tuple(map(type, value)))
+                body.append(f"if tuple(map(type, v)) != {items}: return False")
+        return True
 
-    visit("d", root, source)
+    if not visit("d", checker.root, source, True):
+        return None
     code = "def passes(d):\n" + "".join(f"    {line}\n" for line in [*body, "return True"])
     exec(compile(code, "<fake_es_mapping shape>", "exec"), namespace)  # noqa: S102
     passes: Callable[[dict[str, Any]], bool] = namespace["passes"]
     return passes
+
+
+def _any_value(checker: Checker, path: str) -> bool:
+    """Whether the field at ``path`` passes its check whatever its value (of any type, a list
+    or an object too), so that a shape need not even fix its type: its mapped type, for a
+    value of every JSON type, is one ``check_value`` takes every value of (not guessed from
+    the value: ``by_value``), or it is an object under which nothing can fail (``free``; a
+    value that is no object is not checked under an object mapping)."""
+    mapping = checker.mapping
+    if any(mapping.by_value(path, kind) for kind in (bool, int, float, str)):
+        return False
+    kinds = {mapping.field_type(path, sample) for sample in (None, False, 0, 0.5, "x")}
+    if kinds <= FREE_TYPES - {"object"}:
+        return True
+    return kinds == {"object"} and checker.free(path)
 
 
 def _free(mapping: Mapping_, path: str) -> bool:
@@ -260,19 +310,33 @@ def _iso_date(value: str) -> bool:
     return True
 
 
-def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
-    """A cheap test that a value of this field certainly passes (when it says no, the field is
-    checked in full by ``check_field``, which finds the problem and its message)."""
+def _fast_test(path: str, value: Any, mapping: Mapping_) -> tuple[str, Any]:
+    """The cheap test of a field whose check depends on its value (``_fast_check``): "date"
+    (an ISO 8601 string, ``_iso_date``), "any" (every value of its type passes), "equals"
+    (a constant_keyword's value) or "none" (always checked in full)."""
     sample = None if isinstance(value, dict | list) else value
     kind = mapping.field_type(path, sample)
     by_value = sample is not None and mapping.by_value(path, type(sample))
     if kind == "date" and isinstance(sample, str) and not by_value:
-        return lambda v: type(v) is str and _iso_date(v)
+        return "date", None
     spec = mapping.fields.get(path, {})
     if kind == "constant_keyword" and "value" not in spec:
-        return lambda v: True  # its first value would set it: any value passes
+        return "any", None  # its first value would set it: any value passes
     expected = spec.get("value")
     if kind == "constant_keyword" and isinstance(expected, str):
+        return "equals", expected
+    return "none", None
+
+
+def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
+    """A cheap test that a value of this field certainly passes (when it says no, the field is
+    checked in full by ``check_field``, which finds the problem and its message)."""
+    test, expected = _fast_test(path, value, mapping)
+    if test == "date":
+        return lambda v: type(v) is str and _iso_date(v)
+    if test == "any":
+        return lambda v: True
+    if test == "equals":
         return lambda v: v == expected
     return lambda v: False
 
