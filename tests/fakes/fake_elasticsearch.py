@@ -584,7 +584,7 @@ class _Request:
             operations.append((op, meta, source_line))
         items: list[dict[str, Any]] = []
         errors = False
-        bulk_item, loads, add = self._bulk_item, orjson.loads, items.append
+        bulk_item, loads, add = self._item, orjson.loads, items.append
         with self.es.lock:  # one bulk at a time, as one shard's write thread would
             for op, meta, source_line in operations:
                 try:
@@ -613,6 +613,13 @@ class _Request:
         self, op: str, meta: Mapping[str, Any], source: Any, default_index: str | None
     ) -> dict[str, Any]:
         """One bulk item (or a single-document request): its answer, and what it stored."""
+        with self.es.lock:
+            return self._item(op, meta, source, default_index)
+
+    def _item(
+        self, op: str, meta: Mapping[str, Any], source: Any, default_index: str | None
+    ) -> dict[str, Any]:
+        """``_bulk_item`` with the lock held."""
         es = self.es
         name = meta.get("_index") or default_index or ""
         doc_id = meta.get("_id")
@@ -625,46 +632,45 @@ class _Request:
             if fault is not None:
                 reason = "injected item fault"
                 return _item_error(fault, "es_rejected_execution_exception", reason, name, doc_id)
-        with es.lock:  # held already in a bulk (re-entered: one C call)
-            stream = es.streams.get(name) or es.stream(name)
-            index = stream.index
-            if stream.data_stream:
-                if op != "create":
-                    reason = "only write ops with an op_type of create are allowed in data streams"
-                    return _item_error(400, "illegal_argument_exception", reason, index, doc_id)
-                stamp = source.get("@timestamp") if type(source) is dict else None
-                kind = type(stamp)
-                if kind is not str and kind is not int and kind is not float:
-                    if not _has_timestamp(source):
-                        reason = "data stream timestamp field [@timestamp] is missing"
-                        return _item_error(400, "document_parsing_exception", reason, index, doc_id)
-            if es.validate:
-                problem = stream.checker.check(source)
-                if problem:
-                    return _item_error(400, "document_parsing_exception", problem, index, doc_id)
-            docs = stream.docs
-            exists = doc_id in docs
-            if exists and op == "create":
-                conflicts = stream.conflicts
-                conflicts[doc_id] = conflicts.get(doc_id, 0) + 1
-                reason = (
-                    f"[{doc_id}]: version conflict, document already exists (current version "
-                    f"[{stream.versions.get(doc_id, 1)}])"
-                )
-                return _item_error(409, "version_conflict_engine_exception", reason, index, doc_id)
-            docs[doc_id] = source if es.keep_sources else None
-            if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
-                version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
-                result, status = "updated", 200
-            else:
-                created = stream.created
-                created[doc_id] = created.get(doc_id, 0) + 1
-                version, result, status = 1, "created", 201
-            if es.tally_field is not None:
-                value = _field(source, es.tally_field)
-                copies = stream.field_copies
-                copies[value] = copies.get(value, 0) + 1
-            seq = stream.seq_no = stream.seq_no + 1
+        stream = es.streams.get(name) or es.stream(name)
+        index = stream.index
+        if stream.data_stream:
+            if op != "create":
+                reason = "only write ops with an op_type of create are allowed in data streams"
+                return _item_error(400, "illegal_argument_exception", reason, index, doc_id)
+            stamp = source.get("@timestamp") if type(source) is dict else None
+            kind = type(stamp)
+            if kind is not str and kind is not int and kind is not float:
+                if not _has_timestamp(source):
+                    reason = "data stream timestamp field [@timestamp] is missing"
+                    return _item_error(400, "document_parsing_exception", reason, index, doc_id)
+        if es.validate:
+            problem = stream.checker.check(source)
+            if problem:
+                return _item_error(400, "document_parsing_exception", problem, index, doc_id)
+        docs = stream.docs
+        exists = doc_id in docs
+        if exists and op == "create":
+            conflicts = stream.conflicts
+            conflicts[doc_id] = conflicts.get(doc_id, 0) + 1
+            reason = (
+                f"[{doc_id}]: version conflict, document already exists (current version "
+                f"[{stream.versions.get(doc_id, 1)}])"
+            )
+            return _item_error(409, "version_conflict_engine_exception", reason, index, doc_id)
+        docs[doc_id] = source if es.keep_sources else None
+        if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
+            version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
+            result, status = "updated", 200
+        else:
+            created = stream.created
+            created[doc_id] = created.get(doc_id, 0) + 1
+            version, result, status = 1, "created", 201
+        if es.tally_field is not None:
+            value = _field(source, es.tally_field)
+            copies = stream.field_copies
+            copies[value] = copies.get(value, 0) + 1
+        seq = stream.seq_no = stream.seq_no + 1
         return {
             "_index": index,
             "_id": doc_id,
