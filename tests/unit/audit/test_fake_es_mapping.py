@@ -186,9 +186,9 @@ def test_a_compiled_shape_passes_only_what_the_walk_passes(
     # date-like string, is not compiled: it goes through the plans every time)
     rng = random.Random(7)
     refused = 0
-    for _ in range(600):
+    for _ in range(300):
         doc = mutated(rng.choice(bases), rng)
         expected = walk(doc, mapping)
         assert checker.check(doc) == expected, (name, doc)
         refused += expected is not None
-    assert refused > 40
+    assert refused > 20
