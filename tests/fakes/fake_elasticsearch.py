@@ -127,7 +127,10 @@ class FakeElasticsearch:
             raise
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="fake-es", daemon=True)
+        # polled every 50 ms for ``stop()`` (the default 0.5 s was half a second per stop: per
+        # test that uses the fake, per outage)
+        serve = functools.partial(server.serve_forever, poll_interval=0.05)
+        self._thread = threading.Thread(target=serve, name="fake-es", daemon=True)
         self._thread.start()
         return self
 
@@ -552,7 +555,9 @@ class _Request:
                     429, "es_rejected_execution_exception", "rejected execution of bulk"
                 )
             raise HttpError(status, "fake_fault", f"injected {status}", product=False)
-        lines = list(filter(bytes.strip, raw.split(b"\n")))  # without blank lines
+        lines = list(filter(None, raw.split(b"\n")))  # without blank lines (in C: ``strip``
+        if any(map(bytes.isspace, lines)):  # would copy every line)
+            lines = [line for line in lines if not line.isspace()]
         started = time.monotonic()
         # Every action line is parsed before any item runs: real Elasticsearch refuses a
         # malformed action line (or a missing source) with a 400 for the whole request and
@@ -582,10 +587,17 @@ class _Request:
             operations.append((op, meta, source_line))
         items: list[dict[str, Any]] = []
         errors = False
+        bulk_item, loads, add = self._item, orjson.loads, items.append
         with self.es.lock:  # one bulk at a time, as one shard's write thread would
             for op, meta, source_line in operations:
                 try:
-                    source = _loads(source_line) if source_line is not None else None
+                    if source_line is None:
+                        source = None
+                    else:
+                        try:
+                            source = loads(source_line)
+                        except orjson.JSONDecodeError:  # beyond orjson (big integers)?
+                            source = json.loads(source_line)
                 except ValueError as exc:
                     known = meta if isinstance(meta, dict) else {}
                     doc_id = str(known.get("_id") or "")
@@ -593,74 +605,84 @@ class _Request:
                     reason = f"failed to parse: {exc}"
                     item = _item_error(400, "document_parsing_exception", reason, index, doc_id)
                 else:
-                    item = self._bulk_item(op, meta, source, default_index)
-                errors = errors or item["status"] >= 300
-                items.append({op: item})
+                    item = bulk_item(op, meta, source, default_index)
+                if item["status"] >= 300:
+                    errors = True
+                add({op: item})
         took = int((time.monotonic() - started) * 1000)
         return 200, {"errors": errors, "took": took, "items": items}
 
     def _bulk_item(
         self, op: str, meta: Mapping[str, Any], source: Any, default_index: str | None
     ) -> dict[str, Any]:
-        name = meta.get("_index") or default_index or ""
-        doc_id = str(meta.get("_id") or uuid.uuid4().hex[:20])
-        fault = self.es.take_fault("item") if self.es._faults else None
-
-        def error(status: int, kind: str, reason: str, index: str) -> dict[str, Any]:
-            return _item_error(status, kind, reason, index, doc_id)
-
-        if fault is not None:
-            return error(fault, "es_rejected_execution_exception", "injected item fault", name)
+        """One bulk item (or a single-document request): its answer, and what it stored."""
         with self.es.lock:
-            stream = self.es.streams.get(name) or self.es.stream(name)
-            index = stream.index
-            if stream.data_stream and op != "create":
-                return error(
-                    400,
-                    "illegal_argument_exception",
-                    "only write ops with an op_type of create are allowed in data streams",
-                    index,
-                )
-            if stream.data_stream and not _has_timestamp(source):
-                return error(
-                    400,
-                    "document_parsing_exception",
-                    "data stream timestamp field [@timestamp] is missing",
-                    index,
-                )
-            problem = stream.checker.check(source) if self.es.validate else None
+            return self._item(op, meta, source, default_index)
+
+    def _item(
+        self, op: str, meta: Mapping[str, Any], source: Any, default_index: str | None
+    ) -> dict[str, Any]:
+        """``_bulk_item`` with the lock held."""
+        es = self.es
+        name = meta.get("_index") or default_index or ""
+        doc_id = meta.get("_id")
+        if not doc_id:
+            doc_id = uuid.uuid4().hex[:20]
+        elif type(doc_id) is not str:
+            doc_id = str(doc_id)
+        if es._faults:
+            fault = es.take_fault("item")
+            if fault is not None:
+                reason = "injected item fault"
+                return _item_error(fault, "es_rejected_execution_exception", reason, name, doc_id)
+        stream = es.streams.get(name) or es.stream(name)
+        index = stream.index
+        if stream.data_stream:
+            if op != "create":
+                reason = "only write ops with an op_type of create are allowed in data streams"
+                return _item_error(400, "illegal_argument_exception", reason, index, doc_id)
+            stamp = source.get("@timestamp") if type(source) is dict else None
+            kind = type(stamp)
+            if kind is not str and kind is not int and kind is not float:
+                if not _has_timestamp(source):
+                    reason = "data stream timestamp field [@timestamp] is missing"
+                    return _item_error(400, "document_parsing_exception", reason, index, doc_id)
+        if es.validate:
+            problem = stream.checker.check(source)
             if problem:
-                return error(400, "document_parsing_exception", problem, index)
-            exists = doc_id in stream.docs
-            if exists and op == "create":
-                stream.conflicts[doc_id] = stream.conflicts.get(doc_id, 0) + 1
-                return error(
-                    409,
-                    "version_conflict_engine_exception",
-                    f"[{doc_id}]: version conflict, document already exists (current version "
-                    f"[{stream.versions.get(doc_id, 1)}])",
-                    index,
-                )
-            stream.docs[doc_id] = source if self.es.keep_sources else None
-            version = 1
-            if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
-                version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
-            else:
-                stream.created[doc_id] = stream.created.get(doc_id, 0) + 1
-            if self.es.tally_field is not None:
-                value = _field(source, self.es.tally_field)
-                stream.field_copies[value] = stream.field_copies.get(value, 0) + 1
-            stream.seq_no += 1
-            seq = stream.seq_no
+                return _item_error(400, "document_parsing_exception", problem, index, doc_id)
+        docs = stream.docs
+        exists = doc_id in docs
+        if exists and op == "create":
+            conflicts = stream.conflicts
+            conflicts[doc_id] = conflicts.get(doc_id, 0) + 1
+            reason = (
+                f"[{doc_id}]: version conflict, document already exists (current version "
+                f"[{stream.versions.get(doc_id, 1)}])"
+            )
+            return _item_error(409, "version_conflict_engine_exception", reason, index, doc_id)
+        docs[doc_id] = source if es.keep_sources else None
+        if exists:  # op ``index`` overwrites, as Elasticsearch does: a new version
+            version = stream.versions[doc_id] = stream.versions.get(doc_id, 1) + 1
+            result, status = "updated", 200
+        else:
+            created = stream.created
+            created[doc_id] = created.get(doc_id, 0) + 1
+            version, result, status = 1, "created", 201
+        if es.tally_field is not None:
+            value = _field(source, es.tally_field)
+            copies = stream.field_copies
+            copies[value] = copies.get(value, 0) + 1
+        seq = stream.seq_no = stream.seq_no + 1
         return {
             "_index": index,
             "_id": doc_id,
             "_version": version,
-            "result": "updated" if exists else "created",
+            "result": result,
             "_shards": _SHARDS,  # one shard: the same for every item (read only)
             "_seq_no": seq,
             "_primary_term": 1,
-            "status": 200 if exists else 201,
+            "status": status,
         }
 
     def _search(self, expression: str, params: dict[str, str], raw: bytes) -> dict[str, Any]:
@@ -767,6 +789,9 @@ class _PathFilter:
             plan = self._plan(keys)
         out = {}
         for key, child in plan:
+            if child._whole:
+                out[key] = value[key]
+                continue
             kept = child.apply(value[key])
             if kept is not _DROP:
                 out[key] = kept
@@ -797,9 +822,17 @@ def _loads(line: bytes) -> Any:
 def _field(source: Any, dotted: str) -> Any:
     """The value at a dotted path of a source (nested objects; None where there is none)."""
     value = source
-    for part in dotted.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+    for part in _parts(dotted):
+        value = value.get(part) if type(value) is dict or isinstance(value, dict) else None
+    kind = type(value)
+    if kind is str or value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _parts(dotted: str) -> tuple[str, ...]:
+    return tuple(dotted.split("."))
 
 
 def _has_timestamp(source: Any) -> bool:

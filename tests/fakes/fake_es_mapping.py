@@ -21,7 +21,6 @@ lookup each (issue 15: 38 -> ~7 us per document).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -36,6 +35,10 @@ _Step = tuple[str, str, Any]
 cheap test of the value; False: check the field in full)."""
 _MAX_PLANS = 10_000
 """Object shapes remembered per object path (beyond: checked field by field, not stored)."""
+_MAX_SHAPES = 1_000
+"""Document shapes compiled per stream (``_compile``; beyond: checked through the plans)."""
+_MAX_SHAPES_PER_KEYS = 16
+"""Of them, with the same top-level keys (each one is tried in turn)."""
 
 
 def walk(node: Any, mapping: Mapping_, prefix: str = "") -> str | None:
@@ -88,12 +91,42 @@ class Checker:
         self.mapping = mapping
         self.root = _NodePlans(self, "")
         self._free: dict[str, bool] = {}
+        self._shapes: dict[tuple[str, ...], list[Callable[[dict[str, Any]], bool]]] = {}
+        """Compiled document shapes (``_compile``) by the document's top-level keys."""
+        self._learned = 0
+        self._any: dict[str, bool] = {}
 
     def check(self, source: Any) -> str | None:
         """Why ``source`` cannot be indexed, or None (``walk``'s answer, cheaper)."""
-        if not isinstance(source, dict):
-            return None
-        return self.root.check(source)
+        if type(source) is not dict:
+            return None if not isinstance(source, dict) else self.root.check(source)
+        shapes = self._shapes.get(tuple(source))
+        if shapes is not None:
+            for passes in shapes:
+                if passes(source):
+                    return None
+        problem = self.root.check(source)
+        if problem is None:
+            self._learn(source)
+        return problem
+
+    def _learn(self, source: dict[str, Any]) -> None:
+        """Compile the shape of a document that passed (``_compile``), kept by its keys."""
+        if self._learned >= _MAX_SHAPES:
+            return
+        shapes = self._shapes.setdefault(tuple(source), [])
+        if len(shapes) < _MAX_SHAPES_PER_KEYS:
+            compiled = _compile(self, source)
+            if compiled is not None:
+                shapes.append(compiled)
+            self._learned += 1  # (a shape without a compiled check is tried again, up to this)
+
+    def any_value(self, path: str) -> bool:
+        """Whether every value at ``path`` passes (``_any_value``), memoized."""
+        found = self._any.get(path)
+        if found is None:
+            found = self._any[path] = _any_value(self, path)
+        return found
 
     def free(self, path: str) -> bool:
         """Whether nothing below the object at ``path`` can fail, whatever it holds."""
@@ -113,7 +146,8 @@ class _NodePlans:
         self.prefix = prefix
         self.plans: dict[tuple[Any, ...], list[_Step]] = {}
 
-    def check(self, node: dict[str, Any]) -> str | None:
+    def plan_of(self, node: dict[str, Any]) -> list[_Step]:
+        """The plan of an object of ``node``'s shape (made the first time it is seen)."""
         # one flat tuple: the keys (strings), then their values' types, then the item types
         # of each list value (tuples); unambiguous, as no key is a type or a tuple
         key: tuple[Any, ...] = (*node, *map(type, node.values()))
@@ -124,7 +158,10 @@ class _NodePlans:
             plan = self._plan(node)
             if len(self.plans) < _MAX_PLANS:
                 self.plans[key] = plan
-        for key_, path, what in plan:
+        return plan
+
+    def check(self, node: dict[str, Any]) -> str | None:
+        for key_, path, what in self.plan_of(node):
             value = node[key_]
             if type(what) is _NodePlans:
                 problem = what.check(value)
@@ -150,6 +187,87 @@ class _NodePlans:
             ):
                 plan.append((key, path, _fast_check(path, value, mapping)))
         return plan
+
+
+def _compile(checker: Checker, source: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """A function that is True for a document of ``source``'s shape whose value-dependent
+    fields pass their cheap test, in straight-line code (None: a shape whose plans have a
+    field without a cheap test, left to the plans). Per object the plans walk into: its set of
+    keys (one comparison; the top-level keys are the lookup's key already), the type of each
+    value whose type can matter (not of a field that takes every value, ``any_value``), the
+    item types of such a list, then the plan's tests (a date string's ISO parse, cached; a
+    constant_keyword's value). Order does not matter: whether the walk finds a problem does
+    not depend on the order of the fields, only which one it names first, and a document that
+    has one is always checked by the plans. So True only where ``Checker.root.check`` (and
+    ``walk``) finds nothing; anything else is False and goes through the plans. The source
+    text holds names only: keys, types and values are constants of its namespace (a key is
+    data, never code)."""
+    mapping = checker.mapping
+    namespace: dict[str, Any] = {"iso": _iso_date, "dates": _ISO_DATES}
+    body: list[str] = []
+
+    def const(value: Any) -> str:
+        name = f"c{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def visit(var: str, plans: _NodePlans, node: dict[str, Any], top: bool) -> bool:
+        if not top:  # the top-level keys are the key the function is found by
+            body.append(f"if {var}.keys() != {const(frozenset(node))}: return False")
+        planned = {key: (path, what) for key, path, what in plans.plan_of(node)}
+        for key, value in node.items():
+            got = f"{var}[{const(key)}]"
+            path, what = planned.get(key, (plans.prefix + key, None))
+            if type(what) is _NodePlans:
+                child = f"o{len(namespace)}"
+                body.append(f"{child} = {got}")
+                body.append(f"if type({child}) is not dict: return False")
+                if not visit(child, what, value, False):
+                    return False
+                continue
+            if what is not None:
+                test, expected = _fast_test(path, value, mapping)
+                if test == "none":
+                    return False
+                if test == "date":
+                    body.append(f"v = {got}")
+                    known = "(dates.get(v) or iso(v))"  # a hit without a call
+                    body.append(f"if type(v) is not str or not {known}: return False")
+                    continue
+                if test == "equals":
+                    body.append(f"if {got} != {const(expected)}: return False")
+                    continue
+                # "any": every value of this type passes, as for the fields not planned
+            if checker.any_value(path):
+                continue
+            body.append(f"v = {got}")
+            body.append(f"if type(v) is not {const(type(value))}: return False")
+            if type(value) is list:
+                items = const(tuple(map(type, value)))
+                body.append(f"if tuple(map(type, v)) != {items}: return False")
+        return True
+
+    if not visit("d", checker.root, source, True):
+        return None
+    code = "def passes(d):\n" + "".join(f"    {line}\n" for line in [*body, "return True"])
+    exec(compile(code, "<fake_es_mapping shape>", "exec"), namespace)  # noqa: S102
+    passes: Callable[[dict[str, Any]], bool] = namespace["passes"]
+    return passes
+
+
+def _any_value(checker: Checker, path: str) -> bool:
+    """Whether the field at ``path`` passes its check whatever its value (of any type, a list
+    or an object too), so that a shape need not even fix its type: its mapped type, for a
+    value of every JSON type, is one ``check_value`` takes every value of (not guessed from
+    the value: ``by_value``), or it is an object under which nothing can fail (``free``; a
+    value that is no object is not checked under an object mapping)."""
+    mapping = checker.mapping
+    if any(mapping.by_value(path, kind) for kind in (bool, int, float, str)):
+        return False
+    kinds = {mapping.field_type(path, sample) for sample in (None, False, 0, 0.5, "x")}
+    if kinds <= FREE_TYPES - {"object"}:
+        return True
+    return kinds == {"object"} and checker.free(path)
 
 
 def _free(mapping: Mapping_, path: str) -> bool:
@@ -181,30 +299,56 @@ def _free(mapping: Mapping_, path: str) -> bool:
     return strings_typed
 
 
-@functools.lru_cache(maxsize=4096)
+_ISO_DATES: dict[str, bool] = {}
+"""``_iso_date``'s answers (a plain dict: a hit is one ``get``, cheaper than ``lru_cache``)."""
+_MAX_ISO_DATES = 8192
+
+
 def _iso_date(value: str) -> bool:
     """Whether ``value`` is an ISO 8601 date ``check_value`` takes (the common case, cached:
-    the documents of one cycle share their timestamps)."""
+    the documents of one cycle share their timestamps; forgotten all at once when full)."""
+    found = _ISO_DATES.get(value)
+    if found is not None:
+        return found
     try:
         datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return False
-    return True
+        found = False
+    else:
+        found = True
+    if len(_ISO_DATES) >= _MAX_ISO_DATES:
+        _ISO_DATES.clear()
+    _ISO_DATES[value] = found
+    return found
+
+
+def _fast_test(path: str, value: Any, mapping: Mapping_) -> tuple[str, Any]:
+    """The cheap test of a field whose check depends on its value (``_fast_check``): "date"
+    (an ISO 8601 string, ``_iso_date``), "any" (every value of its type passes), "equals"
+    (a constant_keyword's value) or "none" (always checked in full)."""
+    sample = None if isinstance(value, dict | list) else value
+    kind = mapping.field_type(path, sample)
+    by_value = sample is not None and mapping.by_value(path, type(sample))
+    if kind == "date" and isinstance(sample, str) and not by_value:
+        return "date", None
+    spec = mapping.fields.get(path, {})
+    if kind == "constant_keyword" and "value" not in spec:
+        return "any", None  # its first value would set it: any value passes
+    expected = spec.get("value")
+    if kind == "constant_keyword" and isinstance(expected, str):
+        return "equals", expected
+    return "none", None
 
 
 def _fast_check(path: str, value: Any, mapping: Mapping_) -> Callable[[Any], bool]:
     """A cheap test that a value of this field certainly passes (when it says no, the field is
     checked in full by ``check_field``, which finds the problem and its message)."""
-    sample = None if isinstance(value, dict | list) else value
-    kind = mapping.field_type(path, sample)
-    by_value = sample is not None and mapping.by_value(path, type(sample))
-    if kind == "date" and isinstance(sample, str) and not by_value:
+    test, expected = _fast_test(path, value, mapping)
+    if test == "date":
         return lambda v: type(v) is str and _iso_date(v)
-    spec = mapping.fields.get(path, {})
-    if kind == "constant_keyword" and "value" not in spec:
-        return lambda v: True  # its first value would set it: any value passes
-    expected = spec.get("value")
-    if kind == "constant_keyword" and isinstance(expected, str):
+    if test == "any":
+        return lambda v: True
+    if test == "equals":
         return lambda v: v == expected
     return lambda v: False
 

@@ -17,7 +17,7 @@ from engine.audit.lines import decision_entry
 from engine.audit.settings import default_templates_dir
 from engine.decisions import Outcome, OutcomeStatus
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
-from tests.fakes.fake_es_mapping import Checker, walk
+from tests.fakes.fake_es_mapping import Checker, _NodePlans, walk
 from tests.fakes.fake_es_search import Mapping_
 from tests.unit.audit.factories import make_decision
 
@@ -159,3 +159,36 @@ def test_a_new_field_under_a_strict_mapping_is_refused_in_every_shape() -> None:
     assert message in (checker.check({"n": 1, "obj": {"k": "v", "extra": 1}}) or "")
     assert "[new]" in (checker.check({"n": 2, "new": "x"}) or "")
     assert checker.check({"n": 3, "obj": {"k": "w"}}) is None
+
+
+@pytest.mark.parametrize("name", sorted(MAPPINGS))
+def test_a_compiled_shape_passes_only_what_the_walk_passes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shapes of the base documents are compiled first, then every mutation of them is
+    checked against the walk: a compiled shape that took too much (a type it does not fix, a
+    value it does not test) would pass a document the walk refuses."""
+    mapping = MAPPINGS[name]()
+    checker = Checker(mapping)
+    bases = base_documents()
+    for doc in bases:
+        assert checker.check(doc) == walk(doc, mapping)
+    planned: list[str] = []  # objects checked through the plans ("": a whole document)
+    real = _NodePlans.check
+    monkeypatch.setattr(
+        _NodePlans, "check", lambda self, node: planned.append(self.prefix) or real(self, node)
+    )
+    for doc in bases:
+        assert checker.check(copy.deepcopy(doc)) == walk(doc, mapping)
+    if name == "shipped":  # every decision and outcome document: by its compiled shape
+        assert planned == []
+    # (a shape with a field that has no cheap test, such as an ip or, without templates, a
+    # date-like string, is not compiled: it goes through the plans every time)
+    rng = random.Random(7)
+    refused = 0
+    for _ in range(300):
+        doc = mutated(rng.choice(bases), rng)
+        expected = walk(doc, mapping)
+        assert checker.check(doc) == expected, (name, doc)
+        refused += expected is not None
+    assert refused > 20
