@@ -627,7 +627,9 @@ class Cluster:
                     allocations.append(
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
-                    if can_share:
+                    # a GPU held whole by a job that cannot share is left out: ``pack``
+                    # would refuse it (409), so the policies downclock it instead
+                    if can_share and (job is None or job.shared or job.shareable):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():

@@ -296,7 +296,8 @@ class FleetReading:
     migrated: int
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
-    """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared)."""
+    """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
+    but for GPUs held whole by a job that is not shareable (``pack`` would refuse them)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)

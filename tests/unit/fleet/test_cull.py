@@ -1,6 +1,9 @@
-"""Culling idle notebooks, and where a run's powered GPU-hours that do no work go (issue 12)."""
+"""Culling idle notebooks, the shareable label of the sharing series, and where a run's powered
+GPU-hours that do no work go (issue 12)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -92,3 +95,22 @@ def test_waste_breakdown_names_unallocated_idle_and_shared_gpu_hours() -> None:
     busy_h = powered_h * (report.utilization_powered or 0.0)
     assert w.total() == pytest.approx(powered_h - busy_h, abs=1e-6)
     assert "shared unused, limit: memory" in table(report)
+
+
+def test_the_sharing_series_leaves_out_gpus_held_by_jobs_that_cannot_share() -> None:
+    """pack-underused-gpus reads gpuops_gpu_shared_jobs == 0: a GPU held whole by a job that
+    is not shareable has no series, so the policy never asks the fleet to pack it (409)."""
+    v100 = PoolSpec("v", 1, 3, "V100", sharing="time-slicing", slices=4)
+    c = Cluster(config(v100))
+    spec = JobSpec(
+        "light", 1, "q", pool="v", duration_s=7200.0, priority_class="routine", memory_gib=12
+    )
+    fixed = c.submit(spec)
+    light = c.submit(replace(spec, shareable=True))
+    series = {uuid: n for _node, uuid, n in c.fleet_reading().sharing}
+    assert fixed.gpu_uuids[0] not in series
+    assert series[light.gpu_uuids[0]] == 0  # held whole, shareable: a candidate
+    free = [g.uuid for g in c.nodes["node-0"].free_gpus()]
+    assert [series[u] for u in free] == [0]
+    ops.pack(c, light.gpu_uuids[0])
+    assert c.fleet_reading().sharing.count(("node-0", light.gpu_uuids[0], 1)) == 1
