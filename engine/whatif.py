@@ -74,8 +74,9 @@ CLUSTER_STEP_S = 15.0
 APPROVALS_EVERY_S = 30.0
 """How often (virtual seconds) pending approvals are checked for expiry, as the engine does."""
 
-GROUP_WORKERS = 4
-"""Groups evaluated at the same instant at once (their queries overlap in Prometheus)."""
+ACTION_WORKERS = 1
+"""Actions the gate runs at once per executor in the "on" run: one, so that an instant's
+actions reach the fleet in the order they were decided (a seed gives the same run)."""
 
 ACTION_TIMEOUT_S = 60.0
 """Real seconds the loop waits for the actions of one evaluation instant to finish."""
@@ -195,7 +196,6 @@ class PolicyLoop:
         """Prefetches each due group's queries (None: the cycle asks them one by one)."""
         self._crons: dict[str, tuple[Group, CronTrigger, float]] = {}
         self._approvals_at = 0.0
-        self._pool = ThreadPoolExecutor(GROUP_WORKERS, thread_name_prefix="gpuops-whatif")
         self.evaluate_time = Meter()
         """The evaluation instants (wall) and the groups' cycles (CPU of their threads)."""
         self.gate_time = Meter()
@@ -258,16 +258,32 @@ class PolicyLoop:
                 at = cron_time(now) if scheduled else now
                 exprs = [p.expr for p in _due(group, scheduled) if p.expr is not None]
                 self.prometheus.prefetch(exprs, at)
-        due = [self._pool.submit(self._timed, group, scheduled) for group, scheduled in runs]
-        # groups run side by side, as the engine's scheduler runs them
-        cpu = sum(future.result() for future in due)
+        # One group at a time, in name order, each group's actions finished before the next
+        # group runs (the engine's gate runs one action at a time per executor here:
+        # ``ACTION_WORKERS``): the actions of one instant reach the fleet in the same order
+        # on every run, so a seed gives the same "on" run. A live engine runs groups side by
+        # side; their queries were asked together above, and every group still decides on
+        # the samples up to ``t`` (nothing is written to Prometheus until the next step).
+        runs.sort(key=lambda run: (run[1], run[0].name))
+        cpu = 0.0
+        gate_s = 0.0
+        for group, scheduled in runs:
+            cpu += self._timed(group, scheduled)
+            waiting = time.perf_counter()
+            idle = e.wait_idle(ACTION_TIMEOUT_S)
+            gate_s += time.perf_counter() - waiting
+            if not idle:
+                raise WhatifError(
+                    f"actions decided at virtual second {t:.0f} did not finish within "
+                    f"{ACTION_TIMEOUT_S:.0f} s"
+                )
         if t >= self._approvals_at:
             e.expire_approvals()
             self._approvals_at = t + APPROVALS_EVERY_S
         waiting = time.perf_counter()
-        self.evaluate_time.add(waiting - started, cpu)
+        self.evaluate_time.add(waiting - started - gate_s, cpu)
         idle = e.wait_idle(ACTION_TIMEOUT_S)
-        self.gate_time.add(time.perf_counter() - waiting, math.nan)
+        self.gate_time.add(time.perf_counter() - waiting + gate_s, math.nan)
         if not idle:
             raise WhatifError(
                 f"actions decided at virtual second {t:.0f} did not finish within "
@@ -281,7 +297,6 @@ class PolicyLoop:
         return time.thread_time() - started
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         self.engine.stop()
 
 
@@ -572,6 +587,7 @@ def run_on(
             monotonic=clock,
             prometheus=client,
             listener=tally,
+            action_workers=ACTION_WORKERS,
         )
         loop = PolicyLoop(engine, clock, client)
         try:

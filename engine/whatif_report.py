@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.whatif import RunResult, Whatif
-from exporters.fleet.report import RunReport
+from exporters.fleet.report import RunReport, waste_rows
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ OVERALL: tuple[Row, ...] = (
     ("throughput lost to GPU sharing", lambda r: r.sharing_loss, _pct, True),
     ("packs", lambda r: r.packs, _num("d"), False),
     ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, _num(".1f"), False),
+    ("notebook sessions culled", lambda r: r.culled, _num("d"), False),
     ("nodes consolidated", lambda r: r.consolidations, _num("d"), False),
     ("jobs moved by consolidation", lambda r: r.jobs_moved, _num("d"), False),
 )
@@ -175,6 +176,14 @@ def table(w: Whatif) -> str:
             x = None if qa is None else get(qa)
             y = None if qb is None else get(qb)
             lines.append(_line(f"{name} {what}", fmt(x), fmt(y), _delta(x, y, points)))
+    lines += ["", _line("powered GPU-hours not busy", "off", "on", "change")]
+    a, b = off.waste.total(), on.waste.total()
+    lines.append(_line("total", f"{a:.1f}", f"{b:.1f}", _delta(a, b)))
+    rows_off, rows_on = dict(waste_rows(off.waste)), dict(waste_rows(on.waste))
+    for label in sorted(set(rows_off) | set(rows_on), key=_waste_order):
+        x, y = rows_off.get(label), rows_on.get(label)
+        fmt = _num(".1f")
+        lines.append(_line(label, fmt(x), fmt(y), _delta(x, y)))
     lines += ["", "  targets (issue 12, on the case-study fleet):"]
     for t in targets(w):
         fmt = (
@@ -193,6 +202,11 @@ def table(w: Whatif) -> str:
         + (", ".join(f"{k} {v}" for k, v in sorted(w.on.outcomes.items())) or "none"),
     ]
     return "\n".join(lines)
+
+
+def _waste_order(label: str) -> tuple[int, str]:
+    kinds = ("unallocated", "held whole", "shared,", "shared unused")
+    return (next((i for i, k in enumerate(kinds) if label.startswith(k)), len(kinds)), label)
 
 
 def _run_json(r: RunResult) -> dict[str, Any]:

@@ -72,6 +72,7 @@ class Cluster:
             "packed": 0,
             "consolidated": 0,
             "moved": 0,
+            "culled": 0,
         }
         self.arrival_rate_per_min = config.arrival_rate_per_min
         """Background arrivals per minute; with job classes, their total mean rate."""
@@ -366,6 +367,31 @@ class Cluster:
         self.restart_lost_gpu_s += charged * job.gpus
         return charged * job.gpus
 
+    def cull(self, job: Job) -> list[str]:
+        """End notebook session ``job`` as an idle culler does (``CULLED_PROFILES``): its server
+        stops and its GPUs go back; it is not requeued. Its user's next session is a new
+        arrival of its class (``Arrivals``): the notebook profile has no activity after it
+        went idle, so the user's next activity is a new session, not this one resumed.
+
+        Counted as completed (``completed``) with the completion time it would have had
+        running to its end (its wait plus its whole session: the user's session was theirs
+        however long the GPU was held), so culling neither shortens nor lengthens the mean
+        completion time; its delivered GPU-seconds (``completed_gpu_s``) are only those it
+        held, not the rest of its session. Returns the freed uuids."""
+        started = job.first_started_at if job.first_started_at is not None else self.time
+        held = (job.duration_s or 0.0) - (job.remaining_s or 0.0)
+        self.completed_gpu_s += max(held, 0.0) * job.gpus
+        self.completed.append(
+            (
+                job.priority_class,
+                job.project,
+                started - job.submitted_at,
+                started - job.submitted_at + (job.duration_s or 0.0),
+            )
+        )
+        self.counters["culled"] += 1
+        return self.release(job)
+
     def release(self, job: Job) -> list[str]:
         """Free the job's GPUs and drop it from the cluster; returns the freed uuids."""
         freed = self._unplace(job)
@@ -601,7 +627,9 @@ class Cluster:
                     allocations.append(
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
-                    if can_share:
+                    # a GPU held whole by a job that cannot share is left out: ``pack``
+                    # would refuse it (409), so the policies downclock it instead
+                    if can_share and (job is None or job.shared or job.shareable):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():

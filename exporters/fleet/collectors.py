@@ -205,7 +205,8 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     pools that lend (``exporters.fleet.scheduler``)."""
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
-        "Jobs on the slices of a GPU of a pool that can share (0: not shared).",
+        "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
+        "a GPU held whole by a job that is not shareable.",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:

@@ -19,6 +19,13 @@ not work: a lower clock or a shared GPU makes them slower to answer, not longer;
 lose is still counted (``downclock_lost_gpu_s``, ``share_lost_gpu_s``). Stopped and started
 again elsewhere, they lose no work (only the restart)."""
 
+CULLED_PROFILES = ("notebook",)
+"""Profiles a ``reclaim`` culls rather than requeues (``Cluster.cull``): an idle notebook's
+server is stopped, as JupyterHub's idle culler (jupyterhub-idle-culler, ``--timeout``) and
+Kubeflow's notebook culling (``CULL_IDLE_TIME``) do; its user opens a new session at their
+next activity. Requeued at once instead, it would hold a GPU again at ~0 % (the waste the
+reclaim was for). An inference service is requeued: its clients need it back."""
+
 SESSION_IDLE_UTILIZATION = 0.05
 """A session's GPU load at or below this is idle (nobody uses the notebook or service)."""
 
@@ -289,7 +296,8 @@ class FleetReading:
     migrated: int
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
-    """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared)."""
+    """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
+    but for GPUs held whole by a job that is not shareable (``pack`` would refuse them)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)

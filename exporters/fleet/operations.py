@@ -14,6 +14,7 @@ import logging
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.config import GIB, PROFILES, JobSpec
 from exporters.fleet.errors import BadRequest, Conflict
+from exporters.fleet.model import CULLED_PROFILES
 from exporters.fleet.sharing import fits
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
     """Take GPU ``uuid`` back from the job holding it whole: the job is requeued (at the back
     of its priority, its submit time kept, so its completion time counts the wait) with its
     restart cost on its remaining time (``Cluster.restart_cost``); all of its GPUs become
-    free. A job that runs until reclaimed (no duration) ends. A free or shared GPU: no-op.
+    free. A job that runs until reclaimed (no duration) ends; a notebook session is culled
+    (``Cluster.cull``: it ends, not requeued to hold a GPU again). A free or shared GPU: no-op.
 
     The scheduler runs at once: when nothing else waits, the job may start straight again
     (on the same GPUs or others). Then nothing was reclaimed — it holds GPUs as before, and
@@ -44,6 +46,9 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         cluster.counters["reclaimed"] += 1
         if job.duration_s is None:
             freed = cluster.release(job)
+            requeued = False
+        elif job.profile in CULLED_PROFILES:
+            freed = cluster.cull(job)
             requeued = False
         else:
             cluster.restart_cost(job)

@@ -17,6 +17,7 @@ from typing import Any
 
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.energy import JOULES_PER_KWH
+from exporters.fleet.model import Gpu
 
 
 @dataclass
@@ -86,6 +87,38 @@ class PoolFigures:
 
 
 @dataclass(frozen=True)
+class WasteFigures:
+    """Where the powered GPU-hours that do no work go (the part of them not busy): what bounds
+    utilization over powered GPUs, and which policy could take it back.
+
+    - ``unallocated``: per pool, powered GPUs (up or booting) that no job holds, at 0 %.
+    - ``idle_whole``: per job class, the unused part (1 - utilization) of GPUs its jobs hold
+      whole: a notebook held idle, a light job on a whole GPU, a job relaunching.
+    - ``idle_shared``: per job class, its part of the unused capacity of shared GPUs (a shared
+      GPU's unused part divided among its jobs).
+    - ``shared_limit``: the unused capacity of shared GPUs by what kept one more job off:
+      ``slices`` (every slice taken), ``memory`` (less free memory than the smallest job on
+      it needs), ``room`` (a slice and the memory were free: no shareable job took them).
+    """
+
+    unallocated: dict[str, float] = field(default_factory=dict)
+    idle_whole: dict[str, float] = field(default_factory=dict)
+    idle_shared: dict[str, float] = field(default_factory=dict)
+    shared_limit: dict[str, float] = field(default_factory=dict)
+    class_allocated: dict[str, float] = field(default_factory=dict)
+    """Per job class, GPU-hours its jobs held (a shared GPU's hours divided among its jobs)."""
+    class_busy: dict[str, float] = field(default_factory=dict)
+    """Per job class, the busy part of those GPU-hours."""
+
+    def total(self) -> float:
+        return (
+            sum(self.unallocated.values())
+            + sum(self.idle_whole.values())
+            + sum(self.idle_shared.values())
+        )
+
+
+@dataclass(frozen=True)
 class RunReport:
     fleet: str
     hours: float
@@ -133,9 +166,13 @@ class RunReport:
     """Nodes emptied and powered down by ``consolidate``."""
     jobs_moved: int = 0
     """Jobs it moved to other nodes (each paying its restart)."""
+    culled: int = 0
+    """Notebook sessions a reclaim culled (``Cluster.cull``; among ``reclaims``)."""
     classes: dict[str, ClassFigures] = field(default_factory=dict)
     projects: dict[str, ProjectFigures] = field(default_factory=dict)
     pools: dict[str, PoolFigures] = field(default_factory=dict)
+    waste: WasteFigures = field(default_factory=WasteFigures)
+    """Where the powered GPU-hours not busy went (``WasteFigures``)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +208,9 @@ class Recorder:
         self._pool_rates: dict[str, _Sums] = {}
         self.points: list[Point] = []
         """The fleet at every observation (``Point``)."""
+        self.waste: dict[tuple[str, str], float] = defaultdict(float)
+        """(kind, key) -> GPU-seconds (``WasteFigures``: kind is one of its fields)."""
+        self._waste_rates: dict[tuple[str, str], float] = {}
 
     def observe(self, cluster: Cluster) -> None:
         """Count the interval since the previous observation at the state seen then (a job
@@ -184,11 +224,14 @@ class Recorder:
                 self.projects[project].add(rates, dt)
             for pool, rates in self._pool_rates.items():
                 self.pools[pool].add(rates, dt)
+            for key, value in self._waste_rates.items():
+                self.waste[key] += value * dt
         self._last = now
         rate = _Sums()
         projects: dict[str, _Sums] = defaultdict(_Sums)
         pools: dict[str, _Sums] = defaultdict(_Sums)
         power = 0.0
+        waste: dict[tuple[str, str], float] = defaultdict(float)
         with cluster.lock:
             queued = sum(len(q) for q in cluster.queues.values())
             for node in cluster.nodes.values():
@@ -203,19 +246,29 @@ class Recorder:
                     power += gpu.power
                     holders = [gpu.job] if gpu.job is not None else gpu.tenants
                     if not holders:
+                        waste[("unallocated", node.pool)] += 1.0 - gpu.utilization
                         continue
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
                     in_pool.allocated_s += 1
                     in_pool.allocated_busy_s += gpu.utilization
                     share = 1.0 / len(holders)  # a shared GPU: each job's part of it
+                    unused = 1.0 - gpu.utilization
+                    kind = "idle_whole" if gpu.job is not None else "idle_shared"
                     for holder in holders:
-                        mine = projects[cluster.jobs[holder].project]
+                        job = cluster.jobs[holder]
+                        mine = projects[job.project]
                         mine.allocated_s += share
                         mine.allocated_busy_s += gpu.utilization * share
+                        waste[("class_allocated", job.job_class or "-")] += share
+                        waste[("class_busy", job.job_class or "-")] += gpu.utilization * share
+                        waste[(kind, job.job_class or "-")] += unused * share
+                    if gpu.tenants:
+                        waste[("shared_limit", _shared_limit(cluster, node.pool, gpu))] += unused
         self._rate = rate
         self._project_rates = dict(projects)
         self._pool_rates = dict(pools)
+        self._waste_rates = dict(waste)
         self.points.append(
             Point(now, int(rate.powered_s), int(rate.allocated_s), rate.busy_s, queued, power)
         )
@@ -235,6 +288,7 @@ class Recorder:
             packs = cluster.counters["packed"]
             consolidations = cluster.counters["consolidated"]
             moved = cluster.counters["moved"]
+            culled = cluster.counters.get("culled", 0)
             unfinished = [cluster.time - j.submitted_at for j in cluster.jobs.values()]
             completed_h = cluster.completed_gpu_s / 3600.0
             reclaims = cluster.counters["reclaimed"]
@@ -281,6 +335,10 @@ class Recorder:
             )
             for name, sums in sorted(self.pools.items())
         }
+        kinds: dict[str, dict[str, float]] = defaultdict(dict)
+        for (kind, key), gpu_s in sorted(self.waste.items()):
+            kinds[kind][key] = gpu_s / 3600.0
+        waste = WasteFigures(**kinds)
         t = self.total
         return RunReport(
             fleet=name,
@@ -313,10 +371,22 @@ class Recorder:
             jobs_submitted=len(done) + len(unfinished),
             consolidations=consolidations,
             jobs_moved=moved,
+            culled=culled,
             classes=classes,
             projects=projects,
             pools=pools,
+            waste=waste,
         )
+
+
+def _shared_limit(cluster: Cluster, pool: str, gpu: Gpu) -> str:
+    """What keeps one more job off shared ``gpu`` (``WasteFigures.shared_limit``)."""
+    if len(gpu.tenants) >= cluster.pools[pool].slices:
+        return "slices"
+    used = [cluster.job_bytes(cluster.jobs[j], gpu) for j in gpu.tenants]
+    if gpu.model.memory_bytes - sum(used) < min(used):
+        return "memory"
+    return "room"
 
 
 def _pct(value: float | None) -> str:
@@ -337,7 +407,7 @@ def table(r: RunReport) -> str:
         f"  allocation ratio                 {_pct(r.allocation_ratio)}",
         f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end}",
         f"  preemptions / reclaims           {r.preemptions} / {r.reclaims} "
-        f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed)",
+        f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed, {r.culled} notebooks culled)",
         f"  energy                           {r.energy_kwh:.1f} kWh, "
         f"{r.energy_cost:.2f} {r.currency}",
         f"  work (full-clock GPU-hours)      {r.work_gpu_hours:.1f}",
@@ -377,4 +447,16 @@ def table(r: RunReport) -> str:
             f"  {name:<16}{pf.powered_gpu_hours:>14.1f}{_pct(pf.utilization_powered):>8}"
             f"{pf.allocated_gpu_hours:>13.1f}{_pct(pf.utilization_allocated):>8}"
         )
+    powered = sum(pf.powered_gpu_hours for pf in r.pools.values())
+    lines += ["", f"  powered GPU-hours not busy: {r.waste.total():.1f} of {powered:.1f}"]
+    lines += [f"    {label:<34}{value:>8.1f}" for label, value in waste_rows(r.waste)]
     return "\n".join(lines)
+
+
+def waste_rows(w: WasteFigures) -> list[tuple[str, float]]:
+    """``WasteFigures`` as (label, GPU-hours) rows, for the tables."""
+    rows = [(f"unallocated, pool {k}", v) for k, v in w.unallocated.items()]
+    rows += [(f"held whole, unused: {k}", v) for k, v in w.idle_whole.items()]
+    rows += [(f"shared, unused: {k}", v) for k, v in w.idle_shared.items()]
+    rows += [(f"shared unused, limit: {k}", v) for k, v in w.shared_limit.items()]
+    return rows

@@ -103,6 +103,7 @@ def test_nothing_fires_on_a_healthy_busy_fleet(start_loop: StartLoop) -> None:
         "packed": 0,
         "consolidated": 0,
         "moved": 0,
+        "culled": 0,
     }
 
 

@@ -20,9 +20,12 @@ from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Sample
 from engine.prometheus import PrometheusClient, QueryError
 from engine.rules.loader import load_rules_text
+from engine.rules.model import Group, RuleSet
 from engine.runtime import Engine
 from engine.whatif import (
     LockstepPrometheus,
+    PolicyLoop,
+    VirtualClock,
     WhatifError,
     check_windows,
     group_queries,
@@ -295,3 +298,27 @@ def test_a_failed_shared_probe_is_asked_again_by_each_group(client: LockstepProm
         with pytest.raises(QueryError):
             client.sample_ages(selectors, at=100.0)
     assert len(responses.calls) >= 3  # the shared probe, then each group's own
+
+
+def test_an_instants_groups_run_one_at_a_time_in_name_order_each_groups_actions_first() -> None:
+    """The on run is reproducible per seed: group "a" and its actions before group "b",
+    whatever order the rule files list them in (side by side, the order in which their
+    actions reached the fleet varied from run to run)."""
+    calls: list[str] = []
+
+    class Stub:
+        rules = RuleSet(groups=(Group("b", 30.0, ()), Group("a", 30.0, ())))
+
+        def evaluate_group(self, group: Group, scheduled: bool) -> None:
+            calls.append(f"evaluate {group.name}")
+
+        def wait_idle(self, timeout: float) -> bool:
+            calls.append("wait")
+            return True
+
+        def expire_approvals(self) -> None:
+            pass
+
+    loop = PolicyLoop(cast(Engine, Stub()), VirtualClock(0.0))
+    loop.evaluate(30.0)
+    assert calls[:4] == ["evaluate a", "wait", "evaluate b", "wait"]

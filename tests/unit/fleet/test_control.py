@@ -47,7 +47,7 @@ def test_state_document_has_the_contract_shape(fleet: FleetSim) -> None:
     assert set(doc["jobs"][0]) >= {"id", "project", "profile", "gpus", "state", "node"}
     assert doc["counters"] == {
         "reclaimed": 0, "migrated": 0, "nodes_added": 0, "downclocked": 0, "restored": 0,
-        "packed": 0, "consolidated": 0, "moved": 0,
+        "packed": 0, "consolidated": 0, "moved": 0, "culled": 0,
     }  # fmt: skip
     assert doc["queue"] == {"default": 0}
 
