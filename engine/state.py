@@ -77,8 +77,9 @@ SEEN_TABLE = (
     " data TEXT NOT NULL)"
 )
 """Per policy, when (``at``) and the ``last_seen`` and ``value`` its targets had then (``data``:
-``[[key, ...], [last_seen, ...], [value, ...]]``): newer than a target row's own, they are the
-target's (``StateStore.policy_state``). PostgreSQL makes the same table (``engine.postgres``)."""
+``[[key, ...], [last_seen, ...] or one last_seen for all, [value, ...]]``): newer than a
+target row's own, they are the target's (``StateStore.policy_state``). PostgreSQL makes the
+same table (``engine.postgres``)."""
 
 MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 1: write-ahead audit. ``audited``: 0 = nothing in the spool yet, 1 = the intent (decision
@@ -972,12 +973,12 @@ class _Rows:
 
 
 def _seen(state: PolicyState) -> str:
-    """The ``policy_seen`` data of ``state``: its keys, their ``last_seen``s and values (as
-    ``json.dumps`` writes floats: exact, ``NaN`` and ``Infinity`` included), in lists made in
-    C for a state seen again (``PolicyState.seen``)."""
-    if state.seen:
-        keys = list(state.base)
-        return json.dumps([keys, [state.seen_at] * len(keys), list(state.seen)])
+    """The ``policy_seen`` data of ``state``: its keys, their ``last_seen``s (one number when
+    they are all the same: a state seen again, ``PolicyState.seen``, whose lists are made in
+    C) and values (as ``json.dumps`` writes floats: exact, ``NaN`` and ``Infinity``
+    included)."""
+    if state.seen:  # every target seen at ``seen_at``: one time for all
+        return json.dumps([list(state.base), state.seen_at, list(state.seen)])
     targets = state.targets
     return json.dumps(
         [
@@ -995,6 +996,8 @@ def _overlay(targets: dict[str, TargetState], data: Any) -> None:
     if not isinstance(data, list) or len(data) != 3:
         raise ValueError(f"not [keys, last_seen, values]: {str(data)[:80]!r}")
     keys, times, values = data
+    if type(times) in (float, int):  # one time for all (``_seen`` of a state seen again)
+        times = [times] * len(keys) if isinstance(keys, list) else times
     if not (isinstance(keys, list) and isinstance(times, list) and isinstance(values, list)):
         raise ValueError("not [keys, last_seen, values] lists")
     if not len(keys) == len(times) == len(values):
