@@ -48,7 +48,15 @@ class Vector(Sequence[Sample]):
         self.metrics = metrics
         self.values = values
         self.times = times
-        self._keys: tuple[tuple[str, ...] | None, list[str] | None] | None = None
+        self._keys: dict[tuple[str, ...] | None, list[str] | None] = {}
+
+    def with_columns(self, values: Sequence[float], times: Sequence[float]) -> Vector:
+        """The same series (their labels, and the target keys made of them, shared: made
+        once for every vector of these series) with other values and times: the same query's
+        next answer when its series did not change (``engine.prometheus``)."""
+        other = Vector(self.metrics, values, times)
+        other._keys = self._keys
+        return other
 
     def __len__(self) -> int:
         return len(self.values)
@@ -79,12 +87,12 @@ class Vector(Sequence[Sample]):
         """Every series' target key, as ``Target.from_labels(labels, names).key`` makes it,
         in passes that run in C; None when that cannot be done safely (no ``names``, a series
         without one of them, a value that ``key_value`` would escape): ask each series.
-        Remembered for the last ``names`` (policies sharing an answer share its keys)."""
+        Remembered per ``names`` (policies sharing an answer share its keys, as do the
+        vectors of ``with_columns``)."""
         known = self._keys
-        if known is not None and known[0] == names:
-            return known[1]
-        keys = self._target_keys(names)
-        self._keys = (names, keys)
+        if names in known:
+            return known[names]
+        keys = known[names] = self._target_keys(names)
         return keys
 
     def _target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:

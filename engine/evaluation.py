@@ -642,7 +642,11 @@ def settle_all(
             elif retrying:
                 del targets[key]  # the undo runs (or has nothing to run): the episode ends
         out.append(decision)
-    return Settled(PolicyState(freeze(targets)), tuple(out), frozenset(repeats))
+    # ``Quiet`` again when the evaluation's was (its ``for``): the next evaluation may take
+    # the steady path at once, not the general one for every target (issue 15: the round
+    # after a fire cost 3x a steady one)
+    quiet = _quiet(targets, state.quiet.for_s) if state.quiet is not None else None
+    return Settled(PolicyState(freeze(targets), quiet=quiet), tuple(out), frozenset(repeats))
 
 
 def _unheld(state: TargetState) -> TargetState:

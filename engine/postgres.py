@@ -78,7 +78,12 @@ INSERT INTO gpuops_leader (id) VALUES (1) ON CONFLICT DO NOTHING;
 """Version 1 of the PostgreSQL schema: SQLite's tables after all of ``engine.state``'s
 migrations, plus the schema version and the lease row."""
 
-MIGRATIONS: tuple[str, ...] = ()
+MIGRATIONS: tuple[str, ...] = (
+    # 2: each policy's latest ``last_seen``/``value`` of all its targets in one row
+    # (``engine.state.SEEN_TABLE``: a steady cycle rewrites no target row to refresh them)
+    "CREATE TABLE IF NOT EXISTS policy_seen (policy TEXT PRIMARY KEY,"
+    " at DOUBLE PRECISION NOT NULL, data TEXT NOT NULL)",
+)
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
 how many a database has had. Applied under an advisory lock, so two replicas starting at once
 migrate once."""

@@ -15,16 +15,17 @@ here) puts a broken file aside and starts afresh.
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from math import inf
 from pathlib import Path
 from sys import intern
 from typing import Any
@@ -71,6 +72,15 @@ CREATE TABLE IF NOT EXISTS alert_episodes (
 );
 """
 
+SEEN_TABLE = (
+    "CREATE TABLE IF NOT EXISTS policy_seen (policy TEXT PRIMARY KEY, at REAL NOT NULL,"
+    " data TEXT NOT NULL)"
+)
+"""Per policy, when (``at``) and the ``last_seen`` and ``value`` its targets had then (``data``:
+``[[key, ...], [last_seen, ...] or one last_seen for all, [value, ...]]``): newer than a
+target row's own, they are the target's (``StateStore.policy_state``). PostgreSQL makes the
+same table (``engine.postgres``)."""
+
 MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 1: write-ahead audit. ``audited``: 0 = nothing in the spool yet, 1 = the intent (decision
     # and verdict) is, 2 = its outcome is too. Decisions of older files were audited (after).
@@ -95,6 +105,9 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     "CREATE TABLE IF NOT EXISTS quota_requests (id TEXT PRIMARY KEY, data TEXT NOT NULL,"
     " status TEXT NOT NULL, requested_at REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS quota_requests_status ON quota_requests (status)",
+    # 7: each policy's latest ``last_seen``/``value`` of all its targets in one row (``_seen``),
+    # so a steady cycle rewrites no target row to refresh them (issue 15: refresh bursts)
+    SEEN_TABLE,
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""
@@ -251,7 +264,8 @@ class StateStore:
 
     def policy_state(self, policy: str) -> PolicyState:
         """The stored state of ``policy`` (empty when none), or ``StateRowError`` when one of
-        its rows cannot be decoded."""
+        its rows cannot be decoded. A target's ``last_seen`` and ``value`` are its row's, or
+        the policy's ``policy_seen`` row's where that is newer (``_seen``)."""
         with self._lock:
             self._check_cache()
             cached = self._states.get(policy)
@@ -263,15 +277,24 @@ class StateStore:
             rows = self._db.execute(
                 "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
             ).fetchall()
-            key = None
+            seen = self._db.execute(
+                "SELECT at, data FROM policy_seen WHERE policy = ?", (policy,)
+            ).fetchone()
+            where = ""
             try:
                 if legacy is not None:
                     raise ValueError(f"not a JSON object: {str(legacy[0])[:80]!r}")
                 targets: dict[str, TargetState] = {}
                 for key, data in rows:
+                    where = f"target {key!r}: "
                     targets[intern(key)] = _target_state_from_dict(json.loads(data))
+                stored = dict(targets)
+                seen_at = min((t.last_seen for t in targets.values()), default=-inf)
+                if seen is not None:
+                    where = "its policy_seen row: "
+                    seen_at = float(seen[0])
+                    _overlay(targets, json.loads(seen[1]))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                where = f"target {key!r}: " if key is not None else ""
                 detail = f"{where}{type(exc).__name__}: {exc}"
                 raise StateRowError(
                     f"{self.path}: policy_state row of {policy!r} cannot be decoded ({detail})",
@@ -279,15 +302,14 @@ class StateStore:
                 ) from exc
             state = PolicyState(freeze(targets))
             self._states[policy] = state
-            due = [(t.last_seen + _refresh_after(k), k) for k, t in targets.items()]
-            heapq.heapify(due)
-            self._stored[policy] = _Rows(dict(targets), state.base, due, set(targets))
+            self._stored[policy] = _Rows(stored, state.base, seen_at)
             return state
 
     def take_policy_state(self, policy: str, keep: Callable[[str], object]) -> bool:
         """Hand ``policy``'s raw rows to ``keep`` (one JSON object of its targets, as the
-        rows hold them), then remove them (not when ``keep`` raises); False when there were
-        none. The repair of one bad row (``gpuops state reset --policy``)."""
+        rows hold them, then its ``policy_seen`` row's data, if any), then remove them (not
+        when ``keep`` raises); False when there were none. The repair of one bad row
+        (``gpuops state reset --policy``)."""
         with self.transaction() as db:
             legacy = db.execute(
                 "SELECT data FROM policy_state WHERE policy = ?", (policy,)
@@ -295,14 +317,18 @@ class StateStore:
             rows = db.execute(
                 "SELECT target, data FROM policy_targets WHERE policy = ?", (policy,)
             ).fetchall()
-            if legacy is None and not rows:
+            seen = db.execute("SELECT data FROM policy_seen WHERE policy = ?", (policy,)).fetchone()
+            if legacy is None and not rows and seen is None:
                 return False
             raw = [str(legacy[0])] if legacy is not None else []
             if rows:
                 raw.append("{" + ", ".join(f"{json.dumps(k)}: {d}" for k, d in rows) + "}")
+            if seen is not None:
+                raw.append(str(seen[0]))
             keep("\n".join(raw))
             db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
             db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
+            db.execute("DELETE FROM policy_seen WHERE policy = ?", (policy,))
             self._states.pop(policy, None)
             self._stored.pop(policy, None)
         return True
@@ -318,45 +344,59 @@ class StateStore:
             ]
 
     def save_policy_state(self, db: sqlite3.Connection, policy: str, state: PolicyState) -> None:
-        """Store ``state`` in the open transaction ``db``: only the targets whose row would
-        change (a target's ``last_seen`` and ``value`` alone, which change every evaluation,
-        are rewritten at most every ``REFRESH_S``); all of them when this process has not read
-        or written the policy's rows since it opened the file (or another process wrote it)."""
+        """Store ``state`` in the open transaction ``db``: the rows of the targets that changed
+        other than in ``last_seen`` and ``value`` (which change at every evaluation), and,
+        every ``REFRESH_S`` or less, every target's ``last_seen`` and ``value`` in the
+        policy's one ``policy_seen`` row (``_seen``); all rows when this process has not read
+        or written the policy's rows since it opened the file (or another process wrote it).
+        A state sharing the rows' base (only values seen again moved: ``PolicyState.seen``)
+        is not compared target by target."""
         with self._lock:
             pending = self._pending.get(policy)
             known = pending[1] if pending is not None else self._stored.get(policy)
             if known is None:
                 db.execute("DELETE FROM policy_state WHERE policy = ?", (policy,))
                 db.execute("DELETE FROM policy_targets WHERE policy = ?", (policy,))
-                rows = _Rows({}, None, [], set())
+                db.execute("DELETE FROM policy_seen WHERE policy = ?", (policy,))
+                rows = _Rows({}, None, inf)
             else:
                 rows = known.copy()
-            gone: list[tuple[str, str]] = []
             if rows.base is not None and state.base is rows.base:
-                writes = _refreshed(policy, state, rows)  # only seen values moved
+                now = state.seen_at  # only seen values moved: no row to write
             else:
-                writes = []
-                stored = rows.rows
+                now = -inf
+                writes: list[tuple[str, str, str]] = []
+                stored = rows.rows = dict(rows.rows)  # copied on write
                 for key, target in state.targets.items():
+                    if target.last_seen > now:
+                        now = target.last_seen
                     before = stored.get(key)
-                    if before is None or _changed(before, target, key):
+                    if before is None or _changed(before, target):
                         writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
                         stored[key] = target
-                        if key not in rows.queued:  # one entry per row, moved on when due
-                            rows.queued.add(key)
-                            heapq.heappush(rows.due, (target.last_seen + _refresh_after(key), key))
                 gone = [(policy, key) for key in stored if key not in state.base]
                 for _, key in gone:
                     del stored[key]
-                rows.base, rows.index = state.base, None
-            if gone:
-                db.executemany("DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone)
-            if writes:
-                db.executemany(
-                    "INSERT INTO policy_targets (policy, target, data) VALUES (?, ?, ?)"
-                    " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
-                    writes,
+                rows.base = state.base
+                if rows.seen_at == inf:  # every row written now
+                    rows.seen_at = now
+                if gone:
+                    db.executemany(
+                        "DELETE FROM policy_targets WHERE policy = ? AND target = ?", gone
+                    )
+                if writes:
+                    db.executemany(
+                        "INSERT INTO policy_targets (policy, target, data) VALUES (?, ?, ?)"
+                        " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
+                        writes,
+                    )
+            if now - rows.seen_at >= _refresh_after(policy):
+                db.execute(
+                    "INSERT INTO policy_seen (policy, at, data) VALUES (?, ?, ?)"
+                    " ON CONFLICT (policy) DO UPDATE SET at = excluded.at, data = excluded.data",
+                    (policy, now, _seen(state)),
                 )
+                rows.seen_at = now
             self._pending[policy] = (state, rows)
 
     # --- guardrails ---------------------------------------------------------------------
@@ -899,92 +939,85 @@ def reset(path: Path, now: float | None = None) -> Path | None:
 
 REFRESH_S = 300.0
 """A target whose only change is ``last_seen`` and ``value`` (every evaluation of a pending or
-firing target) is rewritten when its row's ``last_seen`` is this much older: after a restart
-the engine knows a value at most this old (the evidence of a clear of a target that left the
-result); nothing the state machine decides reads ``last_seen``."""
+firing target) has them stored at most this much later: after a restart the engine knows a
+value at most this old (the evidence of a clear of a target that left the result); nothing
+the state machine decides reads ``last_seen``. They are not written into the target's row
+but, for all the policy's targets at once, into its one ``policy_seen`` row (``_seen``)."""
 
 
 _MOVING = frozenset({"last_seen", "value"})
 
 
-def _refresh_after(key: str) -> float:
-    """How far ``last_seen`` moves before the row of target ``key`` is rewritten: between
-    half of ``REFRESH_S`` and all of it, by its key (see ``_changed``)."""
-    return REFRESH_S * (0.5 + hash(key) % 16 / 32)
+def _refresh_after(policy: str) -> float:
+    """How far the evaluation time moves before ``policy``'s ``policy_seen`` row is written
+    again: between half of ``REFRESH_S`` and all of it, by the policy's name, so that the
+    policies that fired together are not all refreshed in one round."""
+    return REFRESH_S * (0.5 + zlib.crc32(policy.encode()) % 16 / 32)
 
 
 @dataclass
 class _Rows:
     """A policy's targets as its rows hold them (``rows``); ``base``: a ``PolicyState.base``
     whose targets equal the rows but for ``last_seen`` and ``value`` (a state sharing it
-    changed nothing else: ``_refreshed``); ``due``: a heap of (when a row's refresh is due,
-    its key), one entry per row, put later when it comes up for a row rewritten since."""
+    changed nothing else); ``seen_at``: when every target's ``last_seen`` and ``value`` were
+    last stored (its rows all written, or the ``policy_seen`` row; inf: not yet)."""
 
     rows: dict[str, TargetState]
     base: Mapping[str, TargetState] | None
-    due: list[tuple[float, str]]
-    queued: set[str]
-    """The keys in ``due``."""
-    index: Mapping[str, int] | None = None
-    """Each ``base`` key's position (in ``PolicyState.seen``), made once per base when a
-    refresh first needs it (``_refreshed``); None: not made yet, or ``base`` changed."""
+    seen_at: float
 
     def copy(self) -> _Rows:
-        """A copy to change in a transaction (the cached one stays as committed)."""
-        return _Rows(dict(self.rows), self.base, list(self.due), set(self.queued), self.index)
+        """A copy to change in a transaction (the cached one stays as committed; ``rows`` is
+        copied only when it changes)."""
+        return _Rows(self.rows, self.base, self.seen_at)
 
 
-def _observed(target: TargetState, state: PolicyState, value: float) -> TargetState:
-    """``target`` as ``state`` saw it last (``PolicyState.seen``)."""
-    return replace(target, last_seen=state.seen_at, value=value)
+def _seen(state: PolicyState) -> str:
+    """The ``policy_seen`` data of ``state``: its keys, their ``last_seen``s (one number when
+    they are all the same: a state seen again, ``PolicyState.seen``, whose lists are made in
+    C) and values (as ``json.dumps`` writes floats: exact, ``NaN`` and ``Infinity``
+    included)."""
+    if state.seen:  # every target seen at ``seen_at``: one time for all
+        return json.dumps([list(state.base), state.seen_at, list(state.seen)])
+    targets = state.targets
+    return json.dumps(
+        [
+            list(targets),
+            [t.last_seen for t in targets.values()],
+            [t.value for t in targets.values()],
+        ]
+    )
 
 
-def _refreshed(policy: str, state: PolicyState, rows: _Rows) -> list[tuple[str, str, str]]:
-    """The rows of ``state`` to write when it shares ``rows.base``: only those whose refresh
-    is due by ``state.seen_at`` (``_changed``'s rule), taken off the heap in order instead of
-    comparing every target (issue 15); ``rows`` is updated."""
-    due, stored = rows.due, rows.rows
-    writes: list[tuple[str, str, str]] = []
-    later: list[tuple[float, str]] = []
-    seen = state.seen
-    while due and due[0][0] <= state.seen_at:
-        _, key = heapq.heappop(due)
-        row = stored.get(key)
-        if row is None:
-            rows.queued.discard(key)  # removed since
-            continue
-        after = _refresh_after(key)
-        if row.last_seen + after > state.seen_at:  # rewritten since: due later
-            later.append((row.last_seen + after, key))
-            continue
-        if seen:
-            index = rows.index
-            if index is None:  # once per base, in C (not each round: review of issue 15)
-                index = rows.index = dict(zip(state.base, range(len(seen)), strict=True))
-            target = _observed(state.base[key], state, seen[index[key]])
-        else:
-            target = state.base[key]
-        if target.last_seen - row.last_seen >= after:
-            writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
-            stored[key] = target
-            later.append((target.last_seen + after, key))
-        else:
-            later.append((row.last_seen + after, key))
-    for entry in later:
-        heapq.heappush(due, entry)
-    return writes
+def _overlay(targets: dict[str, TargetState], data: Any) -> None:
+    """Set the ``last_seen`` and ``value`` of ``targets`` from a ``policy_seen`` row's data
+    where it is newer than the row's own (a row written later has its own, newer ones).
+    ``ValueError`` or ``TypeError`` when the data is not what ``_seen`` writes."""
+    if not isinstance(data, list) or len(data) != 3:
+        raise ValueError(f"not [keys, last_seen, values]: {str(data)[:80]!r}")
+    keys, times, values = data
+    if type(times) in (float, int):  # one time for all (``_seen`` of a state seen again)
+        times = [times] * len(keys) if isinstance(keys, list) else times
+    if not (isinstance(keys, list) and isinstance(times, list) and isinstance(values, list)):
+        raise ValueError("not [keys, last_seen, values] lists")
+    if not len(keys) == len(times) == len(values):
+        raise ValueError(f"lists of {len(keys)}, {len(times)} and {len(values)} items")
+    for key, at, value in zip(keys, times, values, strict=True):
+        if type(key) is not str or type(at) not in (float, int):
+            raise TypeError(f"target {key!r:.80}: not a key and a time")
+        if value is not None and type(value) not in (float, int):
+            raise TypeError(f"target {key!r:.80}: value {value!r:.40} is not a number")
+        target = targets.get(key)
+        if target is not None and at > target.last_seen:
+            targets[key] = replace(target, last_seen=float(at), value=value)
 
 
-def _changed(before: TargetState, after: TargetState, key: str) -> bool:
-    """Whether ``after``'s row must be written over ``before``'s (see ``REFRESH_S``; this runs
-    for every target of every evaluation). A target's refresh comes between half of
-    ``REFRESH_S`` and all of it, by its key: the targets of one episode, written together when
-    they appeared, are refreshed spread over that time instead of all in one round (issue 15:
-    a round that rewrote 55,000 rows at once)."""
+def _changed(before: TargetState, after: TargetState) -> bool:
+    """Whether ``after``'s row must be written over ``before``'s: a field other than
+    ``last_seen`` and ``value`` (``_MOVING``: stored in ``policy_seen``) differs. This runs
+    for every target of an evaluation that did not take the steady path."""
     if after is before:
         return False
-    if after.last_seen - before.last_seen >= _refresh_after(key):
-        return True
     old, new = vars(before), dict(vars(after))
     new["last_seen"], new["value"] = old["last_seen"], old["value"]  # ``_MOVING``
     return new != old  # compared in C, identical field values first

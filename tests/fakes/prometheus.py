@@ -7,16 +7,19 @@ Prometheus (tests/integration/test_freshness_prometheus.py), so ``sample_age`` s
 ``FakePrometheus`` answers ``query`` with tuples of ``Sample`` (as the what-if's lockstep
 client and other clients that answer ``query`` their own way do: the cycle then asks
 ``query``). ``FakePrometheusClient`` is a ``PrometheusClient`` that answers only
-``query_vector``, through the real decoder (``decode_vector``) of the JSON an instant query
-returns: the cycle takes the path it takes against a real Prometheus (columns, the
-evaluation's steady path, answers shared by policies with the same expr)."""
+``query_vector``, through the real decoder (``PrometheusClient._decode``: ``Answers``,
+``decode_vector``) of the JSON an instant query returns: the cycle takes the path it takes
+against a real Prometheus (columns, the evaluation's steady path, answers shared by policies
+with the same expr)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from engine.decisions import Sample, Vector, freeze
-from engine.prometheus import PrometheusClient, QueryError, decode_vector
+from engine.prometheus import Answers, PrometheusClient, QueryError
 
 
 class _Script:
@@ -61,6 +64,11 @@ class FakePrometheusClient(_Script, PrometheusClient):
 
     def __init__(self) -> None:  # no session: nothing is sent anywhere
         _Script.__init__(self)
+        self._last_answers = Answers()
 
     def query_vector(self, expr: str, at: float | None = None) -> Vector:
-        return decode_vector(self._answer(expr, at), expr)
+        """The answer as the client decodes the bytes Prometheus sends (compact JSON, as
+        Prometheus writes it, so that ``Answers`` recognises an answer's series again)."""
+        data = {"resultType": "vector", "result": self._answer(expr, at)}
+        with self._errors(expr):
+            return self._decode(expr, orjson.dumps({"status": "success", "data": data}))

@@ -259,7 +259,9 @@ def test_replicas_starting_together_create_the_schema_once(
         conn.execute("UPDATE gpuops_schema SET version = 99")
     for store in stores:
         store.close()
-    with pytest.raises(StateError, match="schema version 99, newer than this engine's 1"):
+    with pytest.raises(
+        StateError, match=f"schema version 99, newer than this engine's {len(MIGRATIONS) + 1}"
+    ):
         PostgresStore(url, credentials, "e")
 
 

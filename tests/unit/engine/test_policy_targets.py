@@ -79,9 +79,10 @@ def test_a_save_writes_only_the_targets_that_changed(tmp_path: Path) -> None:
         ]
         changed = changed[:-1] + [("uuid=new", target("new"))]
         assert saved(store, "p", state(*changed)) == 3
-        # last_seen far enough ahead: rewritten, so a restart knows a recent value
-        later = [(k, replace(t, last_seen=t.last_seen + REFRESH_S)) for k, t in changed]
-        assert saved(store, "p", state(*later)) == 100
+        # last_seen far enough ahead: stored, so a restart knows a recent value, in one
+        # row for all the targets (policy_seen), not one per target
+        later = [(k, replace(t, last_seen=t.last_seen + REFRESH_S, value=0.3)) for k, t in changed]
+        assert saved(store, "p", state(*later)) == 1
     finally:
         store.close()
     reopened = StateStore(tmp_path / "state.sqlite")
@@ -91,29 +92,98 @@ def test_a_save_writes_only_the_targets_that_changed(tmp_path: Path) -> None:
         reopened.close()
 
 
-def test_refreshes_are_spread_over_half_of_refresh_s_to_all_of_it(tmp_path: Path) -> None:
-    """Issue 15: the targets of one episode, written in one round, were all rewritten in one
-    round REFRESH_S later (55,000 rows at 10,000 GPUs); now each at its own point between half
-    of REFRESH_S and REFRESH_S, so no value a restart knows is older than REFRESH_S."""
+def test_refreshes_are_one_row_per_policy_spread_over_half_of_refresh_s_to_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 15: the targets of one episode, written in one round, were all rewritten (json
+    and an upsert per row) in the rounds REFRESH_S later. Now a refresh is one row per policy
+    (``policy_seen``: every target's last_seen and value), each policy at its own point
+    between half of REFRESH_S and REFRESH_S, so that policies that fired together are not
+    refreshed together, and no value a restart knows is older than REFRESH_S."""
+    policies = [f"policy-{i}" for i in range(40)]
+    many = [(f"uuid={i}", target(str(i))) for i in range(50)]
     store = StateStore(tmp_path / "state.sqlite")
+
+    def moved(by: float) -> PolicyState:
+        return state(*[(k, replace(t, last_seen=t.last_seen + by, value=by)) for k, t in many])
+
+    def save_all(value: PolicyState) -> int:
+        with store.transaction() as db:
+            before = db.total_changes
+            for name in policies:
+                store.save_policy_state(db, name, value)
+            return db.total_changes - before
+
     try:
-        many = [(f"uuid={i}", target(str(i))) for i in range(200)]
-        saved(store, "p", state(*many))
-        early = [(k, replace(t, last_seen=t.last_seen + REFRESH_S * 0.49)) for k, t in many]
-        assert saved(store, "p", state(*early)) == 0
-        mid = [(k, replace(t, last_seen=t.last_seen + REFRESH_S * 0.75)) for k, t in many]
-        spread = saved(store, "p", state(*mid))
-        assert 20 < spread < 180
-        late = [(k, replace(t, last_seen=t.last_seen + REFRESH_S)) for k, t in many]
-        assert saved(store, "p", state(*late)) == 200 - spread  # the rest, none twice
+        assert save_all(state(*many)) == 40 * 50
+        assert save_all(moved(REFRESH_S * 0.49)) == 0
+        spread = save_all(moved(REFRESH_S * 0.75))
+        assert 4 < spread < 36  # some policies, one row each
+        assert save_all(moved(REFRESH_S)) == 40 - spread  # the rest, none twice
         stored = StateStore(tmp_path / "state.sqlite")
         try:
-            oldest = min(t.last_seen for t in stored.policy_state("p").targets.values())
+            for name in policies:
+                targets = stored.policy_state(name).targets.values()
+                assert len(targets) == 50
+                oldest = min(t.last_seen for t in targets)
+                assert oldest >= many[0][1].last_seen + REFRESH_S * 0.75
+                assert {t.value for t in targets} <= {REFRESH_S * 0.75, REFRESH_S}
         finally:
             stored.close()
-        assert oldest >= many[0][1].last_seen + REFRESH_S * 0.5
     finally:
         store.close()
+
+
+def test_a_row_written_after_the_policy_seen_row_keeps_its_own_values(tmp_path: Path) -> None:
+    """A target whose row is newer than the policy's ``policy_seen`` row (it changed since,
+    or its episode began since) is read as its row holds it; the others get their
+    last_seen and value from ``policy_seen``."""
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    try:
+        a, b = target("a"), target("b")
+        saved(store, "p", state(("a", a), ("b", b)))
+        seen = state(
+            ("a", replace(a, last_seen=1 + REFRESH_S, value=0.5)),
+            ("b", replace(b, last_seen=1 + REFRESH_S, value=0.6)),
+        )
+        assert saved(store, "p", seen) == 1  # the policy_seen row only
+        fired = replace(b, status=Status.FIRING, fired_at=400.0, last_seen=400.0, value=0.7)
+        final = state(("a", replace(a, last_seen=400.0, value=0.8)), ("b", fired))
+        assert saved(store, "p", final) == 1  # b's row; a's value moved only
+    finally:
+        store.close()
+    reopened = StateStore(path)
+    try:
+        targets = reopened.policy_state("p").targets
+        assert targets["b"] == fired
+        assert (targets["a"].last_seen, targets["a"].value) == (1 + REFRESH_S, 0.5)
+    finally:
+        reopened.close()
+
+
+def test_an_unreadable_policy_seen_row_fails_only_its_policy(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    try:
+        for name in ("p", "q"):
+            saved(store, name, state(("a", target("a"))))
+            saved(store, name, state(("a", replace(target("a"), last_seen=1 + REFRESH_S))))
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("""UPDATE policy_seen SET data = '[["a"], [2.0], ["x"]]' WHERE policy = 'p'""")
+    reopened = StateStore(path)
+    try:
+        with pytest.raises(StateRowError) as caught:
+            reopened.policy_state("p")
+        assert str(caught.value) == (
+            f"{path}: policy_state row of 'p' cannot be decoded (its policy_seen row:"
+            " TypeError: target 'a': value 'x' is not a number)"
+        )
+        assert reopened.policy_state("q").targets["a"].last_seen == 1 + REFRESH_S
+    finally:
+        reopened.close()
 
 
 def test_a_rolled_back_save_is_not_cached(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qs
 
+import orjson
 import pytest
 import requests
 import responses
 
+from engine.decisions import Sample, Vector, freeze
 from engine.prometheus import PrometheusClient, QueryError, parse_vector
 from engine.promproc import free_port
 
@@ -171,3 +173,75 @@ def test_a_long_query_is_posted_as_a_form() -> None:
     assert [s.value for s in client.query(long, at=1700000000)] == [1.0, 2.0]
     assert client.query("up", at=1700000000)[1].labels == {"q": "2"}
     assert seen == [("POST", "application/x-www-form-urlencoded"), ("GET", "")]
+
+
+def compact(*series: tuple[dict[str, str], str], at: float = 1700000000.0) -> bytes:
+    """An answer's bytes as Prometheus writes them (compact JSON)."""
+    result = [{"metric": m, "value": [at, v]} for m, v in series]
+    return orjson.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+
+def crafted(inner: str, outer: str, last: str) -> bytes:
+    """Two series: one with a label holding a sample, one whose value comes first."""
+    one = f'{{"metric":{{"a":"b","value":[1,"{inner}"]}},"value":[1,"{outer}"]}}'
+    two = f'{{"value":[1,"{last}"],"metric":{{"c":"d"}}}}'
+    return (
+        f'{{"status":"success","data":{{"resultType":"vector","result":[{one},{two}]}}}}'.encode()
+    )
+
+
+def answered(*bodies: bytes) -> list[Vector]:
+    """Each body decoded, in turn, as the answer to one query of one client."""
+    client = PrometheusClient(URL)
+    return [client._decode("q", body) for body in bodies]
+
+
+def test_an_answer_with_the_series_of_the_last_one_reads_only_its_values() -> None:
+    """Issue 15: the same series as the query's last answer (every byte but the values the
+    same) share its labels and target keys; only the values and times are read."""
+    a, b = {"node": "n1", "uuid": "a"}, {"node": "n1", "uuid": "b"}
+    first, second = answered(
+        compact((a, "0.1"), (b, "2")), compact((a, "1e+06"), (b, "-Inf"), at=1700000030.5)
+    )
+    assert second.metrics is first.metrics  # not decoded again
+    assert first.target_keys(("node", "uuid")) == ["node=n1,uuid=a", "node=n1,uuid=b"]
+    assert second.target_keys(("node", "uuid")) is first.target_keys(("node", "uuid"))
+    assert list(second) == [
+        Sample(freeze(a), 1e6, 1700000030.5),
+        Sample(freeze(b), float("-inf"), 1700000030.5),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        # another label value: its series are new
+        (compact(({"uuid": "a"}, "1")), compact(({"uuid": "b"}, "2"))),
+        # a label that looks like a sample (its quotes escaped in JSON): decoded in full
+        (
+            compact(({"uuid": 'x,"value":[1,"9"]}'}, "1")),
+            compact(({"uuid": 'y,"value":[1,"9"]}'}, "2")),
+        ),
+        # a label valued "value": never remembered
+        (compact(({"job": "value"}, "1")), compact(({"job": "value"}, "2"))),
+        # a "value" that is no sample's (in a label, or before "metric"): never remembered,
+        # else the next answer's values would be read from the wrong places
+        (crafted("1", "1", "1"), crafted("7", "8", "1")),
+    ],
+)
+def test_an_answer_with_other_series_is_decoded_in_full(first: bytes, then: bytes) -> None:
+    one, two = answered(first, then)
+    assert two.metrics is not one.metrics
+    assert list(two) == list(parse_vector(orjson.loads(then)["data"]["result"], "q"))
+
+
+def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -> None:
+    a, b = {"uuid": "a"}, {"uuid": "b"}
+    client = PrometheusClient(URL)
+    client._decode("q", compact((a, "1"), (b, "2")))
+    assert list(client._decode("q", compact((a, "NaN"), (b, "3")))) == [
+        Sample(freeze(b), 3.0, 1700000000.0)  # NaN left out, as before
+    ]
+    client._decode("q", compact((a, "1"), (b, "2")))
+    with pytest.raises(QueryError, match="not a number: ' 1'"):
+        client._decode("q", compact((a, " 1"), (b, "2")))
