@@ -340,6 +340,7 @@ class StateStore:
                 for r in self._db.execute(
                     "SELECT policy FROM policy_state"
                     " UNION SELECT DISTINCT policy FROM policy_targets"
+                    " UNION SELECT policy FROM policy_seen"
                 )
             ]
 
@@ -390,7 +391,10 @@ class StateStore:
                         " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
                         writes,
                     )
-            if now - rows.seen_at >= _refresh_after(policy):
+                if not stored and gone:  # the state emptied: no target left to refresh
+                    db.execute("DELETE FROM policy_seen WHERE policy = ?", (policy,))
+                    rows.seen_at = inf  # the next targets' rows are all written
+            if state.base and now - rows.seen_at >= _refresh_after(policy):
                 db.execute(
                     "INSERT INTO policy_seen (policy, at, data) VALUES (?, ?, ?)"
                     " ON CONFLICT (policy) DO UPDATE SET at = excluded.at, data = excluded.data",

@@ -186,6 +186,34 @@ def test_an_unreadable_policy_seen_row_fails_only_its_policy(tmp_path: Path) -> 
         reopened.close()
 
 
+def test_a_policy_seen_row_goes_when_the_state_empties_and_is_named(tmp_path: Path) -> None:
+    """Review of issue 15: the ``policy_seen`` row of a policy whose targets all left was
+    kept (unseen by ``policy_names``, so by ``gpuops state check``); it is deleted with
+    them, and a row left by an older engine is named."""
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    try:
+        saved(store, "p", state(("a", target("a"))))
+        saved(store, "p", state(("a", replace(target("a"), last_seen=1 + REFRESH_S))))
+        assert saved(store, "p", state()) == 2  # the target row and the policy_seen row
+        assert store.policy_names() == []
+        saved(store, "p", state(("b", target("b", since=2 * REFRESH_S))))
+        assert list(store.policy_state("p").targets) == ["b"]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT policy FROM policy_seen").fetchall() == []
+        db.execute("DELETE FROM policy_targets")
+        db.execute("INSERT INTO policy_seen VALUES ('orphan', 1.0, 'garbage')")
+    reopened = StateStore(path)
+    try:
+        assert reopened.policy_names() == ["orphan"]
+        with pytest.raises(StateRowError, match="'orphan'.*its policy_seen row"):
+            reopened.policy_state("orphan")
+    finally:
+        reopened.close()
+
+
 def test_a_rolled_back_save_is_not_cached(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state.sqlite")
     try:
