@@ -187,9 +187,15 @@ class StateStore:
 
     def _migrate(self) -> None:
         """Bring an older state file to ``MIGRATIONS``' version (``PRAGMA user_version``),
-        each step in its own transaction."""
+        each step in its own transaction; a newer file's is refused (``StateError``), as
+        PostgreSQL's is: an older engine would read stale values (``policy_seen``)."""
         with self._lock:
             version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > len(MIGRATIONS):  # a newer engine's file (a downgrade)
+                raise StateError(
+                    f"{self.path}: the state file has schema version {version}, newer than"
+                    f" this engine's {len(MIGRATIONS)}: upgrade the engine"
+                )
             for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
