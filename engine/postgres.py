@@ -75,8 +75,9 @@ CREATE TABLE IF NOT EXISTS gpuops_leader (
 );
 INSERT INTO gpuops_leader (id) VALUES (1) ON CONFLICT DO NOTHING;
 """
-"""Version 1 of the PostgreSQL schema: SQLite's tables after all of ``engine.state``'s
-migrations, plus the schema version and the lease row."""
+"""Version 1 of the PostgreSQL schema: SQLite's tables after ``engine.state``'s migrations
+up to 6, plus the schema version and the lease row; later SQLite migrations come as
+``MIGRATIONS`` (SQLite's 7, ``policy_seen``, is PostgreSQL's 2)."""
 
 MIGRATIONS: tuple[str, ...] = (
     # 2: each policy's latest ``last_seen``/``value`` of all its targets in one row

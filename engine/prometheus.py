@@ -19,7 +19,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -112,16 +112,7 @@ class PrometheusClient:
     def _decode(self, expr: str, body: bytes) -> Vector:
         """The answer ``body`` to ``expr`` (``Answers``: only its values read when its series
         are those of the last answer); ``ValueError`` when it is not JSON or not an answer."""
-        known = self._last_answers.again(expr, body)
-        if known is not None:
-            return known
-        try:
-            raw = orjson.loads(body)["data"]["result"]
-        except (KeyError, TypeError) as exc:
-            raise ValueError("not a query answer") from exc
-        vector = decode_vector(raw, expr)
-        self._last_answers.remember(expr, body, vector)
-        return vector
+        return self._last_answers.read(expr, body, _decode_answer)
 
     def sample_age(self, exprs: Iterable[str], at: float | None = None) -> float | None:
         """How old (seconds, at ``at``) the oldest sample is that the vector selectors of
@@ -207,6 +198,15 @@ class PrometheusClient:
         return out
 
 
+def _decode_answer(body: bytes, expr: str) -> Vector:
+    """``body`` decoded in full (``decode_vector``); ``ValueError`` when it is not an answer."""
+    try:
+        raw = orjson.loads(body)["data"]["result"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError("not a query answer") from exc
+    return decode_vector(raw, expr)
+
+
 class Answers:
     """The last answer to each query whose series can be recognised again (issue 15: JSON
     decoding was most of a steady round): an answer is split at its samples' values, in C
@@ -218,25 +218,78 @@ class Answers:
     escaped, so none hides in a label; a label valued ``value`` makes the answer not
     remembered), each sample's value and time are those the full decoding read, and no
     value is ``NaN`` (left out by ``decode_vector``). A value that is not a number as
-    Prometheus writes it takes the full decoding, which names it."""
+    Prometheus writes it takes the full decoding, which names it.
+
+    An answer whose series changed costs one split and one full decoding (the split is
+    reused to remember it). A query whose series changed ``MISSES`` answers in a row (a
+    ``util < 0.2`` whose targets come and go) is forgotten and its next ``PAUSE`` answers
+    are decoded in full without splitting (as without this cache), then it is tried
+    again: a churning query costs what a full decoding does and keeps no memory."""
 
     KEPT = 64
     """Queries remembered (the least recently asked are forgotten first)."""
 
+    MISSES = 2
+    """Answers in a row with other series after which a query stops being split."""
+
+    PAUSE = 16
+    """Answers decoded in full, unsplit, before a churning query is tried again."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last: OrderedDict[str, tuple[list[bytes], Vector]] = OrderedDict()
+        self._misses: OrderedDict[str, list[int]] = OrderedDict()
+        """Per query that had other series lately: [misses in a row, answers still unsplit]
+        (at most ``KEPT`` queries)."""
 
-    def again(self, expr: str, body: bytes) -> Vector | None:
-        """The answer ``body`` to ``expr`` when its series are those of the last one (None:
-        decode it in full)."""
+    def read(self, expr: str, body: bytes, full: Callable[[bytes, str], Vector]) -> Vector:
+        """The answer ``body`` to ``expr``: only its values read when its series are those
+        of the last one, else ``full(body, expr)`` (and ``body`` remembered when sound)."""
         with self._lock:
-            known = self._last.get(expr)
-            if known is None:
-                return None
-            self._last.move_to_end(expr)
-        skeleton, vector = known
+            churn = self._misses.get(expr)
+            if churn is not None and churn[1]:
+                churn[1] -= 1
+                paused, known = True, None
+            else:
+                paused = False
+                known = self._last.get(expr)
+                if known is not None:
+                    self._last.move_to_end(expr)
+        if paused:
+            return full(body, expr)
         parts = _SAMPLE.split(body)
+        if known is not None:
+            vector = self._again(parts, known)
+            if vector is not None:
+                with self._lock:
+                    self._misses.pop(expr, None)
+                return vector
+        vector = full(body, expr)
+        if known is not None and self._missed(expr):
+            return vector
+        self._remember(expr, body, parts, vector)
+        return vector
+
+    def _missed(self, expr: str) -> bool:
+        """Count an answer to ``expr`` whose series were not the last one's; True when the
+        query is now paused (forgotten: its next ``PAUSE`` answers are not split). After a
+        pause the count goes on, so one more miss pauses it again."""
+        with self._lock:
+            churn = self._misses.setdefault(expr, [0, 0])
+            self._misses.move_to_end(expr)
+            while len(self._misses) > self.KEPT:
+                self._misses.popitem(last=False)
+            churn[0] += 1
+            if churn[0] < self.MISSES:
+                return False
+            churn[1] = self.PAUSE
+            self._last.pop(expr, None)
+            return True
+
+    @staticmethod
+    def _again(parts: list[bytes], known: tuple[list[bytes], Vector]) -> Vector | None:
+        """The answer split into ``parts`` when its series are those of ``known``."""
+        skeleton, vector = known
         if parts[0::3] != skeleton:
             return None
         texts = parts[2::3]
@@ -245,9 +298,9 @@ class Answers:
             return None
         return vector.with_columns(list(map(float, texts)), list(map(float, parts[1::3])))
 
-    def remember(self, expr: str, body: bytes, vector: Vector) -> None:
-        """Keep ``body``'s split to recognise the next answer to ``expr`` (when sound)."""
-        parts = _SAMPLE.split(body)
+    def _remember(self, expr: str, body: bytes, parts: list[bytes], vector: Vector) -> None:
+        """Keep ``body``'s split ``parts`` to recognise the next answer to ``expr`` (when
+        sound)."""
         values = list(map(float, parts[2::3])) if len(parts) == 3 * len(vector) + 1 else None
         if (
             not vector

@@ -187,9 +187,15 @@ class StateStore:
 
     def _migrate(self) -> None:
         """Bring an older state file to ``MIGRATIONS``' version (``PRAGMA user_version``),
-        each step in its own transaction."""
+        each step in its own transaction; a newer file's is refused (``StateError``), as
+        PostgreSQL's is: an older engine would read stale values (``policy_seen``)."""
         with self._lock:
             version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > len(MIGRATIONS):  # a newer engine's file (a downgrade)
+                raise StateError(
+                    f"{self.path}: the state file has schema version {version}, newer than"
+                    f" this engine's {len(MIGRATIONS)}: upgrade the engine"
+                )
             for number, sql in enumerate(MIGRATIONS[version:], start=version + 1):
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -340,6 +346,7 @@ class StateStore:
                 for r in self._db.execute(
                     "SELECT policy FROM policy_state"
                     " UNION SELECT DISTINCT policy FROM policy_targets"
+                    " UNION SELECT policy FROM policy_seen"
                 )
             ]
 
@@ -390,7 +397,10 @@ class StateStore:
                         " ON CONFLICT (policy, target) DO UPDATE SET data = excluded.data",
                         writes,
                     )
-            if now - rows.seen_at >= _refresh_after(policy):
+                if not stored and gone:  # the state emptied: no target left to refresh
+                    db.execute("DELETE FROM policy_seen WHERE policy = ?", (policy,))
+                    rows.seen_at = inf  # the next targets' rows are all written
+            if state.base and now - rows.seen_at >= _refresh_after(policy):
                 db.execute(
                     "INSERT INTO policy_seen (policy, at, data) VALUES (?, ?, ?)"
                     " ON CONFLICT (policy) DO UPDATE SET at = excluded.at, data = excluded.data",

@@ -2,7 +2,10 @@
 (issue 15): a loopback HTTP server in a child process answers every query at once with what a
 real Prometheus gives for the synthetic fleet of ``bench_scale`` (its idle, underused and busy
 GPUs, down nodes and queues, as JSON bytes made once), so what is measured is the engine's
-side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite.
+side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite. With
+``--churn F`` (default 0.01) that fraction of the GPUs flips between idle and busy every round
+after the fire, so the answers' series change (``--churn 0``: the same series every round,
+a best case).
 
 Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the cProfile of
 the steady rounds. The steady figure is the mean over every round after the fire round (round
@@ -10,7 +13,7 @@ the steady rounds. The steady figure is the mean over every round after the fire
 after the fire) included: the default 14 rounds reach past it (a shorter run says so). Never
 fails on noise.
 
-Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 14]``.
+Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 14] [--churn 0.01]``.
 """
 
 from __future__ import annotations
@@ -73,9 +76,17 @@ class Canned(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, gpus: int) -> None:
+    def __init__(self, gpus: int, churn: float = 0.0, start: float = 0.0) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.kinds = answers(gpus)
+        self.start = start
+        flip = round(gpus * churn / 2)  # as many idle GPUs turn busy as busy ones idle
+        idle, busy = self.kinds["idle"], self.kinds["busy"]
+        self.flipped = {
+            **self.kinds,
+            "idle": idle[flip:] + busy[:flip],
+            "busy": busy[flip:] + idle[:flip],
+        }
         self.bodies: dict[tuple[str, str], bytes] = {}
         threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -89,33 +100,35 @@ class Canned(ThreadingHTTPServer):
                 series = [{"gpuops_input": str(i)} for i in range(n)]
                 result = [{"metric": m, "value": [t, "10"]} for m in series]
             else:
-                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr)]
+                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr, t)]
             if expr.startswith("count("):
-                result = [{"metric": {}, "value": [t, str(len(self._series(expr)))]}]
+                result = [{"metric": {}, "value": [t, str(len(self._series(expr, t)))]}]
             data = {"resultType": "vector", "result": result}
             known = self.bodies[key] = orjson.dumps({"status": "success", "data": data})
             if len(self.bodies) > 64:
                 self.bodies.clear()
         return known
 
-    def _series(self, expr: str) -> list[dict[str, Any]]:
+    def _series(self, expr: str, t: float) -> list[dict[str, Any]]:
+        n = round((t - self.start) / 30)  # the round (the engine's clock moves 30 s a round)
+        kinds = self.flipped if n > 2 and n % 2 else self.kinds  # churn after the fire
         if "gpuops_queue_pending_jobs" in expr:
-            return self.kinds["queue"]
+            return kinds["queue"]
         if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
-            return self.kinds["down"] if "== 0" in expr else self.kinds["down"] * 100
+            return kinds["down"] if "== 0" in expr else kinds["down"] * 100
         if "max_over_time" in expr:
-            return self.kinds["idle"]
+            return kinds["idle"]
         if "[2m]" in expr:  # clear_expr: busy GPUs, narrowed or not
             wanted = re.search(r'uuid=~"([^"]*)"', expr)
-            busy = self.kinds["busy"]
+            busy = kinds["busy"]
             if wanted is None:
                 return busy
             uuids = set(wanted.group(1).replace("\\", "").split("|"))
             return [m for m in busy if m["uuid"] in uuids]
         if "[10m]" in expr:
-            return self.kinds["under"]
+            return kinds["under"]
         if "group by" in expr:
-            return self.kinds["idle"] * 2
+            return kinds["idle"] * 2
         return []
 
 
@@ -142,17 +155,24 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(gpus: int) -> None:
+def serve(gpus: int, churn: float, start: float) -> None:
     """The child process: serve the canned answers until killed (its CPU is not the
-    engine's); its first line is its port."""
-    server = Canned(gpus)
+    engine's); its first line is its port. ``churn``: the fraction of GPUs that flip
+    between idle and busy every round after the fire (round 2; the engine's clock is
+    ``start`` in round 0), half of them each way, so the answers' series change."""
+    server = Canned(gpus, churn, start)
     print(server.server_address[1], flush=True)
     threading.Event().wait()
 
 
-def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
+def run(gpus: int, rounds: int, profile: Path | None, churn: float = 0.0) -> Mapping[str, float]:
+    clock = [time.time()]
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.benchmarks.bench_round", "--serve", str(gpus)],
+        [
+            sys.executable,
+            *("-m", "tests.benchmarks.bench_round", "--serve", str(gpus)),
+            *("--churn", str(churn), "--start", repr(clock[0])),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -170,7 +190,6 @@ def run(gpus: int, rounds: int, profile: Path | None) -> Mapping[str, float]:
             guardrails=GuardrailSettings(global_max_per_hour=100),
             metrics_listen=None,
         )
-        clock = [time.time()]
         metrics = EngineMetrics.create()
         audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
             AuditSettings(spool_dir=work / "audit", max_spool_bytes=SPOOL_BYTES),
@@ -251,16 +270,25 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=14)
     parser.add_argument("--profile", type=Path)
+    parser.add_argument(
+        "--churn",
+        type=float,
+        default=0.01,
+        help="fraction of GPUs that flip between idle and busy every round after the fire"
+        " (0: the same series every round, a best case)",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.churn, args.start)
         return
     collect_less()  # as `gpuops engine run` does
-    r = run(args.gpus, args.rounds, args.profile)
+    r = run(args.gpus, args.rounds, args.profile, args.churn)
     print(
         f"{r['gpus']:.0f} GPUs, steady rounds without Prometheus (the {r['steady_rounds']:.0f}"
-        f" after the fire): engine CPU {r['cpu']:.2f} s per 30 s round on average,"
+        f" after the fire), churn {args.churn:g} of the GPUs a round:"
+        f" engine CPU {r['cpu']:.2f} s per 30 s round on average,"
         f" {r['cpu_us']:.1f} us per GPU (rounds {r['cpu_min_us']:.1f}-{r['cpu_max_us']:.1f};"
         " goal <= 40)"
         + ("" if r["covers_refresh"] else f", NOT covering a refresh ({REFRESH_S:.0f} s)")

@@ -27,7 +27,7 @@ from engine.postgres import (
     PostgresStore,
     redacted,
 )
-from engine.state import StateError, StateStore
+from engine.state import REFRESH_S, StateError, StateStore
 from engine.store import (
     AlertKey,
     ApprovalStatus,
@@ -162,6 +162,24 @@ def test_policy_targets_approvals_quota_inbox_and_controls_alike(store: Any) -> 
     store.set_control("paused", "ops@1")
     store.set_control("paused", "ops@2")
     assert store.control("paused") == "ops@2"
+
+
+def test_a_policy_seen_row_goes_when_the_state_empties_alike(store: Any) -> None:
+    """Review of issue 15: no orphan ``policy_seen`` row once every target left, and
+    ``policy_names`` (``gpuops state check``) names a policy that has only that row."""
+    a = TargetState(Status.FIRING, 1.0, 2.0, 0.5, freeze({"pool": "a"}))
+    refreshed = replace(a, last_seen=2.0 + REFRESH_S)
+    for value in (a, refreshed):
+        with store.transaction() as db:
+            store.save_policy_state(db, "p", PolicyState(freeze({"pool=a": value})))
+    with store.transaction() as db:
+        assert db.execute("SELECT policy FROM policy_seen").fetchall() == [("p",)]
+        store.save_policy_state(db, "p", PolicyState())
+    assert store.policy_names() == []
+    with store.transaction() as db:
+        assert db.execute("SELECT policy FROM policy_seen").fetchall() == []
+        db.execute("INSERT INTO policy_seen (policy, at, data) VALUES ('q', 1.0, '[]')")
+    assert store.policy_names() == ["q"]
 
 
 def test_a_replica_that_lost_its_lease_writes_nothing(url: str, credentials: Credentials) -> None:

@@ -16,7 +16,7 @@ import pytest
 from engine.decisions import freeze
 from engine.evaluation import PolicyState, Status, TargetState
 from engine.guardrails import GuardrailState
-from engine.state import REFRESH_S, StateRowError, StateStore
+from engine.state import MIGRATIONS, REFRESH_S, StateError, StateRowError, StateStore
 
 
 def target(uuid: str, since: float = 1.0, status: Status = Status.PENDING) -> TargetState:
@@ -184,6 +184,51 @@ def test_an_unreadable_policy_seen_row_fails_only_its_policy(tmp_path: Path) -> 
         assert reopened.policy_state("q").targets["a"].last_seen == 1 + REFRESH_S
     finally:
         reopened.close()
+
+
+def test_a_policy_seen_row_goes_when_the_state_empties_and_is_named(tmp_path: Path) -> None:
+    """Review of issue 15: the ``policy_seen`` row of a policy whose targets all left was
+    kept (unseen by ``policy_names``, so by ``gpuops state check``); it is deleted with
+    them, and a row left by an older engine is named."""
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    try:
+        saved(store, "p", state(("a", target("a"))))
+        saved(store, "p", state(("a", replace(target("a"), last_seen=1 + REFRESH_S))))
+        assert saved(store, "p", state()) == 2  # the target row and the policy_seen row
+        assert store.policy_names() == []
+        saved(store, "p", state(("b", target("b", since=2 * REFRESH_S))))
+        assert list(store.policy_state("p").targets) == ["b"]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT policy FROM policy_seen").fetchall() == []
+        db.execute("DELETE FROM policy_targets")
+        db.execute("INSERT INTO policy_seen VALUES ('orphan', 1.0, 'garbage')")
+    reopened = StateStore(path)
+    try:
+        assert reopened.policy_names() == ["orphan"]
+        with pytest.raises(StateRowError, match="'orphan'.*its policy_seen row"):
+            reopened.policy_state("orphan")
+    finally:
+        reopened.close()
+
+
+def test_a_state_file_of_a_newer_engine_is_refused(tmp_path: Path) -> None:
+    """Review of issue 15: an older engine ignores ``policy_seen`` and would read hours-old
+    values; as on PostgreSQL, a schema version newer than this engine's is refused."""
+    path = tmp_path / "state.sqlite"
+    StateStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    with pytest.raises(StateError) as caught:
+        StateStore(path)
+    assert str(caught.value) == (
+        f"{path}: the state file has schema version {len(MIGRATIONS) + 1}, newer than this"
+        f" engine's {len(MIGRATIONS)}: upgrade the engine"
+    )
+    with sqlite3.connect(path) as db:  # left as it was
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
 
 
 def test_a_rolled_back_save_is_not_cached(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ import pytest
 import requests
 import responses
 
+from engine import prometheus
 from engine.decisions import Sample, Vector, freeze
-from engine.prometheus import PrometheusClient, QueryError, parse_vector
+from engine.prometheus import Answers, PrometheusClient, QueryError, parse_vector
 from engine.promproc import free_port
 
 URL = "http://prom.test:9090"
@@ -233,6 +234,64 @@ def test_an_answer_with_other_series_is_decoded_in_full(first: bytes, then: byte
     one, two = answered(first, then)
     assert two.metrics is not one.metrics
     assert list(two) == list(parse_vector(orjson.loads(then)["data"]["result"], "q"))
+
+
+class Counted:
+    """Calls to ``engine.prometheus``'s answer split and full decoding, counted."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.splits = self.decodings = 0
+        sample, decode = prometheus._SAMPLE, prometheus.decode_vector
+
+        class Split:
+            def split(_, body: bytes) -> list[bytes]:
+                self.splits += 1
+                return sample.split(body)
+
+        def decoding(raw: object, expr: str) -> Vector:
+            self.decodings += 1
+            return decode(raw, expr)
+
+        monkeypatch.setattr(prometheus, "_SAMPLE", Split())
+        monkeypatch.setattr(prometheus, "decode_vector", decoding)
+
+    def take(self) -> tuple[int, int]:
+        """(splits, decodings) since the last take."""
+        seen, self.splits, self.decodings = (self.splits, self.decodings), 0, 0
+        return seen
+
+
+def test_an_answer_with_other_series_is_split_once_and_decoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review of issue 15: a changed answer cost a split, a full decoding and a second
+    split (twice a full decoding); the split is reused, and a query whose series keep
+    changing is not split at all for ``Answers.PAUSE`` answers."""
+    bodies = [compact(({"uuid": "a"}, "1"), ({"uuid": f"b{i}"}, "2")) for i in range(40)]
+    expected = [list(parse_vector(orjson.loads(b)["data"]["result"], "q")) for b in bodies]
+    counted = Counted(monkeypatch)
+    client = PrometheusClient(URL)
+    client._decode("q", bodies[0])
+    assert counted.take() == (1, 1)
+    assert client._decode("q", bodies[0]).values == [1.0, 2.0]
+    assert counted.take() == (1, 0)  # same series: split, not decoded
+    client._decode("q", bodies[1])
+    assert counted.take() == (1, 1)  # other series: one split, one decoding
+    client._decode("q", bodies[2])  # other series again: the query pauses
+    assert counted.take() == (1, 1)
+    for i in range(3, 3 + Answers.PAUSE):
+        assert list(client._decode("q", bodies[i])) == expected[i]
+    assert counted.take() == (0, Answers.PAUSE)  # decoded as without the cache
+    client._decode("q", bodies[30])  # tried again: split and remembered
+    client._decode("q", bodies[31])  # other series: paused again at once
+    client._decode("q", bodies[32])
+    assert counted.take() == (2, 3)
+    for _ in range(Answers.PAUSE):
+        client._decode("q", bodies[33])
+    # the pause's last PAUSE - 1 answers unsplit, then one split and remembered
+    assert counted.take() == (1, Answers.PAUSE)
+    assert client._decode("q", bodies[33]).values == [1.0, 2.0]
+    assert counted.take() == (1, 0)  # recognised: the count of misses starts again
 
 
 def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -> None:
