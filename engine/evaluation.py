@@ -95,6 +95,18 @@ class Quiet:
     retry_at: float
 
 
+@dataclass(frozen=True)
+class Delta:
+    """How a state made by the churn path (``_delta``) differs from the state it came from
+    (``PolicyState.parent``): ``base`` is that state's base; ``keys`` the targets whose
+    ``TargetState`` is not the one in ``base`` (added or gone: every other target of the new
+    base is ``base``'s own object, seen again through ``PolicyState.seen``). The store writes
+    only these keys' rows (``StateStore.save_policy_state``)."""
+
+    base: Mapping[str, TargetState]
+    keys: frozenset[str]
+
+
 class PolicyState:
     """The state of one policy: its non-inactive targets by key (a frozen value).
 
@@ -104,7 +116,7 @@ class PolicyState:
     shares the base and keeps only the new values: no ``TargetState``, key or dict entry per
     target and round (issue 15). ``targets`` is the two merged (built once, when read)."""
 
-    __slots__ = ("base", "seen", "seen_at", "quiet", "_targets")
+    __slots__ = ("base", "seen", "seen_at", "quiet", "parent", "_targets")
 
     def __init__(
         self,
@@ -113,11 +125,13 @@ class PolicyState:
         seen: Sequence[float] = (),
         seen_at: float = -inf,
         quiet: Quiet | None = None,
+        parent: Delta | None = None,
     ) -> None:
         self.base = targets
         self.seen = seen
         self.seen_at = seen_at
         self.quiet = quiet
+        self.parent = parent
         self._targets: Mapping[str, TargetState] | None = None if seen else targets
 
     @property
@@ -249,6 +263,9 @@ def evaluate(
     steady = _steady(policy, result, state, now)
     if steady is not None:
         return steady
+    churn = _delta(policy, result, state, now)
+    if churn is not None:
+        return churn
 
     matched = _by_key(policy, result.samples)
     cleared = (
@@ -378,6 +395,96 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
         if not base.keys().isdisjoint(cleared):
             return None
     return Step((), PolicyState(base, seen=values, seen_at=now, quiet=quiet))
+
+
+def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+    """``evaluate``'s result, as the general path makes it, at a cost in proportion to the
+    targets that changed (issue 15, "With churn"), or None. It runs where ``_steady`` would
+    but the answer's keys differ from the base's: the state is ``Quiet`` (every target
+    pending or firing, none absent, no timer due at ``now``), the answer holds each target
+    once. Then a target in both the base and the answer, not cleared, is seen again with no
+    decision (its ``TargetState`` shared, its value in ``PolicyState.seen``); a new one is
+    pending from ``now``; a pending one gone from the answer is dropped; a firing one in the
+    ``clear_expr`` answer clears (in the answer's order, then the base's, as the general
+    path decides them). A firing target gone from the answer and not cleared (kept by
+    hysteresis or ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is
+    a bound (the old ``pending_since`` and ``retry_at`` are kept: no later than the exact
+    ones), so the paths that rely on it only decline sooner."""
+    quiet = state.quiet
+    samples = result.samples
+    base = state.base
+    if (
+        quiet is None
+        or not base
+        or quiet.for_s != policy.for_s
+        or not now - quiet.pending_since < policy.for_s
+        or not now < quiet.retry_at
+        or policy.repeat_interval_s is not None
+        or not isinstance(samples, Vector)
+    ):
+        return None
+    keys = samples.target_keys(policy.target)
+    if keys is None:
+        return None
+    index = dict.fromkeys(keys)
+    if len(index) != len(keys):
+        return None  # a target with several series: the general path keeps the first
+    present = index.keys()
+    known = base.keys()
+    gone = known - present
+    added = present - known
+    clear = result.clear_samples
+    cleared: set[str] = set()
+    if clear is not None and clear:
+        clear_keys = clear.target_keys(policy.target) if isinstance(clear, Vector) else None
+        cleared = set(clear_keys if clear_keys is not None else _by_key(policy, clear))
+        # a pending target ignores clear_expr; a firing one clears
+        cleared = {k for k in cleared & known if base[k].status is Status.FIRING}
+    absent = [k for k in gone if base[k].status is not Status.PENDING]
+    if any(policy.clear_expr is None or k not in cleared for k in absent):
+        return None  # a firing target kept while absent: the general path
+    if not gone and not added and not cleared:
+        return None  # the same targets in another order: the general path orders them
+    decisions: list[Decision] = []
+    values: Sequence[float] = samples.values
+    ordered: list[str] = keys
+    kept: list[int] | None = None  # the answer's indexes of ``ordered`` (None: all of them)
+    dropped = cleared - gone  # firing, in the answer and in the clear_expr answer
+    if dropped:
+        at = {k: i for i, k in enumerate(keys)}
+        for key in sorted(dropped, key=at.__getitem__):
+            prev = base[key]
+            value = values[at[key]]
+            decisions.append(
+                _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, value)
+            )
+        kept = [i for i, k in enumerate(keys) if k not in dropped]
+        ordered = [keys[i] for i in kept]
+        values = [values[i] for i in kept]
+    if absent:
+        for key in [k for k in base if k in cleared and k in gone]:  # the base's order
+            prev = base[key]
+            decisions.append(
+                _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, prev.value)
+            )
+    states: list[TargetState | None] = list(map(base.get, ordered))
+    if added:
+        for i in [i for i, t in enumerate(states) if t is None]:
+            sample = samples[i if kept is None else kept[i]]
+            target = Target.from_labels(sample.labels, policy.target)
+            states[i] = TargetState(Status.PENDING, now, now, sample.value, target.labels)
+    targets = freeze(dict(zip(ordered, states, strict=True)))
+    since = now if added and now < quiet.pending_since else quiet.pending_since
+    return Step(
+        tuple(decisions),
+        PolicyState(
+            targets,  # every None replaced above
+            seen=values,
+            seen_at=now,
+            quiet=Quiet(policy.for_s, since, quiet.retry_at),
+            parent=Delta(base, frozenset(gone | added | dropped)),
+        ),
+    )
 
 
 def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:

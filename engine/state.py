@@ -368,20 +368,34 @@ class StateStore:
                 rows = _Rows({}, None, inf)
             else:
                 rows = known.copy()
+            parent = state.parent
             if rows.base is not None and state.base is rows.base:
                 now = state.seen_at  # only seen values moved: no row to write
             else:
                 now = -inf
                 writes: list[tuple[str, str, str]] = []
                 stored = rows.rows = dict(rows.rows)  # copied on write
-                for key, target in state.targets.items():
-                    if target.last_seen > now:
-                        now = target.last_seen
-                    before = stored.get(key)
-                    if before is None or _changed(before, target):
-                        writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
-                        stored[key] = target
-                gone = [(policy, key) for key in stored if key not in state.base]
+                if rows.base is not None and parent is not None and parent.base is rows.base:
+                    # the churn path's state: only ``parent.keys`` differ from the rows'
+                    # base (the others are its objects, seen again): their rows alone
+                    base = state.base
+                    if base:
+                        now = state.seen_at
+                    for key in parent.keys:
+                        target = base.get(key)
+                        if target is not None:
+                            writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                            stored[key] = target
+                    gone = [(policy, k) for k in parent.keys if k not in base and k in stored]
+                else:
+                    for key, target in state.targets.items():
+                        if target.last_seen > now:
+                            now = target.last_seen
+                        before = stored.get(key)
+                        if before is None or _changed(before, target):
+                            writes.append((policy, key, json.dumps(_target_state_to_dict(target))))
+                            stored[key] = target
+                    gone = [(policy, key) for key in stored if key not in state.base]
                 for _, key in gone:
                     del stored[key]
                 rows.base = state.base

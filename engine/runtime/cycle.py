@@ -536,7 +536,11 @@ def _changed(state: PolicyState, read: PolicyState | None) -> bool:
     writes only what its refresh is due for)."""
     if state is read:
         return False
-    return read is None or state.base is read.base or state != read
+    if read is None or state.base is read.base:
+        return True
+    if state.parent is not None and state.parent.base is read.base:
+        return True  # the churn path's state: targets came or went (``Delta.keys``)
+    return state != read
 
 
 def _state_only(decision: Decision) -> bool:

@@ -5,6 +5,7 @@ stands in for: the same decisions and the same states, round after round."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -233,3 +234,92 @@ def test_a_refresh_stores_each_target_its_own_value(
             assert t.value == pytest.approx(i + n / 1000), t
     finally:
         reopened.close()
+
+
+def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str], list[str]]]:
+    """``rounds`` answers 30 s apart: ``n`` GPUs, each idle (in the answer) or busy (in the
+    ``clear_expr`` answer, a few in both); every round a tenth flip, back and forth as in
+    ``bench_round --churn``, and now and then others for good, so targets come, stay
+    pending, fire, clear and come again."""
+
+    rng = random.Random(seed)
+    uuids = [f"u{i}" for i in range(n)]
+    idle = set(uuids[: n // 2])
+    flip = set(rng.sample(uuids, n // 10))  # as bench_round: the same GPUs back and forth
+    out = []
+    for r in range(rounds):
+        if r > 2:
+            idle ^= flip
+        if r % 7 == 6:  # and now and then others, for good
+            idle ^= set(rng.sample(uuids, 2))
+        present = [u for u in uuids if u in idle]
+        if r % 5 == 4:
+            rng.shuffle(present)  # another order now and then: the general path's case
+        busy = [u for u in uuids if u not in idle]
+        both = [u for u in present if rng.random() < 0.03]  # in both answers: a clear
+        out.append((r * 30.0, present, busy + both))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("policy", "churns"),
+    [
+        (POLICY, 2),
+        # a firing target gone from the answer is absent (kept for keep_firing_for): the
+        # general path's (not yet the churn path's, issue 15)
+        (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
+        (replace(POLICY, for_s=90, target=("uuid",)), 2),
+    ],
+    ids=["clear_expr", "keep_firing_for", "for_90"],
+)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
+    policy: Policy, churns: int, seed: int, tmp_path: Path
+) -> None:
+    """Issue 15, "With churn": rounds in which a tenth of the GPUs change, fed as columns
+    (the steady and churn paths may run) and as samples (only the general path runs), with
+    verdicts that execute some fires and hold others back (retried later): the same
+    decisions, in the same order, the same states in the same order, and the same rows in
+    the store (each path's states saved to its own store, read back by a fresh process)."""
+    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
+    states = [PolicyState(), PolicyState()]
+    stores = [StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")]
+    churned = 0
+    try:
+        for now, present, busy in _churn_rounds(seed, 40, 30):
+            outcomes = []
+            for which, state in enumerate(states):
+                vector, samples = both(series(present, 0.1 + now / 1e5))
+                clear_v, clear_s = both(series(busy, 0.9))
+                clear = (clear_v if which == 0 else clear_s) if policy.clear_expr else None
+                answer = vector if which == 0 else samples
+                step = evaluate(policy, QueryResult(answer, clear), state, now)
+                if which == 0 and step.state.parent is not None:
+                    churned += 1
+                judged = [
+                    replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3])
+                    for d in step.decisions
+                ]
+                states[which] = settle(step.state, judged, lambda d: d.at + 45)
+                with stores[which].transaction() as db:
+                    stores[which].save_policy_state(db, "p", states[which])
+                outcomes.append(
+                    (
+                        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
+                        list(step.state.targets.items()),
+                        list(states[which].targets.items()),
+                    )
+                )
+            assert outcomes[0] == outcomes[1], now
+    finally:
+        for store in stores:
+            store.close()
+    print("churned", churned)
+    assert churned >= churns  # the churn path ran (not only the general one)
+    fast, slow = StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")
+    try:
+        assert dict(fast.policy_state("p").targets) == dict(slow.policy_state("p").targets)
+        assert fast.policy_state("p").targets  # not vacuous
+    finally:
+        fast.close()
+        slow.close()
