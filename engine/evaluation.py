@@ -356,6 +356,22 @@ def evaluate(
     return Step(tuple(decisions), PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)))
 
 
+def _quiet_at(policy: Policy, state: PolicyState, now: float) -> Quiet | None:
+    """``state.quiet`` if no timer of ``state`` can be due at ``now`` (no pending target
+    reaches ``for``, no held-back target's retry time has come, no ``repeat_interval``), or
+    None: the precondition of the steady and churn paths."""
+    quiet = state.quiet
+    if (
+        quiet is None
+        or quiet.for_s != policy.for_s
+        or not now - quiet.pending_since < policy.for_s
+        or not now < quiet.retry_at
+        or policy.repeat_interval_s is not None
+    ):
+        return None
+    return quiet
+
+
 def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
     """``evaluate``'s result when it can be had without looking at each target (else None):
     the state is ``Quiet``, the answer holds exactly its targets, once each, none of them in
@@ -365,16 +381,9 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     made in C (``Vector.target_keys``) and compared with the base's, in its order, in C;
     nothing is built or kept per target. An answer in another order takes the general path,
     which orders the state as the answer came."""
-    quiet = state.quiet
+    quiet = _quiet_at(policy, state, now)
     samples = result.samples
-    if (
-        quiet is None
-        or quiet.for_s != policy.for_s
-        or not now - quiet.pending_since < policy.for_s
-        or not now < quiet.retry_at
-        or policy.repeat_interval_s is not None
-        or not isinstance(samples, Vector)
-    ):
+    if quiet is None or not isinstance(samples, Vector):
         return None
     keys = samples.target_keys(policy.target)
     base = state.base
@@ -410,18 +419,10 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
     hysteresis or ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is
     a bound (the old ``pending_since`` and ``retry_at`` are kept: no later than the exact
     ones), so the paths that rely on it only decline sooner."""
-    quiet = state.quiet
+    quiet = _quiet_at(policy, state, now)
     samples = result.samples
     base = state.base
-    if (
-        quiet is None
-        or not base
-        or quiet.for_s != policy.for_s
-        or not now - quiet.pending_since < policy.for_s
-        or not now < quiet.retry_at
-        or policy.repeat_interval_s is not None
-        or not isinstance(samples, Vector)
-    ):
+    if quiet is None or not base or not isinstance(samples, Vector):
         return None
     keys = samples.target_keys(policy.target)
     if keys is None:
