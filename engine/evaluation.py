@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 from math import inf
+from typing import cast
 
 from engine.decisions import (
     EMPTY,
@@ -417,8 +418,10 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
     ``clear_expr`` answer clears (in the answer's order, then the base's, as the general
     path decides them). A firing target gone from the answer and not cleared (kept by
     hysteresis or ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is
-    a bound (the old ``pending_since`` and ``retry_at`` are kept: no later than the exact
-    ones), so the paths that rely on it only decline sooner."""
+    as tight as the old one: ``pending_since`` and ``retry_at`` are looked for again (one
+    pass over the targets) when a target that went held them, or a bound left behind would
+    send the evaluation ``for`` after it to the general path (review: every other churn
+    round did)."""
     quiet = _quiet_at(policy, state, now)
     samples = result.samples
     base = state.base
@@ -475,14 +478,26 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
             target = Target.from_labels(sample.labels, policy.target)
             states[i] = TargetState(Status.PENDING, now, now, sample.value, target.labels)
     targets = freeze(dict(zip(ordered, states, strict=True)))
-    since = now if added and now < quiet.pending_since else quiet.pending_since
+    since, retry = quiet.pending_since, quiet.retry_at
+    if added and now < since:
+        since = now
+    left = [base[k] for k in gone | dropped]
+    kept_states = cast(list[TargetState], states)  # every None replaced above
+    if any(t.status is Status.PENDING and t.active_since == since for t in left):
+        # the earliest pending target went: the next one's start, or the next steady
+        # evaluation would take the general path once ``for`` after the one that went
+        since = min(
+            (t.active_since for t in kept_states if t.status is Status.PENDING), default=inf
+        )
+    if any(t.retry_at == retry for t in left):
+        retry = min((t.retry_at for t in kept_states if t.retry_at is not None), default=inf)
     return Step(
         tuple(decisions),
         PolicyState(
-            targets,  # every None replaced above
+            targets,
             seen=values,
             seen_at=now,
-            quiet=Quiet(policy.for_s, since, quiet.retry_at),
+            quiet=Quiet(policy.for_s, since, retry),
             parent=Delta(base, frozenset(gone | added | dropped)),
         ),
     )

@@ -323,3 +323,26 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
     finally:
         fast.close()
         slow.close()
+
+
+def test_back_and_forth_churn_stays_on_the_churn_path_round_after_round() -> None:
+    """``bench_round --churn``'s answers: after the fire, every other round one idle GPU
+    turns busy and one busy GPU idle, and back. Each round after the clears takes the churn
+    path (a target that went pending must not leave its start behind as the state's
+    ``Quiet.pending_since``: every other round then took the general path, ``for`` after
+    it)."""
+    idle, busy = [f"i{n}" for n in range(10)], [f"b{n}" for n in range(10)]
+    flipped = (idle[1:] + busy[:1], busy[1:] + idle[:1])
+    state = PolicyState()
+    paths = []
+    for n in range(14):
+        present, clearing = flipped if n > 2 and n % 2 else (idle, busy)
+        vector, clear = decode_vector(series(present), "q"), decode_vector(series(clearing), "c")
+        step = evaluate(POLICY, QueryResult(vector, clear), state, n * 30.0)
+        paths.append(
+            "steady" if step.state.base is state.base else "churn" if step.state.parent else "-"
+        )
+        state = settle(
+            step.state, [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions], lambda d: 0
+        )
+    assert paths[4:] == ["churn"] * 10, paths
