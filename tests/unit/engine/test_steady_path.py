@@ -314,7 +314,6 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
     finally:
         for store in stores:
             store.close()
-    print("churned", churned)
     assert churned >= churns  # the churn path ran (not only the general one)
     fast, slow = StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")
     try:
