@@ -449,6 +449,8 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
         return None  # a firing target kept while absent: the general path
     if not gone and not added and not cleared:
         return None  # the same targets in another order: the general path orders them
+    if added and policy.for_s <= 0:
+        return None  # a new target fires at once (``_quiet_at`` holds with none pending)
     decisions: list[Decision] = []
     values: Sequence[float] = samples.values
     ordered: list[str] = keys

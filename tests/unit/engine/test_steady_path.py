@@ -261,6 +261,14 @@ def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str]
     return out
 
 
+def _read_back(path: Path) -> dict[str, TargetState]:
+    store = StateStore(path)
+    try:
+        return dict(store.policy_state("p").targets)
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     ("policy", "churns"),
     [
@@ -269,8 +277,10 @@ def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str]
         # general path's (not yet the churn path's, issue 15)
         (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
         (replace(POLICY, for_s=90, target=("uuid",)), 2),
+        # ``for: 0``: a target that comes fires at once, the churn path only drops and clears
+        (replace(POLICY, for_s=0), 0),
     ],
-    ids=["clear_expr", "keep_firing_for", "for_90"],
+    ids=["clear_expr", "keep_firing_for", "for_90", "for_0"],
 )
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
@@ -311,17 +321,15 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
                     )
                 )
             assert outcomes[0] == outcomes[1], now
+            if int(now) % 150 == 120:  # now and then, as a restarted engine reads them
+                assert _read_back(tmp_path / "fast.sqlite") == _read_back(tmp_path / "slow.sqlite")
     finally:
         for store in stores:
             store.close()
     assert churned >= churns  # the churn path ran (not only the general one)
-    fast, slow = StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")
-    try:
-        assert dict(fast.policy_state("p").targets) == dict(slow.policy_state("p").targets)
-        assert fast.policy_state("p").targets  # not vacuous
-    finally:
-        fast.close()
-        slow.close()
+    fast = _read_back(tmp_path / "fast.sqlite")
+    assert fast == _read_back(tmp_path / "slow.sqlite")
+    assert fast  # not vacuous
 
 
 def test_back_and_forth_churn_stays_on_the_churn_path_round_after_round() -> None:
