@@ -416,8 +416,9 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
     decision (its ``TargetState`` shared, its value in ``PolicyState.seen``); a new one is
     pending from ``now``; a pending one gone from the answer is dropped; a firing one in the
     ``clear_expr`` answer clears (in the answer's order, then the base's, as the general
-    path decides them). A firing target gone from the answer and not cleared (kept by
-    hysteresis or ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is
+    path decides them), as does one gone from the answer under ``keep_firing_for: 0``. A
+    firing target gone from the answer and kept (by hysteresis, or a ``keep_firing_for``:
+    absent) takes the general path. The new ``Quiet`` is
     as tight as the old one: ``pending_since`` and ``retry_at`` are looked for again (one
     pass over the targets) when a target that went held them, or a bound left behind would
     send the evaluation ``for`` after it to the general path (review: every other churn
@@ -445,8 +446,11 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
         # a pending target ignores clear_expr; a firing one clears
         cleared = {k for k in cleared & known if base[k].status is Status.FIRING}
     absent = [k for k in gone if base[k].status is not Status.PENDING]
-    if any(policy.clear_expr is None or k not in cleared for k in absent):
-        return None  # a firing target kept while absent: the general path
+    if policy.clear_expr is not None:
+        if any(k not in cleared for k in absent):
+            return None  # a firing target kept by hysteresis while absent: the general path
+    elif absent and policy.keep_firing_for_s > 0:
+        return None  # a firing target kept for keep_firing_for while absent: the general path
     if not gone and not added and not cleared:
         return None  # the same targets in another order: the general path orders them
     if added and policy.for_s <= 0:
@@ -467,8 +471,9 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
         kept = [i for i, k in enumerate(keys) if k not in dropped]
         ordered = [keys[i] for i in kept]
         values = [values[i] for i in kept]
-    if absent:
-        for key in [k for k in base if k in cleared and k in gone]:  # the base's order
+    if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
+        leaving = set(absent)
+        for key in [k for k in base if k in leaving]:  # the base's order
             prev = base[key]
             decisions.append(
                 _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, prev.value)

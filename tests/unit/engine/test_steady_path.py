@@ -276,11 +276,12 @@ def _read_back(path: Path) -> dict[str, TargetState]:
         # a firing target gone from the answer is absent (kept for keep_firing_for): the
         # general path's (not yet the churn path's, issue 15)
         (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
+        (replace(POLICY, clear_expr=None, keep_firing_for_s=0), 2),  # gone: cleared at once
         (replace(POLICY, for_s=90, target=("uuid",)), 2),
         # ``for: 0``: a target that comes fires at once, the churn path only drops and clears
         (replace(POLICY, for_s=0), 0),
     ],
-    ids=["clear_expr", "keep_firing_for", "for_90", "for_0"],
+    ids=["clear_expr", "keep_firing_for", "keep_firing_for_0", "for_90", "for_0"],
 )
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
