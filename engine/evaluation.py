@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 from math import inf
-from typing import cast
 
 from engine.decisions import (
     EMPTY,
@@ -362,14 +361,14 @@ def _quiet_at(policy: Policy, state: PolicyState, now: float) -> Quiet | None:
     reaches ``for``, no held-back target's retry time has come, no ``repeat_interval``), or
     None: the precondition of the steady and churn paths."""
     quiet = state.quiet
-    if (
-        quiet is None
-        or quiet.for_s != policy.for_s
-        or not now - quiet.pending_since < policy.for_s
-        or not now < quiet.retry_at
-        or policy.repeat_interval_s is not None
-    ):
+    if quiet is None or quiet.for_s != policy.for_s or policy.repeat_interval_s is not None:
         return None
+    if not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
+        # the churn path keeps the bounds of targets that went (``_delta``): the exact
+        # ones, from the base (``seen`` moves no timer), before declining
+        quiet = _quiet(state.base, policy.for_s)
+        if quiet is None or not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
+            return None
     return quiet
 
 
@@ -419,10 +418,10 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
     path decides them), as does one gone from the answer under ``keep_firing_for: 0``. A
     firing target gone from the answer and kept (by hysteresis, or a ``keep_firing_for``:
     absent) takes the general path. The new ``Quiet`` is
-    as tight as the old one: ``pending_since`` and ``retry_at`` are looked for again (one
-    pass over the targets) when a target that went held them, or a bound left behind would
-    send the evaluation ``for`` after it to the general path (review: every other churn
-    round did)."""
+    a bound: the ``pending_since`` and ``retry_at`` of targets that went are kept (no later
+    than the exact ones); ``_quiet_at`` looks for the exact ones (one pass over the
+    targets) only when the bound says a timer is due, else the evaluation ``for`` after a
+    dropped target took the general path (review: every other churn round did)."""
     quiet = _quiet_at(policy, state, now)
     samples = result.samples
     base = state.base
@@ -485,26 +484,14 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
             target = Target.from_labels(sample.labels, policy.target)
             states[i] = TargetState(Status.PENDING, now, now, sample.value, target.labels)
     targets = freeze(dict(zip(ordered, states, strict=True)))
-    since, retry = quiet.pending_since, quiet.retry_at
-    if added and now < since:
-        since = now
-    left = [base[k] for k in gone | dropped]
-    kept_states = cast(list[TargetState], states)  # every None replaced above
-    if any(t.status is Status.PENDING and t.active_since == since for t in left):
-        # the earliest pending target went: the next one's start, or the next steady
-        # evaluation would take the general path once ``for`` after the one that went
-        since = min(
-            (t.active_since for t in kept_states if t.status is Status.PENDING), default=inf
-        )
-    if any(t.retry_at == retry for t in left):
-        retry = min((t.retry_at for t in kept_states if t.retry_at is not None), default=inf)
+    since = now if added and now < quiet.pending_since else quiet.pending_since
     return Step(
         tuple(decisions),
         PolicyState(
             targets,
             seen=values,
             seen_at=now,
-            quiet=Quiet(policy.for_s, since, retry),
+            quiet=Quiet(policy.for_s, since, quiet.retry_at),
             parent=Delta(base, frozenset(gone | added | dropped)),
         ),
     )
