@@ -709,7 +709,9 @@ def settle_all(
     judged = list(judged)
     if not judged:  # the steady case: the state as it is (not copied: ``PolicyState.seen``)
         return Settled(state, ())
-    targets = dict(state.targets)
+    targets: dict[str, TargetState] | _Touched = (
+        _Touched(state) if state.seen else dict(state.targets)
+    )
     out: list[Decision] = []
     repeats: set[str] = set()
     for decision in judged:
@@ -762,8 +764,119 @@ def settle_all(
     # ``Quiet`` again when the evaluation's was (its ``for``): the next evaluation may take
     # the steady path at once, not the general one for every target (issue 15: the round
     # after a fire cost 3x a steady one)
+    if isinstance(targets, _Touched):
+        return Settled(targets.settled(), tuple(out), frozenset(repeats))
     quiet = _quiet(targets, state.quiet.for_s) if state.quiet is not None else None
     return Settled(PolicyState(freeze(targets), quiet=quiet), tuple(out), frozenset(repeats))
+
+
+_KEEP = object()
+
+
+class _Touched:
+    """``settle_all``'s targets over a state seen again (``PolicyState.seen``: from the
+    steady or churn path) without merging every target: the decided ones are read merged,
+    their changes kept apart (``changes``: a base target replaced, None: removed; ``extra``:
+    targets not in the base, or removed and set again, in the order a dict would hold them),
+    and ``settled`` builds the next state with the untouched targets still shared."""
+
+    def __init__(self, state: PolicyState) -> None:
+        self.state = state
+        self.changes: dict[str, TargetState | None] = {}
+        self.extra: dict[str, TargetState] = {}
+        self._at: dict[str, int] | None = None
+
+    def _value(self, key: str) -> float:
+        if self._at is None:
+            self._at = {k: i for i, k in enumerate(self.state.base)}
+        return self.state.seen[self._at[key]]
+
+    def get(self, key: str) -> TargetState | None:
+        if key in self.extra:
+            return self.extra[key]
+        if key in self.changes:
+            return self.changes[key]
+        t = self.state.base.get(key)
+        return None if t is None else _observed(t, self.state.seen_at, self._value(key))
+
+    def _in_base(self, key: str) -> bool:
+        return key in self.state.base and self.changes.get(key, _KEEP) is not None
+
+    def __setitem__(self, key: str, value: TargetState) -> None:
+        if key not in self.extra and self._in_base(key):
+            self.changes[key] = value
+        else:
+            self.extra[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in self.extra:
+            del self.extra[key]
+        elif self._in_base(key):
+            self.changes[key] = None
+        else:
+            raise KeyError(key)
+
+    def settled(self) -> PolicyState:
+        """The next state: what ``dict(state.targets)`` with the same changes would hold,
+        sharing the untouched targets (``Delta``: the store writes the touched ones)."""
+        state = self.state
+        base, at = state.base, state.seen_at
+        targets = dict(base)
+        shared = True  # every changed target seen at ``at`` with its ``seen`` value
+        for key, t in self.changes.items():
+            if t is None:
+                del targets[key]
+            else:
+                targets[key] = t
+                v = self._value(key)
+                shared = shared and t.last_seen == at and (t.value == v or t.value is v)
+        targets.update(self.extra)
+        shared = shared and all(
+            t.last_seen == at and t.value is not None for t in self.extra.values()
+        )
+        if not shared:  # merged, as the dict path makes it
+            merged = dict(state.targets)
+            for key, t in self.changes.items():
+                if t is None:
+                    del merged[key]
+                else:
+                    merged[key] = t
+            merged.update(self.extra)
+            quiet = _quiet(merged, state.quiet.for_s) if state.quiet is not None else None
+            return PolicyState(freeze(merged), quiet=quiet)
+        gone = {k for k, t in self.changes.items() if t is None}
+        values = (
+            [v for k, v in zip(base, state.seen, strict=True) if k not in gone]
+            if gone
+            else list(state.seen)
+        )
+        values += [t.value for t in self.extra.values() if t.value is not None]  # all of them
+        touched = [t for t in self.changes.values() if t is not None] + list(self.extra.values())
+        quiet = state.quiet
+        if quiet is not None:
+            since, retry = quiet.pending_since, quiet.retry_at
+            for t in touched:
+                if t.absent_since is not None or t.status is Status.CLEARING:
+                    quiet = None
+                    break
+                if t.status is Status.PENDING and t.active_since < since:
+                    since = t.active_since
+                if t.retry_at is not None and t.retry_at < retry:
+                    retry = t.retry_at
+            else:
+                quiet = Quiet(quiet.for_s, since, retry)
+        parent = state.parent
+        keys = set(self.changes) | set(self.extra)
+        return PolicyState(
+            freeze(targets),
+            seen=values,
+            seen_at=at,
+            quiet=quiet,
+            parent=Delta(
+                parent.base if parent is not None else base,
+                frozenset(keys | parent.keys if parent is not None else keys),
+            ),
+        )
 
 
 def _unheld(state: TargetState) -> TargetState:

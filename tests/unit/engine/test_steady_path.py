@@ -354,3 +354,58 @@ def test_back_and_forth_churn_stays_on_the_churn_path_round_after_round() -> Non
             step.state, [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions], lambda d: 0
         )
     assert paths[4:] == ["churn"] * 10, paths
+
+
+def test_settling_a_state_seen_again_gives_what_settling_it_merged_gives(tmp_path: Path) -> None:
+    """``settle_all`` over a state of the steady or churn path (``PolicyState.seen``)
+    changes only the decided targets: the same targets, in the same order, the same
+    decisions, and a ``Quiet`` (a bound: no later than the exact one) exactly when the
+    merged state's is one: an undo held back (a clearing target: not quiet), a fire held
+    back on a base target (its retry time), both."""
+    from engine.decisions import Transition
+    from engine.evaluation import _decide, settle_all
+
+    uuids = [f"u{i}" for i in range(6)]
+    none = decode_vector([], "c")
+    state = PolicyState()
+    for now in (0.0, 30.0, 60.0):  # pending, then fired and acted on
+        step = evaluate(POLICY, QueryResult(decode_vector(series(uuids), "q"), none), state, now)
+        state = settle(
+            step.state, [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions], lambda d: 0
+        )
+    kept = [u for u in uuids if u != "u1"]
+    clear = decode_vector(series(["u1"], 0.9), "c")
+    step = evaluate(POLICY, QueryResult(decode_vector(series(kept, 0.15), "q"), clear), state, 90.0)
+    assert step.state.seen and step.state.parent is not None and step.decisions  # churn path
+    undo = [replace(d, verdict=Verdict.SUPPRESSED_MAX_PER_HOUR) for d in step.decisions]
+    u0 = step.state.targets["node=nu0,uuid=u0"]
+    target = Target("node=nu0,uuid=u0", u0.labels)
+    fire = replace(
+        _decide(POLICY, target, u0, Transition.FIRE, 90.0, u0.value),
+        verdict=Verdict.SUPPRESSED_MAX_PER_HOUR,
+    )
+    for batch in (undo, [fire], [*undo, fire]):
+        merged = PolicyState(freeze(dict(step.state.targets)), quiet=step.state.quiet)
+        fast = settle_all(step.state, batch, lambda d: 200.0)
+        slow = settle_all(merged, batch, lambda d: 200.0)
+        assert fast.state.seen  # the untouched targets shared
+        assert list(fast.state.targets.items()) == list(slow.state.targets.items())
+        assert fast.decisions == slow.decisions and fast.repeats == slow.repeats
+        assert (fast.state.quiet is None) == (slow.state.quiet is None), batch
+        if fast.state.quiet is not None and slow.state.quiet is not None:
+            assert fast.state.quiet.pending_since <= slow.state.quiet.pending_since
+            assert fast.state.quiet.retry_at <= slow.state.quiet.retry_at
+        # stored over the rows of the state it came from: only the touched rows written
+        paths = tmp_path / f"fast{len(batch)}.sqlite", tmp_path / f"slow{len(batch)}.sqlite"
+        for path, settled in zip(paths, (fast.state, slow.state), strict=True):
+            store = StateStore(path)
+            try:
+                with store.transaction() as db:
+                    store.save_policy_state(db, "p", state)
+                with store.transaction() as db:
+                    store.save_policy_state(db, "p", settled)
+            finally:
+                store.close()
+        back = _read_back(paths[0])
+        assert back == _read_back(paths[1])  # last_seen and value: as of the last refresh
+        assert back.keys() == slow.state.targets.keys()
