@@ -109,12 +109,19 @@ def _params(params: Mapping[str, Any]) -> bytes:
     cached = _PARAMS.get(id(params))
     if cached is not None and cached[0] is params:
         return cached[1]
-    data = _dumps(_plain_params(params))
-    if type(params) is not MappingProxyType:  # a mutable mapping may change: not cached
+    return _remember(_PARAMS, params, _dumps(_plain_params(params)))
+
+
+def _remember(
+    cache: dict[int, tuple[Mapping[str, Any], bytes]], mapping: Mapping[str, Any], data: bytes
+) -> bytes:
+    """Keep ``data`` as ``mapping``'s encoding in an identity cache (``_PARAMS``,
+    ``_POLICY_LABELS``): only a read-only mapping, which cannot change; at most 1024 kept."""
+    if type(mapping) is not MappingProxyType:  # a mutable mapping may change: not cached
         return data
-    if len(_PARAMS) >= 1024:
-        _PARAMS.clear()
-    _PARAMS[id(params)] = (params, data)
+    if len(cache) >= 1024:
+        cache.clear()
+    cache[id(mapping)] = (mapping, data)
     return data
 
 
@@ -311,13 +318,7 @@ def _policy_labels(labels: Mapping[str, Any]) -> bytes:
     if cached is not None and cached[0] is labels:
         return cached[1]
     plain = {str(k): str(v) for k, v in labels.items()}
-    data = b',"policy":{"labels":' + _dumps(plain) + b"}"
-    if type(labels) is not MappingProxyType:  # a mutable mapping may change: not cached
-        return data
-    if len(_POLICY_LABELS) >= 1024:
-        _POLICY_LABELS.clear()
-    _POLICY_LABELS[id(labels)] = (labels, data)
-    return data
+    return _remember(_POLICY_LABELS, labels, b',"policy":{"labels":' + _dumps(plain) + b"}")
 
 
 def _spec(spec: ActionSpec) -> bytes:
