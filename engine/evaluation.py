@@ -86,13 +86,16 @@ class Quiet:
     """What a policy state's last full evaluation found (``PolicyState.quiet``): every target
     pending or firing and none absent; ``pending_since``, the earliest start among the
     pending ones, for the policy's ``for`` of ``for_s``; ``retry_at``, the earliest time a
-    target held back is decided again (inf: none). While every target is seen again and
-    nothing clears, no timer can expire before those: the evaluation takes its steady path
-    (``_steady``)."""
+    target held back is decided again (inf: none); ``last_fire_at``, the earliest last fire
+    of a firing target (its ``repeat_interval`` counts from there; inf: none). While every
+    target is seen again and nothing clears, no timer can expire before those: the
+    evaluation takes its steady path (``_steady``). Each may be a bound (no later than the
+    exact one): ``_due`` looks for the targets whose timer is due when it says one may be."""
 
     for_s: float
     pending_since: float
     retry_at: float
+    last_fire_at: float = inf
 
 
 @dataclass(frozen=True)
@@ -260,10 +263,11 @@ def evaluate(
             f"max_sample_age {freshness.max_sample_age_s:g}s"
         )
         return _no_data(policy, stale, state, now)
-    steady = _steady(policy, result, state, now)
+    due = _due(policy, state, now)
+    steady = _steady(policy, result, state, due, now)
     if steady is not None:
         return steady
-    churn = _delta(policy, result, state, now)
+    churn = _delta(policy, result, state, *due, now) if due is not None else None
     if churn is not None:
         return churn
 
@@ -299,33 +303,13 @@ def evaluate(
         ):
             targets[key] = _seen_again(prev, now, sample.value)  # firing on, nothing to decide
             continue
-        target = (
-            Target(key, prev.labels)
-            if prev is not None
-            else Target.from_labels(sample.labels, policy.target)
+        key, next_state, decision = _target_step(
+            policy, key, prev, sample, key in cleared, now, max_gap_s
         )
-        if prev is not None and prev.status is Status.FIRING and key in cleared:
-            decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, sample.value))
-            continue
-        if prev is not None and prev.status is Status.CLEARING:
-            # the condition is back before its undo could run: the action's effect is still
-            # in place, so the target is firing again without acting again
-            prev = replace(
-                prev,
-                status=Status.FIRING,
-                retry_at=None,
-                repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
-                fired_at=prev.fired_at or now,
-                last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
-                held=None,  # the undo's suppression is not the fire's
-                held_since=None,
-                held_repeats=0,
-            )
-        current = _observe(prev, target, sample, now, max_gap_s)
-        current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)
-        targets[target.key] = current  # the same key, interned when new (Target.from_labels)
+        if next_state is not None:
+            targets[key] = next_state  # the same key, interned when new (Target.from_labels)
 
     for key, prev in before.items():
         if key in matched:
@@ -356,35 +340,113 @@ def evaluate(
     return Step(tuple(decisions), PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)))
 
 
-def _quiet_at(policy: Policy, state: PolicyState, now: float) -> Quiet | None:
-    """``state.quiet`` if no timer of ``state`` can be due at ``now`` (no pending target
-    reaches ``for``, no held-back target's retry time has come, no ``repeat_interval``), or
-    None: the precondition of the steady and churn paths."""
+def _target_step(
+    policy: Policy,
+    key: str,
+    prev: TargetState | None,
+    sample: Sample,
+    cleared: bool,
+    now: float,
+    max_gap_s: float,
+) -> tuple[str, TargetState | None, Decision | None]:
+    """One target in the answer, as the general path decides it (its shortcuts for a
+    pending target seen again and a firing one with nothing to decide give the same): its
+    key (interned when new: ``Target.from_labels``), its next state (None: it cleared) and
+    its decision, if any."""
+    target = (
+        Target(key, prev.labels)
+        if prev is not None
+        else Target.from_labels(sample.labels, policy.target)
+    )
+    if prev is not None and prev.status is Status.FIRING and cleared:
+        return key, None, _decide(policy, target, prev, Transition.CLEAR, now, sample.value)
+    if prev is not None and prev.status is Status.CLEARING:
+        # the condition is back before its undo could run: the action's effect is still
+        # in place, so the target is firing again without acting again
+        prev = replace(
+            prev,
+            status=Status.FIRING,
+            retry_at=None,
+            repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
+            fired_at=prev.fired_at or now,
+            last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
+            held=None,  # the undo's suppression is not the fire's
+            held_since=None,
+            held_repeats=0,
+        )
+    current = _observe(prev, target, sample, now, max_gap_s)
+    current, decision = _advance(policy, target, current, now)
+    return target.key, current, decision
+
+
+def _timer_due(policy: Policy, quiet: Quiet, now: float) -> bool:
+    """Whether a timer of a state with ``quiet`` may be due at ``now``."""
+    repeat = policy.repeat_interval_s
+    return not (
+        now - quiet.pending_since < policy.for_s
+        and now < quiet.retry_at
+        and (repeat is None or now - quiet.last_fire_at < repeat)
+    )
+
+
+def _due(policy: Policy, state: PolicyState, now: float) -> tuple[Quiet, frozenset[str]] | None:
+    """The precondition of the steady and churn paths: None unless ``state`` is ``Quiet``
+    for the policy's ``for``; else its ``Quiet`` and the targets whose timer is due at
+    ``now`` (a pending one reaching ``for``, a firing one whose held-back fire's retry time
+    has come or whose ``repeat_interval`` has passed). When the bound says no timer can be
+    due, no target is looked at; else one pass over the base (``seen`` moves no timer)
+    finds them, and the ``Quiet`` handed back is the exact one of the other targets."""
     quiet = state.quiet
-    if quiet is None or quiet.for_s != policy.for_s or policy.repeat_interval_s is not None:
+    if quiet is None or quiet.for_s != policy.for_s:
         return None
-    if not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
-        # the churn path keeps the bounds of targets that went (``_delta``): the exact
-        # ones, from the base (``seen`` moves no timer), before declining
-        quiet = _quiet(state.base, policy.for_s)
-        if quiet is None or not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
+    if not _timer_due(policy, quiet, now):
+        return quiet, frozenset()
+    for_s, repeat = policy.for_s, policy.repeat_interval_s
+    due: list[str] = []
+    since = retry = last = inf
+    for key, t in state.base.items():
+        if t.absent_since is not None:
+            return None  # not quiet (``_quiet``): cannot be
+        if t.status is Status.PENDING:
+            if now - t.active_since >= for_s:
+                due.append(key)
+                continue
+            if t.active_since < since:
+                since = t.active_since
+        elif t.status is Status.FIRING:
+            if (t.retry_at is not None and now >= t.retry_at) or (
+                repeat is not None and t.last_fire_at is not None and now - t.last_fire_at >= repeat
+            ):
+                due.append(key)
+                continue
+            if t.last_fire_at is not None and t.last_fire_at < last:
+                last = t.last_fire_at
+        else:
             return None
-    return quiet
+        if t.retry_at is not None and t.retry_at < retry:
+            retry = t.retry_at
+    return Quiet(for_s, since, retry, last), frozenset(due)
 
 
-def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+def _steady(
+    policy: Policy,
+    result: QueryResult,
+    state: PolicyState,
+    due: tuple[Quiet, frozenset[str]] | None,
+    now: float,
+) -> Step | None:
     """``evaluate``'s result when it can be had without looking at each target (else None):
-    the state is ``Quiet``, the answer holds exactly its targets, once each, none of them in
-    the ``clear_expr`` answer, and no pending timer reaches ``for`` at ``now``. Then every
+    the state is ``Quiet`` and no timer is due at ``now`` (``due``: ``_due``'s), the answer holds
+    exactly its targets, once each, none of them in the ``clear_expr`` answer. Then every
     target is seen again, as ``_seen_again`` would make it, and nothing is decided: the next
     state shares the base and carries the new values (``PolicyState.seen``). The keys are
     made in C (``Vector.target_keys``) and compared with the base's, in its order, in C;
     nothing is built or kept per target. An answer in another order takes the general path,
     which orders the state as the answer came."""
-    quiet = _quiet_at(policy, state, now)
     samples = result.samples
-    if quiet is None or not isinstance(samples, Vector):
+    if due is None or due[1] or not isinstance(samples, Vector):
         return None
+    quiet = due[0]
     keys = samples.target_keys(policy.target)
     base = state.base
     if keys is None or len(keys) != len(base):
@@ -406,26 +468,36 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     return Step((), PolicyState(base, seen=values, seen_at=now, quiet=quiet))
 
 
-def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+def _delta(
+    policy: Policy,
+    result: QueryResult,
+    state: PolicyState,
+    quiet: Quiet,
+    due: frozenset[str],
+    now: float,
+) -> Step | None:
     """``evaluate``'s result, as the general path makes it, at a cost in proportion to the
-    targets that changed (issue 15, "With churn"), or None. It runs where ``_steady`` would
-    but the answer's keys differ from the base's: the state is ``Quiet`` (every target
-    pending or firing, none absent, no timer due at ``now``), the answer holds each target
-    once. Then a target in both the base and the answer, not cleared, is seen again with no
-    decision (its ``TargetState`` shared, its value in ``PolicyState.seen``); a new one is
-    pending from ``now``; a pending one gone from the answer is dropped; a firing one in the
-    ``clear_expr`` answer clears (in the answer's order, then the base's, as the general
-    path decides them), as does one gone from the answer under ``keep_firing_for: 0``. A
-    firing target gone from the answer and kept (by hysteresis, or a ``keep_firing_for``:
-    absent) takes the general path. The new ``Quiet`` is
-    a bound: the ``pending_since`` and ``retry_at`` of targets that went are kept (no later
-    than the exact ones); ``_quiet_at`` looks for the exact ones (one pass over the
+    targets that changed or whose timer is due (issue 15, "With churn"), or None. It runs
+    where ``_steady`` would but the answer's keys differ from the base's or a timer is due:
+    the state is ``Quiet`` (``quiet``: every target pending or firing, none absent; ``due``:
+    the targets whose timer is due at ``now``, from ``_due``), the answer holds each target
+    once. Then a target in both the base and the answer, not cleared and not due, is seen
+    again with no decision (its ``TargetState`` shared, its value in ``PolicyState.seen``);
+    a new one, a firing one in the ``clear_expr`` answer and a due one go through the state
+    machine as on the general path (``_target_step``: pending from ``now``, or fired at
+    once under ``for: 0``; cleared; fired, fired again after its retry time or its
+    ``repeat_interval``), their decisions in the answer's order, then those of the firing
+    targets gone from the answer under ``keep_firing_for: 0`` or in the ``clear_expr``
+    answer (cleared, in the base's order), as the general path decides them; a pending one
+    gone is dropped. A firing target gone from the answer and kept (by hysteresis, or a
+    ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is a bound: the
+    ``pending_since``, ``retry_at`` and ``last_fire_at`` of targets that went are kept (no
+    later than the exact ones); ``_due`` looks for the exact ones (one pass over the
     targets) only when the bound says a timer is due, else the evaluation ``for`` after a
     dropped target took the general path (review: every other churn round did)."""
-    quiet = _quiet_at(policy, state, now)
     samples = result.samples
     base = state.base
-    if quiet is None or not base or not isinstance(samples, Vector):
+    if not base or not isinstance(samples, Vector):
         return None
     keys = samples.target_keys(policy.target)
     if keys is None:
@@ -450,56 +522,79 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
             return None  # a firing target kept by hysteresis while absent: the general path
     elif absent and policy.keep_firing_for_s > 0:
         return None  # a firing target kept for keep_firing_for while absent: the general path
-    if not gone and not added and not cleared:
+    timers = due & present  # a due target gone: dropped (pending) or as any absent one
+    if not gone and not added and not cleared and not timers:
         return None  # the same targets in another order: the general path orders them
-    if added and policy.for_s <= 0:
-        return None  # a new target fires at once (``_quiet_at`` holds with none pending)
-    decisions: list[Decision] = []
-    values: Sequence[float] = samples.values
-    ordered: list[str] = keys
-    kept: list[int] | None = None  # the answer's indexes of ``ordered`` (None: all of them)
     dropped = cleared - gone  # firing, in the answer and in the clear_expr answer
-    if dropped:
-        at = {k: i for i, k in enumerate(keys)}
-        for key in sorted(dropped, key=at.__getitem__):
+    touched = added | dropped | timers  # through the state machine, in the answer's order
+    rows = [i for i, k in enumerate(keys) if k in touched]
+    if added:
+        keys = list(keys)  # the answer's column stays as it is (new keys interned below)
+    decisions: list[Decision] = []
+    changed: dict[int, TargetState | None] = {}
+    since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
+    exact = True  # every touched target pending or firing, present: ``Quiet`` holds
+    cleared_or = cleared.__contains__
+    for i in rows:
+        key = keys[i]
+        sample = samples[i]
+        key, current, decision = _target_step(
+            policy, key, base.get(key), sample, cleared_or(key), now, inf
+        )
+        keys[i] = key  # interned when new (``Target.from_labels``)
+        if decision is not None:
+            decisions.append(decision)
+        changed[i] = current
+        if current is None:
+            continue
+        if current.absent_since is not None:
+            exact = False
+        if current.status is Status.PENDING:
+            since = min(since, current.active_since)
+        elif current.status is Status.FIRING:
+            if current.last_fire_at is not None:
+                last = min(last, current.last_fire_at)
+        else:
+            exact = False
+        if current.retry_at is not None:
+            retry = min(retry, current.retry_at)
+    if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
+        leaving = set(absent)
+        seen = state.seen
+        for n, key in enumerate(base):  # the base's order
+            if key not in leaving:
+                continue
             prev = base[key]
-            value = values[at[key]]
+            value = seen[n] if seen else prev.value  # the value last seen, as merged
             decisions.append(
                 _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, value)
             )
-        kept = [i for i, k in enumerate(keys) if k not in dropped]
+    values: Sequence[float] = samples.values
+    ordered: list[str] = keys
+    states: list[TargetState | None] = list(map(base.get, keys))
+    for i, current in changed.items():
+        states[i] = current
+    if dropped:  # cleared: out of the state, its value out of ``seen``
+        kept = [i for i, t in enumerate(states) if t is not None]  # (only clears have none)
         ordered = [keys[i] for i in kept]
         values = [values[i] for i in kept]
-    if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
-        leaving = set(absent)
-        for key in [k for k in base if k in leaving]:  # the base's order
-            prev = base[key]
-            decisions.append(
-                _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, prev.value)
-            )
-    states: list[TargetState | None] = list(map(base.get, ordered))
-    if added:
-        for i in [i for i, t in enumerate(states) if t is None]:
-            sample = samples[i if kept is None else kept[i]]
-            target = Target.from_labels(sample.labels, policy.target)
-            states[i] = TargetState(Status.PENDING, now, now, sample.value, target.labels)
+        states = [states[i] for i in kept]
     targets = freeze(dict(zip(ordered, states, strict=True)))
-    since = now if added and now < quiet.pending_since else quiet.pending_since
     return Step(
         tuple(decisions),
         PolicyState(
             targets,
             seen=values,
             seen_at=now,
-            quiet=Quiet(policy.for_s, since, quiet.retry_at),
-            parent=Delta(base, frozenset(gone | added | dropped)),
+            quiet=Quiet(policy.for_s, since, retry, last) if exact else None,
+            parent=Delta(base, frozenset(gone | added | dropped | timers)),
         ),
     )
 
 
 def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
     """``Quiet`` of ``targets`` (None: a target is clearing or absent)."""
-    since = retry = inf
+    since = retry = last = inf
     for t in targets.values():
         if t.absent_since is not None:
             return None
@@ -510,7 +605,9 @@ def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
                 since = t.active_since
         elif t.status is not Status.FIRING:
             return None
-    return Quiet(for_s, since, retry)
+        elif t.last_fire_at is not None and t.last_fire_at < last:
+            last = t.last_fire_at
+    return Quiet(for_s, since, retry, last)
 
 
 def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
@@ -854,7 +951,7 @@ class _Touched:
         touched = [t for t in self.changes.values() if t is not None] + list(self.extra.values())
         quiet = state.quiet
         if quiet is not None:
-            since, retry = quiet.pending_since, quiet.retry_at
+            since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
             for t in touched:
                 if t.absent_since is not None or t.status is Status.CLEARING:
                     quiet = None
@@ -863,8 +960,10 @@ class _Touched:
                     since = t.active_since
                 if t.retry_at is not None and t.retry_at < retry:
                     retry = t.retry_at
+                if t.last_fire_at is not None and t.last_fire_at < last:
+                    last = t.last_fire_at
             else:
-                quiet = Quiet(quiet.for_s, since, retry)
+                quiet = Quiet(quiet.for_s, since, retry, last)
         parent = state.parent
         keys = set(self.changes) | set(self.extra)
         return PolicyState(
