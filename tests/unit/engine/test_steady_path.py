@@ -16,6 +16,7 @@ from engine.evaluation import (
     PolicyState,
     QueryResult,
     Status,
+    Step,
     TargetState,
     evaluate,
     settle,
@@ -261,6 +262,25 @@ def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str]
     return out
 
 
+def _judged(step: Step, now: float, store: StateStore) -> tuple[PolicyState, object]:
+    """``step`` judged as the side-by-side tests judge (some fires executed, some held back
+    and retried 45 s later, some dry-run), settled and saved: the next state and what both
+    paths must agree on (decisions, the step's and the settled state's targets in order)."""
+    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
+    judged = [
+        replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3]) for d in step.decisions
+    ]
+    state = settle(step.state, judged, lambda d: d.at + 45)
+    with store.transaction() as db:
+        store.save_policy_state(db, "p", state)
+    outcome = (
+        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
+        list(step.state.targets.items()),
+        list(state.targets.items()),
+    )
+    return state, outcome
+
+
 def _read_back(path: Path) -> dict[str, TargetState]:
     store = StateStore(path)
     try:
@@ -292,7 +312,6 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
     verdicts that execute some fires and hold others back (retried later): the same
     decisions, in the same order, the same states in the same order, and the same rows in
     the store (each path's states saved to its own store, read back by a fresh process)."""
-    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
     states = [PolicyState(), PolicyState()]
     stores = [StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")]
     churned = 0
@@ -307,20 +326,8 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
                 step = evaluate(policy, QueryResult(answer, clear), state, now)
                 if which == 0 and step.state.parent is not None:
                     churned += 1
-                judged = [
-                    replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3])
-                    for d in step.decisions
-                ]
-                states[which] = settle(step.state, judged, lambda d: d.at + 45)
-                with stores[which].transaction() as db:
-                    stores[which].save_policy_state(db, "p", states[which])
-                outcomes.append(
-                    (
-                        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
-                        list(step.state.targets.items()),
-                        list(states[which].targets.items()),
-                    )
-                )
+                states[which], outcome = _judged(step, now, stores[which])
+                outcomes.append(outcome)
             assert outcomes[0] == outcomes[1], now
             if int(now) % 150 == 120:  # now and then, as a restarted engine reads them
                 assert _read_back(tmp_path / "fast.sqlite") == _read_back(tmp_path / "slow.sqlite")
@@ -461,7 +468,6 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
     from engine.evaluation import Freshness
 
     fresh = Freshness(max_sample_age_s=100)
-    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
     paths = [tmp_path / "fast.sqlite", tmp_path / "slow.sqlite"]
     stores = [StateStore(p) for p in paths]
     states = [PolicyState(), PolicyState()]
@@ -493,21 +499,9 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
                 fires = [d for d in step.decisions if d.transition.value == "fire"]
                 if which == 0 and step.state.parent is not None and fires:
                     due_rounds += 1  # fires decided on the churn path
-                judged = [
-                    replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3])
-                    for d in step.decisions
-                ]
-                ids[which] += [d.id for d in judged]
-                states[which] = settle(step.state, judged, lambda d: d.at + 45)
-                with stores[which].transaction() as db:
-                    stores[which].save_policy_state(db, "p", states[which])
-                outcomes.append(
-                    (
-                        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
-                        list(step.state.targets.items()),
-                        list(states[which].targets.items()),
-                    )
-                )
+                ids[which] += [d.id for d in step.decisions]
+                states[which], outcome = _judged(step, now, stores[which])
+                outcomes.append(outcome)
             assert outcomes[0] == outcomes[1], now
             if r % 6 == 5:
                 assert _read_back(paths[0]) == _read_back(paths[1]), now
