@@ -90,12 +90,17 @@ class Quiet:
     of a firing target (its ``repeat_interval`` counts from there; inf: none). While every
     target is seen again and nothing clears, no timer can expire before those: the
     evaluation takes its steady path (``_steady``). Each may be a bound (no later than the
-    exact one): ``_due`` looks for the targets whose timer is due when it says one may be."""
+    exact one): ``_due`` looks for the targets whose timer is due when it says one may be.
+    ``pending``: every pending target's start by key (and perhaps some that no longer are:
+    checked when due), or None (not known): where only a pending start can be due, ``_due``
+    looks at these alone, not at every target (issue 15: with churn that stays, a pending
+    target reaches ``for`` in most rounds)."""
 
     for_s: float
     pending_since: float
     retry_at: float
     last_fire_at: float = inf
+    pending: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -402,7 +407,26 @@ def _due(policy: Policy, state: PolicyState, now: float) -> tuple[Quiet, frozens
     if not _timer_due(policy, quiet, now):
         return quiet, frozenset()
     for_s, repeat = policy.for_s, policy.repeat_interval_s
+    known = quiet.pending
+    if (
+        known is not None
+        and now < quiet.retry_at
+        and (repeat is None or now - quiet.last_fire_at < repeat)
+    ):  # only a pending start can be due: those alone
+        base = state.base
+        rest = {k: t for k, t in known.items() if now - t < for_s}
+        due_keys = []
+        for key in known.keys() - rest.keys():
+            t = base.get(key)
+            if t is not None and t.status is Status.PENDING:
+                if now - t.active_since >= for_s:
+                    due_keys.append(key)
+                else:  # pragma: no cover (the start kept is the target's)
+                    rest[key] = t.active_since
+        since = min(rest.values(), default=inf)
+        return Quiet(for_s, since, quiet.retry_at, quiet.last_fire_at, rest), frozenset(due_keys)
     due: list[str] = []
+    pending: dict[str, float] = {}
     since = retry = last = inf
     for key, t in state.base.items():
         if t.absent_since is not None:
@@ -411,6 +435,7 @@ def _due(policy: Policy, state: PolicyState, now: float) -> tuple[Quiet, frozens
             if now - t.active_since >= for_s:
                 due.append(key)
                 continue
+            pending[key] = t.active_since
             if t.active_since < since:
                 since = t.active_since
         elif t.status is Status.FIRING:
@@ -425,7 +450,7 @@ def _due(policy: Policy, state: PolicyState, now: float) -> tuple[Quiet, frozens
             return None
         if t.retry_at is not None and t.retry_at < retry:
             retry = t.retry_at
-    return Quiet(for_s, since, retry, last), frozenset(due)
+    return Quiet(for_s, since, retry, last, pending), frozenset(due)
 
 
 def _steady(
@@ -502,7 +527,7 @@ def _delta(
     keys = samples.target_keys(policy.target)
     if keys is None:
         return None
-    index = dict.fromkeys(keys)
+    index = dict(zip(keys, range(len(keys)), strict=True))
     if len(index) != len(keys):
         return None  # a target with several series: the general path keeps the first
     present = index.keys()
@@ -527,12 +552,13 @@ def _delta(
         return None  # the same targets in another order: the general path orders them
     dropped = cleared - gone  # firing, in the answer and in the clear_expr answer
     touched = added | dropped | timers  # through the state machine, in the answer's order
-    rows = [i for i, k in enumerate(keys) if k in touched]
+    rows = sorted(map(index.__getitem__, touched))
     if added:
         keys = list(keys)  # the answer's column stays as it is (new keys interned below)
     decisions: list[Decision] = []
     changed: dict[int, TargetState | None] = {}
     since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
+    started: dict[str, float] = {}  # the touched targets pending now (new ones)
     exact = True  # every touched target pending or firing, present: ``Quiet`` holds
     cleared_or = cleared.__contains__
     for i in rows:
@@ -551,6 +577,7 @@ def _delta(
             exact = False
         if current.status is Status.PENDING:
             since = min(since, current.active_since)
+            started[key] = current.active_since
         elif current.status is Status.FIRING:
             if current.last_fire_at is not None:
                 last = min(last, current.last_fire_at)
@@ -580,13 +607,16 @@ def _delta(
         values = [values[i] for i in kept]
         states = [states[i] for i in kept]
     targets = freeze(dict(zip(ordered, states, strict=True)))
+    pending = quiet.pending
+    if started and pending is not None:
+        pending = {**pending, **started}
     return Step(
         tuple(decisions),
         PolicyState(
             targets,
             seen=values,
             seen_at=now,
-            quiet=Quiet(policy.for_s, since, retry, last) if exact else None,
+            quiet=Quiet(policy.for_s, since, retry, last, pending) if exact else None,
             parent=Delta(base, frozenset(gone | added | dropped | timers)),
         ),
     )
@@ -595,19 +625,21 @@ def _delta(
 def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
     """``Quiet`` of ``targets`` (None: a target is clearing or absent)."""
     since = retry = last = inf
-    for t in targets.values():
+    pending: dict[str, float] = {}
+    for key, t in targets.items():
         if t.absent_since is not None:
             return None
         if t.retry_at is not None and t.retry_at < retry:
             retry = t.retry_at
         if t.status is Status.PENDING:
+            pending[key] = t.active_since
             if t.active_since < since:
                 since = t.active_since
         elif t.status is not Status.FIRING:
             return None
         elif t.last_fire_at is not None and t.last_fire_at < last:
             last = t.last_fire_at
-    return Quiet(for_s, since, retry, last)
+    return Quiet(for_s, since, retry, last, pending)
 
 
 def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
@@ -952,18 +984,20 @@ class _Touched:
         quiet = state.quiet
         if quiet is not None:
             since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
+            pending = quiet.pending
             for t in touched:
                 if t.absent_since is not None or t.status is Status.CLEARING:
                     quiet = None
                     break
-                if t.status is Status.PENDING and t.active_since < since:
-                    since = t.active_since
+                if t.status is Status.PENDING:
+                    pending = None  # not settle's (a decision's target fires or clears)
+                    since = min(since, t.active_since)
                 if t.retry_at is not None and t.retry_at < retry:
                     retry = t.retry_at
                 if t.last_fire_at is not None and t.last_fire_at < last:
                     last = t.last_fire_at
             else:
-                quiet = Quiet(quiet.for_s, since, retry, last)
+                quiet = Quiet(quiet.for_s, since, retry, last, pending)
         parent = state.parent
         keys = set(self.changes) | set(self.extra)
         return PolicyState(
