@@ -601,11 +601,11 @@ def _delta(
     states: list[TargetState | None] = list(map(base.get, keys))
     for i, current in changed.items():
         states[i] = current
-    if dropped:  # cleared: out of the state, its value out of ``seen``
-        kept = [i for i, t in enumerate(states) if t is not None]  # (only clears have none)
-        ordered = [keys[i] for i in kept]
-        values = [values[i] for i in kept]
-        states = [states[i] for i in kept]
+    out = [i for i, t in changed.items() if t is None]  # cleared (only clears have none)
+    if out:  # out of the state, their values out of ``seen`` (a copy: the answer's column)
+        ordered, values = list(keys), list(values)
+        for i in sorted(out, reverse=True):
+            del ordered[i], values[i], states[i]
     targets = freeze(dict(zip(ordered, states, strict=True)))
     pending = quiet.pending
     if started and pending is not None:
@@ -691,6 +691,16 @@ def _seen_again(prev: TargetState, now: float, value: float) -> TargetState:
     return seen
 
 
+def _with(prev: TargetState, **changes: object) -> TargetState:
+    """``replace(prev, **changes)`` without re-running ``__init__`` (a decision's target in
+    the hot path: ``_advance``, ``settle_all``), as ``_seen_again`` copies."""
+    new = object.__new__(TargetState)
+    fields = new.__dict__
+    fields.update(prev.__dict__)
+    fields.update(changes)
+    return new
+
+
 def _observed(prev: TargetState, last_seen: float, value: float) -> TargetState:
     """``prev`` with ``last_seen`` and ``value`` set (``PolicyState.seen``), as ``_seen_again``
     copies."""
@@ -708,7 +718,7 @@ def _advance(
     if current.status is Status.PENDING:
         if now - current.active_since < policy.for_s:
             return current, None
-        current = replace(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
+        current = _with(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
     held_back = current.retry_at is not None and now >= current.retry_at
     if held_back or (
@@ -716,7 +726,7 @@ def _advance(
         and current.last_fire_at is not None
         and now - current.last_fire_at >= policy.repeat_interval_s
     ):
-        current = replace(current, last_fire_at=now, repeats=current.repeats + 1, retry_at=None)
+        current = _with(current, last_fire_at=now, repeats=current.repeats + 1, retry_at=None)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
     return current, None
 
@@ -850,7 +860,7 @@ def settle_all(
         if decision.transition is Transition.FIRE and current is not None:
             if held and current.held == decision.verdict:
                 repeats.add(decision.id)
-                targets[key] = replace(
+                targets[key] = _with(
                     current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
                 )
                 out.append(decision)
@@ -859,9 +869,9 @@ def settle_all(
                 decision = replace(decision, held_repeats=current.held_repeats)
             if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
                 ran = 1 if decision.action is not None else 0
-                targets[key] = _unheld(replace(current, actions=current.actions + ran))
+                targets[key] = _unheld(_with(current, actions=current.actions + ran))
             elif held:
-                targets[key] = replace(
+                targets[key] = _with(
                     current,
                     retry_at=retry_at(decision),
                     held=decision.verdict,
@@ -874,7 +884,7 @@ def settle_all(
             retrying = current is not None and current.status is Status.CLEARING
             if held and retrying and current is not None and current.held == decision.verdict:
                 repeats.add(decision.id)  # the undo is still held back for the same reason
-                targets[key] = replace(
+                targets[key] = _with(
                     current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
                 )
                 out.append(decision)
@@ -917,7 +927,8 @@ class _Touched:
 
     def _value(self, key: str) -> float:
         if self._at is None:
-            self._at = {k: i for i, k in enumerate(self.state.base)}
+            base = self.state.base
+            self._at = dict(zip(base, range(len(base)), strict=True))
         return self.state.seen[self._at[key]]
 
     def get(self, key: str) -> TargetState | None:
@@ -1013,7 +1024,7 @@ class _Touched:
 
 
 def _unheld(state: TargetState) -> TargetState:
-    return replace(state, held=None, held_since=None, held_repeats=0)
+    return _with(state, held=None, held_since=None, held_repeats=0)
 
 
 def failed(state: PolicyState, decision: Decision, retry_at: float | None) -> PolicyState:
