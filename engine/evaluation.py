@@ -524,12 +524,11 @@ def _delta(
     base = state.base
     if not base or not isinstance(samples, Vector):
         return None
+    index = samples.key_index(policy.target)  # shared by the policies of this answer
     keys = samples.target_keys(policy.target)
-    if keys is None:
-        return None
-    index = dict(zip(keys, range(len(keys)), strict=True))
-    if len(index) != len(keys):
-        return None  # a target with several series: the general path keeps the first
+    if index is None or keys is None:
+        return None  # a target with several series (the general path keeps the first), or
+        # keys not made in C
     present = index.keys()
     known = base.keys()
     gone = known - present

@@ -536,3 +536,14 @@ def test_a_clear_of_an_absent_target_carries_the_value_last_seen() -> None:
             )
         outcomes.append([(d.id, d.evidence.value) for d in step.decisions])
     assert outcomes[0] == outcomes[1] == [(outcomes[1][0][0], pytest.approx(0.15))]
+
+
+def test_key_index_is_each_series_position_or_none_when_a_target_repeats() -> None:
+    """``Vector.key_index``, shared by the policies of an answer on the churn path: each
+    key's position; None when a target has two series (the general path keeps the first)
+    or the keys are not made in C."""
+    vector = decode_vector(series(["a", "b", "c"]), "q")
+    assert vector.key_index(("uuid",)) == {"uuid=a": 0, "uuid=b": 1, "uuid=c": 2}
+    assert vector.key_index(("uuid",)) is vector.key_index(("uuid",))  # remembered
+    assert decode_vector(series(["a", "b", "a"]), "q").key_index(("uuid",)) is None
+    assert vector.key_index(("pool",)) is None
