@@ -547,3 +547,45 @@ def test_key_index_is_each_series_position_or_none_when_a_target_repeats() -> No
     assert vector.key_index(("uuid",)) is vector.key_index(("uuid",))  # remembered
     assert decode_vector(series(["a", "b", "a"]), "q").key_index(("uuid",)) is None
     assert vector.key_index(("pool",)) is None
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "verdict", "fires"),
+    [
+        ({4: ["c"]}, Verdict.EXECUTE, {60.0: 2, 180.0: 1}),  # alone pending: the bound
+        ({4: ["c"], 5: ["d"]}, Verdict.EXECUTE, {60.0: 2, 180.0: 1, 210.0: 1}),  # the starts
+        # held back: retried at d.at + 45 in rounds without any other change
+        (
+            {4: ["c"]},
+            Verdict.SUPPRESSED_MAX_PER_HOUR,
+            {60.0: 2, 120.0: 2, 180.0: 3, 240.0: 3, 300.0: 3},
+        ),
+    ],
+    ids=["one_added", "two_added", "held_retried"],
+)
+def test_a_target_added_on_the_churn_path_fires_in_a_round_without_other_change(
+    arrivals: dict[int, list[str]], verdict: Verdict, fires: dict[float, int]
+) -> None:
+    """Review of issue 15 (finding 2): a target that comes on the churn path and then stays
+    through rounds in which nothing else changes must fire at its ``for`` (its start lowers
+    the state's bound and is kept among the pending starts ``_due`` looks at), and a fire
+    held back must be decided again at its retry time: planted faults there (the bound or
+    the starts not kept) passed every side-by-side test."""
+    policy = replace(POLICY, target=("uuid",))
+    decided: list[list[tuple[float, str]]] = [[], []]
+    for which in (0, 1):
+        state, present = PolicyState(), ["a", "b"]
+        for n in range(12):
+            present = present + arrivals.get(n, [])
+            vector, samples = both(series(present))
+            clear_v, clear_s = both([])
+            answer = (vector, clear_v) if which == 0 else (samples, clear_s)
+            step = evaluate(policy, QueryResult(*answer), state, n * 30.0)
+            decided[which] += [(d.at, d.target.key) for d in step.decisions]
+            judged = [replace(d, verdict=verdict) for d in step.decisions]
+            state = settle(step.state, judged, lambda d: d.at + 45)
+    assert decided[0] == decided[1]
+    counts: dict[float, int] = {}
+    for at, _ in decided[0]:
+        counts[at] = counts.get(at, 0) + 1
+    assert counts == fires
