@@ -10,7 +10,9 @@ for a number of rounds drawn from a seeded distribution (mean ``--stay``, defaul
 longer than the policies' ``for``), then goes back (``Stays``): in most rounds some pending
 targets reach ``for`` and fire (through the one gate, with the guardrails and budgets as they
 are) and some firing ones clear. ``--churn-mode flip``: the same GPUs back and forth every
-other round (their targets leave before ``for``: the churn path's best case).
+other round (their targets leave before ``for``: the churn path's best case). Every series'
+value moves a little every round (0.1 + round / 10,000, the same for all), as Prometheus'
+values do, so the states' values and the decisions' evidence change.
 
 Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the cProfile of
 the steady rounds. The steady figure is the mean over every round after the fire round (round
@@ -162,8 +164,9 @@ class Canned(ThreadingHTTPServer):
                 n = expr.count("label_replace(")
                 series = [{"gpuops_input": str(i)} for i in range(n)]
                 result = [{"metric": m, "value": [t, "10"]} for m in series]
-            else:
-                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr, t)]
+            else:  # the values move every round (as Prometheus' do), the series as churned
+                value = f"{0.1 + round((t - self.start) / 30) % 50 / 10_000:.4f}"
+                result = [{"metric": m, "value": [t, value]} for m in self._series(expr, t)]
             if expr.startswith("count("):
                 result = [{"metric": {}, "value": [t, str(len(self._series(expr, t)))]}]
             data = {"resultType": "vector", "result": result}
