@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import chain, starmap
 from operator import itemgetter
@@ -291,7 +291,23 @@ class Decision:
             object.__setattr__(self, "verdict", Verdict(self.verdict))
 
     def with_verdict(self, verdict: Verdict, reason: str) -> Decision:
-        return replace(self, verdict=verdict, reason=reason)
+        """``replace(self, verdict=verdict, reason=reason)`` without re-running
+        ``__init__`` over every field (every decision of a round is judged)."""
+        return self.but(verdict=verdict, reason=reason)
+
+    def but(self, **changes: Any) -> Decision:
+        """``dataclasses.replace(self, **changes)``, as cheap as a copy of the fields (the
+        verdict made a ``Verdict`` as ``__post_init__`` does); unknown names are refused."""
+        fields = self.__dict__
+        if not changes.keys() <= fields.keys():
+            raise TypeError(f"not fields of Decision: {sorted(changes.keys() - fields.keys())}")
+        other = object.__new__(Decision)
+        copied = other.__dict__
+        copied.update(fields)
+        copied.update(changes)
+        if type(copied["verdict"]) is not Verdict:
+            copied["verdict"] = Verdict(copied["verdict"])
+        return other
 
     @property
     def suppressed(self) -> bool:

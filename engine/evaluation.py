@@ -865,7 +865,7 @@ def settle_all(
                 out.append(decision)
                 continue
             if current.held is not None:  # the suppression ends or its reason changes
-                decision = replace(decision, held_repeats=current.held_repeats)
+                decision = decision.but(held_repeats=current.held_repeats)
             if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
                 ran = 1 if decision.action is not None else 0
                 targets[key] = _unheld(_with(current, actions=current.actions + ran))
@@ -889,7 +889,7 @@ def settle_all(
                 out.append(decision)
                 continue
             if retrying and current is not None and current.held is not None:
-                decision = replace(decision, held_repeats=current.held_repeats)
+                decision = decision.but(held_repeats=current.held_repeats)
             if held:  # an undo that did not run: tried again
                 targets[key] = replace(
                     _clearing(decision, retry_at(decision)),

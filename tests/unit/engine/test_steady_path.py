@@ -589,3 +589,26 @@ def test_a_target_added_on_the_churn_path_fires_in_a_round_without_other_change(
     for at, _ in decided[0]:
         counts[at] = counts.get(at, 0) + 1
     assert counts == fires
+
+
+def test_a_decision_but_some_fields_is_what_replace_makes() -> None:
+    """``Decision.but`` (and ``with_verdict``): ``dataclasses.replace`` without re-running
+    ``__init__``; the verdict made a ``Verdict`` as ``__post_init__`` does; a name that is
+    not a field is refused."""
+    from engine.decisions import Decision
+
+    uuids = ["a"]
+    state = PolicyState()
+    for now in (0.0, 60.0):
+        step = evaluate(POLICY, QueryResult(decode_vector(series(uuids), "q")), state, now)
+        state = step.state
+    (fire,) = step.decisions
+    assert fire.with_verdict(Verdict.DRY_RUN, "why") == replace(
+        fire, verdict=Verdict.DRY_RUN, reason="why"
+    )
+    held = fire.but(verdict="suppressed:cooldown", held_repeats=3)
+    assert held.verdict is Verdict.SUPPRESSED_COOLDOWN and held.held_repeats == 3
+    assert held == replace(fire, verdict=Verdict.SUPPRESSED_COOLDOWN, held_repeats=3)
+    assert isinstance(held, Decision) and fire.verdict is Verdict.EXECUTE  # not changed
+    with pytest.raises(TypeError, match="not fields of Decision: \\['verdit'\\]"):
+        fire.but(verdit="execute")
