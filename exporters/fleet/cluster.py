@@ -121,6 +121,9 @@ class Cluster:
         """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
         self.completed: list[tuple[str, str, float, float]] = []
         """(priority class, project, queue wait s, completion time s) of finished jobs."""
+        self.culled_sessions: list[tuple[str, str, float, float]] = []
+        """The same for notebook sessions ``cull`` ended: not finished jobs (the report shows
+        them apart, and the completion time with and without them)."""
         for pool in config.pools:
             for _ in range(pool.nodes):
                 self.add_node(pool.name)
@@ -373,15 +376,16 @@ class Cluster:
         arrival of its class (``Arrivals``): the notebook profile has no activity after it
         went idle, so the user's next activity is a new session, not this one resumed.
 
-        Counted as completed (``completed``) with the completion time it would have had
-        running to its end (its wait plus its whole session: the user's session was theirs
-        however long the GPU was held), so culling neither shortens nor lengthens the mean
-        completion time; its delivered GPU-seconds (``completed_gpu_s``) are only those it
-        held, not the rest of its session. Returns the freed uuids."""
+        Not a finished job: recorded in ``culled_sessions`` (not ``completed``) with the
+        completion time it would have had running to its end (its wait plus its whole session:
+        the user's session was theirs however long the GPU was held), so the completion time
+        that counts culled sessions is neither shortened nor lengthened by culling; its
+        delivered GPU-seconds (``completed_gpu_s``) are only those it held, not the rest of
+        its session. Returns the freed uuids."""
         started = job.first_started_at if job.first_started_at is not None else self.time
         held = (job.duration_s or 0.0) - (job.remaining_s or 0.0)
         self.completed_gpu_s += max(held, 0.0) * job.gpus
-        self.completed.append(
+        self.culled_sessions.append(
             (
                 job.priority_class,
                 job.project,
@@ -628,8 +632,12 @@ class Cluster:
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
                     # a GPU held whole by a job that cannot share is left out: ``pack``
-                    # would refuse it (409), so the policies downclock it instead
-                    if can_share and (job is None or job.shared or job.shareable):
+                    # would refuse it (409), so the policies downclock it instead. So is one
+                    # held whole by a job on borrowed capacity: a slice is never preempted
+                    # for quota, so ``pack`` refuses it too (``Scheduler.admits_on_slices``)
+                    if can_share and (
+                        job is None or job.shared or (job.shareable and not job.borrowed)
+                    ):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():
