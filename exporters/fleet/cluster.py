@@ -624,6 +624,7 @@ class Cluster:
         with self.lock:
             allocations = []
             sharing = []
+            borrowed: list[tuple[str, str]] = []
             for node in self.nodes.values():
                 can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
@@ -632,13 +633,11 @@ class Cluster:
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
                     # a GPU held whole by a job that cannot share is left out: ``pack``
-                    # would refuse it (409), so the policies downclock it instead. So is one
-                    # held whole by a job on borrowed capacity: a slice is never preempted
-                    # for quota, so ``pack`` refuses it too (``Scheduler.admits_on_slices``)
-                    if can_share and (
-                        job is None or job.shared or (job.shareable and not job.borrowed)
-                    ):
+                    # would refuse it (409), so the policies downclock it instead
+                    if can_share and (job is None or job.shared or job.shareable):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
+                    if job is not None and job.borrowed:
+                        borrowed.append((node.name, gpu.uuid))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():
                 nodes[(node.pool, node.state)] += 1
@@ -654,6 +653,7 @@ class Cluster:
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
                 sharing=tuple(sharing),
+                borrowed=tuple(borrowed),
                 drainable=self.drainable(),
                 **self._energy_and_scheduling(),
             )

@@ -237,6 +237,16 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     for node, pool, ok in r.drainable:
         drainable.add_metric([node, pool], ok)
     yield drainable
+    borrowed = GaugeMetricFamily(
+        "gpuops_gpu_borrowed",
+        "1 for a GPU held by a job on borrowed capacity (another project's reserved GPUs, "
+        "lent); absent for every other GPU. pack refuses such a job: a slice is never "
+        "preempted for quota.",
+        labels=["node", "uuid"],
+    )
+    for node, uuid in r.borrowed:
+        borrowed.add_metric([node, uuid], 1.0)
+    yield borrowed
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (

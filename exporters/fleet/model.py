@@ -326,4 +326,7 @@ class FleetReading:
     lending: dict[str, bool] = field(default_factory=dict)
     """pool -> lends its idle reserved GPUs (``lend``)."""
     drainable: tuple[tuple[str, str, int], ...] = ()
+    borrowed: tuple[tuple[str, str], ...] = ()
+    """(node, uuid) of every GPU a job on borrowed capacity holds (another project's idle
+    reserved GPUs, lent): ``pack`` refuses such a job (a slice is never preempted for quota)."""
     """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""

@@ -103,12 +103,17 @@ class WasteFigures:
     - ``shared_limit``: the unused capacity of shared GPUs by what kept one more job off:
       ``slices`` (every slice taken), ``memory`` (less free memory than the smallest job on
       it needs), ``room`` (a slice and the memory were free: no shareable job took them).
+    - ``unallocated_node``: ``unallocated`` again, by the state of the GPU's node: ``booting``
+      (powered up, not running jobs yet), ``empty`` (up, no job on any of its GPUs: waiting
+      for a power-down or for work), ``partly used`` (up, other GPUs of it held): which of
+      boots, power-down waits and nodes that never empty keeps free GPUs powered.
     """
 
     unallocated: dict[str, float] = field(default_factory=dict)
     idle_whole: dict[str, float] = field(default_factory=dict)
     idle_shared: dict[str, float] = field(default_factory=dict)
     shared_limit: dict[str, float] = field(default_factory=dict)
+    unallocated_node: dict[str, float] = field(default_factory=dict)
     class_allocated: dict[str, float] = field(default_factory=dict)
     """Per job class, GPU-hours its jobs held (a shared GPU's hours divided among its jobs)."""
     class_busy: dict[str, float] = field(default_factory=dict)
@@ -249,6 +254,11 @@ class Recorder:
                 if node.failed:
                     continue
                 in_pool = pools[node.pool]
+                node_state = (
+                    "booting"
+                    if node.booting_until is not None
+                    else ("empty" if node.idle() else "partly used")
+                )
                 for gpu in node.gpus:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
@@ -258,6 +268,7 @@ class Recorder:
                     holders = [gpu.job] if gpu.job is not None else gpu.tenants
                     if not holders:
                         waste[("unallocated", node.pool)] += 1.0 - gpu.utilization
+                        waste[("unallocated_node", node_state)] += 1.0 - gpu.utilization
                         continue
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
@@ -479,4 +490,5 @@ def waste_rows(w: WasteFigures) -> list[tuple[str, float]]:
     rows += [(f"held whole, unused: {k}", v) for k, v in w.idle_whole.items()]
     rows += [(f"shared, unused: {k}", v) for k, v in w.idle_shared.items()]
     rows += [(f"shared unused, limit: {k}", v) for k, v in w.shared_limit.items()]
+    rows += [(f"unallocated, node {k}", v) for k, v in w.unallocated_node.items()]
     return rows

@@ -110,6 +110,7 @@ def test_waste_breakdown_names_unallocated_idle_and_shared_gpu_hours() -> None:
     report = recorder.report(c)
     w = report.waste
     assert w.unallocated == {"a": pytest.approx(1.0, abs=0.02)}
+    assert w.unallocated_node == {"partly used": pytest.approx(1.0, abs=0.02)}  # the notebook's
     assert w.idle_whole["notebooks"] == pytest.approx(0.98, abs=0.02)
     assert w.idle_shared["analysis"] == pytest.approx(0.5, abs=0.05)
     assert w.shared_limit == {"memory": pytest.approx(0.5, abs=0.05)}
