@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from tests.fakes.fake_es_mapping import Checker
+from tests.fakes.fake_es_mapping import Checker, StrictRefusal
 from tests.fakes.fake_es_search import (
     Doc,
     DslError,
@@ -576,6 +576,13 @@ class _Request:
                     "illegal_argument_exception",
                     f"Malformed action/metadata line [{i + 1}]",
                 ) from exc
+            if type(meta) is not dict:  # ``{"create": "x"}``: Elasticsearch's parser wants an
+                raise HttpError(  # object after the action's name
+                    400,
+                    "illegal_argument_exception",
+                    f"Malformed action/metadata line [{i + 1}], expected START_OBJECT but found "
+                    f"[{_token(meta)}]",
+                )
             if op not in ("create", "index", "delete", "update"):
                 raise HttpError(
                     400,
@@ -650,7 +657,12 @@ class _Request:
         if es.validate:
             problem = stream.checker.check(source)
             if problem:
-                return _item_error(400, "document_parsing_exception", problem, index, doc_id)
+                kind = (
+                    "strict_dynamic_mapping_exception"
+                    if type(problem) is StrictRefusal
+                    else "document_parsing_exception"
+                )
+                return _item_error(400, kind, problem, index, doc_id)
         docs = stream.docs
         exists = doc_id in docs
         if exists and op == "create":
@@ -733,6 +745,21 @@ class _Request:
 
 _DROP = object()
 _SHARDS = {"total": 1, "successful": 1, "failed": 0}
+
+
+def _token(value: Any) -> str:
+    """The name of the JSON token Elasticsearch's parser reports for ``value``."""
+    if value is None:
+        return "VALUE_NULL"
+    if isinstance(value, bool):
+        return "VALUE_BOOLEAN"
+    if isinstance(value, int):
+        return "VALUE_NUMBER_INT"
+    if isinstance(value, float):
+        return "VALUE_NUMBER_FLOAT"
+    if isinstance(value, list):
+        return "START_ARRAY"
+    return "VALUE_STRING"
 
 
 def _item_error(status: int, kind: str, reason: str, index: str, doc_id: str) -> dict[str, Any]:

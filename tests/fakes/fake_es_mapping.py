@@ -57,6 +57,14 @@ def walk(node: Any, mapping: Mapping_, prefix: str = "") -> str | None:
     return None
 
 
+class StrictRefusal(str):
+    """A refusal by ``dynamic: strict``: Elasticsearch answers it as its own error type,
+    ``strict_dynamic_mapping_exception`` (a ``document_parsing_exception`` in its class
+    hierarchy), with the new field's name and the object it was introduced in:
+    ``mapping set to strict, dynamic introduction of [hostname] within [agent] is not
+    allowed`` (``[_doc]`` at the top level)."""
+
+
 def is_object(path: str, mapping: Mapping_) -> bool:
     """Whether a dict at ``path`` is walked into (not flattened, not a leaf type)."""
     kind = mapping.field_type(path, None)
@@ -75,7 +83,11 @@ def check_field(path: str, value: Any, mapping: Mapping_) -> str | None:
     if kind == "flattened":
         return None
     if kind is None and mapping.dynamic == "strict" and not isinstance(value, dict):
-        return f"[1:1] mapping set to strict, dynamic introduction of [{path}] is not allowed"
+        parent, _, leaf = path.rpartition(".")
+        return StrictRefusal(
+            f"[1:1] mapping set to strict, dynamic introduction of [{leaf}] within "
+            f"[{parent or '_doc'}] is not allowed"
+        )
     if kind and kind != "object":
         for item in value if isinstance(value, list) else [value]:
             problem = check_value(kind, item, mapping.fields.get(path, {}))

@@ -132,6 +132,17 @@ def test_a_malformed_bulk_body_is_a_400_like_the_real_one() -> None:
         body = b'{"frobnicate": {"_index": "x"}}\n{}\n'
         resp = requests.post(f"{es.url}/_bulk", data=body, headers=headers, timeout=5)
         assert resp.status_code == 400 and "found [frobnicate]" in resp.text
+        for meta, token in [
+            (b'"x"', "VALUE_STRING"),
+            (b"[]", "START_ARRAY"),
+            (b"1", "VALUE_NUMBER_INT"),
+        ]:
+            body = b'{"create": ' + meta + b"}\n{}\n"
+            resp = requests.post(f"{es.url}/_bulk", data=body, headers=headers, timeout=5)
+            assert resp.status_code == 400, meta
+            error = resp.json()["error"]
+            assert error["type"] == "illegal_argument_exception"
+            assert error["reason"].endswith(f"expected START_OBJECT but found [{token}]"), error
 
 
 def test_filter_path_keeps_only_the_named_fields_of_a_bulk_answer(
@@ -215,3 +226,42 @@ def test_a_malformed_source_fails_its_item_only() -> None:
         assert (first["status"], first["_id"], second["status"]) == (400, "b", 201)
         assert first["error"]["type"] == "document_parsing_exception"
         assert es.ids("idx") == ["a"]
+
+
+def test_a_strict_mapping_refuses_a_new_field_with_its_own_error_type() -> None:
+    """Elasticsearch answers an item refused by ``dynamic: strict`` as
+    ``strict_dynamic_mapping_exception`` naming the field and its object, and a value its
+    mapped type cannot parse as ``document_parsing_exception``."""
+    with FakeElasticsearch() as es:
+        template = {
+            "index_patterns": ["strict-*"],
+            "template": {
+                "mappings": {
+                    "dynamic": "strict",
+                    "properties": {
+                        "n": {"type": "long"},
+                        "obj": {"properties": {"k": {"type": "keyword"}}},
+                    },
+                }
+            },
+        }
+        resp = requests.put(f"{es.url}/_index_template/strict", json=template, timeout=5)
+        assert resp.status_code == 200, resp.text
+        docs = [{"n": 1, "extra": 2}, {"n": 1, "obj": {"k": "v", "more": 1}}, {"n": "x"}, {"n": 2}]
+        body = b"".join(
+            b'{"create": {"_index": "strict-1"}}\n' + json.dumps(doc).encode() + b"\n"
+            for doc in docs
+        )
+        headers = {"Content-Type": "application/x-ndjson"}
+        resp = requests.post(f"{es.url}/_bulk", data=body, headers=headers, timeout=5)
+        items = [item["create"] for item in resp.json()["items"]]
+        errors = [item.get("error", {}) for item in items]
+        assert [e.get("type") for e in errors] == [
+            "strict_dynamic_mapping_exception",
+            "strict_dynamic_mapping_exception",
+            "document_parsing_exception",
+            None,
+        ]
+        assert "dynamic introduction of [extra] within [_doc] is not allowed" in errors[0]["reason"]
+        assert "dynamic introduction of [more] within [obj] is not allowed" in errors[1]["reason"]
+        assert [item["status"] for item in items] == [400, 400, 400, 201]
