@@ -190,6 +190,10 @@ def table(w: Whatif) -> str:
         x, y = rows_off.get(label), rows_on.get(label)
         fmt = _num(".1f")
         lines.append(_line(label, fmt(x), fmt(y), _delta(x, y)))
+    lines += ["", _line("energy by draw (kWh)", "off", "on", "change")]
+    for label in sorted(set(off.energy_split_kwh) | set(on.energy_split_kwh)):
+        x, y = off.energy_split_kwh.get(label), on.energy_split_kwh.get(label)
+        lines.append(_line(label, _num(".1f")(x), _num(".1f")(y), _delta(x, y)))
     lines += ["", "  targets (issue 12, on the case-study fleet):"]
     for t in targets(w):
         fmt = (

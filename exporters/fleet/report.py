@@ -189,6 +189,12 @@ class RunReport:
     pools: dict[str, PoolFigures] = field(default_factory=dict)
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
+    energy_split_kwh: dict[str, float] = field(default_factory=dict)
+    """Where the GPUs' energy went, from their power at each observation: ``free GPUs (idle
+    draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
+    idle draw`` (the idle power of GPUs jobs hold: what any held GPU draws), ``held GPUs,
+    load`` (the power above idle that their load draws, after clock locks). Sums to about
+    ``energy_kwh`` (observed every 30 s; the meter integrates every cluster step)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,10 +272,14 @@ class Recorder:
                     in_pool.busy_s += gpu.utilization
                     power += gpu.power
                     holders = [gpu.job] if gpu.job is not None else gpu.tenants
+                    idle_w = min(gpu.model.idle_power_watts, gpu.power)
                     if not holders:
+                        waste[("energy", "free GPUs (idle draw)")] += gpu.power
                         waste[("unallocated", node.pool)] += 1.0 - gpu.utilization
                         waste[("unallocated_node", node_state)] += 1.0 - gpu.utilization
                         continue
+                    waste[("energy", "held GPUs, idle draw")] += idle_w
+                    waste[("energy", "held GPUs, load")] += gpu.power - idle_w
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
                     in_pool.allocated_s += 1
@@ -365,6 +375,7 @@ class Recorder:
         kinds: dict[str, dict[str, float]] = defaultdict(dict)
         for (kind, key), gpu_s in sorted(self.waste.items()):
             kinds[kind][key] = gpu_s / 3600.0
+        energy_split = {k: wh / 1000.0 for k, wh in kinds.pop("energy", {}).items()}
         waste = WasteFigures(**kinds)
         t = self.total
         return RunReport(
@@ -404,6 +415,7 @@ class Recorder:
             projects=projects,
             pools=pools,
             waste=waste,
+            energy_split_kwh=energy_split,
         )
 
 
@@ -478,6 +490,8 @@ def table(r: RunReport) -> str:
             f"  {name:<16}{pf.powered_gpu_hours:>14.1f}{_pct(pf.utilization_powered):>8}"
             f"{pf.allocated_gpu_hours:>13.1f}{_pct(pf.utilization_allocated):>8}"
         )
+    lines += ["", f"  energy by draw (kWh): {sum(r.energy_split_kwh.values()):.1f}"]
+    lines += [f"    {label:<34}{value:>8.1f}" for label, value in r.energy_split_kwh.items()]
     powered = sum(pf.powered_gpu_hours for pf in r.pools.values())
     lines += ["", f"  powered GPU-hours not busy: {r.waste.total():.1f} of {powered:.1f}"]
     lines += [f"    {label:<34}{value:>8.1f}" for label, value in waste_rows(r.waste)]

@@ -119,6 +119,16 @@ def test_waste_breakdown_names_unallocated_idle_and_shared_gpu_hours() -> None:
     busy_h = powered_h * (report.utilization_powered or 0.0)
     assert w.total() == pytest.approx(powered_h - busy_h, abs=1e-6)
     assert "shared unused, limit: memory" in table(report)
+    # the free A100 draws its idle 55 W for the hour; the held A100 and the shared V100 their
+    # idle 55 + 40 W, and above it what their load draws (steady: the power they show now)
+    e = report.energy_split_kwh
+    assert e["free GPUs (idle draw)"] == pytest.approx(0.055, abs=0.002)
+    assert e["held GPUs, idle draw"] == pytest.approx(0.055 + 0.040, abs=0.002)
+    held = [g for n in c.nodes.values() for g in n.gpus if g.job or g.tenants]
+    load_w = sum(g.power - g.model.idle_power_watts for g in held)
+    assert load_w > 50.0  # the two light jobs' load on the V100
+    assert e["held GPUs, load"] == pytest.approx(load_w / 1000.0, rel=0.05)
+    assert sum(e.values()) == pytest.approx(report.energy_kwh, rel=0.02)
 
 
 def test_the_sharing_series_leaves_out_gpus_held_by_jobs_that_cannot_share() -> None:
