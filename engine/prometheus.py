@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -55,6 +56,26 @@ class QueryError(PrometheusError):
     """A query did not produce a usable result; nothing may be concluded from it."""
 
 
+def _read_environment_once(session: requests.Session, url: str) -> None:
+    """Take what ``requests`` would read from the environment for ``url`` (the proxy from
+    ``HTTP(S)_PROXY``/``ALL_PROXY`` unless ``NO_PROXY`` excludes it, credentials from
+    ``~/.netrc`` or ``$NETRC``, a CA bundle from ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``)
+    into ``session`` now, and stop it reading them again: with ``trust_env`` it does so on
+    every request, which opened and parsed the netrc file and the proxy variables for each
+    of a cycle's queries (issue 15: ~20 % of a request's client CPU; ~5 % of a steady round).
+    The same settings apply, read once when the client is made (at engine start), as for any
+    daemon's environment. Every request of this client goes to ``url``'s host."""
+    proxies = requests.utils.get_environ_proxies(url)
+    auth = requests.utils.get_netrc_auth(url)
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    session.trust_env = False
+    session.proxies.update(proxies)
+    if auth and session.auth is None:
+        session.auth = auth
+    if bundle and session.verify is True:
+        session.verify = bundle
+
+
 class PrometheusClient:
     def __init__(
         self,
@@ -66,7 +87,10 @@ class PrometheusClient:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self._headers = dict(headers or {})
-        self._session = session if session is not None else requests.Session()
+        if session is None:
+            session = requests.Session()
+            _read_environment_once(session, self.url)
+        self._session = session
         self._last_answers = Answers()
         # No retries inside a query: a failed query is a skipped evaluation and the next cycle
         # asks again, so an outage costs one refused connection per query, not seconds.

@@ -4,7 +4,11 @@ the integration and e2e tests)."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
+import threading
+from pathlib import Path
 from urllib.parse import parse_qs
 
 import orjson
@@ -304,3 +308,52 @@ def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -
     client._decode("q", compact((a, "1"), (b, "2")))
     with pytest.raises(QueryError, match="not a number: ' 1'"):
         client._decode("q", compact((a, " 1"), (b, "2")))
+
+
+def test_the_environment_is_read_once_when_the_client_is_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """requests read the proxy variables and the netrc file again for every query (issue 15:
+    ~20 % of a request's CPU); the client takes them when it is made and keeps them: the proxy
+    and the netrc credentials still apply, NO_PROXY still excludes, and a later change of the
+    environment does not change where a running engine's queries go."""
+    seen: list[tuple[str, str]] = []
+    body = json.dumps(vector(({"uuid": "a"}, "1"))).encode()
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization", "")))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        netrc = tmp_path / "netrc"
+        netrc.write_text("machine prometheus.example login ops password s3cret\n")
+        monkeypatch.setenv("NETRC", str(netrc))
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        via_proxy = PrometheusClient("http://prometheus.example:9090")
+        direct = PrometheusClient(proxy)  # NO_PROXY: straight to the server, no credentials
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # refused
+        monkeypatch.delenv("NO_PROXY")
+        netrc.unlink()
+        assert [s.value for s in via_proxy.query("up")] == [1.0]
+        assert [s.value for s in direct.query("up")] == [1.0]
+        basic = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+        assert seen == [
+            ("http://prometheus.example:9090/api/v1/query?query=up", basic),
+            ("/api/v1/query?query=up", ""),
+        ]
+    finally:
+        server.shutdown()
+        server.server_close()
