@@ -25,7 +25,7 @@ from exporters.fleet.config import (
     PoolSpec,
     default_workload,
 )
-from exporters.fleet.energy import JOULES_PER_KWH, throughput
+from exporters.fleet.energy import JOULES_PER_KWH, host_power_watts, throughput
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
     SESSION_IDLE_UTILIZATION,
@@ -94,7 +94,8 @@ class Cluster:
         if self.arrivals is not None:
             self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
         self.energy_joules: dict[str, float] = {p.name: 0.0 for p in config.pools}
-        """Energy of every GPU per pool since start (removed nodes' included)."""
+        """Energy of every node per pool since start, its GPUs and its host (removed nodes'
+        included)."""
         self.energy_cost = 0.0
         """What that energy cost at the tariff's price when it was drawn."""
         self.reclaimed_gpu_s = 0.0
@@ -152,6 +153,7 @@ class Cluster:
             for i in range(pool.gpus_per_node)
         ]
         node = Node(name=f"node-{seq}", pool=pool.name, model=model, gpus=gpus, seq=seq)
+        node.host_idle_power = node.host_power = pool.host_idle_watts
         if boot and pool.boot_s > 0:
             node.booting_until = self.time + pool.boot_s
         self.nodes[node.name] = node
@@ -565,6 +567,10 @@ class Cluster:
                 rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
                 rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
             drawn = sum(g.energy_joules for g in node.gpus) - before
+            spec = self.pools[node.pool]
+            load = sum(g.utilization for g in node.gpus) / len(node.gpus)
+            node.host_power = host_power_watts(spec.host_idle_watts, spec.host_peak_watts, load)
+            drawn += node.host_power * dt
             self.energy_joules[node.pool] += drawn
             joules += drawn
         for job_id, rate in rates.items():
@@ -686,7 +692,7 @@ class Cluster:
         project_gpus: dict[str, int] = {}
         for node in self.nodes.values():
             if not node.failed:
-                power[node.pool] += sum(g.power for g in node.gpus)
+                power[node.pool] += node.host_power + sum(g.power for g in node.gpus)
         class_queue = dict.fromkeys(self.priority_classes, 0)
         for job in self.jobs.values():
             if job.state == "running":

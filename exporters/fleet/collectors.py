@@ -251,7 +251,13 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (
     # (kind, name, help, label, FleetReading field)
-    ("gauge", "gpuops_fleet_power_watts", "Power drawn by the GPUs.", "pool", "power_watts"),
+    (
+        "gauge",
+        "gpuops_fleet_power_watts",
+        "Power drawn by the nodes: GPUs and hosts.",
+        "pool",
+        "power_watts",
+    ),
     (
         "counter",
         "gpuops_fleet_energy_joules",

@@ -129,6 +129,11 @@ class Node:
     port: int | None = None
     booting_until: float | None = None
     """Simulated time a machine powered up by scale_out can run jobs from (None: it can)."""
+    host_power: float = 0.0
+    """What its host (all but its GPUs) draws now (``exporters.fleet.energy.host_power_watts``;
+    set at every cluster step)."""
+    host_idle_power: float = 0.0
+    """Its host's draw at no load (the part of ``host_power`` any powered node pays)."""
 
     @property
     def state(self) -> str:

@@ -190,10 +190,12 @@ class RunReport:
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
     energy_split_kwh: dict[str, float] = field(default_factory=dict)
-    """Where the GPUs' energy went, from their power at each observation: ``free GPUs (idle
+    """Where the nodes' energy went, from their power at each observation: ``free GPUs (idle
     draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
     idle draw`` (the idle power of GPUs jobs hold: what any held GPU draws), ``held GPUs,
-    load`` (the power above idle that their load draws, after clock locks). Sums to about
+    load`` (the power above idle that their load draws, after clock locks), ``hosts, idle
+    draw`` (every powered node's host at no load: CPUs, memory, NICs, fans, PSU losses) and
+    ``hosts, load`` (the host's draw above idle, growing with its GPUs' load). Sums to about
     ``energy_kwh`` (observed every 30 s; the meter integrates every cluster step)."""
 
     def to_json(self) -> dict[str, Any]:
@@ -265,6 +267,10 @@ class Recorder:
                     if node.booting_until is not None
                     else ("empty" if node.idle() else "partly used")
                 )
+                power += node.host_power
+                host_idle_w = min(node.host_idle_power, node.host_power)
+                waste[("energy", "hosts, idle draw")] += host_idle_w
+                waste[("energy", "hosts, load")] += node.host_power - host_idle_w
                 for gpu in node.gpus:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
