@@ -50,6 +50,7 @@ class Point:
     queued: int
     """Jobs waiting."""
     power_watts: float
+    """What the powered nodes draw: GPUs and hosts."""
 
     @property
     def utilization(self) -> float | None:
