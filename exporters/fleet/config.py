@@ -91,8 +91,8 @@ class PoolSpec:
     draws whenever the node is on, booting included (``exporters.fleet.energy``); 0: hosts not
     modelled (the GPUs' power only)."""
     host_peak_watts: float = 0.0
-    """The host's draw at full load (its GPUs at 100 %); linear in between. Equal to
-    ``host_idle_watts`` for a constant draw."""
+    """The host's draw at full load (its GPUs at 100 %); linear in between. At or below
+    ``host_idle_watts`` (the default 0 included): a constant draw."""
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,10 @@ The model, and where its shape comes from:
 - A node's host (CPUs, memory, NICs, NVSwitch, fans, PSU losses) draws power whenever the node
   is on: ``host_power_watts`` (``PoolSpec.host_idle_watts``/``host_peak_watts``), linear in
   the node's load between its idle and peak draw, the model of Fan, Weber and Barroso
-  ("Power Provisioning for a Warehouse-sized Computer", ISCA 2007), who found a server's
-  power linear in its CPU utilization to within a few percent; the host's load is taken to
-  be its GPUs' mean utilization (an assumption: the host feeds the GPUs). Barroso and
+  ("Power Provisioning for a Warehouse-sized Computer", ISCA 2007), whose model of a
+  server's power linear in its CPU utilization tracked their measured machines closely; the
+  host's load is taken to be its GPUs' mean utilization (an assumption: the host feeds the
+  GPUs). Barroso and
   Hoelzle ("The Case for Energy-Proportional Computing", IEEE Computer 40(12), 2007) found
   even energy-efficient servers draw about half their peak power doing almost no work: the
   shipped fleets take host idle = 50 % of host peak from it. A powered-down node draws
@@ -75,8 +76,10 @@ def power_watts(
 
 def host_power_watts(idle_watts: float, peak_watts: float, load: float) -> float:
     """Power of a node's host (everything but its GPUs) at ``load`` (0-1, its GPUs' mean
-    utilization): linear between idle and peak (Fan, Weber, Barroso, ISCA 2007)."""
-    return idle_watts + (peak_watts - idle_watts) * min(max(load, 0.0), 1.0)
+    utilization): linear between idle and peak (Fan, Weber, Barroso, ISCA 2007); a peak
+    below idle (a ``PoolSpec`` given only ``host_idle_watts``) is a constant idle draw."""
+    peak = max(peak_watts, idle_watts)
+    return idle_watts + (peak - idle_watts) * min(max(load, 0.0), 1.0)
 
 
 def throughput(profile: str, clock_share: float) -> float:

@@ -54,6 +54,7 @@ def test_a_node_host_draws_idle_power_plus_a_part_growing_with_load() -> None:
     assert host_power_watts(825.0, 1650.0, 0.5) == pytest.approx(1237.5)
     assert host_power_watts(825.0, 1650.0, 1.7) == 1650.0
     assert host_power_watts(300.0, 300.0, 0.6) == 300.0  # a constant draw
+    assert host_power_watts(300.0, 0.0, 0.6) == 300.0  # only the idle draw given: constant
 
 
 def test_an_empty_node_costs_its_host_and_powering_it_down_saves_it() -> None:
