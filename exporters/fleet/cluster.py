@@ -661,6 +661,13 @@ class Cluster:
                 sharing=tuple(sharing),
                 borrowed=tuple(borrowed),
                 drainable=self.drainable(),
+                booting=tuple(
+                    sorted(
+                        (n.name, n.pool, int(n.booting_until is not None))
+                        for n in self.nodes.values()
+                        if not n.failed
+                    )
+                ),
                 **self._energy_and_scheduling(),
             )
 

@@ -247,6 +247,15 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     for node, uuid in r.borrowed:
         borrowed.add_metric([node, uuid], 1.0)
     yield borrowed
+    booting = GaugeMetricFamily(
+        "gpuops_node_booting",
+        "1 while the node boots after a power-up (it draws power, runs no job), else 0: a "
+        "power-down policy counts idle time from when the node is ready.",
+        labels=["node", "pool"],
+    )
+    for node, pool, boots in r.booting:
+        booting.add_metric([node, pool], boots)
+    yield booting
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (

@@ -331,7 +331,10 @@ class FleetReading:
     lending: dict[str, bool] = field(default_factory=dict)
     """pool -> lends its idle reserved GPUs (``lend``)."""
     drainable: tuple[tuple[str, str, int], ...] = ()
+    """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""
     borrowed: tuple[tuple[str, str], ...] = ()
     """(node, uuid) of every GPU a job on borrowed capacity holds (another project's idle
     reserved GPUs, lent): ``pack`` refuses such a job (a slice is never preempted for quota)."""
-    """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""
+    booting: tuple[tuple[str, str, int], ...] = ()
+    """(node, pool, 1 while it boots, else 0) per node that has not failed: a power-down
+    policy counts a node's idle time from when it can run jobs, not from its power-up."""

@@ -8,7 +8,7 @@ import requests
 
 from exporters.fleet import Cluster, FleetConfig, FleetSim, JobSpec
 from exporters.fleet import operations as ops
-from exporters.fleet.config import GPU_MODELS, PoolSpec
+from exporters.fleet.config import GPU_MODELS, PoolSpec, ProjectSpec, SchedulerSettings
 from exporters.fleet.energy import (
     MEMORY_BOUND_SHARE,
     Tariff,
@@ -127,3 +127,40 @@ def test_fleet_metrics_carry_price_energy_and_power(tmp_path: object) -> None:
     assert 'gpuops_electricity_off_peak_price_per_kwh{currency="USD"} 0.32' in text
     assert 'gpuops_fleet_energy_joules_total{pool="default"}' in text
     assert 'gpuops_fleet_power_watts{pool="default"} 880.0' in text  # 16 idle A100 at 55 W
+
+
+def samples(cluster: Cluster, name: str) -> dict[tuple[str, ...], float]:
+    from exporters.fleet.collectors import FleetCollector
+
+    return {
+        tuple(s.labels.values()): s.value
+        for family in FleetCollector(cluster).collect()
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_a_booting_node_is_marked_until_it_can_run_jobs() -> None:
+    """gpuops_node_booting: what power-down-idle-nodes counts a node's idle wait from (a node
+    powered up for jobs that started elsewhere was powered down the moment its boot ended)."""
+    pool = PoolSpec("a", nodes=1, gpus_per_node=1, max_nodes=2, boot_s=300.0, host_idle_watts=100)
+    cluster = Cluster(quiet(pools=(pool,)))
+    new = ops.scale_out(cluster, "a", 1)["added"][0]
+    assert samples(cluster, "gpuops_node_booting") == {("node-0", "a"): 0.0, (new, "a"): 1.0}
+    cluster.advance(60.0)
+    assert cluster.nodes[new].host_power == 100.0  # booting: its host's idle draw
+    cluster.advance(240.0)
+    assert samples(cluster, "gpuops_node_booting")[(new, "a")] == 0.0
+
+
+def test_a_gpu_held_on_borrowed_capacity_is_exported_as_borrowed() -> None:
+    pool = PoolSpec("a", nodes=1, gpus_per_node=2)
+    config = quiet(
+        pools=(pool,),
+        reservations=(ProjectSpec("owner", (("a", 2),)),),
+        scheduler=SchedulerSettings(borrowing=True),
+    )
+    cluster = Cluster(config)
+    job = cluster.submit(JobSpec("training", 1, "guest", pool="a", duration_s=7200))
+    assert job.borrowed
+    assert samples(cluster, "gpuops_gpu_borrowed") == {("node-0", job.gpu_uuids[0]): 1.0}
