@@ -638,9 +638,12 @@ class Cluster:
                     allocations.append(
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
-                    # a GPU held whole by a job that cannot share is left out: ``pack``
-                    # would refuse it (409), so the policies downclock it instead
-                    if can_share and (job is None or job.shared or job.shareable):
+                    # a GPU held whole by a job that cannot share, or by one on borrowed
+                    # capacity (a slice is never preempted for quota), is left out: ``pack``
+                    # would refuse it (409), so the policies downclock it instead (issue 12's
+                    # fifth-round review: a borrowed shareable job under 30 % got no action)
+                    shares = job is not None and job.shareable and not job.borrowed
+                    if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
                     if job is not None and job.borrowed:
                         borrowed.append((node.name, gpu.uuid))

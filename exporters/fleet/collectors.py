@@ -206,7 +206,7 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
         "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
-        "a GPU held whole by a job that is not shareable.",
+        "a GPU held whole by a job that is not shareable or runs on borrowed capacity.",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:

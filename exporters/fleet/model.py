@@ -302,7 +302,8 @@ class FleetReading:
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
     """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
-    but for GPUs held whole by a job that is not shareable (``pack`` would refuse them)."""
+    but for GPUs held whole by a job that is not shareable or runs on borrowed capacity
+    (``pack`` would refuse them; the downclock policy acts on them instead)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)
