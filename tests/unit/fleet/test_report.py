@@ -118,3 +118,21 @@ def test_energy_split_counts_hosts_and_sums_to_the_meter() -> None:
     assert 0.8 * 0.825 < split["hosts, load"] < 0.95 * 0.825  # one host at training's ~0.9
     report = recorder.report(fleet.cluster)
     assert sum(split.values()) == pytest.approx(report.energy_kwh, rel=0.02)
+
+
+def test_fleet_run_is_the_whatifs_off_run() -> None:
+    """`gpuops fleet run` steps and observes the cluster as the what-if's baseline does, so the
+    fleet file's calibration and the what-if's off column are one figure (at 30 s steps they
+    differed by up to 0.9 points of utilization)."""
+    from engine.whatif import run_off
+    from exporters.fleet.fleetfile import load_fleet
+
+    case_study = DEMO.parent / "case-study.yaml"
+    args = ["fleet", "run", "--fleet", str(case_study), "--hours", "3", "--json"]
+    result = CliRunner().invoke(cli, ["--log-level", "warning", *args])
+    assert result.exit_code == 0, result.output
+    cli_report = json.loads(result.output)
+    off = run_off(load_fleet(case_study), 3.0).report
+    assert cli_report["utilization_powered"] == off.utilization_powered
+    assert cli_report["energy_kwh"] == off.energy_kwh
+    assert cli_report["jobs_completed"] == off.jobs_completed
