@@ -23,7 +23,7 @@ from exporters.fleet.report import Point  # noqa: E402
 PLOTS: tuple[tuple[str, str, Callable[[Point], float | None]], ...] = (
     ("utilization.png", "utilization over powered GPUs (%)", lambda p: _pct(p.utilization)),
     ("queue.png", "jobs waiting", lambda p: float(p.queued)),
-    ("power.png", "GPU power (kW)", lambda p: p.power_watts / 1000.0),
+    ("power.png", "power, GPUs and hosts (kW)", lambda p: p.power_watts / 1000.0),
 )
 
 

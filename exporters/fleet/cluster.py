@@ -25,7 +25,7 @@ from exporters.fleet.config import (
     PoolSpec,
     default_workload,
 )
-from exporters.fleet.energy import JOULES_PER_KWH, throughput
+from exporters.fleet.energy import JOULES_PER_KWH, host_power_watts, throughput
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
 from exporters.fleet.model import (
     SESSION_IDLE_UTILIZATION,
@@ -94,7 +94,8 @@ class Cluster:
         if self.arrivals is not None:
             self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
         self.energy_joules: dict[str, float] = {p.name: 0.0 for p in config.pools}
-        """Energy of every GPU per pool since start (removed nodes' included)."""
+        """Energy of every node per pool since start, its GPUs and its host (removed nodes'
+        included)."""
         self.energy_cost = 0.0
         """What that energy cost at the tariff's price when it was drawn."""
         self.reclaimed_gpu_s = 0.0
@@ -121,6 +122,9 @@ class Cluster:
         """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
         self.completed: list[tuple[str, str, float, float]] = []
         """(priority class, project, queue wait s, completion time s) of finished jobs."""
+        self.culled_sessions: list[tuple[str, str, float, float]] = []
+        """The same for notebook sessions ``cull`` ended: not finished jobs (the report shows
+        them apart, and the completion time with and without them)."""
         for pool in config.pools:
             for _ in range(pool.nodes):
                 self.add_node(pool.name)
@@ -149,6 +153,7 @@ class Cluster:
             for i in range(pool.gpus_per_node)
         ]
         node = Node(name=f"node-{seq}", pool=pool.name, model=model, gpus=gpus, seq=seq)
+        node.host_idle_power = node.host_power = pool.host_idle_watts
         if boot and pool.boot_s > 0:
             node.booting_until = self.time + pool.boot_s
         self.nodes[node.name] = node
@@ -373,15 +378,16 @@ class Cluster:
         arrival of its class (``Arrivals``): the notebook profile has no activity after it
         went idle, so the user's next activity is a new session, not this one resumed.
 
-        Counted as completed (``completed``) with the completion time it would have had
-        running to its end (its wait plus its whole session: the user's session was theirs
-        however long the GPU was held), so culling neither shortens nor lengthens the mean
-        completion time; its delivered GPU-seconds (``completed_gpu_s``) are only those it
-        held, not the rest of its session. Returns the freed uuids."""
+        Not a finished job: recorded in ``culled_sessions`` (not ``completed``) with the
+        completion time it would have had running to its end (its wait plus its whole session:
+        the user's session was theirs however long the GPU was held), so the completion time
+        that counts culled sessions is neither shortened nor lengthened by culling; its
+        delivered GPU-seconds (``completed_gpu_s``) are only those it held, not the rest of
+        its session. Returns the freed uuids."""
         started = job.first_started_at if job.first_started_at is not None else self.time
         held = (job.duration_s or 0.0) - (job.remaining_s or 0.0)
         self.completed_gpu_s += max(held, 0.0) * job.gpus
-        self.completed.append(
+        self.culled_sessions.append(
             (
                 job.priority_class,
                 job.project,
@@ -561,6 +567,10 @@ class Cluster:
                 rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
                 rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
             drawn = sum(g.energy_joules for g in node.gpus) - before
+            spec = self.pools[node.pool]
+            load = sum(g.utilization for g in node.gpus) / len(node.gpus)
+            node.host_power = host_power_watts(spec.host_idle_watts, spec.host_peak_watts, load)
+            drawn += node.host_power * dt
             self.energy_joules[node.pool] += drawn
             joules += drawn
         for job_id, rate in rates.items():
@@ -620,6 +630,7 @@ class Cluster:
         with self.lock:
             allocations = []
             sharing = []
+            borrowed: list[tuple[str, str]] = []
             for node in self.nodes.values():
                 can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
@@ -627,10 +638,15 @@ class Cluster:
                     allocations.append(
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
-                    # a GPU held whole by a job that cannot share is left out: ``pack``
-                    # would refuse it (409), so the policies downclock it instead
-                    if can_share and (job is None or job.shared or job.shareable):
+                    # a GPU held whole by a job that cannot share, or by one on borrowed
+                    # capacity (a slice is never preempted for quota), is left out: ``pack``
+                    # would refuse it (409), so the policies downclock it instead (issue 12's
+                    # fifth-round review: a borrowed shareable job under 30 % got no action)
+                    shares = job is not None and job.shareable and not job.borrowed
+                    if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
+                    if job is not None and job.borrowed:
+                        borrowed.append((node.name, gpu.uuid))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():
                 nodes[(node.pool, node.state)] += 1
@@ -646,7 +662,15 @@ class Cluster:
                 migrated=self.counters["migrated"],
                 reclaimed=self.counters["reclaimed"],
                 sharing=tuple(sharing),
+                borrowed=tuple(borrowed),
                 drainable=self.drainable(),
+                booting=tuple(
+                    sorted(
+                        (n.name, n.pool, int(n.booting_until is not None))
+                        for n in self.nodes.values()
+                        if not n.failed
+                    )
+                ),
                 **self._energy_and_scheduling(),
             )
 
@@ -678,7 +702,7 @@ class Cluster:
         project_gpus: dict[str, int] = {}
         for node in self.nodes.values():
             if not node.failed:
-                power[node.pool] += sum(g.power for g in node.gpus)
+                power[node.pool] += node.host_power + sum(g.power for g in node.gpus)
         class_queue = dict.fromkeys(self.priority_classes, 0)
         for job in self.jobs.values():
             if job.state == "running":

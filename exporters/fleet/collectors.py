@@ -206,7 +206,7 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
         "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
-        "a GPU held whole by a job that is not shareable.",
+        "a GPU held whole by a job that is not shareable or runs on borrowed capacity.",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:
@@ -237,11 +237,36 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     for node, pool, ok in r.drainable:
         drainable.add_metric([node, pool], ok)
     yield drainable
+    borrowed = GaugeMetricFamily(
+        "gpuops_gpu_borrowed",
+        "1 for a GPU held by a job on borrowed capacity (another project's reserved GPUs, "
+        "lent); absent for every other GPU. pack refuses such a job: a slice is never "
+        "preempted for quota.",
+        labels=["node", "uuid"],
+    )
+    for node, uuid in r.borrowed:
+        borrowed.add_metric([node, uuid], 1.0)
+    yield borrowed
+    booting = GaugeMetricFamily(
+        "gpuops_node_booting",
+        "1 while the node boots after a power-up (it draws power, runs no job), else 0: a "
+        "power-down policy counts idle time from when the node is ready.",
+        labels=["node", "pool"],
+    )
+    for node, pool, boots in r.booting:
+        booting.add_metric([node, pool], boots)
+    yield booting
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (
     # (kind, name, help, label, FleetReading field)
-    ("gauge", "gpuops_fleet_power_watts", "Power drawn by the GPUs.", "pool", "power_watts"),
+    (
+        "gauge",
+        "gpuops_fleet_power_watts",
+        "Power drawn by the nodes: GPUs and hosts.",
+        "pool",
+        "power_watts",
+    ),
     (
         "counter",
         "gpuops_fleet_energy_joules",

@@ -86,6 +86,13 @@ class PoolSpec:
     boot_s: float = 0.0
     """Seconds a machine powered up by scale_out takes before it can run jobs (it draws idle
     power meanwhile), a cloud pool's too; 0: at once. A quota grant's nodes are there at once."""
+    host_idle_watts: float = 0.0
+    """What one node's host (CPUs, memory, NICs, NVSwitch, fans, PSU losses: all but its GPUs)
+    draws whenever the node is on, booting included (``exporters.fleet.energy``); 0: hosts not
+    modelled (the GPUs' power only)."""
+    host_peak_watts: float = 0.0
+    """The host's draw at full load (its GPUs at 100 %); linear in between. At or below
+    ``host_idle_watts`` (the default 0 included): a constant draw."""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,13 @@ class _Sharing(_Model):
     slices: int = Field(ge=2)
 
 
+class _Host(_Model):
+    idle_watts: float = Field(ge=0, le=100_000)
+    """What the node's host (all but its GPUs) draws at no load, whenever the node is on."""
+    peak_watts: float | None = Field(default=None, ge=0, le=100_000)
+    """Its draw with its GPUs at full load; None: a constant ``idle_watts``."""
+
+
 class _Pool(_Model):
     name: str = Field(min_length=1)
     model: str
@@ -72,6 +79,8 @@ class _Pool(_Model):
     sharing: _Sharing | None = None
     boot: float = Field(default=0.0, ge=0)
     """How long a machine powered up takes before it runs jobs."""
+    host: _Host | None = None
+    """The power of each node's host (``PoolSpec.host_idle_watts``); None: not modelled."""
 
     _s = field_validator("boot", mode="before")(seconds)
 
@@ -324,6 +333,14 @@ def _cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
             if problem:
                 key = "slices" if "slices" in problem.split(" ")[0] else "mode"
                 out.append((("pools", i, "sharing", key), problem))
+        host = pool.host
+        if host is not None and host.peak_watts is not None and host.peak_watts < host.idle_watts:
+            out.append(
+                (
+                    ("pools", i, "host", "peak_watts"),
+                    f"{host.peak_watts:g} is below idle_watts {host.idle_watts:g}",
+                )
+            )
         if pool.max_nodes is not None and pool.max_nodes < pool.nodes:
             out.append(
                 (
@@ -425,6 +442,12 @@ def _initial_job_problems(
     return out
 
 
+def _host_peak(host: _Host | None) -> float:
+    if host is None:
+        return 0.0
+    return host.idle_watts if host.peak_watts is None else host.peak_watts
+
+
 def _config(doc: _FleetFile) -> FleetConfig:
     first_pool = doc.pools[0].name
     initial = None
@@ -453,6 +476,8 @@ def _config(doc: _FleetFile) -> FleetConfig:
                 p.sharing.mode if p.sharing else None,
                 p.sharing.slices if p.sharing else 1,
                 p.boot,
+                host_idle_watts=p.host.idle_watts if p.host else 0.0,
+                host_peak_watts=_host_peak(p.host),
             )
             for p in doc.pools
         ),

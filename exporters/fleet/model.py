@@ -129,6 +129,11 @@ class Node:
     port: int | None = None
     booting_until: float | None = None
     """Simulated time a machine powered up by scale_out can run jobs from (None: it can)."""
+    host_power: float = 0.0
+    """What its host (all but its GPUs) draws now (``exporters.fleet.energy.host_power_watts``;
+    set at every cluster step)."""
+    host_idle_power: float = 0.0
+    """Its host's draw at no load (the part of ``host_power`` any powered node pays)."""
 
     @property
     def state(self) -> str:
@@ -297,7 +302,8 @@ class FleetReading:
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
     """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
-    but for GPUs held whole by a job that is not shareable (``pack`` would refuse them)."""
+    but for GPUs held whole by a job that is not shareable or runs on borrowed capacity
+    (``pack`` would refuse them; the downclock policy acts on them instead)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)
@@ -327,3 +333,9 @@ class FleetReading:
     """pool -> lends its idle reserved GPUs (``lend``)."""
     drainable: tuple[tuple[str, str, int], ...] = ()
     """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""
+    borrowed: tuple[tuple[str, str], ...] = ()
+    """(node, uuid) of every GPU a job on borrowed capacity holds (another project's idle
+    reserved GPUs, lent): ``pack`` refuses such a job (a slice is never preempted for quota)."""
+    booting: tuple[tuple[str, str, int], ...] = ()
+    """(node, pool, 1 while it boots, else 0) per node that has not failed: a power-down
+    policy counts a node's idle time from when it can run jobs, not from its power-up."""

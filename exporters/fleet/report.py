@@ -11,7 +11,7 @@ turns the sums into a ``RunReport`` (JSON-ready, and a text table via ``table``)
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ class Point:
     queued: int
     """Jobs waiting."""
     power_watts: float
+    """What the powered nodes draw: GPUs and hosts."""
 
     @property
     def utilization(self) -> float | None:
@@ -59,10 +60,14 @@ class Point:
 @dataclass(frozen=True)
 class ClassFigures:
     completed: int
+    """Finished jobs (not culled sessions)."""
     jct_mean_s: float | None
+    """Over finished jobs and culled sessions (``RunReport.jct_mean_s``), as the wait."""
     jct_p95_s: float | None
     wait_mean_s: float | None
     wait_p95_s: float | None
+    culled: int = 0
+    """Notebook sessions ``Cluster.cull`` ended."""
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,17 @@ class WasteFigures:
     - ``shared_limit``: the unused capacity of shared GPUs by what kept one more job off:
       ``slices`` (every slice taken), ``memory`` (less free memory than the smallest job on
       it needs), ``room`` (a slice and the memory were free: no shareable job took them).
+    - ``unallocated_node``: ``unallocated`` again, by the state of the GPU's node: ``booting``
+      (powered up, not running jobs yet), ``empty`` (up, no job on any of its GPUs: waiting
+      for a power-down or for work), ``partly used`` (up, other GPUs of it held): which of
+      boots, power-down waits and nodes that never empty keeps free GPUs powered.
     """
 
     unallocated: dict[str, float] = field(default_factory=dict)
     idle_whole: dict[str, float] = field(default_factory=dict)
     idle_shared: dict[str, float] = field(default_factory=dict)
     shared_limit: dict[str, float] = field(default_factory=dict)
+    unallocated_node: dict[str, float] = field(default_factory=dict)
     class_allocated: dict[str, float] = field(default_factory=dict)
     """Per job class, GPU-hours its jobs held (a shared GPU's hours divided among its jobs)."""
     class_busy: dict[str, float] = field(default_factory=dict)
@@ -129,9 +139,14 @@ class RunReport:
     """Mean utilization over the GPUs a job holds."""
     allocation_ratio: float | None
     jobs_completed: int
+    """Jobs that finished; notebook sessions a reclaim culled are not among them (``culled``)."""
     jobs_queued_at_end: int
     jct_mean_s: float | None
-    """Job completion time (submit to finish) over every completed job."""
+    """Job completion time (submit to finish) over every finished job and every culled
+    session, a culled session at the time its whole session would have taken (its wait plus
+    its duration, as without policies): leaving culled sessions out would drop long sessions
+    from the on run's mean only and flatter it (``jct_completed_mean_s``). The issue's target
+    reads this one. The p95 and the queue wait are over the same jobs."""
     jct_p95_s: float | None
     wait_mean_s: float | None
     preemptions: int
@@ -168,11 +183,21 @@ class RunReport:
     """Jobs it moved to other nodes (each paying its restart)."""
     culled: int = 0
     """Notebook sessions a reclaim culled (``Cluster.cull``; among ``reclaims``)."""
+    jct_completed_mean_s: float | None = None
+    """Job completion time over finished jobs only, culled sessions left out."""
     classes: dict[str, ClassFigures] = field(default_factory=dict)
     projects: dict[str, ProjectFigures] = field(default_factory=dict)
     pools: dict[str, PoolFigures] = field(default_factory=dict)
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
+    energy_split_kwh: dict[str, float] = field(default_factory=dict)
+    """Where the nodes' energy went, from their power at each observation: ``free GPUs (idle
+    draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
+    idle draw`` (the idle power of GPUs jobs hold: what any held GPU draws), ``held GPUs,
+    load`` (the power above idle that their load draws, after clock locks), ``hosts, idle
+    draw`` (every powered node's host at no load: CPUs, memory, NICs, fans, PSU losses) and
+    ``hosts, load`` (the host's draw above idle, growing with its GPUs' load). Sums to about
+    ``energy_kwh`` (observed every 30 s; the meter integrates every cluster step)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,6 +263,15 @@ class Recorder:
                 if node.failed:
                     continue
                 in_pool = pools[node.pool]
+                node_state = (
+                    "booting"
+                    if node.booting_until is not None
+                    else ("empty" if node.idle() else "partly used")
+                )
+                power += node.host_power
+                host_idle_w = min(node.host_idle_power, node.host_power)
+                waste[("energy", "hosts, idle draw")] += host_idle_w
+                waste[("energy", "hosts, load")] += node.host_power - host_idle_w
                 for gpu in node.gpus:
                     rate.powered_s += 1
                     rate.busy_s += gpu.utilization
@@ -245,9 +279,14 @@ class Recorder:
                     in_pool.busy_s += gpu.utilization
                     power += gpu.power
                     holders = [gpu.job] if gpu.job is not None else gpu.tenants
+                    idle_w = min(gpu.model.idle_power_watts, gpu.power)
                     if not holders:
+                        waste[("energy", "free GPUs (idle draw)")] += gpu.power
                         waste[("unallocated", node.pool)] += 1.0 - gpu.utilization
+                        waste[("unallocated_node", node_state)] += 1.0 - gpu.utilization
                         continue
+                    waste[("energy", "held GPUs, idle draw")] += idle_w
+                    waste[("energy", "held GPUs, load")] += gpu.power - idle_w
                     rate.allocated_s += 1
                     rate.allocated_busy_s += gpu.utilization
                     in_pool.allocated_s += 1
@@ -275,7 +314,8 @@ class Recorder:
 
     def report(self, cluster: Cluster) -> RunReport:
         with cluster.lock:
-            done = list(cluster.completed)
+            finished = list(cluster.completed)
+            culled_rows = list(cluster.culled_sessions)
             queued = sum(len(q) for q in cluster.queues.values())
             preemptions = dict(cluster.scheduler.preemptions)
             credit = dict(cluster.scheduler.credit_gpu_s)
@@ -296,18 +336,22 @@ class Recorder:
             cost = cluster.energy_cost
             currency = cluster.config.tariff.currency
             name = cluster.config.name
+        done = finished + culled_rows  # the completion times count culled sessions whole
         by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
         by_project: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for pc, project, wait, jct in done:
             by_class[pc or "-"].append((wait, jct))
             by_project[project].append((wait, jct))
+        culled_in: Counter[str] = Counter(pc or "-" for pc, *_ in culled_rows)
+        culled_of: Counter[str] = Counter(project for _, project, *_ in culled_rows)
         classes = {
             pc: ClassFigures(
-                completed=len(rows),
+                completed=len(rows) - culled_in[pc],
                 jct_mean_s=_mean([j for _, j in rows]),
                 jct_p95_s=_p95([j for _, j in rows]),
                 wait_mean_s=_mean([w for w, _ in rows]),
                 wait_p95_s=_p95([w for w, _ in rows]),
+                culled=culled_in[pc],
             )
             for pc, rows in sorted(by_class.items())
         }
@@ -318,7 +362,7 @@ class Recorder:
                     self.projects[p].allocated_busy_s, self.projects[p].allocated_s
                 ),
                 allocated_gpu_hours=self.projects[p].allocated_s / 3600.0,
-                completed=len(by_project.get(p, [])),
+                completed=len(by_project.get(p, [])) - culled_of[p],
                 preemptions=preemptions.get(p, 0),
                 credit_gpu_hours=credit.get(p, 0.0) / 3600.0,
                 jct_mean_s=_mean([j for _, j in by_project.get(p, [])]),
@@ -338,6 +382,7 @@ class Recorder:
         kinds: dict[str, dict[str, float]] = defaultdict(dict)
         for (kind, key), gpu_s in sorted(self.waste.items()):
             kinds[kind][key] = gpu_s / 3600.0
+        energy_split = {k: wh / 1000.0 for k, wh in kinds.pop("energy", {}).items()}
         waste = WasteFigures(**kinds)
         t = self.total
         return RunReport(
@@ -347,7 +392,7 @@ class Recorder:
             utilization_powered=_ratio(t.busy_s, t.powered_s),
             utilization_allocated=_ratio(t.allocated_busy_s, t.allocated_s),
             allocation_ratio=_ratio(t.allocated_s, t.powered_s),
-            jobs_completed=len(done),
+            jobs_completed=len(finished),
             jobs_queued_at_end=queued,
             jct_mean_s=_mean([jct for *_, jct in done]),
             jct_p95_s=_p95([jct for *_, jct in done]),
@@ -372,10 +417,12 @@ class Recorder:
             consolidations=consolidations,
             jobs_moved=moved,
             culled=culled,
+            jct_completed_mean_s=_mean([jct for *_, jct in finished]),
             classes=classes,
             projects=projects,
             pools=pools,
             waste=waste,
+            energy_split_kwh=energy_split,
         )
 
 
@@ -405,7 +452,10 @@ def table(r: RunReport) -> str:
         f"    without work done again        {_pct(r.utilization_powered_net)}",
         f"  utilization over allocated GPUs  {_pct(r.utilization_allocated)}",
         f"  allocation ratio                 {_pct(r.allocation_ratio)}",
-        f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end}",
+        f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end} "
+        f"(and {r.culled} notebook sessions culled)",
+        f"  JCT mean, culled sessions whole  {_hours(r.jct_mean_s)} "
+        f"(completed jobs only: {_hours(r.jct_completed_mean_s)})",
         f"  preemptions / reclaims           {r.preemptions} / {r.reclaims} "
         f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed, {r.culled} notebooks culled)",
         f"  energy                           {r.energy_kwh:.1f} kWh, "
@@ -447,6 +497,8 @@ def table(r: RunReport) -> str:
             f"  {name:<16}{pf.powered_gpu_hours:>14.1f}{_pct(pf.utilization_powered):>8}"
             f"{pf.allocated_gpu_hours:>13.1f}{_pct(pf.utilization_allocated):>8}"
         )
+    lines += ["", f"  energy by draw (kWh): {sum(r.energy_split_kwh.values()):.1f}"]
+    lines += [f"    {label:<34}{value:>8.1f}" for label, value in r.energy_split_kwh.items()]
     powered = sum(pf.powered_gpu_hours for pf in r.pools.values())
     lines += ["", f"  powered GPU-hours not busy: {r.waste.total():.1f} of {powered:.1f}"]
     lines += [f"    {label:<34}{value:>8.1f}" for label, value in waste_rows(r.waste)]
@@ -459,4 +511,5 @@ def waste_rows(w: WasteFigures) -> list[tuple[str, float]]:
     rows += [(f"held whole, unused: {k}", v) for k, v in w.idle_whole.items()]
     rows += [(f"shared, unused: {k}", v) for k, v in w.idle_shared.items()]
     rows += [(f"shared unused, limit: {k}", v) for k, v in w.shared_limit.items()]
+    rows += [(f"unallocated, node {k}", v) for k, v in w.unallocated_node.items()]
     return rows

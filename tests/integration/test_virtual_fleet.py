@@ -63,7 +63,8 @@ def test_hours_of_fleet_in_seconds_and_promql_sees_them(prom_url: str) -> None:
         fleet.run_until(hour * 3600.0)
         c = fleet.cluster
         allocated = sum(g.job is not None for n in c.nodes.values() for g in n.gpus)
-        power = sum(g.power for n in c.nodes.values() if not n.failed for g in n.gpus)
+        up = [n for n in c.nodes.values() if not n.failed]
+        power = sum(n.host_power + sum(g.power for g in n.gpus) for n in up)  # hosts too
         checkpoints.append((fleet.timestamp_ms(c.time), allocated, power, c.price_per_kwh()))
     wall = time.monotonic() - started
     assert wall < HOURS * 20, f"{HOURS} virtual hours took {wall:.0f} s"

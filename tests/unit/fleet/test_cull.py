@@ -48,11 +48,34 @@ def test_reclaiming_an_idle_notebook_culls_its_session() -> None:
     assert job.id not in c.jobs and not c.queues["a"]
     assert c.nodes["node-0"].free_gpus()[0].uuid == uuid
     assert c.counters["culled"] == 1
-    # completed as if its session ran to its end (its wait, 0, plus 4 h), so culling does
-    # not shorten the completion times; delivered only the 20 minutes it held the GPU
-    assert c.completed == [("interactive", "p", 0.0, 4 * 3600.0)]
+    # not a completed job; recorded apart as if its session ran to its end (its wait, 0,
+    # plus 4 h), so culling does not shorten the completion times that count it; delivered
+    # only the 20 minutes it held the GPU
+    assert c.completed == []
+    assert c.culled_sessions == [("interactive", "p", 0.0, 4 * 3600.0)]
     assert c.completed_gpu_s == pytest.approx(1200.0)
     assert c.reclaimed_gpu_s == pytest.approx(4 * 3600.0 - 1200.0)
+
+
+def test_the_report_counts_culled_sessions_apart_from_completed_jobs() -> None:
+    """A culled notebook is not a completed job: the report counts it apart, its JCT (its
+    whole session) in the mean the target reads and out of the completed-jobs-only mean."""
+    recorder = Recorder()
+    fleet = VirtualFleet(config(PoolSpec("a", 1, 2, "A100")), 0, None, 30.0, recorder=recorder)
+    c = fleet.cluster
+    session = c.submit(notebook(pool="a"))
+    c.submit(JobSpec("training", 1, "p", pool="a", duration_s=1800.0, priority_class="routine"))
+    fleet.run_until(1200.0)
+    ops.reclaim(c, session.gpu_uuids[0])
+    fleet.run_until(3600.0)
+    report = recorder.report(c)
+    assert (report.jobs_completed, report.culled, report.jobs_submitted) == (1, 1, 2)
+    assert report.jct_completed_mean_s == pytest.approx(1800.0, abs=30.0)
+    assert report.jct_mean_s == pytest.approx((1800.0 + 4 * 3600.0) / 2, abs=30.0)
+    assert report.classes["interactive"].completed == 0
+    assert report.classes["interactive"].culled == 1
+    assert report.projects["p"].completed == 1
+    assert "(and 1 notebook sessions culled)" in table(report)
 
 
 def test_reclaim_still_requeues_a_service_and_a_batch_job() -> None:
@@ -87,6 +110,7 @@ def test_waste_breakdown_names_unallocated_idle_and_shared_gpu_hours() -> None:
     report = recorder.report(c)
     w = report.waste
     assert w.unallocated == {"a": pytest.approx(1.0, abs=0.02)}
+    assert w.unallocated_node == {"partly used": pytest.approx(1.0, abs=0.02)}  # the notebook's
     assert w.idle_whole["notebooks"] == pytest.approx(0.98, abs=0.02)
     assert w.idle_shared["analysis"] == pytest.approx(0.5, abs=0.05)
     assert w.shared_limit == {"memory": pytest.approx(0.5, abs=0.05)}
@@ -95,6 +119,16 @@ def test_waste_breakdown_names_unallocated_idle_and_shared_gpu_hours() -> None:
     busy_h = powered_h * (report.utilization_powered or 0.0)
     assert w.total() == pytest.approx(powered_h - busy_h, abs=1e-6)
     assert "shared unused, limit: memory" in table(report)
+    # the free A100 draws its idle 55 W for the hour; the held A100 and the shared V100 their
+    # idle 55 + 40 W, and above it what their load draws (steady: the power they show now)
+    e = report.energy_split_kwh
+    assert e["free GPUs (idle draw)"] == pytest.approx(0.055, abs=0.002)
+    assert e["held GPUs, idle draw"] == pytest.approx(0.055 + 0.040, abs=0.002)
+    held = [g for n in c.nodes.values() for g in n.gpus if g.job or g.tenants]
+    load_w = sum(g.power - g.model.idle_power_watts for g in held)
+    assert load_w > 50.0  # the two light jobs' load on the V100
+    assert e["held GPUs, load"] == pytest.approx(load_w / 1000.0, rel=0.05)
+    assert sum(e.values()) == pytest.approx(report.energy_kwh, rel=0.02)
 
 
 def test_the_sharing_series_leaves_out_gpus_held_by_jobs_that_cannot_share() -> None:

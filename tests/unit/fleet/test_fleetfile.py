@@ -123,6 +123,21 @@ def test_good_file_parses_durations_and_defaults() -> None:
             "t.yaml:3: pools.0.boot: 'later' is not a duration",
         ),
         (
+            GOOD.replace(
+                "gpus_per_node: 4}",
+                "gpus_per_node: 4,\n     host: {idle_watts: 800, peak_watts: 600}}",
+            ),
+            "t.yaml:4: pools.0.host.peak_watts: 600 is below idle_watts 800",
+        ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, host: {idle_watts: -5}}"),
+            "t.yaml:3: pools.0.host.idle_watts: Input should be greater than or equal to 0",
+        ),
+        (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, host: {idle_w: 500}}"),
+            "t.yaml:3: pools.0.host.idle_w: unknown key",
+        ),
+        (
             GOOD + "scheduler: {restart: 5m, move_interval: -1h}\n",
             "t.yaml:14: scheduler.move_interval: '-1h' is not a duration",
         ),
