@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
 from math import inf
+from types import MappingProxyType
+from typing import Any
 
 from engine.decisions import (
     EMPTY,
@@ -605,7 +607,8 @@ def _delta(
         ordered, values = list(keys), list(values)
         for i in sorted(out, reverse=True):
             del ordered[i], values[i], states[i]
-    targets = freeze(dict(zip(ordered, states, strict=True)))
+    # frozen as ``freeze`` does, without its second copy of the dict
+    targets: Mapping[str, Any] = MappingProxyType(dict(zip(ordered, states, strict=True)))
     pending = quiet.pending
     if started and pending is not None:
         pending = {**pending, **started}
@@ -1011,7 +1014,7 @@ class _Touched:
         parent = state.parent
         keys = set(self.changes) | set(self.extra)
         return PolicyState(
-            freeze(targets),
+            MappingProxyType(targets),  # ``freeze`` without its copy: the dict is this one's
             seen=values,
             seen_at=at,
             quiet=quiet,

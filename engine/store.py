@@ -190,6 +190,13 @@ class DecisionRepository(Protocol):
         replay: do not act again)."""
         ...
 
+    def record_decisions(
+        self, db: Transaction, decisions: Sequence[tuple[Decision, DecisionStatus]]
+    ) -> set[str]:
+        """``record_decision`` of each, in order: the ids inserted (not replays, nor a repeat
+        of an id earlier in ``decisions``)."""
+        ...
+
     def rerun_decision(self, db: Transaction, decision: Decision) -> None:
         """A stored decision that runs after all (a granted approval): its new verdict,
         ``started``, no outcome, ``Audited.NOTHING`` — to be audited and run by the gate."""

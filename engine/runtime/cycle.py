@@ -455,15 +455,21 @@ class Cycle:
     def _record(
         self, db: Any, judgement: Judgement, now: float, fresh: list[Decision], runs: set[str]
     ) -> None:
+        recorded: list[tuple[Decision, DecisionStatus]] = []
         for decision in judgement.decisions:
             if decision.id in judgement.repeats or _state_only(decision):
                 continue  # counted by ``_count``, not recorded: see ``_state_only``
             run = decision.verdict is Verdict.EXECUTE and decision.action is not None
-            status = DecisionStatus.STARTED if run else DecisionStatus.DONE
-            if not self._store.record_decision(db, decision, status):
+            recorded.append((decision, DecisionStatus.STARTED if run else DecisionStatus.DONE))
+        if not recorded:
+            return
+        inserted = self._store.record_decisions(db, recorded)  # one statement
+        for decision, status in recorded:
+            if decision.id not in inserted:
                 continue  # a replay: already stored, audited and (if it ran) run
+            inserted.discard(decision.id)  # an id twice: its first decision only
             fresh.append(decision)
-            if run:
+            if status is DecisionStatus.STARTED:
                 runs.add(decision.id)
             if decision.verdict is Verdict.AWAITING_APPROVAL:
                 ttl = self._settings.approval_ttl

@@ -355,8 +355,8 @@ def test_state_reset_of_one_policy_keeps_its_row_aside_and_heals(world: World) -
     result = world.gpuops("state", "reset", "--policy", "reclaim")
     assert result.exit_code == 0, result.output
     (aside,) = world.tmp.glob("state.sqlite.policy-reclaim.broken-*")
-    assert aside.read_text().startswith(
-        '{"uuid=GPU-0": {"status": , "uuid=GPU-1": {"status": "firing"'
+    assert aside.read_text().startswith(  # the rows as stored (orjson's compact JSON)
+        '{"uuid=GPU-0": {"status": , "uuid=GPU-1": {"status":"firing"'
     )
     (doc,) = [d for d in world.docs() if d["event"]["action"] == "state.reset_policy"]
     assert doc["gpuops"]["operation"]["details"] == {
