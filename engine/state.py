@@ -1157,7 +1157,10 @@ def _exact(value: Any) -> bool:
 
 def _finite(*values: float | None) -> bool:
     """Whether none of ``values`` (numbers or None) is NaN or an infinity."""
-    return all(v is None or v - v == 0.0 for v in values)
+    for v in values:  # a loop, not ``all`` over a generator: ~3x cheaper
+        if v is not None and v - v != 0.0:
+            return False
+    return True
 
 
 def _mapping(value: Any) -> Any:

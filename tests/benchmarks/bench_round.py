@@ -186,6 +186,8 @@ class Canned(ThreadingHTTPServer):
             return kinds["queue"]
         if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
             return kinds["down"] if "== 0" in expr else kinds["down"] * 100
+        if "[10m]" in expr:  # downclock (asked before idle: it says "unless max_over_time")
+            return kinds["under"]
         if "max_over_time" in expr:
             return kinds["idle"]
         if "[2m]" in expr:  # clear_expr: busy GPUs, narrowed or not
@@ -195,8 +197,6 @@ class Canned(ThreadingHTTPServer):
                 return busy
             uuids = set(wanted.group(1).replace("\\", "").split("|"))
             return [m for m in busy if m["uuid"] in uuids]
-        if "[10m]" in expr:
-            return kinds["under"]
         if "group by" in expr:
             return kinds["idle"] * 2
         return []
