@@ -34,7 +34,7 @@ from engine.decisions import (
     key_value,
 )
 from engine.rules.model import Policy
-from engine.rules.templating import render
+from engine.rules.templating import PLACEHOLDER, render
 
 
 class Status(StrEnum):
@@ -763,11 +763,36 @@ def _decide(
         repeat=repeat,
         mode=policy.mode,
         labels=policy.labels,
-        annotations=freeze(
-            {k: render(v, target.labels, value) for k, v in policy.annotations.items()}
+        annotations=MappingProxyType(  # ``freeze``: the dict is this one's
+            {k: _render(v, target.labels, value) for k, v in policy.annotations.items()}
         ),
         reason=_reason(policy, transition, state, now),
     )
+
+
+@lru_cache(maxsize=4096)
+def _pieces(template: str) -> tuple[str, ...]:
+    """``template`` cut at ``render``'s placeholders: text, then for each placeholder its
+    ``PLACEHOLDER`` groups (``value``, None; or ``labels.x``, ``x``) and the text after it."""
+    return tuple(PLACEHOLDER.split(template))
+
+
+def _render(template: str, labels: Mapping[str, str], value: float | None) -> str:
+    """``render(template, labels, value)``, the template cut once (``_pieces``), not matched
+    again by a regular expression at every decision (issue 15: each decision renders its
+    policy's annotations)."""
+    pieces = _pieces(template)
+    if len(pieces) == 1:
+        return template
+    out = [pieces[0]]
+    for n in range(1, len(pieces), 3):
+        name = pieces[n + 1]
+        if name is None:  # $value
+            out.append("" if value is None else f"{value:g}")
+        else:
+            out.append(labels.get(name, ""))
+        out.append(pieces[n + 2])
+    return "".join(out)
 
 
 def _reason(policy: Policy, transition: Transition, state: TargetState, now: float) -> str:

@@ -1,0 +1,25 @@
+"""A decision's annotations rendered from templates cut once (``engine.evaluation._render``,
+issue 15) read as ``render`` makes them: every placeholder, a missing label, no value."""
+
+from __future__ import annotations
+
+from engine.evaluation import _render
+from engine.rules.templating import render
+
+TEMPLATES = [
+    "",
+    "no placeholder at all",
+    "{{ $value }}",
+    "GPU {{$labels.uuid}} on {{ $labels.node }} idle at {{ $value }} ({{ $labels.missing }})",
+    "{{ $labels.node }}{{ $labels.node }}{{$value}}",
+    "{{ $labels.node}} and {{ not_a_placeholder }} {{ $value",
+    "multi\nline {{ $labels.uuid }}\n",
+]
+LABELS = {"node": "n-01", "uuid": "GPU-é/1"}
+
+
+def test_rendered_as_render_renders() -> None:
+    for template in TEMPLATES:
+        for value in (None, 0.0, 0.123456789, 1e-9, 12345678.0, float("nan")):
+            assert _render(template, LABELS, value) == render(template, LABELS, value), template
+    assert _render(TEMPLATES[3], LABELS, 0.5) == "GPU GPU-é/1 on n-01 idle at 0.5 ()"
