@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from functools import lru_cache
+from itertools import compress
 from math import inf
 from types import MappingProxyType
 from typing import Any
@@ -587,13 +588,15 @@ def _delta(
         if current.retry_at is not None:
             retry = min(retry, current.retry_at)
     if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
-        leaving = set(absent)
-        seen = state.seen
-        for n, key in enumerate(base):  # the base's order
-            if key not in leaving:
-                continue
+        # in the base's order, picked in C (a loop over the base was ~1 ms a policy a round)
+        flags = list(map(set(absent).__contains__, base))
+        leaving = list(compress(base, flags))
+        seen = state.seen  # the value last seen, as merged
+        last_seen: Iterable[float | None] = (
+            compress(seen, flags) if seen else (base[k].value for k in leaving)
+        )
+        for key, value in zip(leaving, last_seen, strict=True):
             prev = base[key]
-            value = seen[n] if seen else prev.value  # the value last seen, as merged
             decisions.append(
                 _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, value)
             )
