@@ -1010,10 +1010,14 @@ def reset(path: Path, now: float | None = None) -> Path | None:
 
 REFRESH_S = 300.0
 """A target whose only change is ``last_seen`` and ``value`` (every evaluation of a pending or
-firing target) has them stored at most this much later: after a restart the engine knows a
-value at most this old (the evidence of a clear of a target that left the result); nothing
-the state machine decides reads ``last_seen``. They are not written into the target's row
-but, for all the policy's targets at once, into its one ``policy_seen`` row (``_seen``)."""
+firing target) has them stored at most this much later: after a restart the engine knows
+each target's ``last_seen`` and ``value`` as they were at most this long before (the
+evidence of a clear of a target that left the result); nothing the state machine decides
+reads ``last_seen``. That is a bound on how far the store lags, not on the age of a stored
+``last_seen``: a firing target kept while absent (hysteresis) and seen again since the last
+refresh has the ``last_seen`` of before its absence stored until the next one (review 15b,
+finding 1). They are not written into the target's row but, for all the policy's targets
+at once, into its one ``policy_seen`` row (``_seen``)."""
 
 
 _MOVING = frozenset({"last_seen", "value"})

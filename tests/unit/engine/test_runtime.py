@@ -517,6 +517,42 @@ def test_an_approval_pending_when_the_condition_clears_is_cancelled(make, tmp_pa
     assert make.ran == []
 
 
+def test_clears_cancel_each_of_their_approvals_and_no_other_policys(make, tmp_path: Path) -> None:
+    """Review 15b finding 2: two targets cleared in one judgement have both their waiting
+    approvals cancelled (not only the first's: else an admin could grant the fire of a
+    cleared target), and another policy's approval for the same target stays pending."""
+    other = (
+        "      - policy: reclaim2\n        expr: util2 < 0.2\n        for: 60s\n"
+        "        target: [uuid]\n        action: {type: reclaim, executor: log}\n"
+        "        approval: required\n        mode: enforce\n"
+    )
+    rules = RULES.replace("cooldown: 1h", "approval: required").replace(
+        "      - policy: drain", other + "      - policy: drain"
+    )
+    (tmp_path / "rules" / "p.yaml").write_text(rules)
+    engine = make()
+    second = engine.rules.policy("reclaim2")
+    assert second is not None
+    make.prom.results["util < 0.2"] = [{"uuid": "a"}, {"uuid": "b"}]
+    make.prom.results["util2 < 0.2"] = [{"uuid": "a"}]
+    cycle(engine)
+    engine.evaluate_policy(second)
+    waiting = cycle(engine, 60)
+    (kept,) = engine.evaluate_policy(second)
+    assert len(waiting) == 2 and {d.verdict for d in [*waiting, kept]} == {"awaiting_approval"}
+    make.prom.results["util < 0.2"] = []
+    clears = cycle(engine, 10)
+    assert sorted(d.target.key for d in clears) == ["uuid=a", "uuid=b"]
+    assert [engine.store.approval(d.id).status for d in waiting] == ["cancelled", "cancelled"]
+    assert engine.store.approval(kept.id).status == "pending"
+    for d in waiting:
+        with pytest.raises(ApprovalError, match="cancelled, not pending"):
+            engine.grant(d.id, "admin")
+    engine.grant(kept.id, "admin")
+    assert engine.wait_idle(10)
+    assert [(d.policy, d.target.key) for d in make.ran] == [("reclaim2", "uuid=a")]
+
+
 def test_old_decisions_are_pruned(make) -> None:
     engine = make()
     make.prom.results["util < 0.2"] = [{"uuid": "a"}]
