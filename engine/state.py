@@ -401,7 +401,10 @@ class StateStore:
                 for _, key in gone:
                     del stored[key]
                 rows.base = state.base
-                if rows.seen_at == inf:  # every row written now
+                if rows.seen_at == inf and state.base:  # every row written now
+                    # (an empty state stays at inf, on every path: review 15b finding 1, the
+                    # general path's -inf here made it write a policy_seen row at the refill
+                    # that the fast paths did not, and the stores differed after a restart)
                     rows.seen_at = now
                 if gone:
                     db.executemany(

@@ -508,7 +508,8 @@ def _narrowed_clear(expr: str, names: Sequence[str], state: PolicyState) -> str 
     firing targets already hold more values of one label than ``narrowed`` narrows to, its
     answer is known (None: the wide query) without reading the other targets' labels
     (issue 15: with churn the base changes every round, and ``narrowed`` read every firing
-    target of every policy with a ``clear_expr``: 17 % of a stay-churn round's CPU)."""
+    target of every policy with a ``clear_expr``: 17 % of a round's CPU where thousands of
+    them fire)."""
     firing = (t.labels for t in state.base.values() if t.status is not Status.PENDING)
     head = list(islice(firing, 2 * NARROW_MAX_TARGETS + 1))
     if not head:

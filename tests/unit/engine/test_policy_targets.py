@@ -285,3 +285,38 @@ def test_a_commit_that_raised_leaves_nothing_cached(
     assert store.guardrail_state() == windows
     assert set(store.policy_state("p").targets) == {"a", "b"}
     store.close()
+
+
+def test_an_emptied_state_refilled_stores_the_same_whichever_path_saved_it(
+    tmp_path: Path,
+) -> None:
+    """Review 15b finding 1: a state that emptied, was saved again empty (sharing its base, as
+    the steady path saves it, or not, as the general path does), then refilled, leaves the
+    same rows and ``policy_seen`` row either way (the general path's empty save made the
+    refill write a ``policy_seen`` row the other did not: the stores differed after a
+    restart)."""
+    stored = []
+    for shared in (True, False):
+        path = tmp_path / f"{shared}.sqlite"
+        store = StateStore(path)
+        try:
+            saved(store, "p", state(("uuid=a", target("a", 1.0))))
+            empty = state()
+            saved(store, "p", empty)
+            saved(
+                store, "p", PolicyState(empty.base, seen=[], seen_at=500.0) if shared else state()
+            )
+            saved(store, "p", state(("uuid=b", target("b", 645.0))))
+        finally:
+            store.close()
+        with sqlite3.connect(path) as db:
+            stored.append(
+                (
+                    db.execute(
+                        "SELECT target, data FROM policy_targets ORDER BY target"
+                    ).fetchall(),
+                    db.execute("SELECT at, data FROM policy_seen").fetchall(),
+                )
+            )
+    assert stored[0] == stored[1]
+    assert [key for key, _ in stored[0][0]] == ["uuid=b"]
