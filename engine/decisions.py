@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import chain, starmap
 from operator import itemgetter
@@ -40,7 +40,7 @@ class Vector(Sequence[Sample]):
     is read; the evaluation's steady path reads the columns (``target_keys``, ``values``)
     and builds nothing per series (issue 15). Made by ``engine.prometheus``."""
 
-    __slots__ = ("metrics", "values", "times", "_keys")
+    __slots__ = ("metrics", "values", "times", "_keys", "_index")
 
     def __init__(
         self, metrics: Sequence[Mapping[str, str]], values: Sequence[float], times: Sequence[float]
@@ -49,6 +49,7 @@ class Vector(Sequence[Sample]):
         self.values = values
         self.times = times
         self._keys: dict[tuple[str, ...] | None, list[str] | None] = {}
+        self._index: dict[tuple[str, ...] | None, Mapping[str, int] | None] = {}
 
     def with_columns(self, values: Sequence[float], times: Sequence[float]) -> Vector:
         """The same series (their labels, and the target keys made of them, shared: made
@@ -56,6 +57,7 @@ class Vector(Sequence[Sample]):
         next answer when its series did not change (``engine.prometheus``)."""
         other = Vector(self.metrics, values, times)
         other._keys = self._keys
+        other._index = self._index
         return other
 
     def __len__(self) -> int:
@@ -94,6 +96,20 @@ class Vector(Sequence[Sample]):
             return known[names]
         keys = known[names] = self._target_keys(names)
         return keys
+
+    def key_index(self, names: tuple[str, ...] | None) -> Mapping[str, int] | None:
+        """Each series' position by its target key (``target_keys``), or None when those
+        keys cannot be made in C or a target has several series. Remembered per ``names``
+        like the keys (policies sharing an answer share it: read only)."""
+        known = self._index
+        if names in known:
+            return known[names]
+        keys = self.target_keys(names)
+        index = None if keys is None else dict(zip(keys, range(len(keys)), strict=True))
+        if index is not None and len(index) != len(keys or ()):
+            index = None
+        known[names] = index
+        return index
 
     def _target_keys(self, names: tuple[str, ...] | None) -> list[str] | None:
         picked = sorted(set(names or ()) - {"__name__"})
@@ -275,7 +291,23 @@ class Decision:
             object.__setattr__(self, "verdict", Verdict(self.verdict))
 
     def with_verdict(self, verdict: Verdict, reason: str) -> Decision:
-        return replace(self, verdict=verdict, reason=reason)
+        """``replace(self, verdict=verdict, reason=reason)`` without re-running
+        ``__init__`` over every field (every decision of a round is judged)."""
+        return self.but(verdict=verdict, reason=reason)
+
+    def but(self, **changes: Any) -> Decision:
+        """``dataclasses.replace(self, **changes)``, as cheap as a copy of the fields (the
+        verdict made a ``Verdict`` as ``__post_init__`` does); unknown names are refused."""
+        fields = self.__dict__
+        if not changes.keys() <= fields.keys():
+            raise TypeError(f"not fields of Decision: {sorted(changes.keys() - fields.keys())}")
+        other = object.__new__(Decision)
+        copied = other.__dict__
+        copied.update(fields)
+        copied.update(changes)
+        if type(copied["verdict"]) is not Verdict:
+            copied["verdict"] = Verdict(copied["verdict"])
+        return other
 
     @property
     def suppressed(self) -> bool:

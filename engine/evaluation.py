@@ -86,13 +86,21 @@ class Quiet:
     """What a policy state's last full evaluation found (``PolicyState.quiet``): every target
     pending or firing and none absent; ``pending_since``, the earliest start among the
     pending ones, for the policy's ``for`` of ``for_s``; ``retry_at``, the earliest time a
-    target held back is decided again (inf: none). While every target is seen again and
-    nothing clears, no timer can expire before those: the evaluation takes its steady path
-    (``_steady``)."""
+    target held back is decided again (inf: none); ``last_fire_at``, the earliest last fire
+    of a firing target (its ``repeat_interval`` counts from there; inf: none). While every
+    target is seen again and nothing clears, no timer can expire before those: the
+    evaluation takes its steady path (``_steady``). Each may be a bound (no later than the
+    exact one): ``_due`` looks for the targets whose timer is due when it says one may be.
+    ``pending``: every pending target's start by key (and perhaps some that no longer are:
+    checked when due), or None (not known): where only a pending start can be due, ``_due``
+    looks at these alone, not at every target (issue 15: with churn that stays, a pending
+    target reaches ``for`` in most rounds)."""
 
     for_s: float
     pending_since: float
     retry_at: float
+    last_fire_at: float = inf
+    pending: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -260,10 +268,11 @@ def evaluate(
             f"max_sample_age {freshness.max_sample_age_s:g}s"
         )
         return _no_data(policy, stale, state, now)
-    steady = _steady(policy, result, state, now)
+    due = _due(policy, state, now)
+    steady = _steady(policy, result, state, due, now)
     if steady is not None:
         return steady
-    churn = _delta(policy, result, state, now)
+    churn = _delta(policy, result, state, *due, now) if due is not None else None
     if churn is not None:
         return churn
 
@@ -299,33 +308,13 @@ def evaluate(
         ):
             targets[key] = _seen_again(prev, now, sample.value)  # firing on, nothing to decide
             continue
-        target = (
-            Target(key, prev.labels)
-            if prev is not None
-            else Target.from_labels(sample.labels, policy.target)
+        key, next_state, decision = _target_step(
+            policy, key, prev, sample, key in cleared, now, max_gap_s
         )
-        if prev is not None and prev.status is Status.FIRING and key in cleared:
-            decisions.append(_decide(policy, target, prev, Transition.CLEAR, now, sample.value))
-            continue
-        if prev is not None and prev.status is Status.CLEARING:
-            # the condition is back before its undo could run: the action's effect is still
-            # in place, so the target is firing again without acting again
-            prev = replace(
-                prev,
-                status=Status.FIRING,
-                retry_at=None,
-                repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
-                fired_at=prev.fired_at or now,
-                last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
-                held=None,  # the undo's suppression is not the fire's
-                held_since=None,
-                held_repeats=0,
-            )
-        current = _observe(prev, target, sample, now, max_gap_s)
-        current, decision = _advance(policy, target, current, now)
         if decision is not None:
             decisions.append(decision)
-        targets[target.key] = current  # the same key, interned when new (Target.from_labels)
+        if next_state is not None:
+            targets[key] = next_state  # the same key, interned when new (Target.from_labels)
 
     for key, prev in before.items():
         if key in matched:
@@ -356,35 +345,133 @@ def evaluate(
     return Step(tuple(decisions), PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)))
 
 
-def _quiet_at(policy: Policy, state: PolicyState, now: float) -> Quiet | None:
-    """``state.quiet`` if no timer of ``state`` can be due at ``now`` (no pending target
-    reaches ``for``, no held-back target's retry time has come, no ``repeat_interval``), or
-    None: the precondition of the steady and churn paths."""
+def _target_step(
+    policy: Policy,
+    key: str,
+    prev: TargetState | None,
+    sample: Sample,
+    cleared: bool,
+    now: float,
+    max_gap_s: float,
+) -> tuple[str, TargetState | None, Decision | None]:
+    """One target in the answer, as the general path decides it (its shortcuts for a
+    pending target seen again and a firing one with nothing to decide give the same): its
+    key (interned when new: ``Target.from_labels``), its next state (None: it cleared) and
+    its decision, if any."""
+    target = (
+        Target(key, prev.labels)
+        if prev is not None
+        else Target.from_labels(sample.labels, policy.target)
+    )
+    if prev is not None and prev.status is Status.FIRING and cleared:
+        return key, None, _decide(policy, target, prev, Transition.CLEAR, now, sample.value)
+    if prev is not None and prev.status is Status.CLEARING:
+        # the condition is back before its undo could run: the action's effect is still
+        # in place, so the target is firing again without acting again
+        prev = replace(
+            prev,
+            status=Status.FIRING,
+            retry_at=None,
+            repeats=prev.repeats + 1,  # the next clear is a new decision, with a new id
+            fired_at=prev.fired_at or now,
+            last_fire_at=prev.last_fire_at or now,  # repeat_interval goes on from here
+            held=None,  # the undo's suppression is not the fire's
+            held_since=None,
+            held_repeats=0,
+        )
+    current = _observe(prev, target, sample, now, max_gap_s)
+    current, decision = _advance(policy, target, current, now)
+    return target.key, current, decision
+
+
+def _timer_due(policy: Policy, quiet: Quiet, now: float) -> bool:
+    """Whether a timer of a state with ``quiet`` may be due at ``now``."""
+    repeat = policy.repeat_interval_s
+    return not (
+        now - quiet.pending_since < policy.for_s
+        and now < quiet.retry_at
+        and (repeat is None or now - quiet.last_fire_at < repeat)
+    )
+
+
+def _due(policy: Policy, state: PolicyState, now: float) -> tuple[Quiet, frozenset[str]] | None:
+    """The precondition of the steady and churn paths: None unless ``state`` is ``Quiet``
+    for the policy's ``for``; else its ``Quiet`` and the targets whose timer is due at
+    ``now`` (a pending one reaching ``for``, a firing one whose held-back fire's retry time
+    has come or whose ``repeat_interval`` has passed). When the bound says no timer can be
+    due, no target is looked at; else one pass over the base (``seen`` moves no timer)
+    finds them, and the ``Quiet`` handed back is the exact one of the other targets."""
     quiet = state.quiet
-    if quiet is None or quiet.for_s != policy.for_s or policy.repeat_interval_s is not None:
+    if quiet is None or quiet.for_s != policy.for_s:
         return None
-    if not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
-        # the churn path keeps the bounds of targets that went (``_delta``): the exact
-        # ones, from the base (``seen`` moves no timer), before declining
-        quiet = _quiet(state.base, policy.for_s)
-        if quiet is None or not (now - quiet.pending_since < policy.for_s and now < quiet.retry_at):
+    if not _timer_due(policy, quiet, now):
+        return quiet, frozenset()
+    for_s, repeat = policy.for_s, policy.repeat_interval_s
+    known = quiet.pending
+    if (
+        known is not None
+        and now < quiet.retry_at
+        and (repeat is None or now - quiet.last_fire_at < repeat)
+    ):  # only a pending start can be due: those alone
+        base = state.base
+        rest = {k: t for k, t in known.items() if now - t < for_s}
+        due_keys = []
+        for key in known.keys() - rest.keys():
+            t = base.get(key)
+            if t is not None and t.status is Status.PENDING:
+                if now - t.active_since >= for_s:
+                    due_keys.append(key)
+                else:  # pragma: no cover (the start kept is the target's)
+                    rest[key] = t.active_since
+        since = min(rest.values(), default=inf)
+        return Quiet(for_s, since, quiet.retry_at, quiet.last_fire_at, rest), frozenset(due_keys)
+    due: list[str] = []
+    pending: dict[str, float] = {}
+    since = retry = last = inf
+    for key, t in state.base.items():
+        if t.absent_since is not None:
+            return None  # not quiet (``_quiet``): cannot be
+        if t.status is Status.PENDING:
+            if now - t.active_since >= for_s:
+                due.append(key)
+                continue
+            pending[key] = t.active_since
+            if t.active_since < since:
+                since = t.active_since
+        elif t.status is Status.FIRING:
+            if (t.retry_at is not None and now >= t.retry_at) or (
+                repeat is not None and t.last_fire_at is not None and now - t.last_fire_at >= repeat
+            ):
+                due.append(key)
+                continue
+            if t.last_fire_at is not None and t.last_fire_at < last:
+                last = t.last_fire_at
+        else:
             return None
-    return quiet
+        if t.retry_at is not None and t.retry_at < retry:
+            retry = t.retry_at
+    return Quiet(for_s, since, retry, last, pending), frozenset(due)
 
 
-def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+def _steady(
+    policy: Policy,
+    result: QueryResult,
+    state: PolicyState,
+    due: tuple[Quiet, frozenset[str]] | None,
+    now: float,
+) -> Step | None:
     """``evaluate``'s result when it can be had without looking at each target (else None):
-    the state is ``Quiet``, the answer holds exactly its targets, once each, none of them in
-    the ``clear_expr`` answer, and no pending timer reaches ``for`` at ``now``. Then every
+    the state is ``Quiet`` and no timer is due at ``now`` (``due``: ``_due``'s), the answer holds
+    exactly its targets, once each, none of them in the ``clear_expr`` answer. Then every
     target is seen again, as ``_seen_again`` would make it, and nothing is decided: the next
     state shares the base and carries the new values (``PolicyState.seen``). The keys are
     made in C (``Vector.target_keys``) and compared with the base's, in its order, in C;
     nothing is built or kept per target. An answer in another order takes the general path,
     which orders the state as the answer came."""
-    quiet = _quiet_at(policy, state, now)
     samples = result.samples
-    if quiet is None or not isinstance(samples, Vector):
+    if due is None or due[1] or not isinstance(samples, Vector):
         return None
+    quiet = due[0]
     keys = samples.target_keys(policy.target)
     base = state.base
     if keys is None or len(keys) != len(base):
@@ -406,33 +493,42 @@ def _steady(policy: Policy, result: QueryResult, state: PolicyState, now: float)
     return Step((), PolicyState(base, seen=values, seen_at=now, quiet=quiet))
 
 
-def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) -> Step | None:
+def _delta(
+    policy: Policy,
+    result: QueryResult,
+    state: PolicyState,
+    quiet: Quiet,
+    due: frozenset[str],
+    now: float,
+) -> Step | None:
     """``evaluate``'s result, as the general path makes it, at a cost in proportion to the
-    targets that changed (issue 15, "With churn"), or None. It runs where ``_steady`` would
-    but the answer's keys differ from the base's: the state is ``Quiet`` (every target
-    pending or firing, none absent, no timer due at ``now``), the answer holds each target
-    once. Then a target in both the base and the answer, not cleared, is seen again with no
-    decision (its ``TargetState`` shared, its value in ``PolicyState.seen``); a new one is
-    pending from ``now``; a pending one gone from the answer is dropped; a firing one in the
-    ``clear_expr`` answer clears (in the answer's order, then the base's, as the general
-    path decides them), as does one gone from the answer under ``keep_firing_for: 0``. A
-    firing target gone from the answer and kept (by hysteresis, or a ``keep_firing_for``:
-    absent) takes the general path. The new ``Quiet`` is
-    a bound: the ``pending_since`` and ``retry_at`` of targets that went are kept (no later
-    than the exact ones); ``_quiet_at`` looks for the exact ones (one pass over the
+    targets that changed or whose timer is due (issue 15, "With churn"), or None. It runs
+    where ``_steady`` would but the answer's keys differ from the base's or a timer is due:
+    the state is ``Quiet`` (``quiet``: every target pending or firing, none absent; ``due``:
+    the targets whose timer is due at ``now``, from ``_due``), the answer holds each target
+    once. Then a target in both the base and the answer, not cleared and not due, is seen
+    again with no decision (its ``TargetState`` shared, its value in ``PolicyState.seen``);
+    a new one, a firing one in the ``clear_expr`` answer and a due one go through the state
+    machine as on the general path (``_target_step``: pending from ``now``, or fired at
+    once under ``for: 0``; cleared; fired, fired again after its retry time or its
+    ``repeat_interval``), their decisions in the answer's order, then those of the firing
+    targets gone from the answer under ``keep_firing_for: 0`` or in the ``clear_expr``
+    answer (cleared, in the base's order), as the general path decides them; a pending one
+    gone is dropped. A firing target gone from the answer and kept (by hysteresis, or a
+    ``keep_firing_for``: absent) takes the general path. The new ``Quiet`` is a bound: the
+    ``pending_since``, ``retry_at`` and ``last_fire_at`` of targets that went are kept (no
+    later than the exact ones); ``_due`` looks for the exact ones (one pass over the
     targets) only when the bound says a timer is due, else the evaluation ``for`` after a
     dropped target took the general path (review: every other churn round did)."""
-    quiet = _quiet_at(policy, state, now)
     samples = result.samples
     base = state.base
-    if quiet is None or not base or not isinstance(samples, Vector):
+    if not base or not isinstance(samples, Vector):
         return None
+    index = samples.key_index(policy.target)  # shared by the policies of this answer
     keys = samples.target_keys(policy.target)
-    if keys is None:
-        return None
-    index = dict.fromkeys(keys)
-    if len(index) != len(keys):
-        return None  # a target with several series: the general path keeps the first
+    if index is None or keys is None:
+        return None  # a target with several series (the general path keeps the first), or
+        # keys not made in C
     present = index.keys()
     known = base.keys()
     gone = known - present
@@ -450,67 +546,99 @@ def _delta(policy: Policy, result: QueryResult, state: PolicyState, now: float) 
             return None  # a firing target kept by hysteresis while absent: the general path
     elif absent and policy.keep_firing_for_s > 0:
         return None  # a firing target kept for keep_firing_for while absent: the general path
-    if not gone and not added and not cleared:
+    timers = due & present  # a due target gone: dropped (pending) or as any absent one
+    if not gone and not added and not cleared and not timers:
         return None  # the same targets in another order: the general path orders them
-    if added and policy.for_s <= 0:
-        return None  # a new target fires at once (``_quiet_at`` holds with none pending)
-    decisions: list[Decision] = []
-    values: Sequence[float] = samples.values
-    ordered: list[str] = keys
-    kept: list[int] | None = None  # the answer's indexes of ``ordered`` (None: all of them)
     dropped = cleared - gone  # firing, in the answer and in the clear_expr answer
-    if dropped:
-        at = {k: i for i, k in enumerate(keys)}
-        for key in sorted(dropped, key=at.__getitem__):
+    touched = added | dropped | timers  # through the state machine, in the answer's order
+    rows = sorted(map(index.__getitem__, touched))
+    if added:
+        keys = list(keys)  # the answer's column stays as it is (new keys interned below)
+    decisions: list[Decision] = []
+    changed: dict[int, TargetState | None] = {}
+    since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
+    started: dict[str, float] = {}  # the touched targets pending now (new ones)
+    exact = True  # every touched target pending or firing, present: ``Quiet`` holds
+    cleared_or = cleared.__contains__
+    for i in rows:
+        key = keys[i]
+        sample = samples[i]
+        key, current, decision = _target_step(
+            policy, key, base.get(key), sample, cleared_or(key), now, inf
+        )
+        keys[i] = key  # interned when new (``Target.from_labels``)
+        if decision is not None:
+            decisions.append(decision)
+        changed[i] = current
+        if current is None:
+            continue
+        if current.absent_since is not None:
+            exact = False
+        if current.status is Status.PENDING:
+            since = min(since, current.active_since)
+            started[key] = current.active_since
+        elif current.status is Status.FIRING:
+            if current.last_fire_at is not None:
+                last = min(last, current.last_fire_at)
+        else:
+            exact = False
+        if current.retry_at is not None:
+            retry = min(retry, current.retry_at)
+    if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
+        leaving = set(absent)
+        seen = state.seen
+        for n, key in enumerate(base):  # the base's order
+            if key not in leaving:
+                continue
             prev = base[key]
-            value = values[at[key]]
+            value = seen[n] if seen else prev.value  # the value last seen, as merged
             decisions.append(
                 _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, value)
             )
-        kept = [i for i, k in enumerate(keys) if k not in dropped]
-        ordered = [keys[i] for i in kept]
-        values = [values[i] for i in kept]
-    if absent:  # each clears now (in clear_expr's answer, or keep_firing_for 0)
-        leaving = set(absent)
-        for key in [k for k in base if k in leaving]:  # the base's order
-            prev = base[key]
-            decisions.append(
-                _decide(policy, Target(key, prev.labels), prev, Transition.CLEAR, now, prev.value)
-            )
-    states: list[TargetState | None] = list(map(base.get, ordered))
-    if added:
-        for i in [i for i, t in enumerate(states) if t is None]:
-            sample = samples[i if kept is None else kept[i]]
-            target = Target.from_labels(sample.labels, policy.target)
-            states[i] = TargetState(Status.PENDING, now, now, sample.value, target.labels)
+    values: Sequence[float] = samples.values
+    ordered: list[str] = keys
+    states: list[TargetState | None] = list(map(base.get, keys))
+    for i, current in changed.items():
+        states[i] = current
+    out = [i for i, t in changed.items() if t is None]  # cleared (only clears have none)
+    if out:  # out of the state, their values out of ``seen`` (a copy: the answer's column)
+        ordered, values = list(keys), list(values)
+        for i in sorted(out, reverse=True):
+            del ordered[i], values[i], states[i]
     targets = freeze(dict(zip(ordered, states, strict=True)))
-    since = now if added and now < quiet.pending_since else quiet.pending_since
+    pending = quiet.pending
+    if started and pending is not None:
+        pending = {**pending, **started}
     return Step(
         tuple(decisions),
         PolicyState(
             targets,
             seen=values,
             seen_at=now,
-            quiet=Quiet(policy.for_s, since, quiet.retry_at),
-            parent=Delta(base, frozenset(gone | added | dropped)),
+            quiet=Quiet(policy.for_s, since, retry, last, pending) if exact else None,
+            parent=Delta(base, frozenset(gone | added | dropped | timers)),
         ),
     )
 
 
 def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
     """``Quiet`` of ``targets`` (None: a target is clearing or absent)."""
-    since = retry = inf
-    for t in targets.values():
+    since = retry = last = inf
+    pending: dict[str, float] = {}
+    for key, t in targets.items():
         if t.absent_since is not None:
             return None
         if t.retry_at is not None and t.retry_at < retry:
             retry = t.retry_at
         if t.status is Status.PENDING:
+            pending[key] = t.active_since
             if t.active_since < since:
                 since = t.active_since
         elif t.status is not Status.FIRING:
             return None
-    return Quiet(for_s, since, retry)
+        elif t.last_fire_at is not None and t.last_fire_at < last:
+            last = t.last_fire_at
+    return Quiet(for_s, since, retry, last, pending)
 
 
 def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
@@ -562,6 +690,16 @@ def _seen_again(prev: TargetState, now: float, value: float) -> TargetState:
     return seen
 
 
+def _with(prev: TargetState, **changes: object) -> TargetState:
+    """``replace(prev, **changes)`` without re-running ``__init__`` (a decision's target in
+    the hot path: ``_advance``, ``settle_all``), as ``_seen_again`` copies."""
+    new = object.__new__(TargetState)
+    fields = new.__dict__
+    fields.update(prev.__dict__)
+    fields.update(changes)
+    return new
+
+
 def _observed(prev: TargetState, last_seen: float, value: float) -> TargetState:
     """``prev`` with ``last_seen`` and ``value`` set (``PolicyState.seen``), as ``_seen_again``
     copies."""
@@ -579,7 +717,7 @@ def _advance(
     if current.status is Status.PENDING:
         if now - current.active_since < policy.for_s:
             return current, None
-        current = replace(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
+        current = _with(current, status=Status.FIRING, fired_at=now, last_fire_at=now)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
     held_back = current.retry_at is not None and now >= current.retry_at
     if held_back or (
@@ -587,7 +725,7 @@ def _advance(
         and current.last_fire_at is not None
         and now - current.last_fire_at >= policy.repeat_interval_s
     ):
-        current = replace(current, last_fire_at=now, repeats=current.repeats + 1, retry_at=None)
+        current = _with(current, last_fire_at=now, repeats=current.repeats + 1, retry_at=None)
         return current, _decide(policy, target, current, Transition.FIRE, now, current.value)
     return current, None
 
@@ -709,7 +847,9 @@ def settle_all(
     judged = list(judged)
     if not judged:  # the steady case: the state as it is (not copied: ``PolicyState.seen``)
         return Settled(state, ())
-    targets = dict(state.targets)
+    targets: dict[str, TargetState] | _Touched = (
+        _Touched(state) if state.seen else dict(state.targets)
+    )
     out: list[Decision] = []
     repeats: set[str] = set()
     for decision in judged:
@@ -719,18 +859,18 @@ def settle_all(
         if decision.transition is Transition.FIRE and current is not None:
             if held and current.held == decision.verdict:
                 repeats.add(decision.id)
-                targets[key] = replace(
+                targets[key] = _with(
                     current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
                 )
                 out.append(decision)
                 continue
             if current.held is not None:  # the suppression ends or its reason changes
-                decision = replace(decision, held_repeats=current.held_repeats)
+                decision = decision.but(held_repeats=current.held_repeats)
             if decision.verdict in (Verdict.EXECUTE.value, Verdict.DRY_RUN.value):
                 ran = 1 if decision.action is not None else 0
-                targets[key] = _unheld(replace(current, actions=current.actions + ran))
+                targets[key] = _unheld(_with(current, actions=current.actions + ran))
             elif held:
-                targets[key] = replace(
+                targets[key] = _with(
                     current,
                     retry_at=retry_at(decision),
                     held=decision.verdict,
@@ -743,13 +883,13 @@ def settle_all(
             retrying = current is not None and current.status is Status.CLEARING
             if held and retrying and current is not None and current.held == decision.verdict:
                 repeats.add(decision.id)  # the undo is still held back for the same reason
-                targets[key] = replace(
+                targets[key] = _with(
                     current, retry_at=retry_at(decision), held_repeats=current.held_repeats + 1
                 )
                 out.append(decision)
                 continue
             if retrying and current is not None and current.held is not None:
-                decision = replace(decision, held_repeats=current.held_repeats)
+                decision = decision.but(held_repeats=current.held_repeats)
             if held:  # an undo that did not run: tried again
                 targets[key] = replace(
                     _clearing(decision, retry_at(decision)),
@@ -762,12 +902,128 @@ def settle_all(
     # ``Quiet`` again when the evaluation's was (its ``for``): the next evaluation may take
     # the steady path at once, not the general one for every target (issue 15: the round
     # after a fire cost 3x a steady one)
+    if isinstance(targets, _Touched):
+        return Settled(targets.settled(), tuple(out), frozenset(repeats))
     quiet = _quiet(targets, state.quiet.for_s) if state.quiet is not None else None
     return Settled(PolicyState(freeze(targets), quiet=quiet), tuple(out), frozenset(repeats))
 
 
+_KEEP = object()
+
+
+class _Touched:
+    """``settle_all``'s targets over a state seen again (``PolicyState.seen``: from the
+    steady or churn path) without merging every target: the decided ones are read merged,
+    their changes kept apart (``changes``: a base target replaced, None: removed; ``extra``:
+    targets not in the base, or removed and set again, in the order a dict would hold them),
+    and ``settled`` builds the next state with the untouched targets still shared."""
+
+    def __init__(self, state: PolicyState) -> None:
+        self.state = state
+        self.changes: dict[str, TargetState | None] = {}
+        self.extra: dict[str, TargetState] = {}
+        self._at: dict[str, int] | None = None
+
+    def _value(self, key: str) -> float:
+        if self._at is None:
+            base = self.state.base
+            self._at = dict(zip(base, range(len(base)), strict=True))
+        return self.state.seen[self._at[key]]
+
+    def get(self, key: str) -> TargetState | None:
+        if key in self.extra:
+            return self.extra[key]
+        if key in self.changes:
+            return self.changes[key]
+        t = self.state.base.get(key)
+        return None if t is None else _observed(t, self.state.seen_at, self._value(key))
+
+    def _in_base(self, key: str) -> bool:
+        return key in self.state.base and self.changes.get(key, _KEEP) is not None
+
+    def __setitem__(self, key: str, value: TargetState) -> None:
+        if key not in self.extra and self._in_base(key):
+            self.changes[key] = value
+        else:
+            self.extra[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in self.extra:
+            del self.extra[key]
+        elif self._in_base(key):
+            self.changes[key] = None
+        else:
+            raise KeyError(key)
+
+    def settled(self) -> PolicyState:
+        """The next state: what ``dict(state.targets)`` with the same changes would hold,
+        sharing the untouched targets (``Delta``: the store writes the touched ones)."""
+        state = self.state
+        base, at = state.base, state.seen_at
+        targets = dict(base)
+        shared = True  # every changed target seen at ``at`` with its ``seen`` value
+        for key, t in self.changes.items():
+            if t is None:
+                del targets[key]
+            else:
+                targets[key] = t
+                v = self._value(key)
+                shared = shared and t.last_seen == at and (t.value == v or t.value is v)
+        targets.update(self.extra)
+        shared = shared and all(
+            t.last_seen == at and t.value is not None for t in self.extra.values()
+        )
+        if not shared:  # merged, as the dict path makes it
+            merged = dict(state.targets)
+            for key, t in self.changes.items():
+                if t is None:
+                    del merged[key]
+                else:
+                    merged[key] = t
+            merged.update(self.extra)
+            quiet = _quiet(merged, state.quiet.for_s) if state.quiet is not None else None
+            return PolicyState(freeze(merged), quiet=quiet)
+        gone = {k for k, t in self.changes.items() if t is None}
+        values = (
+            [v for k, v in zip(base, state.seen, strict=True) if k not in gone]
+            if gone
+            else list(state.seen)
+        )
+        values += [t.value for t in self.extra.values() if t.value is not None]  # all of them
+        touched = [t for t in self.changes.values() if t is not None] + list(self.extra.values())
+        quiet = state.quiet
+        if quiet is not None:
+            since, retry, last = quiet.pending_since, quiet.retry_at, quiet.last_fire_at
+            pending = quiet.pending
+            for t in touched:
+                if t.absent_since is not None or t.status is Status.CLEARING:
+                    quiet = None
+                    break
+                if t.status is Status.PENDING:
+                    pending = None  # not settle's (a decision's target fires or clears)
+                    since = min(since, t.active_since)
+                if t.retry_at is not None and t.retry_at < retry:
+                    retry = t.retry_at
+                if t.last_fire_at is not None and t.last_fire_at < last:
+                    last = t.last_fire_at
+            else:
+                quiet = Quiet(quiet.for_s, since, retry, last, pending)
+        parent = state.parent
+        keys = set(self.changes) | set(self.extra)
+        return PolicyState(
+            freeze(targets),
+            seen=values,
+            seen_at=at,
+            quiet=quiet,
+            parent=Delta(
+                parent.base if parent is not None else base,
+                frozenset(keys | parent.keys if parent is not None else keys),
+            ),
+        )
+
+
 def _unheld(state: TargetState) -> TargetState:
-    return replace(state, held=None, held_since=None, held_repeats=0)
+    return _with(state, held=None, held_since=None, held_repeats=0)
 
 
 def failed(state: PolicyState, decision: Decision, retry_at: float | None) -> PolicyState:

@@ -513,10 +513,27 @@ class StateStore:
                     (int(level), int(level), *chunk),
                 )
 
+    def unaudited_ids(self, ids: Sequence[str]) -> set[str]:
+        """The ids among ``ids`` of ``unaudited``'s decisions, without reading the decisions
+        (the gate's admission asks this of every decision it records)."""
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                found.update(
+                    row[0]
+                    for row in self._db.execute(
+                        f"SELECT id FROM decisions WHERE {_UNAUDITED}"
+                        f" AND id IN ({','.join('?' * len(chunk))})",
+                        tuple(chunk),
+                    )
+                )
+        return found
+
     def unaudited(self, ids: Sequence[str] | None = None) -> list[StoredDecision]:
         """Decisions whose intent, or whose stored outcome, the spool lacks (``ids``: only
         among those), oldest first."""
-        where = "(audited = 0 OR (outcome IS NOT NULL AND audited < 2))"
+        where = _UNAUDITED
         rows: list[tuple[Any, ...]] = []
         with self._lock:
             if ids is None:
@@ -1045,6 +1062,10 @@ def _changed(before: TargetState, after: TargetState) -> bool:
     old, new = vars(before), dict(vars(after))
     new["last_seen"], new["value"] = old["last_seen"], old["value"]  # ``_MOVING``
     return new != old  # compared in C, identical field values first
+
+
+_UNAUDITED = "(audited = 0 OR (outcome IS NOT NULL AND audited < 2))"
+"""The decisions whose intent, or whose stored outcome, the spool lacks."""
 
 
 def _target_state_to_dict(t: TargetState) -> dict[str, Any]:

@@ -206,6 +206,10 @@ class DecisionRepository(Protocol):
         """The spool holds ``level`` of these decisions (never lowers it)."""
         ...
 
+    def unaudited_ids(self, ids: Sequence[str]) -> set[str]:
+        """The ids among ``ids`` of ``unaudited``'s decisions, without reading them."""
+        ...
+
     def unaudited(self, ids: Sequence[str] | None = None) -> list[StoredDecision]:
         """Decisions whose intent, or whose stored outcome, the spool lacks (``ids``: only
         among those), oldest first."""

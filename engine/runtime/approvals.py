@@ -10,7 +10,7 @@ The API calls ``grant`` and ``deny``, the engine's scheduler ``expire``, the cyc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.config import GuardrailSettings
 from engine.decisions import Decision, Suppression
@@ -51,10 +51,12 @@ class Approvals:
         self._metrics = metrics
         self._clock = clock
 
-    def cancel(self, cleared: Decision, now: float) -> None:
-        """A target cleared while its action waited for approval: nothing is left to approve."""
+    def cancel(self, cleared: Sequence[Decision], now: float) -> None:
+        """Targets cleared while their actions waited for approval: nothing is left to
+        approve (the approvals waiting are read once for all of them)."""
+        targets = {(d.policy, d.target.key) for d in cleared}
         for approval in self._store.approvals(ApprovalStatus.PENDING):
-            if approval.policy != cleared.policy or approval.target != cleared.target.key:
+            if (approval.policy, approval.target) not in targets:
                 continue
             if self._settle(approval.decision_id, ApprovalStatus.CANCELLED, None, now):
                 self._gate.record(

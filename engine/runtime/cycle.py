@@ -106,7 +106,7 @@ class Cycle:
         metrics: EngineMetrics,
         clock: Callable[[], float],
         skipped: Callable[[SkippedEvaluation], None],
-        cleared: Callable[[Decision, float], None],
+        cleared: Callable[[Sequence[Decision], float], None],
         freshness: Callable[[Policy], Freshness],
     ) -> None:
         self._store = store
@@ -470,9 +470,10 @@ class Cycle:
                 self._store.save_approval(db, decision, now, now + ttl)
 
     def _count(self, policy: Policy, judgement: Judgement, now: float) -> None:
+        clears = [d for d in judgement.decisions if d.transition is not Transition.FIRE]
+        if clears:  # their targets' approvals still waiting are cancelled, asked for once
+            self._cleared(clears, now)
         for decision in judgement.decisions:
-            if decision.transition is not Transition.FIRE:
-                self._cleared(decision, now)
             self._metrics.decisions.labels(
                 decision.policy, decision.transition.value, decision.verdict.value
             ).inc()

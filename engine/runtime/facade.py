@@ -142,7 +142,7 @@ class Engine:
             metrics=self.metrics,
             clock=clock,
             skipped=self._skipped,
-            cleared=lambda decision, now: self.approvals.cancel(decision, now),
+            cleared=lambda decisions, now: self.approvals.cancel(decisions, now),
             freshness=self._freshness,
         )
         self.approvals = Approvals(

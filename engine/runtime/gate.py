@@ -244,7 +244,7 @@ class Gate:
         self, decisions: Sequence[Decision], runs: Collection[str]
     ) -> dict[str, Future[Outcome]]:
         """``admit``'s work (holding ``_admit_lock``)."""
-        waiting = {s.id for s in self._store.unaudited([d.id for d in decisions])}
+        waiting = self._store.unaudited_ids([d.id for d in decisions])
         fresh = [d for d in decisions if d.id in waiting]
         if not fresh:
             return {}

@@ -3,9 +3,16 @@
 real Prometheus gives for the synthetic fleet of ``bench_scale`` (its idle, underused and busy
 GPUs, down nodes and queues, as JSON bytes made once), so what is measured is the engine's
 side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite. With
-``--churn F`` (default 0.01) that fraction of the GPUs flips between idle and busy every round
-after the fire, so the answers' series change (``--churn 0``: the same series every round,
-a best case).
+``--churn F`` (default 0.01) that fraction of the GPUs changes between idle and busy every
+round after the fire, so the answers' series change (``--churn 0``: the same series every
+round, a best case). ``--churn-mode stay`` (the default): each GPU that changes stays changed
+for a number of rounds drawn from a seeded distribution (mean ``--stay``, default 4; most
+longer than the policies' ``for``), then goes back (``Stays``): in most rounds some pending
+targets reach ``for`` and fire (through the one gate, with the guardrails and budgets as they
+are) and some firing ones clear. ``--churn-mode flip``: the same GPUs back and forth every
+other round (their targets leave before ``for``: the churn path's best case). Every series'
+value moves a little every round (0.1 + round / 10,000, the same for all), as Prometheus'
+values do, so the states' values and the decisions' evidence change.
 
 Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the cProfile of
 the steady rounds. The steady figure is the mean over every round after the fire round (round
@@ -13,13 +20,15 @@ the steady rounds. The steady figure is the mean over every round after the fire
 after the fire) included: the default 14 rounds reach past it (a shorter run says so). Never
 fails on noise.
 
-Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 14] [--churn 0.01]``.
+Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 14] [--churn 0.01]
+[--churn-mode stay|flip] [--stay 4]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import random
 import re
 import statistics
 import subprocess
@@ -71,15 +80,70 @@ def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
     return by_kind
 
 
+STAY_ROUNDS = 4.0
+"""``--churn-mode stay``: the mean number of rounds a GPU that changed stays changed."""
+
+
+class Stays:
+    """``--churn-mode stay``: from round 3 on (after the fire), every round ``flip`` of the
+    idle GPUs that are as they were turn busy and as many busy ones turn idle, each for a
+    number of rounds drawn from a seeded distribution (1 + an exponential of mean
+    ``stay - 1``, at most 30: most stay longer than the policies' ``for: 1m``, two rounds),
+    then go back. So in most rounds some pending targets reach ``for`` (a GPU that turned
+    idle and stayed: a fire), some firing ones clear (one that turned busy, or went back),
+    some new ones come and some leave before ``for``. Each answer keeps the fleet's order
+    (a GPU that comes back comes back in its place), as Prometheus' does."""
+
+    def __init__(
+        self, idle: list[dict[str, Any]], busy: list[dict[str, Any]], flip: int, stay: float
+    ) -> None:
+        self.idle, self.busy, self.flip, self.stay = idle, busy, flip, stay
+        self.rng = random.Random(15)
+        self.until: dict[tuple[str, int], int] = {}  # (kind it came from, index): back then
+        self.rounds: list[dict[str, list[dict[str, Any]]]] = []
+
+    def at(self, n: int) -> dict[str, list[dict[str, Any]]]:
+        """The idle and busy answers of round ``n`` (made in order, once each)."""
+        while len(self.rounds) <= n:
+            r = len(self.rounds)
+            self.until = {k: end for k, end in self.until.items() if end > r}
+            if r > 2 and self.flip:
+                for kind, gpus in (("idle", self.idle), ("busy", self.busy)):
+                    home = [i for i in range(len(gpus)) if (kind, i) not in self.until]
+                    for i in self.rng.sample(home, min(self.flip, len(home))):
+                        longer = min(30, round(self.rng.expovariate(1 / max(self.stay - 1, 0.1))))
+                        self.until[kind, i] = r + 1 + longer
+            moved = self.until.keys()
+            idle = [(i, m) for i, m in enumerate(self.idle) if ("idle", i) not in moved]
+            busy = [(i, m) for i, m in enumerate(self.busy) if ("busy", i) not in moved]
+            idle += [(i, self.busy[i]) for kind, i in moved if kind == "busy"]
+            busy += [(i, self.idle[i]) for kind, i in moved if kind == "idle"]
+            self.rounds.append(
+                {  # the fleet's order: the two kinds' GPUs interleaved by their index
+                    "idle": [m for _, m in sorted(idle, key=lambda p: p[0])],
+                    "busy": [m for _, m in sorted(busy, key=lambda p: p[0])],
+                }
+            )
+        return self.rounds[n]
+
+
 class Canned(ThreadingHTTPServer):
     """Answers /api/v1/query like Prometheus for ``bench_scale``'s policies."""
 
     daemon_threads = True
 
-    def __init__(self, gpus: int, churn: float = 0.0, start: float = 0.0) -> None:
+    def __init__(
+        self,
+        gpus: int,
+        churn: float = 0.0,
+        start: float = 0.0,
+        mode: str = "stay",
+        stay: float = STAY_ROUNDS,
+    ) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.kinds = answers(gpus)
         self.start = start
+        self.mode = mode
         flip = round(gpus * churn / 2)  # as many idle GPUs turn busy as busy ones idle
         idle, busy = self.kinds["idle"], self.kinds["busy"]
         self.flipped = {
@@ -87,6 +151,7 @@ class Canned(ThreadingHTTPServer):
             "idle": idle[flip:] + busy[:flip],
             "busy": busy[flip:] + idle[:flip],
         }
+        self.stays = Stays(idle, busy, flip, stay)
         self.bodies: dict[tuple[str, str], bytes] = {}
         threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
@@ -99,8 +164,9 @@ class Canned(ThreadingHTTPServer):
                 n = expr.count("label_replace(")
                 series = [{"gpuops_input": str(i)} for i in range(n)]
                 result = [{"metric": m, "value": [t, "10"]} for m in series]
-            else:
-                result = [{"metric": m, "value": [t, "0.1"]} for m in self._series(expr, t)]
+            else:  # the values move every round (as Prometheus' do), the series as churned
+                value = f"{0.1 + round((t - self.start) / 30) % 50 / 10_000:.4f}"
+                result = [{"metric": m, "value": [t, value]} for m in self._series(expr, t)]
             if expr.startswith("count("):
                 result = [{"metric": {}, "value": [t, str(len(self._series(expr, t)))]}]
             data = {"resultType": "vector", "result": result}
@@ -111,7 +177,10 @@ class Canned(ThreadingHTTPServer):
 
     def _series(self, expr: str, t: float) -> list[dict[str, Any]]:
         n = round((t - self.start) / 30)  # the round (the engine's clock moves 30 s a round)
-        kinds = self.flipped if n > 2 and n % 2 else self.kinds  # churn after the fire
+        if self.mode == "flip":  # the same GPUs back and forth, every other round
+            kinds = self.flipped if n > 2 and n % 2 else self.kinds
+        else:
+            kinds = {**self.kinds, **self.stays.at(n)}
         if "gpuops_queue_pending_jobs" in expr:
             return kinds["queue"]
         if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
@@ -155,23 +224,32 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def serve(gpus: int, churn: float, start: float) -> None:
+def serve(gpus: int, churn: float, start: float, mode: str, stay: float) -> None:
     """The child process: serve the canned answers until killed (its CPU is not the
-    engine's); its first line is its port. ``churn``: the fraction of GPUs that flip
+    engine's); its first line is its port. ``churn``: the fraction of GPUs that change
     between idle and busy every round after the fire (round 2; the engine's clock is
-    ``start`` in round 0), half of them each way, so the answers' series change."""
-    server = Canned(gpus, churn, start)
+    ``start`` in round 0), half of them each way, so the answers' series change; ``mode``
+    and ``stay``: how long they stay changed (``Stays``, or back and forth)."""
+    server = Canned(gpus, churn, start, mode, stay)
     print(server.server_address[1], flush=True)
     threading.Event().wait()
 
 
-def run(gpus: int, rounds: int, profile: Path | None, churn: float = 0.0) -> Mapping[str, float]:
+def run(
+    gpus: int,
+    rounds: int,
+    profile: Path | None,
+    churn: float = 0.0,
+    mode: str = "stay",
+    stay: float = STAY_ROUNDS,
+) -> Mapping[str, float]:
     clock = [time.time()]
     child = subprocess.Popen(
         [
             sys.executable,
             *("-m", "tests.benchmarks.bench_round", "--serve", str(gpus)),
             *("--churn", str(churn), "--start", repr(clock[0])),
+            *("--churn-mode", mode, "--stay", str(stay)),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -274,20 +352,35 @@ def main() -> None:
         "--churn",
         type=float,
         default=0.01,
-        help="fraction of GPUs that flip between idle and busy every round after the fire"
+        help="fraction of GPUs that change between idle and busy every round after the fire"
         " (0: the same series every round, a best case)",
+    )
+    parser.add_argument(
+        "--churn-mode",
+        choices=("stay", "flip"),
+        default="stay",
+        help="stay: each GPU that changes stays changed for a seeded number of rounds (mean"
+        " --stay), then goes back; flip: the same GPUs back and forth every other round",
+    )
+    parser.add_argument(
+        "--stay",
+        type=float,
+        default=STAY_ROUNDS,
+        help="--churn-mode stay: mean rounds a GPU stays changed",
     )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.churn, args.start)
+        serve(args.serve, args.churn, args.start, args.churn_mode, args.stay)
         return
     collect_less()  # as `gpuops engine run` does
-    r = run(args.gpus, args.rounds, args.profile, args.churn)
+    r = run(args.gpus, args.rounds, args.profile, args.churn, args.churn_mode, args.stay)
     print(
         f"{r['gpus']:.0f} GPUs, steady rounds without Prometheus (the {r['steady_rounds']:.0f}"
-        f" after the fire), churn {args.churn:g} of the GPUs a round:"
+        f" after the fire), churn {args.churn:g} of the GPUs a round ({args.churn_mode}"
+        + (f", mean {args.stay:g} rounds" if args.churn_mode == "stay" else "")
+        + "):"
         f" engine CPU {r['cpu']:.2f} s per 30 s round on average,"
         f" {r['cpu_us']:.1f} us per GPU (rounds {r['cpu_min_us']:.1f}-{r['cpu_max_us']:.1f};"
         " goal <= 40)"

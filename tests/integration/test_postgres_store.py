@@ -101,7 +101,9 @@ def test_decisions_replays_outcomes_and_backoff_count_alike(store: Any) -> None:
         assert store.record_decision(db, d1, DecisionStatus.STARTED)
         assert store.record_decision(db, d2, DecisionStatus.STARTED)
         assert not store.record_decision(db, d1, DecisionStatus.STARTED), "a replay"
+    assert store.unaudited_ids([d1.id, "other", d2.id]) == {d1.id, d2.id}, "no intent yet"
     store.mark_audited([d1.id, d2.id], Audited.INTENT)
+    assert store.unaudited_ids([d1.id, d2.id]) == set()
     assert [d.id for d in store.unfinished()] == [d1.id, d2.id]
     failure = Outcome(OutcomeStatus.FAILURE, attempts=1, error="boom")
     store.finish_decision(d1.id, failure, d1.with_verdict("suppressed:paused", "held"))
@@ -119,6 +121,7 @@ def test_decisions_replays_outcomes_and_backoff_count_alike(store: Any) -> None:
         d1.id: Audited.INTENT,
         d2.id: Audited.INTENT,
     }, "their outcomes are not in the spool yet"
+    assert store.unaudited_ids([d2.id]) == {d2.id}
     assert store.mark_retried(d2.id, 5.0) and not store.mark_retried(d2.id, 6.0)
 
 

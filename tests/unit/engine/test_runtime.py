@@ -605,8 +605,8 @@ def _count_steady(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     taken: list[tuple[str, bool]] = []
     steady = evaluation._steady
 
-    def spy(policy, result, state, now):  # type: ignore[no-untyped-def]
-        step = steady(policy, result, state, now)
+    def spy(policy, *args):  # type: ignore[no-untyped-def]
+        step = steady(policy, *args)
         taken.append((policy.name, step is not None))
         return step
 

@@ -16,6 +16,7 @@ from engine.evaluation import (
     PolicyState,
     QueryResult,
     Status,
+    Step,
     TargetState,
     evaluate,
     settle,
@@ -261,6 +262,25 @@ def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str]
     return out
 
 
+def _judged(step: Step, now: float, store: StateStore) -> tuple[PolicyState, object]:
+    """``step`` judged as the side-by-side tests judge (some fires executed, some held back
+    and retried 45 s later, some dry-run), settled and saved: the next state and what both
+    paths must agree on (decisions, the step's and the settled state's targets in order)."""
+    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
+    judged = [
+        replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3]) for d in step.decisions
+    ]
+    state = settle(step.state, judged, lambda d: d.at + 45)
+    with store.transaction() as db:
+        store.save_policy_state(db, "p", state)
+    outcome = (
+        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
+        list(step.state.targets.items()),
+        list(state.targets.items()),
+    )
+    return state, outcome
+
+
 def _read_back(path: Path) -> dict[str, TargetState]:
     store = StateStore(path)
     try:
@@ -292,7 +312,6 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
     verdicts that execute some fires and hold others back (retried later): the same
     decisions, in the same order, the same states in the same order, and the same rows in
     the store (each path's states saved to its own store, read back by a fresh process)."""
-    verdicts = [Verdict.EXECUTE, Verdict.SUPPRESSED_MAX_PER_HOUR, Verdict.DRY_RUN]
     states = [PolicyState(), PolicyState()]
     stores = [StateStore(tmp_path / "fast.sqlite"), StateStore(tmp_path / "slow.sqlite")]
     churned = 0
@@ -307,20 +326,8 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
                 step = evaluate(policy, QueryResult(answer, clear), state, now)
                 if which == 0 and step.state.parent is not None:
                     churned += 1
-                judged = [
-                    replace(d, verdict=verdicts[(len(d.target.key) + int(now)) % 3])
-                    for d in step.decisions
-                ]
-                states[which] = settle(step.state, judged, lambda d: d.at + 45)
-                with stores[which].transaction() as db:
-                    stores[which].save_policy_state(db, "p", states[which])
-                outcomes.append(
-                    (
-                        [(d.id, d.transition, d.evidence.value, d.reason) for d in judged],
-                        list(step.state.targets.items()),
-                        list(states[which].targets.items()),
-                    )
-                )
+                states[which], outcome = _judged(step, now, stores[which])
+                outcomes.append(outcome)
             assert outcomes[0] == outcomes[1], now
             if int(now) % 150 == 120:  # now and then, as a restarted engine reads them
                 assert _read_back(tmp_path / "fast.sqlite") == _read_back(tmp_path / "slow.sqlite")
@@ -354,3 +361,254 @@ def test_back_and_forth_churn_stays_on_the_churn_path_round_after_round() -> Non
             step.state, [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions], lambda d: 0
         )
     assert paths[4:] == ["churn"] * 10, paths
+
+
+def test_settling_a_state_seen_again_gives_what_settling_it_merged_gives(tmp_path: Path) -> None:
+    """``settle_all`` over a state of the steady or churn path (``PolicyState.seen``)
+    changes only the decided targets: the same targets, in the same order, the same
+    decisions, and a ``Quiet`` (a bound: no later than the exact one) exactly when the
+    merged state's is one: an undo held back (a clearing target: not quiet), a fire held
+    back on a base target (its retry time), both."""
+    from engine.decisions import Transition
+    from engine.evaluation import _decide, settle_all
+
+    uuids = [f"u{i}" for i in range(6)]
+    none = decode_vector([], "c")
+    state = PolicyState()
+    for now in (0.0, 30.0, 60.0):  # pending, then fired and acted on
+        step = evaluate(POLICY, QueryResult(decode_vector(series(uuids), "q"), none), state, now)
+        state = settle(
+            step.state, [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions], lambda d: 0
+        )
+    kept = [u for u in uuids if u != "u1"]
+    clear = decode_vector(series(["u1"], 0.9), "c")
+    step = evaluate(POLICY, QueryResult(decode_vector(series(kept, 0.15), "q"), clear), state, 90.0)
+    assert step.state.seen and step.state.parent is not None and step.decisions  # churn path
+    undo = [replace(d, verdict=Verdict.SUPPRESSED_MAX_PER_HOUR) for d in step.decisions]
+    u0 = step.state.targets["node=nu0,uuid=u0"]
+    target = Target("node=nu0,uuid=u0", u0.labels)
+    fire = replace(
+        _decide(POLICY, target, u0, Transition.FIRE, 90.0, u0.value),
+        verdict=Verdict.SUPPRESSED_MAX_PER_HOUR,
+    )
+    for batch in (undo, [fire], [*undo, fire]):
+        merged = PolicyState(freeze(dict(step.state.targets)), quiet=step.state.quiet)
+        fast = settle_all(step.state, batch, lambda d: 200.0)
+        slow = settle_all(merged, batch, lambda d: 200.0)
+        assert fast.state.seen  # the untouched targets shared
+        assert list(fast.state.targets.items()) == list(slow.state.targets.items())
+        assert fast.decisions == slow.decisions and fast.repeats == slow.repeats
+        assert (fast.state.quiet is None) == (slow.state.quiet is None), batch
+        if fast.state.quiet is not None and slow.state.quiet is not None:
+            assert fast.state.quiet.pending_since <= slow.state.quiet.pending_since
+            assert fast.state.quiet.retry_at <= slow.state.quiet.retry_at
+        # stored over the rows of the state it came from: only the touched rows written
+        paths = tmp_path / f"fast{len(batch)}.sqlite", tmp_path / f"slow{len(batch)}.sqlite"
+        for path, settled in zip(paths, (fast.state, slow.state), strict=True):
+            store = StateStore(path)
+            try:
+                with store.transaction() as db:
+                    store.save_policy_state(db, "p", state)
+                with store.transaction() as db:
+                    store.save_policy_state(db, "p", settled)
+            finally:
+                store.close()
+        back = _read_back(paths[0])
+        assert back == _read_back(paths[1])  # last_seen and value: as of the last refresh
+        assert back.keys() == slow.state.targets.keys()
+
+
+def _stay_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str], list[str]]]:
+    """``bench_round --churn-mode stay``'s answers, small: every round a few GPUs change
+    (idle: in the answer; busy: in the ``clear_expr`` answer; a few neither: a firing
+    target absent and not cleared, kept by hysteresis) and stay changed for a few rounds,
+    so pending targets reach ``for`` and fire, firing ones clear, some leave before
+    ``for``; each answer in the GPUs' order."""
+    rng = random.Random(seed)
+    uuids = [f"u{i}" for i in range(n)]
+    home = {u: "idle" if i % 2 else "busy" for i, u in enumerate(uuids)}
+    now_in: dict[str, tuple[str, int]] = {}  # changed GPUs: (kind, back at round)
+    out = []
+    for r in range(rounds):
+        now_in = {u: v for u, v in now_in.items() if v[1] > r}
+        if r > 2:
+            for u in rng.sample([u for u in uuids if u not in now_in], 3):
+                kind = "neither" if rng.random() < 0.2 else "busy" if home[u] == "idle" else "idle"
+                now_in[u] = (kind, r + 1 + rng.randrange(6))
+        kinds = {u: now_in[u][0] if u in now_in else home[u] for u in uuids}
+        present = [u for u in uuids if kinds[u] == "idle"]
+        busy = [u for u in uuids if kinds[u] == "busy"]
+        out.append((r * 30.0, present, busy))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("policy", "fast_fires"),
+    [
+        (POLICY, 5),  # hysteresis: an absent firing target is kept until clear_expr matches
+        (replace(POLICY, clear_expr=None, keep_firing_for_s=0), 10),
+        # absent and kept for keep_firing_for: the general path's (issue 15, not covered yet)
+        (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
+        (replace(POLICY, repeat_interval_s=90), 5),
+        (replace(POLICY, for_s=0, target=("uuid",)), 3),
+    ],
+    ids=["clear_expr", "keep_firing_for_0", "keep_firing_for_45", "repeat_interval", "for_0"],
+)
+def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
+    policy: Policy, fast_fires: int, tmp_path: Path
+) -> None:
+    """Issue 15: with churn in which changed GPUs stay changed, timers come due in most
+    rounds (pending targets reach ``for``, held-back fires their retry times, the
+    ``repeat_interval``): fed as columns (the steady and churn paths may run, the due
+    targets alone through the state machine) and as samples (the general path only), the
+    same decisions in the same order, the same states in the same order, the same stored
+    rows; failed and stale queries now and then (they advance no timer), and a restart
+    (each path's state read back from its own store, as a restarted engine reads it) after
+    which no decision of before is made again."""
+    from engine.evaluation import Freshness
+
+    fresh = Freshness(max_sample_age_s=100)
+    paths = [tmp_path / "fast.sqlite", tmp_path / "slow.sqlite"]
+    stores = [StateStore(p) for p in paths]
+    states = [PolicyState(), PolicyState()]
+    ids: list[list[str]] = [[], []]
+    due_rounds = 0
+    try:
+        for now, present, busy in _stay_rounds(7, 30, 36):
+            r = int(now // 30)
+            if r == 20:  # a restart: each path reads its own store afresh
+                for store in stores:
+                    store.close()
+                stores = [StateStore(p) for p in paths]
+                states = [store.policy_state("p") for store in stores]
+            outcomes = []
+            for which, state in enumerate(states):
+                vector, samples = both(series(present, 0.1 + now / 1e5))
+                clear_v, clear_s = both(series(busy, 0.9))
+                clear = (clear_v if which == 0 else clear_s) if policy.clear_expr else None
+                answer = vector if which == 0 else samples
+                if r % 11 == 7:
+                    result = QueryResult(error="the query failed")
+                elif r % 13 == 9:
+                    result = QueryResult(answer, clear, sample_age=500)  # stale
+                else:
+                    result = QueryResult(answer, clear, sample_age=10)
+                step = evaluate(policy, result, state, now, fresh)
+                if result.error is not None or result.sample_age == 500:
+                    assert step.decisions == () and step.skipped is not None
+                fires = [d for d in step.decisions if d.transition.value == "fire"]
+                if which == 0 and step.state.parent is not None and fires:
+                    due_rounds += 1  # fires decided on the churn path
+                ids[which] += [d.id for d in step.decisions]
+                states[which], outcome = _judged(step, now, stores[which])
+                outcomes.append(outcome)
+            assert outcomes[0] == outcomes[1], now
+            if r % 6 == 5:
+                assert _read_back(paths[0]) == _read_back(paths[1]), now
+    finally:
+        for store in stores:
+            store.close()
+    assert ids[0] == ids[1]
+    assert len(set(ids[0])) == len(ids[0])  # nothing decided twice, the restart included
+    assert due_rounds >= fast_fires, (
+        due_rounds
+    )  # the fast path decided fires, not only the general one
+    fast = _read_back(paths[0])
+    assert fast == _read_back(paths[1]) and fast
+
+
+def test_a_clear_of_an_absent_target_carries_the_value_last_seen() -> None:
+    """The churn path cleared a firing target gone from the answer (``keep_firing_for: 0``)
+    with the value of its ``TargetState`` in the base, rounds old after steady rounds; the
+    general path takes the value last seen (``PolicyState.seen``)."""
+    policy = replace(POLICY, clear_expr=None, keep_firing_for_s=0)
+    uuids = ["a", "b", "c"]
+    outcomes = []
+    for columns in (True, False):
+        state = PolicyState()
+        for n, present in enumerate([uuids] * 6 + [["a", "c"]]):
+            vector, samples = both(series(present, 0.1 + n / 100))
+            step = evaluate(policy, QueryResult(vector if columns else samples), state, n * 30.0)
+            state = settle(
+                step.state,
+                [replace(d, verdict=Verdict.EXECUTE) for d in step.decisions],
+                lambda d: 0,
+            )
+        outcomes.append([(d.id, d.evidence.value) for d in step.decisions])
+    assert outcomes[0] == outcomes[1] == [(outcomes[1][0][0], pytest.approx(0.15))]
+
+
+def test_key_index_is_each_series_position_or_none_when_a_target_repeats() -> None:
+    """``Vector.key_index``, shared by the policies of an answer on the churn path: each
+    key's position; None when a target has two series (the general path keeps the first)
+    or the keys are not made in C."""
+    vector = decode_vector(series(["a", "b", "c"]), "q")
+    assert vector.key_index(("uuid",)) == {"uuid=a": 0, "uuid=b": 1, "uuid=c": 2}
+    assert vector.key_index(("uuid",)) is vector.key_index(("uuid",))  # remembered
+    assert decode_vector(series(["a", "b", "a"]), "q").key_index(("uuid",)) is None
+    assert vector.key_index(("pool",)) is None
+
+
+@pytest.mark.parametrize(
+    ("arrivals", "verdict", "fires"),
+    [
+        ({4: ["c"]}, Verdict.EXECUTE, {60.0: 2, 180.0: 1}),  # alone pending: the bound
+        ({4: ["c"], 5: ["d"]}, Verdict.EXECUTE, {60.0: 2, 180.0: 1, 210.0: 1}),  # the starts
+        # held back: retried at d.at + 45 in rounds without any other change
+        (
+            {4: ["c"]},
+            Verdict.SUPPRESSED_MAX_PER_HOUR,
+            {60.0: 2, 120.0: 2, 180.0: 3, 240.0: 3, 300.0: 3},
+        ),
+    ],
+    ids=["one_added", "two_added", "held_retried"],
+)
+def test_a_target_added_on_the_churn_path_fires_in_a_round_without_other_change(
+    arrivals: dict[int, list[str]], verdict: Verdict, fires: dict[float, int]
+) -> None:
+    """Review of issue 15 (finding 2): a target that comes on the churn path and then stays
+    through rounds in which nothing else changes must fire at its ``for`` (its start lowers
+    the state's bound and is kept among the pending starts ``_due`` looks at), and a fire
+    held back must be decided again at its retry time: planted faults there (the bound or
+    the starts not kept) passed every side-by-side test."""
+    policy = replace(POLICY, target=("uuid",))
+    decided: list[list[tuple[float, str]]] = [[], []]
+    for which in (0, 1):
+        state, present = PolicyState(), ["a", "b"]
+        for n in range(12):
+            present = present + arrivals.get(n, [])
+            vector, samples = both(series(present))
+            clear_v, clear_s = both([])
+            answer = (vector, clear_v) if which == 0 else (samples, clear_s)
+            step = evaluate(policy, QueryResult(*answer), state, n * 30.0)
+            decided[which] += [(d.at, d.target.key) for d in step.decisions]
+            judged = [replace(d, verdict=verdict) for d in step.decisions]
+            state = settle(step.state, judged, lambda d: d.at + 45)
+    assert decided[0] == decided[1]
+    counts: dict[float, int] = {}
+    for at, _ in decided[0]:
+        counts[at] = counts.get(at, 0) + 1
+    assert counts == fires
+
+
+def test_a_decision_but_some_fields_is_what_replace_makes() -> None:
+    """``Decision.but`` (and ``with_verdict``): ``dataclasses.replace`` without re-running
+    ``__init__``; the verdict made a ``Verdict`` as ``__post_init__`` does; a name that is
+    not a field is refused."""
+    from engine.decisions import Decision
+
+    uuids = ["a"]
+    state = PolicyState()
+    for now in (0.0, 60.0):
+        step = evaluate(POLICY, QueryResult(decode_vector(series(uuids), "q")), state, now)
+        state = step.state
+    (fire,) = step.decisions
+    assert fire.with_verdict(Verdict.DRY_RUN, "why") == replace(
+        fire, verdict=Verdict.DRY_RUN, reason="why"
+    )
+    held = fire.but(verdict="suppressed:cooldown", held_repeats=3)
+    assert held.verdict is Verdict.SUPPRESSED_COOLDOWN and held.held_repeats == 3
+    assert held == replace(fire, verdict=Verdict.SUPPRESSED_COOLDOWN, held_repeats=3)
+    assert isinstance(held, Decision) and fire.verdict is Verdict.EXECUTE  # not changed
+    with pytest.raises(TypeError, match="not fields of Decision: \\['verdit'\\]"):
+        fire.but(verdit="execute")
