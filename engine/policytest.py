@@ -115,9 +115,7 @@ def run_test_file(
     ruleset = load_rules([path.parent / name for name in model.rule_files])
     _check_names(spec, ruleset)
     span = max(_end(case, model.evaluation_interval) for case in model.tests) + DAY
-    now = time.time()
-    first = int((now - span * len(model.tests) - 3600) // 3600 * 3600)
-    bases = [first + i * int(span) for i in range(len(model.tests))]
+    bases = _bases(time.time(), span, len(model.tests))
     with tempfile.TemporaryDirectory(prefix="gpuops-rules-test-") as tmp:
         workdir = Path(tmp)
         lines = []
@@ -153,6 +151,23 @@ def run_test_file(
             ]
         finally:
             server.stop()
+
+
+def _bases(now: float, span: float, count: int) -> list[int]:
+    """The start (unix seconds) of each of ``count`` tests ``span`` apart, ending an hour
+    before ``now``: whole hours from the first where it can be, and none at a UTC midnight.
+    VictoriaMetrics keeps an index of the series per UTC day, and an instant query at exactly
+    00:00 does not find a series whose first sample is at that instant (one evaluation later
+    than on Prometheus: a test that passed or failed by the hour it ran)."""
+    latest = int((now - span * count - 3600) // 3600 * 3600)
+    # Each base is at midnight for at most one of 24 whole-hour shifts, and for at most one
+    # of the half-hour ones after them: with fewer than 48 tests one of these has none.
+    shifts = [h * 3600 for h in range(24)] + [h * 3600 + 1800 for h in range(24)]
+    for shift in shifts:
+        bases = [latest - shift + i * int(span) for i in range(count)]
+        if all(base % 86400 for base in bases):
+            return bases
+    return bases
 
 
 def _check_names(spec: TestFile, ruleset: RuleSet) -> None:

@@ -347,7 +347,10 @@ def test_swagger_ui_and_redoc_are_served_with_local_assets(page: Page, console: 
     expect(page.get_by_text("/api/v1/approvals/{decision_id}/grant").first).to_be_visible()
     shot(page, "api-docs", full_page=False)
     page.goto("/api/v1/redoc")
-    expect(page.get_by_role("heading", name="Grant Approval").first).to_be_visible()
+    # ReDoc renders the whole OpenAPI document in the browser before the first heading shows:
+    # past expect's 5 s under a 2-core CI at load ~18 (it showed "Loading ..."). Waited for.
+    heading = page.get_by_role("heading", name="Grant Approval").first
+    expect(heading).to_be_visible(timeout=30_000)
     shot(page, "api-redoc", full_page=False)
 
 

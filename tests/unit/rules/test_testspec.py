@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.policytest import run_test_file
+from engine.policytest import _bases, run_test_file
 from engine.rules.model import RulesError
 from engine.rules.testspec import STALE, ValuesError, expand_values, parse_test_file
 
@@ -102,3 +102,19 @@ def test_rule_files_are_relative_to_the_test_file(tmp_path: Path) -> None:
     assert [str(e) for e in caught.value.errors] == [
         f"{tmp_path / 'missing.yaml'}:0: cannot read: no such file or directory"
     ]
+
+
+def test_no_policy_test_starts_at_a_utc_midnight() -> None:
+    """VictoriaMetrics' instant query at exactly 00:00 UTC does not find a series that starts
+    then (its per-day index): a test whose start the clock put there decided 15 s late on it
+    and failed only between 02:00 and 03:00 UTC. The starts stay whole hours before now."""
+    midnight = 20_000 * 86400
+    span = 915 + 86400
+    now = midnight + 3 * span + 3600 + 100  # the whole hour before the tests is a midnight
+    bases = _bases(now, span, 3)
+    assert bases[0] == midnight - 3600 and all(b % 86400 for b in bases)
+    assert bases[-1] + span <= now
+    assert _bases(now + 3600, span, 3)[0] == midnight + 3600  # no shift needed
+    for count in (1, 5, 47):  # whole-day spans put every test at the same hour of the day
+        same = _bases(midnight + count * 86400 + 3600, 86400, count)
+        assert all(b % 86400 for b in same) and same[-1] + 86400 <= midnight + count * 86400 + 3600
