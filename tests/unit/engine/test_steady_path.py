@@ -237,6 +237,17 @@ def test_a_refresh_stores_each_target_its_own_value(
         reopened.close()
 
 
+def _answers(
+    which: int, policy: Policy, present: list[str], busy: list[str], now: float
+) -> tuple[Vector | tuple[Sample, ...], Vector | tuple[Sample, ...] | None]:
+    """A churn round's answer and ``clear_expr`` answer (None without one): as columns for the
+    fast paths (``which`` 0), as samples for the general path (1)."""
+    pick = 0 if which == 0 else 1
+    answer = both(series(present, 0.1 + now / 1e5))[pick]
+    clear = both(series(busy, 0.9))[pick] if policy.clear_expr else None
+    return answer, clear
+
+
 def _churn_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str], list[str]]]:
     """``rounds`` answers 30 s apart: ``n`` GPUs, each idle (in the answer) or busy (in the
     ``clear_expr`` answer, a few in both); every round a tenth flip, back and forth as in
@@ -319,10 +330,7 @@ def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
         for now, present, busy in _churn_rounds(seed, 40, 30):
             outcomes = []
             for which, state in enumerate(states):
-                vector, samples = both(series(present, 0.1 + now / 1e5))
-                clear_v, clear_s = both(series(busy, 0.9))
-                clear = (clear_v if which == 0 else clear_s) if policy.clear_expr else None
-                answer = vector if which == 0 else samples
+                answer, clear = _answers(which, policy, present, busy, now)
                 step = evaluate(policy, QueryResult(answer, clear), state, now)
                 if which == 0 and step.state.parent is not None:
                     churned += 1
@@ -483,10 +491,7 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
                 states = [store.policy_state("p") for store in stores]
             outcomes = []
             for which, state in enumerate(states):
-                vector, samples = both(series(present, 0.1 + now / 1e5))
-                clear_v, clear_s = both(series(busy, 0.9))
-                clear = (clear_v if which == 0 else clear_s) if policy.clear_expr else None
-                answer = vector if which == 0 else samples
+                answer, clear = _answers(which, policy, present, busy, now)
                 if r % 11 == 7:
                     result = QueryResult(error="the query failed")
                 elif r % 13 == 9:
