@@ -1151,15 +1151,20 @@ def _target_state_from_dict(t: Mapping[str, Any]) -> TargetState:
 
 def _exact(value: Any) -> bool:
     """Whether orjson writes ``value`` so that ``json.loads`` reads back what it reads back
-    from ``json.dumps``: no NaN or Infinity in it (orjson writes them as ``null``)."""
+    from ``json.dumps``: only JSON's own types (orjson also writes dates, datetimes, UUIDs and
+    enums, which ``json.dumps`` refuses: those take ``json.dumps``, which raises as it always
+    did, so such a decision is not recorded and does not run), and no NaN or Infinity (orjson
+    writes them as ``null``)."""
     kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
     if kind is float:
         return bool(value - value == 0.0)  # False for NaN and the infinities
-    if kind is dict or isinstance(value, Mapping):
+    if isinstance(value, Mapping):
         return all(_exact(v) for v in value.values())
-    if kind is list or kind is tuple:
+    if isinstance(value, list | tuple):
         return all(_exact(v) for v in value)
-    return True
+    return False
 
 
 def _finite(*values: float | None) -> bool:

@@ -5,8 +5,10 @@ Infinity and what orjson refuses fall back to ``json.dumps`` (orjson writes NaN 
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import uuid
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,20 @@ def test_a_decision_row_reads_back_as_its_document() -> None:
         assert _decision_data(nan) == json.dumps(decision_doc(nan))
     big = a_decision(params=2**70)  # beyond orjson's integers
     assert _decision_data(big) == json.dumps(decision_doc(big))
+
+
+def test_a_decision_whose_params_json_cannot_write_is_refused_as_before() -> None:
+    """Review 15c: orjson writes dates, datetimes and UUIDs (a YAML ``until: 2024-01-01`` is a
+    date), json.dumps refuses them: with orjson such a decision was recorded with a string
+    where the live run had a date, and a recovery after a crash handed its executor other
+    params than the live run's. It raises again, as json.dumps always did (nothing recorded,
+    nothing run)."""
+    odd = (datetime.date(2024, 1, 1), datetime.datetime(2024, 1, 1, 2, 3), uuid.UUID(int=1))
+    for value in odd:
+        with pytest.raises(TypeError):
+            _decision_data(a_decision(params=value))
+        with pytest.raises(TypeError):
+            _decision_data(a_decision(params=[1, {"x": value}]))
 
 
 def test_rows_written_by_orjson_read_back_through_the_store(tmp_path: Path) -> None:
