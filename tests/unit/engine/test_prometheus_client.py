@@ -5,6 +5,7 @@ the integration and e2e tests)."""
 from __future__ import annotations
 
 import base64
+import gzip
 import http.server
 import json
 import threading
@@ -354,6 +355,55 @@ def test_the_environment_is_read_once_when_the_client_is_made(
             ("http://prometheus.example:9090/api/v1/query?query=up", basic),
             ("/api/v1/query?query=up", ""),
         ]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
+    """Issue 15: the body is read raw in one call (requests' ``content`` read it 10 kB at a
+    time). The connection still goes back to the pool for the next query, a gzip answer is
+    still decoded, and an answer cut short (the server gone mid-answer) or sent with a
+    broken gzip stream is a QueryError naming why, after which the next query works."""
+    body = orjson.dumps(vector(({"uuid": "a"}, "1"), ({"uuid": "b"}, "2")))
+    connections: list[int] = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            connections.append(1)
+            super().setup()
+
+        def do_GET(self) -> None:
+            query = parse_qs(self.path.split("?", 1)[1])["query"][0]
+            payload = {"gz": gzip.compress(body), "badgz": b"\x1f\x8bnot gzip"}.get(query, body)
+            self.send_response(200)
+            if query in ("gz", "badgz"):
+                self.send_header("Content-Encoding", "gzip")
+            length = len(payload) + (100 if query == "cut" else 0)
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+            self.wfile.write(payload)
+            if query == "cut":  # 100 bytes promised, never sent: the server goes away
+                self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        client = PrometheusClient(url)
+        for expr in ("up", "x", "gz"):
+            assert [s.value for s in client.query(expr)] == [1.0, 2.0]
+        assert len(connections) == 1  # kept: one connection for the three
+        with pytest.raises(QueryError, match=f"^Prometheus at {url} unreachable: .*IncompleteRead"):
+            client.query("cut")
+        with pytest.raises(QueryError, match=f"^Prometheus at {url} sent an unreadable answer$"):
+            client.query("badgz")
+        assert [s.value for s in client.query("up")] == [1.0, 2.0]
     finally:
         server.shutdown()
         server.server_close()
