@@ -13,6 +13,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -308,8 +309,20 @@ class _FileReader:
                 )
 
     def _check_templates(self, path: YamlPath, value: Any) -> None:
+        """The templates in an action's params, and that the params are JSON's own types: a
+        decision is stored and audited as JSON, and a value JSON has no type for (a YAML
+        date, ``2024-01-01`` unquoted; a key that is not text) would fail every decision of
+        the policy when it is recorded, at run time (review 15c), or come back changed after
+        a restart."""
         if isinstance(value, dict):
             for key, item in value.items():
+                if not isinstance(key, str):
+                    self._error(
+                        path,
+                        f"key {key!r} is a {_yaml_type(key)}, but params keys are text (JSON's "
+                        f"object keys; quote it: '{key}')",
+                    )
+                    continue
                 self._check_templates((*path, key), item)
         elif isinstance(value, list):
             for index, item in enumerate(value):
@@ -318,6 +331,24 @@ class _FileReader:
             message = template_problem(value)
             if message:
                 self._error(path, message)
+        elif value is not None and not isinstance(value, bool | int | float):
+            self._error(
+                path,
+                f"{value} is a {_yaml_type(value)}, which JSON has no type for (decisions are "
+                f"stored and audited as JSON): quote it to pass the text '{value}'",
+                value_line=True,
+            )
+
+
+def _yaml_type(value: Any) -> str:
+    """What YAML made of an unquoted scalar, in its words (``_check_templates``)."""
+    if isinstance(value, datetime):
+        return "timestamp"
+    if isinstance(value, date):
+        return "date"
+    if isinstance(value, bool | int | float):
+        return "number" if not isinstance(value, bool) else "boolean"
+    return type(value).__name__
 
 
 def _action(model: ActionModel) -> ActionSpec:

@@ -56,6 +56,17 @@ BROKEN = {
         "from a label; set program_from_labels: true if the rule means to run what a scraped "
         "label names",
     ),
+    "a YAML date in params": (  # review 15c: recorded as a date, every decision failed
+        GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, until: 2024-01-01}"),
+        "7: groups[0].rules[0].action.params.until: 2024-01-01 is a date, which JSON has no "
+        "type for (decisions are stored and audited as JSON): quote it to pass the text "
+        "'2024-01-01'",
+    ),
+    "a params key that is not text": (
+        GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, by: {1: a}}"),
+        "7: groups[0].rules[0].action.params.by: key 1 is a number, but params keys are text "
+        "(JSON's object keys; quote it: '1')",
+    ),
     "webhook params": (
         GOOD.replace(
             "{type: downclock, executor: fleet, params: {max_clock_mhz: 900}}",
