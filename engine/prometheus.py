@@ -260,11 +260,20 @@ class Answers:
     Prometheus writes it, or ``NaN``, is not split off (``_SAMPLE``): such an answer's
     skeleton is no remembered one's, and the full decoding names it.
 
-    An answer whose series changed costs one split and one full decoding (the split is
-    reused to remember it). A query whose series changed ``MISSES`` answers in a row (a
-    ``util < 0.2`` whose targets come and go) is forgotten and its next ``PAUSE`` answers
-    are decoded in full without splitting (as without this cache), then it is tried
-    again: a churning query costs what a full decoding does and keeps no memory."""
+    An answer whose series changed a little (a ``util < 0.2`` whose targets come and go: at
+    most ``MEND_SHARE`` of its series, or ``MEND_MIN``, not in the last answer) is mended
+    (``_mended``): each series' text (its ``{"metric":{...}`` between two samples) that is
+    byte for byte one of the last answer's takes that series' labels, and only the others
+    are decoded, one by one (issue 15: with 1 % of the GPUs changing state a round, the full
+    decoding of the churning answers was a fifth of a 50k round). It is then what a full
+    decoding gives: the text around the series is the last answer's, and each text between
+    two samples is one of its series' or decodes, closed, to an object holding only
+    ``metric``, an object (one series); anything else takes the full decoding.
+    An answer whose series changed more costs one split and one full decoding (the split
+    is reused to remember it). A query whose series changed so ``MISSES`` answers in a row
+    is forgotten and its next ``PAUSE`` answers are decoded in full without splitting (as
+    without this cache), then it is tried again: such a query costs what a full decoding
+    does and keeps no memory."""
 
     KEPT = 64
     """Queries remembered (the least recently asked are forgotten first)."""
@@ -275,9 +284,15 @@ class Answers:
     PAUSE = 16
     """Answers decoded in full, unsplit, before a churning query is tried again."""
 
+    MEND_SHARE = 4
+    """An answer is mended (``_mended``) when at most 1 in this many of its series are new."""
+
+    MEND_MIN = 64
+    """... or at most this many (a small answer whose few series all changed)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: OrderedDict[str, tuple[list[bytes], Vector]] = OrderedDict()
+        self._last: OrderedDict[str, _Known] = OrderedDict()
         self._misses: OrderedDict[str, list[int]] = OrderedDict()
         """Per query that had other series lately: [misses in a row, answers still unsplit]
         (at most ``KEPT`` queries)."""
@@ -300,6 +315,11 @@ class Answers:
         parts = _SAMPLE.split(body)
         if known is not None:
             vector = self._again(parts, known)
+            if vector is None:
+                vector = self._mended(parts, known)
+                if vector is not None:
+                    with self._lock:
+                        self._keep(expr, _Known(parts[0::3], vector))
             if vector is not None:
                 with self._lock:
                     self._misses.pop(expr, None)
@@ -327,9 +347,9 @@ class Answers:
             return True
 
     @staticmethod
-    def _again(parts: list[bytes], known: tuple[list[bytes], Vector]) -> Vector | None:
+    def _again(parts: list[bytes], known: _Known) -> Vector | None:
         """The answer split into ``parts`` when its series are those of ``known``."""
-        skeleton, vector = known
+        skeleton, vector = known.skeleton, known.vector
         if parts[0::3] != skeleton:
             return None
         # every value a number (``_SAMPLE`` splits at no other): nothing more to check
@@ -350,10 +370,91 @@ class Answers:
                 self._last.pop(expr, None)
             return
         with self._lock:
-            self._last[expr] = (parts[0::3], vector)
-            self._last.move_to_end(expr)
-            while len(self._last) > self.KEPT:
-                self._last.popitem(last=False)
+            self._keep(expr, _Known(parts[0::3], vector))
+
+    def _keep(self, expr: str, known: _Known) -> None:
+        """Remember ``known`` as the last answer to ``expr`` (the lock held)."""
+        self._last[expr] = known
+        self._last.move_to_end(expr)
+        while len(self._last) > self.KEPT:
+            self._last.popitem(last=False)
+
+    def _mended(self, parts: list[bytes], known: _Known) -> Vector | None:
+        """The answer split into ``parts`` from the series of ``known`` and the few new ones
+        decoded one by one, or None: not sound here (see the class), or too many new."""
+        count = len(parts) // 3
+        skeleton = parts[0::3]
+        pieces = known.pieces()
+        if pieces is None or len(parts) != 3 * count + 1 or count == 0:
+            return None
+        head, tail = known.head, known.skeleton[-1]
+        first = skeleton[0]
+        if skeleton[-1] != tail or not first.startswith(head):
+            return None
+        # Sound without counting "value" tokens (``_remember``): the text around the series
+        # is that of an answer with one series per split, and each text between two splits
+        # is a known series' or decodes to one (``_series_metric``), so this body is such
+        # an answer too. A series not split off (NaN) leaves two series in one text, which
+        # does not decode to one, or lands in the tail, which then differs.
+        texts = skeleton[:-1]
+        texts[0] = b"," + first[len(head) :]
+        metrics: list[Any] = list(map(pieces.get, texts))
+        new = metrics.count(None)
+        if new > max(self.MEND_MIN, count // self.MEND_SHARE):
+            return None
+        at = -1
+        for _ in range(new):
+            at = metrics.index(None, at + 1)
+            metric = _series_metric(texts[at])
+            if metric is None:
+                return None
+            metrics[at] = metric
+        return Vector(metrics, list(map(float, parts[2::3])), list(map(float, parts[1::3])))
+
+
+class _Known:
+    """A remembered answer (``Answers``): its skeleton (every byte but the samples' times
+    and values, cut at them) and its vector; for mending (``Answers._mended``), the text
+    before its first series (``head``) and, made when first needed, each series' text
+    (``,{"metric":{...}``) to its labels."""
+
+    __slots__ = ("skeleton", "vector", "head", "_pieces")
+
+    def __init__(self, skeleton: list[bytes], vector: Vector) -> None:
+        self.skeleton, self.vector = skeleton, vector
+        first = skeleton[0]
+        start = first.find(_RESULT)
+        self.head = first[: start + len(_RESULT)] if start >= 0 else b""
+        self._pieces: dict[bytes, Any] | None = None
+
+    def pieces(self) -> dict[bytes, Any] | None:
+        """Each series' text to its labels (None: the answer's head not found)."""
+        if not self.head:
+            return None
+        if self._pieces is None:
+            texts = self.skeleton[:-1]
+            texts[0] = b"," + texts[0][len(self.head) :]
+            self._pieces = dict(zip(texts, self.vector.metrics, strict=True))
+        return self._pieces
+
+
+_RESULT = b'"result":['
+"""Where an answer's series begin (``_Known``): a label's text cannot hold it (its quotes
+would be escaped), and the top level before it is the answer's own (status, data...)."""
+
+
+def _series_metric(text: bytes) -> dict[str, Any] | None:
+    """The labels of a series whose text (``,{"metric":{...}``, up to its sample) is
+    ``text``: None unless, closed, it is a JSON object holding only ``metric``, an
+    object."""
+    try:
+        series = orjson.loads(text[1:] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(series) is not dict or len(series) != 1:
+        return None
+    metric = series.get("metric")
+    return metric if type(metric) is dict else None
 
 
 @lru_cache(maxsize=256)
