@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -128,6 +128,33 @@ class Stays:
         return self.rounds[n]
 
 
+KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("queue", lambda e: "gpuops_queue_pending_jobs" in e),
+    ("down", lambda e: e.startswith(('up{job="gpu-nodes"}', "count(up"))),
+    # downclock's expr says "unless max_over_time(...[30m])" too: [10m] tells it apart
+    ("under", lambda e: "[10m]" in e and "gpuops_queue" not in e),
+    ("idle", lambda e: "max_over_time" in e and "[10m]" not in e),
+    ("busy", lambda e: "[2m]" in e and "max_over_time" not in e),
+    ("population", lambda e: e.startswith(("group by", "count(group by"))),
+)
+"""How the canned server tells the policies' queries apart (their answers: ``answers``); an
+expression that is none of them, or more than one, is refused (``kind_of``): a rule edit
+that changes a query must change this too, not silently change the workload (review of
+issue 15: #12's new downclock expression was answered as reclaim's for a while)."""
+
+
+def kind_of(expr: str) -> str:
+    """The kind of answer ``expr`` gets (``KINDS``), or ``UnknownQuery``."""
+    kinds = [name for name, test in KINDS if test(expr)]
+    if len(kinds) != 1:
+        raise UnknownQuery(f"{expr!r} matches {kinds or 'no kind'} of the canned answers")
+    return kinds[0]
+
+
+class UnknownQuery(Exception):
+    """A query the canned server has no answer for (``kind_of``)."""
+
+
 class Canned(ThreadingHTTPServer):
     """Answers /api/v1/query like Prometheus for ``bench_scale``'s policies."""
 
@@ -154,6 +181,7 @@ class Canned(ThreadingHTTPServer):
         }
         self.stays = Stays(idle, busy, flip, stay)
         self.bodies: dict[tuple[str, str], bytes] = {}
+        self.unknown: list[str] = []
         threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
     def body(self, expr: str, at: str) -> bytes:
@@ -182,24 +210,19 @@ class Canned(ThreadingHTTPServer):
             kinds = self.flipped if n > 2 and n % 2 else self.kinds
         else:
             kinds = {**self.kinds, **self.stays.at(n)}
-        if "gpuops_queue_pending_jobs" in expr:
-            return kinds["queue"]
-        if expr.startswith(('up{job="gpu-nodes"}', "count(up")):
+        kind = kind_of(expr)
+        if kind == "down":
             return kinds["down"] if "== 0" in expr else kinds["down"] * 100
-        if "[10m]" in expr:  # downclock (asked before idle: it says "unless max_over_time")
-            return kinds["under"]
-        if "max_over_time" in expr:
-            return kinds["idle"]
-        if "[2m]" in expr:  # clear_expr: busy GPUs, narrowed or not
+        if kind == "busy":  # clear_expr: busy GPUs, narrowed or not
             wanted = re.search(r'uuid=~"([^"]*)"', expr)
             busy = kinds["busy"]
             if wanted is None:
                 return busy
             uuids = set(wanted.group(1).replace("\\", "").split("|"))
             return [m for m in busy if m["uuid"] in uuids]
-        if "group by" in expr:
+        if kind == "population":
             return kinds["idle"] * 2
-        return []
+        return kinds[kind]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -214,7 +237,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(parse_qs(self.rfile.read(length).decode()))
 
     def _answer(self, params: dict[str, list[str]]) -> None:
-        body = self.server.body(params["query"][0], params.get("time", ["0"])[0])
+        try:
+            body = self.server.body(params["query"][0], params.get("time", ["0"])[0])
+        except UnknownQuery as exc:  # a 400, as Prometheus refuses a bad query; and the
+            print(f"UNKNOWN QUERY {exc}", file=sys.stderr, flush=True)  # run fails at its end
+            self.server.unknown.append(str(exc))
+            self.send_error(400, str(exc)[:200])
+            return
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -315,10 +344,14 @@ def run(
                     flush=True,
                 )
                 clock[0] += 30
+            failed = sum_samples(engine.metrics.query_failures)
         finally:
             engine.stop()
             child.terminate()
             child.wait(30)
+            child.stdout.close()
+    if failed:  # a query the canned server refused (it printed which): not the workload meant
+        raise SystemExit(f"{failed:.0f} queries failed: the figures above are not comparable")
     if profiler is not None and profile is not None:
         profiler.dump_stats(str(profile))
     fire = max(range(len(rows)), key=lambda i: rows[i]["decisions"])

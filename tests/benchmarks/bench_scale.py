@@ -415,7 +415,7 @@ def other_figures() -> Iterator[str]:
         yield f"exporter CPU per scrape, {gpus} fake GPUs: {m['own']:.2f} ms (goal <= {goal} ms)"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench_audit.throughput(20_000, batch=250, threads=4, validate=False)
+        bench_audit.throughput(20_000, batch=250, threads=4, validate=True, uniform=False)
     for line in out.getvalue().splitlines():
         yield f"audit, {line.strip()}"
 
