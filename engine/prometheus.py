@@ -132,9 +132,8 @@ class PrometheusClient:
                 )
             with response:  # the connection back to the pool once read, closed on an error
                 if response.status_code != 200:
-                    raise PrometheusApiClientException(
-                        f"HTTP Status Code {response.status_code} ({response.content!r})"
-                    )
+                    reason = _http_error(response.status_code, response.content)
+                    raise QueryError(f"Prometheus rejected {expr!r}: {reason}")
                 # read in one call (issue 15: requests' ``content`` reads 10 kB at a time
                 # through urllib3, ~1.4 ms of CPU per MB of answer, ~6 % of a steady round)
                 body = response.raw.read(decode_content=True)
@@ -192,7 +191,10 @@ class PrometheusClient:
             ) from exc
         except urllib3.exceptions.DecodeError as exc:
             raise QueryError(f"Prometheus at {self.url} sent an unreadable answer") from exc
-        except urllib3.exceptions.HTTPError as exc:  # cut mid-answer, reset, ...
+        except urllib3.exceptions.ProtocolError as exc:  # cut mid-answer, reset, ...
+            why = exc.args[0] if exc.args and isinstance(exc.args[0], str) else _cap(exc)
+            raise QueryError(f"Prometheus at {self.url} unreachable: {why}") from exc
+        except urllib3.exceptions.HTTPError as exc:
             raise QueryError(f"Prometheus at {self.url} unreachable: {_cap(exc)}") from exc
 
     def query_range(
@@ -706,7 +708,7 @@ def _parse_carefully(raw: list[Any], expr: str) -> Vector:
     return Vector([s[0] for s in samples], [s[1] for s in samples], [s[2] for s in samples])
 
 
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|NaN|[+-]Inf")
 """A sample value as the Prometheus HTTP API writes it (a JSON string: Go's ``strconv``
 format, ``NaN``, ``+Inf``, ``-Inf``). Python's ``float()`` takes more (``" 1_0 "``, ``"nan"``,
 ``"infinity"``, other scripts' digits): none of that is a value Prometheus sent."""
@@ -716,13 +718,14 @@ _NUMBERS = re.compile(f"(?:{_NUMBER.pattern})(?:\n(?:{_NUMBER.pattern}))*")
 
 
 _SAMPLE = re.compile(
-    rb',"value":\[(-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?),'
-    rb'"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]Inf)"\]\}'
+    rb',"value":\[(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?),'
+    rb'"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]Inf)"\]\}'
 )
 """A sample's value as Prometheus writes it at the end of its series (``Answers``): the
-time (a JSON number) and the value (a ``_NUMBER`` other than ``NaN``), each captured. A
-sample whose value is anything else (``NaN``, text) is not split off: its series' skeleton
-differs from any remembered one, so it takes the full decoding."""
+time (a JSON number, by JSON's grammar: not ``01``) and the value (a ``_NUMBER`` other
+than ``NaN``), each captured. A sample whose value is anything else (``NaN``, text) is not
+split off: its series' skeleton differs from any remembered one, so it takes the full
+decoding."""
 
 
 def _float(value: Any) -> float:
@@ -737,6 +740,20 @@ def _time(value: Any) -> float:
     if type(value) is not float and type(value) is not int:
         raise QueryError(f"not a timestamp: {value!r:.50}")
     return float(value)
+
+
+def _http_error(status: int, body: bytes) -> str:
+    """``HTTP 400: invalid parameter "query": ...`` from an answer that is not a 200: its
+    ``error``, decoded (review 15d: read by ``_api_error`` out of the body's repr, a
+    Prometheus parse error was cut at its first escaped quote, ``invalid parameter \\``);
+    the body itself, capped, when it holds none (a proxy's HTML page)."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    if isinstance(error, str):
+        return f"HTTP {status}: {error}"[:MAX_ERROR_CHARS]
+    return _cap(PrometheusApiClientException(f"HTTP Status Code {status} ({body!r})"))
 
 
 def _api_error(exc: BaseException) -> str:

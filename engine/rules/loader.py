@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -311,16 +312,21 @@ class _FileReader:
     def _check_templates(self, path: YamlPath, value: Any) -> None:
         """The templates in an action's params, and that the params are JSON's own types: a
         decision is stored and audited as JSON, and a value JSON has no type for (a YAML
-        date, ``2024-01-01`` unquoted; a key that is not text) would fail every decision of
-        the policy when it is recorded, at run time (review 15c), or come back changed after
-        a restart."""
+        date, ``2024-01-01`` unquoted; ``.nan``; a key that is not text) would fail every
+        decision of the policy when it is recorded or sent, at run time (review 15c, 15d),
+        or come back changed after a restart."""
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    self._error(
-                        path,
-                        f"key {key!r} is a {_yaml_type(key)}, but params keys are text (JSON's "
-                        f"object keys; quote it: '{key}')",
+                    line = self.positions.line((*path, key))
+                    self.errors.append(
+                        located(
+                            self.file,
+                            line,
+                            path,
+                            f"a key that is {_yaml_kind(key)}: params keys are text (JSON's "
+                            "object keys); quote it",
+                        )
                     )
                     continue
                 self._check_templates((*path, key), item)
@@ -331,24 +337,38 @@ class _FileReader:
             message = template_problem(value)
             if message:
                 self._error(path, message)
+        elif isinstance(value, float) and not math.isfinite(value):
+            self._error(
+                path,
+                f"{_yaml_kind(value)} is no number JSON can hold (decisions are stored, audited "
+                "and sent as JSON); quote it to pass the text",
+                value_line=True,
+            )
         elif value is not None and not isinstance(value, bool | int | float):
             self._error(
                 path,
-                f"{value} is a {_yaml_type(value)}, which JSON has no type for (decisions are "
-                f"stored and audited as JSON): quote it to pass the text '{value}'",
+                f"{_yaml_kind(value)} is no type JSON has (decisions are stored, audited and "
+                "sent as JSON); quote it to pass the text",
                 value_line=True,
             )
 
 
-def _yaml_type(value: Any) -> str:
-    """What YAML made of an unquoted scalar, in its words (``_check_templates``)."""
+def _yaml_kind(value: Any) -> str:
+    """What YAML made of an unquoted value, in YAML's words (``_check_templates``)."""
     if isinstance(value, datetime):
-        return "timestamp"
+        return f"a timestamp ({value.isoformat()})"
     if isinstance(value, date):
-        return "date"
-    if isinstance(value, bool | int | float):
-        return "number" if not isinstance(value, bool) else "boolean"
-    return type(value).__name__
+        return f"a date ({value.isoformat()})"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if value != value else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    tag = {set: "!!set", bytes: "!!binary", tuple: "!!omap or !!pairs"}.get(type(value))
+    return f"a {tag} value" if tag else f"a {type(value).__name__}"
 
 
 def _action(model: ActionModel) -> ActionSpec:

@@ -61,6 +61,23 @@ def test_bad_promql_is_a_query_error_naming_the_query() -> None:
 
 
 @responses.activate
+def test_a_prometheus_error_is_named_whole_and_a_page_that_is_none_capped() -> None:
+    """Review 15d: Prometheus' own parse errors quote the parameter (``\\"query\\"``); read out
+    of the body's repr, the message stopped at that first escaped quote. A proxy's page that
+    holds no error is shown as it came, capped."""
+    error = 'invalid parameter "query": 1:5: parse error: unexpected end of input'
+    responses.get(f"{URL}/api/v1/query", json={"status": "error", "error": error}, status=400)
+    with pytest.raises(QueryError) as caught:
+        PrometheusClient(URL).query("sum(")
+    assert str(caught.value) == f"Prometheus rejected 'sum(': HTTP 400: {error}"
+    responses.replace(responses.GET, f"{URL}/api/v1/query", body="<html>" + "x" * 400, status=502)
+    with pytest.raises(QueryError) as caught:
+        PrometheusClient(URL).query("up")
+    assert str(caught.value).startswith("Prometheus rejected 'up': HTTP Status Code 502 (b'<html>x")
+    assert str(caught.value).endswith("…")
+
+
+@responses.activate
 def test_timeout_and_unreadable_answers() -> None:
     responses.get(f"{URL}/api/v1/query", body=requests.Timeout())
     with pytest.raises(QueryError, match="timed out after 2s$"):
@@ -407,6 +424,16 @@ def test_mended_answers_read_what_a_full_decoding_reads(monkeypatch: pytest.Monk
     assert sum(mended) > 150 and not all(mended)  # both ways were taken
 
 
+def test_a_time_that_is_not_json_is_not_read_by_the_fast_path() -> None:
+    """Review 15d: the split read a time of ``01`` (not JSON: the full decoding refuses it)
+    as 1.0; now such a sample is not split off, and the answer is refused as unreadable."""
+    client = PrometheusClient(URL)
+    client._decode("q", compact(({"uuid": "a"}, "1"), ({"uuid": "b"}, "2")))
+    bad = compact(({"uuid": "a"}, "1"), ({"uuid": "b"}, "2"), at=1.0).replace(b"[1.0,", b"[01,")
+    with pytest.raises(ValueError):
+        client._decode("q", bad)
+
+
 def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -> None:
     a, b = {"uuid": "a"}, {"uuid": "b"}
     client = PrometheusClient(URL)
@@ -507,7 +534,8 @@ def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
         for expr in ("up", "x", "gz"):
             assert [s.value for s in client.query(expr)] == [1.0, 2.0]
         assert len(connections) == 1  # kept: one connection for the three
-        with pytest.raises(QueryError, match=f"^Prometheus at {url} unreachable: .*IncompleteRead"):
+        cut = f"^Prometheus at {url} unreachable: Connection broken: IncompleteRead\\("
+        with pytest.raises(QueryError, match=cut):
             client.query("cut")
         with pytest.raises(QueryError, match=f"^Prometheus at {url} sent an unreadable answer$"):
             client.query("badgz")

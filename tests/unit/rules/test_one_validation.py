@@ -13,6 +13,8 @@ from click.testing import CliRunner
 from engine.actions.fleet import FleetExecutor
 from engine.cli import cli
 from engine.config import AuditConfig, EngineConfig
+from engine.rules.loader import load_rules_text
+from engine.rules.model import RulesError
 from engine.runtime import Engine
 
 GOOD = """
@@ -58,14 +60,18 @@ BROKEN = {
     ),
     "a YAML date in params": (  # review 15c: recorded as a date, every decision failed
         GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, until: 2024-01-01}"),
-        "7: groups[0].rules[0].action.params.until: 2024-01-01 is a date, which JSON has no "
-        "type for (decisions are stored and audited as JSON): quote it to pass the text "
-        "'2024-01-01'",
+        "7: groups[0].rules[0].action.params.until: a date (2024-01-01) is no type JSON has "
+        "(decisions are stored, audited and sent as JSON); quote it to pass the text",
     ),
     "a params key that is not text": (
         GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, by: {1: a}}"),
-        "7: groups[0].rules[0].action.params.by: key 1 is a number, but params keys are text "
-        "(JSON's object keys; quote it: '1')",
+        "7: groups[0].rules[0].action.params.by: a key that is a number (1): params keys are "
+        "text (JSON's object keys); quote it",
+    ),
+    "a NaN in params": (  # review 15d: the webhook refused to send every decision
+        GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, threshold: .nan}"),
+        "7: groups[0].rules[0].action.params.threshold: .nan is no number JSON can hold "
+        "(decisions are stored, audited and sent as JSON); quote it to pass the text",
     ),
     "webhook params": (
         GOOD.replace(
@@ -130,3 +136,39 @@ def test_check_with_config_checks_the_rules_it_names(tmp_path: Path) -> None:
     (tmp_path / "rules" / "a.yaml").write_text(GOOD)
     assert check("--config", str(config))[0] == 0
     assert check()[0] == 2  # neither paths nor --config: a usage error
+
+
+def test_a_params_value_json_cannot_hold_is_named_at_its_own_line() -> None:
+    """Review 15d: in block style the error named the line of the mapping holding the key,
+    not the key's; each value YAML made into what JSON has no type for, in YAML's words."""
+    text = """
+groups:
+  - name: g
+    rules:
+      - policy: slow-down
+        expr: util < 0.2
+        action:
+          type: downclock
+          executor: fleet
+          params:
+            max_clock_mhz: 900
+            by:
+              a: 1
+              1: z
+            at: 2024-01-01T10:00:00Z
+            tags: !!set {x, y}
+            ceiling: -.inf
+"""
+    with pytest.raises(RulesError) as caught:
+        load_rules_text(text, "block.yaml")
+    path = "groups[0].rules[0].action.params"
+    assert [str(e) for e in caught.value.errors] == [
+        f"block.yaml:14: {path}.by: a key that is a number (1): params keys are text (JSON's "
+        "object keys); quote it",
+        f"block.yaml:15: {path}.at: a timestamp (2024-01-01T10:00:00+00:00) is no type JSON has "
+        "(decisions are stored, audited and sent as JSON); quote it to pass the text",
+        f"block.yaml:16: {path}.tags: a !!set value is no type JSON has (decisions are stored, "
+        "audited and sent as JSON); quote it to pass the text",
+        f"block.yaml:17: {path}.ceiling: -.inf is no number JSON can hold (decisions are "
+        "stored, audited and sent as JSON); quote it to pass the text",
+    ]
