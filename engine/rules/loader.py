@@ -367,7 +367,8 @@ def _yaml_kind(value: Any) -> str:
         return ".nan" if value != value else (".inf" if value > 0 else "-.inf")
     if isinstance(value, int | float):
         return f"a number ({value!r})"
-    tag = {set: "!!set", bytes: "!!binary", tuple: "!!omap or !!pairs"}.get(type(value))
+    tags: dict[type, str] = {set: "!!set", bytes: "!!binary", tuple: "!!omap or !!pairs"}
+    tag = tags.get(type(value))
     return f"a {tag} value" if tag else f"a {type(value).__name__}"
 
 
