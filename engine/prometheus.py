@@ -426,7 +426,10 @@ class _Known:
         self.skeleton, self.vector = skeleton, vector
         first = skeleton[0]
         start = first.find(_RESULT)
-        self.head = first[: start + len(_RESULT)] if start >= 0 else b""
+        # only where the answer has one (review 15e: of two, a duplicate key, orjson keeps the
+        # last, and a head cut at the first would read another array's series)
+        once = start >= 0 and first.count(_RESULT) == 1
+        self.head = first[: start + len(_RESULT)] if once else b""
         self._pieces: dict[bytes, Any] | None = None
 
     def pieces(self) -> dict[bytes, Any] | None:
@@ -449,6 +452,8 @@ def _series_metric(text: bytes) -> dict[str, Any] | None:
     """The labels of a series whose text (``,{"metric":{...}``, up to its sample) is
     ``text``: None unless, closed, it is a JSON object holding only ``metric``, an
     object."""
+    if text[:1] != b",":  # the comma between two series (review 15e: "}" or " " there is
+        return None  # not JSON, which the full decoding refuses)
     try:
         series = orjson.loads(text[1:] + b"}")
     except orjson.JSONDecodeError:
@@ -718,11 +723,13 @@ _NUMBERS = re.compile(f"(?:{_NUMBER.pattern})(?:\n(?:{_NUMBER.pattern}))*")
 
 
 _SAMPLE = re.compile(
-    rb',"value":\[(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?),'
+    rb',"value":\[(-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,2})?),'
     rb'"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]Inf)"\]\}'
 )
 """A sample's value as Prometheus writes it at the end of its series (``Answers``): the
-time (a JSON number, by JSON's grammar: not ``01``) and the value (a ``_NUMBER`` other
+time (a JSON number, by JSON's grammar, not ``01``, and finite as a float: at most 16
+digits before its point and an exponent of two, not ``1e400``, which the full decoding
+refuses, review 15e) and the value (a ``_NUMBER`` other
 than ``NaN``), each captured. A sample whose value is anything else (``NaN``, text) is not
 split off: its series' skeleton differs from any remembered one, so it takes the full
 decoding."""

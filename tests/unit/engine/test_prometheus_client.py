@@ -21,7 +21,13 @@ import responses
 
 from engine import prometheus
 from engine.decisions import Sample, Vector, freeze
-from engine.prometheus import Answers, PrometheusClient, QueryError, parse_vector
+from engine.prometheus import (
+    Answers,
+    PrometheusClient,
+    QueryError,
+    _decode_answer,
+    parse_vector,
+)
 from engine.promproc import free_port
 
 URL = "http://prom.test:9090"
@@ -371,6 +377,47 @@ def test_an_answer_that_cannot_be_mended_soundly_is_decoded_in_full(
     two = client._decode("q", then)
     assert counted.take() == (1, 1)  # decoded in full
     assert list(two) == list(parse_vector(orjson.loads(then)["data"]["result"], "q"))
+
+
+HEAD = b'{"status":"success","data":{"resultType":"vector","result":['
+
+
+def series(labels: bytes, time: bytes = b"1") -> bytes:
+    return b'{"metric":' + labels + b',"value":[' + time + b',"1"]}'
+
+
+A, B, C = b'{"u":"a"}', b'{"u":"b"}', b'{"u":"c"}'
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        # review 15e: what is between two series is not a comma: not JSON
+        *(HEAD + series(A) + b"," + series(B) + sep + series(C) + b"]}}" for sep in (b"}", b" ")),
+        # a time beyond a float (orjson refuses it; float() made it inf)
+        HEAD + series(A) + b"," + series(B, time=b"1e400") + b"]}}",
+        HEAD + series(A) + b"," + series(C, time=b"1" + b"0" * 400) + b"]}}",
+    ],
+)
+def test_a_body_the_full_decoding_refuses_is_refused_not_mended(then: bytes) -> None:
+    client = PrometheusClient(URL)
+    client._decode("q", HEAD + series(A) + b"," + series(B) + b"]}}")
+    with pytest.raises(ValueError):
+        _decode_answer(then, "q")
+    with pytest.raises(ValueError):
+        client._decode("q", then)
+
+
+def test_an_answer_with_two_result_arrays_reads_the_last_as_the_full_decoding_does() -> None:
+    """Review 15e: with a duplicate ``result`` key (orjson keeps the last), a head cut at the
+    first ``"result":[`` read the discarded array's series as the answer's."""
+    known = b'{"status":"success","data":{"result":[0],"resultType":"vector","result":['
+    then = b'{"status":"success","data":{"result":[' + series(A) + b',0],"resultType":"vector",'
+    client = PrometheusClient(URL)
+    client._decode("q", known + series(B) + b"]}}")
+    body = then + b'"result":[' + series(B) + b"]}}"
+    expected = list(parse_vector(orjson.loads(body)["data"]["result"], "q"))
+    assert list(client._decode("q", body)) == expected == [Sample(freeze({"u": "b"}), 1.0, 1.0)]
 
 
 def test_a_new_series_whose_metric_is_not_an_object_is_a_query_error() -> None:
