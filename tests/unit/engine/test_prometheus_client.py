@@ -10,6 +10,8 @@ import http.server
 import json
 import random
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -514,10 +516,7 @@ def test_the_environment_is_read_once_when_the_client_is_made(
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    proxy = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with served(Proxy) as proxy:
         for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "no_proxy"):
             monkeypatch.delenv(name, raising=False)
         netrc = tmp_path / "netrc"
@@ -537,9 +536,6 @@ def test_the_environment_is_read_once_when_the_client_is_made(
             ("http://prometheus.example:9090/api/v1/query?query=up", basic),
             ("/api/v1/query?query=up", ""),
         ]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
@@ -573,10 +569,7 @@ def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with served(Server) as url:
         client = PrometheusClient(url)
         for expr in ("up", "x", "gz"):
             assert [s.value for s in client.query(expr)] == [1.0, 2.0]
@@ -587,6 +580,15 @@ def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
         with pytest.raises(QueryError, match=f"^Prometheus at {url} sent an unreadable answer$"):
             client.query("badgz")
         assert [s.value for s in client.query("up")] == [1.0, 2.0]
+
+
+@contextmanager
+def served(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A loopback HTTP server answering with ``handler``, its URL while the block runs."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()
