@@ -318,10 +318,11 @@ class Answers:
         if known is not None:
             vector = self._again(parts, known)
             if vector is None:
-                vector = self._mended(parts, known)
-                if vector is not None:
+                mended = self._mended(parts, known)
+                if mended is not None:
+                    vector = mended.vector
                     with self._lock:
-                        self._keep(expr, _Known(parts[0::3], vector))
+                        self._keep(expr, mended)
             if vector is not None:
                 with self._lock:
                     self._misses.pop(expr, None)
@@ -381,9 +382,10 @@ class Answers:
         while len(self._last) > self.KEPT:
             self._last.popitem(last=False)
 
-    def _mended(self, parts: list[bytes], known: _Known) -> Vector | None:
+    def _mended(self, parts: list[bytes], known: _Known) -> _Known | None:
         """The answer split into ``parts`` from the series of ``known`` and the few new ones
-        decoded one by one, or None: not sound here (see the class), or too many new."""
+        decoded one by one, as the next one to remember, or None: not sound here (see the
+        class), or too many new."""
         count = len(parts) // 3
         skeleton = parts[0::3]
         pieces = known.pieces()
@@ -411,7 +413,8 @@ class Answers:
             if metric is None:
                 return None
             metrics[at] = metric
-        return Vector(metrics, list(map(float, parts[2::3])), list(map(float, parts[1::3])))
+        vector = Vector(metrics, list(map(float, parts[2::3])), list(map(float, parts[1::3])))
+        return _Known(skeleton, vector)
 
 
 class _Known:
@@ -760,7 +763,7 @@ def _http_error(status: int, body: bytes) -> str:
         error = None
     if isinstance(error, str):
         return f"HTTP {status}: {error}"[:MAX_ERROR_CHARS]
-    return _cap(PrometheusApiClientException(f"HTTP Status Code {status} ({body!r})"))
+    return _cap(f"HTTP Status Code {status} ({body!r})")
 
 
 def _api_error(exc: BaseException) -> str:
@@ -773,6 +776,6 @@ def _api_error(exc: BaseException) -> str:
     return _cap(exc)
 
 
-def _cap(exc: BaseException) -> str:
+def _cap(exc: BaseException | str) -> str:
     text = str(exc)
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"

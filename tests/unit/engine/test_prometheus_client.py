@@ -442,10 +442,10 @@ def test_mended_answers_read_what_a_full_decoding_reads(monkeypatch: pytest.Monk
     mended = []
     mend = Answers._mended
 
-    def counting(self: Answers, *args: Any) -> Vector | None:
-        vector = mend(self, *args)
-        mended.append(vector is not None)
-        return vector
+    def counting(self: Answers, *args: Any) -> Any:
+        known = mend(self, *args)
+        mended.append(known is not None)
+        return known
 
     monkeypatch.setattr(Answers, "_mended", counting)
     rng = random.Random(15)
