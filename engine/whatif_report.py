@@ -101,6 +101,8 @@ OVERALL: tuple[Row, ...] = (
     ("GPUs powered (mean)", lambda r: r.gpus_mean, _num(".1f"), False),
     ("utilization over powered GPUs", lambda r: r.utilization_powered, _pct, True),
     ("  without work done again", lambda r: r.utilization_powered_net, _pct, True),
+    ("  at most, jobs in their pools", lambda r: r.utilization_bound_pools, _pct, True),
+    ("  at most, jobs in any pool", lambda r: r.utilization_bound_any_pool, _pct, True),
     ("utilization over allocated GPUs", lambda r: r.utilization_allocated, _pct, True),
     ("allocation ratio", lambda r: r.allocation_ratio, _pct, True),
     ("jobs completed", lambda r: r.jobs_completed, _num("d"), False),
@@ -176,6 +178,7 @@ def table(w: Whatif) -> str:
         for what, get, fmt, points in (
             ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
             ("util (powered)", lambda f: f.utilization_powered, _pct, True),
+            ("  at most, its jobs", lambda f: f.utilization_bound, _pct, True),
             ("allocated GPU-h", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
             ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
         ):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from exporters.fleet.cluster import Cluster
+from exporters.fleet.config import GPU_MODELS
 from exporters.fleet.energy import JOULES_PER_KWH
 from exporters.fleet.model import Gpu
 
@@ -28,6 +29,11 @@ class _Sums:
     """Utilization x seconds over those."""
     allocated_s: float = 0.0
     allocated_busy_s: float = 0.0
+    pools_s: float = 0.0
+    """GPU-seconds the running jobs needed at least in their pools, whole nodes
+    (``_fewest_gpus``)."""
+    any_pool_s: float = 0.0
+    """GPU-seconds they needed at least in any pool they may use (``_fewest_gpus``)."""
 
     def add(self, rates: _Sums, dt: float) -> None:
         """Add ``rates`` (GPUs and utilization sums at one instant) held for ``dt`` seconds."""
@@ -35,6 +41,8 @@ class _Sums:
         self.busy_s += rates.busy_s * dt
         self.allocated_s += rates.allocated_s * dt
         self.allocated_busy_s += rates.allocated_busy_s * dt
+        self.pools_s += rates.pools_s * dt
+        self.any_pool_s += rates.any_pool_s * dt
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,9 @@ class PoolFigures:
     utilization_powered: float | None
     allocated_gpu_hours: float
     utilization_allocated: float | None
+    utilization_bound: float | None = None
+    """The most utilization over powered GPUs its jobs allowed (``RunReport.
+    utilization_bound_pools``, for this pool)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,14 @@ class RunReport:
     pools: dict[str, PoolFigures] = field(default_factory=dict)
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
+    utilization_bound_pools: float | None = None
+    """The most utilization over powered GPUs this run's jobs allowed where they ran: at every
+    instant, each pool powering only the whole nodes its running jobs need, shareable jobs
+    packed as densely as memory, slices and load allow (``_fewest_gpus``). Above it only
+    moving jobs to other pools helps, never powering down or packing within a pool."""
+    utilization_bound_any_pool: float | None = None
+    """The same with every shareable job free to run in any pool it may use, and no node
+    rounding: the most any placement of this run's jobs could reach (``_fewest_gpus``)."""
     energy_split_kwh: dict[str, float] = field(default_factory=dict)
     """Where the nodes' energy went, from their power at each observation: ``free GPUs (idle
     draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
@@ -304,6 +323,10 @@ class Recorder:
                         waste[(kind, job.job_class or "-")] += unused * share
                     if gpu.tenants:
                         waste[("shared_limit", _shared_limit(cluster, node.pool, gpu))] += unused
+            in_pools, rate.any_pool_s = _fewest_gpus(cluster)
+            for pool, gpus in in_pools.items():
+                pools[pool].pools_s = gpus
+                rate.pools_s += gpus
         self._rate = rate
         self._project_rates = dict(projects)
         self._pool_rates = dict(pools)
@@ -376,6 +399,7 @@ class Recorder:
                 utilization_powered=_ratio(sums.busy_s, sums.powered_s),
                 allocated_gpu_hours=sums.allocated_s / 3600.0,
                 utilization_allocated=_ratio(sums.allocated_busy_s, sums.allocated_s),
+                utilization_bound=_ratio(sums.busy_s, sums.pools_s),
             )
             for name, sums in sorted(self.pools.items())
         }
@@ -392,6 +416,8 @@ class Recorder:
             utilization_powered=_ratio(t.busy_s, t.powered_s),
             utilization_allocated=_ratio(t.allocated_busy_s, t.allocated_s),
             allocation_ratio=_ratio(t.allocated_s, t.powered_s),
+            utilization_bound_pools=_ratio(t.busy_s, t.pools_s),
+            utilization_bound_any_pool=_ratio(t.busy_s, t.any_pool_s),
             jobs_completed=len(finished),
             jobs_queued_at_end=queued,
             jct_mean_s=_mean([jct for *_, jct in done]),
@@ -426,6 +452,64 @@ class Recorder:
         )
 
 
+def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
+    """The fewest GPUs that could hold the jobs running now, two ways (call with the lock
+    held); utilization over them is the most that any placement and power management of the
+    same jobs, with the same load, could reach (``RunReport.utilization_bound_pools``,
+    ``utilization_bound_any_pool``).
+
+    A job that cannot share needs the GPUs it holds whole. Shareable jobs need at least the
+    most of three lower bounds: their memory, their slices (one each per GPU they use) and
+    their load (a shared GPU's load divided among its jobs), each summed as shares of one GPU.
+
+    - *pools*: each pool holds the jobs running in it now, and powers whole nodes: the pool's
+      GPUs needed, rounded up to its nodes' size (no powered node without a job, no job
+      moved to another pool);
+    - *any pool*: every shareable job counted against the roomiest GPU (most memory, most
+      slices) of the pools it may run in, all of them together, and no node rounding: a
+      relaxation that no packing onto the fleet's GPUs beats.
+    """
+    whole: dict[str, int] = defaultdict(int)
+    shares: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    alone = 0
+    anywhere = [0.0, 0.0, 0.0]
+    for node in cluster.nodes.values():
+        if node.failed:
+            continue
+        spec = cluster.pools[node.pool]
+        for gpu in node.gpus:
+            holders = [gpu.job] if gpu.job is not None else gpu.tenants
+            for holder in holders:
+                job = cluster.jobs[holder]
+                if not job.shareable:
+                    whole[node.pool] += 1
+                    alone += 1
+                    continue
+                load = gpu.utilization / len(holders)
+                used = cluster.job_bytes(job, gpu)
+                if spec.slices > 1:
+                    here = shares[node.pool]
+                    here[0] += used / gpu.model.memory_bytes
+                    here[1] += 1.0 / spec.slices
+                    here[2] += load
+                else:
+                    whole[node.pool] += 1
+                may = [cluster.pools[p] for p in (job.pools or (job.pool,))] + [spec]
+                anywhere[0] += used / max(GPU_MODELS[m.model].memory_bytes for m in may)
+                anywhere[1] += 1.0 / max(m.slices for m in may)
+                anywhere[2] += load
+    in_pools = {}
+    for pool in set(whole) | set(shares):
+        gpus = whole[pool] + _round_up(max(shares[pool]) if pool in shares else 0.0)
+        size = cluster.pools[pool].gpus_per_node
+        in_pools[pool] = -(-gpus // size) * size
+    return in_pools, alone + _round_up(max(anywhere))
+
+
+def _round_up(shares: float) -> int:
+    return math.ceil(shares - 1e-9) if shares > 0 else 0
+
+
 def _shared_limit(cluster: Cluster, pool: str, gpu: Gpu) -> str:
     """What keeps one more job off shared ``gpu`` (``WasteFigures.shared_limit``)."""
     if len(gpu.tenants) >= cluster.pools[pool].slices:
@@ -450,6 +534,8 @@ def table(r: RunReport) -> str:
         f"fleet {r.fleet}: {r.hours:.1f} virtual hours, {r.gpus_mean:.0f} GPUs on average",
         f"  utilization over powered GPUs    {_pct(r.utilization_powered)}",
         f"    without work done again        {_pct(r.utilization_powered_net)}",
+        f"    at most, jobs in their pools   {_pct(r.utilization_bound_pools)}",
+        f"    at most, jobs in any pool      {_pct(r.utilization_bound_any_pool)}",
         f"  utilization over allocated GPUs  {_pct(r.utilization_allocated)}",
         f"  allocation ratio                 {_pct(r.allocation_ratio)}",
         f"  jobs completed / queued at end   {r.jobs_completed} / {r.jobs_queued_at_end} "
@@ -491,11 +577,16 @@ def table(r: RunReport) -> str:
             f"  {p:<16}{_pct(f.utilization_allocated):>12}{f.allocated_gpu_hours:>9.1f}"
             f"{f.completed:>6}{f.preemptions:>9}{f.credit_gpu_hours:>14.2f}"
         )
-    lines += ["", f"  {'pool':<16}{'powered GPU-h':>14}{'util':>8}{'alloc GPU-h':>13}{'util':>8}"]
+    lines += [
+        "",
+        f"  {'pool':<16}{'powered GPU-h':>14}{'util':>8}{'at most':>9}{'alloc GPU-h':>13}"
+        f"{'util':>8}",
+    ]
     for name, pf in r.pools.items():
         lines.append(
             f"  {name:<16}{pf.powered_gpu_hours:>14.1f}{_pct(pf.utilization_powered):>8}"
-            f"{pf.allocated_gpu_hours:>13.1f}{_pct(pf.utilization_allocated):>8}"
+            f"{_pct(pf.utilization_bound):>9}{pf.allocated_gpu_hours:>13.1f}"
+            f"{_pct(pf.utilization_allocated):>8}"
         )
     lines += ["", f"  energy by draw (kWh): {sum(r.energy_split_kwh.values()):.1f}"]
     lines += [f"    {label:<34}{value:>8.1f}" for label, value in r.energy_split_kwh.items()]

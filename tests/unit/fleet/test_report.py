@@ -136,3 +136,40 @@ def test_fleet_run_is_the_whatifs_off_run() -> None:
     assert cli_report["utilization_powered"] == off.utilization_powered
     assert cli_report["energy_kwh"] == off.energy_kwh
     assert cli_report["jobs_completed"] == off.jobs_completed
+
+
+def test_the_bounds_count_the_fewest_gpus_the_running_jobs_need() -> None:
+    """Utilization over the fewest GPUs the running jobs could hold: in their own pool whole
+    nodes are powered; in any pool shareable jobs pack by memory, slices and load."""
+    a100 = PoolSpec("a", 2, 4, "A100")
+    rtx = PoolSpec("s", 1, 2, "RTXA6000", sharing="time-slicing", slices=4)
+    config = FleetConfig(pools=(a100, rtx), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    c = fleet.cluster
+    for _ in range(2):  # two 1-GPU trainings: one 4-GPU node would hold both
+        c.submit(JobSpec("training", 1, "p", pool="a", duration_s=7200.0))
+    light = JobSpec("light", 1, "p", pool="s", duration_s=7200.0, memory_gib=10, shareable=True)
+    c.submit(light), c.submit(light)  # each on a whole GPU: one GPU would hold both
+    fleet.run_until(1800.0)
+    report = recorder.report(c)
+    a, s = report.pools["a"], report.pools["s"]
+    assert a.utilization_bound == pytest.approx(a.utilization_powered * 8 / 4)  # type: ignore[operator]
+    assert s.utilization_bound == pytest.approx(s.utilization_powered)  # one node: 2 GPUs
+    busy = report.utilization_powered * 10  # type: ignore[operator]
+    assert report.utilization_bound_pools == pytest.approx(busy / 6)
+    assert report.utilization_bound_any_pool == pytest.approx(busy / 3)  # 2 + 1 GPUs
+    assert "at most, jobs in any pool" in table(report)
+
+
+def test_the_any_pool_bound_packs_no_more_than_memory_allows() -> None:
+    rtx = PoolSpec("s", 1, 2, "RTXA6000", sharing="time-slicing", slices=4)
+    config = FleetConfig(pools=(rtx,), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    big = JobSpec("light", 1, "p", pool="s", duration_s=7200.0, memory_gib=30, shareable=True)
+    fleet.cluster.submit(big), fleet.cluster.submit(big)  # 60 GiB: not on one 48 GB GPU
+    fleet.run_until(1800.0)
+    report = recorder.report(fleet.cluster)
+    assert report.utilization_powered is not None and report.utilization_powered > 0.2
+    assert report.utilization_bound_any_pool == pytest.approx(report.utilization_powered)
