@@ -178,7 +178,7 @@ def table(w: Whatif) -> str:
         for what, get, fmt, points in (
             ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
             ("util (powered)", lambda f: f.utilization_powered, _pct, True),
-            ("  at most, its jobs", lambda f: f.utilization_bound, _pct, True),
+            ("util (powered) at most", lambda f: f.utilization_bound, _pct, True),
             ("allocated GPU-h", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
             ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
         ):
