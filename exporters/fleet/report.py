@@ -458,9 +458,9 @@ def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
     same jobs, with the same load, could reach (``RunReport.utilization_bound_pools``,
     ``utilization_bound_any_pool``).
 
-    A job that cannot share needs the GPUs it holds whole. Shareable jobs need at least the
-    most of three lower bounds: their memory, their slices (one each per GPU they use) and
-    their load (a shared GPU's load divided among its jobs), each summed as shares of one GPU.
+    A job that cannot share needs the GPUs it holds whole. Shareable jobs need at least what
+    their memory, their slices (one each per GPU they use) and their load (a shared GPU's load
+    divided among its jobs) need, each as shares of one GPU (``_Bins``).
 
     - *pools*: each pool holds the jobs running in it now, and powers whole nodes: the pool's
       GPUs needed, rounded up to its nodes' size (no powered node without a job, no job
@@ -470,9 +470,9 @@ def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
       relaxation that no packing onto the fleet's GPUs beats.
     """
     whole: dict[str, int] = defaultdict(int)
-    shares: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    shares: dict[str, _Bins] = defaultdict(_Bins)
     alone = 0
-    anywhere = [0.0, 0.0, 0.0]
+    anywhere = _Bins()
     for node in cluster.nodes.values():
         if node.failed:
             continue
@@ -488,26 +488,43 @@ def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
                 load = gpu.utilization / len(holders)
                 used = cluster.job_bytes(job, gpu)
                 if spec.slices > 1:
-                    here = shares[node.pool]
-                    here[0] += used / gpu.model.memory_bytes
-                    here[1] += 1.0 / spec.slices
-                    here[2] += load
+                    shares[node.pool].add(used / gpu.model.memory_bytes, 1.0 / spec.slices, load)
                 else:
                     whole[node.pool] += 1
                 may = [cluster.pools[p] for p in (job.pools or (job.pool,))] + [spec]
-                anywhere[0] += used / max(GPU_MODELS[m.model].memory_bytes for m in may)
-                anywhere[1] += 1.0 / max(m.slices for m in may)
-                anywhere[2] += load
+                anywhere.add(
+                    used / max(GPU_MODELS[m.model].memory_bytes for m in may),
+                    1.0 / max(m.slices for m in may),
+                    load,
+                )
     in_pools = {}
     for pool in set(whole) | set(shares):
-        gpus = whole[pool] + _round_up(max(shares[pool]) if pool in shares else 0.0)
+        gpus = whole[pool] + (shares[pool].fewest() if pool in shares else 0)
         size = cluster.pools[pool].gpus_per_node
         in_pools[pool] = -(-gpus // size) * size
-    return in_pools, alone + _round_up(max(anywhere))
+    return in_pools, alone + anywhere.fewest()
 
 
-def _round_up(shares: float) -> int:
-    return math.ceil(shares - 1e-9) if shares > 0 else 0
+class _Bins:
+    """Shareable jobs as items of a vector bin packing (memory, slices, load; each a share of
+    one GPU) and a lower bound on the GPUs that hold them: per dimension, the sum rounded up,
+    or the items over half a GPU (no two of them fit one GPU), whichever is more; the most
+    over the dimensions."""
+
+    def __init__(self) -> None:
+        self.sums = [0.0, 0.0, 0.0]
+        self.big = [0, 0, 0]
+
+    def add(self, *item: float) -> None:
+        for d, size in enumerate(item):
+            self.sums[d] += size
+            self.big[d] += size > 0.5 + 1e-9
+
+    def fewest(self) -> int:
+        return max(
+            max(math.ceil(total - 1e-9) if total > 0 else 0, big)
+            for total, big in zip(self.sums, self.big, strict=True)
+        )
 
 
 def _shared_limit(cluster: Cluster, pool: str, gpu: Gpu) -> str:

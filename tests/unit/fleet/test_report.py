@@ -173,3 +173,20 @@ def test_the_any_pool_bound_packs_no_more_than_memory_allows() -> None:
     report = recorder.report(fleet.cluster)
     assert report.utilization_powered is not None and report.utilization_powered > 0.2
     assert report.utilization_bound_any_pool == pytest.approx(report.utilization_powered)
+
+
+def test_jobs_over_half_a_gpu_need_a_gpu_each_in_the_bounds() -> None:
+    """Three 9.3 GiB jobs on 16 GB T4s: their memory sums to under two GPUs, but no two fit
+    one GPU, so they need three (two 2-GPU nodes in their pool)."""
+    t4 = PoolSpec("t", 2, 2, "T4", sharing="time-slicing", slices=4)
+    config = FleetConfig(pools=(t4,), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    spec = JobSpec("light", 1, "p", pool="t", duration_s=7200.0, memory_gib=9.3, shareable=True)
+    for _ in range(3):
+        fleet.cluster.submit(spec)
+    fleet.run_until(1800.0)
+    report = recorder.report(fleet.cluster)
+    assert report.utilization_powered is not None and report.utilization_powered > 0.1
+    assert report.utilization_bound_pools == pytest.approx(report.utilization_powered)
+    assert report.utilization_bound_any_pool == pytest.approx(report.utilization_powered * 4 / 3)
