@@ -202,13 +202,15 @@ class RunReport:
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
     utilization_bound_pools: float | None = None
-    """The most utilization over powered GPUs this run's jobs allowed where they ran: at every
-    instant, each pool powering only the whole nodes its running jobs need, shareable jobs
-    packed as densely as memory, slices and load allow (``_fewest_gpus``). Above it only
-    moving jobs to other pools helps, never powering down or packing within a pool."""
+    """The most utilization over powered GPUs this run's jobs allowed where they ran, each at
+    the load it ran at: at every instant, each pool powering only the whole nodes its running
+    jobs need, shareable jobs packed as densely as memory, slices and their load allow without
+    asking a GPU for more than it has (``_fewest_gpus``). For these jobs at these loads, above
+    it only moving jobs to other pools helps, not powering down or packing within a pool; a
+    different schedule (other jobs running) has its own figure."""
     utilization_bound_any_pool: float | None = None
-    """The same with every shareable job free to run in any pool it may use, and no node
-    rounding: the most any placement of this run's jobs could reach (``_fewest_gpus``)."""
+    """The same with every shareable job free to run in any pool it may use, quotas ignored,
+    and no node rounding: a relaxation (``_fewest_gpus``)."""
     energy_split_kwh: dict[str, float] = field(default_factory=dict)
     """Where the nodes' energy went, from their power at each observation: ``free GPUs (idle
     draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
@@ -455,8 +457,11 @@ class Recorder:
 def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
     """The fewest GPUs that could hold the jobs running now, two ways (call with the lock
     held); utilization over them is the most that any placement and power management of the
-    same jobs, with the same load, could reach (``RunReport.utilization_bound_pools``,
-    ``utilization_bound_any_pool``).
+    same jobs, each at the load it has now, could reach (``RunReport.utilization_bound_pools``,
+    ``utilization_bound_any_pool``). "At the load it has now": no GPU asked for more than it
+    has (time-slicing admits more, the jobs then slow down and the GPU reads 100 %) and no
+    job's load changed by its place (a MIG slice caps it); a placement that changes loads is
+    outside what these figures bound.
 
     A job that cannot share needs the GPUs it holds whole. Shareable jobs need at least what
     their memory, their slices (one each per GPU they use) and their load (a shared GPU's load
@@ -487,13 +492,14 @@ def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
                     continue
                 load = gpu.utilization / len(holders)
                 used = cluster.job_bytes(job, gpu)
-                if spec.slices > 1:
-                    shares[node.pool].add(used / gpu.model.memory_bytes, 1.0 / spec.slices, load)
+                if spec.slices > 1:  # a share over 1 (memory_gib beyond the GPU) counts as 1
+                    here = min(used / gpu.model.memory_bytes, 1.0)
+                    shares[node.pool].add(here, 1.0 / spec.slices, load)
                 else:
                     whole[node.pool] += 1
                 may = [cluster.pools[p] for p in (job.pools or (job.pool,))] + [spec]
                 anywhere.add(
-                    used / max(GPU_MODELS[m.model].memory_bytes for m in may),
+                    min(used / max(GPU_MODELS[m.model].memory_bytes for m in may), 1.0),
                     1.0 / max(m.slices for m in may),
                     load,
                 )

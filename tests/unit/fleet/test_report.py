@@ -190,3 +190,39 @@ def test_jobs_over_half_a_gpu_need_a_gpu_each_in_the_bounds() -> None:
     assert report.utilization_powered is not None and report.utilization_powered > 0.1
     assert report.utilization_bound_pools == pytest.approx(report.utilization_powered)
     assert report.utilization_bound_any_pool == pytest.approx(report.utilization_powered * 4 / 3)
+
+
+def test_the_bounds_are_never_below_what_the_run_reached() -> None:
+    """Over a case-study run, and a run with a GPU shared by pack (two light jobs on one) and a
+    job whose memory exceeds its GPU: each bound at least the run's own utilization, overall and
+    per pool, and the any-pool relaxation at least the in-pool one."""
+    from engine.whatif import run_off
+    from exporters.fleet.fleetfile import load_fleet
+
+    off = run_off(load_fleet(DEMO.parent / "case-study.yaml"), 3.0).report
+    assert off.utilization_powered is not None
+    assert off.utilization_bound_pools >= off.utilization_powered  # type: ignore[operator]
+    assert off.utilization_bound_any_pool >= off.utilization_bound_pools  # type: ignore[operator]
+    for pool in off.pools.values():  # None: no job ran there, nothing was needed
+        if pool.utilization_bound is None:
+            assert pool.utilization_powered == 0.0
+        else:
+            assert pool.utilization_bound >= pool.utilization_powered  # type: ignore[operator]
+
+    rtx = PoolSpec("s", 3, 1, "RTXA6000", sharing="time-slicing", slices=4)
+    config = FleetConfig(pools=(rtx,), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    c = fleet.cluster
+    spec = JobSpec("light", 1, "p", pool="s", duration_s=7200.0, memory_gib=10, shareable=True)
+    first, second = c.submit(spec), c.submit(spec)
+    ops.pack(c, first.gpu_uuids[0])  # shared in place
+    ops.pack(c, second.gpu_uuids[0])  # onto the first's GPU
+    assert second.gpu_uuids == first.gpu_uuids
+    huge = JobSpec("light", 1, "p", pool="s", duration_s=7200.0, memory_gib=150, shareable=True)
+    assert c.submit(huge).state == "running"  # 150 GiB on a 48 GB GPU: one GPU
+    fleet.run_until(1800.0)
+    report = recorder.report(c)
+    assert report.utilization_powered is not None and report.utilization_powered > 0.2
+    assert report.utilization_bound_pools >= report.utilization_powered  # type: ignore[operator]
+    assert report.utilization_bound_any_pool >= report.utilization_bound_pools  # type: ignore[operator]
