@@ -18,7 +18,7 @@ from typing import Any
 from exporters.fleet.cluster import Cluster
 from exporters.fleet.config import GPU_MODELS
 from exporters.fleet.energy import JOULES_PER_KWH
-from exporters.fleet.model import Gpu
+from exporters.fleet.model import Gpu, Job
 
 
 @dataclass
@@ -31,9 +31,9 @@ class _Sums:
     allocated_busy_s: float = 0.0
     pools_s: float = 0.0
     """GPU-seconds the running jobs needed at least in their pools, whole nodes
-    (``_fewest_gpus``)."""
+    (``_Fewest``)."""
     any_pool_s: float = 0.0
-    """GPU-seconds they needed at least in any pool they may use (``_fewest_gpus``)."""
+    """GPU-seconds they needed at least in any pool they may use (``_Fewest``)."""
 
     def add(self, rates: _Sums, dt: float) -> None:
         """Add ``rates`` (GPUs and utilization sums at one instant) held for ``dt`` seconds."""
@@ -205,12 +205,12 @@ class RunReport:
     """The most utilization over powered GPUs this run's jobs allowed where they ran, each at
     the load it ran at: at every instant, each pool powering only the whole nodes its running
     jobs need, shareable jobs packed as densely as memory, slices and their load allow without
-    asking a GPU for more than it has (``_fewest_gpus``). For these jobs at these loads, above
+    asking a GPU for more than it has (``_Fewest``). For these jobs at these loads, above
     it only moving jobs to other pools helps, not powering down or packing within a pool; a
     different schedule (other jobs running) has its own figure."""
     utilization_bound_any_pool: float | None = None
     """The same with every shareable job free to run in any pool it may use, quotas ignored,
-    and no node rounding: a relaxation (``_fewest_gpus``)."""
+    and no node rounding: a relaxation (``_Fewest``)."""
     energy_split_kwh: dict[str, float] = field(default_factory=dict)
     """Where the nodes' energy went, from their power at each observation: ``free GPUs (idle
     draw)`` (powered, no job: booting, waiting for a power-down or for work), ``held GPUs,
@@ -278,6 +278,7 @@ class Recorder:
         pools: dict[str, _Sums] = defaultdict(_Sums)
         power = 0.0
         waste: dict[tuple[str, str], float] = defaultdict(float)
+        fewest = _Fewest(cluster)
         with cluster.lock:
             queued = sum(len(q) for q in cluster.queues.values())
             for node in cluster.nodes.values():
@@ -317,6 +318,7 @@ class Recorder:
                     kind = "idle_whole" if gpu.job is not None else "idle_shared"
                     for holder in holders:
                         job = cluster.jobs[holder]
+                        fewest.hold(node.pool, gpu, job, len(holders))
                         mine = projects[job.project]
                         mine.allocated_s += share
                         mine.allocated_busy_s += gpu.utilization * share
@@ -325,7 +327,7 @@ class Recorder:
                         waste[(kind, job.job_class or "-")] += unused * share
                     if gpu.tenants:
                         waste[("shared_limit", _shared_limit(cluster, node.pool, gpu))] += unused
-            in_pools, rate.any_pool_s = _fewest_gpus(cluster)
+            in_pools, rate.any_pool_s = fewest.gpus()
             for pool, gpus in in_pools.items():
                 pools[pool].pools_s = gpus
                 rate.pools_s += gpus
@@ -454,14 +456,15 @@ class Recorder:
         )
 
 
-def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
-    """The fewest GPUs that could hold the jobs running now, two ways (call with the lock
-    held); utilization over them is the most that any placement and power management of the
-    same jobs, each at the load it has now, could reach (``RunReport.utilization_bound_pools``,
-    ``utilization_bound_any_pool``). "At the load it has now": no GPU asked for more than it
-    has (time-slicing admits more, the jobs then slow down and the GPU reads 100 %) and no
-    job's load changed by its place (a MIG slice caps it); a placement that changes loads is
-    outside what these figures bound.
+class _Fewest:
+    """The fewest GPUs that could hold the jobs running at one observation, two ways
+    (``Recorder.observe`` calls ``hold`` for every job on every GPU it counts, with the cluster
+    lock held); utilization over them is the most that any placement and power management of
+    the same jobs, each at the load it has now, could reach (``RunReport.
+    utilization_bound_pools``, ``utilization_bound_any_pool``). "At the load it has now": no
+    GPU asked for more than it has (time-slicing admits more, the jobs then slow down and the
+    GPU reads 100 %) and no job's load changed by its place (a MIG slice caps it); a placement
+    that changes loads is outside what these figures bound.
 
     A job that cannot share needs the GPUs it holds whole. Shareable jobs need at least what
     their memory, their slices (one each per GPU they use) and their load (a shared GPU's load
@@ -472,43 +475,49 @@ def _fewest_gpus(cluster: Cluster) -> tuple[dict[str, int], int]:
       moved to another pool);
     - *any pool*: every shareable job counted against the roomiest GPU (most memory, most
       slices) of the pools it may run in, all of them together, and no node rounding: a
-      relaxation that no packing onto the fleet's GPUs beats.
+      relaxation.
     """
-    whole: dict[str, int] = defaultdict(int)
-    shares: dict[str, _Bins] = defaultdict(_Bins)
-    alone = 0
-    anywhere = _Bins()
-    for node in cluster.nodes.values():
-        if node.failed:
-            continue
-        spec = cluster.pools[node.pool]
-        for gpu in node.gpus:
-            holders = [gpu.job] if gpu.job is not None else gpu.tenants
-            for holder in holders:
-                job = cluster.jobs[holder]
-                if not job.shareable:
-                    whole[node.pool] += 1
-                    alone += 1
-                    continue
-                load = gpu.utilization / len(holders)
-                used = cluster.job_bytes(job, gpu)
-                if spec.slices > 1:  # a share over 1 (memory_gib beyond the GPU) counts as 1
-                    here = min(used / gpu.model.memory_bytes, 1.0)
-                    shares[node.pool].add(here, 1.0 / spec.slices, load)
-                else:
-                    whole[node.pool] += 1
-                may = [cluster.pools[p] for p in (job.pools or (job.pool,))] + [spec]
-                anywhere.add(
-                    min(used / max(GPU_MODELS[m.model].memory_bytes for m in may), 1.0),
-                    1.0 / max(m.slices for m in may),
-                    load,
-                )
-    in_pools = {}
-    for pool in set(whole) | set(shares):
-        gpus = whole[pool] + (shares[pool].fewest() if pool in shares else 0)
-        size = cluster.pools[pool].gpus_per_node
-        in_pools[pool] = -(-gpus // size) * size
-    return in_pools, alone + anywhere.fewest()
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.whole: dict[str, int] = defaultdict(int)
+        self.shares: dict[str, _Bins] = defaultdict(_Bins)
+        self.alone = 0
+        self.anywhere = _Bins()
+        self._roomiest: dict[tuple[str, ...], tuple[int, int]] = {}
+        """Pools a job may run in (its own pool last) -> (most memory, most slices)."""
+
+    def hold(self, pool: str, gpu: Gpu, job: Job, holders: int) -> None:
+        """Count ``job`` on ``gpu`` of ``pool``, shared by ``holders`` jobs (1: whole)."""
+        if not job.shareable:
+            self.whole[pool] += 1
+            self.alone += 1
+            return
+        c = self.cluster
+        spec = c.pools[pool]
+        load = gpu.utilization / holders
+        used = c.job_bytes(job, gpu)
+        if spec.slices > 1:  # a share over 1 (memory_gib beyond the GPU) counts as 1
+            here = min(used / gpu.model.memory_bytes, 1.0)
+            self.shares[pool].add(here, 1.0 / spec.slices, load)
+        else:
+            self.whole[pool] += 1
+        may = (*(job.pools or (job.pool,)), pool)
+        roomiest = self._roomiest.get(may)
+        if roomiest is None:
+            specs = [c.pools[p] for p in may]
+            memory = max(GPU_MODELS[m.model].memory_bytes for m in specs)
+            roomiest = self._roomiest[may] = (memory, max(m.slices for m in specs))
+        self.anywhere.add(min(used / roomiest[0], 1.0), 1.0 / roomiest[1], load)
+
+    def gpus(self) -> tuple[dict[str, int], int]:
+        """(pool -> GPUs its jobs need, whole nodes), GPUs the jobs need in any pool."""
+        in_pools = {}
+        for pool in set(self.whole) | set(self.shares):
+            gpus = self.whole[pool] + (self.shares[pool].fewest() if pool in self.shares else 0)
+            size = self.cluster.pools[pool].gpus_per_node
+            in_pools[pool] = -(-gpus // size) * size
+        return in_pools, self.alone + self.anywhere.fewest()
 
 
 class _Bins:
