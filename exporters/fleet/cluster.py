@@ -631,6 +631,7 @@ class Cluster:
             allocations = []
             sharing = []
             borrowed: list[tuple[str, str]] = []
+            lends_slices = self.config.scheduler.slice_borrowing
             for node in self.nodes.values():
                 can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
@@ -639,13 +640,17 @@ class Cluster:
                         (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
                     )
                     # a GPU held whole by a job that cannot share, or by one on borrowed
-                    # capacity (a slice is never preempted for quota), is left out: ``pack``
+                    # capacity where the fleet does not lend slices, is left out: ``pack``
                     # would refuse it (409), so the policies downclock it instead (issue 12's
                     # fifth-round review: a borrowed shareable job under 30 % got no action)
-                    shares = job is not None and job.shareable and not job.borrowed
+                    shares = (
+                        job is not None and job.shareable and (not job.borrowed or lends_slices)
+                    )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
-                    if job is not None and job.borrowed:
+                    if any(self.jobs[j].borrowed for j in gpu.tenants) or (
+                        job is not None and job.borrowed
+                    ):
                         borrowed.append((node.name, gpu.uuid))
             nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
             for node in self.nodes.values():

@@ -206,7 +206,8 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
         "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
-        "a GPU held whole by a job that is not shareable or runs on borrowed capacity.",
+        "a GPU held whole by a job that is not shareable, or that runs on borrowed capacity "
+        "where the fleet does not lend slices (scheduler.slice_borrowing).",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:
@@ -239,9 +240,9 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     yield drainable
     borrowed = GaugeMetricFamily(
         "gpuops_gpu_borrowed",
-        "1 for a GPU held by a job on borrowed capacity (another project's reserved GPUs, "
-        "lent); absent for every other GPU. pack refuses such a job: a slice is never "
-        "preempted for quota.",
+        "1 for a GPU a job on borrowed capacity holds or shares (another project's reserved "
+        "GPUs, lent, or their free slices with scheduler.slice_borrowing); absent for every "
+        "other GPU. The owner reclaims them by preemption.",
         labels=["node", "uuid"],
     )
     for node, uuid in r.borrowed:

@@ -143,6 +143,11 @@ class SchedulerSettings:
     borrowing: bool = True
     """Jobs beyond their project's quota may use idle GPUs reserved by others (and are
     preempted when the owner needs them). False: reserved GPUs stay idle for their owner."""
+    slice_borrowing: bool = False
+    """Other projects' shareable jobs may run on free slices of a project's shared GPUs, as
+    borrowed capacity: the owner preempts them when it needs the GPUs back (as it does
+    borrowed whole GPUs). It matters only once ``pack`` has shared GPUs (no GPU is shared
+    without it); ``borrowing`` and ``lend`` are for whole GPUs."""
     preemption: bool = True
     min_runtime_s: float = 600.0
     """A job runs at least this long after (re)starting before it can be preempted again."""

@@ -172,6 +172,7 @@ class _Tariff(_Model):
 
 class _Scheduler(_Model):
     borrowing: bool = True
+    slice_borrowing: bool = False
     preemption: bool = True
     min_runtime: float = Field(default=600.0, ge=0)
     max_preemptions: int = Field(default=3, ge=0)
@@ -522,6 +523,7 @@ def _config(doc: _FleetFile) -> FleetConfig:
         ),
         scheduler=SchedulerSettings(
             doc.scheduler.borrowing,
+            doc.scheduler.slice_borrowing,
             doc.scheduler.preemption,
             doc.scheduler.min_runtime,
             doc.scheduler.max_preemptions,

@@ -302,8 +302,9 @@ class FleetReading:
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
     """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
-    but for GPUs held whole by a job that is not shareable or runs on borrowed capacity
-    (``pack`` would refuse them; the downclock policy acts on them instead)."""
+    but for GPUs held whole by a job that is not shareable, or that runs on borrowed capacity
+    where the fleet does not lend slices (``pack`` would refuse them; the downclock policy
+    acts on them instead)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)
@@ -334,8 +335,9 @@ class FleetReading:
     drainable: tuple[tuple[str, str, int], ...] = ()
     """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""
     borrowed: tuple[tuple[str, str], ...] = ()
-    """(node, uuid) of every GPU a job on borrowed capacity holds (another project's idle
-    reserved GPUs, lent): ``pack`` refuses such a job (a slice is never preempted for quota)."""
+    """(node, uuid) of every GPU a job on borrowed capacity holds or shares (another
+    project's idle reserved GPUs, lent, or free slices of its shared GPUs with
+    ``slice_borrowing``): the owner reclaims them by preemption."""
     booting: tuple[tuple[str, str, int], ...] = ()
     """(node, pool, 1 while it boots, else 0) per node that has not failed: a power-down
     policy counts a node's idle time from when it can run jobs, not from its power-up."""

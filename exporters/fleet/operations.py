@@ -83,7 +83,9 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
     charged, ``Cluster.restart_cost``), else its own GPUs become shared in place (it keeps
     running; their free slices take the next shareable jobs). A job moved less than
     ``scheduler.move_interval`` ago is only shared in place (no ping-pong with
-    ``consolidate``). Already on slices: no-op."""
+    ``consolidate``). Its own GPUs are not shared when no job its size would fit beside it
+    (shared, they would take nobody, and the job would never move on): it is left whole, with
+    ``left_whole`` saying why, for a later pack. Already on slices: no-op."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         job_id = gpu.job or (gpu.tenants[0] if gpu.tenants else None)
@@ -96,10 +98,12 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             raise Conflict(f"job {job.id} on GPU {uuid} is not shareable (its job class says)")
         scheduler = cluster.scheduler
         target = None
+        kind: str | None = None
         interval = cluster.config.scheduler.move_interval_s
         recently = job.moved_at is not None and cluster.time - job.moved_at < interval
         for pool in () if recently else job.pools or (job.pool,):  # moved lately: in place
-            if not scheduler.admits_on_slices(job, pool):
+            kind = scheduler.admits_on_slices(job, pool)
+            if kind is None:
                 continue  # its quota or the pool's reservations do not let it run there
             target = scheduler.slices_for(job, pool, exclude=node.name)
             if target is not None:
@@ -109,6 +113,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             charged = cluster.restart_cost(job)
             cluster.requeue(job)
             cluster.queues[job.pool].remove(job.id)
+            job.borrowed = kind == "borrowed"
             cluster.start_shared(job, to_node, gpus)
             cluster.counters["packed"] += 1
             cluster.schedule()
@@ -128,11 +133,12 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
                 f"GPU {uuid} cannot share (no sharing in the fleet file)"
             )
-        if not scheduler.admits_on_slices(job, node.pool):
+        kind = scheduler.admits_on_slices(job, node.pool)
+        if kind is None:
             raise Conflict(
                 f"job {job.id} of project {job.project} on GPU {uuid} runs on GPUs of pool "
-                f"{node.pool} that its quota does not cover (borrowed or reserved for others); "
-                "a slice is never preempted, so it is left whole"
+                f"{node.pool} that its quota does not cover (borrowed or reserved for others), "
+                "and the fleet does not lend slices (scheduler.slice_borrowing); left whole"
             )
         mine = [g for g in node.gpus if g.job == job.id]
         too_big = [
@@ -146,8 +152,36 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 f"job {job.id} needs {need:.1f} GiB per GPU: it does not fit one {sharing} slice "
                 f"of GPUs {too_big} in pool {node.pool} ({spec.slices} slices); left whole"
             )
+        alone = [
+            g.uuid
+            for g in mine
+            if not fits(
+                sharing, [cluster.job_bytes(job, g)], cluster.job_bytes(job, g),
+                g.model.memory_bytes, spec.slices,
+            )
+        ]  # fmt: skip
+        if alone:
+            # shared in place, its GPU would take nobody (no job its size fits beside it) and
+            # the job would never move on: ``pack`` acts only on GPUs held whole. Left whole, a
+            # later pack (the policy repeats) moves it once a slice of its pools has room.
+            need = cluster.job_bytes(job, mine[0]) / GIB
+            log.info("pack %s: left whole on %s (nothing its size fits beside it)", job.id, alone)
+            return {
+                "uuid": uuid,
+                "job": job.id,
+                "from": node.name,
+                "to": None,
+                "gpus": [],
+                "restart_gpu_s": 0.0,
+                "left_whole": (
+                    f"no shared GPU of its pools has a slice for it, and sharing its own GPUs "
+                    f"{alone} would take nobody: two jobs of {need:.1f} GiB do not fit one "
+                    f"{mine[0].model.memory_bytes / GIB:.0f} GiB {mine[0].model.short}"
+                ),
+            }
         for g in mine:
             g.job = None
+        job.borrowed = kind == "borrowed"
         started = job.started_at
         cluster.start_shared(job, node, mine)
         job.started_at = started  # it goes on running: no restart

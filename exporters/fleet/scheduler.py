@@ -10,9 +10,12 @@ Owned by ``exporters.fleet.cluster`` (one per cluster) and called with the clust
   when ``SchedulerSettings.borrowing`` is on or the pool *lends* (the ``lend`` verb: an
   engine policy's elastic quota), idle GPUs reserved by others (*borrowed*).
 - A shareable job (its job class says so) goes on free slices of GPUs that are shared already
-  (``pack`` made them so) before whole GPUs; a slice counts ``1/slices`` GPU of its quota.
+  (``pack`` made them so), in any of its pools, before whole GPUs; a slice counts
+  ``1/slices`` GPU of its quota. With ``SchedulerSettings.slice_borrowing`` it may borrow free
+  slices of GPUs other projects reserve (a light job of one team beside another's).
 - A guaranteed job that does not fit preempts borrowed jobs in its pool (the owner reclaims
   its quota); a job of a class that ``preempts`` also preempts lower, preemptible classes.
+  The tenants of a shared GPU go together or not at all: the GPU is free only without them.
   Never a job that started less than ``min_runtime_s`` ago or was preempted
   ``max_preemptions`` times already.
 - A preempted job is compensated: requeued at the front of its priority, its lost work (since
@@ -40,6 +43,17 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 """(project, pool)"""
 Usage = dict[Key, float]
+
+
+def _freed(node: Node, jobs: list[Job]) -> int:
+    """GPUs of ``node`` that preempting ``jobs`` frees: held whole by one of them, or shared
+    by them alone."""
+    ids = {j.id for j in jobs}
+    return sum(
+        1
+        for g in node.gpus
+        if (g.job is not None and g.job in ids) or (g.tenants and ids.issuperset(g.tenants))
+    )
 
 
 @dataclass
@@ -258,13 +272,18 @@ class Scheduler:
         for job in queued:
             if job.priority_class in self.held:
                 continue
-            placed = False
-            for pool in job.pools or (job.pool,):
-                if job.shareable and self._on_slices(
-                    job, pool, guaranteed, shared, capacity, reserved_in
-                ):
-                    placed = True
-                    break
+            # a shareable job takes free slices of shared GPUs in any of its pools, its own
+            # quota's or unreserved ones first, then borrowed ones, before a whole GPU in its
+            # preferred pool: a GPU powered for one light job is the waste sharing is for (an
+            # inference service alone on a T4 it cannot share), and a borrowed slice costs at
+            # worst a compensated preemption when its owner needs it
+            pools = job.pools or (job.pool,)
+            placed = job.shareable and any(
+                self._on_slices(job, pool, guaranteed, shared, capacity, reserved_in, borrow)
+                for borrow in (False, True)
+                for pool in pools
+            )
+            for pool in () if placed else pools:
                 if free.get(pool, 0) < job.gpus:
                     continue
                 kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in)
@@ -280,7 +299,12 @@ class Scheduler:
             if placed or not self.settings.preemption or preempt_budget <= 0:
                 continue
             preempt_budget -= 1
-            for pool in job.pools or (job.pool,):
+            if job.shareable and any(
+                self._reclaim_slice(job, pool, guaranteed, shared, capacity, reserved_in)
+                for pool in pools
+            ):
+                continue
+            for pool in pools:
                 kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in)
                 may_reclaim = kind == "guaranteed"
                 if not may_reclaim and not c.priority_class(job.priority_class).preempts:
@@ -295,7 +319,10 @@ class Scheduler:
                 if kind is None:  # room made by priority: it runs as borrowed capacity
                     kind = "borrowed" if self._lends(pool) else "shared"
                 self._place(job, target, kind, guaranteed, shared)
-                free[pool] += sum(v.gpus for v in victims) - job.gpus
+                # victims on slices free a GPU only with its last tenant: count, not add up
+                free[pool] = sum(
+                    len(n.free_gpus()) for n in c.nodes.values() if n.pool == pool and n.schedulable
+                )
                 break
 
     def _kind(
@@ -316,20 +343,66 @@ class Scheduler:
         unreserved = max(capacity.get(pool, 0) - reserved_in.get(pool, 0), 0)
         if shared[pool] + need <= unreserved:
             return "shared"
-        return "borrowed" if lend and self._lends(pool) else None
+        return "borrowed" if lend and self._lends(pool) and self._may_borrow(job) else None
 
-    def admits_on_slices(self, job: Job, pool: str) -> bool:
-        """Whether ``job``'s project may run it on slices of ``pool`` — its quota there, or
-        unreserved GPUs, never borrowed capacity (a slice is not preempted for quota) — not
-        counting what it holds now: the admission ``_on_slices`` makes, for ``pack``."""
+    def _awaits_power(self, job: Job, pool: str) -> bool:
+        """Whether ``job`` waits for a machine of ``pool`` rather than stop another project's
+        job on a lent slice: one boots (it gives room by ``booting_until``), or one more can
+        be powered up (``max_nodes``) and ``job`` has waited less than two boot times (the
+        power-up policy's delay, then the boot)."""
+        c = self.cluster
+        spec = c.pools[pool]
+        nodes = [n for n in c.nodes.values() if n.pool == pool]
+        if any(n.booting_until is not None for n in nodes):
+            return True
+        can_grow = spec.max_nodes is not None and len(nodes) < spec.max_nodes
+        return can_grow and c.time - (job.queued_at or job.submitted_at) < 2 * spec.boot_s
+
+    def _restarted_lately(self, job: Job) -> bool:
+        """Stopped and started again (preempted, packed, moved) within ``move_interval``: such
+        a job borrows no slice, so that one the owner took a slice back from runs where it
+        may stay, not on the next lent slice that will be taken back too (ping-pong)."""
+        moved = job.moved_at
+        return moved is not None and self.cluster.time - moved < self.settings.move_interval_s
+
+    def _may_borrow(self, job: Job) -> bool:
+        """Only a job its owner can still take the GPUs back from borrows: one preempted
+        ``max_preemptions`` times is never preempted again, and would keep them."""
+        return job.preemptions < self.settings.max_preemptions
+
+    def admits_on_slices(self, job: Job, pool: str) -> str | None:
+        """How ``job``'s project may run it on slices of ``pool`` — ``guaranteed`` (its quota
+        there), ``shared`` (unreserved GPUs), ``borrowed`` (others' reserved GPUs, with
+        ``slice_borrowing``: preempted when the owner needs them) — or None, not counting
+        what it holds now: the admission ``_on_slices`` makes, for ``pack``."""
         spec = self.cluster.pools[pool]
         if spec.sharing is None:
-            return False
+            return None
         guaranteed, shared = self._usage(exclude=job.id)
         w = job.gpus / spec.slices
         capacity, reserved_in = self._capacity(), self._reserved_in()
+        return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
+
+    def _slice_kind(
+        self,
+        job: Job,
+        pool: str,
+        guaranteed: Usage,
+        shared: dict[str, float],
+        capacity: dict[str, int],
+        reserved_in: dict[str, int],
+        w: float,
+    ) -> str | None:
         kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in, w, lend=False)
-        return kind is not None
+        if (
+            kind is None
+            and self.settings.slice_borrowing
+            and reserved_in.get(pool, 0) > 0  # an owner to lend them, and to take them back
+            and self._may_borrow(job)
+            and not self._restarted_lately(job)
+        ):
+            return "borrowed"
+        return kind
 
     def _lends(self, pool: str) -> bool:
         return self.settings.borrowing or pool in self.lending
@@ -342,27 +415,124 @@ class Scheduler:
         shared: dict[str, float],
         capacity: dict[str, int],
         reserved_in: dict[str, int],
+        borrow: bool = True,
     ) -> bool:
-        """Place ``job`` on free slices of GPUs already shared in ``pool`` (never as borrowed
-        capacity: a slice is not preempted for quota); False when none fit."""
+        """Place ``job`` on free slices of GPUs already shared in ``pool``: within its
+        project's quota, on unreserved GPUs, or (``borrow`` and ``slice_borrowing``)
+        borrowed from the owner, who preempts it when it needs the room (``_victims``,
+        ``_reclaim_slice``); False when none fit."""
         spec = self.cluster.pools[pool]
         if spec.sharing is None:
             return False
         w = job.gpus / spec.slices
-        kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in, w, lend=False)
-        if kind is None:
+        kind = self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
+        if kind is None or (kind == "borrowed" and not borrow):
             return False
         found = self.slices_for(job, pool)
         if found is None:
             return False
         node, gpus = found
+        self._start_on_slices(job, node, gpus, kind, w, guaranteed, shared)
+        return True
+
+    def _start_on_slices(
+        self,
+        job: Job,
+        node: Node,
+        gpus: list[Gpu],
+        kind: str,
+        w: float,
+        guaranteed: Usage,
+        shared: dict[str, float],
+    ) -> None:
+        pool = node.pool
         self.cluster.queues[job.pool].remove(job.id)
-        job.borrowed = False
+        job.borrowed = kind == "borrowed"
         if kind == "guaranteed":
             guaranteed[(job.project, pool)] += w
-        else:
+        elif kind == "shared":
             shared[pool] += w
         self.cluster.start_shared(job, node, gpus)
+
+    def _reclaim_slice(
+        self,
+        job: Job,
+        pool: str,
+        guaranteed: Usage,
+        shared: dict[str, float],
+        capacity: dict[str, int],
+        reserved_in: dict[str, int],
+    ) -> bool:
+        """The owner takes back slices: a shareable ``job`` within its project's quota in
+        ``pool`` that no free slice takes preempts borrowed tenants of other projects (past
+        ``min_runtime``, under ``max_preemptions``) on shared GPUs of one node until it fits
+        each of ``job.gpus`` GPUs, the least work lost first; False when no node can, or
+        while a machine of the pool powers up for it (``_awaits_power``): a light job's few
+        minutes, against stopping another team's service."""
+        c = self.cluster
+        spec = c.pools[pool]
+        if spec.sharing is None:
+            return False
+        w = job.gpus / spec.slices
+        key = (job.project, pool)
+        if guaranteed[key] + w > self.quota(*key):
+            return False  # beyond its quota it has nothing to reclaim
+        if self._awaits_power(job, pool):
+            return False  # a machine powering up gives it room within a boot: nobody stops
+        s = self.settings
+        best: tuple[float, Node, list[Gpu], list[Job]] | None = None
+        for node in c.nodes.values():
+            if node.pool != pool or not node.schedulable:
+                continue
+            options: list[tuple[float, Gpu, list[Job]]] = []
+            for g in node.gpus:
+                if not g.tenants or job.id in g.tenants:
+                    continue
+                tenants = [c.jobs[t] for t in g.tenants]
+                victims = sorted(
+                    (
+                        t
+                        for t in tenants
+                        if t.borrowed
+                        and t.project != job.project
+                        and t.preemptions < s.max_preemptions
+                        and c.time - (t.started_at or 0.0) >= s.min_runtime_s
+                    ),
+                    key=lambda t: (self._lost_work(t) * t.gpus, t.id),
+                )
+                gone: list[Job] = []
+                for victim in [None, *victims]:
+                    if victim is not None:
+                        gone.append(victim)
+                    kept = [t for t in tenants if t not in gone]
+                    if fits(
+                        spec.sharing,
+                        [c.job_bytes(t, g) for t in kept],
+                        c.job_bytes(job, g),
+                        g.model.memory_bytes,
+                        spec.slices,
+                    ):
+                        cost = sum(self._lost_work(v) * v.gpus for v in gone)
+                        options.append((cost, g, list(gone)))
+                        break
+            if len(options) < job.gpus:
+                continue
+            options.sort(key=lambda o: (o[0], o[1].uuid))
+            chosen = options[: job.gpus]
+            victims_all: list[Job] = []
+            for _cost, _g, vs in chosen:
+                victims_all.extend(v for v in vs if v not in victims_all)
+            cost = sum(self._lost_work(v) * v.gpus for v in victims_all)
+            if best is None or cost < best[0]:
+                best = (cost, node, [g for _c, g, _v in chosen], victims_all)
+        if best is None:
+            return False
+        _cost, node, gpus, victims = best
+        for victim in victims:
+            self.preempt(victim, by=job)  # borrowed: counted in no quota (``_usage``)
+        kind = self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
+        assert kind == "guaranteed"
+        self._start_on_slices(job, node, gpus, kind, w, guaranteed, shared)
         return True
 
     def slices_for(
@@ -419,44 +589,72 @@ class Scheduler:
         if node is None or job.borrowed:
             return
         key = (job.project, node.pool)
-        if shared[node.pool] >= job.gpus:
-            shared[node.pool] -= job.gpus
+        w = self.weight(job, node.pool)  # a tenant counts its slices, as ``_usage`` does
+        if shared[node.pool] >= w:
+            shared[node.pool] -= w
         else:
-            guaranteed[key] = max(guaranteed[key] - job.gpus, 0)
+            guaranteed[key] = max(guaranteed[key] - w, 0)
 
     def _victims(self, job: Job, pool: str, reclaim: bool) -> tuple[Node, list[Job]] | None:
-        """The node of ``pool`` where preempting the least work makes room for ``job``."""
+        """The node of ``pool`` where preempting the least work makes room for ``job``: jobs
+        holding GPUs whole, or every tenant of a shared GPU (a GPU is free only with its last
+        tenant gone; tenants on several GPUs free their slices of each)."""
         c = self.cluster
         s = self.settings
         mine = c.priority_class(job.priority_class)
+
+        def victim(other: Job) -> bool:
+            if other.preemptions >= s.max_preemptions:
+                return False
+            if c.time - (other.started_at or 0.0) < s.min_runtime_s:
+                return False
+            theirs = c.priority_class(other.priority_class)
+            by_quota = reclaim and other.borrowed and other.project != job.project
+            by_priority = mine.preempts and theirs.preemptible and other.priority < job.priority
+            return by_quota or by_priority
+
         best: tuple[float, Node, list[Job]] | None = None
         for node in c.nodes.values():
             if node.pool != pool or not node.schedulable:
                 continue
             free = len(node.free_gpus())
-            candidates: list[Job] = []
-            # sorted: a set's order changes with the interpreter's string hashing, and the
-            # same seed must give the same run in every process
+            # each unit frees its GPUs when all its jobs go: a job held whole, or the tenants
+            # of one shared GPU. Sorted: a set's order changes with the interpreter's string
+            # hashing, and the same seed must give the same run in every process
+            units: list[list[Job]] = []
             for jid in sorted({g.job for g in node.gpus if g.job is not None}):
-                other = c.jobs[jid]  # exclusive holders only: a slice is never a victim
-                if other.preemptions >= s.max_preemptions:
-                    continue
-                if c.time - (other.started_at or 0.0) < s.min_runtime_s:
-                    continue
-                theirs = c.priority_class(other.priority_class)
-                by_quota = reclaim and other.borrowed and other.project != job.project
-                by_priority = mine.preempts and theirs.preemptible and other.priority < job.priority
-                if by_quota or by_priority:
-                    candidates.append(other)
-            if free + sum(v.gpus for v in candidates) < job.gpus:
+                other = c.jobs[jid]
+                if victim(other):
+                    units.append([other])
+            for g in node.gpus:
+                if g.tenants:
+                    tenants = [c.jobs[t] for t in sorted(g.tenants)]
+                    if all(victim(t) for t in tenants):
+                        units.append(tenants)
+            if free + _freed(node, [v for u in units for v in u]) < job.gpus:
                 continue
-            candidates.sort(key=lambda v: (v.priority, self._lost_work(v) * v.gpus))
+            # the unit adding the least (priority first, then lost work) until enough GPUs are
+            # free, counted exactly (a tenant on two GPUs frees both, with their other
+            # tenants); then the units not needed after all, latest first, are spared
+            picked: list[list[Job]] = []
+            while free + _freed(node, [v for u in picked for v in u]) < job.gpus:
+                taken = {v.id for u in picked for v in u}
+                picked.append(
+                    min(
+                        (u for u in units if u not in picked and any(v.id not in taken for v in u)),
+                        key=lambda u: (
+                            max(v.priority for v in u if v.id not in taken),
+                            sum(self._lost_work(v) * v.gpus for v in u if v.id not in taken),
+                        ),
+                    )
+                )
+            for unit in list(reversed(picked)):
+                rest = [u for u in picked if u is not unit]
+                if free + _freed(node, [v for u in rest for v in u]) >= job.gpus:
+                    picked = rest
             chosen: list[Job] = []
-            for victim in candidates:
-                if free >= job.gpus:
-                    break
-                chosen.append(victim)
-                free += victim.gpus
+            for unit in picked:
+                chosen.extend(v for v in unit if v not in chosen)
             cost = sum(self._lost_work(v) * v.gpus for v in chosen)
             if best is None or cost < best[0]:
                 best = (cost, node, chosen)
@@ -464,6 +662,11 @@ class Scheduler:
 
     @staticmethod
     def _lost_work(job: Job) -> float:
+        """Work a stop loses: since the last checkpoint, all of it without checkpoints, none
+        for a session (a notebook, a service: its duration is wall-clock time, as
+        ``Cluster.restart_cost`` counts it)."""
+        if job.profile in SESSION_PROFILES:
+            return 0.0
         if job.checkpoint_interval_s is not None:
             return job.since_checkpoint_s
         if job.duration_s is None or job.remaining_s is None:
@@ -482,6 +685,7 @@ class Scheduler:
         job.front = True
         job.borrowed = False
         job.lost_gpu_s += lost * job.gpus
+        job.moved_at = c.time  # restarted: ``pack`` and ``consolidate`` leave it for a while
         self.preemptions[job.project] += 1
         self.credit_gpu_s[job.project] += lost * job.gpus
         log.debug("%s preempted by %s; %.0f GPU-s lost", job.id, by.id if by else "-", lost)

@@ -38,10 +38,15 @@ def cluster(*pools: PoolSpec, reserved: dict[str, int] | None = None) -> Cluster
 
 
 def light(
-    project: str = "p", shareable: bool = True, memory_gib: float = 12, **kw: object
+    project: str = "p",
+    shareable: bool = True,
+    memory_gib: float = 12,
+    gpus: int = 1,
+    priority_class: str = "routine",
+    **kw: object,
 ) -> JobSpec:
     return JobSpec(
-        "light", 1, project, pool="", duration_s=3600.0, priority_class="routine",
+        "light", gpus, project, pool="", duration_s=3600.0, priority_class=priority_class,
         memory_gib=memory_gib, shareable=shareable, **kw,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -157,6 +162,233 @@ def test_the_borrowed_series_names_the_gpus_of_borrowed_jobs() -> None:
     assert own.gpu_uuids[0] in sharing and guest.gpu_uuids[0] not in sharing
     with pytest.raises(Conflict, match="its quota does not cover"):
         ops.pack(c, guest.gpu_uuids[0])
+
+
+def lent(
+    *pools: PoolSpec,
+    reserved: dict[str, tuple[str, int]],
+    slice_borrowing: bool = True,
+    min_runtime_s: float = 0.0,
+    borrowing: bool = False,
+    classes: tuple[PriorityClass, ...] = CLASSES,
+) -> Cluster:
+    """A cluster whose projects reserve ``reserved[project] = (pool, GPUs)`` and whose shared
+    GPUs' free slices other projects may borrow (``slice_borrowing``)."""
+    return Cluster(
+        FleetConfig(
+            pools=pools,
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=classes,
+            reservations=tuple(ProjectSpec(p, (r,)) for p, r in reserved.items()),
+            scheduler=SchedulerSettings(
+                borrowing=borrowing, slice_borrowing=slice_borrowing,
+                min_runtime_s=min_runtime_s, restart_s=300.0,
+            ),
+        )
+    )  # fmt: skip
+
+
+def test_a_shareable_job_takes_a_free_slice_in_any_of_its_pools_before_a_whole_gpu() -> None:
+    c = cluster(
+        PoolSpec("t", 1, 1, "T4", sharing="time-slicing", slices=4),
+        PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4),
+    )
+    first = c.submit(light())
+    assert first.pool == "t" and first.node == "node-0"  # its preferred pool
+    second = c.submit(light())
+    assert second.node == "node-1" and not second.shared
+    ops.pack(c, second.gpu_uuids[0])  # the V100 is shared now, with room for another
+    c.release(first)  # the T4 is free, whole
+    third = c.submit(light())
+    assert third.shared and third.gpu_uuids == second.gpu_uuids  # the V100's slice
+    assert c.nodes["node-0"].idle()  # the T4 stays free (for a job that needs it whole)
+
+
+@pytest.mark.parametrize("slice_borrowing", [True, False])
+def test_another_projects_job_borrows_free_slices_only_where_the_fleet_lends_them(
+    slice_borrowing: bool,
+) -> None:
+    c = lent(SLICED, reserved={"o": ("v", 2)}, slice_borrowing=slice_borrowing)
+    owner = c.submit(light("o"))
+    ops.pack(c, owner.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    if not slice_borrowing:  # neither a slice nor the idle reserved GPU: it waits
+        assert guest.state == "queued" and not guest.borrowed
+        return
+    assert guest.shared and guest.borrowed and guest.gpu_uuids == owner.gpu_uuids
+    whole = c.submit(light("guest", shareable=False))  # whole GPUs are lent by `lend` only
+    assert whole.state == "queued"
+    reading = c.fleet_reading()
+    assert reading.borrowed == (("node-0", owner.gpu_uuids[0]),)
+
+
+def test_the_owner_reclaims_a_gpu_whose_tenants_all_borrow_it() -> None:
+    c = lent(SLICED, reserved={"o": ("v", 2)})
+    first = c.submit(light("o"))
+    ops.pack(c, first.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    assert guest.borrowed and guest.gpu_uuids == first.gpu_uuids
+    c.release(first)  # the borrower is the GPU's last tenant
+    for _ in range(4):
+        c.advance(15.0)
+    big = c.submit(JobSpec("training", 2, "o", pool="", duration_s=3600.0,
+                           priority_class="routine"))  # fmt: skip
+    assert big.state == "running" and sorted(big.gpu_uuids) == sorted(
+        g.uuid for g in c.nodes["node-0"].gpus
+    )
+    assert guest.state == "queued" and guest.preemptions == 1 and not guest.borrowed
+    assert c.scheduler.preemptions == {"guest": 1}
+
+
+def test_a_gpu_shared_with_the_owners_own_job_is_not_freed_for_it() -> None:
+    c = lent(SLICED, reserved={"o": ("v", 2)})
+    own = c.submit(light("o"))
+    ops.pack(c, own.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    big = c.submit(JobSpec("training", 2, "o", pool="", duration_s=3600.0,
+                           priority_class="routine"))  # fmt: skip
+    # preempting the borrower would not free the GPU its own job shares: nobody goes
+    assert big.state == "queued" and guest.state == "running" and guest.preemptions == 0
+
+
+def test_a_borrowed_slice_runs_its_minimum_runtime_before_its_owner_takes_it_back() -> None:
+    c = lent(SLICED, reserved={"o": ("v", 2)}, min_runtime_s=600.0)
+    first = c.submit(light("o"))
+    ops.pack(c, first.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    c.release(first)
+    big = c.submit(JobSpec("training", 2, "o", pool="", duration_s=3600.0,
+                           priority_class="routine"))  # fmt: skip
+    assert big.state == "queued" and guest.state == "running"
+    for _ in range(41):  # past its 10 minutes; each step schedules
+        c.advance(15.0)
+    assert big.state == "running" and guest.state == "queued" and guest.preemptions == 1
+
+
+def test_the_owner_takes_a_slice_back_from_a_borrower_for_its_own_light_job() -> None:
+    c = lent(PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4),
+             reserved={"o": ("v", 1)})  # fmt: skip
+    own = c.submit(light("o"))
+    ops.pack(c, own.gpu_uuids[0])
+    guest = c.submit(light("guest"))  # 2 x 12 GiB on the 32 GB V100
+    assert guest.borrowed and guest.gpu_uuids == own.gpu_uuids
+    second = c.submit(light("o"))  # a third 12 GiB does not fit: the owner reclaims a slice
+    assert second.shared and second.gpu_uuids == own.gpu_uuids and not second.borrowed
+    assert guest.state == "queued" and guest.preemptions == 1
+    assert c.find_gpu(own.gpu_uuids[0])[1].tenants == [own.id, second.id]
+
+
+@pytest.mark.parametrize("power_up", [True, False])
+def test_the_owner_waits_for_a_machine_powering_up_before_it_takes_a_slice_back(
+    power_up: bool,
+) -> None:
+    c = lent(PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4, max_nodes=2,
+                      boot_s=300.0), reserved={"o": ("v", 2)})  # fmt: skip
+    own = c.submit(light("o"))
+    ops.pack(c, own.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    second = c.submit(light("o"))  # no room on the shared GPU; the pool may power one up
+    assert second.state == "queued" and guest.state == "running"
+    if power_up:
+        ops.scale_out(c, "v", 1)  # what power-up-on-queue does
+        for _ in range(21):  # its five-minute boot: the owner's job waits, nobody is stopped
+            c.advance(15.0)
+        assert second.state == "running" and second.node != own.node
+        assert guest.state == "running" and guest.preemptions == 0
+        return
+    for _ in range(39):  # nothing powers up: it waits two boot times, then reclaims
+        c.advance(15.0)
+    assert second.state == "queued" and guest.preemptions == 0
+    for _ in range(2):
+        c.advance(15.0)
+    assert second.shared and second.gpu_uuids == own.gpu_uuids
+    assert guest.state == "queued" and guest.preemptions == 1
+
+
+def test_a_job_at_its_preemption_cap_borrows_no_slice() -> None:
+    c = lent(SLICED, reserved={"o": ("v", 2)})
+    own = c.submit(light("o"))
+    ops.pack(c, own.gpu_uuids[0])
+    capped = light("guest")
+    job = c.scheduler.cluster._new_job(capped)
+    job.preemptions = c.config.scheduler.max_preemptions  # as after three reclaims
+    c.jobs[job.id] = job
+    c.queues[job.pool].append(job.id)
+    c.schedule()
+    assert job.state == "queued"  # its owner could never take the slice back
+    fresh = c.submit(light("guest"))
+    assert fresh.borrowed and fresh.gpu_uuids == own.gpu_uuids  # one under the cap does
+
+
+def test_reclaim_preempts_only_what_frees_the_gpus_it_needs() -> None:
+    """A borrower on slices of two GPUs frees both; a cheaper borrower held whole beside it
+    is not preempted for nothing (it would start again on the GPU left free)."""
+    c = lent(PoolSpec("v", 1, 3, "V100", sharing="time-slicing", slices=4),
+             reserved={"o": ("v", 3)}, borrowing=True)  # fmt: skip
+    first, second = c.submit(light("o")), c.submit(light("o"))
+    ops.pack(c, first.gpu_uuids[0])
+    ops.pack(c, second.gpu_uuids[0])
+    wide = c.submit(light("guest", gpus=2))
+    assert wide.borrowed and sorted(wide.gpu_uuids) == sorted(first.gpu_uuids + second.gpu_uuids)
+    c.release(first)
+    c.release(second)
+    for _ in range(40):
+        c.advance(15.0)  # ten minutes of work the wide one would lose
+    whole = c.submit(light("guest", shareable=False))
+    assert whole.borrowed and not whole.shared
+    c.advance(15.0)
+    big = c.submit(JobSpec("training", 2, "o", pool="", duration_s=3600.0,
+                           priority_class="routine"))  # fmt: skip
+    assert big.state == "running" and wide.state == "queued" and wide.preemptions == 1
+    assert whole.state == "running" and whole.preemptions == 0
+
+
+def test_a_tenant_preempted_gives_back_its_slice_of_quota_not_a_whole_gpu() -> None:
+    classes = (
+        PriorityClass("steady", 40, preemptible=False),
+        PriorityClass("low", 10),
+        PriorityClass("urgent", 100, preempts=True, preemptible=False),
+    )
+    c = lent(PoolSpec("v", 1, 4, "V100", sharing="time-slicing", slices=4),
+             reserved={"q": ("v", 1), "o": ("v", 3)}, slice_borrowing=False,
+             classes=classes)  # fmt: skip
+    u = [g.uuid for g in c.nodes["node-0"].gpus]
+    c.submit(light("o", shareable=False, priority_class="steady", node="node-0",
+                   gpu_uuids=(u[3],)))  # fmt: skip
+    c.submit(light("q", priority_class="steady", node="node-0", gpu_uuids=(u[2],)))
+    ops.pack(c, u[2])
+    wide = c.submit(light("q", gpus=2, priority_class="low", node="node-0",
+                          gpu_uuids=(u[0], u[1])))  # fmt: skip
+    ops.pack(c, u[0])  # q counts 0.25 + 0.5 of its quota of 1
+    waiting = c.submit(light("q", shareable=False, priority_class="low"))
+    assert waiting.state == "queued"
+    c.submit(JobSpec("training", 1, "o", pool="", duration_s=3600.0, priority_class="urgent"))
+    assert wide.state == "queued" and wide.preemptions == 1  # its 0.5 is back, not 2 GPUs
+    assert waiting.state == "queued"  # 0.25 + 1 is beyond q's quota, and nothing is unreserved
+    guaranteed, _shared = c.scheduler._usage()
+    assert guaranteed[("q", "v")] <= c.scheduler.quota("q", "v")
+
+
+def test_pack_moves_a_light_job_onto_another_projects_free_slice_as_borrowed() -> None:
+    c = lent(
+        PoolSpec("t", 1, 1, "T4", sharing="time-slicing", slices=4),
+        PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4),
+        reserved={"serving": ("t", 1), "o": ("v", 1)},
+    )
+    service = c.submit(light("serving", memory_gib=9.3))
+    assert service.pool == "t" and not service.shared
+    owner = c.submit(light("o", memory_gib=9.3))  # the T4 is taken: the V100
+    # no shared GPU yet, and shared in place the T4 would take nobody (two 9.3 GiB jobs do
+    # not fit its 16 GB): left whole, so that a later pack can still move it
+    left = ops.pack(c, service.gpu_uuids[0])
+    assert left["to"] is None and "16 GiB T4" in str(left["left_whole"])
+    assert not service.shared and c.find_gpu(service.gpu_uuids[0])[1].job == service.id
+    ops.pack(c, owner.gpu_uuids[0])
+    changed = ops.pack(c, service.gpu_uuids[0])
+    assert changed["to"] == owner.node and service.gpu_uuids == owner.gpu_uuids
+    assert service.borrowed and c.nodes["node-0"].idle()
+    assert c.fleet_reading().borrowed == ((owner.node, owner.gpu_uuids[0]),)
 
 
 def test_lending_lets_waiting_jobs_borrow_idle_reserved_gpus_until_the_owner_needs_them() -> None:
