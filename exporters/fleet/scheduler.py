@@ -306,7 +306,9 @@ class Scheduler:
                 continue
             for pool in pools:
                 kind = self._kind(job, pool, guaranteed, shared, capacity, reserved_in)
-                may_reclaim = kind == "guaranteed"
+                # a light job waiting for a machine powering up stops no borrower here either
+                waits = job.shareable and self._awaits_power(job, pool)
+                may_reclaim = kind == "guaranteed" and not waits
                 if not may_reclaim and not c.priority_class(job.priority_class).preempts:
                     continue
                 found = self._victims(job, pool, may_reclaim)
@@ -314,8 +316,10 @@ class Scheduler:
                     continue
                 target, victims = found
                 for victim in victims:
-                    self._undo_usage(victim, guaranteed, shared)
                     self.preempt(victim, by=job)
+                # counted again, not undone by guess: a victim's share (a slice's, a whole
+                # GPU's) left exactly the bucket (guaranteed, shared) ``_usage`` put it in
+                guaranteed, shared = self._usage()
                 if kind is None:  # room made by priority: it runs as borrowed capacity
                     kind = "borrowed" if self._lends(pool) else "shared"
                 self._place(job, target, kind, guaranteed, shared)
@@ -347,16 +351,18 @@ class Scheduler:
 
     def _awaits_power(self, job: Job, pool: str) -> bool:
         """Whether ``job`` waits for a machine of ``pool`` rather than stop another project's
-        job on a lent slice: one boots (it gives room by ``booting_until``), or one more can
-        be powered up (``max_nodes``) and ``job`` has waited less than two boot times (the
-        power-up policy's delay, then the boot)."""
+        job on a lent slice: it has waited less than two boot times (the power-up policy's
+        delay, then the boot), and a machine of the pool boots or one more can be powered up
+        (``max_nodes``)."""
         c = self.cluster
         spec = c.pools[pool]
+        since = job.queued_at if job.queued_at is not None else job.submitted_at
+        if c.time - since >= 2 * spec.boot_s:
+            return False  # waited long enough, whatever boots (maybe for other jobs)
         nodes = [n for n in c.nodes.values() if n.pool == pool]
         if any(n.booting_until is not None for n in nodes):
             return True
-        can_grow = spec.max_nodes is not None and len(nodes) < spec.max_nodes
-        return can_grow and c.time - (job.queued_at or job.submitted_at) < 2 * spec.boot_s
+        return spec.max_nodes is not None and len(nodes) < spec.max_nodes
 
     def _restarted_lately(self, job: Job) -> bool:
         """Stopped and started again (preempted, packed, moved) within ``move_interval``: such
@@ -512,6 +518,16 @@ class Scheduler:
                         g.model.memory_bytes,
                         spec.slices,
                     ):
+                        for spared in list(reversed(gone)):  # not needed after all: spared
+                            rest = [t for t in tenants if t not in gone or t is spared]
+                            if fits(
+                                spec.sharing,
+                                [c.job_bytes(t, g) for t in rest],
+                                c.job_bytes(job, g),
+                                g.model.memory_bytes,
+                                spec.slices,
+                            ):
+                                gone.remove(spared)
                         cost = sum(self._lost_work(v) * v.gpus for v in gone)
                         options.append((cost, g, list(gone)))
                         break
@@ -530,9 +546,8 @@ class Scheduler:
         _cost, node, gpus, victims = best
         for victim in victims:
             self.preempt(victim, by=job)  # borrowed: counted in no quota (``_usage``)
-        kind = self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
-        assert kind == "guaranteed"
-        self._start_on_slices(job, node, gpus, kind, w, guaranteed, shared)
+        # within its quota (checked above; preempting borrowers changes no quota's usage)
+        self._start_on_slices(job, node, gpus, "guaranteed", w, guaranteed, shared)
         return True
 
     def slices_for(
@@ -583,17 +598,6 @@ class Scheduler:
         elif kind == "shared":
             shared[node.pool] += job.gpus
         c.start(job, node, node.free_gpus()[: job.gpus])
-
-    def _undo_usage(self, job: Job, guaranteed: Usage, shared: dict[str, float]) -> None:
-        node = self.cluster.nodes.get(job.node or "")
-        if node is None or job.borrowed:
-            return
-        key = (job.project, node.pool)
-        w = self.weight(job, node.pool)  # a tenant counts its slices, as ``_usage`` does
-        if shared[node.pool] >= w:
-            shared[node.pool] -= w
-        else:
-            guaranteed[key] = max(guaranteed[key] - w, 0)
 
     def _victims(self, job: Job, pool: str, reclaim: bool) -> tuple[Node, list[Job]] | None:
         """The node of ``pool`` where preempting the least work makes room for ``job``: jobs

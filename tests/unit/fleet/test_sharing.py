@@ -306,6 +306,45 @@ def test_the_owner_waits_for_a_machine_powering_up_before_it_takes_a_slice_back(
     assert guest.state == "queued" and guest.preemptions == 1
 
 
+def test_a_light_job_waiting_for_power_frees_no_gpu_of_its_borrowers_either() -> None:
+    """While it waits for a machine, the owner's light job does not take the whole-GPU path
+    instead: preempting every borrowed tenant of a GPU to run there whole (review finding)."""
+    c = lent(PoolSpec("t", 1, 2, "T4", sharing="time-slicing", slices=4, max_nodes=3,
+                      boot_s=600.0), reserved={"o": ("t", 2)}, borrowing=True)  # fmt: skip
+    c.submit(light("o", shareable=False))
+    first = c.submit(light("g", memory_gib=4))  # borrows the other GPU whole
+    ops.pack(c, first.gpu_uuids[0])
+    guests = [first] + [c.submit(light("g", memory_gib=4)) for _ in range(3)]
+    for _ in range(60):
+        c.advance(15.0)
+    lent_gpu = first.gpu_uuids
+    assert all(g.borrowed and g.gpu_uuids == lent_gpu for g in guests)
+    mine = c.submit(light("o", memory_gib=4))
+    assert mine.state == "queued" and all(g.preemptions == 0 for g in guests)
+    for _ in range(80):  # two boot times, nothing powered up: it takes one slice back
+        c.advance(15.0)
+    assert mine.shared and mine.gpu_uuids == lent_gpu
+    assert sum(g.preemptions for g in guests) == 1
+
+
+def test_taking_a_slice_back_stops_only_the_borrowers_it_needs() -> None:
+    c = lent(PoolSpec("t", 1, 2, "T4", sharing="time-slicing", slices=4),
+             reserved={"o": ("t", 2)})  # fmt: skip
+    c.submit(light("o", shareable=False))
+    own = c.submit(light("o", memory_gib=4))
+    ops.pack(c, own.gpu_uuids[0])
+    big = c.submit(light("g", memory_gib=8))  # borrowed, runs longer: more work to lose
+    for _ in range(20):
+        c.advance(15.0)
+    small = c.submit(light("g", memory_gib=2))
+    c.advance(15.0)
+    mine = c.submit(light("o", memory_gib=8))  # 4 + 8 + 2 + 8 > 16: one borrower must go
+    assert mine.shared and mine.gpu_uuids == own.gpu_uuids
+    # the cheaper small one alone would not make room; the big one alone does: it goes, and
+    # the small one, preempted first on the way, is spared
+    assert big.state == "queued" and small.state == "running" and small.preemptions == 0
+
+
 def test_a_job_at_its_preemption_cap_borrows_no_slice() -> None:
     c = lent(SLICED, reserved={"o": ("v", 2)})
     own = c.submit(light("o"))
