@@ -39,7 +39,7 @@ from exporters.fleet.model import (
     profile_utilization,
 )
 from exporters.fleet.scheduler import Claim, Scheduler
-from exporters.fleet.sharing import gpu_utilization, progress_rates
+from exporters.fleet.sharing import fits, gpu_utilization, progress_rates
 from exporters.fleet.workload import Arrivals, PriorityClass
 
 NO_CLASS = PriorityClass("", 0)
@@ -626,6 +626,15 @@ class Cluster:
                 return []
             return [GpuReading.of(node, gpu) for gpu in node.gpus]
 
+    def _fits_a_slice(self, job: Job, pool: str, gpu: Gpu) -> bool:
+        """Whether ``job`` fits one slice of ``gpu`` (a MIG slice holds ``1/slices`` of its
+        memory): one that does not, ``pack`` refuses to share in place (409), and with the
+        pack policy repeating, it would be asked again every 30 minutes."""
+        spec = self.pools[pool]
+        if spec.sharing is None or job.shared:
+            return True
+        return fits(spec.sharing, [], self.job_bytes(job, gpu), gpu.model.memory_bytes, spec.slices)
+
     def fleet_reading(self) -> FleetReading:
         with self.lock:
             allocations = []
@@ -644,7 +653,10 @@ class Cluster:
                     # would refuse it (409), so the policies downclock it instead (issue 12's
                     # fifth-round review: a borrowed shareable job under 30 % got no action)
                     shares = (
-                        job is not None and job.shareable and (not job.borrowed or lends_slices)
+                        job is not None
+                        and job.shareable
+                        and (not job.borrowed or lends_slices)
+                        and self._fits_a_slice(job, node.pool, gpu)
                     )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))

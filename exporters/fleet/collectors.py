@@ -206,8 +206,8 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
         "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
-        "a GPU held whole by a job that is not shareable, or that runs on borrowed capacity "
-        "where the fleet does not lend slices (scheduler.slice_borrowing).",
+        "a GPU held whole by a job that is not shareable, too big for one of its slices, or "
+        "on borrowed capacity where the fleet does not lend slices (scheduler.slice_borrowing).",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:

@@ -302,9 +302,9 @@ class FleetReading:
     reclaimed: int
     sharing: tuple[tuple[str, str, int], ...] = ()
     """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
-    but for GPUs held whole by a job that is not shareable, or that runs on borrowed capacity
-    where the fleet does not lend slices (``pack`` would refuse them; the downclock policy
-    acts on them instead)."""
+    but for GPUs held whole by a job that is not shareable, too big for one of its slices
+    (MIG), or on borrowed capacity where the fleet does not lend slices (``pack`` would
+    refuse them; the downclock policy acts on them instead)."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)

@@ -128,6 +128,8 @@ def test_pack_in_place_refuses_a_job_too_big_for_one_slice() -> None:
     with pytest.raises(Conflict, match=r"needs 60.0 GiB .* does not fit one mig slice"):
         ops.pack(c, uuid)
     assert not big.shared and c.find_gpu(uuid)[1].job == big.id  # left whole
+    # so it is not offered to the pack policy (which repeats: a refusal every 30 minutes)
+    assert uuid not in {u for _node, u, _n in c.fleet_reading().sharing}
     second = c.submit(light())
     assert second.state == "queued"  # nothing shares the GPU it holds
 
