@@ -311,9 +311,11 @@ class Pair:
     def started(self) -> set[str]:
         return {r[0] for r in self.rows("SELECT id FROM decisions WHERE status = 'started'")}
 
-    def executed(self) -> set[str]:
-        """Decisions recorded to run (``verdict = execute``), whatever their status."""
-        return {r[0] for r in self.rows("SELECT id FROM decisions WHERE verdict = 'execute'")}
+    def executed(self, done: bool = False) -> set[str]:
+        """Decisions recorded to run (``verdict = execute``): whatever their status, or
+        (``done``) only those whose outcome is stored."""
+        sql = "SELECT id FROM decisions WHERE verdict = 'execute'"
+        return {r[0] for r in self.rows(sql + (" AND status = 'done'" if done else ""))}
 
     def audit(self) -> dict[str, dict[str, set[str]]]:
         """Per decision id, per ``event.outcome``, the event ids in the replicas' spools."""
