@@ -626,10 +626,12 @@ class Cluster:
                 return []
             return [GpuReading.of(node, gpu) for gpu in node.gpus]
 
-    def _fits_a_slice(self, job: Job, pool: str, gpu: Gpu) -> bool:
+    def fits_a_slice(self, job: Job, pool: str, gpu: Gpu) -> bool:
         """Whether ``job`` fits one slice of ``gpu`` (a MIG slice holds ``1/slices`` of its
-        memory): one that does not, ``pack`` refuses to share in place (409), and with the
-        pack policy repeating, it would be asked again every 30 minutes."""
+        memory; True when ``pool`` cannot share or ``job`` runs on slices already: nothing to
+        check): one that does not, ``pack`` refuses to share in place (409), so the sharing
+        series leaves its GPU out (with the pack policy repeating, it would be asked again
+        every 30 minutes)."""
         spec = self.pools[pool]
         if spec.sharing is None or job.shared:
             return True
@@ -656,7 +658,7 @@ class Cluster:
                         job is not None
                         and job.shareable
                         and (not job.borrowed or lends_slices)
-                        and self._fits_a_slice(job, node.pool, gpu)
+                        and self.fits_a_slice(job, node.pool, gpu)
                     )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))

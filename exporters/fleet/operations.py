@@ -141,11 +141,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 "and the fleet does not lend slices (scheduler.slice_borrowing); left whole"
             )
         mine = [g for g in node.gpus if g.job == job.id]
-        too_big = [
-            g.uuid
-            for g in mine
-            if not fits(sharing, [], cluster.job_bytes(job, g), g.model.memory_bytes, spec.slices)
-        ]
+        too_big = [g.uuid for g in mine if not cluster.fits_a_slice(job, node.pool, g)]
         if too_big:
             need = cluster.job_bytes(job, mine[0]) / GIB
             raise Conflict(

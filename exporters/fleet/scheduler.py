@@ -279,8 +279,8 @@ class Scheduler:
             # worst a compensated preemption when its owner needs it
             pools = job.pools or (job.pool,)
             placed = job.shareable and any(
-                self._on_slices(job, pool, guaranteed, shared, capacity, reserved_in, borrow)
-                for borrow in (False, True)
+                self._on_slices(job, pool, guaranteed, shared, capacity, reserved_in, borrowed)
+                for borrowed in (False, True)
                 for pool in pools
             )
             for pool in () if placed else pools:
@@ -371,6 +371,17 @@ class Scheduler:
         moved = job.moved_at
         return moved is not None and self.cluster.time - moved < self.settings.move_interval_s
 
+    def _stoppable(self, job: Job) -> bool:
+        """Past ``min_runtime`` since it (re)started and under ``max_preemptions``."""
+        s = self.settings
+        ran = self.cluster.time - (job.started_at or 0.0)
+        return job.preemptions < s.max_preemptions and ran >= s.min_runtime_s
+
+    @staticmethod
+    def _reclaimable(other: Job, owner: Job) -> bool:
+        """``other`` runs on capacity ``owner``'s project lends it (the owner reclaims)."""
+        return other.borrowed and other.project != owner.project
+
     def _may_borrow(self, job: Job) -> bool:
         """Only a job its owner can still take the GPUs back from borrows: one preempted
         ``max_preemptions`` times is never preempted again, and would keep them."""
@@ -421,18 +432,20 @@ class Scheduler:
         shared: dict[str, float],
         capacity: dict[str, int],
         reserved_in: dict[str, int],
-        borrow: bool = True,
+        borrowed: bool,
     ) -> bool:
         """Place ``job`` on free slices of GPUs already shared in ``pool``: within its
-        project's quota, on unreserved GPUs, or (``borrow`` and ``slice_borrowing``)
+        project's quota or on unreserved GPUs, or (``borrowed``, with ``slice_borrowing``)
         borrowed from the owner, who preempts it when it needs the room (``_victims``,
-        ``_reclaim_slice``); False when none fit."""
+        ``_reclaim_slice``); False when none fit, or when its admission there is not the
+        kind asked for (``run`` asks every pool for the one, then for the other: no search
+        twice)."""
         spec = self.cluster.pools[pool]
         if spec.sharing is None:
             return False
         w = job.gpus / spec.slices
         kind = self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
-        if kind is None or (kind == "borrowed" and not borrow):
+        if kind is None or (kind == "borrowed") != borrowed:
             return False
         found = self.slices_for(job, pool)
         if found is None:
@@ -485,7 +498,13 @@ class Scheduler:
             return False  # beyond its quota it has nothing to reclaim
         if self._awaits_power(job, pool):
             return False  # a machine powering up gives it room within a boot: nobody stops
-        s = self.settings
+        sharing = spec.sharing
+
+        def room(g: Gpu, tenants: list[Job], gone: list[Job]) -> bool:
+            """``job`` fits ``g`` with ``gone`` of its ``tenants`` preempted."""
+            kept = [c.job_bytes(t, g) for t in tenants if t not in gone]
+            return fits(sharing, kept, c.job_bytes(job, g), g.model.memory_bytes, spec.slices)
+
         best: tuple[float, Node, list[Gpu], list[Job]] | None = None
         for node in c.nodes.values():
             if node.pool != pool or not node.schedulable:
@@ -496,37 +515,16 @@ class Scheduler:
                     continue
                 tenants = [c.jobs[t] for t in g.tenants]
                 victims = sorted(
-                    (
-                        t
-                        for t in tenants
-                        if t.borrowed
-                        and t.project != job.project
-                        and t.preemptions < s.max_preemptions
-                        and c.time - (t.started_at or 0.0) >= s.min_runtime_s
-                    ),
+                    (t for t in tenants if self._reclaimable(t, job) and self._stoppable(t)),
                     key=lambda t: (self._lost_work(t) * t.gpus, t.id),
                 )
                 gone: list[Job] = []
                 for victim in [None, *victims]:
                     if victim is not None:
                         gone.append(victim)
-                    kept = [t for t in tenants if t not in gone]
-                    if fits(
-                        spec.sharing,
-                        [c.job_bytes(t, g) for t in kept],
-                        c.job_bytes(job, g),
-                        g.model.memory_bytes,
-                        spec.slices,
-                    ):
+                    if room(g, tenants, gone):
                         for spared in list(reversed(gone)):  # not needed after all: spared
-                            rest = [t for t in tenants if t not in gone or t is spared]
-                            if fits(
-                                spec.sharing,
-                                [c.job_bytes(t, g) for t in rest],
-                                c.job_bytes(job, g),
-                                g.model.memory_bytes,
-                                spec.slices,
-                            ):
+                            if room(g, tenants, [t for t in gone if t is not spared]):
                                 gone.remove(spared)
                         cost = sum(self._lost_work(v) * v.gpus for v in gone)
                         options.append((cost, g, list(gone)))
@@ -604,16 +602,13 @@ class Scheduler:
         holding GPUs whole, or every tenant of a shared GPU (a GPU is free only with its last
         tenant gone; tenants on several GPUs free their slices of each)."""
         c = self.cluster
-        s = self.settings
         mine = c.priority_class(job.priority_class)
 
         def victim(other: Job) -> bool:
-            if other.preemptions >= s.max_preemptions:
-                return False
-            if c.time - (other.started_at or 0.0) < s.min_runtime_s:
+            if not self._stoppable(other):
                 return False
             theirs = c.priority_class(other.priority_class)
-            by_quota = reclaim and other.borrowed and other.project != job.project
+            by_quota = reclaim and self._reclaimable(other, job)
             by_priority = mine.preempts and theirs.preemptible and other.priority < job.priority
             return by_quota or by_priority
 
