@@ -30,8 +30,9 @@ SESSION_IDLE_UTILIZATION = 0.05
 """A session's GPU load at or below this is idle (nobody uses the notebook or service)."""
 
 SESSION_IDLE_S = 600.0
-"""A session without checkpoints is moved only after this long idle: moved while in use,
-its user or clients would see the outage."""
+"""A notebook without checkpoints is moved (``consolidate``) only after this long idle: moved
+while in use, its user would lose the open session. An inference service is moved in use,
+as a Deployment's pod is evicted for a scale-down: its clients see the relaunch."""
 
 _PROFILE_MEMORY = {"training": 0.85, "notebook": 0.30, "inference": 0.45, "light": 0.20}
 

@@ -315,8 +315,9 @@ def consolidate(cluster: Cluster, node_name: str) -> Changed:
     """Empty the partly used node ``node_name`` and power it down, as Kubernetes' cluster
     autoscaler scales down an underused node whose pods fit elsewhere (or Karpenter's
     consolidation, or Slurm's ``POWER_DOWN_ASAP`` after a requeue): every job on it moves to
-    free GPUs (slices, for a job on slices) of the pool's other up nodes, best fit
-    (``Scheduler.drain_plan``), each paying its restart (``Cluster.restart_cost``: work since
+    free GPUs (slices, for a job on slices) of other up nodes of its pool or of another of its
+    class's pools that admits it, best fit (``Scheduler.drain_plan``; moved to another pool, it
+    borrows nothing there), each paying its restart (``Cluster.restart_cost``: work since
     its last checkpoint, none for a session, plus the fleet's ``restart``) and not moved
     again within ``scheduler.move_interval``; then the node is drained and removed (powered
     down: ``scale_out`` powers a machine of the pool up again). All or nothing: Conflict,
@@ -332,11 +333,14 @@ def consolidate(cluster: Cluster, node_name: str) -> Changed:
             restart_gpu_s += cluster.restart_cost(job)
             cluster.requeue(job)
             cluster.queues[job.pool].remove(job.id)
+            job.borrowed = move.borrowed
             if move.shared:
                 cluster.start_shared(job, move.node, move.gpus)
             else:
                 cluster.start(job, move.node, move.gpus)
-            moved.append({"job": job.id, "to": move.node.name, "gpus": job.gpu_uuids})
+            moved.append(
+                {"job": job.id, "to": move.node.name, "pool": move.node.pool, "gpus": job.gpu_uuids}
+            )
         if not node.idle():  # cannot happen: every job moved above; never power down a job
             raise Conflict(f"node {node_name} still runs {sorted(node.job_ids())}")
         del cluster.nodes[node_name]

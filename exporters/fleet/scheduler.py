@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
-from exporters.fleet.model import SESSION_IDLE_S, SESSION_PROFILES, Gpu, Job, Node
+from exporters.fleet.model import (
+    CULLED_PROFILES,
+    SESSION_IDLE_S,
+    SESSION_PROFILES,
+    Gpu,
+    Job,
+    Node,
+)
 from exporters.fleet.sharing import fits
 
 if TYPE_CHECKING:
@@ -90,6 +97,19 @@ class Move:
     gpus: list[Gpu]
     shared: bool
     """On one slice of each of ``gpus`` (a job on slices stays on slices)."""
+    borrowed: bool
+    """On capacity borrowed from another project (only ever within the job's own pool: a job
+    moved to another pool goes within its project's quota there or on unreserved GPUs)."""
+
+
+@dataclass(frozen=True)
+class _Admission:
+    """The quota state a consolidation pass admits moves to other pools by (``_usage``)."""
+
+    guaranteed: Usage
+    shared: dict[str, float]
+    capacity: dict[str, int]
+    reserved_in: dict[str, int]
 
 
 @dataclass
@@ -101,6 +121,10 @@ class Claim:
     whole: set[str] = field(default_factory=set)
     slices: dict[str, list[int]] = field(default_factory=dict)
     targets: set[str] = field(default_factory=set)
+    quota: dict[Key, float] = field(default_factory=dict)
+    """GPUs (a slice: ``1/slices``) that jobs moved to another pool take of that pool's
+    quotas: of their project's there, or of its unreserved GPUs (counted in both, as the
+    scheduler would admit them, so that two moves never both count on the same room)."""
 
     def copy(self) -> Claim:
         return Claim(
@@ -108,11 +132,12 @@ class Claim:
             set(self.whole),
             {k: list(v) for k, v in self.slices.items()},
             set(self.targets),
+            dict(self.quota),
         )
 
     def update(self, other: Claim) -> None:
         self.nodes, self.whole, self.slices = other.nodes, other.whole, other.slices
-        self.targets = other.targets
+        self.targets, self.quota = other.targets, other.quota
 
 
 class Scheduler:
@@ -696,17 +721,22 @@ class Scheduler:
     def drain_plan(self, node: Node, claim: Claim | None = None) -> list[Move]:
         """Where each job on ``node`` would go so that the node empties (``consolidate``): a
         free GPU (or a slice of a shared GPU, for a job on slices) of another schedulable node
-        of its pool that runs jobs already, the fullest first (best fit, as the scheduler
-        places), never an idle node (the move would power nothing down), a node being
-        drained, of a quota grant or in ``claim.nodes``. Raises Conflict naming the
-        first reason it cannot: the node is not up, of a quota grant, idle (power-down's
-        business), more than half used (cluster-autoscaler's scale-down threshold: moving
-        more costs more restarts than a node saves), a job that would lose its work (no
-        checkpoints and not a session), a session without checkpoints that was in use (its
-        GPU load above ``SESSION_IDLE_UTILIZATION``) within ``SESSION_IDLE_S``, a job moved
-        less than ``move_interval_s`` ago, no room, or (with ``claim``) the node takes the
-        jobs of an earlier plan. ``claim`` (updated only when the plan succeeds) keeps what
-        earlier plans of the same pass took."""
+        that runs jobs already, in the node's pool or in another of the job's pools (its
+        class's models, with fallback, and its memory: ``Job.pools``), the fullest first (best
+        fit, as the scheduler places; the node's own pool first among equals), never an idle
+        node (the move would power nothing down), a node being drained, of a quota grant or in
+        ``claim.nodes``. In another pool the job goes only as the scheduler would admit it
+        there without borrowing (its project's quota, or unreserved GPUs: ``_move_kind``) and
+        only where no queued job waits for that pool (its free GPUs are theirs); in its own
+        pool it keeps its admission, and the consolidation policy waits for the pool's queue.
+        Raises Conflict naming the first reason it cannot: the node is not up, of a quota
+        grant, idle (power-down's business), more than half used (cluster-autoscaler's
+        scale-down threshold: moving more costs more restarts than a node saves), a job that
+        would lose its work (no checkpoints and not a session), a notebook without
+        checkpoints that was in use (its GPU load above ``SESSION_IDLE_UTILIZATION``) within
+        ``SESSION_IDLE_S``, a job moved less than ``move_interval_s`` ago, no room, or (with
+        ``claim``) the node takes the jobs of an earlier plan. ``claim`` (updated only when
+        the plan succeeds) keeps what earlier plans of the same pass took."""
         c = self.cluster
         if not node.schedulable:
             raise Conflict(f"node {node.name} is {node.state}; only an up node is consolidated")
@@ -726,14 +756,16 @@ class Scheduler:
         # a grant's nodes go when it ends, whatever runs there: never a target either
         mine.nodes.update(n for g in self.grants.values() for n in g.nodes)
         jobs = sorted((c.jobs[j] for j in node.job_ids()), key=lambda j: (-j.gpus, j.id))
+        admission = _Admission(*self._usage(), self._capacity(), self._reserved_in())
         moves = []
         for job in jobs:
             self._movable(job)
-            move = self._move_target(job, node.pool, mine)
+            move = self._move_target(job, node.pool, mine, admission)
             if move is None:
+                pools = self._move_pools(job, node.pool)
                 raise Conflict(
-                    f"no other node of pool {node.pool} has room for job {job.id} "
-                    f"({job.gpus} GPU{'s' if job.gpus > 1 else ''}"
+                    f"no other node of pool{'s' if len(pools) > 1 else ''} {', '.join(pools)} "
+                    f"has room for job {job.id} ({job.gpus} GPU{'s' if job.gpus > 1 else ''}"
                     f"{' on slices' if job.shared else ''}); node {node.name} stays"
                 )
             moves.append(move)
@@ -749,7 +781,10 @@ class Scheduler:
                 f"job {job.id} has no checkpoints and is not a session: moving it would lose "
                 "its work"
             )
-        if job.checkpoint_interval_s is None and job.profile in SESSION_PROFILES:
+        # a notebook in use is its user's open session; a service (inference) is restarted
+        # elsewhere as the descheduler evicts a Deployment's pod for a scale-down, paying its
+        # relaunch (``restart_s``, its GPUs held idle meanwhile), as ``pack`` moves it
+        if job.checkpoint_interval_s is None and job.profile in CULLED_PROFILES:
             since = max(t for t in (job.busy_at, job.started_at, 0.0) if t is not None)
             if c.time - since < SESSION_IDLE_S:
                 raise Conflict(
@@ -764,52 +799,103 @@ class Scheduler:
                 f"within {interval / 60:.0f} min (scheduler.move_interval)"
             )
 
-    def _move_target(self, job: Job, pool: str, claim: Claim) -> Move | None:
+    def _move_pools(self, job: Job, home: str) -> list[str]:
+        """The pools a job on a node of ``home`` may be moved to, best first: its pools of its
+        class's models, in their order (``Job.pools``), and ``home``; never a fallback pool
+        (a light service onto a whole H100 would empty a T4 node by wasting a bigger GPU)."""
         c = self.cluster
-        spec = c.pools[pool]
-        best: tuple[tuple[int, int, int], Move] | None = None
-        for other in c.nodes.values():
-            if other.pool != pool or not other.schedulable or other.name in claim.nodes:
+        models = c.priority_class(job.priority_class).models if job.priority_class else ()
+        pools = [
+            p
+            for p in job.pools or (job.pool,)
+            if p == home or not models or c.pools[p].model in models
+        ]
+        return pools if home in pools else [home, *pools]
+
+    def _waited_for(self, pool: str) -> bool:
+        """A queued job that is not held may run in ``pool``."""
+        c = self.cluster
+        return any(
+            pool in (job.pools or (job.pool,)) and job.priority_class not in self.held
+            for q in c.queues.values()
+            for job in (c.jobs[j] for j in q)
+        )
+
+    def _admits_move(self, job: Job, pool: str, a: _Admission, claim: Claim) -> bool:
+        """Whether ``job`` would be admitted to ``pool`` (not its own) as guaranteed (its
+        project's quota there) or shared (unreserved GPUs), never borrowed, beside what
+        earlier moves of the pass took there (``claim.quota``)."""
+        if self._waited_for(pool):
+            return False  # a queued job may take the pool's free GPUs: they are its
+        w = self._move_weight(job, pool)
+        key = (job.project, pool)
+        mine = a.guaranteed[key] + claim.quota.get(key, 0.0)
+        unreserved = max(a.capacity.get(pool, 0) - a.reserved_in.get(pool, 0), 0)
+        others = a.shared[pool] + claim.quota.get(("", pool), 0.0)
+        return mine + w <= self.quota(*key) or others + w <= unreserved
+
+    def _move_weight(self, job: Job, pool: str) -> float:
+        """GPUs of ``pool``'s quotas ``job`` would take there (it stays on slices or whole)."""
+        return job.gpus / self.cluster.pools[pool].slices if job.shared else float(job.gpus)
+
+    def _move_target(self, job: Job, home: str, claim: Claim, a: _Admission) -> Move | None:
+        c = self.cluster
+        best: tuple[tuple[int, int, int, int], Move] | None = None
+        pools = self._move_pools(job, home)
+        for rank, pool in enumerate(pools):
+            spec = c.pools[pool]
+            if job.shared and spec.sharing is None:
+                continue  # a job on slices stays on slices
+            if pool != home and not self._admits_move(job, pool, a, claim):
                 continue
-            if other.idle():  # moving onto an idle node powers nothing down: it saves nothing
-                continue
-            free = [g for g in other.free_gpus() if g.uuid not in claim.whole]
-            free = [g for g in free if g.uuid not in claim.slices]
-            if not job.shared:
-                if len(free) < job.gpus:
+            for other in c.nodes.values():
+                if other.pool != pool or not other.schedulable or other.name in claim.nodes:
                     continue
-                score = (0, len(free), other.seq)
-                move = Move(job, other, free[: job.gpus], shared=False)
-            else:
-                assert spec.sharing is not None  # a job on slices runs in a pool that shares
-                need = c.job_bytes(job, other.gpus[0])  # one model per pool
-                room = [
-                    g
-                    for g in other.gpus
-                    if g.job is None
-                    and g.uuid not in claim.whole
-                    and (g.tenants or g.uuid in claim.slices)
-                    and fits(
-                        spec.sharing,
-                        [c.job_bytes(c.jobs[t], g) for t in g.tenants]
-                        + claim.slices.get(g.uuid, []),
-                        need,
-                        g.model.memory_bytes,
-                        spec.slices,
-                    )
-                ]
-                room.sort(key=lambda g: -len(g.tenants) - len(claim.slices.get(g.uuid, [])))
-                fresh = max(job.gpus - len(room), 0)
-                if fresh > len(free):
+                if other.idle():  # moving onto an idle node powers nothing down: it saves nothing
                     continue
-                chosen = room[: job.gpus] + free[:fresh]
-                score = (fresh, len(free), other.seq)
-                move = Move(job, other, chosen, shared=True)
-            if best is None or score < best[0]:
-                best = (score, move)
+                free = [g for g in other.free_gpus() if g.uuid not in claim.whole]
+                free = [g for g in free if g.uuid not in claim.slices]
+                if not job.shared:
+                    if len(free) < job.gpus:
+                        continue
+                    score = (0, rank, len(free), other.seq)
+                    move = Move(job, other, free[: job.gpus], False, job.borrowed)
+                else:
+                    assert spec.sharing is not None
+                    need = c.job_bytes(job, other.gpus[0])  # one model per pool
+                    room = [
+                        g
+                        for g in other.gpus
+                        if g.job is None
+                        and g.uuid not in claim.whole
+                        and (g.tenants or g.uuid in claim.slices)
+                        and fits(
+                            spec.sharing,
+                            [c.job_bytes(c.jobs[t], g) for t in g.tenants]
+                            + claim.slices.get(g.uuid, []),
+                            need,
+                            g.model.memory_bytes,
+                            spec.slices,
+                        )
+                    ]
+                    room.sort(key=lambda g: -len(g.tenants) - len(claim.slices.get(g.uuid, [])))
+                    fresh = max(job.gpus - len(room), 0)
+                    if fresh > len(free):
+                        continue
+                    chosen = room[: job.gpus] + free[:fresh]
+                    score = (fresh, rank, len(free), other.seq)
+                    move = Move(job, other, chosen, True, job.borrowed)
+                if best is None or score < best[0]:
+                    best = (score, move)
         if best is None:
             return None
         move = best[1]
+        pool = move.node.pool
+        if pool != home:  # its room in the pool's quotas, counted in both buckets
+            w = self._move_weight(job, pool)
+            for key in ((job.project, pool), ("", pool)):
+                claim.quota[key] = claim.quota.get(key, 0.0) + w
+            move.borrowed = False
         for g in move.gpus:
             if move.shared:
                 claim.slices.setdefault(g.uuid, []).append(c.job_bytes(job, g))

@@ -12,7 +12,7 @@ from engine.actions.base import PermanentError
 from engine.actions.fleet import FleetExecutor
 from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
 from exporters.fleet import operations as ops
-from exporters.fleet.config import SchedulerSettings
+from exporters.fleet.config import ProjectSpec, SchedulerSettings
 from exporters.fleet.model import SESSION_IDLE_S
 from exporters.fleet.report import Recorder
 from exporters.fleet.workload import PriorityClass
@@ -216,27 +216,34 @@ def test_a_node_that_takes_anothers_jobs_is_not_drainable_in_the_same_pass() -> 
     assert sorted(c.nodes) == ["node-1", "node-2", "node-3"]
 
 
-def test_a_session_without_checkpoints_moves_only_once_idle() -> None:
+def test_a_notebook_moves_only_once_idle_a_service_in_use_pays_its_relaunch() -> None:
     c = cluster()
     c.submit(training(3, "node-0"))
-    service = c.submit(
-        JobSpec("inference", 1, "p", pool="", duration_s=8 * 3600.0, node="node-2")
-    )  # bursty: busy every minute or so, no checkpoints
-    steps(c, 2 * SESSION_IDLE_S)
-    assert drainable(c)["node-2"] == 0
+    notes = c.submit(notebook("node-2"))  # ~2 % load: nobody at it
     with pytest.raises(
-        Conflict, match=rf"job {service.id} \(inference session, no checkpoints\) was in use"
+        Conflict,
+        match=rf"job {notes.id} \(notebook session, no checkpoints\) was in use 0 min ago: a "
+        "session moves only after 10 min idle",
     ):
         ops.consolidate(c, "node-2")
-    assert service.node == "node-2"
-    c.release(service)
-    notes = c.submit(notebook("node-2"))  # ~2 % load: nobody at it
-    with pytest.raises(Conflict, match="in use 0 min ago: a session moves only after 10 min idle"):
-        ops.consolidate(c, "node-2")
+    assert drainable(c)["node-2"] == 0
     steps(c, SESSION_IDLE_S)
     assert drainable(c)["node-2"] == 1
     ops.consolidate(c, "node-2")
     assert notes.node == "node-0"
+    c.release(notes)
+    # a service is restarted elsewhere like a Deployment's pod (its clients see the relaunch)
+    service = c.submit(
+        JobSpec("inference", 1, "p", pool="", duration_s=8 * 3600.0, node="node-1")
+    )  # bursty: busy every minute or so, no checkpoints
+    steps(c, 2 * SESSION_IDLE_S)
+    assert service.busy_at is not None and c.time - service.busy_at < SESSION_IDLE_S
+    left = service.remaining_s
+    assert drainable(c)["node-1"] == 1
+    out = ops.consolidate(c, "node-1")
+    assert service.node == "node-0" and out["restart_gpu_s"] == c.config.scheduler.restart_s
+    assert service.remaining_s == left  # its serving time goes on: no work lost
+    assert service.restarting_until == c.time + c.config.scheduler.restart_s
 
 
 def test_a_restarted_job_relaunches_on_idle_gpus_and_its_redone_work_is_counted() -> None:
@@ -264,3 +271,101 @@ def test_a_restarted_job_relaunches_on_idle_gpus_and_its_redone_work_is_counted(
     # 8 powered GPUs for 20 min, 4 of them busy; the moved job's was busy doing work again
     assert report.utilization_powered == pytest.approx(4 * 0.9 / 8, rel=0.06)
     assert report.utilization_powered_net == pytest.approx(3 * 0.9 / 8, rel=0.06)
+
+
+# --- across pools: a job moves to another pool of its class's models, as admitted there ---
+
+TRAINING = PriorityClass("high", 100, models=("A100", "H100"))
+
+
+def pools(*reserved: tuple[str, str, int], a_nodes: int = 2) -> Cluster:
+    """Pool a (A100; node-0, node-1 with the defaults), pool h (H100, rented; the next node),
+    pool r (RTX A6000, a fallback of the class; the last node)."""
+    return Cluster(
+        FleetConfig(
+            pools=(
+                PoolSpec("a", a_nodes, 4, "A100", max_nodes=a_nodes),
+                PoolSpec("h", 1, 4, "H100", cloud=True, max_nodes=2),
+                PoolSpec("r", 1, 4, "RTXA6000"),
+            ),
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=(TRAINING,),
+            reservations=tuple(ProjectSpec(p, ((pool, n),)) for p, pool, n in reserved),
+            scheduler=SchedulerSettings(
+                borrowing=False, min_runtime_s=0.0, restart_s=300.0, move_interval_s=3600.0
+            ),
+        )
+    )
+
+
+def trains(gpus: int, node: str = "", project: str = "p") -> JobSpec:
+    """A training; pinned to ``node`` (its pool only), else placed by the scheduler."""
+    return JobSpec(
+        "training", gpus, project, pool="", duration_s=7200.0, priority_class="high",
+        node=node or None, checkpoint_interval_s=1800.0,
+    )  # fmt: skip
+
+
+def test_a_rented_nodes_job_moves_to_free_gpus_of_the_classs_first_model() -> None:
+    c = pools(a_nodes=1)
+    full = c.submit(trains(4))  # node-0 (A100) full
+    job = c.submit(trains(1))  # so it goes to node-1 (H100, rented)
+    assert job.node == "node-1" and job.pools == ("a", "h", "r")  # r only by fallback
+    c.release(full)
+    c.submit(trains(3))  # node-0: one GPU free
+    assert drainable(c)["node-1"] == 1
+    out = ops.consolidate(c, "node-1")
+    assert "node-1" not in c.nodes and job.node == "node-0" and not job.borrowed
+    assert out["moved"] == [{"job": job.id, "to": "node-0", "pool": "a", "gpus": job.gpu_uuids}]
+
+
+def test_no_move_to_a_fallback_pool_nor_onto_quota_reserved_for_another_project() -> None:
+    c = pools(("o", "h", 4))
+    c.submit(trains(4))  # node-0 (A100): full
+    job = c.submit(trains(1))  # node-1 (A100): a quarter used
+    c.submit(trains(1, "node-2", project="o"))  # node-2 (H100, o's): 3 GPUs free
+    c.submit(trains(1, "node-3"))  # node-3 (RTX, a fallback pool of the job): 3 GPUs free
+    assert job.node == "node-1"
+    with pytest.raises(Conflict, match=rf"no other node of pools a, h has room for job {job.id}"):
+        ops.consolidate(c, "node-1")
+    assert drainable(c)["node-1"] == 0 and job.node == "node-1"
+
+
+def test_moves_of_one_pass_never_count_on_the_same_unreserved_gpus() -> None:
+    # pool h: 4 GPUs, o reserves 3, so one is unreserved; node-1's two jobs need two
+    c = pools(("o", "h", 3))
+    c.submit(trains(4))  # node-0 full
+    first, second = c.submit(trains(1)), c.submit(trains(1))  # node-1: half used
+    c.submit(trains(1, "node-2", project="o"))  # H100 node-2: 3 free, 1 of them unreserved
+    assert first.node == second.node == "node-1"
+    with pytest.raises(Conflict, match="no other node of pools a, h has room"):
+        ops.consolidate(c, "node-1")
+    c.release(second)
+    assert drainable(c)["node-1"] == 1
+    ops.consolidate(c, "node-1")
+    assert first.node == "node-2" and not first.borrowed
+
+
+def test_no_move_to_a_pool_a_queued_job_waits_for() -> None:
+    c = pools(a_nodes=1)
+    job = c.submit(trains(1))  # node-0 (A100), a quarter used
+    c.submit(trains(1, "node-1"))  # node-1 (H100): 3 free
+    c.submit(trains(1, "node-2"))  # node-2 (RTX): 3 free
+    assert job.node == "node-0" and drainable(c)["node-0"] == 1
+    waiting = c.submit(trains(4))  # fits nowhere now: it waits, for pools a, h and r
+    assert waiting.state == "queued"
+    assert drainable(c)["node-0"] == 0
+    with pytest.raises(Conflict, match="no other node of pools a, h has room"):
+        ops.consolidate(c, "node-0")
+    assert job.node == "node-0"
+
+
+def test_a_borrowing_job_moved_to_unreserved_gpus_of_another_pool_borrows_no_more() -> None:
+    c = pools(("o", "a", 8))
+    c.scheduler.lend("a")  # o's idle A100s lent: p's job borrows one
+    job = c.submit(trains(1))
+    assert job.node == "node-0" and job.borrowed
+    c.submit(trains(1, "node-2"))  # node-2 (H100, nobody's): 3 free
+    ops.consolidate(c, "node-0")
+    assert job.node == "node-2" and not job.borrowed  # o cannot take back what is not its
