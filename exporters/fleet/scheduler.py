@@ -29,6 +29,7 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from exporters.fleet.errors import BadRequest, Conflict, NotFound
@@ -102,14 +103,37 @@ class Move:
     moved to another pool goes within its project's quota there or on unreserved GPUs)."""
 
 
-@dataclass(frozen=True)
 class _Admission:
-    """The quota state a consolidation pass admits moves to other pools by (``_usage``)."""
+    """What a consolidation plan admits moves to other pools by, read when a move to another
+    pool is first weighed (a plan that weighs none reads nothing): the quotas' usage
+    (``Scheduler._usage``), capacity and reservations, and the pools a queued job that is not
+    held may run in (their free GPUs are that job's)."""
 
-    guaranteed: Usage
-    shared: dict[str, float]
-    capacity: dict[str, int]
-    reserved_in: dict[str, int]
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    @cached_property
+    def usage(self) -> tuple[Usage, dict[str, float]]:
+        return self._scheduler._usage()
+
+    @cached_property
+    def capacity(self) -> dict[str, int]:
+        return self._scheduler._capacity()
+
+    @cached_property
+    def reserved_in(self) -> dict[str, int]:
+        return self._scheduler._reserved_in()
+
+    @cached_property
+    def waited_for(self) -> frozenset[str]:
+        s = self._scheduler
+        queued = (s.cluster.jobs[j] for q in s.cluster.queues.values() for j in q)
+        return frozenset(
+            pool
+            for job in queued
+            if job.priority_class not in s.held
+            for pool in job.pools or (job.pool,)
+        )
 
 
 @dataclass
@@ -722,12 +746,14 @@ class Scheduler:
         """Where each job on ``node`` would go so that the node empties (``consolidate``): a
         free GPU (or a slice of a shared GPU, for a job on slices) of another schedulable node
         that runs jobs already, in the node's pool or in another of the job's pools (its
-        class's models, with fallback, and its memory: ``Job.pools``), the fullest first (best
-        fit, as the scheduler places; the node's own pool first among equals), never an idle
-        node (the move would power nothing down), a node being drained, of a quota grant or in
-        ``claim.nodes``. In another pool the job goes only as the scheduler would admit it
-        there without borrowing (its project's quota, or unreserved GPUs: ``_move_kind``) and
-        only where no queued job waits for that pool (its free GPUs are theirs); in its own
+        class's models, never a fallback pool: ``_move_pools``), the fullest first (best fit,
+        as the scheduler places) in the first of those pools in the job's order that has room
+        (for a job on slices, free slices of GPUs shared already before a free GPU), never an
+        idle node (the move would power nothing down), a node being drained, of a
+        quota grant or in ``claim.nodes``. In another pool the job goes only as the scheduler
+        would admit it there without borrowing (its project's quota, or unreserved GPUs:
+        ``_admits_move``) and only where no queued job waits for that pool (its free GPUs are
+        theirs); in its own
         pool it keeps its admission, and the consolidation policy waits for the pool's queue.
         Raises Conflict naming the first reason it cannot: the node is not up, of a quota
         grant, idle (power-down's business), more than half used (cluster-autoscaler's
@@ -756,7 +782,7 @@ class Scheduler:
         # a grant's nodes go when it ends, whatever runs there: never a target either
         mine.nodes.update(n for g in self.grants.values() for n in g.nodes)
         jobs = sorted((c.jobs[j] for j in node.job_ids()), key=lambda j: (-j.gpus, j.id))
-        admission = _Admission(*self._usage(), self._capacity(), self._reserved_in())
+        admission = _Admission(self)
         moves = []
         for job in jobs:
             self._movable(job)
@@ -804,7 +830,7 @@ class Scheduler:
         class's models, in their order (``Job.pools``), and ``home``; never a fallback pool
         (a light service onto a whole H100 would empty a T4 node by wasting a bigger GPU)."""
         c = self.cluster
-        models = c.priority_class(job.priority_class).models if job.priority_class else ()
+        models = c.priority_class(job.priority_class).models
         pools = [
             p
             for p in job.pools or (job.pool,)
@@ -812,31 +838,20 @@ class Scheduler:
         ]
         return pools if home in pools else [home, *pools]
 
-    def _waited_for(self, pool: str) -> bool:
-        """A queued job that is not held may run in ``pool``."""
-        c = self.cluster
-        return any(
-            pool in (job.pools or (job.pool,)) and job.priority_class not in self.held
-            for q in c.queues.values()
-            for job in (c.jobs[j] for j in q)
-        )
-
     def _admits_move(self, job: Job, pool: str, a: _Admission, claim: Claim) -> bool:
         """Whether ``job`` would be admitted to ``pool`` (not its own) as guaranteed (its
-        project's quota there) or shared (unreserved GPUs), never borrowed, beside what
-        earlier moves of the pass took there (``claim.quota``)."""
-        if self._waited_for(pool):
-            return False  # a queued job may take the pool's free GPUs: they are its
-        w = self._move_weight(job, pool)
+        project's quota there) or shared (unreserved GPUs), never borrowed (``_kind``), beside
+        what earlier moves of the pass took there (``claim.quota``), and no queued job waits
+        for ``pool``."""
+        if pool in a.waited_for:
+            return False
         key = (job.project, pool)
-        mine = a.guaranteed[key] + claim.quota.get(key, 0.0)
-        unreserved = max(a.capacity.get(pool, 0) - a.reserved_in.get(pool, 0), 0)
-        others = a.shared[pool] + claim.quota.get(("", pool), 0.0)
-        return mine + w <= self.quota(*key) or others + w <= unreserved
-
-    def _move_weight(self, job: Job, pool: str) -> float:
-        """GPUs of ``pool``'s quotas ``job`` would take there (it stays on slices or whole)."""
-        return job.gpus / self.cluster.pools[pool].slices if job.shared else float(job.gpus)
+        guaranteed, shared = a.usage
+        taken = {key: guaranteed[key] + claim.quota.get(key, 0.0)}
+        others = {pool: shared[pool] + claim.quota.get(("", pool), 0.0)}
+        w = self.weight(job, pool)
+        kind = self._kind(job, pool, taken, others, a.capacity, a.reserved_in, w, lend=False)
+        return kind is not None
 
     def _move_target(self, job: Job, home: str, claim: Claim, a: _Admission) -> Move | None:
         c = self.cluster
@@ -892,7 +907,7 @@ class Scheduler:
         move = best[1]
         pool = move.node.pool
         if pool != home:  # its room in the pool's quotas, counted in both buckets
-            w = self._move_weight(job, pool)
+            w = self.weight(job, pool)
             for key in ((job.project, pool), ("", pool)):
                 claim.quota[key] = claim.quota.get(key, 0.0) + w
             move.borrowed = False
