@@ -878,6 +878,9 @@ class Scheduler:
                 else:
                     assert spec.sharing is not None
                     need = c.job_bytes(job, other.gpus[0])  # one model per pool
+                    memory = other.gpus[0].model.memory_bytes
+                    if not fits(spec.sharing, [], need, memory, spec.slices):
+                        continue  # too big for one slice here (another model's MIG slice)
                     room = [
                         g
                         for g in other.gpus

@@ -369,3 +369,38 @@ def test_a_borrowing_job_moved_to_unreserved_gpus_of_another_pool_borrows_no_mor
     c.submit(trains(1, "node-2"))  # node-2 (H100, nobody's): 3 free
     ops.consolidate(c, "node-0")
     assert job.node == "node-2" and not job.borrowed  # o cannot take back what is not its
+
+
+def test_a_job_on_slices_never_moves_onto_a_slice_of_another_pool_too_small_for_it() -> None:
+    c = Cluster(
+        FleetConfig(
+            pools=(
+                PoolSpec("t", 1, 2, "A100", sharing="time-slicing", slices=4),
+                PoolSpec("m", 1, 2, "H100", sharing="mig", slices=7),  # 11.4 GiB slices
+            ),
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=(PriorityClass("routine", 50, models=("A100", "H100")),),
+            scheduler=SchedulerSettings(borrowing=False, min_runtime_s=0.0, restart_s=300.0),
+        )
+    )
+    notes = c.submit(notebook())  # 30 % of a GPU's memory: 24 GiB of an 80 GB one
+    assert notes.node == "node-0" and notes.pools == ("t", "m")
+    ops.pack(c, notes.gpu_uuids[0])
+    assert notes.shared
+    c.submit(
+        JobSpec(
+            "training",
+            1,
+            "q",
+            pool="",
+            duration_s=7200.0,
+            priority_class="routine",
+            node="node-1",
+            checkpoint_interval_s=1800.0,
+        )  # fmt: skip
+    )  # node-1 (H100, MIG): one GPU free
+    steps(c, SESSION_IDLE_S)  # the notebook idle: movable
+    with pytest.raises(Conflict, match=rf"no other node of pools t, m has room for job {notes.id}"):
+        ops.consolidate(c, "node-0")
+    assert drainable(c)["node-0"] == 0 and notes.node == "node-0"
