@@ -21,6 +21,7 @@ from exporters.fleet.config import (
     GPU_MODELS,
     PROFILES,
     FleetConfig,
+    GpuModel,
     JobSpec,
     PoolSpec,
     default_workload,
@@ -218,6 +219,7 @@ class Cluster:
                 self._place_pinned(job, spec)
             else:
                 self.queues[job.pool].append(job.id)
+                job.waiting_since = self.time
                 self.jobs[job.id] = job
                 self.schedule()
             return job
@@ -341,9 +343,14 @@ class Cluster:
 
     def job_bytes(self, job: Job, gpu: Gpu) -> int:
         """GPU memory ``job`` uses on ``gpu``: its ``memory_gib``, else its profile's share."""
+        return self.job_bytes_on(job, gpu.model)
+
+    @staticmethod
+    def job_bytes_on(job: Job, model: GpuModel) -> int:
+        """GPU memory ``job`` uses on a GPU of ``model`` (``job_bytes``)."""
         if job.memory_gib is not None:
             return int(job.memory_gib * GIB)
-        return int(gpu.model.memory_bytes * job.memory_fraction)
+        return int(model.memory_bytes * job.memory_fraction)
 
     def restart_cost(self, job: Job) -> float:
         """Stop ``job`` to start it again elsewhere: its work since the last checkpoint (all of
@@ -427,6 +434,7 @@ class Cluster:
     def requeue(self, job: Job) -> None:
         self._unplace(job)
         self.queues[job.pool].append(job.id)
+        job.waiting_since = self.time
 
     def schedule(self) -> None:
         """Place queued jobs, highest priority then oldest first, best fit, with backfill,
@@ -637,6 +645,34 @@ class Cluster:
             return True
         return fits(spec.sharing, [], self.job_bytes(job, gpu), gpu.model.memory_bytes, spec.slices)
 
+    def shares_elsewhere(self, job: Job) -> bool:
+        """Whether ``job``, shareable, may go on slices of a pool of its own that can share
+        (``pack`` moves it there from a GPU of a pool that cannot, once a slice is free)."""
+        if not job.shareable:
+            return False
+        s = self.scheduler
+        reserved_in = s._reserved_in()
+        for pool in job.pools or (job.pool,):
+            spec = self.pools[pool]
+            if spec.sharing is None:
+                continue
+            # admitted on its slices at all: its project's quota, unreserved GPUs at the
+            # pool's full size, or other projects' slices where the fleet lends them (else
+            # pack could never move it, and the GPU would be neither packed nor capped)
+            present = sum(1 for n in self.nodes.values() if n.pool == pool)
+            full = (spec.max_nodes if spec.max_nodes is not None else present) * spec.gpus_per_node
+            reserved = reserved_in.get(pool, 0)
+            admitted = (
+                s.quota(job.project, pool) > 0
+                or full > reserved
+                or (self.config.scheduler.slice_borrowing and reserved > 0 and s._may_borrow(job))
+            )
+            model = GPU_MODELS[spec.model]
+            need = self.job_bytes_on(job, model)
+            if admitted and fits(spec.sharing, [], need, model.memory_bytes, spec.slices):
+                return True
+        return False
+
     def fleet_reading(self) -> FleetReading:
         with self.lock:
             allocations = []
@@ -662,6 +698,11 @@ class Cluster:
                     )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
+                    elif shares and job is not None and self.shares_elsewhere(job):
+                        # held whole where its pool cannot share: ``pack`` moves it onto a
+                        # slice of another of its pools (a light job on a rented H100 kept
+                        # the rental powered at 25 % for hours before issue 12's ninth round)
+                        sharing.append((node.name, gpu.uuid, 0))
                     if any(self.jobs[j].borrowed for j in gpu.tenants) or (
                         job is not None and job.borrowed
                     ):

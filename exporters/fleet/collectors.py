@@ -180,7 +180,9 @@ class FleetCollector(Collector):
         demand = GaugeMetricFamily(
             "gpuops_queue_scale_demand_jobs",
             "Queued jobs that one more node of the pool could place (pools with machines left "
-            "to power up, the job's project admitted there).",
+            "to power up, the job's project admitted there; not those a booting node will "
+            "take; in a fallback pool, not of the class's models, only jobs that waited its "
+            "boot time).",
             labels=["pool"],
         )
         for pool, n in sorted(r.demand.items()):
@@ -205,9 +207,11 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     pools that lend (``exporters.fleet.scheduler``)."""
     sharing = GaugeMetricFamily(
         "gpuops_gpu_shared_jobs",
-        "Jobs on the slices of a GPU of a pool that can share (0: not shared); absent for "
-        "a GPU held whole by a job that is not shareable, too big for one of its slices, or "
-        "on borrowed capacity where the fleet does not lend slices (scheduler.slice_borrowing).",
+        "Jobs on the slices of a GPU of a pool that can share (0: not shared; 0 also for a "
+        "GPU of a pool that cannot share held whole by a shareable job another of whose pools "
+        "can: pack moves it there); absent for a GPU held whole by a job that is not "
+        "shareable, too big for one of its slices, or on borrowed capacity where the fleet "
+        "does not lend slices (scheduler.slice_borrowing).",
         labels=["node", "uuid"],
     )
     for node, uuid, n in r.sharing:

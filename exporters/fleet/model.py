@@ -198,6 +198,9 @@ class Job:
     """Requeued after a preemption: placed before jobs of its priority that never ran."""
     queued_at: float | None = None
     """When a reclaim requeued it (it queues behind what waited then); None: its submit."""
+    waiting_since: float | None = None
+    """When it last entered the queue (submitted, preempted, requeued): how long it has
+    waited this time (a power-up for it, ``Scheduler.demand``)."""
     borrowed: bool = False
     """Runs beyond its project's quota on GPUs it may lose to their owner."""
     lost_gpu_s: float = 0.0

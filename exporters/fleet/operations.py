@@ -85,7 +85,10 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
     ``scheduler.move_interval`` ago is only shared in place (no ping-pong with
     ``consolidate``). Its own GPUs are not shared when no job its size would fit beside it
     (shared, they would take nobody, and the job would never move on): it is left whole, with
-    ``left_whole`` saying why, for a later pack. Already on slices: no-op."""
+    ``left_whole`` saying why, for a later pack; so is a job on a GPU of a pool that cannot
+    share while no shared GPU of its other pools has a slice for it (``Cluster.
+    shares_elsewhere``: one of them would take it at all; else 409). Already on slices:
+    no-op."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         job_id = gpu.job or (gpu.tenants[0] if gpu.tenants else None)
@@ -128,6 +131,14 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             }
         spec = cluster.pools[node.pool]
         sharing = spec.sharing
+        if sharing is None and cluster.shares_elsewhere(job):
+            # a light job on a GPU of a pool that cannot share (a fallback pool: an analysis
+            # job on a rented H100) moves once a shared GPU of its pools has a slice for it
+            log.info("pack %s: left whole on %s (no slice free yet)", job.id, node.name)
+            return _left_whole(
+                uuid, job.id, node.name,
+                f"pool {node.pool} cannot share (no sharing in the fleet file)",
+            )  # fmt: skip
         if sharing is None:
             raise Conflict(
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
@@ -162,19 +173,12 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             # later pack (the policy repeats) moves it once a slice of its pools has room.
             need = cluster.job_bytes(job, mine[0]) / GIB
             log.info("pack %s: left whole on %s (nothing its size fits beside it)", job.id, alone)
-            return {
-                "uuid": uuid,
-                "job": job.id,
-                "from": node.name,
-                "to": None,
-                "gpus": [],
-                "restart_gpu_s": 0.0,
-                "left_whole": (
-                    f"no shared GPU of its pools has a slice for it, and sharing its own GPUs "
-                    f"{alone} would take nobody: two jobs of {need:.1f} GiB do not fit one "
-                    f"{mine[0].model.memory_bytes / GIB:.0f} GiB {mine[0].model.short}"
-                ),
-            }
+            return _left_whole(
+                uuid, job.id, node.name,
+                f"sharing its own GPUs {alone} would take nobody: two jobs of {need:.1f} GiB "
+                f"do not fit one {mine[0].model.memory_bytes / GIB:.0f} GiB "
+                f"{mine[0].model.short}",
+            )  # fmt: skip
         for g in mine:
             g.job = None
         job.borrowed = kind == "borrowed"
@@ -192,6 +196,19 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             "gpus": [g.uuid for g in mine],
             "restart_gpu_s": 0.0,
         }
+
+
+def _left_whole(uuid: str, job: str, node: str, why: str) -> Changed:
+    """``pack``'s answer for a job it leaves on its whole GPU, for a later pack."""
+    return {
+        "uuid": uuid,
+        "job": job,
+        "from": node,
+        "to": None,
+        "gpus": [],
+        "restart_gpu_s": 0.0,
+        "left_whole": f"no shared GPU of its pools has a slice for it, and {why}",
+    }
 
 
 def lock_clocks(cluster: Cluster, uuid: str, max_clock_mhz: int) -> Changed:

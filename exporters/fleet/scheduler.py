@@ -236,8 +236,11 @@ class Scheduler:
         that has machines left to power up (``max_nodes``) and would admit them there (their
         project's quota, or unreserved GPUs of the pool at full size): the signal a power-up or
         scale-out policy acts on, as a cluster autoscaler's expander picks a node group. Jobs
-        that the GPUs of nodes still booting will take are not counted (no second power-up
-        for them)."""
+        that the GPUs of nodes still booting in any of their pools will take, in the order
+        ``run`` places them, are not counted (no second power-up for them). A pool of a model
+        not among the job's class's ``models`` (a fallback) counts it only once it has waited
+        that pool's boot time since it last queued (``Job.waiting_since``), unless none of its
+        pools is of those models."""
         c = self.cluster
         out = dict.fromkeys(c.pools, 0)
         queued = [c.jobs[j] for q in c.queues.values() for j in q]
@@ -248,29 +251,48 @@ class Scheduler:
         booting: dict[str, int] = dict.fromkeys(c.pools, 0)
         for n in c.nodes.values():
             present[n.pool] += 1
-            if n.booting_until is not None:
-                booting[n.pool] += len(n.gpus)
+            if n.booting_until is not None and not n.failed and not n.drained:
+                booting[n.pool] += len(n.gpus)  # a failed or drained one takes nobody
         full = {
             name: (spec.max_nodes if spec.max_nodes is not None else present[name])
             * spec.gpus_per_node
             for name, spec in c.pools.items()
         }
         reserved_in = self._reserved_in()
+        # in the order ``run`` places them: the job a booting node is counted for is the one
+        # that will get it (a lower priority's, counted first, lost a boot time to a higher)
+        queued.sort(key=lambda j: (-j.priority, not j.front, j.queued_at or j.submitted_at))
         for job in queued:
             if job.priority_class in self.held:
                 continue
+            models = c.priority_class(job.priority_class).models
+            since = job.waiting_since if job.waiting_since is not None else job.submitted_at
+            # a job none of whose pools is of its class's models (its memory rules them out,
+            # or it names a pool) has nothing better to wait for
+            own = any(c.pools[p].model in models for p in job.pools or (job.pool,))
             for pool in job.pools or (job.pool,):
                 spec = c.pools[pool]
-                if spec.max_nodes is None or present[pool] >= spec.max_nodes:
-                    continue
                 if job.gpus > spec.gpus_per_node:
                     continue
-                if self._kind(job, pool, guaranteed, shared, full, reserved_in) is not None:
-                    if booting[pool] >= job.gpus:
-                        booting[pool] -= job.gpus  # a node on its way takes it
-                    else:
-                        out[pool] += 1
+                if self._kind(job, pool, guaranteed, shared, full, reserved_in) is None:
+                    continue
+                if booting[pool] >= job.gpus:
+                    # a node on its way takes it: no second power-up for it, here or in a
+                    # later pool of its list (the last machine of a pool booting once made
+                    # the pool count as full, and a rental was powered up for the same job)
+                    booting[pool] -= job.gpus
                     break
+                if spec.max_nodes is None or present[pool] >= spec.max_nodes:
+                    continue
+                if own and spec.model not in models and c.time - since < spec.boot_s:
+                    # a fallback pool's machine for a job that has waited less than it takes
+                    # to boot: GPUs of its own models free up as often as not before it is
+                    # ready (the ski-rental break-even again: wait as long as the power-up
+                    # costs). Seed 42's day powered up 14 RTX machines for training that
+                    # waited for an A100 or H100; 11 of them never ran a job.
+                    break
+                out[pool] += 1
+                break
         return out
 
     def borrow_demand(self) -> dict[str, int]:

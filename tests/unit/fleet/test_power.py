@@ -74,6 +74,111 @@ def test_demand_leaves_out_jobs_the_pool_would_not_admit() -> None:
     assert c.fleet_reading().demand == {"t4": 1}
 
 
+HIGH = PriorityClass("high", 100, models=("A100", "H100"))
+
+
+def two_models(a100_nodes: int = 1) -> Cluster:
+    """A100 machines (one of them up), H100 rentals (none up) and RTX machines (a fallback
+    for the high class: not among its models), each pool booting in 5 minutes."""
+    return Cluster(
+        FleetConfig(
+            pools=(
+                PoolSpec("a100", a100_nodes, 4, "A100", max_nodes=2, boot_s=300),
+                PoolSpec("h100", 0, 4, "H100", max_nodes=2, boot_s=180, cloud=True),
+                PoolSpec("rtx", 0, 4, "RTXA6000", max_nodes=2, boot_s=300),
+            ),
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=(HIGH,),
+            scheduler=SchedulerSettings(borrowing=False, min_runtime_s=0.0),
+        )
+    )
+
+
+def high(gpus: int = 4) -> JobSpec:
+    return JobSpec("training", gpus, "ai", pool="", duration_s=36000, priority_class="high")
+
+
+def test_a_machine_booting_in_a_full_pool_takes_its_job_from_the_other_pools_too() -> None:
+    c = two_models()
+    c.submit(high())
+    c.submit(high())  # waits: node-0 is full
+    assert c.fleet_reading().demand == {"a100": 1, "h100": 0, "rtx": 0}
+    ops.scale_out(c, "a100", 1)  # the pool's last machine: a100 is at max_nodes now
+    # the booting A100 machine will take the job: no H100 rented for it as well (it was:
+    # a pool at max_nodes was passed over before the machines booting in it were counted)
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 0}
+
+
+def test_a_fallback_pools_machine_powers_up_only_for_a_job_that_waited_its_boot() -> None:
+    c = two_models()
+    c.submit(high())
+    ops.scale_out(c, "h100", 2)
+    c.advance(180.0)  # the rentals are up
+    c.submit(high())
+    c.submit(high())
+    waiting = c.submit(high())  # the A100 and H100 machines are all taken
+    assert waiting.state == "queued"
+    c.advance(240.0)
+    # the RTX pool is not of the class's models: GPUs of its own free up as often as not
+    # within a boot, so its machine waits as long as it takes to boot (300 s)
+    assert c.fleet_reading().demand == {"a100": 1, "h100": 0, "rtx": 0}
+    ops.scale_out(c, "a100", 1)
+    c.submit(high())  # a fifth: only the RTX pool has machines left
+    c.advance(60.0)
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 0}
+    c.advance(240.0)
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 1}
+
+
+def test_a_preempted_jobs_wait_for_a_fallback_machine_counts_from_its_preemption() -> None:
+    c = two_models(a100_nodes=2)
+    ops.scale_out(c, "h100", 2)
+    c.advance(180.0)
+    jobs = [c.submit(high()) for _ in range(4)]  # every A100 and H100 GPU taken
+    c.advance(3000.0)  # submitted long ago
+    held = list(jobs[0].gpu_uuids)
+    c.scheduler.preempt(jobs[0])
+    c.submit(JobSpec("training", 4, "ai", pool="", duration_s=36000, priority_class="high",
+                     gpu_uuids=tuple(held)))  # fmt: skip
+    assert jobs[0].state == "queued"
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 0}  # it just queued
+    c.advance(300.0)
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 1}
+
+
+def test_a_booting_machine_is_counted_for_the_job_the_scheduler_will_give_it_to() -> None:
+    c = Cluster(
+        FleetConfig(
+            pools=(
+                PoolSpec("x", 1, 4, "A100", max_nodes=2, boot_s=300),
+                PoolSpec("y", 0, 4, "H100", max_nodes=2, boot_s=180, cloud=True),
+            ),
+            arrival_rate_per_min=0.0,
+            initial_jobs=(),
+            priority_classes=(
+                PriorityClass("low", 10, models=("A100", "H100")),
+                PriorityClass("high", 100, models=("A100",)),
+            ),
+            scheduler=SchedulerSettings(borrowing=False, preemption=False),
+        )
+    )
+    spec = {"pool": "", "duration_s": 36000}
+    c.submit(JobSpec("training", 4, "p", priority_class="low", **spec))  # type: ignore[arg-type]
+    c.submit(JobSpec("training", 4, "p", priority_class="low", **spec))  # type: ignore[arg-type]
+    c.submit(JobSpec("training", 4, "p", priority_class="high", **spec))  # type: ignore[arg-type]
+    ops.scale_out(c, "x", 1)  # the high job, placed first, will take it: the low one needs y
+    assert c.fleet_reading().demand == {"x": 0, "y": 1}
+
+
+def test_a_job_with_no_pool_of_its_classs_models_does_not_wait_for_a_fallback() -> None:
+    c = two_models()
+    c.submit(high())
+    big = JobSpec("training", 4, "ai", pool="rtx", duration_s=36000, priority_class="high")
+    c.submit(big)  # it names the RTX pool: nothing of its models to wait for
+    assert c.fleet_reading().demand == {"a100": 0, "h100": 0, "rtx": 1}
+
+
 def test_arrivals_are_the_same_however_finely_time_is_stepped() -> None:
     classes = (
         JobClass("train", "a", "routine", "training", 6.0, gpus=((1, 0.5), (2, 0.5))),

@@ -121,6 +121,50 @@ def test_pack_refuses_what_cannot_share() -> None:
         ops.pack(c, other.gpu_uuids[0])
 
 
+def test_pack_moves_a_light_job_off_a_pool_that_cannot_share_once_a_slice_is_free() -> None:
+    # an analysis job that fell back onto a whole GPU of a pool that cannot share (a rented
+    # H100) kept it, and its machine, powered at 25 % for hours: nothing packed it
+    c = cluster(
+        PoolSpec("a", 1, 1, "A100"),
+        PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4),
+    )
+    stray = c.submit(light())
+    other = c.submit(light())
+    assert stray.node == "node-0" and other.node == "node-1"  # both whole
+    uuid = stray.gpu_uuids[0]
+    assert ("node-0", uuid, 0) in c.fleet_reading().sharing  # offered to the pack policy
+    changed = ops.pack(c, uuid)  # no shared GPU yet, and its own cannot share: left whole
+    assert changed["to"] is None and "pool a cannot share" in str(changed["left_whole"])
+    assert stray.node == "node-0" and not stray.shared
+    ops.pack(c, other.gpu_uuids[0])  # node-1's GPU shared in place: free slices
+    changed = ops.pack(c, uuid)
+    assert changed["from"] == "node-0" and changed["to"] == "node-1"
+    assert stray.shared and c.nodes["node-0"].idle()
+
+
+@pytest.mark.parametrize(
+    ("pool", "reserved", "memory_gib"),
+    [
+        # its only pool that shares is all reserved by another project and lends no slices
+        (PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4), {"owner": 1}, 12.0),
+        # its only pool that shares has slices too small for it (80 GB / 7 = 11.4 GiB)
+        (PoolSpec("h", 1, 1, "H100", sharing="mig", slices=7), {}, 20.0),
+    ],
+)
+def test_a_light_job_no_sharing_pool_would_take_stays_out_of_the_pack_series(
+    pool: PoolSpec, reserved: dict[str, int], memory_gib: float
+) -> None:
+    # in the series, such a GPU was neither packed (pack could never move its job) nor
+    # capped (downclock skips the series), and pack was asked every 30 minutes
+    c = cluster(pool, PoolSpec("a", 1, 1, "A100"), reserved=reserved)
+    c.submit(light("owner", memory_gib=5))  # node-0 held: the next job falls back to the A100
+    job = c.submit(light("guest", memory_gib=memory_gib))
+    assert c.nodes[job.node].pool == "a"  # type: ignore[index]
+    assert job.gpu_uuids[0] not in {u for _n, u, _k in c.fleet_reading().sharing}
+    with pytest.raises(Conflict, match="cannot share"):
+        ops.pack(c, job.gpu_uuids[0])
+
+
 def test_pack_in_place_refuses_a_job_too_big_for_one_slice() -> None:
     c = cluster(PoolSpec("a", 1, 1, "A100", sharing="mig", slices=7))
     big = c.submit(light(memory_gib=60))  # a 1g slice of an 80 GB A100 holds 80/7 = 11.4 GiB
