@@ -650,26 +650,14 @@ class Cluster:
         (``pack`` moves it there from a GPU of a pool that cannot, once a slice is free)."""
         if not job.shareable:
             return False
-        s = self.scheduler
-        reserved_in = s._reserved_in()
         for pool in job.pools or (job.pool,):
             spec = self.pools[pool]
-            if spec.sharing is None:
-                continue
-            # admitted on its slices at all: its project's quota, unreserved GPUs at the
-            # pool's full size, or other projects' slices where the fleet lends them (else
-            # pack could never move it, and the GPU would be neither packed nor capped)
-            present = sum(1 for n in self.nodes.values() if n.pool == pool)
-            full = (spec.max_nodes if spec.max_nodes is not None else present) * spec.gpus_per_node
-            reserved = reserved_in.get(pool, 0)
-            admitted = (
-                s.quota(job.project, pool) > 0
-                or full > reserved
-                or (self.config.scheduler.slice_borrowing and reserved > 0 and s._may_borrow(job))
-            )
+            if spec.sharing is None or not self.scheduler.ever_admits_on_slices(job, pool):
+                continue  # else pack could never move it: the GPU neither packed nor capped
             model = GPU_MODELS[spec.model]
-            need = self.job_bytes_on(job, model)
-            if admitted and fits(spec.sharing, [], need, model.memory_bytes, spec.slices):
+            if fits(
+                spec.sharing, [], self.job_bytes_on(job, model), model.memory_bytes, spec.slices
+            ):
                 return True
         return False
 

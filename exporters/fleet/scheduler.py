@@ -471,6 +471,18 @@ class Scheduler:
         capacity, reserved_in = self._capacity(), self._reserved_in()
         return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
 
+    def ever_admits_on_slices(self, job: Job, pool: str) -> bool:
+        """Whether ``job``'s project may run it on slices of ``pool`` at all, whatever is in
+        use now: its quota there, unreserved GPUs at the pool's full size (``max_nodes``), or
+        other projects' slices where the fleet lends them (``Cluster.shares_elsewhere``)."""
+        c = self.cluster
+        spec = c.pools[pool]
+        present = sum(1 for n in c.nodes.values() if n.pool == pool)
+        full = (spec.max_nodes if spec.max_nodes is not None else present) * spec.gpus_per_node
+        reserved = self._reserved_in().get(pool, 0)
+        lends = self.settings.slice_borrowing and reserved > 0 and self._may_borrow(job)
+        return self.quota(job.project, pool) > 0 or full > reserved or lends
+
     def _slice_kind(
         self,
         job: Job,
