@@ -9,6 +9,7 @@ is released, so the owner can open/close listeners and rewrite file_sd.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -645,14 +646,17 @@ class Cluster:
             return True
         return fits(spec.sharing, [], self.job_bytes(job, gpu), gpu.model.memory_bytes, spec.slices)
 
-    def shares_elsewhere(self, job: Job) -> bool:
+    def shares_elsewhere(
+        self, job: Job, sizes: tuple[dict[str, int], dict[str, int]] | None = None
+    ) -> bool:
         """Whether ``job``, shareable, may go on slices of a pool of its own that can share
-        (``pack`` moves it there from a GPU of a pool that cannot, once a slice is free)."""
+        (``pack`` moves it there from a GPU of a pool that cannot, once a slice is free);
+        ``sizes``: ``Scheduler.slice_sizes()``, read once per fleet reading."""
         if not job.shareable:
             return False
         for pool in job.pools or (job.pool,):
             spec = self.pools[pool]
-            if spec.sharing is None or not self.scheduler.ever_admits_on_slices(job, pool):
+            if spec.sharing is None or not self.scheduler.ever_admits_on_slices(job, pool, sizes):
                 continue  # else pack could never move it: the GPU neither packed nor capped
             model = GPU_MODELS[spec.model]
             if fits(
@@ -667,6 +671,7 @@ class Cluster:
             sharing = []
             borrowed: list[tuple[str, str]] = []
             lends_slices = self.config.scheduler.slice_borrowing
+            sizes = functools.cache(self.scheduler.slice_sizes)  # once per reading, if asked
             for node in self.nodes.values():
                 can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
@@ -686,7 +691,7 @@ class Cluster:
                     )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
-                    elif shares and job is not None and self.shares_elsewhere(job):
+                    elif shares and job is not None and self.shares_elsewhere(job, sizes()):
                         # held whole where its pool cannot share: ``pack`` moves it onto a
                         # slice of another of its pools (a light job on a rented H100 kept
                         # the rental powered at 25 % for hours before issue 12's ninth round)

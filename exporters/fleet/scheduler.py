@@ -53,6 +53,12 @@ Key = tuple[str, str]
 Usage = dict[Key, float]
 
 
+def _placing_order(job: Job) -> tuple[int, bool, float]:
+    """The order ``Scheduler.run`` places queued jobs in: highest priority first, preempted
+    ones before the rest of their priority, then oldest."""
+    return (-job.priority, not job.front, job.queued_at or job.submitted_at)
+
+
 def _freed(node: Node, jobs: list[Job]) -> int:
     """GPUs of ``node`` that preempting ``jobs`` frees: held whole by one of them, or shared
     by them alone."""
@@ -208,6 +214,23 @@ class Scheduler:
                 cap[node.pool] += len(node.gpus)
         return cap
 
+    def slice_sizes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(pool -> GPUs at full size, pool -> GPUs reserved): what ``ever_admits_on_slices``
+        reads, the same for every job of one fleet reading."""
+        return self._full_size(), self._reserved_in()
+
+    def _full_size(self) -> dict[str, int]:
+        """Pool -> its GPUs with all its machines up (``max_nodes``; without it, those it has)."""
+        c = self.cluster
+        present: dict[str, int] = dict.fromkeys(c.pools, 0)
+        for n in c.nodes.values():
+            present[n.pool] += 1
+        return {
+            name: (spec.max_nodes if spec.max_nodes is not None else present[name])
+            * spec.gpus_per_node
+            for name, spec in c.pools.items()
+        }
+
     def weight(self, job: Job, pool: str) -> float:
         """GPUs ``job`` counts for in ``pool``'s quotas: a slice is ``1/slices`` of one."""
         return job.gpus / self.cluster.pools[pool].slices if job.shared else float(job.gpus)
@@ -253,15 +276,11 @@ class Scheduler:
             present[n.pool] += 1
             if n.booting_until is not None and not n.failed and not n.drained:
                 booting[n.pool] += len(n.gpus)  # a failed or drained one takes nobody
-        full = {
-            name: (spec.max_nodes if spec.max_nodes is not None else present[name])
-            * spec.gpus_per_node
-            for name, spec in c.pools.items()
-        }
+        full = self._full_size()
         reserved_in = self._reserved_in()
         # in the order ``run`` places them: the job a booting node is counted for is the one
         # that will get it (a lower priority's, counted first, lost a boot time to a higher)
-        queued.sort(key=lambda j: (-j.priority, not j.front, j.queued_at or j.submitted_at))
+        queued.sort(key=_placing_order)
         for job in queued:
             if job.priority_class in self.held:
                 continue
@@ -331,7 +350,7 @@ class Scheduler:
         queued = [c.jobs[j] for q in c.queues.values() for j in q]
         if not queued:
             return
-        queued.sort(key=lambda j: (-j.priority, not j.front, j.queued_at or j.submitted_at))
+        queued.sort(key=_placing_order)
         guaranteed, shared = self._usage()
         capacity = self._capacity()
         reserved_in = self._reserved_in()
@@ -471,15 +490,16 @@ class Scheduler:
         capacity, reserved_in = self._capacity(), self._reserved_in()
         return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
 
-    def ever_admits_on_slices(self, job: Job, pool: str) -> bool:
+    def ever_admits_on_slices(
+        self, job: Job, pool: str, sizes: tuple[dict[str, int], dict[str, int]] | None = None
+    ) -> bool:
         """Whether ``job``'s project may run it on slices of ``pool`` at all, whatever is in
         use now: its quota there, unreserved GPUs at the pool's full size (``max_nodes``), or
-        other projects' slices where the fleet lends them (``Cluster.shares_elsewhere``)."""
-        c = self.cluster
-        spec = c.pools[pool]
-        present = sum(1 for n in c.nodes.values() if n.pool == pool)
-        full = (spec.max_nodes if spec.max_nodes is not None else present) * spec.gpus_per_node
-        reserved = self._reserved_in().get(pool, 0)
+        other projects' slices where the fleet lends them (``Cluster.shares_elsewhere``).
+        ``sizes``: ``slice_sizes()``, read once by a caller that asks for many jobs."""
+        full_size, reserved_in = sizes or self.slice_sizes()
+        full = full_size[pool]
+        reserved = reserved_in.get(pool, 0)
         lends = self.settings.slice_borrowing and reserved > 0 and self._may_borrow(job)
         return self.quota(job.project, pool) > 0 or full > reserved or lends
 
