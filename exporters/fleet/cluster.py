@@ -707,9 +707,14 @@ class Cluster:
             for job in self.jobs.values():
                 if job.state == "running":
                     running[job.pool] += 1
+            held = self.scheduler.held
             return FleetReading(
                 allocations=tuple(allocations),
                 queue={p: len(q) for p, q in self.queues.items()},
+                held_queue={
+                    p: sum(self.jobs[j].priority_class in held for j in q)
+                    for p, q in self.queues.items()
+                },
                 nodes=nodes,
                 running=running,
                 migrated=self.counters["migrated"],

@@ -155,10 +155,15 @@ class FleetCollector(Collector):
             allocated.add_metric([node, uuid, job, project], 1.0 if job else 0.0)
         yield allocated
         queue = GaugeMetricFamily(
-            "gpuops_queue_pending_jobs", "Jobs waiting for GPUs.", labels=["pool"]
+            "gpuops_queue_pending_jobs",
+            "Jobs waiting, by Slurm's reason names: Resources (for GPUs), JobHeldAdmin (their "
+            "priority class is held until off-peak).",
+            labels=["pool", "reason"],
         )
         for pool, n in sorted(r.queue.items()):
-            queue.add_metric([pool], n)
+            held = r.held_queue.get(pool, 0)
+            queue.add_metric([pool, "Resources"], n - held)
+            queue.add_metric([pool, "JobHeldAdmin"], held)
         yield queue
         nodes = GaugeMetricFamily(
             "gpuops_fleet_nodes",

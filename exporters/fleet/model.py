@@ -336,6 +336,9 @@ class FleetReading:
     """Queued jobs that idle GPUs reserved by other projects in the pool could place now."""
     lending: dict[str, bool] = field(default_factory=dict)
     """pool -> lends its idle reserved GPUs (``lend``)."""
+    held_queue: dict[str, int] = field(default_factory=dict)
+    """pool -> queued jobs of held priority classes (part of ``queue``): they wait for the
+    hold to end, not for GPUs (Slurm's ``JobHeldAdmin`` reason)."""
     drainable: tuple[tuple[str, str, int], ...] = ()
     """(node, pool, 1 when ``consolidate`` would empty it now, else 0) per up node."""
     borrowed: tuple[tuple[str, str], ...] = ()

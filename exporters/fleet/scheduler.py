@@ -183,6 +183,8 @@ class Scheduler:
         self.grants: dict[str, Grant] = {}
         self.ended_grants: dict[str, Grant] = {}
         self.held: set[str] = set()
+        self.held_at: dict[str, float] = {}
+        """held priority class -> when its hold began (``unhold`` shifts its jobs' wait)."""
         self.lending: set[str] = set()
         """Pools whose idle reserved GPUs other projects may borrow (``lend``)."""
         self.preemptions: dict[str, int] = defaultdict(int)
@@ -442,11 +444,12 @@ class Scheduler:
     def _awaits_power(self, job: Job, pool: str) -> bool:
         """Whether ``job`` waits for a machine of ``pool`` rather than stop another project's
         job on a lent slice: it has waited less than two boot times (the power-up policy's
-        delay, then the boot), and a machine of the pool boots or one more can be powered up
-        (``max_nodes``)."""
+        delay, then the boot) since it last entered the queue (``Job.waiting_since``: a job
+        preempted off another pool waits afresh, not since its submit hours ago), and a
+        machine of the pool boots or one more can be powered up (``max_nodes``)."""
         c = self.cluster
         spec = c.pools[pool]
-        since = job.queued_at if job.queued_at is not None else job.submitted_at
+        since = job.waiting_since if job.waiting_since is not None else job.submitted_at
         if c.time - since >= 2 * spec.boot_s:
             return False  # waited long enough, whatever boots (maybe for other jobs)
         nodes = [n for n in c.nodes.values() if n.pool == pool]
@@ -1050,13 +1053,26 @@ class Scheduler:
         if priority_class in self.held:
             return False
         self.held.add(priority_class)
+        self.held_at[priority_class] = self.cluster.time
         return True
 
     def unhold(self, priority_class: str) -> bool:
-        self.cluster.priority_class(priority_class)
+        """Let queued jobs of ``priority_class`` start again; False when not held. The time
+        held is not a wait for GPUs (``Job.waiting_since`` moves forward by it; a job queued
+        during the hold starts waiting now): five hours held are no reason for a fallback
+        pool's power-up, or a slice taken back, the moment the hold ends."""
+        c = self.cluster
+        c.priority_class(priority_class)
         if priority_class not in self.held:
             return False
         self.held.discard(priority_class)
+        began = self.held_at.pop(priority_class, c.time)
+        for q in c.queues.values():
+            for j in q:
+                job = c.jobs[j]
+                if job.priority_class == priority_class:
+                    since = job.waiting_since if job.waiting_since is not None else began
+                    job.waiting_since = since + c.time - max(began, since)
         return True
 
     # --- lending ----------------------------------------------------------------------------

@@ -3,8 +3,10 @@ GPU, read from slurmctld on each scrape (``exporters.slurm.client``). Served by
 ``exporters.slurm.server``.
 
 Names follow prometheus-slurm-exporter where they overlap (``slurm_queue_pending``,
-``slurm_nodes_idle``, ``slurm_gpus_alloc``, ...); ``gpuops_queue_pending_jobs{pool}`` (pool =
-partition) feeds the shipped scale-out policy unchanged. Which job holds which GPU is
+``slurm_nodes_idle``, ``slurm_gpus_alloc``, ...); ``gpuops_queue_pending_jobs{pool, reason}``
+(pool = partition, reason = Slurm's pending reason) feeds the shipped scale-out policy
+unchanged, which leaves held jobs (``JobHeld*``) out as it does on the simulated fleet.
+Which job holds which GPU is
 ``gpuops_slurm_gpu_allocated{node, minor_number, job, user, account, project, partition}``:
 Slurm's GRES index is the device order of gres.conf (``/dev/nvidiaN``), so it is reported as
 the device minor number, which the NVML exporter puts on ``nvml_gpu_info``; the recording rule

@@ -18,7 +18,7 @@ def test_case_study_policy_tests_pass() -> None:
         cli, ["--log-level", "warning", "rules", "test", *map(str, files)], catch_exceptions=False
     )
     assert result.exit_code == 0, result.stdout
-    assert result.stdout.count("  PASS  ") == 11  # power 4, sharing 5, consolidation 2
+    assert result.stdout.count("  PASS  ") == 12  # power 4, sharing 5, consolidation 3
 
 
 def test_case_study_policies_check() -> None:

@@ -27,7 +27,16 @@ def test_the_shipped_policy_tests_pass() -> None:
     assert len(files) == 2
     code, out = run(*files)
     assert code == 0, out
-    assert out.count("  PASS  ") == 6
+    assert out.count("  PASS  ") == 7
+    assert "FAIL" not in out
+
+
+def test_the_slurm_policy_tests_pass() -> None:
+    files = sorted((ROOT / "rules" / "slurm" / "tests").glob("*.yaml"))
+    assert len(files) == 1
+    code, out = run(*files)
+    assert code == 0, out
+    assert out.count("  PASS  ") == 2
     assert "FAIL" not in out
 
 

@@ -148,7 +148,8 @@ def test_jobs_profile_burst_and_arrivals(fleet: FleetSim) -> None:
     assert r.json()["changed"]["queued"] == 12
     assert state(fleet)["queue"] == {"default": 12}
     text = requests.get(f"{fleet.control_url}/metrics", timeout=5).text
-    assert 'gpuops_queue_pending_jobs{pool="default"} 12.0' in text
+    assert 'gpuops_queue_pending_jobs{pool="default",reason="Resources"} 12.0' in text
+    assert 'gpuops_queue_pending_jobs{pool="default",reason="JobHeldAdmin"} 0.0' in text
     r = api(fleet, "POST", "/arrivals", {"rate_per_min": 3})
     assert r.json() == {"changed": {"rate_per_min": 3.0, "previous": 0.0}}
     r = api(fleet, "POST", "/jobs", {"gpus": 2, "profile": "light", "project": "y"})

@@ -164,3 +164,23 @@ def test_a_gpu_held_on_borrowed_capacity_is_exported_as_borrowed() -> None:
     job = cluster.submit(JobSpec("training", 1, "guest", pool="a", duration_s=7200))
     assert job.borrowed
     assert samples(cluster, "gpuops_gpu_borrowed") == {("node-0", job.gpu_uuids[0]): 1.0}
+
+
+def test_jobs_held_until_off_peak_are_exported_apart_from_those_waiting_for_gpus() -> None:
+    """gpuops_queue_pending_jobs{reason}: Slurm's names, JobHeldAdmin for a held class's
+    queued jobs, Resources for the others, both series always there. A held nightly ETL kept
+    the case study's V100 pool from being consolidated all day before issue 12's tenth round."""
+    from exporters.fleet.workload import PriorityClass
+
+    classes = (PriorityClass("routine", 50), PriorityClass("batch", 10, holdable=True))
+    cluster = Cluster(quiet(pools=(PoolSpec("a", 1, 1),), priority_classes=classes))
+    pending = "gpuops_queue_pending_jobs"
+    assert samples(cluster, pending) == {("a", "Resources"): 0.0, ("a", "JobHeldAdmin"): 0.0}
+    ops.hold_class(cluster, "batch")
+    cluster.submit(JobSpec("training", 1, "p", pool="", duration_s=60, priority_class="routine"))
+    for _ in range(3):
+        cluster.submit(JobSpec("training", 1, "p", pool="", duration_s=60, priority_class="batch"))
+    cluster.submit(JobSpec("training", 1, "p", pool="", duration_s=60, priority_class="routine"))
+    assert samples(cluster, pending) == {("a", "Resources"): 1.0, ("a", "JobHeldAdmin"): 3.0}
+    ops.release_class(cluster, "batch")
+    assert samples(cluster, pending) == {("a", "Resources"): 4.0, ("a", "JobHeldAdmin"): 0.0}

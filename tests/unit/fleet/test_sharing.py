@@ -352,6 +352,64 @@ def test_the_owner_waits_for_a_machine_powering_up_before_it_takes_a_slice_back(
     assert guest.state == "queued" and guest.preemptions == 1
 
 
+def test_a_job_preempted_long_after_its_submit_waits_afresh_for_a_machine() -> None:
+    """Its two boot times count from its requeue, not from its submit: an analysis job
+    preempted off an H100 hours after its submit took V100 slices back from two services at
+    once, which then powered up a T4 node for 1.9 hours (issue 12, tenth round)."""
+    classes = (
+        PriorityClass("routine", 50, models=("H100", "V100")),
+        PriorityClass("high", 90, preempts=True),
+    )
+    c = lent(PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4, max_nodes=2,
+                      boot_s=300.0), PoolSpec("h", 1, 1, "H100"),
+             reserved={"o": ("v", 2)}, classes=classes)  # fmt: skip
+    mine = c.submit(light("o"))
+    own = c.submit(light("o"))
+    assert c.node(mine.node).pool == "h" and c.node(own.node).pool == "v"
+    ops.pack(c, own.gpu_uuids[0])
+    guest = c.submit(light("guest"))  # borrows the slice of its GPU the owner leaves free
+    assert guest.borrowed and guest.gpu_uuids == own.gpu_uuids
+    for _ in range(60):  # a quarter of an hour (at the H100's speed it must not end first)
+        c.advance(15.0)
+    c.submit(JobSpec("training", 1, "p", pool="h", duration_s=3600.0, priority_class="high"))
+    assert mine.state == "queued" and mine.preemptions == 1
+    for _ in range(39):  # under two boot times since its requeue: it waits, nobody is stopped
+        c.advance(15.0)
+    assert mine.state == "queued" and guest.preemptions == 0
+    for _ in range(2):
+        c.advance(15.0)
+    assert mine.gpu_uuids == own.gpu_uuids and guest.preemptions == 1
+
+
+@pytest.mark.parametrize("waited", [0, 32])
+def test_time_held_is_no_wait_for_a_slice(waited: int) -> None:
+    """Time held is no wait for GPUs: once released, the owner's held job takes a lent slice
+    back only when its two boot times are up, counted without the hold. One held from its
+    submit waits them all after the release; one that waited eight minutes before a hold
+    keeps those (review finding: the first version started every wait afresh)."""
+    classes = (*CLASSES, PriorityClass("batch", 50, holdable=True))
+    c = lent(PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4, max_nodes=2,
+                      boot_s=300.0), reserved={"o": ("v", 2)}, classes=classes)  # fmt: skip
+    own = c.submit(light("o"))
+    ops.pack(c, own.gpu_uuids[0])
+    guest = c.submit(light("guest"))
+    nightly = c.submit(light("o", priority_class="batch"))
+    assert guest.borrowed and nightly.state == "queued"  # it waits for a machine
+    for _ in range(waited):  # steps of 15 s
+        c.advance(15.0)
+    ops.hold_class(c, "batch")
+    for _ in range(120):  # half an hour held: six boot times
+        c.advance(15.0)
+    ops.release_class(c, "batch")
+    left = 40 - waited  # two boot times are 40 steps
+    for _ in range(left - 1):
+        c.advance(15.0)
+    assert nightly.state == "queued" and guest.preemptions == 0
+    for _ in range(2):
+        c.advance(15.0)
+    assert nightly.gpu_uuids == own.gpu_uuids and guest.preemptions == 1
+
+
 def test_a_light_job_waiting_for_power_frees_no_gpu_of_its_borrowers_either() -> None:
     """While it waits for a machine, the owner's light job does not take the whole-GPU path
     instead: preempting every borrowed tenant of a GPU to run there whole (review finding)."""
