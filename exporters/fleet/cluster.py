@@ -691,10 +691,18 @@ class Cluster:
                     )
                     if can_share and (job is None or job.shared or shares):
                         sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
-                    elif shares and job is not None and self.shares_elsewhere(job, sizes()):
+                    elif (
+                        shares
+                        and job is not None
+                        and self.shares_elsewhere(job, sizes())
+                        and self.scheduler.pack_target(job, node) is not None
+                    ):
                         # held whole where its pool cannot share: ``pack`` moves it onto a
                         # slice of another of its pools (a light job on a rented H100 kept
-                        # the rental powered at 25 % for hours before issue 12's ninth round)
+                        # the rental powered at 25 % for hours before issue 12's ninth round),
+                        # listed only while one has a slice for it now; until then the
+                        # downclock policy caps it (tenth round: it stayed at full clocks
+                        # with the sharing pool powered down, ``pack`` answering left_whole)
                         sharing.append((node.name, gpu.uuid, 0))
                     if any(self.jobs[j].borrowed for j in gpu.tenants) or (
                         job is not None and job.borrowed

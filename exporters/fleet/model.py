@@ -308,7 +308,9 @@ class FleetReading:
     """(node, uuid, jobs on its slices) per GPU of a pool that can share (0: not shared),
     but for GPUs held whole by a job that is not shareable, too big for one of its slices
     (MIG), or on borrowed capacity where the fleet does not lend slices (``pack`` would
-    refuse them; the downclock policy acts on them instead)."""
+    refuse them; the downclock policy acts on them instead); 0 also for a GPU of a pool that
+    cannot share held whole by a shareable job while ``Scheduler.pack_target`` has a slice
+    of another of its pools for it now."""
     power_watts: dict[str, float] = field(default_factory=dict)
     """pool -> power drawn now by its GPUs."""
     energy_joules: dict[str, float] = field(default_factory=dict)

@@ -100,19 +100,9 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
         if not job.shareable:
             raise Conflict(f"job {job.id} on GPU {uuid} is not shareable (its job class says)")
         scheduler = cluster.scheduler
-        target = None
-        kind: str | None = None
-        interval = cluster.config.scheduler.move_interval_s
-        recently = job.moved_at is not None and cluster.time - job.moved_at < interval
-        for pool in () if recently else job.pools or (job.pool,):  # moved lately: in place
-            kind = scheduler.admits_on_slices(job, pool)
-            if kind is None:
-                continue  # its quota or the pool's reservations do not let it run there
-            target = scheduler.slices_for(job, pool, exclude=node.name)
-            if target is not None:
-                break
-        if target is not None:
-            to_node, gpus = target
+        move = scheduler.pack_target(job, node)
+        if move is not None:
+            kind, (to_node, gpus) = move
             charged = cluster.restart_cost(job)
             cluster.requeue(job)
             cluster.queues[job.pool].remove(job.id)
@@ -144,8 +134,8 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 f"no shared GPU with a free slice takes job {job.id}, and pool {node.pool} of "
                 f"GPU {uuid} cannot share (no sharing in the fleet file)"
             )
-        kind = scheduler.admits_on_slices(job, node.pool)
-        if kind is None:
+        in_place = scheduler.admits_on_slices(job, node.pool)
+        if in_place is None:
             raise Conflict(
                 f"job {job.id} of project {job.project} on GPU {uuid} runs on GPUs of pool "
                 f"{node.pool} that its quota does not cover (borrowed or reserved for others), "
@@ -181,7 +171,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             )  # fmt: skip
         for g in mine:
             g.job = None
-        job.borrowed = kind == "borrowed"
+        job.borrowed = in_place == "borrowed"
         started = job.started_at
         cluster.start_shared(job, node, mine)
         job.started_at = started  # it goes on running: no restart

@@ -493,6 +493,23 @@ class Scheduler:
         capacity, reserved_in = self._capacity(), self._reserved_in()
         return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
 
+    def pack_target(self, job: Job, node: Node) -> tuple[str, tuple[Node, list[Gpu]]] | None:
+        """Where ``pack`` would move ``job``, held whole on ``node``, now: (its admission,
+        ``admits_on_slices``; the node and GPUs, ``slices_for``) in the first of its pools that
+        admits it on slices and has GPUs shared already with a free slice for it, on another
+        node. None when none has, or the job was moved within ``move_interval`` (then it is
+        only shared in place, no ping-pong with ``consolidate``)."""
+        if self._restarted_lately(job):
+            return None
+        for pool in job.pools or (job.pool,):
+            kind = self.admits_on_slices(job, pool)
+            if kind is None:
+                continue  # its quota or the pool's reservations do not let it run there
+            target = self.slices_for(job, pool, exclude=node.name)
+            if target is not None:
+                return kind, target
+        return None
+
     def ever_admits_on_slices(
         self, job: Job, pool: str, sizes: tuple[dict[str, int], dict[str, int]] | None = None
     ) -> bool:

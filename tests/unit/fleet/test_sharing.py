@@ -132,11 +132,15 @@ def test_pack_moves_a_light_job_off_a_pool_that_cannot_share_once_a_slice_is_fre
     other = c.submit(light())
     assert stray.node == "node-0" and other.node == "node-1"  # both whole
     uuid = stray.gpu_uuids[0]
-    assert ("node-0", uuid, 0) in c.fleet_reading().sharing  # offered to the pack policy
-    changed = ops.pack(c, uuid)  # no shared GPU yet, and its own cannot share: left whole
+    # no shared GPU has a slice for it yet: not offered to the pack policy, so the downclock
+    # policy caps it meanwhile (second review M1: it stayed whole at full clocks, pack
+    # answering left_whole every 30 minutes, with nothing that could take it)
+    assert uuid not in {u for _n, u, _k in c.fleet_reading().sharing}
+    changed = ops.pack(c, uuid)  # asked anyway (a stale plan): left whole, for a later pack
     assert changed["to"] is None and "pool a cannot share" in str(changed["left_whole"])
     assert stray.node == "node-0" and not stray.shared
     ops.pack(c, other.gpu_uuids[0])  # node-1's GPU shared in place: free slices
+    assert ("node-0", uuid, 0) in c.fleet_reading().sharing  # offered to the pack policy now
     changed = ops.pack(c, uuid)
     assert changed["from"] == "node-0" and changed["to"] == "node-1"
     assert stray.shared and c.nodes["node-0"].idle()
