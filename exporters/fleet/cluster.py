@@ -665,6 +665,19 @@ class Cluster:
                 return True
         return False
 
+    def _pools_with_a_free_slice(self) -> frozenset[str]:
+        """Pools with a shared GPU on a schedulable node that has a slice free (memory aside):
+        where ``Scheduler.pack_target`` could find room, so that a reading asks it (O(jobs)
+        per pool) only for jobs that have somewhere to go (review: 363 ms a reading at 682
+        GPUs with the sharing pools full and light jobs on every rented H100, 1.0 ms without)."""
+        return frozenset(
+            n.pool
+            for n in self.nodes.values()
+            if n.schedulable
+            and (spec := self.pools[n.pool]).sharing is not None
+            and any(g.job is None and g.tenants and len(g.tenants) < spec.slices for g in n.gpus)
+        )
+
     def fleet_reading(self) -> FleetReading:
         with self.lock:
             allocations = []
@@ -672,6 +685,19 @@ class Cluster:
             borrowed: list[tuple[str, str]] = []
             lends_slices = self.config.scheduler.slice_borrowing
             sizes = functools.cache(self.scheduler.slice_sizes)  # once per reading, if asked
+            open_pools = functools.cache(self._pools_with_a_free_slice)
+            basis = functools.cache(self.scheduler.admission_basis)
+            packable: dict[str, bool] = {}  # job -> pack would move it now, once per reading
+
+            def pack_now(job: Job, node: Node) -> bool:
+                # a job's GPUs are on one node: asked once; it holds none of a pool that can
+                # share, so one basis serves all (its own usage counts in no pool asked)
+                if job.id not in packable:
+                    packable[job.id] = any(
+                        p in open_pools() for p in job.pools or (job.pool,)
+                    ) and (self.scheduler.pack_target(job, node, basis()) is not None)
+                return packable[job.id]
+
             for node in self.nodes.values():
                 can_share = self.pools[node.pool].sharing is not None
                 for gpu in node.gpus:
@@ -695,7 +721,7 @@ class Cluster:
                         shares
                         and job is not None
                         and self.shares_elsewhere(job, sizes())
-                        and self.scheduler.pack_target(job, node) is not None
+                        and pack_now(job, node)
                     ):
                         # held whole where its pool cannot share: ``pack`` moves it onto a
                         # slice of another of its pools (a light job on a rented H100 kept

@@ -214,7 +214,8 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
         "gpuops_gpu_shared_jobs",
         "Jobs on the slices of a GPU of a pool that can share (0: not shared; 0 also for a "
         "GPU of a pool that cannot share held whole by a shareable job another of whose pools "
-        "can, while a shared GPU there has a free slice for it: pack moves it there); "
+        "can, while a shared GPU there has a free slice for it, its project admitted, and it "
+        "was not moved within move_interval: pack moves it there); "
         "absent for a GPU held whole by a job that is not "
         "shareable, too big for one of its slices, or on borrowed capacity where the fleet "
         "does not lend slices (scheduler.slice_borrowing).",

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 """(project, pool)"""
 Usage = dict[Key, float]
+Basis = tuple[Usage, dict[str, float], dict[str, int], dict[str, int]]
+"""(guaranteed usage, shared usage, capacity, reserved GPUs) an admission weighs."""
 
 
 def _placing_order(job: Job) -> tuple[int, bool, float]:
@@ -480,29 +482,40 @@ class Scheduler:
         ``max_preemptions`` times is never preempted again, and would keep them."""
         return job.preemptions < self.settings.max_preemptions
 
-    def admits_on_slices(self, job: Job, pool: str) -> str | None:
+    def admits_on_slices(self, job: Job, pool: str, basis: Basis | None = None) -> str | None:
         """How ``job``'s project may run it on slices of ``pool`` — ``guaranteed`` (its quota
         there), ``shared`` (unreserved GPUs), ``borrowed`` (others' reserved GPUs, with
         ``slice_borrowing``: preempted when the owner needs them) — or None, not counting
-        what it holds now: the admission ``_on_slices`` makes, for ``pack``."""
+        what it holds now: the admission ``_on_slices`` makes, for ``pack``. ``basis``:
+        ``admission_basis()``, read once by a caller asking for many jobs that hold no GPU
+        of ``pool`` (then what they hold does not count there anyway)."""
         spec = self.cluster.pools[pool]
         if spec.sharing is None:
             return None
-        guaranteed, shared = self._usage(exclude=job.id)
+        if basis is None:
+            basis = (*self._usage(exclude=job.id), self._capacity(), self._reserved_in())
+        guaranteed, shared, capacity, reserved_in = basis
         w = job.gpus / spec.slices
-        capacity, reserved_in = self._capacity(), self._reserved_in()
         return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
 
-    def pack_target(self, job: Job, node: Node) -> tuple[str, tuple[Node, list[Gpu]]] | None:
+    def admission_basis(self) -> Basis:
+        """The quotas' usage (``_usage``), capacity and reservations ``admits_on_slices``
+        weighs, all jobs counted."""
+        return (*self._usage(), self._capacity(), self._reserved_in())
+
+    def pack_target(
+        self, job: Job, node: Node, basis: Basis | None = None
+    ) -> tuple[str, tuple[Node, list[Gpu]]] | None:
         """Where ``pack`` would move ``job``, held whole on ``node``, now: (its admission,
         ``admits_on_slices``; the node and GPUs, ``slices_for``) in the first of its pools that
         admits it on slices and has GPUs shared already with a free slice for it, on another
         node. None when none has, or the job was moved within ``move_interval`` (then it is
-        only shared in place, no ping-pong with ``consolidate``)."""
+        only shared in place, no ping-pong with ``consolidate``). ``basis``: as for
+        ``admits_on_slices``, for a job on a pool that cannot share."""
         if self._restarted_lately(job):
             return None
         for pool in job.pools or (job.pool,):
-            kind = self.admits_on_slices(job, pool)
+            kind = self.admits_on_slices(job, pool, basis)
             if kind is None:
                 continue  # its quota or the pool's reservations do not let it run there
             target = self.slices_for(job, pool, exclude=node.name)

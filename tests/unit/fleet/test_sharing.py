@@ -141,6 +141,9 @@ def test_pack_moves_a_light_job_off_a_pool_that_cannot_share_once_a_slice_is_fre
     assert stray.node == "node-0" and not stray.shared
     ops.pack(c, other.gpu_uuids[0])  # node-1's GPU shared in place: free slices
     assert ("node-0", uuid, 0) in c.fleet_reading().sharing  # offered to the pack policy now
+    stray.moved_at = c.time  # as if a consolidation had just moved it: pack leaves it a while
+    assert uuid not in {u for _n, u, _k in c.fleet_reading().sharing}
+    stray.moved_at = None
     changed = ops.pack(c, uuid)
     assert changed["from"] == "node-0" and changed["to"] == "node-1"
     assert stray.shared and c.nodes["node-0"].idle()
