@@ -40,7 +40,7 @@ from exporters.fleet.model import (
     profile_memory_fraction,
     profile_utilization,
 )
-from exporters.fleet.scheduler import Claim, Scheduler
+from exporters.fleet.scheduler import Admission, Claim, Scheduler
 from exporters.fleet.sharing import fits, gpu_utilization, progress_rates
 from exporters.fleet.workload import Arrivals, PriorityClass
 
@@ -686,16 +686,16 @@ class Cluster:
             lends_slices = self.config.scheduler.slice_borrowing
             sizes = functools.cache(self.scheduler.slice_sizes)  # once per reading, if asked
             open_pools = functools.cache(self._pools_with_a_free_slice)
-            basis = functools.cache(self.scheduler.admission_basis)
+            admission = Admission(self.scheduler)  # read only if a job is asked about
             packable: dict[str, bool] = {}  # job -> pack would move it now, once per reading
 
             def pack_now(job: Job, node: Node) -> bool:
                 # a job's GPUs are on one node: asked once; it holds none of a pool that can
-                # share, so one basis serves all (its own usage counts in no pool asked)
+                # share, so one admission serves all (its own usage counts in no pool asked)
                 if job.id not in packable:
                     packable[job.id] = any(
                         p in open_pools() for p in job.pools or (job.pool,)
-                    ) and (self.scheduler.pack_target(job, node, basis()) is not None)
+                    ) and (self.scheduler.pack_target(job, node, admission) is not None)
                 return packable[job.id]
 
             for node in self.nodes.values():

@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 """(project, pool)"""
 Usage = dict[Key, float]
-Basis = tuple[Usage, dict[str, float], dict[str, int], dict[str, int]]
-"""(guaranteed usage, shared usage, capacity, reserved GPUs) an admission weighs."""
 
 
 def _placing_order(job: Job) -> tuple[int, bool, float]:
@@ -111,11 +109,12 @@ class Move:
     moved to another pool goes within its project's quota there or on unreserved GPUs)."""
 
 
-class _Admission:
-    """What a consolidation plan admits moves to other pools by, read when a move to another
-    pool is first weighed (a plan that weighs none reads nothing): the quotas' usage
-    (``Scheduler._usage``), capacity and reservations, and the pools a queued job that is not
-    held may run in (their free GPUs are that job's)."""
+class Admission:
+    """What admissions to other pools are weighed by, read once, when first asked, by a
+    caller weighing many (a consolidation plan's moves, a fleet reading's ``pack_target``;
+    one that weighs none reads nothing): the quotas' usage (``Scheduler._usage``, all jobs
+    counted), capacity and reservations, and the pools a queued job that is not held may run
+    in (their free GPUs are that job's)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
@@ -482,40 +481,37 @@ class Scheduler:
         ``max_preemptions`` times is never preempted again, and would keep them."""
         return job.preemptions < self.settings.max_preemptions
 
-    def admits_on_slices(self, job: Job, pool: str, basis: Basis | None = None) -> str | None:
+    def admits_on_slices(self, job: Job, pool: str, a: Admission | None = None) -> str | None:
         """How ``job``'s project may run it on slices of ``pool`` — ``guaranteed`` (its quota
         there), ``shared`` (unreserved GPUs), ``borrowed`` (others' reserved GPUs, with
         ``slice_borrowing``: preempted when the owner needs them) — or None, not counting
-        what it holds now: the admission ``_on_slices`` makes, for ``pack``. ``basis``:
-        ``admission_basis()``, read once by a caller asking for many jobs that hold no GPU
-        of ``pool`` (then what they hold does not count there anyway)."""
+        what it holds now: the admission ``_on_slices`` makes, for ``pack``. ``a``: read once
+        by a caller asking for many jobs that hold no GPU of ``pool`` (then what they hold
+        counts in no pool asked)."""
         spec = self.cluster.pools[pool]
         if spec.sharing is None:
             return None
-        if basis is None:
-            basis = (*self._usage(exclude=job.id), self._capacity(), self._reserved_in())
-        guaranteed, shared, capacity, reserved_in = basis
+        if a is None:
+            guaranteed, shared = self._usage(exclude=job.id)
+            capacity, reserved_in = self._capacity(), self._reserved_in()
+        else:
+            (guaranteed, shared), capacity, reserved_in = a.usage, a.capacity, a.reserved_in
         w = job.gpus / spec.slices
         return self._slice_kind(job, pool, guaranteed, shared, capacity, reserved_in, w)
 
-    def admission_basis(self) -> Basis:
-        """The quotas' usage (``_usage``), capacity and reservations ``admits_on_slices``
-        weighs, all jobs counted."""
-        return (*self._usage(), self._capacity(), self._reserved_in())
-
     def pack_target(
-        self, job: Job, node: Node, basis: Basis | None = None
+        self, job: Job, node: Node, a: Admission | None = None
     ) -> tuple[str, tuple[Node, list[Gpu]]] | None:
         """Where ``pack`` would move ``job``, held whole on ``node``, now: (its admission,
         ``admits_on_slices``; the node and GPUs, ``slices_for``) in the first of its pools that
         admits it on slices and has GPUs shared already with a free slice for it, on another
         node. None when none has, or the job was moved within ``move_interval`` (then it is
-        only shared in place, no ping-pong with ``consolidate``). ``basis``: as for
+        only shared in place, no ping-pong with ``consolidate``). ``a``: as for
         ``admits_on_slices``, for a job on a pool that cannot share."""
         if self._restarted_lately(job):
             return None
         for pool in job.pools or (job.pool,):
-            kind = self.admits_on_slices(job, pool, basis)
+            kind = self.admits_on_slices(job, pool, a)
             if kind is None:
                 continue  # its quota or the pool's reservations do not let it run there
             target = self.slices_for(job, pool, exclude=node.name)
@@ -869,7 +865,7 @@ class Scheduler:
         # a grant's nodes go when it ends, whatever runs there: never a target either
         mine.nodes.update(n for g in self.grants.values() for n in g.nodes)
         jobs = sorted((c.jobs[j] for j in node.job_ids()), key=lambda j: (-j.gpus, j.id))
-        admission = _Admission(self)
+        admission = Admission(self)
         moves = []
         for job in jobs:
             self._movable(job)
@@ -925,7 +921,7 @@ class Scheduler:
         ]
         return pools if home in pools else [home, *pools]
 
-    def _admits_move(self, job: Job, pool: str, a: _Admission, claim: Claim) -> bool:
+    def _admits_move(self, job: Job, pool: str, a: Admission, claim: Claim) -> bool:
         """Whether ``job`` would be admitted to ``pool`` (not its own) as guaranteed (its
         project's quota there) or shared (unreserved GPUs), never borrowed (``_kind``), beside
         what earlier moves of the pass took there (``claim.quota``), and no queued job waits
@@ -940,7 +936,7 @@ class Scheduler:
         kind = self._kind(job, pool, taken, others, a.capacity, a.reserved_in, w, lend=False)
         return kind is not None
 
-    def _move_target(self, job: Job, home: str, claim: Claim, a: _Admission) -> Move | None:
+    def _move_target(self, job: Job, home: str, claim: Claim, a: Admission) -> Move | None:
         c = self.cluster
         best: tuple[tuple[int, int, int, int], Move] | None = None
         pools = self._move_pools(job, home)
