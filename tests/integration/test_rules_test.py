@@ -22,21 +22,16 @@ def run(*files: Path) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def test_the_shipped_policy_tests_pass() -> None:
-    files = sorted((ROOT / "rules" / "tests").glob("*.yaml"))
-    assert len(files) == 2
-    code, out = run(*files)
+@pytest.mark.parametrize(
+    ("folder", "files", "cases"),
+    [("rules/tests", 2, 8), ("rules/slurm/tests", 1, 2), ("rules/demo/tests", 1, 1)],
+)
+def test_the_shipped_policy_tests_pass(folder: str, files: int, cases: int) -> None:
+    found = sorted((ROOT / folder).glob("*.yaml"))
+    assert len(found) == files
+    code, out = run(*found)
     assert code == 0, out
-    assert out.count("  PASS  ") == 8
-    assert "FAIL" not in out
-
-
-def test_the_slurm_policy_tests_pass() -> None:
-    files = sorted((ROOT / "rules" / "slurm" / "tests").glob("*.yaml"))
-    assert len(files) == 1
-    code, out = run(*files)
-    assert code == 0, out
-    assert out.count("  PASS  ") == 2
+    assert out.count("  PASS  ") == cases
     assert "FAIL" not in out
 
 
