@@ -50,8 +50,11 @@ groups:
     interval: 5s
     rules:
       - policy: scale-out-early
-        description: Add a node when more than 5 jobs wait (trying a lower threshold).
-        expr: sum by (pool) (gpuops_queue_pending_jobs) > 5
+        description: Add a node when more than 5 jobs wait for nodes (trying a lower threshold).
+        expr: |
+          sum by (pool) (
+            gpuops_queue_pending_jobs{reason=~"|None|Resources|Priority|ReqNodeNotAvail.*"}
+          ) > 5
         for: 10s
         target: [pool]
         action: {type: scale_out, executor: fleet, params: {nodes: 1}}

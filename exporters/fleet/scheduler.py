@@ -1097,7 +1097,7 @@ class Scheduler:
             for j in q:
                 job = c.jobs[j]
                 if job.priority_class == priority_class:
-                    since = job.waiting_since if job.waiting_since is not None else began
+                    since = job.waiting_since if job.waiting_since is not None else job.submitted_at
                     job.waiting_since = since + c.time - max(began, since)
         return True
 
