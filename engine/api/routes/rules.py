@@ -3,14 +3,17 @@ reload, and (admins) write a rule file into the rules directory.
 
 Rule files are found among the configured rule paths by their plain name only — a name is never
 joined into a path unless it matches ``FILE_PATTERN`` and resolves inside the rules directory, so
-``../`` and absolute names are refused.
+``../`` and absolute names are refused. What ``PUT /rule-files/{name}`` answers names files the
+same way (``extra.yaml:4: ...``), never by the engine host's paths.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -161,14 +164,15 @@ async def validate_rules(
     return await anyio.to_thread.run_sync(_validate, text, filename, promql, registry)
 
 
-def _reload_answer(ctx: ApiContext) -> Any:
+def _reload_answer(ctx: ApiContext, shown: Callable[[str], str] = str) -> Any:
+    """Reload; on errors a 422 with each error as ``shown`` makes it."""
     result = ctx.engine.reload()
     if not result.ok:
         return JSONResponse(
             {
                 "detail": f"rules not reloaded ({len(result.errors)} errors); "
                 f"the running {result.policies} policies stay in place",
-                "errors": list(result.errors),
+                "errors": [shown(e) for e in result.errors],
             },
             status_code=422,
         )
@@ -225,7 +229,8 @@ async def put_rule_file(
     principal: Annotated[Principal, Depends(require(Permission.RULES_WRITE))],
 ) -> Any:
     """Write a rule file into the rules directory (validated first) and reload; when the whole
-    rule set does not load, the previous file is put back (422 with the errors)."""
+    rule set does not load, the previous file is put back (422 with the errors). Errors name
+    rule files by their name in the rules directory, never by a path on the engine host."""
     text = await _text(request)
     return await anyio.to_thread.run_sync(_write_rule_file, ctx, name, text, principal.name)
 
@@ -240,18 +245,56 @@ def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
     target = (directory / name).resolve()
     if target.parent != directory:
         raise HTTPException(400, f"{name!r} is not a plain file name inside the rules directory")
-    previous = target.read_bytes() if target.exists() else None
-    _atomic_write(target, text.encode("utf-8"))
-    answer = _reload_answer(ctx)
+    try:
+        previous = target.read_bytes() if target.exists() else None
+        _atomic_write(target, text.encode("utf-8"))
+    except OSError as exc:
+        log.error("rule file %s not written: %s", target, exc)
+        raise HTTPException(
+            500, f"{name} not written into the rules directory ({_reason(exc)}); nothing changed"
+        ) from None
+    answer = _reload_answer(ctx, shown=_names(ctx.engine.config.rules))
     if isinstance(answer, JSONResponse):
-        if previous is None:
-            target.unlink()
-        else:
-            _atomic_write(target, previous)
+        try:
+            if previous is None:
+                target.unlink()
+            else:
+                _atomic_write(target, previous)
+        except OSError as exc:
+            log.error("rule file %s not put back: %s", target, exc)
+            raise HTTPException(
+                500,
+                f"{name} was written but the rules do not load, and the previous {name} could "
+                f"not be put back ({_reason(exc)}); the running rules stay in place, fix or "
+                f"remove {name} in the rules directory",
+            ) from None
         ctx.engine.reload()
         return answer
     log.info("rule file %s written by %s", target, user)
     return {**answer, "file": name}
+
+
+def _reason(exc: OSError) -> str:
+    """What went wrong, without the path the exception may carry."""
+    return exc.strerror or type(exc).__name__
+
+
+def _names(paths: Sequence[Path]) -> Callable[[str], str]:
+    """A rewrite of error texts that names each rule file by its name, not its path on the
+    engine host: a directory's path before its files is dropped, a configured file's path
+    becomes its name (as given and resolved; matched only where a path starts: at the start,
+    after a space, a parenthesis or a quote)."""
+    replace: dict[str, str] = {}
+    for path in paths:
+        for form in dict.fromkeys((str(path), str(path.resolve()))):
+            if path.is_dir():
+                replace[form + os.sep] = ""
+            replace.setdefault(form, path.name)
+    if not replace:
+        return str
+    forms = sorted(replace, key=len, reverse=True)
+    pattern = re.compile(r"(?<![^\s(\"'])(?:" + "|".join(map(re.escape, forms)) + ")")
+    return lambda text: pattern.sub(lambda m: replace[m.group(0)], text)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

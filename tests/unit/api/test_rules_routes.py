@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
+
 from engine.actions.fleet import FleetExecutor
 from tests.unit.api.harness import RULES, Harness
 
@@ -140,3 +144,83 @@ def test_list_shows_each_policy_s_last_evaluation_and_the_last_reload(api: Harne
     assert seen["at"] == api.clock() - 60 and seen["skipped"]
     assert after["reload"]["ok"] is False and after["reload"]["at"] == api.clock()
     assert after["reload"]["errors"][0].startswith(str(api.tmp / "rules" / "broken.yaml") + ":1: ")
+
+
+BAD_PROMQL = NEW_FILE.replace("up == 0", "sum(up")
+
+
+@pytest.mark.parametrize(
+    ("case", "posted", "beside", "errors"),
+    [
+        (
+            "yaml syntax",
+            "groups: [",
+            None,
+            ["extra.yaml:1: "],
+        ),
+        (
+            "schema",
+            NEW_FILE.replace("expr: up == 0", "exprr: up == 0"),
+            None,
+            ["extra.yaml:"],
+        ),
+        (
+            "rule check",
+            NEW_FILE.replace("type: notify, executor: log", "type: downclok, executor: fleet"),
+            None,
+            ["extra.yaml:6: "],
+        ),
+        (
+            "promql, checked at reload",
+            BAD_PROMQL,
+            None,
+            [
+                "extra.yaml:5: groups[0].rules[0].expr: invalid PromQL 'sum(up': ",
+            ],
+        ),
+        (
+            "another file's yaml",
+            NEW_FILE,
+            "groups: [",
+            ["broken.yaml:1: "],
+        ),
+        (
+            "duplicate policy across files",
+            NEW_FILE.replace("log-down-nodes", "drain-on-gpu-fell-off-bus"),
+            None,
+            [
+                "extra.yaml:4: groups[0].rules[0].policy: duplicate policy name "
+                '"drain-on-gpu-fell-off-bus" (first defined at api-test.yaml:5; policy names '
+                "must be unique across the rule set)"
+            ],
+        ),
+    ],
+)
+def test_writing_a_rule_file_names_files_never_server_paths(
+    api: Harness, case: str, posted: str, beside: str | None, errors: list[str]
+) -> None:
+    if case.startswith("promql") and shutil.which("promtool") is None:
+        pytest.skip("no promtool: PromQL is not checked at reload")
+    if beside is not None:
+        (api.tmp / "rules" / "broken.yaml").write_text(beside)
+    resp = api.call("admin", "PUT", "/api/v1/rule-files/extra.yaml", data=posted)
+    assert resp.status_code == 422, resp.text
+    shown = [e["text"] if isinstance(e, dict) else e for e in resp.json()["errors"]]
+    assert len(shown) == len(errors), shown
+    for text, start in zip(shown, errors, strict=True):
+        assert text.startswith(start), text
+    assert str(api.tmp) not in resp.text
+    assert not (api.tmp / "rules" / "extra.yaml").exists()
+
+
+def test_a_rule_file_that_cannot_be_written_is_answered_without_server_paths(
+    api: Harness,
+) -> None:
+    (api.tmp / "rules" / "extra.yaml").mkdir()  # neither read nor replaced
+    resp = api.call("admin", "PUT", "/api/v1/rule-files/extra.yaml", data=NEW_FILE)
+    assert resp.status_code == 500, resp.text
+    assert resp.json() == {
+        "detail": "extra.yaml not written into the rules directory (Is a directory); "
+        "nothing changed"
+    }
+    assert api.engine.rules.policy("log-down-nodes") is None
