@@ -109,6 +109,9 @@ class QuotaStatus(StrEnum):
     PENDING = "pending"
     APPLYING = "applying"
     ACTIVE = "active"
+    DRY_RUN = "dry_run"
+    """Approved while the engine runs in dry-run: recorded, nothing applied (so nothing is
+    undone at its end, where it becomes ``ended``; never applied later)."""
     RELEASING = "releasing"
     ENDED = "ended"
     DENIED = "denied"

@@ -4,11 +4,13 @@ A developer files a request (pending); an admin approves or denies it; an approv
 the configured executor's grant verb (``scale_out`` with ``nodes = ceil(gpus / gpus_per_node)``)
 and, when its duration is over, the undo verb (``scale_in``) — both as decisions of the
 ``quota-request`` policy that go through the cycle's judge step and commit and run only through
-the gate (kill switch, pause, dry-run, the global budget apply; write-ahead audit). Requests
-live in the ``quota_requests`` table of the engine's state file, so a restart neither forgets an
-active grant nor leaves one applied forever. A collaborator of ``engine.runtime.facade.Engine``,
-whose scheduler runs ``tick`` (also with ``api.listen: null``); ``engine.api.routes.quota``
-files, approves and denies.
+the gate (kill switch, pause, dry-run, the global budget apply; write-ahead audit). One approved
+while the engine runs in dry-run is ``dry_run``: nothing applied, nothing undone at its end, never
+applied later (dry-run turned off within its period included). Requests live in the
+``quota_requests`` table of the engine's state file, so a restart neither forgets an active grant
+nor leaves one applied forever. A collaborator of ``engine.runtime.facade.Engine``, whose
+scheduler runs ``tick`` (also with ``api.listen: null``); ``engine.api.routes.quota`` files,
+approves and denies.
 """
 
 from __future__ import annotations
@@ -153,6 +155,11 @@ class QuotaManager:
         for request in [] if held else store.quota_requests(QuotaStatus.APPLYING):
             if request.retry_at is None or request.retry_at <= now:
                 self._apply(request)
+        for request in store.quota_requests(QuotaStatus.DRY_RUN):
+            if request.ends_at is not None and request.ends_at <= now:
+                # nothing was applied, so nothing is undone (also when dry-run is off by now)
+                ended = replace(request, status=QuotaStatus.ENDED)
+                store.move_quota_request(ended, QuotaStatus.DRY_RUN)
         due = [
             r
             for r in store.quota_requests(QuotaStatus.ACTIVE)
@@ -196,7 +203,18 @@ class QuotaManager:
             )
             self._store.move_quota_request(retry, QuotaStatus.APPLYING)
             return retry
-        if (outcome is not None and outcome.ok) or judged.verdict is Verdict.DRY_RUN:
+        if judged.verdict is Verdict.DRY_RUN:
+            # approved, not applied: its period is kept to say when it would have ended
+            done = replace(
+                request,
+                status=QuotaStatus.DRY_RUN,
+                starts_at=now,
+                ends_at=now + request.duration_s,
+                grant_decision=decision.id,
+                error=None,
+                retry_at=None,
+            )
+        elif outcome is not None and outcome.ok:
             done = replace(
                 request,
                 status=QuotaStatus.ACTIVE,

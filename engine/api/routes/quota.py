@@ -18,7 +18,15 @@ router = APIRouter(tags=["quota"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 RequestId = Annotated[str, Path(pattern=ID_PATTERN, description="Quota request id.")]
 Status = Literal[
-    "pending", "applying", "active", "releasing", "ended", "denied", "expired", "failed"
+    "pending",
+    "applying",
+    "active",
+    "dry_run",
+    "releasing",
+    "ended",
+    "denied",
+    "expired",
+    "failed",
 ]
 
 
@@ -78,7 +86,8 @@ def approve_quota_request(
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Permission.QUOTA_DECIDE))],
 ) -> Any:
-    """Approve and apply a pending request (its executor's grant verb runs now)."""
+    """Approve and apply a pending request (its executor's grant verb runs now; while the
+    engine runs in dry-run nothing runs and the request is ``dry_run``)."""
     request = _settle(ctx, request_id, principal.name, approve=True)
     return request_doc(request)
 

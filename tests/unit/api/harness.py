@@ -19,7 +19,13 @@ from starlette.types import ASGIApp
 from engine.api import ApiServer, create_app, hash_token
 from engine.api.context import ApiContext
 from engine.audit.spool import read_spool
-from engine.config import ApiSettings, AuditConfig, EngineConfig, QuotaSettings
+from engine.config import (
+    ApiSettings,
+    AuditConfig,
+    EngineConfig,
+    GuardrailSettings,
+    QuotaSettings,
+)
 from engine.decisions import Decision, Outcome
 from engine.runtime import Engine
 
@@ -160,6 +166,7 @@ def running_api(
     executors: dict[str, dict[str, Any]] | None = None,
     api: dict[str, Any] | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+    guardrails: GuardrailSettings | None = None,
 ) -> Iterator[Harness]:
     """An engine with ``rules`` and its API on a free port; ``wrap`` puts ASGI middleware of
     the test's own in front (fault injection)."""
@@ -179,6 +186,7 @@ def running_api(
         executors=executors or {},
         metrics_listen=None,
         api=settings,
+        guardrails=guardrails or GuardrailSettings(),
     )
     clock = Clock()
     holder: list[Harness] = []

@@ -8,11 +8,13 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from engine.config import QuotaSettings
+from engine.api.routes.quota import Status
+from engine.config import GuardrailSettings, QuotaSettings
+from engine.store import QuotaStatus
 from tests.unit.api.harness import Harness, running_api
 
 
@@ -193,3 +195,44 @@ def test_failed_apply_is_reported_not_hidden(tmp_path: Path) -> None:
         body = resp.json()
         assert body["status"] == "failed"
         assert "unreachable" in body["error"]
+
+
+def test_a_request_approved_in_dry_run_shows_it_was_not_applied(
+    tmp_path: Path, fleet: FakeFleet
+) -> None:
+    executors = {"fleet": {"url": fleet.url}}
+    dry_run = GuardrailSettings(dry_run=True)
+    with running_api(tmp_path, quota=_settings(), executors=executors, guardrails=dry_run) as api:
+        filed = _submit(api, gpus=1, duration="1h")
+        body = api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve").json()
+        assert body["status"] == "dry_run", body
+        assert body["decided_by"] == "alice" and body["error"] is None
+        assert body["ends_at"] == pytest.approx(api.clock.now + 3600)
+        assert fleet.calls == []
+        decisions = api.call(
+            "auditor", "GET", "/api/v1/decisions", params={"policy": "quota-request"}
+        ).json()["decisions"]
+        assert [(d["id"], d["verdict"]) for d in decisions] == [(body["grant_decision"], "dry_run")]
+        listed = api.call(
+            "auditor", "GET", "/api/v1/quota-requests", params={"status": "active"}
+        ).json()["requests"]
+        assert listed == []
+        ends_at = api.clock.now + 3600
+    # dry-run turned off within its period: never applied later, and nothing undone at its end
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        quota = api.context.quota
+        quota.tick()
+        shown = api.call(
+            "auditor", "GET", "/api/v1/quota-requests", params={"status": "dry_run"}
+        ).json()["requests"]
+        assert [r["id"] for r in shown] == [filed["id"]]
+        api.clock.now = ends_at + 1
+        quota.tick()
+        assert quota.get(filed["id"]).status == "ended"
+        assert fleet.calls == []
+        stored = api.engine.store.decisions("quota-request", 0, 10)
+        assert [d.decision.transition for d in stored] == ["fire"]
+
+
+def test_every_quota_status_can_be_asked_for() -> None:
+    assert set(get_args(Status)) == {s.value for s in QuotaStatus}

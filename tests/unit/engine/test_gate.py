@@ -306,13 +306,13 @@ def test_a_quota_grant_under_dry_run_executes_nothing(world: World) -> None:
     engine = world.engine(dry_run=True)
     approved = engine.quota.approve(_quota(engine), "alice")
     assert world.log.ran == []
-    assert approved.status == "active"  # as if: its end is a dry-run too
+    assert approved.status == "dry_run"  # approved, not applied
     assert world.verdicts("quota-request") == [("dry_run", "none")]
     world.clock.now += 3601
     engine.quota.tick()
     assert engine.quota.get(approved.id).status == "ended"
     assert world.log.ran == []
-    assert world.verdicts("quota-request") == [("dry_run", "none")] * 2
+    assert world.verdicts("quota-request") == [("dry_run", "none")]  # nothing to undo
 
 
 def test_a_quota_grant_over_the_global_budget_executes_nothing(world: World) -> None:
