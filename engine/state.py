@@ -6,17 +6,16 @@ the API through it). Values in, values out: frozen values of ``engine.store``,
 ``engine.evaluation`` and ``engine.guardrails``, stored in the JSON forms of ``engine.codecs``
 and ``engine.records``. One connection guarded by a lock; every write is one transaction.
 
-A file that cannot be trusted is never reset silently (docs/state.md): opening an empty file
-the engine had written before, a file without the SQLite header, a foreign database or one that
-fails ``PRAGMA quick_check`` raises ``StateError`` naming the file and what is wrong; a row that
-cannot be decoded raises ``StateRowError`` for that row only. ``gpuops state reset`` (``reset``
-here) puts a broken file aside and starts afresh.
+A file that cannot be trusted is never reset silently (docs/state.md): opening a missing or an
+empty file the engine had written before, a file without the SQLite header, a foreign database
+or one that fails ``PRAGMA quick_check`` raises ``StateError`` naming the file and what is wrong;
+a row that cannot be decoded raises ``StateRowError`` for that row only. ``gpuops state reset``
+(``reset`` here) puts a broken file aside and starts afresh.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import threading
@@ -48,8 +47,6 @@ from engine.store import (
     QuotaStatus,
     StoredDecision,
 )
-
-log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS policy_state (policy TEXT PRIMARY KEY, data TEXT NOT NULL);
@@ -136,6 +133,11 @@ class StateError(Exception):
     Nothing was reset: ``gpuops state reset`` does that, keeping the file aside."""
 
 
+class StateFileMissing(StateError):
+    """The state file does not exist although the engine ran with this configuration before
+    (its audit spool says so): a volume that is not mounted looks exactly like this."""
+
+
 class StateRowError(StateError):
     """One row of the state file cannot be decoded; the rest of the file is usable."""
 
@@ -156,8 +158,9 @@ class StateStore:
         """Open (or create) the state file at ``path``, or raise ``StateError``.
 
         ``previous_run``: evidence that the engine ran with this file before (e.g. "the audit
-        spool var/audit was written before"), or None. With it, an empty file is an error (it
-        was truncated); without it, an empty file is taken as new (made by ``touch``)."""
+        spool var/audit was written before"), or None. With it, a missing file is an error
+        (``StateFileMissing``: lost, or its volume not mounted) and so is an empty one (it was
+        truncated); without it, either is taken as new (an empty one made by ``touch``)."""
         self.path = Path(path)
         memory = str(path) == ":memory:"
         if not memory:
@@ -925,13 +928,19 @@ _APPROVAL_COLUMNS = "requested_at, expires_at, status, decided_by, decided_at, d
 
 
 def _check_file(path: Path, previous_run: str | None) -> None:
-    """Refuse, before SQLite opens it, a file that is not a state file: empty although the
-    engine ran before, or without the SQLite header."""
+    """Refuse, before SQLite opens it, a file that is not a state file: missing or empty
+    although the engine ran before, or without the SQLite header."""
     try:
         size = path.stat().st_size
-    except FileNotFoundError:  # a new state file; deleting one is deliberate, but say so
-        if previous_run is not None:
-            log.warning("state file %s does not exist but %s: starting afresh", path, previous_run)
+    except FileNotFoundError:
+        if previous_run is not None:  # lost, or not mounted: starting afresh would re-fire
+            raise StateFileMissing(
+                f"{path}: the state file does not exist but {previous_run}: is the volume that"
+                " holds it mounted, and is state_file right? Starting afresh would forget"
+                " cooldowns, firing targets and pending approvals and re-fire what already ran."
+                " Put the file back (mount its volume) and start again, or, to start afresh on"
+                " purpose, run `gpuops state reset`"
+            ) from None
         return
     if size == 0:
         if previous_run is not None:

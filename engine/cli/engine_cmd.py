@@ -18,7 +18,7 @@ from engine.config import ConfigError, load_config
 from engine.postgres import DatabaseUnavailable
 from engine.rules.model import RulesError
 from engine.runtime import Engine, collect_less
-from engine.state import StateError
+from engine.state import StateError, StateFileMissing
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,11 @@ def run(config_path: Path, dry_run: bool) -> None:
 def _state_refused(exc: StateError, config_path: Path) -> click.ClickException:
     if isinstance(exc, DatabaseUnavailable):  # PostgreSQL (docs/ha.md): nothing to reset
         return click.ClickException(f"{exc}\nnothing was changed (docs/ha.md)")
+    if isinstance(exc, StateFileMissing):  # nothing to keep aside
+        return click.ClickException(
+            f"{exc}\nnothing was changed; with this configuration: `gpuops state reset --config"
+            f" {config_path}` (docs/state.md)"
+        )
     return click.ClickException(
         f"{exc}\nnothing was changed; `gpuops state reset --config {config_path}` keeps it"
         " aside and starts afresh (docs/state.md)"

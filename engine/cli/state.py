@@ -107,9 +107,10 @@ def check(config_path: Path) -> None:
     help="Reset only this policy's stored state (a bad row); the rest of the file stays.",
 )
 def reset_cmd(config_path: Path, policy: str | None) -> None:
-    """Start afresh: keep the state file aside as NAME.broken-TIMESTAMP and make a new one, or
-    (--policy) keep one policy's row aside as a file and remove it. Audited; stop the engine
-    first. A reset forgets cooldowns, firing targets and pending approvals of what it resets."""
+    """Start afresh: keep the state file aside as NAME.broken-TIMESTAMP and make a new one (a
+    missing file: make a new one), or (--policy) keep one policy's row aside as a file and
+    remove it. Audited; stop the engine first. A reset forgets cooldowns, firing targets and
+    pending approvals of what it resets."""
     config = _config(config_path)
     path = config.state_file
     problem = _problem(config) if policy is None else None
@@ -130,6 +131,8 @@ def reset_cmd(config_path: Path, policy: str | None) -> None:
             if aside is not None:
                 details["kept_as"] = str(aside)
                 message += f"; the old one kept as {aside}"
+            else:
+                message += "; there was no file to keep aside, a new one was made"
         else:
             details["policy"] = policy
             message = _reset_policy(path, policy, details)

@@ -79,7 +79,9 @@ class Engine:
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
-        ran_before = previous_run(config)  # before the audit log marks its spool
+        # read before the audit log marks its spool; an audit log handed in has marked it
+        # already, so the spool tells nothing and its caller answers for the state file
+        ran_before = previous_run(config) if audit is None else None
         self.metrics = metrics or EngineMetrics.create()
         self.registry = executors or ExecutorRegistry.from_entry_points()
         self.audit = audit or AuditLog(
@@ -436,7 +438,8 @@ def _open_store(
 
 def previous_run(config: EngineConfig) -> str | None:
     """Evidence that an engine ran with this configuration before (its audit spool holds a
-    writer lock file or segments), or None: an empty state file is then an error, not new."""
+    writer lock file or segments), or None: a missing or empty state file is then an error, not
+    new (docs/state.md)."""
     spool = config.audit.spool_dir
     if (spool / ".lock").exists() or segment_paths(spool):
         return f"the audit spool {spool} shows the engine ran before"

@@ -188,16 +188,64 @@ def test_an_empty_file_before_any_run_is_a_new_state(world: World) -> None:
     assert [d.verdict for d in world.evaluate(engine, "reclaim")] == ["execute"]
 
 
-def test_a_deleted_state_file_after_a_run_starts_afresh_with_a_warning(
-    world: World, caplog: pytest.LogCaptureFixture
-) -> None:
+MISSING = (
+    "{state}: the state file does not exist but the audit spool {spool} shows the engine ran"
+    " before: is the volume that holds it mounted, and is state_file right? Starting afresh would"
+    " forget cooldowns, firing targets and pending approvals and re-fire what already ran. Put"
+    " the file back (mount its volume) and start again, or, to start afresh on purpose, run"
+    " `gpuops state reset`"
+)
+
+
+def test_a_missing_state_file_after_a_run_is_an_error_not_a_silent_reset(world: World) -> None:
+    """A volume that is not mounted looks like this; starting afresh would re-fire the 3
+    targets inside their cooldown."""
     world.ran_once_and_stopped()
     world.state.unlink()
-    world.engine()
-    assert (
-        f"state file {world.state} does not exist but the audit spool {world.spool} shows the"
-        " engine ran before: starting afresh"
-    ) in caplog.messages
+    assert refused(world) == MISSING.format(state=world.state, spool=world.spool)
+    assert not world.state.exists(), "the refused start made a state file"
+    check = world.gpuops("state", "check")
+    assert check.exit_code == 1 and "the state file does not exist" in check.output
+    assert not world.state.exists(), "the check made a state file"
+    assert len(world.log.ran) == 3
+
+
+def test_engine_run_on_a_missing_state_file_exits_1_saying_what_to_run(world: World) -> None:
+    world.ran_once_and_stopped()
+    world.state.unlink()
+    gpuops = Path(sys.executable).with_name("gpuops")
+    run = subprocess.run(
+        [str(gpuops), "engine", "run", "--config", str(world.config_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr + run.stdout
+    assert run.stderr.endswith(
+        "\nError: "
+        + MISSING.format(state=world.state, spool=world.spool)
+        + f"\nnothing was changed; with this configuration: `gpuops state reset --config"
+        f" {world.config_file}` (docs/state.md)\n"
+    ), run.stderr
+    assert not world.state.exists()
+
+
+def test_state_reset_of_a_missing_file_starts_afresh_audited(world: World) -> None:
+    world.ran_once_and_stopped()
+    world.state.unlink()
+    result = world.gpuops("state", "reset")
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(
+        f"\nstate file {world.state} reset; there was no file to keep aside, a new one was made\n"
+    )
+    (doc,) = [d for d in world.docs() if d.get("event", {}).get("action") == "state.reset"]
+    details = doc["gpuops"]["operation"]["details"]
+    assert "the state file does not exist" in details["problem"] and "kept_as" not in details
+    assert world.gpuops("state", "check").output == f"{world.state}: OK\n"
+    engine = world.engine()  # the new file: what ran before is forgotten, on purpose
+    world.prom.results["idle"] = TARGETS[:1]
+    assert [d.verdict for d in world.evaluate(engine, "reclaim")] == ["execute"]
 
 
 @pytest.mark.parametrize(
