@@ -183,12 +183,14 @@ class ApiSettings(_Model):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest request body accepted; larger ones get 413."""
     alertmanager_max_body_bytes: int = Field(default=8 * 1_048_576, ge=1024)
-    """Largest Alertmanager notification accepted (``POST /api/v1/alertmanager``). A realistic
-    alert is ~670 bytes, so 8 MiB holds ~12,500 alerts: more than ``alert_queue_size`` can
-    take at once. Alertmanager does not retry a 413 (only 5xx): size this above the largest
-    group it may send (docs/api.md)."""
+    """Largest Alertmanager notification accepted (``POST /api/v1/alertmanager``): the one
+    limit on a group's size (its alerts are not counted apart). A realistic alert is ~670
+    bytes, so 8 MiB holds ~12,500 alerts. Alertmanager does not retry a 413 (only 5xx): size
+    this above the largest group it may send (docs/api.md)."""
     alert_queue_size: int = Field(default=10_000, ge=1)
-    """Alertmanager alerts waiting for the worker; when full the receiver answers 503."""
+    """Alertmanager alerts waiting for the worker. A notification with no room behind those
+    waiting is answered 503 (Alertmanager retries it); one larger than this is taken whole
+    once none waits, so a group is never refused for its size alone."""
     quota: QuotaSettings = QuotaSettings()
     console: ConsoleSettings = ConsoleSettings()
 

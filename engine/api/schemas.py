@@ -71,7 +71,13 @@ class Alert(BaseModel):
 
 
 class AlertmanagerPayload(BaseModel):
-    """Alertmanager's webhook notification, version 4."""
+    """Alertmanager's webhook notification, version 4.
+
+    ``alerts`` has no count of its own: a notification is bounded by its body
+    (``api.alertmanager_max_body_bytes``, 413 before it is parsed) and taken, or answered 503
+    for Alertmanager to retry, by the alert inbox (``api.alert_queue_size``:
+    ``engine.runtime.alerts.AlertInbox.submit``), so that no group the body limit lets
+    through is refused for good."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -84,7 +90,7 @@ class AlertmanagerPayload(BaseModel):
     commonLabels: dict[str, str] = {}
     commonAnnotations: dict[str, str] = {}
     externalURL: str = Field(default="", max_length=4096)
-    alerts: list[Alert] = Field(max_length=10_000)
+    alerts: list[Alert]
 
 
 class AlertsQueued(BaseModel):

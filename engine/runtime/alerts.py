@@ -40,6 +40,11 @@ EPISODE_MEMORY_S = 30 * 86400.0
 firing alert every repeat_interval, hours; 30 days covers any sane configuration)."""
 
 
+class InboxFull(Exception):
+    """The inbox has no room for a notification now (the message says why and how much is
+    waiting); nothing of it was queued. The receiver answers 503: Alertmanager retries."""
+
+
 class AlertInbox:
     def __init__(
         self,
@@ -59,7 +64,8 @@ class AlertInbox:
         self._rulebook = rulebook
         self._cycle = cycle
         self._clock = clock
-        self._queue: queue.Queue[object] = queue.Queue(queue_size)
+        self._size = queue_size
+        self._queue: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition()
         self._busy = 0
@@ -183,7 +189,7 @@ class AlertInbox:
             for item in self._store.inbox():
                 if item.id in self._queued:
                     continue
-                if self._queue.full():
+                if self._busy >= self._size:
                     self._more = True
                     return
                 self._queued.add(item.id)
@@ -198,19 +204,22 @@ class AlertInbox:
         self._thread.join(timeout)
         self._thread = None
 
-    def submit(self, alerts: Sequence[Mapping[str, Any]]) -> bool:
-        """Queue a notification's alerts; False (nothing queued) when there is no room."""
+    def submit(self, alerts: Sequence[Mapping[str, Any]]) -> None:
+        """Queue a notification's alerts, or raise ``InboxFull`` (nothing queued) when there is
+        no room for them now: at most ``queue_size`` alerts wait, and a notification larger
+        than that is taken whole once nothing waits (its size is bounded by the receiver's
+        body limit), so that every notification the receiver accepts is taken in time."""
         self._require_leader()
         with self._idle:
-            if self._queue.maxsize - self._queue.qsize() < len(alerts):
+            waiting = self._busy
+            if waiting and waiting + len(alerts) > self._size:
                 self.alerts.labels("rejected").inc(len(alerts))
-                return False
+                raise InboxFull(_no_room(len(alerts), waiting, self._size))
             items = self._store.inbox_add(alerts, self._clock())
             for item, alert in zip(items, alerts, strict=True):
                 self._queued.add(item)
                 self._busy += 1
                 self._queue.put_nowait((item, alert))
-        return True
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every queued alert is handled (tests, shutdown)."""
@@ -270,6 +279,14 @@ class AlertInbox:
             key.status,
             len(decisions),
         )
+
+
+def _no_room(alerts: int, waiting: int, size: int) -> str:
+    when = "once none waits" if alerts > size else "once enough of them are handled"
+    return (
+        f"the alert queue holds {waiting} alerts (api.alert_queue_size {size}): no room for"
+        f" this notification of {alerts} now, taken {when}; Alertmanager will retry"
+    )
 
 
 def _held(stored: StoredDecision | None) -> bool:

@@ -1,8 +1,10 @@
 """``POST /api/v1/alertmanager``: Alertmanager's webhook receiver (payload version 4).
 
-Validates the notification, queues its alerts for ``engine.runtime.alerts.AlertInbox`` and answers
-at once; 503 when the queue is full, so Alertmanager retries. Authenticated like every route —
-Alertmanager's ``http_config`` sends a bearer token (``authorization``) or ``basic_auth``.
+Validates the notification, hands its alerts to ``engine.runtime.alerts.AlertInbox`` and answers
+at once. Whenever the engine cannot take the notification now — the inbox has no room for it
+yet, the state database cannot store it — the answer is 503 with the reason, which Alertmanager
+retries (it drops a notification answered 4xx). Authenticated like every route — Alertmanager's
+``http_config`` sends a bearer token (``authorization``) or ``basic_auth``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from engine.api.auth import require
 from engine.api.context import ApiContext, api_context
 from engine.api.schemas import AlertmanagerPayload, AlertsQueued
 from engine.api.tokens import Permission, Principal
+from engine.runtime.alerts import InboxFull
+from engine.state import StateError
 
 router = APIRouter(tags=["alertmanager"])
 
@@ -28,6 +32,11 @@ def receive_alerts(
     """Queue the alerts of one notification; firing ones trigger the policies whose
     ``trigger.alertmanager`` labels they carry, resolved ones their ``on_clear``."""
     alerts = [alert.model_dump() for alert in payload.alerts]
-    if not ctx.alerts.submit(alerts):
-        raise HTTPException(503, "the alert queue is full; Alertmanager will retry")
+    try:
+        ctx.alerts.submit(alerts)
+    except InboxFull as exc:
+        raise HTTPException(503, str(exc)) from None
+    except StateError as exc:
+        why = f"the alert inbox cannot store the notification now: {exc}"
+        raise HTTPException(503, f"{why}; Alertmanager will retry") from None
     return AlertsQueued(queued=len(alerts))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.state import StateStore
+from engine.state import StateError, StateStore
 from tests.unit.api.harness import Harness, running_api
 
 POLICY = "drain-on-gpu-fell-off-bus"
@@ -83,12 +83,66 @@ def test_invalid_payloads_are_422_with_the_reason(api: Harness) -> None:
     assert missing.status_code == 422 and "fingerprint: Field required" in missing.json()["detail"]
 
 
-def test_full_queue_is_503_so_alertmanager_retries(tmp_path: Path) -> None:
-    with running_api(tmp_path, api={"alert_queue_size": 1}) as api:
-        alerts = [api.alert("GPUFellOffBus", node=f"n{i}") for i in range(2)]
+def _no_room(waiting: int, size: int, alerts: int, when: str) -> dict[str, str]:
+    return {
+        "detail": f"the alert queue holds {waiting} alerts (api.alert_queue_size {size}):"
+        f" no room for this notification of {alerts} now, taken {when}; Alertmanager will retry"
+    }
+
+
+@pytest.mark.parametrize("group", [10_000, 10_001])
+def test_a_group_larger_than_the_queue_is_taken_whole_when_none_waits(
+    tmp_path: Path, group: int
+) -> None:
+    """Alertmanager retries only 5xx: a group the body limit lets through is never refused
+    for its size (a 422 would drop it), only answered 503 while others wait."""
+    with running_api(tmp_path) as api:
+        size = api.context.settings.alert_queue_size
+        assert size == 10_000
+        api.engine.alerts.stop()  # no worker: what is queued stays queued
+        alerts = [api.alert("Unmatched", node=f"n{i}") for i in range(group)]
         resp = api.notify(*alerts)
-        assert resp.status_code == 503
-        assert resp.json() == {"detail": "the alert queue is full; Alertmanager will retry"}
+        assert (resp.status_code, resp.json()) == (200, {"queued": group})
+        late = api.notify(api.alert("GPUFellOffBus", node="late"))
+        assert late.status_code == 503
+        assert late.json() == _no_room(group, size, 1, "once enough of them are handled")
+        assert len(api.engine.store.inbox()) == group
+
+
+def test_a_group_with_no_room_behind_the_waiting_ones_is_503_until_they_are_handled(
+    tmp_path: Path,
+) -> None:
+    with running_api(tmp_path, api={"alert_queue_size": 5}) as api:
+        api.engine.alerts.stop()
+        assert api.notify(*[api.alert("GPUFellOffBus", node=f"n{i}") for i in range(3)]).ok
+        late = [api.alert("GPUFellOffBus", node=f"late{i}") for i in range(3)]
+        refused = api.notify(*late)
+        assert refused.status_code == 503
+        assert refused.json() == _no_room(3, 5, 3, "once enough of them are handled")
+        assert api.notify(*late[:2]).json() == {"queued": 2}  # 5 wait: the queue's size
+        large = [api.alert("GPUFellOffBus", node=f"large{i}") for i in range(6)]
+        assert api.notify(*large).json() == _no_room(5, 5, 6, "once none waits")
+        api.engine.alerts.start()
+        api.settle()
+        assert api.notify(*large).json() == {"queued": 6}  # Alertmanager's retry
+        api.settle()
+        assert len(api.executed(POLICY)) == 11
+        assert api.engine.store.inbox() == []
+
+
+def test_a_notification_the_state_database_cannot_store_is_503_with_the_reason(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(alerts: object, now: float) -> list[int]:
+        raise StateError("postgresql://db:5432/gpuops: connection refused")
+
+    monkeypatch.setattr(api.engine.store, "inbox_add", unreachable)
+    resp = api.notify(api.alert("GPUFellOffBus", node="n1"))
+    assert resp.status_code == 503
+    assert resp.json() == {
+        "detail": "the alert inbox cannot store the notification now: postgresql://db:5432/gpuops:"
+        " connection refused; Alertmanager will retry"
+    }
 
 
 def _received(node: str, fingerprint: str) -> dict[str, object]:
