@@ -41,7 +41,11 @@ class PermanentError(ExecutorError):
 
 @runtime_checkable
 class Executor(Protocol):
-    """Carries out the verbs it supports. ``run`` returns what it changed (JSON-able)."""
+    """Carries out the verbs it supports. ``run`` returns what it changed (JSON-able).
+
+    Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
+    up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of
+    its own; see ``lane``."""
 
     name: str
     verbs: frozenset[str] | None  # None: any verb (free-form executors: webhook, command, log)
@@ -50,6 +54,23 @@ class Executor(Protocol):
 
 
 ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
+
+
+def lane(executor: Executor, decision: Decision) -> str:
+    """The lane of ``decision`` on ``executor``: what its optional ``lane`` method names, or
+    ``""`` (one lane for the whole executor, also when the method fails: ``run`` then reports
+    the problem as the action's outcome). Asked by ``engine.runtime.gate`` before it queues
+    an action, so that a slow lane delays only its own actions. A lane may come from label
+    values (a templated host): the gate caps how many lanes get workers of their own."""
+    method = getattr(executor, "lane", None)
+    if method is None:
+        return ""
+    try:
+        key = method(decision)
+    except Exception:  # an executor bug must not keep the action from running
+        log.exception("executor %s: lane of decision %s failed", executor.name, decision.id)
+        return ""
+    return key if isinstance(key, str) else ""
 
 
 class ExecutorRegistry:

@@ -13,6 +13,9 @@ Settings (engine configuration, ``executors.webhook``), validated by ``WebhookSe
 ``timeout_s`` override the settings; the other params are sent to the receiver in the body.
 Label values are encoded by ``engine.actions.encoding``: percent-encoded in the URL's path and
 query, a host name or IP where they are the host, percent-encoded controls in header values.
+
+``lane`` names the receiver's origin (``scheme://host:port``), so the gate runs each receiver's
+actions on workers of its own: a slow or failing receiver delays only its own actions.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ TEMPORARY_STATUSES = frozenset({408, 429})
 """4xx statuses that mean "later": request timeout, too many requests (5xx are all temporary)."""
 BODY_CAP = 256
 """Characters of a receiver's answer kept in an error message."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class WebhookSettings(BaseModel):
@@ -118,13 +122,22 @@ class WebhookExecutor:
             return [f"webhook params: {_problems(exc)}"]
         return []
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
+    def lane(self, decision: Decision) -> str:
+        """The origin of ``decision``'s receiver, ``scheme://host:port`` (the scheme's port when
+        the URL has none), the gate's unit of isolation (``engine.actions.base.lane``). The
+        origin and not the URL: a path or query may hold label values (a URL per target), and
+        what is slow or down is the server. ``""`` when no URL can be formed (``run`` says
+        why)."""
         try:
-            params = WebhookParams.model_validate(
-                dict(decision.action.params) if decision.action else {}
-            )
-        except ValidationError as exc:
-            raise PermanentError(f"webhook params: {_problems(exc)}") from None
+            parts = urlsplit(self._url(_params(decision), decision))
+            port = parts.port or DEFAULT_PORTS[parts.scheme]
+        except (PermanentError, ValueError, KeyError):  # ValueError: a port out of range
+            return ""
+        host = parts.hostname or ""
+        return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        params = _params(decision)
         url = self._url(params, decision)
         body = encode(decision)
         headers = {"Content-Type": "application/json", "User-Agent": "gpuops-webhook"}
@@ -187,6 +200,13 @@ class WebhookExecutor:
                 f"webhook url {redact(url)!r} (from {redact(template)!r}) is not an http(s) URL"
             )
         return url
+
+
+def _params(decision: Decision) -> WebhookParams:
+    try:
+        return WebhookParams.model_validate(dict(decision.action.params) if decision.action else {})
+    except ValidationError as exc:
+        raise PermanentError(f"webhook params: {_problems(exc)}") from None
 
 
 def payload(decision: Decision) -> dict[str, Any]:

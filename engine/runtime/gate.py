@@ -11,7 +11,8 @@ only through ``Gate.admit``. The gate:
 2. checks again at the moment of execution, in the worker: kill switch, pause, engine and
    policy dry-run, the global budget — an action held there is audited with its reason like any
    suppression and decided again later;
-3. runs the action on a pool of its own executor (bounded concurrency per executor: one slow
+3. runs the action on the workers of its executor's lane (``engine.actions.base.lane``: the
+   webhook's receiver; bounded concurrency per lane, a bounded number of lanes: one slow
    receiver cannot starve the others) through ``engine.actions.base.execute``;
 4. stores and audits the outcome, and feeds a failure back into the policy's state: a permanent
    failure is not retried within the episode, a temporary one is decided again after an
@@ -32,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute
+from engine.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute, lane
 from engine.audit import AuditLog, AuditWriteError
 from engine.config import GuardrailSettings
 from engine.decisions import (
@@ -139,6 +140,73 @@ class _OutcomeBatch:
                     raise failure
 
 
+LANES_PER_EXECUTOR = 16
+"""Lanes with workers of their own per executor (webhook: receivers). Enough for the receivers
+a team runs; a host templated from labels (one lane per node) cannot make threads without end."""
+
+_Pool = tuple[str, str]
+"""A pool's key: executor name and lane (``""``: the executor's shared pool)."""
+
+
+class _Lanes:
+    """The gate's worker pools, one per (executor, lane), ``workers`` threads each. An executor
+    has at most ``cap`` lanes of its own at a time: a new lane takes the place of one with
+    nothing queued or running (its threads end); while all ``cap`` are busy, the actions of a
+    new lane run on the executor's shared pool (lane ``""``, also the one pool of an executor
+    that names no lanes). So an executor has at most ``(cap + 1) * workers`` threads, whatever
+    label values name lanes. Not locked itself: the gate calls it holding its lock."""
+
+    def __init__(self, workers: int, cap: int) -> None:
+        self._workers = workers
+        self._cap = cap
+        self._pools: dict[_Pool, ThreadPoolExecutor] = {}
+        self._load: dict[_Pool, int] = {}  # actions queued or running, per pool
+        self._shared: set[str] = set()  # executors whose new lanes now run on their "" pool
+        self._made = 0
+
+    def take(self, executor: str, lane: str) -> tuple[_Pool, ThreadPoolExecutor]:
+        """The pool an action of ``lane`` on ``executor`` runs on, busy until ``release``."""
+        key = self._place(executor, lane)
+        pool = self._pools.get(key)
+        if pool is None:
+            self._made += 1
+            pool = ThreadPoolExecutor(
+                self._workers, thread_name_prefix=f"gpuops-{executor}-{self._made}"
+            )
+            self._pools[key] = pool
+        self._load[key] = self._load.get(key, 0) + 1
+        return key, pool
+
+    def release(self, key: _Pool) -> None:
+        self._load[key] -= 1
+
+    def _place(self, executor: str, lane: str) -> _Pool:
+        key = (executor, lane)
+        if not lane or key in self._pools:
+            return key
+        own = [k for k in self._pools if k[0] == executor and k[1]]
+        if len(own) >= self._cap:
+            idle = next((k for k in own if not self._load.get(k)), None)
+            if idle is None:
+                if executor not in self._shared:
+                    self._shared.add(executor)
+                    log.warning(
+                        "executor %s: all %d lanes busy; new lanes share %d workers until one "
+                        "is idle",
+                        executor,
+                        self._cap,
+                        self._workers,
+                    )
+                return (executor, "")
+            self._pools.pop(idle).shutdown(wait=False)
+            del self._load[idle]
+        self._shared.discard(executor)
+        return key
+
+    def pools(self) -> list[ThreadPoolExecutor]:
+        return list(self._pools.values())
+
+
 class RetryError(Exception):
     """An action that cannot be retried now (it did not fail, or its target moved on)."""
 
@@ -162,12 +230,15 @@ class Gate:
         population: Callable[[Policy, Decision], int | None] = lambda policy, decision: None,
         listener: DecisionListener | None = None,
         workers_per_executor: int = 4,
+        lanes_per_executor: int = LANES_PER_EXECUTOR,
         retry: RetryPolicy | None = None,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         """``leading``: whether this replica still leads (``engine.runtime.leadership``),
         asked just before each executor call: a replica that lost its lease runs nothing and
-        leaves the decision ``started`` for the new leader to resume."""
+        leaves the decision ``started`` for the new leader to resume. ``workers_per_executor``:
+        concurrent actions per lane of an executor (``_Lanes``), at most
+        ``lanes_per_executor`` lanes of its own per executor."""
         self._leading = leading
         self._settings = settings
         self._executor_settings = executor_settings
@@ -182,13 +253,12 @@ class Gate:
         self._population = population
         self._memo: tuple[GuardrailState, Windows] | None = None
         self._listener = listener
-        self._workers = workers_per_executor
         self._retry = retry or RetryPolicy()
         self._hooks: list[OutcomeHook] = []
         self._admit_lock = threading.Lock()  # intent writes and reconciliation, one at a time
         self._lock = threading.Lock()  # executors, pools, in-flight
         self._executors: dict[str, Executor] = {}
-        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._lanes = _Lanes(workers_per_executor, lanes_per_executor)
         self._in_flight: dict[str, Future[Outcome]] = {}
         self._running: set[str] = set()  # ids submitted and not done (set before submitting)
         self._problem: str | None = None
@@ -348,27 +418,30 @@ class Gate:
     # --- running ---------------------------------------------------------------------------
     def _submit(self, decision: Decision) -> Future[Outcome] | None:
         assert decision.action is not None
+        name = decision.action.executor
+        try:
+            where = lane(self._executor(name), decision)
+        except Exception:  # not built (unknown, bad settings): ``_execute`` says so as the outcome
+            log.debug("executor %s not built: %s runs in its shared lane", name, decision.id)
+            where = ""
         with self._lock:
             if self._stopped:
                 return None
             known = self._in_flight.get(decision.id)
             if known is not None:  # one id runs once at a time
                 return known
-            name = decision.action.executor
-            pool = self._pools.get(name)
-            if pool is None:
-                pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"gpuops-{name}")
-                self._pools[name] = pool
+            key, pool = self._lanes.take(name, where)
             self._running.add(decision.id)  # before it can start: see _outcomes_lacking
             future = pool.submit(self._run, decision)
             self._in_flight[decision.id] = future
-        future.add_done_callback(lambda _: self._done(decision.id))
+        future.add_done_callback(lambda _: self._done(decision.id, key))
         return future
 
-    def _done(self, decision_id: str) -> None:
+    def _done(self, decision_id: str, key: _Pool) -> None:
         with self._lock:
             self._in_flight.pop(decision_id, None)
             self._running.discard(decision_id)
+            self._lanes.release(key)
 
     def _not_leading(self, decision: Decision) -> Outcome | None:
         """The outcome of an action this replica may not run or go on with because it no longer
@@ -712,6 +785,6 @@ class Gate:
         self.wait_idle(timeout)
         with self._lock:
             self._stopped = True
-            pools = list(self._pools.values())
+            pools = self._lanes.pools()
         for pool in pools:
             pool.shutdown(wait=True)

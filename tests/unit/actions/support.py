@@ -42,12 +42,14 @@ def make_decision(
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted answer. ``hold``: answer nothing until the receiver closes (a hung server)."""
+    """One scripted answer. ``hold``: answer nothing until the receiver closes (a hung server);
+    ``delay``: answer after this many seconds (a slow server; nothing if it closes first)."""
 
     status: int = 200
     body: bytes = b'{"ok": true}'
     headers: Mapping[str, str] = field(default_factory=dict)
     hold: bool = False
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,17 @@ class Receiver:
                 if reply.hold:
                     receiver.released.wait(30)
                     return
-                self.send_response(reply.status)
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply.body)))
-                self.end_headers()
-                self.wfile.write(reply.body)
+                if reply.delay and receiver.released.wait(reply.delay):
+                    return
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a delayed answer after its timeout)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

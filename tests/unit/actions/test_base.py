@@ -15,6 +15,7 @@ from engine.actions.base import (
     RetryPolicy,
     TemporaryError,
     execute,
+    lane,
 )
 from engine.decisions import Decision, OutcomeStatus
 from tests.unit.actions.support import make_decision
@@ -155,3 +156,23 @@ def test_registry_passes_settings_to_the_factory() -> None:
     registry.create("scripted", {"url": "http://x"})
     registry.create("scripted")
     assert seen == [{"url": "http://x"}, {}]
+
+
+class Laned(Scripted):
+    def __init__(self, named: Any) -> None:
+        super().__init__()
+        self.named = named
+
+    def lane(self, decision: Decision) -> Any:
+        if isinstance(self.named, Exception):
+            raise self.named
+        return self.named
+
+
+def test_the_lane_is_what_the_executor_names_or_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    decision = make_decision()
+    assert lane(Scripted(), decision) == ""  # no lane method: one lane for the executor
+    assert lane(Laned("https://hooks.example.com:443"), decision) == "https://hooks.example.com:443"
+    assert lane(Laned(None), decision) == ""
+    assert lane(Laned(KeyError("url")), decision) == ""  # a bug there: the action still runs
+    assert f"executor scripted: lane of decision {decision.id} failed" in caplog.text

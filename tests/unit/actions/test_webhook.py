@@ -213,6 +213,34 @@ def test_credentials_in_the_url_are_not_reported(receiver: Serve) -> None:
     assert r.received[0].headers["Authorization"].startswith("Basic ")
 
 
+def test_the_lane_is_the_receivers_origin() -> None:
+    """The gate isolates receivers by origin: labels in the path or query, credentials and the
+    scheme's own port do not make another lane; a host templated from labels does."""
+    ex = WebhookExecutor(
+        {"url": "https://Hooks.example.com/{{ $labels.node }}?gpu={{ $labels.uuid }}"}
+    )
+    assert ex.lane(make_decision(node="n1", uuid="GPU-1")) == "https://hooks.example.com:443"
+    assert ex.lane(make_decision(node="n2", uuid="GPU-7")) == "https://hooks.example.com:443"
+    per_node = {"url": "http://u:p@{{ $labels.node }}:8080/hook"}
+    assert ex.lane(make_decision(params=per_node, node="n1")) == "http://n1:8080"
+    assert ex.lane(make_decision(params=per_node, node="10.0.0.2")) == "http://10.0.0.2:8080"
+    assert ex.lane(make_decision(params=per_node, node="fe80::1")) == "http://[fe80::1]:8080"
+    assert ex.lane(make_decision(params={"url": "http://h/x"})) == "http://h:80"
+
+
+def test_a_decision_without_a_usable_url_has_the_executors_own_lane() -> None:
+    assert WebhookExecutor().lane(make_decision()) == ""
+    bad: list[dict[str, Any]] = [
+        {"url": "ftp://h/x"},
+        {"url": "http://h:99999/"},
+        {"timeout_s": -1},
+    ]
+    for params in bad:
+        assert WebhookExecutor({"url": "http://h/"}).lane(make_decision(params=params)) == ""
+    per_node = {"url": "http://{{ $labels.node }}/hook"}
+    assert WebhookExecutor().lane(make_decision(params=per_node, node="not a host")) == ""
+
+
 def test_missing_or_bad_urls_are_permanent() -> None:
     with pytest.raises(PermanentError, match="webhook has no url: set params.url"):
         WebhookExecutor().run(make_decision())
