@@ -4,7 +4,9 @@ as the live loop, and report what they would have decided (``gpuops backtest run
 Each policy's ``expr`` (and ``clear_expr``, and the ``max_fraction`` population) is fetched once
 as a range query (``engine.prometheus.PrometheusClient.query_range``), then stepped through at
 the query's resolution: ``evaluate`` then ``judge_step`` (the live cycle's) at every step,
-state carried over.
+state carried over. Fresh data only, as live: the stale-series probe of the policy's inputs
+(``engine.prometheus.stale_expr``) is a range query too, so a target whose exporter stopped
+within the history is held at the steps where its samples are older than the bound.
 Nothing is executed and nothing is audited. Called by ``engine.cli.backtest``.
 """
 
@@ -13,17 +15,18 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
 
-from engine.decisions import Decision
-from engine.evaluation import PolicyState, QueryResult, evaluate
+from engine.decisions import Decision, Sample
+from engine.evaluation import Freshness, PolicyState, QueryResult, evaluate
 from engine.guardrails import Context, GuardrailState, judge_step, population_expr
-from engine.prometheus import PrometheusClient
+from engine.prometheus import AGE_LABEL, PrometheusClient, input_selectors, stale_expr
 from engine.rules.model import Policy
+from engine.staleness import StaleInput
 
 
 @dataclass(frozen=True)
@@ -54,26 +57,35 @@ def run_backtest(
     end: float,
     step_s: float,
     keep_mode: bool = False,
+    freshness: Callable[[Policy], Freshness] | None = None,
 ) -> Backtest:
     """Backtest every policy that has an ``expr`` over [start, end] at ``step_s``.
 
     ``keep_mode``: judge dry-run policies as dry-run (default: as if enforced, since the point
-    of a backtest is what a policy *would* do)."""
+    of a backtest is what a policy *would* do). ``freshness``: each policy's bounds, as the
+    engine's (None: no bound, every sample of the history is acted on)."""
     start = float(math.floor(start))
     results = []
     for policy in policies:
         if policy.expr is None:
             continue
         judged_as = policy if keep_mode else replace(policy, mode="enforce")
-        results.append(_one(judged_as, client, start, end, step_s))
+        bounds = freshness(policy) if freshness is not None else Freshness()
+        results.append(_one(judged_as, client, start, end, step_s, bounds))
     return Backtest(start, end, step_s, tuple(results))
 
 
 def _one(
-    policy: Policy, client: PrometheusClient, start: float, end: float, step_s: float
+    policy: Policy,
+    client: PrometheusClient,
+    start: float,
+    end: float,
+    step_s: float,
+    freshness: Freshness,
 ) -> PolicyBacktest:
     assert policy.expr is not None
     main = client.query_range(policy.expr, start, end, step_s)
+    stale = _stale(policy, client, start, end, step_s, freshness.max_sample_age_s)
     clear = client.query_range(policy.clear_expr, start, end, step_s) if policy.clear_expr else None
     names = {n for samples in main.values() for sample in samples for n in sample.labels}
     pop_expr = population_expr(policy, names)
@@ -91,8 +103,9 @@ def _one(
         result = QueryResult(
             main.get(now, ()),
             clear.get(now, ()) if clear is not None and state.firing() else None,
+            stale=stale.get(now, ()),
         )
-        step = evaluate(policy, result, state, now)
+        step = evaluate(policy, result, state, now, freshness)
         state = step.state
         if step.decisions:
             ctx = Context(population=len(population.get(now, ())) if population else None)
@@ -103,6 +116,33 @@ def _one(
         if state.firing():
             firing_steps += 1
     return PolicyBacktest(policy.name, steps, tuple(decisions), firing_steps)
+
+
+def _stale(
+    policy: Policy,
+    client: PrometheusClient,
+    start: float,
+    end: float,
+    step_s: float,
+    bound_s: float,
+) -> dict[float, tuple[StaleInput, ...]]:
+    """The stale input series of ``policy`` at each step (``engine.prometheus.stale_expr``
+    as a range query), by step."""
+    exprs = (e for e in (policy.expr, policy.clear_expr) if e is not None)
+    inputs = tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
+    probe = stale_expr(inputs, bound_s)
+    if probe is None:
+        return {}
+    found: dict[float, dict[str, list[Sample]]] = {}
+    for at, samples in client.query_range(probe, start, end, step_s).items():
+        for sample in samples:
+            index = int(sample.labels.get(AGE_LABEL, "-1"))
+            if 0 <= index < len(inputs):
+                found.setdefault(at, {}).setdefault(inputs[index], []).append(sample)
+    return {
+        at: tuple(StaleInput(i, tuple(series)) for i, series in by_input.items())
+        for at, by_input in found.items()
+    }
 
 
 def _cron_times(schedule: str, start: float, end: float) -> list[float]:

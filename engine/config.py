@@ -53,9 +53,10 @@ class PrometheusSettings(_Model):
     """Seconds between the scrapes of the metrics the rules read (Prometheus' scrape_interval
     for those jobs); the default bounds of freshness derive from it."""
     max_sample_age: float | None = Field(default=None, gt=0)
-    """Seconds: a result whose oldest input sample is older is stale, skipped like a failed
-    query (docs/policies.md, "Fresh data"). None: 2 x scrape_interval, i.e. one missed scrape
-    tolerated; a restarted Prometheus serving its old samples is refused until it scraped."""
+    """Seconds: an input series with no sample newer than this is stale, and the targets it
+    belongs to are held as on a failed query (docs/policies.md, "Fresh data"). None: 2 x
+    scrape_interval, i.e. one missed scrape tolerated; a restarted Prometheus serving its old
+    samples, or a dead exporter's samples inside a range window, are refused."""
     max_pending_gap: float | None = Field(default=None, gt=0)
     """Seconds: a stretch of failed or stale evaluations longer than this (from the first to the
     next fresh one) starts a pending `for` again; an outage does not count towards `for`.

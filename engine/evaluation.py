@@ -2,9 +2,10 @@
 
 DESIGN.md section 5. Per (policy, target key) a target is ``pending`` then ``firing``, exactly
 like a Prometheus alerting rule, plus hysteresis (``clear_expr``), ``keep_firing_for``,
-``repeat_interval``, stable decision ids, and freshness: a result whose inputs are older than
-``Freshness.max_sample_age_s`` is no data, and a pending timer does not run across a gap
-without fresh data longer than ``Freshness.max_gap_s`` (docs/policies.md). No I/O, no clock,
+``repeat_interval``, stable decision ids, and freshness: a target whose input series have no
+sample newer than ``Freshness.max_sample_age_s`` has no data (``engine.staleness``), and a
+pending timer does not run across a gap without fresh data longer than ``Freshness.max_gap_s``
+(docs/policies.md). No I/O, no clock,
 no globals: the live loop (``engine.runtime``), Alertmanager triggers and backtests all call
 ``evaluate`` unchanged; the guardrails (``engine.guardrails``) judge its decisions afterwards.
 """
@@ -36,6 +37,7 @@ from engine.decisions import (
 )
 from engine.rules.model import Policy
 from engine.rules.templating import PLACEHOLDER, render
+from engine.staleness import StaleInput, describe, held_targets
 
 
 class Status(StrEnum):
@@ -185,14 +187,14 @@ class QueryResult:
         ``clear_samples`` is the result of ``clear_expr`` (None when the policy has none or when no
         target was firing); ``error`` says the query failed, which changes no timer (it only notes
     where a stretch without fresh data began).
-        ``sample_age`` is how old (seconds, at ``now``) the oldest input sample of the queries was;
-        None: not known (backtests) or no input series.
+        ``stale``: the input series of the queries whose newest sample is older than the
+        freshness bound, per input (empty: none, or not asked: backtests).
     """
 
     samples: Sequence[Sample] = ()
     clear_samples: Sequence[Sample] | None = None
     error: str | None = None
-    sample_age: float | None = None
+    stale: Sequence[StaleInput] = ()
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,8 @@ class Freshness:
     the defaults, no bound, are those of backtests, whose data is history)."""
 
     max_sample_age_s: float = inf
-    """A result with an input sample older than this is stale: no data, nothing acted on."""
+    """An input series whose newest sample is older than this is stale: the targets it is
+    attributed to have no data (nothing acted on, no timer moved); the others are judged."""
     max_gap_s: float = inf
     """A stretch of failed or stale evaluations longer than this (from the first of them to
     the next fresh one) starts the ``for`` of pending targets again: an outage does not count
@@ -265,12 +268,8 @@ def evaluate(
     """Advance ``policy``'s state machine to ``now`` with ``result``."""
     if result.error is not None:
         return _no_data(policy, result.error, state, now)
-    if result.sample_age is not None and result.sample_age > freshness.max_sample_age_s:
-        stale = (
-            f"stale data: the oldest input sample is {result.sample_age:.1f}s old, more than "
-            f"max_sample_age {freshness.max_sample_age_s:g}s"
-        )
-        return _no_data(policy, stale, state, now)
+    if result.stale:
+        return _around_stale(policy, result, state, now, freshness)
     due = _due(policy, state, now)
     steady = _steady(policy, result, state, due, now)
     if steady is not None:
@@ -346,6 +345,69 @@ def evaluate(
                 targets[key] = replace(prev, absent_since=absent_since)
 
     return Step(tuple(decisions), PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)))
+
+
+def _around_stale(
+    policy: Policy, result: QueryResult, state: PolicyState, now: float, freshness: Freshness
+) -> Step:
+    """``evaluate`` when some input series are stale: the targets they are attributed to
+    (``engine.staleness.held_targets``: in the answers or in ``state``) are held as on a failed
+    query (``_no_data``); the others are evaluated on the rest of the answers. The skipped
+    evaluation names the held targets (all of them: the whole evaluation skipped)."""
+    matched = _by_key(policy, result.samples)
+    cleared = _by_key(policy, result.clear_samples) if result.clear_samples is not None else {}
+    candidates = {
+        key: Target.from_labels(sample.labels, policy.target).labels
+        for answers in (matched, cleared)
+        for key, sample in answers.items()
+    }
+    for key, prev in state.targets.items():
+        candidates.setdefault(key, prev.labels)
+    why = describe(result.stale, freshness.max_sample_age_s)
+    held = held_targets(policy, result.stale, candidates.items())
+    if held.every:
+        return _no_data(policy, why, state, now, reason=STALE_DATA)
+    if not held.keys:  # stale series no target rests on (a GPU no longer in the result)
+        return evaluate(policy, replace(result, stale=()), state, now, freshness)
+    keys = held.keys
+    rest = evaluate(
+        policy,
+        QueryResult(
+            [s for k, s in matched.items() if k not in keys],
+            [s for k, s in cleared.items() if k not in keys]
+            if result.clear_samples is not None
+            else None,
+        ),
+        PolicyState(freeze({k: t for k, t in state.targets.items() if k not in keys})),
+        now,
+        freshness,
+    )
+    kept = PolicyState(freeze({k: t for k, t in state.targets.items() if k in keys}))
+    targets = {**rest.state.targets, **_no_data(policy, why, kept, now).state.targets}
+    shown = sorted(keys)
+    names = ", ".join(shown[:MAX_HELD_NAMED]) + (
+        f" and {len(shown) - MAX_HELD_NAMED} more" if len(shown) > MAX_HELD_NAMED else ""
+    )
+    skipped = SkippedEvaluation(
+        policy.name,
+        policy.group,
+        now,
+        f"{why}: {len(shown)} target{'s' if len(shown) != 1 else ''} held ({names});"
+        " the others were evaluated",
+        STALE_DATA,
+    )
+    return Step(
+        rest.decisions,
+        PolicyState(freeze(targets), quiet=_quiet(targets, policy.for_s)),
+        skipped,
+    )
+
+
+STALE_DATA = "stale data"
+"""The reason of an evaluation skipped (wholly or for some targets) on stale input."""
+
+MAX_HELD_NAMED = 10
+"""How many held targets a skipped evaluation's message names (the rest are counted)."""
 
 
 def _target_step(
@@ -647,7 +709,9 @@ def _quiet(targets: Mapping[str, TargetState], for_s: float) -> Quiet | None:
     return Quiet(for_s, since, retry, last, pending)
 
 
-def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step:
+def _no_data(
+    policy: Policy, error: str, state: PolicyState, now: float, reason: str = "query failed"
+) -> Step:
     """A failed query (or stale data) acts on nothing. ``hold`` keeps every timer (a pending one
     until ``Freshness.max_gap_s``, see ``_observe``); ``skip`` drops pending ones (the condition
     must then be seen continuously again for the whole ``for``)."""
@@ -665,7 +729,7 @@ def _no_data(policy: Policy, error: str, state: PolicyState, now: float) -> Step
                 }
             )
         )
-    return Step((), state, SkippedEvaluation(policy.name, policy.group, now, error))
+    return Step((), state, SkippedEvaluation(policy.name, policy.group, now, error, reason))
 
 
 def _observe(
@@ -1057,18 +1121,27 @@ def _unheld(state: TargetState) -> TargetState:
     return _with(state, held=None, held_since=None, held_repeats=0)
 
 
-def failed(state: PolicyState, decision: Decision, retry_at: float | None) -> PolicyState:
+def failed(
+    state: PolicyState,
+    decision: Decision,
+    retry_at: float | None,
+    held: Verdict | None = None,
+) -> PolicyState:
     """The state after ``decision``'s action failed (its executor gave up) or the gate held it:
     a fire is decided again at ``retry_at`` while its target still fires, and it has not acted;
     a failed undo is retried like one the guardrails held back. ``retry_at`` None (a permanent
-    failure): not decided again within the episode."""
+    failure): not decided again within the episode. ``held``: the verdict that held a fire at
+    the gate, recorded on its target (``TargetState.held``) with the time it was held."""
     targets = dict(state.targets)
     current = targets.get(decision.target.key)
     if decision.transition is Transition.FIRE:
         if current is None or current.status is not Status.FIRING:
             return state
         actions = max(0, current.actions - 1)  # an earlier action of the episode may have run
-        targets[decision.target.key] = replace(current, actions=actions, retry_at=retry_at)
+        marks: dict[str, Any] = {}
+        if held is not None:
+            marks = {"held": held.value, "held_since": decision.at, "held_repeats": 0}
+        targets[decision.target.key] = replace(current, actions=actions, retry_at=retry_at, **marks)
     elif decision.transition is Transition.CLEAR and current is None and retry_at is not None:
         targets[decision.target.key] = _clearing(decision, retry_at)
     else:

@@ -5,11 +5,14 @@ timeout, HTTP error, bad PromQL, a result that is not a vector) becomes a ``Quer
 original chained, so the runtime can turn it into a skipped evaluation. Any server speaking the
 Prometheus HTTP API works (Thanos, Mimir, VictoriaMetrics).
 
-``sample_age`` says how old the newest data of a query's inputs is: the instant result of a
-query carries the evaluation time, not its samples' times, so the series each vector selector
-reads (parsed with ``promql-parser``, never by hand) are asked for ``timestamp()``. After a
-SIGKILLed Prometheus restarts it serves its old samples until it scrapes again (no staleness
-markers were written): their age is what tells them apart.
+``stale_series`` says which input series of a policy's queries have no sample newer than the
+freshness bound: the instant result of a query carries the evaluation time, not its samples'
+times, so every series a selector reads (parsed with ``promql-parser``, never by hand) is asked
+about (``input_selectors``, ``stale_expr``; docs/policies.md, "Fresh data"). A series read
+through a range selector or a subquery keeps answering for the whole window after its exporter
+died (Prometheus' staleness marker ends only what instant selectors read), and a SIGKILLed
+Prometheus that restarts serves its old samples until it scrapes again (no staleness markers
+were written): the age of their newest sample is what tells them apart.
 """
 
 from __future__ import annotations
@@ -144,28 +147,23 @@ class PrometheusClient:
         are those of the last answer); ``ValueError`` when it is not JSON or not an answer."""
         return self._last_answers.read(expr, body, _decode_answer)
 
-    def sample_age(self, exprs: Iterable[str], at: float | None = None) -> float | None:
-        """How old (seconds, at ``at``) the oldest sample is that the vector selectors of
-        ``exprs`` read; None when they read no series (or no selector reads the present)."""
-        selectors = [s for expr in exprs for s in input_selectors(expr)]
-        ages = self.sample_ages(selectors, at=at)
-        return max(ages.values(), default=None)
-
-    def sample_ages(self, selectors: Iterable[str], at: float | None = None) -> dict[str, float]:
-        """The age (seconds, at ``at``) of the oldest sample each of ``selectors`` (as
-        ``input_selectors`` names them) reads, in one query; a selector that reads no series
-        is absent."""
-        wanted = tuple(dict.fromkeys(selectors))
-        probe = ages_expr(wanted)
+    def stale_series(
+        self, inputs: Iterable[str], bound_s: float, at: float | None = None
+    ) -> dict[str, tuple[Sample, ...]]:
+        """The series each of ``inputs`` (as ``input_selectors`` names them) reads whose newest
+        sample is older than ``bound_s`` at ``at``, in one query (``stale_expr``); an input with
+        no such series is absent."""
+        wanted = tuple(dict.fromkeys(inputs))
+        probe = stale_expr(wanted, bound_s)
         if probe is None:
             return {}
-        ages: dict[str, float] = {}
+        found: dict[str, list[Sample]] = {}
         for sample in self.query(probe, at=at):
             index = sample.labels.get(AGE_LABEL, "")
             if not index.isdigit() or int(index) >= len(wanted):
                 raise QueryError(f"{probe!r} returned a series it did not ask for")
-            ages[wanted[int(index)]] = sample.value
-        return ages
+            found.setdefault(wanted[int(index)], []).append(sample)
+        return {name: tuple(series) for name, series in found.items()}
 
     @contextmanager
     def _errors(self, expr: str) -> Iterator[None]:
@@ -476,27 +474,80 @@ def _encoded(expr: str) -> str:
 
 
 AGE_LABEL = "gpuops_input"
-"""The label that tells the parts of an ``ages_expr`` answer apart (the selector's index)."""
+"""The label that tells the parts of a ``stale_expr`` answer apart (the input's index)."""
+
+LOOKBACK_S = 300.0
+"""Prometheus' default ``--query.lookback-delta``: how far back an instant selector inside a
+subquery reads at each of the subquery's steps (``input_selectors``)."""
 
 
 @lru_cache(maxsize=1024)
 def input_selectors(expr: str) -> tuple[str, ...]:
-    """The distinct vector selectors ``expr`` reads the present with (as PromQL text);
-    selectors with ``offset`` or ``@`` read the past on purpose and are left out."""
+    """The distinct inputs ``expr`` reads the present with (as PromQL text): an instant
+    selector as itself; a selector read over a window (a range selector, or any selector
+    inside a subquery) as ``selector[window]``, the window being how far back a sample it
+    reads may lie: the range, plus every enclosing subquery's range, plus ``LOOKBACK_S`` for
+    an instant selector inside a subquery. Selectors with ``offset`` or ``@`` (or inside a
+    subquery that has one) read the past on purpose and are left out."""
     try:
         tree = promql_parser.parse(expr)
     except ValueError as exc:
         raise QueryError(f"cannot tell how old the data of {expr!r} is: {_cap(exc)}") from exc
-    selectors: dict[str, None] = {}
+    inputs: dict[str, None] = {}
+    _collect_inputs(tree, 0.0, inputs)
+    return tuple(inputs)
 
-    def visit(node: promql_parser.Expr) -> bool:
-        if isinstance(node, promql_parser.VectorSelector):
-            if node.offset is None and node.at is None:
-                selectors[selector_text(node)] = None
-        return True
 
-    promql_parser.walk(tree, visit)
-    return tuple(selectors)
+def _collect_inputs(node: Any, reach: float, inputs: dict[str, None]) -> None:
+    """Add the inputs of ``node`` to ``inputs``; ``reach``: the ranges of the subqueries
+    around it (0: none)."""
+    pp = promql_parser
+    if isinstance(node, pp.VectorSelector):
+        if node.offset is None and node.at is None:
+            text = selector_text(node)
+            inputs[text if not reach else _windowed(text, reach + LOOKBACK_S)] = None
+    elif isinstance(node, pp.MatrixSelector):
+        inner = node.vector_selector
+        if inner.offset is None and inner.at is None:
+            window = reach + node.range.total_seconds()
+            inputs[_windowed(selector_text(inner), window)] = None
+    elif isinstance(node, pp.SubqueryExpr):
+        if node.range is None:  # promql-parser's type allows it; PromQL does not
+            raise QueryError(f"a subquery without a range: {node}")
+        if node.offset is None and node.at is None:
+            _collect_inputs(node.expr, reach + node.range.total_seconds(), inputs)
+    elif isinstance(node, pp.BinaryExpr):
+        _collect_inputs(node.lhs, reach, inputs)
+        _collect_inputs(node.rhs, reach, inputs)
+    elif isinstance(node, pp.Call):
+        for arg in node.args:
+            _collect_inputs(arg, reach, inputs)
+    elif isinstance(node, pp.AggregateExpr):
+        _collect_inputs(node.expr, reach, inputs)
+        if node.param is not None:
+            _collect_inputs(node.param, reach, inputs)
+    elif isinstance(node, pp.ParenExpr | pp.UnaryExpr):
+        _collect_inputs(node.expr, reach, inputs)
+
+
+def _windowed(selector: str, window_s: float) -> str:
+    return f"{selector}[{_duration(window_s)}]"
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a PromQL duration (whole milliseconds when not whole seconds)."""
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def split_input(text: str) -> tuple[str, float | None]:
+    """An ``input_selectors`` input as (selector, window in seconds; None: instant). A
+    selector's text ends with ``}``; a window is the last ``[...]``."""
+    if not text.endswith("]"):
+        return text, None
+    selector, _, window = text[:-1].rpartition("[")
+    ms = window[:-2] if window.endswith("ms") else None
+    return selector, int(ms) / 1000 if ms is not None else float(window[:-1])
 
 
 _MATCH_OPS = (
@@ -629,24 +680,28 @@ def _render(node: promql_parser.Expr, names: frozenset[str], extra: Sequence[str
 
 
 @lru_cache(maxsize=1024)
-def ages_expr(selectors: tuple[str, ...]) -> str | None:
-    """One query for the age of the oldest series of each selector: per selector
-    ``max(time() - timestamp(selector))``, labelled with its index (``AGE_LABEL``). None: no
-    selector."""
-    if not selectors:
+def stale_expr(inputs: tuple[str, ...], bound_s: float) -> str | None:
+    """One query for the series of each of ``inputs`` whose newest sample is older than
+    ``bound_s``, labelled with the input's index (``AGE_LABEL``). An instant selector's series
+    are those it reads with a sample older than the bound (``time() - timestamp(s) > bound``:
+    the value is the age); a windowed one's, those with a sample in the window and none within
+    the bound (``last_over_time(s[window]) unless last_over_time(s[bound])``: ``timestamp()``
+    of a function's result is the evaluation time, not the sample's, so the age cannot be
+    asked; the value is the series' last one). A window no longer than the bound cannot read
+    a stale sample and is not asked. None: nothing to ask (no input, or no bound)."""
+    if not math.isfinite(bound_s):
         return None
-    parts = [
-        f'label_replace(max(time() - timestamp({s})), "{AGE_LABEL}", "{i}", "", "")'
-        for i, s in enumerate(selectors)
-    ]
-    return " or ".join(parts)
-
-
-def age_expr(exprs: tuple[str, ...]) -> str | None:
-    """One query for the age of the oldest input series of ``exprs``: the maximum of
-    ``ages_expr`` over their selectors. None: no selector."""
-    probe = ages_expr(tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e))))
-    return None if probe is None else f"max({probe})"
+    parts = []
+    for i, text in enumerate(inputs):
+        selector, window = split_input(text)
+        if window is None:
+            part = f"time() - timestamp({selector}) > {bound_s!r}"
+        elif window > bound_s:
+            part = f"last_over_time({text}) unless last_over_time({_windowed(selector, bound_s)})"
+        else:
+            continue
+        parts.append(f'label_replace({part}, "{AGE_LABEL}", "{i}", "", "")')
+    return " or ".join(parts) or None
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:

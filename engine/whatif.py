@@ -42,7 +42,7 @@ from apscheduler.triggers.cron import CronTrigger
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Decision, Outcome, Sample, freeze
 from engine.guardrails import population_expr
-from engine.prometheus import AGE_LABEL, PrometheusClient, ages_expr
+from engine.prometheus import AGE_LABEL, PrometheusClient, stale_expr
 from engine.promproc import PrometheusServer
 from engine.rules.loader import load_rules
 from engine.rules.model import Group, Policy, RuleSet, cron_time
@@ -133,7 +133,7 @@ PARTS = (
     ("collect", "every series' sample at every scrape"),
     ("encode", "protobuf and snappy"),
     ("Prometheus ingest", "remote-write requests until Prometheus answered (wall)"),
-    ("engine evaluate", "the groups' cycles: queries, sample-age checks, state, audit intent"),
+    ("engine evaluate", "the groups' cycles: queries, stale-series checks, state, audit intent"),
     ("gate", "waiting for the actions the gate started (executor calls over HTTP)"),
     ("Prometheus", "the Prometheus process: ingest and queries (CPU)"),
     ("all", "the whole run (CPU: this process)"),
@@ -201,6 +201,11 @@ class PolicyLoop:
         self.gate_time = Meter()
         """Waiting for the gate's actions (wall)."""
 
+    def bound(self, group: Group) -> float:
+        """The freshness bound of ``group`` (seconds), as the engine's cycle reads it."""
+        settings = self.engine.config.prometheus
+        return settings.freshness(group.interval_s, group.max_sample_age_s).max_sample_age_s
+
     def open(self) -> None:
         """What ``Engine.start`` does before it schedules: check the stored guardrail state,
         load the rules (errors are fatal), start the audit, reconcile and resume."""
@@ -248,10 +253,11 @@ class PolicyLoop:
         if self.prometheus is not None:
             self.prometheus.forget()
             now = self.clock()
-            probes: dict[float, list[tuple[str, ...]]] = {}
+            probes: dict[float, list[tuple[tuple[str, ...], float]]] = {}
             for group, scheduled in runs:
                 at = cron_time(now) if scheduled else now
-                probes.setdefault(at, []).append(age_selectors(_due(group, scheduled)))
+                probe = (age_selectors(_due(group, scheduled)), self.bound(group))
+                probes.setdefault(at, []).append(probe)
             for at, selectors in probes.items():
                 self.prometheus.prefetch_ages(selectors, at)
             for group, scheduled in runs:
@@ -303,7 +309,7 @@ class PolicyLoop:
 class LockstepPrometheus(PrometheusClient):
     """The engine's Prometheus client in the "on" run: an instant query asked again at the
     same evaluation time answers what it answered (the policies of one group, and the
-    groups of one instant, share selectors and sample-age probes), and ``prefetch`` asks
+    groups of one instant, share selectors and stale-series probes), and ``prefetch`` asks
     the queries a group's cycle will ask before it runs, side by side. That is exact here,
     not an approximation: in lockstep nothing is written while the engine evaluates instant
     ``t``, so a query at ``t`` cannot change its answer (a live engine may not do this:
@@ -336,25 +342,32 @@ class LockstepPrometheus(PrometheusClient):
             if mine:
                 self._pool.submit(self._fetch, expr, at, answer)
 
-    def prefetch_ages(self, probes: Iterable[tuple[str, ...]], at: float) -> None:
-        """Start asking the sample-age probes of ``probes`` (each the selectors of one
-        group's ``engine.prometheus.ages_expr``) at ``at``, as one probe of all their
-        selectors: each group's probe is then answered from it (the same ages, numbered as
-        that probe numbers its selectors), not asked. Exact: each selector's part of a probe
-        (``label_replace(max(time() - timestamp(s)), ...)``) does not depend on the other
-        parts. The groups of a step share selectors (the GPUs' utilization and allocation):
-        each was read once per group before."""
-        wanted = [p for p in dict.fromkeys(probes) if p]
+    def prefetch_ages(self, probes: Iterable[tuple[tuple[str, ...], float]], at: float) -> None:
+        """Start asking the stale-series probes of ``probes`` (each the inputs of one group's
+        ``engine.prometheus.stale_expr`` and its freshness bound) at ``at``, as one probe of
+        all their inputs per bound: each group's probe is then answered from it (the same
+        series, numbered as that probe numbers its inputs), not asked. Exact: each input's
+        part of a probe does not depend on the other parts. The groups of a step share
+        inputs (the GPUs' utilization and allocation): each was read once per group before."""
+        by_bound: dict[float, list[tuple[str, ...]]] = {}
+        for selectors, bound_s in dict.fromkeys(probes):
+            if selectors:
+                by_bound.setdefault(bound_s, []).append(selectors)
+        for bound_s, wanted in by_bound.items():
+            self._prefetch_stale(wanted, bound_s, at)
+
+    def _prefetch_stale(self, wanted: list[tuple[str, ...]], bound_s: float, at: float) -> None:
         union = tuple(dict.fromkeys(s for p in wanted for s in p))
-        whole = ages_expr(union)
+        whole = stale_expr(union, bound_s)
         if whole is None:
             return
         answer, mine = self._claim(whole, at, asked=False)
         if mine:
             self._pool.submit(self._fetch, whole, at, answer)
         for selectors in wanted:
-            expr = ages_expr(selectors)
-            assert expr is not None
+            expr = stale_expr(selectors, bound_s)
+            if expr is None:
+                continue
             part, todo = self._claim(expr, at, asked=False)
             if todo:
                 numbers = {str(union.index(s)): str(i) for i, s in enumerate(selectors)}
@@ -373,7 +386,7 @@ class LockstepPrometheus(PrometheusClient):
         error = whole.exception()
         if error is None:
             found = tuple(
-                Sample(freeze({AGE_LABEL: numbers[i]}), s.value, s.timestamp)
+                Sample(freeze({**s.labels, AGE_LABEL: numbers[i]}), s.value, s.timestamp)
                 for s in whole.result()
                 if (i := s.labels.get(AGE_LABEL)) in numbers
             )
@@ -415,13 +428,14 @@ class LockstepPrometheus(PrometheusClient):
         self._pool.shutdown(wait=True)
 
 
-def group_queries(group: Group, scheduled: bool) -> Iterator[str]:
-    """What the engine's cycle asks first in a run of ``group``: the sample-age probe of its
-    policies (``engine.runtime.cycle.age_selectors``, as ``Cycle._prefetch_ages`` asks it)
-    and each policy's expression (a clear expression only while firing, so not here):
-    prefetched by the what-if, answered from there when the cycle asks."""
+def group_queries(group: Group, scheduled: bool, bound_s: float) -> Iterator[str]:
+    """What the engine's cycle asks first in a run of ``group``: the stale-series probe of
+    its policies (``engine.runtime.cycle.age_selectors`` with the group's freshness bound
+    ``bound_s``, as ``Cycle._prefetch_ages`` asks it) and each policy's expression (a clear
+    expression only while firing, so not here): prefetched by the what-if, answered from
+    there when the cycle asks."""
     policies = _due(group, scheduled)
-    probe = ages_expr(age_selectors(policies))
+    probe = stale_expr(age_selectors(policies), bound_s)
     if probe is not None:
         yield probe
     for policy in policies:

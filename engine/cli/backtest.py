@@ -15,11 +15,13 @@ from pathlib import Path
 import click
 
 from engine.backtest import Backtest, run_backtest
+from engine.config import PrometheusSettings
+from engine.evaluation import Freshness
 from engine.prometheus import PrometheusClient, QueryError
 from engine.promproc import PrometheusServer, find_binary
 from engine.rules.durations import DurationError, parse_duration
 from engine.rules.loader import load_rules
-from engine.rules.model import RulesError
+from engine.rules.model import Policy, RulesError, RuleSet
 from exporters import helios
 
 
@@ -63,6 +65,13 @@ def _time(value: str) -> float:
 @click.option(
     "--json", "as_json", is_flag=True, help="One JSON object per policy instead of a table."
 )
+@click.option(
+    "--scrape-interval",
+    default="1m",
+    show_default=True,
+    help="How often the history was scraped (Prometheus duration): as in the engine, a sample"
+    " older than 2 x this (or the group's max_sample_age) is stale and holds its targets.",
+)
 def run(
     rules_paths: tuple[Path, ...],
     url: str | None,
@@ -74,10 +83,15 @@ def run(
     keep_mode: bool,
     show: int,
     as_json: bool,
+    scrape_interval: str,
 ) -> None:
     """Evaluate RULES_PATHS over [--start, --end] and summarise the decisions."""
     if (url is None) == (tsdb is None):
         raise click.UsageError("give exactly one of --prometheus URL or --tsdb DIR")
+    try:
+        scraped = PrometheusSettings(scrape_interval=parse_duration(scrape_interval))
+    except DurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--scrape-interval") from None
     try:
         step_s = parse_duration(step)
         rules = load_rules(list(rules_paths))
@@ -108,7 +122,13 @@ def run(
         assert url is not None
         try:
             result = run_backtest(
-                policies, PrometheusClient(url, timeout_s=120), begin, finish, step_s, keep_mode
+                policies,
+                PrometheusClient(url, timeout_s=120),
+                begin,
+                finish,
+                step_s,
+                keep_mode,
+                freshness=lambda p: _bounds(rules, p, scraped),
             )
         except QueryError as exc:
             raise click.ClickException(str(exc)) from None
@@ -116,6 +136,12 @@ def run(
             if server is not None:
                 server.stop()
     _print(result, show, as_json)
+
+
+def _bounds(rules: RuleSet, policy: Policy, scraped: PrometheusSettings) -> Freshness:
+    """``policy``'s freshness bounds, as the engine derives them from its group."""
+    group = next(g for g in rules.groups if g.name == policy.group)
+    return scraped.freshness(group.interval_s, group.max_sample_age_s)
 
 
 def _iso(at: float) -> str:

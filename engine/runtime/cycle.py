@@ -51,6 +51,7 @@ from engine.prometheus import (
 from engine.rules.model import Group, Policy, cron_time
 from engine.runtime.controls import Controls, Locks
 from engine.runtime.gate import Gate
+from engine.staleness import StaleInput
 from engine.state import StateRowError
 from engine.store import ApprovalStatus, DecisionStatus, Store
 
@@ -77,7 +78,7 @@ def collect_less() -> None:
 
 
 TIMES_KEPT = 8
-"""Evaluation times whose sample ages are remembered."""
+"""Evaluation times whose stale input series are remembered."""
 
 CLEARS_KEPT = 2
 """Evaluation times whose ``clear_expr`` results are remembered (a wide one at 50,000 GPUs is
@@ -133,7 +134,7 @@ class Cycle:
         self.unreadable: dict[str, str] = {}  # policy -> why its stored state cannot be read
         self._populations: dict[str, tuple[float, int]] = {}  # query -> (evaluation time, count)
         # evaluation time -> input selector -> age of its oldest sample (None: no series)
-        self._ages: dict[float, dict[str, float | None]] = {}
+        self._ages: dict[float, dict[tuple[str, float], tuple[Sample, ...]]] = {}
         self._clears: dict[float, dict[str, Sequence[Sample]]] = {}  # time -> query -> result
         self._cache_lock = threading.Lock()
         # policy -> (the targets it was made for, (clear_expr, target labels), its query)
@@ -247,8 +248,9 @@ class Cycle:
         answers: dict[str, Sequence[Sample]] | None = None,
     ) -> QueryResult:
         """``policy``'s expr, its ``clear_expr`` while a target fires (only for the firing
-        targets where that is sound: ``engine.prometheus.narrowed``), and the age of the
-        oldest sample they read (fresh data only)."""
+        targets where that is sound: ``engine.prometheus.narrowed``), and the input series
+        they read whose newest sample is older than the policy's freshness bound (fresh data
+        only: ``engine.staleness``)."""
         assert policy.expr is not None
         try:
             known = answers.get(policy.expr) if answers is not None else None
@@ -260,11 +262,11 @@ class Cycle:
             if policy.clear_expr is not None and clear_query is not None:
                 clear = self._clear(clear_query, now)
                 inputs.append(policy.clear_expr)
-            age = self._age(inputs, now)
+            stale = self._stale(inputs, now, self._freshness(policy).max_sample_age_s)
         except QueryError as exc:
             self._metrics.query_failures.labels(policy.name).inc()
             return QueryResult(error=str(exc))
-        return QueryResult(samples, clear, sample_age=age)
+        return QueryResult(samples, clear, stale=stale)
 
     def _clear(self, query: str, now: float) -> Sequence[Sample]:
         """``query`` (``_clear_query``) at ``now``, asked once per query and evaluation time."""
@@ -285,41 +287,47 @@ class Cycle:
             return self._prometheus.query_vector(expr, at=now)
         return self._prometheus.query(expr, at=now)
 
-    def _age(self, exprs: Sequence[str], now: float) -> float | None:
-        """How old the oldest sample is that ``exprs`` read at ``now`` (None: no series), from
-        the ages already asked at ``now`` (``_prefetch_ages``) and one query for the rest."""
-        selectors = list(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
+    def _stale(self, exprs: Sequence[str], now: float, bound_s: float) -> tuple[StaleInput, ...]:
+        """The input series of ``exprs`` at ``now`` whose newest sample is older than
+        ``bound_s``, from those already asked at ``now`` (``_prefetch_ages``) and one query for
+        the rest."""
+        inputs = list(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
         with self._cache_lock:
             known = dict(self._ages.get(now, {}))
-        missing = [s for s in selectors if s not in known]
+        missing = [s for s in inputs if (s, bound_s) not in known]
         if missing:
-            known.update(self._ask_ages(missing, now))
-        return max((a for s in selectors if (a := known[s]) is not None), default=None)
+            known.update(self._ask_stale(missing, now, bound_s))
+        return tuple(StaleInput(s, found) for s in inputs if (found := known[s, bound_s]))
 
-    def _ask_ages(self, selectors: Sequence[str], now: float) -> dict[str, float | None]:
-        """The ages of ``selectors`` at ``now`` in one query, remembered for ``now``."""
-        found = self._prometheus.sample_ages(selectors, at=now)
-        got = {s: found.get(s) for s in selectors}
+    def _ask_stale(
+        self, inputs: Sequence[str], now: float, bound_s: float
+    ) -> dict[tuple[str, float], tuple[Sample, ...]]:
+        """The stale series of ``inputs`` at ``now`` in one query, remembered for ``now``."""
+        found = self._prometheus.stale_series(inputs, bound_s, at=now)
+        got = {(s, bound_s): found.get(s, ()) for s in inputs}
         with self._cache_lock:
             _remember(self._ages, now, {}).update(got)
         return got
 
     def _prefetch_ages(self, policies: Sequence[Policy], now: float) -> None:
-        """The ages of every input selector of ``policies`` at ``now`` in one query (they
+        """The stale series of every input of ``policies`` at ``now`` in one query (they
         share it: one probe per group run instead of one per policy). The probe is the same
         for every run of the group (``age_selectors``, all of them when any is not known yet
-        at ``now``), so the what-if can ask it beforehand (``engine.whatif.group_queries``).
-        A failure is left to each policy's own ask (``_age``), which then skips its
-        evaluation."""
+        at ``now``, with the group's freshness bound), so the what-if can ask it beforehand
+        (``engine.whatif.group_queries``). A failure is left to each policy's own ask
+        (``_stale``), which then skips its evaluation."""
+        if not policies:
+            return
         selectors = age_selectors(policies)
+        bound_s = self._freshness(policies[0]).max_sample_age_s
         with self._cache_lock:
             known = self._ages.get(now, {})
-            if all(s in known for s in selectors):
+            if all((s, bound_s) in known for s in selectors):
                 return
         try:
-            self._ask_ages(selectors, now)
+            self._ask_stale(selectors, now, bound_s)
         except QueryError as exc:
-            log.debug("sample ages at %s not known yet: %s", now, exc)
+            log.debug("stale input series at %s not known yet: %s", now, exc)
 
     def population(
         self,
@@ -523,9 +531,9 @@ def _narrowed_clear(expr: str, names: Sequence[str], state: PolicyState) -> str 
 
 
 def age_selectors(policies: Iterable[Policy]) -> tuple[str, ...]:
-    """The input selectors of ``policies``' expressions and clear expressions, each once, in
-    order: a group run asks their sample ages first, in one query (``Cycle._prefetch_ages``:
-    ``engine.prometheus.ages_expr`` of them), which the what-if prefetches."""
+    """The inputs of ``policies``' expressions and clear expressions, each once, in order: a
+    group run asks their stale series first, in one query (``Cycle._prefetch_ages``:
+    ``engine.prometheus.stale_expr`` of them), which the what-if prefetches."""
     exprs = (e for p in policies for e in (p.expr, p.clear_expr) if e is not None)
     return tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
 

@@ -15,7 +15,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -26,8 +26,8 @@ from engine.actions.base import ExecutorRegistry, RetryPolicy
 from engine.audit import AuditLog
 from engine.audit.spool import segment_paths
 from engine.config import EngineConfig
-from engine.decisions import Decision, SkippedEvaluation
-from engine.evaluation import Freshness
+from engine.decisions import Decision, SkippedEvaluation, Suppression, freeze
+from engine.evaluation import Freshness, PolicyState
 from engine.metrics import EngineMetrics
 from engine.postgres import Credentials, Lease, PostgresStore
 from engine.prometheus import PrometheusClient
@@ -111,6 +111,8 @@ class Engine:
             self.store.fence = self.leadership.fence
         self.metrics.leader.set(1 if self.leadership.solo else 0)
         self._alerts_started = False
+        self._loaded: frozenset[str] = frozenset()
+        """The policies of the rule set loaded last (``_rules_changed``)."""
         self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
         self.locks = Locks()
         self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
@@ -206,9 +208,46 @@ class Engine:
         self.rulebook.check_reload()
 
     def _rules_changed(self) -> None:
-        self.cycle.rules_changed(p.name for p in self.rules.policies())
+        names = frozenset(p.name for p in self.rules.policies())
+        self.cycle.rules_changed(names)
+        returned, self._loaded = names - self._loaded, names
+        if returned and self.leadership.leading():
+            self._expire_held_for_policy(returned)
         if self._scheduler is not None:
             self._schedule_groups()
+
+    def _expire_held_for_policy(self, names: Iterable[str]) -> None:
+        """The fires the gate held because their policy was not loaded, of the policies
+        ``names`` just loaded (again, or at start): decided again at the policy's next
+        evaluation (``engine.evaluation.failed`` set their ``retry_at``), unless held longer
+        than ``guardrails.action_max_age`` ago: those targets start over (a target still in
+        the policy's result is pending again and must hold ``for`` anew), since nothing says
+        the condition held while the policy was away (docs/policies.md, "Suppressions")."""
+        verdict = Suppression.POLICY_REMOVED.verdict.value
+        now = self.clock()
+        grace = self.config.guardrails.action_max_age
+        stored = set(self.store.policy_names())
+        for name in sorted(set(names) & stored):
+            with self.locks.policy(name):
+                state = self.store.policy_state(name)
+                old = [
+                    key
+                    for key, t in state.targets.items()
+                    if t.held == verdict and t.held_since is not None and now - t.held_since > grace
+                ]
+                if not old:
+                    continue
+                kept = {k: t for k, t in state.targets.items() if k not in old}
+                with self.store.transaction() as db:
+                    self.store.save_policy_state(db, name, PolicyState(freeze(kept)))
+            log.warning(
+                "policy %s is loaded again after more than action_max_age %.0fs: the fires"
+                " held while it was away start over on %d targets (%s)",
+                name,
+                grace,
+                len(old),
+                ", ".join(sorted(old)[:10]),
+            )
 
     # --- controls and health ----------------------------------------------------------------
     def kill_switch_on(self) -> bool:

@@ -535,8 +535,9 @@ class Gate:
         if policy is None:
             return _Hold(
                 Suppression.POLICY_REMOVED.verdict,
-                f"policy {decision.policy!r} is no longer in the rule set",
-                keep_state=True,
+                f"policy {decision.policy!r} is not in the rule set now: decided again"
+                " when it is loaded again",
+                retry_at=now,
             )
         age = now - decision.at
         if age > self._settings.action_max_age:
@@ -597,7 +598,9 @@ class Gate:
         retry_at = hold.retry_at
         if retry_at is None and not hold.keep_state:
             retry_at = self._clock() + RETRY_S
-        self._feed_back(decision, retry_at, keep_state=hold.keep_state, held=True)
+        self._feed_back(
+            decision, retry_at, keep_state=hold.keep_state, held=True, verdict=hold.verdict
+        )
         self._metrics.decisions.labels(held.policy, held.transition.value, held.verdict.value).inc()
         self._write_outcome(held, outcome)
         return outcome
@@ -662,16 +665,21 @@ class Gate:
         retry_at: float | None,
         keep_state: bool = False,
         held: bool = False,
+        verdict: Verdict | None = None,
     ) -> None:
         """The action did not change anything: no cooldown (``held``: it was not even tried,
         so it leaves the rate windows too); unless ``keep_state``, the policy's state forgets it
-        acted (``retry_at``: when it is decided again; None: not in the episode)."""
+        acted (``retry_at``: when it is decided again; None: not in the episode). ``verdict``:
+        what held it, recorded on the target (a fire of a policy not loaded: how long it has
+        waited for its policy, ``engine.runtime.facade``)."""
         with self._locks.policy(decision.policy), self._locks.engine:
             guard = self._store.guardrail_state()
             guard = forget_execution(guard, decision) if held else forget_action(guard, decision)
             state = None
             if not keep_state and decision.policy in self._store.policy_names():
-                state = failed(self._store.policy_state(decision.policy), decision, retry_at)
+                state = failed(
+                    self._store.policy_state(decision.policy), decision, retry_at, verdict
+                )
             with self._store.transaction() as db:
                 if state is not None:
                     self._store.save_policy_state(db, decision.policy, state)

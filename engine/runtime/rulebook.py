@@ -21,6 +21,12 @@ from engine.rules.model import Policy, RuleError, RulesError, RuleSet
 
 log = logging.getLogger(__name__)
 
+MISSING_GRACE_S = 10.0
+"""How long a rule file that was loaded may be missing before the watcher reloads without it:
+an editor that saves by renaming the old file away, a tool that deletes and re-creates a
+file, a ``git checkout`` of the rules directory leave it missing for a moment, and a reload
+then would drop its policies."""
+
 
 @dataclass(frozen=True)
 class ReloadResult:
@@ -47,6 +53,10 @@ class Rulebook:
         self.rules = RuleSet()
         self.on_change: Callable[[], None] | None = None
         self._mtimes: dict[str, float] = {}
+        self._changed: dict[str, float] | None = None
+        """The files as the watcher found them changed at its last check (None: unchanged)."""
+        self._missing: dict[str, float] = {}
+        """Loaded files the watcher found missing, and since when."""
         self._promtool_warned = False
         self.last_reload: ReloadResult | None = None
         """The last reload tried, its errors (file:line) if it failed: the rules page shows it."""
@@ -114,8 +124,26 @@ class Rulebook:
         return found
 
     def check_reload(self) -> None:
-        """Reload when a rule file was added, removed or changed since the last attempt."""
+        """Reload when a rule file was added, removed or changed since the last attempt, once
+        the files are read the same at two checks in a row (a save, a checkout, a copy of
+        several files is over: the directory is read as one consistent set) and no file that
+        was loaded has been missing for less than ``MISSING_GRACE_S``."""
         current = self._current_mtimes()
-        if current != self._mtimes:
-            self._mtimes = current
-            self.reload()
+        if current == self._mtimes:
+            self._changed = None
+            self._missing.clear()
+            return
+        now = self._clock()
+        gone = [f for f, t in self._mtimes.items() if math.isnan(current.get(f, math.nan))]
+        self._missing = {
+            f: self._missing.get(f, now) for f in gone if not math.isnan(self._mtimes[f])
+        }
+        if current != self._changed:
+            self._changed = current  # still changing: read again at the next check
+            return
+        if self._missing and now - min(self._missing.values()) < MISSING_GRACE_S:
+            return  # a file moved away for a moment comes back
+        self._changed = None
+        self._missing.clear()
+        self._mtimes = current
+        self.reload()

@@ -54,11 +54,10 @@ class Samples:
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         return self.samples
 
-    def sample_age(self, exprs: object, at: float | None = None) -> float | None:
-        return None  # unknown: the freshness check passes
-
-    def sample_ages(self, selectors: object, at: float | None = None) -> dict[str, float]:
-        return {}  # unknown: the freshness check passes
+    def stale_series(
+        self, inputs: object, bound_s: float, at: float | None = None
+    ) -> dict[str, tuple[Sample, ...]]:
+        return {}  # every sample fresh
 
 
 class Noop:

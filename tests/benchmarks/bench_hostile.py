@@ -3,7 +3,7 @@ the freshness check costs per evaluation.
 
 Run: ``python -m tests.benchmarks.bench_hostile``. Prints milliseconds and peak traced memory
 to refuse an alias bomb (9 levels of 9 aliases, 387 million nodes expanded), 4 MiB of nesting
-and a file over the size limit, to parse the shipped rules, and to build the sample-age query of
+and a file over the size limit, to parse the shipped rules, and to build the stale-series probe of
 a policy (cached after the first time). Never fails on noise.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.prometheus import age_expr
+from engine.prometheus import input_selectors, stale_expr
 from engine.rules.yamlsource import YamlLimits, parse_yaml
 from tests.unit.rules.test_yaml_limits import BOMB
 
@@ -47,8 +47,16 @@ def main() -> None:
         "max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.05"
         " and on (uuid) gpuops_gpu_allocated == 1"
     )
-    measure("sample-age query built (first, uncached)", lambda: age_expr.__wrapped__((expr,)))
-    measure("sample-age query built (cached)", lambda: age_expr((expr,)), repeat=1000)
+
+    def probe() -> str | None:
+        return stale_expr.__wrapped__(input_selectors.__wrapped__(expr), 30.0)
+
+    measure("stale-series probe built (first, uncached)", probe)
+    measure(
+        "stale-series probe built (cached)",
+        lambda: stale_expr(input_selectors(expr), 30.0),
+        repeat=1000,
+    )
 
 
 if __name__ == "__main__":

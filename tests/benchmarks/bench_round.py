@@ -189,10 +189,8 @@ class Canned(ThreadingHTTPServer):
         known = self.bodies.get(key)
         if known is None:
             t = float(at)
-            if "gpuops_input" in expr:  # the sample-age probe: 10 s old
-                n = expr.count("label_replace(")
-                series = [{"gpuops_input": str(i)} for i in range(n)]
-                result = [{"metric": m, "value": [t, "10"]} for m in series]
+            if "gpuops_input" in expr:  # the stale-series probe: every sample is fresh
+                result = []
             else:  # the values move every round (as Prometheus' do), the series as churned
                 value = f"{0.1 + round((t - self.start) / 30) % 50 / 10_000:.4f}"
                 result = [{"metric": m, "value": [t, value]} for m in self._series(expr, t)]

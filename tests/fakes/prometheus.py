@@ -2,7 +2,7 @@
 expr from ``results`` (a list of label sets, each a sample of value 0.1 at the query time; an
 Exception value is raised as a ``QueryError``; ``count(EXPR)`` of a registered EXPR is its
 number of series, as in PromQL). Sample ages are tested against a real
-Prometheus (tests/integration/test_freshness_prometheus.py), so ``sample_age`` says "unknown".
+Prometheus (tests/integration/test_freshness_prometheus.py), so ``stale_series`` finds none.
 
 ``FakePrometheus`` answers ``query`` with tuples of ``Sample`` (as the what-if's lockstep
 client and other clients that answer ``query`` their own way do: the cycle then asks
@@ -43,10 +43,9 @@ class _Script:
         # a copy per answer, as a decoder makes: the test may change its label sets later
         return [{"metric": dict(labels), "value": [ts, "0.1"]} for labels in value]
 
-    def sample_age(self, exprs: Any, at: float | None = None) -> float | None:
-        return None
-
-    def sample_ages(self, selectors: Any, at: float | None = None) -> dict[str, float]:
+    def stale_series(
+        self, inputs: Any, bound_s: float, at: float | None = None
+    ) -> dict[str, tuple[Sample, ...]]:
         return {}
 
 

@@ -40,9 +40,7 @@ once = sys.argv[2] == "once"
 
 class Prom:
     step = 0
-    def sample_age(self, exprs, at=None):
-        return None
-    def sample_ages(self, selectors, at=None):
+    def stale_series(self, inputs, bound_s, at=None):
         return {}
     def query(self, expr, at=None):
         Prom.step += 1
@@ -192,10 +190,9 @@ def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
         def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
             return tuple(Sample(freeze({"uuid": f"GPU-{i:04d}"}), 0.1, 0) for i in targets)
 
-        def sample_age(self, exprs: object, at: float | None = None) -> float | None:
-            return None
-
-        def sample_ages(self, selectors: object, at: float | None = None) -> dict[str, float]:
+        def stale_series(
+            self, inputs: object, bound_s: float, at: float | None = None
+        ) -> dict[str, tuple[Sample, ...]]:
             return {}
 
     registry = ExecutorRegistry()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.prometheus import PrometheusClient, narrowed
+from engine.prometheus import PrometheusClient, input_selectors, narrowed
 from engine.promproc import PrometheusServer
 from exporters.fleet.remotewrite import RemoteWriter
 from tests.waiting import wait_for
@@ -103,5 +103,8 @@ def test_only_what_is_sound_is_narrowed() -> None:
 
 def test_the_age_probe_reads_a_selector_with_a_quote(prometheus: tuple[str, float]) -> None:
     url, now = prometheus
-    age = PrometheusClient(url).sample_age(['util{uuid="a\\"b"} > 0'], at=now + 5)
-    assert age is not None and 4 <= age <= 6
+    client = PrometheusClient(url)
+    inputs = input_selectors('util{uuid="a\\"b"} > 0')
+    (series,) = client.stale_series(inputs, 2.0, at=now + 5)[inputs[0]]
+    assert series.labels["uuid"] == 'a"b' and 4 <= series.value <= 6  # its age
+    assert client.stale_series(inputs, 10.0, at=now + 5) == {}

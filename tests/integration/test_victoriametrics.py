@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.policytest import CaseResult, Seen, run_test_file
-from engine.prometheus import PrometheusClient
+from engine.prometheus import PrometheusClient, input_selectors
 from engine.promproc import VictoriaMetricsServer
 
 pytestmark = pytest.mark.integration
@@ -73,5 +73,7 @@ def test_the_engines_client_and_freshness_probe_work_against_victoriametrics(
     client = PrometheusClient(victoria.url)
     samples = client.query("max_over_time(nvml_gpu_utilization_ratio[5m]) < 0.2", at=now)
     assert sorted(s.labels["uuid"] for s in samples) == ["GPU-0", "GPU-1", "GPU-2"]
-    age = client.sample_age(["max_over_time(nvml_gpu_utilization_ratio[5m]) < 0.2"], at=now)
-    assert age is not None and 19 <= age <= 21
+    inputs = input_selectors("max_over_time(nvml_gpu_utilization_ratio[5m]) < 0.2")
+    stale = client.stale_series(inputs, 10.0, at=now)  # the newest sample is 20 s old
+    assert sorted(s.labels["uuid"] for s in stale[inputs[0]]) == ["GPU-0", "GPU-1", "GPU-2"]
+    assert client.stale_series(inputs, 30.0, at=now) == {}

@@ -19,7 +19,7 @@ import responses
 from engine.actions.base import ExecutorRegistry
 from engine.config import AuditConfig, EngineConfig, PrometheusSettings
 from engine.decisions import Sample
-from engine.prometheus import PrometheusClient, QueryError, ages_expr
+from engine.prometheus import PrometheusClient, QueryError, stale_expr
 from engine.rules.loader import load_rules_text
 from engine.rules.model import Group, RuleSet
 from engine.runtime import Engine
@@ -154,7 +154,8 @@ def test_prefetched_queries_are_those_a_real_cycle_asks(tmp_path: Path) -> None:
         for group, scheduled in runs:
             recording.asked.clear()
             engine.evaluate_group(group, scheduled)
-            prefetched = list(group_queries(group, scheduled))
+            bound = engine.config.prometheus.freshness(group.interval_s).max_sample_age_s
+            prefetched = list(group_queries(group, scheduled, bound))
             assert sorted(prefetched) == sorted(recording.asked), (group.name, scheduled)
     finally:
         engine.stop()
@@ -267,25 +268,31 @@ def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
 @responses.activate
 def test_the_groups_age_probes_are_asked_as_one(client: LockstepPrometheus) -> None:
     """Two groups' probes share a selector: one probe of the three selectors is asked, and
-    each group's probe is answered from it with its own numbering (a selector that reads no
+    each group's probe is answered from it with its own numbering (a selector without stale
     series is absent from both)."""
-    from engine.prometheus import AGE_LABEL, ages_expr
+    from engine.prometheus import AGE_LABEL
 
     def ages(request: Any) -> tuple[int, dict[str, str], str]:
         asked = request.params["query"] if request.params else ""
-        assert asked == ages_expr(("util", "alloc", "shared")), asked
+        assert asked == stale_expr(("util", "alloc", "shared"), 30.0), asked
         result = [
-            {"metric": {AGE_LABEL: "0"}, "value": [100, "12"]},  # util
-            {"metric": {AGE_LABEL: "2"}, "value": [100, "7"]},  # shared; alloc: no series
+            {"metric": {AGE_LABEL: "0", "uuid": "a"}, "value": [100, "12"]},  # util
+            {"metric": {AGE_LABEL: "2", "uuid": "b"}, "value": [100, "7"]},  # shared
         ]
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
         return 200, {}, json.dumps(body)
 
     responses.add_callback(responses.GET, QUERY, callback=ages)
     responses.add_callback(responses.POST, QUERY, callback=ages)
-    client.prefetch_ages([("util", "alloc"), ("shared", "util"), ("util", "alloc")], at=100.0)
-    assert client.sample_ages(("util", "alloc"), at=100.0) == {"util": 12.0}
-    assert client.sample_ages(("shared", "util"), at=100.0) == {"shared": 7.0, "util": 12.0}
+    probes = [(("util", "alloc"), 30.0), (("shared", "util"), 30.0), (("util", "alloc"), 30.0)]
+    client.prefetch_ages(probes, at=100.0)
+
+    def stale(inputs: tuple[str, ...]) -> dict[str, list[tuple[str, float]]]:
+        found = client.stale_series(inputs, 30.0, at=100.0)
+        return {i: [(s.labels["uuid"], s.value) for s in series] for i, series in found.items()}
+
+    assert stale(("util", "alloc")) == {"util": [("a", 12.0)]}
+    assert stale(("shared", "util")) == {"shared": [("b", 7.0)], "util": [("a", 12.0)]}
     assert len(responses.calls) == 1
     assert (client.asked, client.answered) == (2, 2)
 
@@ -299,15 +306,15 @@ def test_a_failed_shared_probe_is_asked_again_by_each_group(client: LockstepProm
     so each group asks twice: its own probe is asked in either case."""
     responses.get(QUERY, status=503, body="overloaded")
     responses.post(QUERY, status=503, body="overloaded")
-    client.prefetch_ages([("a",), ("b",)], at=100.0)
+    client.prefetch_ages([(("a",), 30.0), (("b",), 30.0)], at=100.0)
     for selectors in (("a",), ("b",)):
         for _ in range(2):
             with pytest.raises(QueryError):
-                client.sample_ages(selectors, at=100.0)
+                client.stale_series(selectors, 30.0, at=100.0)
     asked = [parse_qs(urlparse(c.request.url or "").query)["query"][0] for c in responses.calls]
-    assert asked.count(ages_expr(("a", "b"))) == 1  # the shared probe, once
+    assert asked.count(stale_expr(("a", "b"), 30.0)) == 1  # the shared probe, once
     for selectors in (("a",), ("b",)):
-        assert ages_expr(selectors) in asked  # then each group's own
+        assert stale_expr(selectors, 30.0) in asked  # then each group's own
 
 
 def test_an_instants_groups_run_one_at_a_time_in_name_order_each_groups_actions_first() -> None:

@@ -22,6 +22,9 @@ def test_the_reload_watcher_keeps_the_running_rules(api: Harness) -> None:
     running = [p.name for p in api.engine.rules.policies()]
     (api.tmp / "rules" / "bomb.yaml").write_text(BOMB)
     api.engine.check_reload()
+    api.engine.check_reload()  # read the same twice: the reload is tried
+    assert api.engine.rulebook.last_reload is not None
+    assert not api.engine.rulebook.last_reload.ok
     assert [p.name for p in api.engine.rules.policies()] == running
     result = api.engine.reload()
     assert not result.ok

@@ -154,11 +154,10 @@ class Prometheus:
             self.at.append(at or 0.0)
         return ()
 
-    def sample_age(self, exprs: object, at: float | None = None) -> float:
-        return 0.0
-
-    def sample_ages(self, selectors: Iterable[str], at: float | None = None) -> dict[str, float]:
-        return dict.fromkeys(selectors, 0.0)
+    def stale_series(
+        self, inputs: Iterable[str], bound_s: float, at: float | None = None
+    ) -> dict[str, tuple[Sample, ...]]:
+        return {}  # every sample fresh
 
 
 class SteppedWall:

@@ -1,15 +1,17 @@
-"""Fresh data only (issue 10, breakage 1), the pure half: stale results are no data, and an
-outage longer than ``max_gap_s`` starts a pending ``for`` again. Both edges of both bounds.
-The real-Prometheus half is tests/integration/test_freshness_prometheus.py."""
+"""Fresh data only, the pure half: targets whose input series are stale have no data (the
+others are judged), and an outage longer than ``max_gap_s`` starts a pending ``for`` again.
+The real-Prometheus half, which finds the stale series, is
+tests/integration/test_freshness_prometheus.py."""
 
 from __future__ import annotations
 
 from engine.config import PrometheusSettings
 from engine.decisions import ActionSpec, Sample, freeze
 from engine.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
-from engine.prometheus import age_expr
+from engine.prometheus import input_selectors, stale_expr
 from engine.rules.loader import load_rules_text
 from engine.rules.model import Policy
+from engine.staleness import StaleInput
 
 POLICY = Policy(
     name="reclaim",
@@ -23,8 +25,19 @@ POLICY = Policy(
 FRESH = Freshness(max_sample_age_s=30, max_gap_s=20)
 
 
-def seen(age: float | None = 1.0) -> QueryResult:
-    return QueryResult((Sample(freeze({"uuid": "a"}), 0.1, 0.0),), sample_age=age)
+def stale(age: float, **labels: str) -> StaleInput:
+    """``util``'s series with ``labels`` read past the bound (``age`` seconds old)."""
+    return StaleInput("util{}", (Sample(freeze({"gpuops_input": "0", **labels}), age, 0.0),))
+
+
+def seen(age: float | None = None, *uuids: str) -> QueryResult:
+    """``util`` below 0.2 for GPUs ``uuids`` (default: "a"); ``age``: every series that old,
+    stale (the probe finds those older than the bound)."""
+    uuids = uuids or ("a",)
+    samples = tuple(Sample(freeze({"uuid": u}), 0.1, 0.0) for u in uuids)
+    if age is None or age <= FRESH.max_sample_age_s:
+        return QueryResult(samples)
+    return QueryResult(samples, stale=tuple(stale(age, uuid=u) for u in uuids))
 
 
 DOWN = QueryResult(error="Prometheus at http://x unreachable: connection refused")
@@ -40,16 +53,73 @@ def fires(steps: list[tuple[float, QueryResult]], policy: Policy = POLICY) -> li
     return out
 
 
-def test_a_sample_at_the_age_bound_is_acted_on_one_older_is_not() -> None:
-    assert fires([(0, seen()), (60, seen(age=30.0))]) == [60]
-    state = evaluate(POLICY, seen(), PolicyState(), 0, FRESH).state
-    step = evaluate(POLICY, seen(age=30.5), state, 60, FRESH)
+def test_a_target_whose_input_is_stale_is_held_and_the_others_are_judged() -> None:
+    state = evaluate(POLICY, seen(None, "a", "b"), PolicyState(), 0, FRESH).state
+    result = QueryResult(
+        (Sample(freeze({"uuid": "a"}), 0.1, 0.0), Sample(freeze({"uuid": "b"}), 0.1, 0.0)),
+        stale=(stale(45.0, uuid="a", instance="n1:9400"),),
+    )
+    step = evaluate(POLICY, result, state, 60, FRESH)
+    assert [d.target.labels["uuid"] for d in step.decisions] == ["b"]
+    assert step.state.targets["uuid=a"].status is Status.PENDING
+    assert step.state.targets["uuid=a"].absent_since == 60  # a stretch without fresh data
+    assert step.skipped is not None and step.skipped.reason == "stale data"
+    assert step.skipped.error == (
+        "stale data: util{}: 1 series with no sample in the last 30s, the oldest 45.0s old:"
+        " 1 target held (uuid=a); the others were evaluated"
+    )
+
+
+def test_a_stale_series_without_target_labels_holds_every_target() -> None:
+    state = evaluate(POLICY, seen(None, "a", "b"), PolicyState(), 0, FRESH).state
+    result = QueryResult(seen(None, "a", "b").samples, stale=(stale(45.0, job="queue"),))
+    step = evaluate(POLICY, result, state, 60, FRESH)
     assert step.decisions == ()
     assert step.skipped is not None and step.skipped.error == (
-        "stale data: the oldest input sample is 30.5s old, more than max_sample_age 30s"
+        "stale data: util{}: 1 series with no sample in the last 30s, the oldest 45.0s old"
     )
-    (pending,) = step.state.targets.values()
-    assert pending.status is Status.PENDING and pending.active_since == 0
+
+
+def test_a_firing_target_on_stale_input_is_neither_cleared_nor_undone() -> None:
+    policy = Policy(
+        name="cap",
+        group="g",
+        expr="util < 0.2",
+        clear_expr="util > 0.5",
+        action=ActionSpec("downclock", "fleet"),
+        on_clear=ActionSpec("restore_clocks", "fleet"),
+        target=("uuid",),
+        mode="enforce",
+    )
+    state = evaluate(policy, seen(), PolicyState(), 0, FRESH).state
+    assert state.targets["uuid=a"].status is Status.FIRING
+    # the clear expression matches on the dead exporter's last samples: no undo on them
+    cleared = (Sample(freeze({"uuid": "a"}), 0.9, 0.0),)
+    step = evaluate(
+        policy, QueryResult((), cleared, stale=(stale(60.0, uuid="a"),)), state, 30, FRESH
+    )
+    assert step.decisions == () and step.state.targets["uuid=a"].status is Status.FIRING
+    step = evaluate(policy, QueryResult((), cleared), step.state, 60, FRESH)  # fresh again
+    assert [d.transition.value for d in step.decisions] == ["clear"]
+
+
+def test_without_target_labels_a_series_is_matched_on_the_labels_it_shares() -> None:
+    policy = Policy(name="p", group="g", expr="util < 0.2", action=ActionSpec("reclaim", "fleet"))
+    two = QueryResult(
+        (
+            Sample(freeze({"uuid": "a", "node": "n1"}), 0.1, 0.0),
+            Sample(freeze({"uuid": "b", "node": "n2"}), 0.1, 0.0),
+        ),
+        stale=(stale(45.0, node="n2", instance="n2:9400"),),
+    )
+    step = evaluate(policy, two, PolicyState(), 0, FRESH)
+    assert [d.target.labels["uuid"] for d in step.decisions] == ["a"]
+
+
+def test_a_stale_series_of_a_target_not_in_the_answer_holds_nothing() -> None:
+    result = QueryResult(seen().samples, stale=(stale(45.0, uuid="gone"),))
+    step = evaluate(POLICY, result, PolicyState(), 0, FRESH)
+    assert step.skipped is None and step.state.targets["uuid=a"].status is Status.PENDING
 
 
 def test_an_outage_as_long_as_the_gap_bound_keeps_the_timer() -> None:
@@ -74,21 +144,37 @@ def test_time_without_evaluations_is_no_outage() -> None:
     assert fires([(0, seen()), (50, seen()), (60, seen())]) == [60]
 
 
-def test_an_unknown_age_and_no_bounds_act_as_before() -> None:
-    assert fires([(0, seen(age=None)), (60, seen(age=None))]) == [60]
+def test_no_bounds_act_on_every_answer() -> None:
     state = evaluate(POLICY, seen(), PolicyState(), 0).state
     for now in (10, 20, 500):
         state = evaluate(POLICY, DOWN, state, now).state
-    assert len(evaluate(POLICY, seen(age=1e9), state, 600).decisions) == 1  # backtests
+    assert len(evaluate(POLICY, seen(), state, 600).decisions) == 1  # backtests
 
 
-def test_the_age_query_asks_for_each_selector_that_reads_the_present() -> None:
-    expr = 'avg_over_time(util{node="a"}[5m]) < 0.2 and on (uuid) mem offset 1m'
-    assert age_expr((expr, 'util{node="a"} > 0 unless up @ 100 or gpu', "vector(1)")) == (
-        'max(label_replace(max(time() - timestamp(util{node="a"})), "gpuops_input", "0", "", "")'
-        ' or label_replace(max(time() - timestamp(gpu{})), "gpuops_input", "1", "", ""))'
+def test_the_probe_asks_each_input_over_the_window_it_is_read_over() -> None:
+    expr = (
+        'avg_over_time(util{node="a"}[5m]) < 0.2 and on (uuid) mem offset 1m'
+        " and on (uuid) max_over_time(rate(gpu[1m])[30m:1m]) > 0"
+        ' and on (uuid) absent(up{job="x"}) and on () max_over_time(temp[10m:] @ 100) > 1'
     )
-    assert age_expr(("vector(1)",)) is None
+    inputs = input_selectors(expr)
+    # a range selector over its range; one in a subquery over both ranges; an instant one in
+    # a subquery over the subquery's range and Prometheus' lookback; offset and @: the past
+    assert inputs == ('util{node="a"}[300s]', "gpu{}[1860s]", 'up{job="x"}')
+    assert stale_expr(inputs, 30.0) == (
+        'label_replace(last_over_time(util{node="a"}[300s]) unless'
+        ' last_over_time(util{node="a"}[30s]), "gpuops_input", "0", "", "")'
+        " or label_replace(last_over_time(gpu{}[1860s]) unless last_over_time(gpu{}[30s]),"
+        ' "gpuops_input", "1", "", "")'
+        ' or label_replace(time() - timestamp(up{job="x"}) > 30.0, "gpuops_input", "2", "", "")'
+    )
+    assert input_selectors("max_over_time(rate(x[1m])[5m:])") == ("x{}[360s]",)
+    assert input_selectors("max_over_time(x[5m:])") == ("x{}[600s]",)
+    # a window no longer than the bound cannot read a stale sample: not asked
+    assert stale_expr(("x{}[20s]",), 30.0) is None
+    assert stale_expr(("x{}[1500ms]",), 1.0) is not None
+    assert stale_expr(input_selectors("vector(1)"), 30.0) is None
+    assert stale_expr(("x{}",), float("inf")) is None  # no bound (backtests)
 
 
 def test_a_group_may_set_its_own_sample_age_bound() -> None:

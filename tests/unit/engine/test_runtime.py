@@ -248,7 +248,10 @@ def test_invalid_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
     policy = engine.rules.policy("reclaim")
     assert policy is not None and policy.for_s == 60
     rule_file.write_text(RULES.replace("for: 60s", "for: 2m"))
-    engine.check_reload()
+    engine.check_reload()  # changed: read again at the next check
+    policy = engine.rules.policy("reclaim")
+    assert policy is not None and policy.for_s == 60
+    engine.check_reload()  # the same twice in a row: reloaded
     policy = engine.rules.policy("reclaim")
     assert policy is not None and policy.for_s == 120
 

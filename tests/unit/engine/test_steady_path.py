@@ -23,6 +23,7 @@ from engine.evaluation import (
 )
 from engine.prometheus import QueryError, decode_vector
 from engine.rules.model import Policy
+from engine.staleness import StaleInput
 from engine.state import REFRESH_S, StateStore
 
 POLICY = Policy(
@@ -495,11 +496,12 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
                 if r % 11 == 7:
                     result = QueryResult(error="the query failed")
                 elif r % 13 == 9:
-                    result = QueryResult(answer, clear, sample_age=500)  # stale
+                    old = StaleInput("x{}", (Sample(freeze({}), 500.0, now),))  # every target's
+                    result = QueryResult(answer, clear, stale=(old,))
                 else:
-                    result = QueryResult(answer, clear, sample_age=10)
+                    result = QueryResult(answer, clear)
                 step = evaluate(policy, result, state, now, fresh)
-                if result.error is not None or result.sample_age == 500:
+                if result.error is not None or result.stale:
                     assert step.decisions == () and step.skipped is not None
                 fires = [d for d in step.decisions if d.transition.value == "fire"]
                 if which == 0 and step.state.parent is not None and fires:
