@@ -98,3 +98,18 @@ def fill_url(
         elif markers[name] in shape:
             values[name] = path_segment(value, name)
     return fill(template, values)
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of ``url`` (the scheme's port when it has none; an IPv6 host in
+    brackets): the server an action reaches, the gate's unit of isolation for executors that
+    call a URL (``engine.actions.base.lane``). ``ValueError`` when ``url`` names none."""
+    parts = urlsplit(url)
+    port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+    host = parts.hostname or ""
+    if port is None or not host:
+        raise ValueError(f"no server in {url!r}")
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"

@@ -26,7 +26,7 @@ from typing import Any
 import requests
 
 from engine.actions.base import PermanentError, TemporaryError
-from engine.actions.encoding import fill_url, path_segment
+from engine.actions.encoding import fill_url, origin, path_segment
 from engine.decisions import Decision
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,15 @@ class NvmlAgentExecutor:
             except PermanentError as exc:
                 problems.append(str(exc))
         return problems
+
+    def lane(self, decision: Decision) -> str:
+        """The origin of ``decision``'s node agent (``engine.actions.encoding.origin``): one
+        lane per agent, so an agent that does not answer delays only its own node's actions.
+        ``""`` when no URL can be formed (``run`` says why)."""
+        try:
+            return origin(self._base_url(decision))
+        except (PermanentError, ValueError):
+            return ""
 
     def run(self, decision: Decision) -> Mapping[str, Any]:
         verb = decision.action.type if decision.action else ""

@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from engine.actions.base import PermanentError, TemporaryError
-from engine.actions.encoding import fill_url, header_value
+from engine.actions.encoding import fill_url, header_value, origin
 from engine.decisions import Decision
 from engine.rules.templating import render
 
@@ -57,7 +57,6 @@ TEMPORARY_STATUSES = frozenset({408, 429})
 """4xx statuses that mean "later": request timeout, too many requests (5xx are all temporary)."""
 BODY_CAP = 256
 """Characters of a receiver's answer kept in an error message."""
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class WebhookSettings(BaseModel):
@@ -129,12 +128,9 @@ class WebhookExecutor:
         what is slow or down is the server. ``""`` when no URL can be formed (``run`` says
         why)."""
         try:
-            parts = urlsplit(self._url(_params(decision), decision))
-            port = parts.port or DEFAULT_PORTS[parts.scheme]
-        except (PermanentError, ValueError, KeyError):  # ValueError: a port out of range
+            return origin(self._url(_params(decision), decision))
+        except (PermanentError, ValueError):  # ValueError: no server, a port out of range
             return ""
-        host = parts.hostname or ""
-        return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
     def run(self, decision: Decision) -> Mapping[str, Any]:
         params = _params(decision)

@@ -145,3 +145,12 @@ def test_gpu_label_can_name_the_index(serve: Callable[..., ExporterServer]) -> N
     server = serve(fake, TOKEN)
     executor(server, gpu_label="gpu").run(decision("downclock", {"max_clock_mhz": 1500}, gpu="1"))
     assert fake.gpus[1].locked_clocks == (345, 1500)
+
+
+def test_each_node_agent_is_a_lane_of_its_own() -> None:
+    """The gate isolates node agents: one that does not answer delays only its node."""
+    ex = NvmlAgentExecutor({"url": "http://{node}:9835", "token": TOKEN})
+    assert ex.lane(decision("downclock", node="n1")) == "http://n1:9835"
+    assert ex.lane(decision("downclock", node="n2")) == "http://n2:9835"
+    assert ex.lane(decision("downclock", node="fe80::1")) == "http://[fe80::1]:9835"
+    assert ex.lane(decision("downclock", node="not a host")) == ""  # run says why
