@@ -618,6 +618,21 @@ class StateStore:
             ).fetchone()
         return self._decision_row(row) if row else None
 
+    def stored_decisions(self, ids: Sequence[str]) -> dict[str, StoredDecision]:
+        """The stored decisions among ``ids``, by id (``decision`` of many, one query per 500:
+        the inbox's worker reads those a batch of alerts may repeat or undo)."""
+        unique = list(dict.fromkeys(ids))
+        rows: list[tuple[Any, ...]] = []
+        with self._lock:
+            for start in range(0, len(unique), 500):
+                chunk = unique[start : start + 500]
+                rows += self._db.execute(
+                    f"SELECT {_COLUMNS} FROM decisions WHERE id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+        found = (self._decision_row(row) for row in rows)
+        return {stored.id: stored for stored in found}
+
     def prune(self, older_than: float) -> int:
         """Forget finished decisions and settled approvals older than ``older_than`` (the audit
         trail keeps them); returns how many rows went."""
@@ -850,6 +865,35 @@ class StateStore:
     def inbox_done(self, item: int) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM alert_inbox WHERE id = ?", (item,))
+
+    def alerts_handled(self, keys: Sequence[AlertKey], items: Sequence[int], now: float) -> None:
+        """Record the episodes ``keys`` and take ``items`` out of the inbox, in one transaction
+        (one fsync for a batch of the inbox's worker, not two an alert)."""
+        with self.transaction() as db:
+            if keys:
+                db.executemany(
+                    "INSERT INTO alert_episodes VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    [(k.fingerprint, k.starts_at, k.status, now) for k in keys],
+                )
+            if items:
+                db.executemany("DELETE FROM alert_inbox WHERE id = ?", [(i,) for i in items])
+
+    def known_alerts(self, keys: Sequence[AlertKey]) -> set[AlertKey]:
+        """Those of ``keys`` recorded (``alert_known`` of many, one query per 500
+        fingerprints)."""
+        wanted = set(keys)
+        fingerprints = sorted({k.fingerprint for k in wanted})
+        found: set[AlertKey] = set()
+        with self._lock:
+            for start in range(0, len(fingerprints), 500):
+                chunk = fingerprints[start : start + 500]
+                rows = self._db.execute(
+                    "SELECT fingerprint, starts_at, status FROM alert_episodes"
+                    f" WHERE fingerprint IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+                found.update(k for r in rows if (k := AlertKey(r[0], r[1], r[2])) in wanted)
+        return found
 
     def alert_known(self, key: AlertKey) -> bool:
         with self._lock:

@@ -167,6 +167,27 @@ def test_policy_targets_approvals_quota_inbox_and_controls_alike(store: Any) -> 
     assert store.control("paused") == "ops@2"
 
 
+def test_an_inbox_batch_is_read_and_recorded_alike(store: Any) -> None:
+    """What the alert inbox's worker reads and writes for a batch: which episodes are known,
+    the stored decisions among a batch's ids (past 500: several queries), one record."""
+    items = store.inbox_add([{"fingerprint": f"f{i}"} for i in range(3)], 1.0)
+    known = AlertKey("f0", "t", "firing")
+    store.alerts_handled([known], items[:2], 2.0)
+    assert [i.id for i in store.inbox()] == items[2:]
+    store.alerts_handled([known], [], 3.0)  # recorded again: nothing changes
+    others = [AlertKey(f"x{i}", "t", "firing") for i in range(1200)]
+    asked = [*others, AlertKey("f0", "t", "resolved"), AlertKey("f0", "u", "firing"), known]
+    assert store.known_alerts(asked) == {known}
+    assert store.known_alerts([]) == set()
+    d1 = _decision(2.0)
+    with store.transaction() as db:
+        store.record_decision(db, d1, DecisionStatus.STARTED)
+    found = store.stored_decisions([f"unknown-{i}" for i in range(1200)] + [d1.id, d1.id])
+    assert list(found) == [d1.id]
+    assert found[d1.id].decision == d1 and found[d1.id].status is DecisionStatus.STARTED
+    assert store.stored_decisions([]) == {}
+
+
 def test_a_policy_seen_row_goes_when_the_state_empties_alike(store: Any) -> None:
     """Review of issue 15: no orphan ``policy_seen`` row once every target left, and
     ``policy_names`` (``gpuops state check``) names a policy that has only that row."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,13 @@ def test_firing_alert_runs_the_action_once_however_often_delivered(
 ) -> None:
     alert = api.alert("GPUFellOffBus", node="n1", severity="critical")
     handling = threading.Event()
-    handle = api.context.alerts._handle
+    handle = api.context.alerts._handle_batch
 
-    def held(alert: Mapping[str, Any]) -> None:
+    def held(batch: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
         handling.wait(30)
-        handle(alert)
+        handle(batch)
 
-    monkeypatch.setattr(api.context.alerts, "_handle", held)
+    monkeypatch.setattr(api.context.alerts, "_handle_batch", held)
     resp = api.notify(alert)
     assert resp.json() == {"queued": 1}
     assert api.executed(POLICY) == [], "answered once queued, before it is handled"
