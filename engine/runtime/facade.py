@@ -42,7 +42,7 @@ from engine.runtime.leadership import Change, Leadership
 from engine.runtime.quota import POLICY as QUOTA_POLICY
 from engine.runtime.quota import QuotaManager
 from engine.runtime.rulebook import ReloadResult, Rulebook
-from engine.state import StateError, StateStore
+from engine.state import StateError, StateRowError, StateStore
 from engine.store import Store
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,10 @@ class Engine:
         stored = set(self.store.policy_names())
         for name in sorted(set(names) & stored):
             with self.locks.policy(name):
-                state = self.store.policy_state(name)
+                try:
+                    state = self.store.policy_state(name)
+                except StateRowError:  # its evaluations say so (docs/state.md)
+                    continue
                 old = [
                     key
                     for key, t in state.targets.items()
