@@ -17,10 +17,9 @@ WORKDIR /app
 
 # Dependencies first (a layer that survives source edits), then the code.
 COPY pyproject.toml README.md ./
-COPY engine ./engine
-COPY exporters ./exporters
-# Editable: the package stays at /app/engine, beside /app/elk and /app/rules, which the engine
-# finds relative to its source tree (engine.audit.settings, engine.demo).
+COPY gpuops ./gpuops
+# Editable: the package stays at /app/gpuops, beside /app/elk and /app/rules, which the engine
+# finds relative to its source tree (gpuops.audit.settings, gpuops.sim.demo).
 RUN pip install -e .
 
 COPY rules ./rules

@@ -26,8 +26,8 @@ from typing import Any
 import psycopg
 import requests
 
-from engine.audit.spool import read_spool
-from engine.promproc import free_port
+from gpuops.audit.spool import read_spool
+from gpuops.sources.promproc import free_port
 from tests.postgres import PASSWORD, PostgresServer
 from tests.waiting import wait_for
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from engine.promproc import free_port
+from gpuops.sources.promproc import free_port
 
 PASSWORD = "gpuops-test-secret"
 """The superuser's password in the test cluster (also the redaction tests' secret)."""

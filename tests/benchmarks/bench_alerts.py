@@ -22,16 +22,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.actions.base import ExecutorRegistry
-from engine.config import (
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.runtime import Engine, collect_less
+from gpuops.settings import (
     ApiSettings,
     AuditConfig,
     EngineConfig,
     GuardrailSettings,
     PrometheusSettings,
 )
-from engine.decisions import Decision, Outcome
-from engine.runtime import Engine, collect_less
 
 RULES = """
 groups:

@@ -53,7 +53,7 @@ run's default ``--batch`` (at 100, one fsync per 100 decisions held the writer b
 
 
 def settings(spool: Path, url: str) -> Any:
-    from engine.audit import AuditSettings
+    from gpuops.audit import AuditSettings
 
     return AuditSettings(
         spool_dir=spool,
@@ -72,20 +72,21 @@ CYCLE_S = 15.0
 
 
 def decisions(first: int, count: int, uniform: bool = False) -> list[Any]:
-    """Decisions for GPUs ``first``... as the engine makes them (``engine.evaluation._decide``,
+    """Decisions for GPUs ``first``... as the engine makes them
+    (``gpuops.model.evaluation._decide``,
     then the guardrails' verdict): two policies (one enforced, one in dry-run), each sharing
     its ``ActionSpec``, query and labels (read-only mappings, encoded once); per target its own
     ``Evidence`` (value, and ``pending_since``/``episode_start``, when its condition began),
     repeat and reason; ``at`` and ``observed_at`` the cycle's time (a cycle every 15 s of 5,000
     decisions). Verdicts: of the enforced policy's decisions 40% execute, 30% suppressed by
     cooldown, 10% by max_per_hour, 10% awaiting approval, 10% by max_fraction, each
-    suppression with the guardrail's per-target reason (``engine.guardrails``); the dry-run
+    suppression with the guardrail's per-target reason (``gpuops.model.guardrails``); the dry-run
     policy's are dry_run. Built in a few us each, so that the outage run's writer can offer
     20,000/s.
 
     ``uniform``: the best case the figures before review 15a were measured with: one policy,
     one ``Evidence`` and one time for all, every verdict ``execute`` and no reason."""
-    from engine.decisions import (
+    from gpuops.model.decisions import (
         ActionSpec,
         Decision,
         Evidence,
@@ -167,7 +168,7 @@ def decisions(first: int, count: int, uniform: bool = False) -> list[Any]:
 
 
 def _uniform(first: int, count: int) -> list[Any]:
-    from engine.decisions import (
+    from gpuops.model.decisions import (
         ActionSpec,
         Decision,
         Evidence,
@@ -333,7 +334,7 @@ class FakeEs:
 
 
 def throughput(events: int, batch: int, threads: int, validate: bool, uniform: bool) -> None:
-    from engine.audit import AuditLog
+    from gpuops.audit import AuditLog
 
     es = FakeEs(validate)
     prepared = decisions(0, events, uniform)
@@ -407,7 +408,7 @@ def writer(spool: str, url: str, first: int, rate: float, count: int) -> None:
     """Child: an engine's audit, streaming ``count`` decisions (0: until killed) at ``rate``/s in
     batches of ``WRITER_BATCH``, printing each acknowledged event id; then drains the spool and
     exits."""
-    from engine.audit import AuditLog
+    from gpuops.audit import AuditLog
 
     audit = AuditLog(settings(Path(spool), url), host_name="bench-writer")
     audit.start()

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.actions.base import ExecutorRegistry
-from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.decisions import Decision, Outcome, Sample, freeze
-from engine.runtime import Engine
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import Decision, Outcome, Sample, freeze
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 
 RULES = """
 groups:

@@ -1,4 +1,4 @@
-"""Evaluation cycle at fleet scale (DESIGN.md section 12): the pure evaluation and the
+"""Evaluation cycle at fleet scale: the pure evaluation and the
 guardrails for one policy over a large query result, and the SQLite persistence of the state.
 
 Run: ``python -m tests.benchmarks.bench_evaluation [--gpus 10000]``. Prints milliseconds per
@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.decisions import ActionSpec, Sample, freeze
-from engine.evaluation import PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, GuardrailState, judge_all
-from engine.rules.model import Policy
-from engine.state import StateStore
+from gpuops.model.decisions import ActionSpec, Sample, freeze
+from gpuops.model.evaluation import PolicyState, QueryResult, evaluate
+from gpuops.model.guardrails import Context, GuardrailState, judge_all
+from gpuops.model.rules.model import Policy
+from gpuops.store.sqlite import StateStore
 
 POLICY = Policy(
     name="reclaim-idle-gpus",

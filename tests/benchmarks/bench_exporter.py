@@ -1,4 +1,4 @@
-"""Exporter scrape cost (DESIGN.md section 12, issues 6 and 15): the exporter's own CPU time per
+"""Exporter scrape cost (issues 6 and 15): the exporter's own CPU time per
 scrape for 8 and 64 fake GPUs, and the process RSS. Prints figures; never fails on noise.
 
 Run: ``python -m tests.benchmarks.bench_exporter`` or ``python tests/benchmarks/bench_exporter.py``.
@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from exporters.nvml.collector import NvmlCollector
-from exporters.nvml.scenarios import healthy_h100
-from exporters.nvml.session import NvmlSession
+from gpuops.exporters.nvml.collector import NvmlCollector
+from gpuops.exporters.nvml.scenarios import healthy_h100
+from gpuops.exporters.nvml.session import NvmlSession
 
 
 class _Timed:

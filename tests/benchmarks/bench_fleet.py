@@ -15,9 +15,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from exporters.fleet.cluster import Cluster
-from exporters.fleet.config import FleetConfig, JobSpec, PoolSpec, ProjectSpec
-from exporters.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.config import FleetConfig, JobSpec, PoolSpec, ProjectSpec
+from gpuops.sim.fleet.fleetfile import load_fleet
 
 FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleets" / "helios-earth.yaml"
 STEP_S = 15.0

@@ -24,7 +24,7 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-from engine.promproc import PrometheusServer
+from gpuops.sources.promproc import PrometheusServer
 from tests.ha import Pair, Replica
 from tests.postgres import PostgresServer
 from tests.waiting import wait_for

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.prometheus import input_selectors, stale_expr
-from engine.rules.yamlsource import YamlLimits, parse_yaml
+from gpuops.model.rules.yamlsource import YamlLimits, parse_yaml
+from gpuops.sources.prometheus import input_selectors, stale_expr
 from tests.unit.rules.test_yaml_limits import BOMB
 
 ROOT = Path(__file__).resolve().parents[2]

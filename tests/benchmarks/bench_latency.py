@@ -1,4 +1,4 @@
-"""Decision latency from fault to action (DESIGN.md section 12): a node of the simulated fleet
+"""Decision latency from fault to action: a node of the simulated fleet
 fails and the engine (demo-scale policies: 1 s scrapes, 5 s group interval, ``for: 5s``)
 migrates its jobs through a real Prometheus. Prints, per run, the seconds from the failure to
 the executed action and to the fleet showing the jobs moved; never fails on noise.
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import requests
 
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Outcome
-from engine.demo import DEMO_RULES, PROMETHEUS_CONFIG, demo_workload
-from engine.promproc import PrometheusServer
-from engine.runtime import Engine
-from exporters.fleet import FleetConfig, FleetSim
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.sim.demo import DEMO_RULES, PROMETHEUS_CONFIG, demo_workload
+from gpuops.sim.fleet import FleetConfig, FleetSim
+from gpuops.sources.promproc import PrometheusServer
 from tests.waiting import wait_for
 
 

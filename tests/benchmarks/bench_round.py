@@ -18,7 +18,7 @@ Prints per round: wall, engine CPU and CPU per GPU; with ``--profile FILE`` the 
 the steady rounds, in the evaluating thread's CPU time (``time.thread_time``: not the waits on
 Prometheus and fsync). The steady figure is the mean over every round after the fire round
 (round 2), the rounds in which stored values come due for their refresh
-(``engine.state.REFRESH_S`` after the fire) included: the default 14 rounds reach past it (a
+(``gpuops.store.sqlite.REFRESH_S`` after the fire) included: the default 14 rounds reach past it (a
 shorter run says so). Never fails on noise.
 
 Run: ``python -m tests.benchmarks.bench_round [--gpus 10000] [--rounds 14] [--churn 0.01]
@@ -45,12 +45,12 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from engine.audit import AuditLog, AuditSettings
-from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.metrics import EngineMetrics
-from engine.rules.loader import load_rules
-from engine.runtime import Engine, collect_less
-from engine.state import REFRESH_S
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.model.rules.loader import load_rules
+from gpuops.runtime import Engine, collect_less
+from gpuops.runtime.metrics import EngineMetrics
+from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from gpuops.store.sqlite import REFRESH_S
 from tests.benchmarks.bench_scale import (
     ROOT,
     SPOOL_BYTES,
@@ -230,7 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(parse_qs(urlparse(self.path).query))
 
-    def do_POST(self) -> None:  # a long query comes as a form (engine.prometheus)
+    def do_POST(self) -> None:  # a long query comes as a form (gpuops.sources.prometheus)
         length = int(self.headers.get("Content-Length", "0"))
         self._answer(parse_qs(self.rfile.read(length).decode()))
 

@@ -18,7 +18,8 @@ CPU (and per GPU), decisions, RSS; then the summary row per fleet size. Never fa
 
 The steady figures are those of every round after the fire round (CPU: their mean; wall and
 Prometheus: medians), the gate's work included (``wait_idle``), as in ``bench_round``: the
-default 14 rounds reach past ``engine.state.REFRESH_S`` after the fire, so the rounds in which
+default 14 rounds reach past ``gpuops.store.sqlite.REFRESH_S`` after the fire, so the rounds in
+which
 stored values come due for their refresh are among them (a shorter run says it is not).
 
 Run: ``python -m tests.benchmarks.bench_scale [--gpus 1000,10000,50000] [--rounds 14]``. The
@@ -49,17 +50,17 @@ from typing import Any
 import cramjam
 import requests
 
-from engine.actions.base import ExecutorRegistry
-from engine.audit import AuditLog, AuditSettings
-from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.decisions import Decision
-from engine.metrics import EngineMetrics
-from engine.promproc import PrometheusServer
-from engine.rules.export import export_rules
-from engine.rules.loader import load_rules
-from engine.runtime import Engine, collect_less
-from engine.state import REFRESH_S
-from exporters.fleet.remotewrite import _field, encode_labels, encode_sample
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.model.decisions import Decision
+from gpuops.model.rules.export import export_rules
+from gpuops.model.rules.loader import load_rules
+from gpuops.runtime import Engine, collect_less
+from gpuops.runtime.metrics import EngineMetrics
+from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from gpuops.sim.fleet.remotewrite import _field, encode_labels, encode_sample
+from gpuops.sources.promproc import PrometheusServer
+from gpuops.store.sqlite import REFRESH_S
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_S = 30.0
@@ -119,7 +120,7 @@ def fleet(gpus: int) -> dict[Labels, float]:
 def write_fleet(url: str, gpus: int, minutes: float, step_s: float) -> None:
     """The child process: history, then the present every ``PRESENT_EVERY_S`` until killed.
     Values are constant per series, so a request's samples are encoded once per distinct value
-    (``exporters.fleet.remotewrite`` encodes per sample: minutes for 25M samples)."""
+    (``gpuops.sim.fleet.remotewrite`` encodes per sample: minutes for 25M samples)."""
     series = fleet(gpus)
     labels = {key: encode_labels(key) for key in series}
     session = requests.Session()

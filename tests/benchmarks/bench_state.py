@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.state import StateStore
+from gpuops.store.sqlite import StateStore
 
 
 def build(path: Path, decisions: int) -> None:

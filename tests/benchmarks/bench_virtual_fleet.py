@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.promproc import PrometheusServer
-from exporters.fleet.fleetfile import load_fleet
-from exporters.fleet.remotewrite import RemoteWriter
-from exporters.fleet.virtual import VirtualFleet
+from gpuops.sim.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet.remotewrite import RemoteWriter
+from gpuops.sim.fleet.virtual import VirtualFleet
+from gpuops.sources.promproc import PrometheusServer
 from tests.benchmarks.bench_fleet import FLEET, scaled
 
 

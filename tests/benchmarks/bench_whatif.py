@@ -19,10 +19,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.whatif import PARTS, SCRAPE_INTERVAL_S, RunResult, whatif
-from engine.whatif_report import table
-from exporters.fleet.config import FleetConfig, ProjectSpec
-from exporters.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet.config import FleetConfig, ProjectSpec
+from gpuops.sim.fleet.fleetfile import load_fleet
+from gpuops.sim.whatif import PARTS, SCRAPE_INTERVAL_S, RunResult, whatif
+from gpuops.sim.whatif_report import table
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = REPO / "examples" / "fleets" / "case-study.yaml"
@@ -70,7 +70,7 @@ def _seconds(value: float) -> str:
 
 
 def parts(run: RunResult) -> str:
-    """Wall and CPU per part of one run (``engine.whatif.PARTS``)."""
+    """Wall and CPU per part of one run (``gpuops.sim.whatif.PARTS``)."""
     rows = [f"  {'part':<18} {'wall s':>8} {'CPU s':>8}  what"]
     for name, what in PARTS:
         if name in run.parts:

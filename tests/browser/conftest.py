@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, sync_playwright
 
-from engine.config import ConsoleSettings
+from gpuops.settings import ConsoleSettings
 from tests.unit.api.harness import Harness, running_api
 
 GRAFANA = "http://grafana.example:3000"

@@ -11,7 +11,7 @@ import re
 import pytest
 from playwright.sync_api import BrowserContext, Page, expect
 
-from engine.api.console.web import when
+from gpuops.api.console.web import when
 from tests.browser.conftest import GRAFANA, KIBANA, shot, sign_in
 from tests.unit.api.harness import Harness
 from tests.waiting import wait_for

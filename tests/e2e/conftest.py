@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import requests
 
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, Outcome
-from engine.demo import DEMO_RULES, PROMETHEUS_CONFIG
-from engine.promproc import PrometheusServer
-from engine.runtime import Engine
-from exporters.fleet import FleetConfig, FleetSim, JobSpec
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.sim.demo import DEMO_RULES, PROMETHEUS_CONFIG
+from gpuops.sim.fleet import FleetConfig, FleetSim, JobSpec
+from gpuops.sources.promproc import PrometheusServer
 from tests.waiting import wait_for
 
 

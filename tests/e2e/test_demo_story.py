@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.demo import DEMO_RULES, Demo, DemoSettings
+from gpuops.sim.demo import DEMO_RULES, Demo, DemoSettings
 
 pytestmark = pytest.mark.e2e
 

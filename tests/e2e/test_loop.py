@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from engine.audit.spool import read_spool
-from exporters.fleet import JobSpec
+from gpuops.audit.spool import read_spool
+from gpuops.sim.fleet import JobSpec
 from tests.e2e.conftest import StartLoop
 from tests.waiting import wait_for
 

@@ -1,4 +1,4 @@
-"""A small, honest fake of Elasticsearch 8.x on a loopback port (DESIGN.md section 12).
+"""A small, honest fake of Elasticsearch 8.x on a loopback port.
 
 Used by the audit tests and the audit benchmark with the real ``elasticsearch`` client. It
 follows the wire contract: ``X-Elastic-Product: Elasticsearch`` on every 2xx, compatible-with

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from engine.decisions import Sample, Vector, freeze
-from engine.prometheus import Answers, PrometheusClient, QueryError
+from gpuops.model.decisions import Sample, Vector, freeze
+from gpuops.sources.prometheus import Answers, PrometheusClient, QueryError
 
 
 class _Script:

@@ -12,7 +12,7 @@ import pytest
 import requests
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.promproc import AlertmanagerServer, PrometheusServer
+from gpuops.sources.promproc import AlertmanagerServer, PrometheusServer
 from tests.unit.api.harness import Harness, running_api
 from tests.waiting import wait_for
 

@@ -14,8 +14,8 @@ import requests
 import yaml
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.promproc import free_port
+from gpuops.cli import cli
+from gpuops.sources.promproc import free_port
 from tests.unit.api.harness import RULES, USERS, running_api, write_tokens
 from tests.waiting import wait_for
 
@@ -81,7 +81,7 @@ def test_engine_run_serves_the_api_and_reloads_users_on_sighup(tmp_path: Path) -
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "engine.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from engine.cli import main; main()", "engine", "run"]
+        [sys.executable, "-c", "from gpuops.cli import main; main()", "engine", "run"]
         + ["--config", str(tmp_path / "engine.yaml")],
         stdout=log,
         stderr=subprocess.STDOUT,

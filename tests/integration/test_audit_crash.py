@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from engine.audit import AuditLog, AuditSettings
+from gpuops.audit import AuditLog, AuditSettings
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import wait_until
 
@@ -21,7 +21,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from engine.audit import AuditLog, AuditSettings
+    from gpuops.audit import AuditLog, AuditSettings
     from tests.unit.audit.factories import make_decision
 
     audit = AuditLog(

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.audit import AuditLog, AuditSettings
-from engine.audit.spool import segment_paths
-from engine.cli import cli
-from engine.decisions import Outcome, OutcomeStatus, Transition
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.audit.spool import segment_paths
+from gpuops.cli import cli
+from gpuops.model.decisions import Outcome, OutcomeStatus, Transition
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import make_decision, wait_until
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from engine.audit import AuditLog, AuditSettings
-from engine.audit.lines import action_line, entry
-from engine.audit.spool import segment_paths
-from engine.cli import cli
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.audit.lines import action_line, entry
+from gpuops.audit.spool import segment_paths
+from gpuops.cli import cli
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.unit.audit.factories import make_decision, wait_until
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from engine.cli import cli
+from gpuops.cli import cli
 
 ROOT = Path(__file__).parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from engine.actions.fleet import FleetExecutor
-from engine.cli import cli
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.cli import cli
 
 ROOT = Path(__file__).parents[2]
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import requests
 
-from engine.promproc import PrometheusServer, free_port
+from gpuops.sources.promproc import PrometheusServer, free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

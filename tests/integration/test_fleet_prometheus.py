@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import requests
 
-from engine.promproc import PrometheusServer
-from exporters.fleet import FleetConfig, FleetSim
+from gpuops.sim.fleet import FleetConfig, FleetSim
+from gpuops.sources.promproc import PrometheusServer
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import requests
 
-from engine.actions.base import ExecutorRegistry
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision
-from engine.promproc import PrometheusServer
-from engine.runtime import Engine
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.sources.promproc import PrometheusServer
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -260,7 +260,7 @@ class _Process:
     """An exporter in a process of its own, SIGKILLed as a crashed exporter is."""
 
     def __init__(self, tmp_path: Path, name: str, body: str) -> None:
-        from engine.promproc import free_port
+        from gpuops.sources.promproc import free_port
 
         script = tmp_path / "exporter.py"
         script.write_text(EXPORTER)
@@ -311,7 +311,7 @@ def test_a_dead_exporters_targets_are_held_in_every_window_shape(
     prom.start()
     ran: list[Decision] = []
     engine = _engine(tmp_path, "shapes", prom.url, ran)
-    caplog.set_level(logging.WARNING, logger="engine.runtime.facade")
+    caplog.set_level(logging.WARNING, logger="gpuops.runtime.facade")
     try:
         for p in (n1, n2, alloc):
             wait_for(lambda p=p: _up(prom.url, p.address) == 1, 30, f"{p.address} scraped")
@@ -384,11 +384,11 @@ def test_a_backtest_holds_a_target_whose_history_has_a_gap(tmp_path: Path) -> No
     10 minutes its last samples stay in the window."""
     from click.testing import CliRunner
 
-    from engine.backtest import run_backtest
-    from engine.cli import cli as gpuops
-    from engine.prometheus import PrometheusClient
-    from engine.rules.loader import load_rules_text
-    from exporters.fleet.remotewrite import RemoteWriter
+    from gpuops.cli import cli as gpuops
+    from gpuops.model.rules.loader import load_rules_text
+    from gpuops.offline.backtest import run_backtest
+    from gpuops.sim.fleet.remotewrite import RemoteWriter
+    from gpuops.sources.prometheus import PrometheusClient
 
     config = "global:\n  scrape_interval: 15s\nscrape_configs: []\n"
     with PrometheusServer(

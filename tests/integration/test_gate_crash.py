@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.audit.spool import read_spool
+from gpuops.audit.spool import read_spool
 from tests.waiting import wait_for
 
 KILLS = 12
@@ -30,10 +30,10 @@ KILLS = 12
 CHILD = r"""
 import os, sys, time
 from pathlib import Path
-from engine.actions.base import ExecutorRegistry
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Sample, freeze
-from engine.runtime import Engine
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.model.decisions import Sample, freeze
+from gpuops.runtime import Engine
 
 work = Path(sys.argv[1])
 once = sys.argv[2] == "once"
@@ -167,10 +167,10 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
     tmp_path: Path, small_tmpfs: Path
 ) -> None:
-    from engine.actions.base import ExecutorRegistry, RetryPolicy
-    from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-    from engine.decisions import Decision, Sample, freeze
-    from engine.runtime import Engine
+    from gpuops.actions.base import ExecutorRegistry, RetryPolicy
+    from gpuops.model.decisions import Decision, Sample, freeze
+    from gpuops.runtime import Engine
+    from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
 
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "p.yaml").write_text(RULES)

@@ -1,4 +1,4 @@
-"""The Grafana dashboards against a real Prometheus (DESIGN.md section 10).
+"""The Grafana dashboards against a real Prometheus.
 
 Every PromQL expression of every panel target and template variable of ``grafana/dashboards``
 runs against a real Prometheus scraping the simulated fleet: each must be accepted, and the GPU
@@ -23,8 +23,8 @@ import pytest
 import requests
 import yaml
 
-from engine.promproc import PrometheusServer
-from exporters.fleet import FleetConfig, FleetSim
+from gpuops.sim.fleet import FleetConfig, FleetSim
+from gpuops.sources.promproc import PrometheusServer
 
 pytestmark = pytest.mark.integration
 

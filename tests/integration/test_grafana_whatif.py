@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.promproc import PrometheusServer
-from exporters.fleet import FleetSim, JobSpec
-from exporters.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet import FleetSim, JobSpec
+from gpuops.sim.fleet.fleetfile import load_fleet
+from gpuops.sources.promproc import PrometheusServer
 from tests.integration.test_grafana_queries import (
     DASHBOARD_DIR,
     load_dashboards,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from engine.promproc import PrometheusServer
+from gpuops.sources.promproc import PrometheusServer
 from tests.ha import TOKEN, Pair
 from tests.postgres import PostgresServer
 from tests.waiting import wait_for

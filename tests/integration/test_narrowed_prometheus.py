@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.prometheus import PrometheusClient, input_selectors, narrowed
-from engine.promproc import PrometheusServer
-from exporters.fleet.remotewrite import RemoteWriter
+from gpuops.sim.fleet.remotewrite import RemoteWriter
+from gpuops.sources.prometheus import PrometheusClient, input_selectors, narrowed
+from gpuops.sources.promproc import PrometheusServer
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

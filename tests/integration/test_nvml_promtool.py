@@ -1,5 +1,5 @@
-"""``promtool check metrics`` finds nothing to say about a scrape of every fake NVML scenario
-(DESIGN.md section 3), including a lost GPU with its XID and a GPU with locked clocks."""
+"""``promtool check metrics`` finds nothing to say about a scrape of every fake NVML scenario,
+including a lost GPU with its XID and a GPU with locked clocks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 import pytest
 import requests
 
-from exporters.nvml.scenarios import SCENARIOS
-from exporters.nvml.server import ExporterServer
+from gpuops.exporters.nvml.scenarios import SCENARIOS
+from gpuops.exporters.nvml.server import ExporterServer
 
 pytestmark = pytest.mark.integration
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

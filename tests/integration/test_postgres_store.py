@@ -15,10 +15,18 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.decisions import Decision, Outcome, OutcomeStatus, freeze
-from engine.evaluation import PolicyState, Status, TargetState
-from engine.postgres import (
+from gpuops.cli import cli
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
+from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.store.interface import (
+    AlertKey,
+    ApprovalStatus,
+    Audited,
+    DecisionStatus,
+    QuotaRequest,
+    QuotaStatus,
+)
+from gpuops.store.postgres import (
     MIGRATIONS,
     Credentials,
     DatabaseUnavailable,
@@ -27,15 +35,7 @@ from engine.postgres import (
     PostgresStore,
     redacted,
 )
-from engine.state import REFRESH_S, StateError, StateStore
-from engine.store import (
-    AlertKey,
-    ApprovalStatus,
-    Audited,
-    DecisionStatus,
-    QuotaRequest,
-    QuotaStatus,
-)
+from gpuops.store.sqlite import REFRESH_S, StateError, StateStore
 from tests.postgres import PASSWORD, PostgresServer
 from tests.unit.audit.factories import make_decision
 from tests.waiting import wait_for

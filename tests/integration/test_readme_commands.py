@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from engine.promproc import free_port
+from gpuops.sources.promproc import free_port
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.waiting import wait_for
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.promproc import find_binary
+from gpuops.cli import cli
+from gpuops.sources.promproc import find_binary
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.rules.loader import load_rules, load_rules_text
-from engine.rules.promql import check
+from gpuops.cli import cli
+from gpuops.model.rules.loader import load_rules, load_rules_text
+from gpuops.model.rules.promql import check
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.cli import cli
+from gpuops.cli import cli
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.policytest import CaseResult, Seen, run_test_file
-from engine.prometheus import PrometheusClient, input_selectors
-from engine.promproc import VictoriaMetricsServer
+from gpuops.offline.policytest import CaseResult, Seen, run_test_file
+from gpuops.sources.prometheus import PrometheusClient, input_selectors
+from gpuops.sources.promproc import VictoriaMetricsServer
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from engine.promproc import PrometheusServer
-from exporters.fleet.fleetfile import load_fleet
-from exporters.fleet.remotewrite import RemoteWriteError, RemoteWriter
-from exporters.fleet.virtual import VirtualFleet
+from gpuops.sim.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet.remotewrite import RemoteWriteError, RemoteWriter
+from gpuops.sim.fleet.virtual import VirtualFleet
+from gpuops.sources.promproc import PrometheusServer
 
 pytestmark = pytest.mark.integration
 

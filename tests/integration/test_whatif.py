@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.audit.spool import read_spool
-from engine.cli import cli
-from engine.promproc import PrometheusServer
-from engine.whatif import PROMETHEUS_ARGS, start_time
+from gpuops.audit.spool import read_spool
+from gpuops.cli import cli
+from gpuops.sim.whatif import PROMETHEUS_ARGS, start_time
+from gpuops.sources.promproc import PrometheusServer
 
 pytestmark = pytest.mark.integration
 

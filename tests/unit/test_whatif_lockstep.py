@@ -16,14 +16,13 @@ import pytest
 import requests
 import responses
 
-from engine.actions.base import ExecutorRegistry
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Sample
-from engine.prometheus import PrometheusClient, QueryError, stale_expr
-from engine.rules.loader import load_rules_text
-from engine.rules.model import Group, RuleSet
-from engine.runtime import Engine
-from engine.whatif import (
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import Sample
+from gpuops.model.rules.loader import load_rules_text
+from gpuops.model.rules.model import Group, RuleSet
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.sim.whatif import (
     LockstepPrometheus,
     PolicyLoop,
     VirtualClock,
@@ -32,6 +31,7 @@ from engine.whatif import (
     group_queries,
     windows,
 )
+from gpuops.sources.prometheus import PrometheusClient, QueryError, stale_expr
 
 REPO = Path(__file__).resolve().parents[2]
 URL = "http://prom.test"
@@ -201,7 +201,7 @@ def _read_names(rules: Any) -> set[str]:
     read from the parse trees."""
     import promql_parser
 
-    from engine.guardrails import population_expr
+    from gpuops.model.guardrails import population_expr
 
     found: set[str] = set()
 
@@ -220,8 +220,8 @@ def _read_names(rules: Any) -> set[str]:
 
 
 def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
-    from engine.rules.loader import load_rules
-    from engine.whatif import metric_names
+    from gpuops.model.rules.loader import load_rules
+    from gpuops.sim.whatif import metric_names
 
     shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
     loaded = load_rules([*shipped, REPO / "rules" / "case-study"])
@@ -270,7 +270,7 @@ def test_the_groups_age_probes_are_asked_as_one(client: LockstepPrometheus) -> N
     """Two groups' probes share a selector: one probe of the three selectors is asked, and
     each group's probe is answered from it with its own numbering (a selector without stale
     series is absent from both)."""
-    from engine.prometheus import AGE_LABEL
+    from gpuops.sources.prometheus import AGE_LABEL
 
     def ages(request: Any) -> tuple[int, dict[str, str], str]:
         asked = request.params["query"] if request.params else ""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.whatif import RunResult, Whatif
-from engine.whatif_report import table, targets, to_json
-from exporters.fleet.report import ClassFigures, PoolFigures, RunReport
+from gpuops.sim.fleet.report import ClassFigures, PoolFigures, RunReport
+from gpuops.sim.whatif import RunResult, Whatif
+from gpuops.sim.whatif_report import table, targets, to_json
 
 OFF = RunReport(
     fleet="f",

@@ -1,4 +1,5 @@
-"""The real loop on Slurm, as `gpuops demo --slurm` starts it (``engine.slurmdemo.start_stack``):
+"""The real loop on Slurm, as `gpuops demo --slurm` starts it
+(``gpuops.sim.slurmdemo.start_stack``):
 a local Slurm cluster, a fake NVML exporter per static node (minor numbers as in gres.conf), the
 Slurm exporter, a real Prometheus with the recording rule and the engine running
 rules/demo-slurm with `scheduler` mapped to `slurm`. Tests set GPU utilization on the fakes."""
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.decisions import Decision, Outcome
-from engine.slurmdemo import SlurmStack, start_stack
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.sim.slurmdemo import SlurmStack, start_stack
 from tests.waiting import wait_for
 
 

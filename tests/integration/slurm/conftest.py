@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.slurm.localcluster import SlurmCluster
+from gpuops.sim.slurmcluster import SlurmCluster
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import RetryPolicy, execute
-from engine.actions.slurm import SlurmExecutor
-from engine.decisions import ActionSpec, Decision, Evidence, Outcome, Target, Transition
-from exporters.slurm.localcluster import SlurmCluster
+from gpuops.actions.base import RetryPolicy, execute
+from gpuops.actions.slurm import SlurmExecutor
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Outcome, Target, Transition
+from gpuops.sim.slurmcluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

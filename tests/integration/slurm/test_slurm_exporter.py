@@ -9,10 +9,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.slurm.client import SlurmClient
-from exporters.slurm.gres import minor_numbers
-from exporters.slurm.localcluster import SlurmCluster
-from exporters.slurm.server import SlurmExporter
+from gpuops.exporters.slurm.server import SlurmExporter
+from gpuops.integrations.slurm.client import SlurmClient
+from gpuops.integrations.slurm.gres import minor_numbers
+from gpuops.sim.slurmcluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.audit import AuditLog, AuditSettings
-from engine.audit.jobs import SlurmJobWatcher, expand_output_path
-from engine.audit.spool import read_spool
-from engine.cli import cli
-from exporters.slurm.client import SlurmClient
-from exporters.slurm.localcluster import SlurmCluster
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.audit.jobs import SlurmJobWatcher, expand_output_path
+from gpuops.audit.spool import read_spool
+from gpuops.cli import cli
+from gpuops.integrations.slurm.client import SlurmClient
+from gpuops.sim.slurmcluster import SlurmCluster
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_output_paths_are_expanded_as_slurm_does() -> None:
 def test_the_filebeat_input_looks_for_the_same_oom_lines() -> None:
     import yaml
 
-    from engine.audit.jobs import OOM_PATTERNS
+    from gpuops.audit.jobs import OOM_PATTERNS
 
     path = Path(__file__).resolve().parents[3] / "elk" / "filebeat" / "slurm-job-output.yml"
     (inp,) = yaml.safe_load(path.read_text())

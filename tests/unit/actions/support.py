@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition
 
 
 def make_decision(

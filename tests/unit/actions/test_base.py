@@ -1,4 +1,4 @@
-"""``engine.actions.base``: the one function that turns what executors raise into Outcomes (with
+"""``gpuops.actions.base``: the one function that turns what executors raise into Outcomes (with
 retries and backoff through an injected sleep and clock), and the registry of executors."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import (
+from gpuops.actions.base import (
     Executor,
     ExecutorRegistry,
     PermanentError,
@@ -17,7 +17,7 @@ from engine.actions.base import (
     execute,
     lane,
 )
-from engine.decisions import Decision, OutcomeStatus
+from gpuops.model.decisions import Decision, OutcomeStatus
 from tests.unit.actions.support import make_decision
 
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import (
+from gpuops.actions.base import (
     ExecutorRegistry,
     PermanentError,
     RetryPolicy,
     TemporaryError,
     execute,
 )
-from engine.actions.command import OUTPUT_CAP, CommandExecutor
-from engine.decisions import Decision, OutcomeStatus
+from gpuops.actions.command import OUTPUT_CAP, CommandExecutor
+from gpuops.model.decisions import Decision, OutcomeStatus
 from tests.unit.actions.support import make_decision
 
 PY = sys.executable

@@ -15,12 +15,12 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from engine.actions.base import PermanentError, TemporaryError
-from engine.actions.command import CommandExecutor
-from engine.actions.fleet import FleetExecutor
-from engine.actions.log import LogExecutor
-from engine.actions.nvml_agent import NvmlAgentExecutor
-from engine.actions.webhook import WebhookExecutor
+from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.command import CommandExecutor
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.actions.log import LogExecutor
+from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.actions.webhook import WebhookExecutor
 from tests.unit.actions.support import Receiver, make_decision
 
 Serve = Callable[..., Receiver]
@@ -156,7 +156,7 @@ def test_command_refuses_nul_and_a_program_from_a_label() -> None:
 def test_log_writes_one_line_whatever_the_label(
     caplog: pytest.LogCaptureFixture, value: str
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="engine.actions.log"):
+    with caplog.at_level(logging.INFO, logger="gpuops.actions.log"):
         LogExecutor().run(make_decision("reclaim", "log", node=value))
     (line,) = [r.getMessage() for r in caplog.records]
     assert "\n" not in line and "\r" not in line and "\x00" not in line

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import ExecutorRegistry, execute
-from engine.actions.logical import SchedulerExecutor
-from engine.config import ConfigError, EngineConfig, load_config
-from engine.decisions import Decision
+from gpuops.actions.base import ExecutorRegistry, execute
+from gpuops.actions.logical import SchedulerExecutor
+from gpuops.model.decisions import Decision
+from gpuops.settings import ConfigError, EngineConfig, load_config
 from tests.unit.actions.support import make_decision
 
 

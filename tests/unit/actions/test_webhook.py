@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import PermanentError, RetryPolicy, TemporaryError, execute
-from engine.actions.webhook import WebhookExecutor, retry_after, signature
-from engine.decisions import OutcomeStatus
+from gpuops.actions.base import PermanentError, RetryPolicy, TemporaryError, execute
+from gpuops.actions.webhook import WebhookExecutor, retry_after, signature
+from gpuops.model.decisions import OutcomeStatus
 from tests.unit.actions.support import Receiver, Reply, make_decision
 
 Serve = Callable[..., Receiver]

@@ -16,18 +16,18 @@ import requests
 import yaml
 from starlette.types import ASGIApp
 
-from engine.api import ApiServer, create_app, hash_token
-from engine.api.context import ApiContext
-from engine.audit.spool import read_spool
-from engine.config import (
+from gpuops.api import ApiServer, create_app, hash_token
+from gpuops.api.context import ApiContext
+from gpuops.audit.spool import read_spool
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.runtime import Engine
+from gpuops.settings import (
     ApiSettings,
     AuditConfig,
     EngineConfig,
     GuardrailSettings,
     QuotaSettings,
 )
-from engine.decisions import Decision, Outcome
-from engine.runtime import Engine
 
 RULES = """\
 groups:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.state import StateError, StateStore
+from gpuops.store.sqlite import StateError, StateStore
 from tests.unit.api.harness import Harness, running_api
 
 POLICY = "drain-on-gpu-fell-off-bus"

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 from starlette.types import Message, Receive, Scope, Send
 
-from engine.api.gate import ApiGate
+from gpuops.api.middleware import ApiGate
 from tests.unit.api.harness import Harness
 
 

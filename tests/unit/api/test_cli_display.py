@@ -9,8 +9,8 @@ import re
 
 from click.testing import CliRunner, Result
 
-from engine.api.routes import alertmanager, audit, control, decisions, quota, rules
-from engine.cli import cli
+from gpuops.api.routes import alertmanager, audit, control, decisions, quota, rules
+from gpuops.cli import cli
 from tests.unit.api.harness import Harness
 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"

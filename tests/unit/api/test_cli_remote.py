@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner, Result
 
-from engine.cli import cli
+from gpuops.cli import cli
 from tests.unit.api.harness import Harness
 
 

@@ -14,11 +14,11 @@ from urllib.parse import unquote
 import pytest
 import requests
 
-from engine.api.console.pages import _csv
-from engine.api.console.sessions import SessionStore, SignInLimiter
-from engine.api.console.web import grafana_link, kibana_link
-from engine.api.tokens import TokenStore
-from engine.config import ConsoleSettings
+from gpuops.api.console.pages import _csv
+from gpuops.api.console.sessions import SessionStore, SignInLimiter
+from gpuops.api.console.web import grafana_link, kibana_link
+from gpuops.api.tokens import TokenStore
+from gpuops.settings import ConsoleSettings
 from tests.unit.api.harness import Harness, running_api, write_tokens
 
 
@@ -263,7 +263,7 @@ def test_a_page_that_fails_inside_is_a_500_page_and_still_audited(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("secret-detail-42")
 
-    monkeypatch.setattr("engine.api.console.pages.list_rules", broken)
+    monkeypatch.setattr("gpuops.api.console.pages.list_rules", broken)
     with running_api(tmp_path) as api:
         sign_in(api, "developer")
         answer = api.session.get(f"{api.url}/rules", timeout=10)

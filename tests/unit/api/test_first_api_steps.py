@@ -13,9 +13,9 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from engine.api.tokens import TokenStore, hash_token, parse_users
-from engine.cli import cli
-from engine.promproc import free_port
+from gpuops.api.tokens import TokenStore, hash_token, parse_users
+from gpuops.cli import cli
+from gpuops.sources.promproc import free_port
 
 RULES = """\
 groups:

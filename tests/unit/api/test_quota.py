@@ -12,9 +12,9 @@ from typing import Any, get_args
 
 import pytest
 
-from engine.api.routes.quota import Status
-from engine.config import GuardrailSettings, QuotaSettings
-from engine.store import QuotaStatus
+from gpuops.api.routes.quota import Status
+from gpuops.settings import GuardrailSettings, QuotaSettings
+from gpuops.store.interface import QuotaStatus
 from tests.unit.api.harness import Harness, running_api
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from engine.actions.fleet import FleetExecutor
+from gpuops.actions.fleet import FleetExecutor
 from tests.unit.api.harness import RULES, Harness
 
 NEW_FILE = """\

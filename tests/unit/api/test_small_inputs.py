@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import AuditConfig, EngineConfig
-from engine.rules.loader import load_rules_text
-from engine.rules.model import RulesError
-from engine.runtime import Engine
+from gpuops.model.rules.loader import load_rules_text
+from gpuops.model.rules.model import RulesError
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig
 from tests.unit.api.harness import Harness
 
 RULE = """
@@ -90,7 +90,7 @@ def test_starting_with_no_policy_is_a_warning(
     )
     engine = Engine(config)
     try:
-        with caplog.at_level(logging.INFO, logger="engine.runtime"):
+        with caplog.at_level(logging.INFO, logger="gpuops.runtime"):
             assert engine.reload().ok
         (record,) = [r for r in caplog.records if "loaded 0 policies" in r.getMessage()]
         assert record.levelno == logging.WARNING

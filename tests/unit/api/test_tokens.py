@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.api.tokens import ROLE_PERMISSIONS, Permission, TokensError, TokenStore, hash_token
+from gpuops.api.tokens import ROLE_PERMISSIONS, Permission, TokensError, TokenStore, hash_token
 
 
 def _entry(name: str, token: str, *roles: str) -> str:

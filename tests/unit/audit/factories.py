@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id
 from tests.waiting import wait_for
 
 

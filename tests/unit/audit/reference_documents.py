@@ -1,4 +1,4 @@
-"""The decision document as main built it before issue 15 (engine/audit/documents.py at
+"""The decision document as main built it before issue 15 (gpuops/audit/documents.py at
 da5125a), kept verbatim (its unchanged helpers imported) as the reference that the faster
 ``decision_document`` must equal field for field and value for value
 (tests/unit/audit/test_document_reference.py). Not a test module."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from engine.audit.documents import (  # unchanged by issue 15
+from gpuops.audit.documents import (  # unchanged by issue 15
     DECISION_DATASET,
     ECS_VERSION,
     _number,
@@ -16,7 +16,7 @@ from engine.audit.documents import (  # unchanged by issue 15
     event_id,
     iso,
 )
-from engine.decisions import Decision, Outcome, OutcomeStatus, Verdict
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Verdict
 
 
 def _base(dataset: str, namespace: str, at: float, now: float) -> dict[str, Any]:

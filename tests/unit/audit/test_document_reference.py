@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from engine.audit.documents import decision_document
-from engine.audit.lines import decision_entry, entry
-from engine.audit.spool import encode_line
-from engine.decisions import (
+from gpuops.audit.documents import decision_document
+from gpuops.audit.lines import decision_entry, entry
+from gpuops.audit.spool import encode_line
+from gpuops.model.decisions import (
     ActionSpec,
     Decision,
     Evidence,
@@ -105,7 +105,7 @@ def test_a_reason_per_target_is_a_value_not_a_new_template() -> None:
     """A cooldown's reason differs per target and cycle: the decisions of one policy and verdict
     share one template whatever their reasons (review 15a finding 2: the reason was part of the
     template key, so each suppressed decision built one and the cache dropped the hot ones)."""
-    from engine.audit import lines
+    from gpuops.audit import lines
 
     lines._template.cache_clear()
     for i in range(50):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine.audit.documents import (
+from gpuops.audit.documents import (
     ECS_VERSION,
     clock_step_document,
     decision_document,
@@ -19,7 +19,7 @@ from engine.audit.documents import (
     skipped_document,
     stream_of,
 )
-from engine.decisions import Outcome, OutcomeStatus, SkippedEvaluation, Transition
+from gpuops.model.decisions import Outcome, OutcomeStatus, SkippedEvaluation, Transition
 from tests.unit.audit.factories import make_decision
 
 # the fields of ECS 9.4.0 the documents use, their siblings and parents (tests/reference/README.md)

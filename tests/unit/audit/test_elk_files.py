@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.audit.settings import default_templates_dir
-from engine.audit.templates import load_templates
+from gpuops.audit.settings import default_templates_dir
+from gpuops.audit.templates import load_templates
 from tests.unit.audit.test_documents import SHAPES, leaves
 
 KIBANA = default_templates_dir().parent / "kibana" / "gpuops-audit.ndjson"

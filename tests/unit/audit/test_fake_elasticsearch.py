@@ -13,8 +13,8 @@ import requests
 from elastic_transport import ConnectionTimeout
 from elasticsearch import ApiError, BadRequestError, ConflictError, Elasticsearch
 
-from engine.audit.settings import default_templates_dir
-from engine.audit.templates import install_templates
+from gpuops.audit.settings import default_templates_dir
+from gpuops.audit.templates import install_templates
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 
 DOC = {"@timestamp": "2025-01-01T00:00:00Z", "event": {"id": "e1", "action": "reclaim"}}

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.audit.lines import decision_entry
-from engine.audit.settings import default_templates_dir
-from engine.decisions import Outcome, OutcomeStatus
+from gpuops.audit.lines import decision_entry
+from gpuops.audit.settings import default_templates_dir
+from gpuops.model.decisions import Outcome, OutcomeStatus
 from tests.fakes.fake_elasticsearch import FakeElasticsearch
 from tests.fakes.fake_es_mapping import Checker, _NodePlans, walk
 from tests.fakes.fake_es_search import Mapping_

@@ -10,12 +10,18 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import ExecutorRegistry, RetryPolicy
-from engine.audit import AuditLog, AuditSettings
-from engine.audit.spool import read_spool
-from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings, QuotaSettings
-from engine.decisions import Decision
-from engine.runtime import Engine
+from gpuops.actions.base import ExecutorRegistry, RetryPolicy
+from gpuops.audit import AuditLog, AuditSettings
+from gpuops.audit.spool import read_spool
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.settings import (
+    ApiSettings,
+    AuditConfig,
+    EngineConfig,
+    PrometheusSettings,
+    QuotaSettings,
+)
 from tests.fakes.prometheus import FakePrometheus
 
 RULES = """

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.audit.metrics import AuditMetrics
-from engine.audit.spool import Spool, encode_line, entry_lines, read_spool
+from gpuops.audit.metrics import AuditMetrics
+from gpuops.audit.spool import Spool, encode_line, entry_lines, read_spool
 from tests.waiting import wait_for
 
 
@@ -61,7 +61,7 @@ class SlowFsync:
 def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Spool, SlowFsync]]:
     """A spool with one document (its segment open) whose next fsync waits for ``release``."""
     fsync = SlowFsync(os.fsync)
-    monkeypatch.setattr("engine.audit.spool.os.fsync", fsync)
+    monkeypatch.setattr("gpuops.audit.spool.os.fsync", fsync)
     spool = make_spool(tmp_path)
     fsync.release.set()
     spool.append(doc(0))  # opens the segment (its directory fsync counts too)

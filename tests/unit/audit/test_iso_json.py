@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from engine.audit import documents
-from engine.audit.documents import iso, iso_json
+from gpuops.audit import documents
+from gpuops.audit.documents import iso, iso_json
 
 EDGES = [
     0.0,

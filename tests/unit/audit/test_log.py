@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.audit import AuditLog, AuditSettings, SpoolLockedError
-from engine.audit.spool import read_spool
-from engine.decisions import Outcome, OutcomeStatus, SkippedEvaluation
+from gpuops.audit import AuditLog, AuditSettings, SpoolLockedError
+from gpuops.audit.spool import read_spool
+from gpuops.model.decisions import Outcome, OutcomeStatus, SkippedEvaluation
 from tests.unit.audit.factories import make_decision
 
 

@@ -10,11 +10,11 @@ import pytest
 from elasticsearch import Elasticsearch
 from prometheus_client import CollectorRegistry
 
-from engine.audit.lines import entry
-from engine.audit.metrics import AuditMetrics
-from engine.audit.settings import AuditSettings
-from engine.audit.shipper import Shipper
-from engine.audit.spool import Spool, segment_paths
+from gpuops.audit.lines import entry
+from gpuops.audit.metrics import AuditMetrics
+from gpuops.audit.settings import AuditSettings
+from gpuops.audit.shipper import Shipper
+from gpuops.audit.spool import Spool, segment_paths
 
 
 def doc(n: int, size: int) -> dict[str, object]:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from engine.audit.documents import decision_document
-from engine.audit.lines import encode_line
-from engine.audit.lines import entry as entry_of
-from engine.audit.metrics import AuditMetrics
-from engine.audit.settings import AuditSettings, FullPolicy
-from engine.audit.spool import Spool, entries, entry_lines, read_spool, segment_paths
+from gpuops.audit.documents import decision_document
+from gpuops.audit.lines import encode_line
+from gpuops.audit.lines import entry as entry_of
+from gpuops.audit.metrics import AuditMetrics
+from gpuops.audit.settings import AuditSettings, FullPolicy
+from gpuops.audit.spool import Spool, entries, entry_lines, read_spool, segment_paths
 from tests.unit.audit.factories import make_decision
 
 

@@ -1,4 +1,4 @@
-"""docker-compose.yml, the Dockerfile and deploy/ (DESIGN.md section 10): the compose file
+"""docker-compose.yml, the Dockerfile and deploy/: the compose file
 against the compose specification, every host path they name exists, the engine config loads,
 the one-shot scripts do what the services expect of them.
 
@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 import yaml
 
-from engine.api.tokens import hash_token, parse_users
-from engine.config import load_config
+from gpuops.api.tokens import hash_token, parse_users
+from gpuops.settings import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -137,7 +137,7 @@ def test_services_run_the_real_cli() -> None:
     """Every gpuops command of the compose file names a real subcommand and only its options."""
     import click
 
-    from engine.cli import cli
+    from gpuops.cli import cli
 
     for name in ("fleet", "engine", "nvml-exporter"):
         argv = [a.split("=")[0] for a in services()[name]["command"]]
@@ -233,8 +233,8 @@ def test_dockerfile_copies_paths_that_exist_and_the_code_needs() -> None:
     assert sources
     for src in sources:
         assert (REPO / src).exists(), f"Dockerfile copies {src}, which is not in the repo"
-    # engine.audit.settings and engine.demo find these relative to the source tree
-    for needed in ("engine", "exporters", "rules", "elk", "deploy", "pyproject.toml", "README.md"):
+    # gpuops.audit.settings and gpuops.sim.demo find these relative to the source tree
+    for needed in ("gpuops", "rules", "elk", "deploy", "pyproject.toml", "README.md"):
         assert needed in sources, f"the image lacks {needed}"
     assert "FROM python:3.11-slim" in text
     assert re.search(r"^USER (?!root)\S+", text, re.M), "the image must not run as root"

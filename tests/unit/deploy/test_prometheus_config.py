@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.fleet.sd import FLEET_JOB, NODES_JOB, prometheus_config, write_targets
+from gpuops.sim.fleet.sd import FLEET_JOB, NODES_JOB, prometheus_config, write_targets
 
 REPO = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"

@@ -1,10 +1,10 @@
-"""A decision's annotations rendered from templates cut once (``engine.evaluation._render``,
+"""A decision's annotations rendered from templates cut once (``gpuops.model.evaluation._render``,
 issue 15) read as ``render`` makes them: every placeholder, a missing label, no value."""
 
 from __future__ import annotations
 
-from engine.evaluation import _render
-from engine.rules.templating import render
+from gpuops.model.evaluation import _render
+from gpuops.model.rules.templating import render
 
 TEMPLATES = [
     "",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.backtest import run_backtest
-from engine.decisions import ActionSpec, Sample, freeze
-from engine.rules.model import Policy
+from gpuops.model.decisions import ActionSpec, Sample, freeze
+from gpuops.model.rules.model import Policy
+from gpuops.offline.backtest import run_backtest
 
 DAY = 86400.0
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z

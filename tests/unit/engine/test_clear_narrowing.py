@@ -4,10 +4,10 @@ where it stops reading early (issue 15: more values of a label than are narrowed
 
 from __future__ import annotations
 
-from engine.decisions import freeze
-from engine.evaluation import PolicyState, Status, TargetState
-from engine.prometheus import NARROW_MAX_TARGETS, narrowed
-from engine.runtime.cycle import _narrowed_clear
+from gpuops.model.decisions import freeze
+from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.runtime.cycle import _narrowed_clear
+from gpuops.sources.prometheus import NARROW_MAX_TARGETS, narrowed
 
 EXPR = 'avg_over_time(DCGM_FI_DEV_GPU_UTIL{job="dcgm"}[5m]) > 30'
 

@@ -1,7 +1,7 @@
 """Clock (issue 10, breakage 5): a wall-clock step back of 1 h stopped group evaluations for
 about an hour (APScheduler 3 times its jobs by wall clock), nothing audited.
 
-The scheduler (``engine.runtime.clock``) with both clocks injected and stepped, one check at a
+The scheduler (``gpuops.runtime.clock``) with both clocks injected and stepped, one check at a
 time; then a started engine whose wall clock steps back 1 h while its scheduler thread runs.
 """
 
@@ -15,12 +15,18 @@ from pathlib import Path
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 
-from engine.actions.base import ExecutorRegistry
-from engine.audit.spool import read_spool
-from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings, QuotaSettings
-from engine.decisions import Sample
-from engine.runtime import Engine
-from engine.runtime.clock import STEP_BOUND_S, Scheduler, first_run_in, group_offset
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.audit.spool import read_spool
+from gpuops.model.decisions import Sample
+from gpuops.runtime import Engine
+from gpuops.runtime.clock import STEP_BOUND_S, Scheduler, first_run_in, group_offset
+from gpuops.settings import (
+    ApiSettings,
+    AuditConfig,
+    EngineConfig,
+    PrometheusSettings,
+    QuotaSettings,
+)
 from tests.waiting import wait_for
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC: a whole minute

@@ -9,17 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.codecs import (
-    alert_doc,
-    alert_from_doc,
-    approval_doc,
-    approval_from_doc,
-    quota_request_doc,
-    quota_request_from_doc,
-    stored_decision_doc,
-    stored_decision_from_doc,
-)
-from engine.decisions import (
+from gpuops.model.decisions import (
     ActionSpec,
     Decision,
     Evidence,
@@ -31,11 +21,20 @@ from engine.decisions import (
     Verdict,
     freeze,
 )
-from engine.evaluation import PolicyState, Status, TargetState
-from engine.guardrails import Execution, GuardrailState
-from engine.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
-from engine.state import StateStore
-from engine.store import (
+from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.guardrails import Execution, GuardrailState
+from gpuops.model.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
+from gpuops.store.codecs import (
+    alert_doc,
+    alert_from_doc,
+    approval_doc,
+    approval_from_doc,
+    quota_request_doc,
+    quota_request_from_doc,
+    stored_decision_doc,
+    stored_decision_from_doc,
+)
+from gpuops.store.interface import (
     AlertKey,
     Approval,
     ApprovalStatus,
@@ -46,6 +45,7 @@ from engine.store import (
     QuotaStatus,
     StoredDecision,
 )
+from gpuops.store.sqlite import StateStore
 
 DECISION = Decision(
     id="d1",

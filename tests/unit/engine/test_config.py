@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import ConfigError, load_config
+from gpuops.settings import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine.decisions import (
+from gpuops.model.decisions import (
     ActionSpec,
     Decision,
     Sample,
@@ -16,8 +16,8 @@ from engine.decisions import (
     decision_id,
     freeze,
 )
-from engine.evaluation import PolicyState, QueryResult, Status, evaluate, failed, settle
-from engine.rules.model import Policy
+from gpuops.model.evaluation import PolicyState, QueryResult, Status, evaluate, failed, settle
+from gpuops.model.rules.model import Policy
 
 POLICY = Policy(
     name="reclaim",

@@ -5,13 +5,13 @@ tests/integration/test_freshness_prometheus.py."""
 
 from __future__ import annotations
 
-from engine.config import PrometheusSettings
-from engine.decisions import ActionSpec, Sample, freeze
-from engine.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
-from engine.prometheus import input_selectors, stale_expr
-from engine.rules.loader import load_rules_text
-from engine.rules.model import Policy
-from engine.staleness import StaleInput
+from gpuops.model.decisions import ActionSpec, Sample, freeze
+from gpuops.model.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
+from gpuops.model.rules.loader import load_rules_text
+from gpuops.model.rules.model import Policy
+from gpuops.model.staleness import StaleInput
+from gpuops.settings import PrometheusSettings
+from gpuops.sources.prometheus import input_selectors, stale_expr
 
 POLICY = Policy(
     name="reclaim",

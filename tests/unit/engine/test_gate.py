@@ -24,10 +24,12 @@ from typing import Any
 import pytest
 import requests
 
-from engine.actions.base import ExecutorRegistry, PermanentError, RetryPolicy, TemporaryError
-from engine.api import ApiServer, create_app
-from engine.audit.spool import read_spool
-from engine.config import (
+from gpuops.actions.base import ExecutorRegistry, PermanentError, RetryPolicy, TemporaryError
+from gpuops.api import ApiServer, create_app
+from gpuops.audit.spool import read_spool
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.settings import (
     ApiSettings,
     AuditConfig,
     EngineConfig,
@@ -35,10 +37,8 @@ from engine.config import (
     PrometheusSettings,
     QuotaSettings,
 )
-from engine.decisions import Decision
-from engine.runtime import Engine
-from engine.state import StateError
-from engine.store import Audited, DecisionStatus
+from gpuops.store.interface import Audited, DecisionStatus
+from gpuops.store.sqlite import StateError
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
@@ -371,7 +371,7 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd)
 
-    monkeypatch.setattr("engine.audit.spool.os.fsync", fsync)
+    monkeypatch.setattr("gpuops.audit.spool.os.fsync", fsync)
     return lambda full: state.__setitem__("full", full)
 
 
@@ -449,7 +449,7 @@ def test_a_crash_between_commit_and_intent_is_reconciled_at_start(world: World) 
 def test_an_old_state_file_is_migrated(tmp_path: Path) -> None:
     import sqlite3
 
-    from engine.state import MIGRATIONS, StateStore
+    from gpuops.store.sqlite import MIGRATIONS, StateStore
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)
@@ -641,7 +641,7 @@ def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
 
 
 def test_an_admin_retries_a_permanent_failure(world: World) -> None:
-    from engine.runtime.gate import RetryError
+    from gpuops.runtime.gate import RetryError
 
     engine = world.engine()
     world.log.fail = lambda d: PermanentError("fleet answered 404")
@@ -724,7 +724,7 @@ def test_a_tightened_rate_limit_holds_queued_actions(world: World) -> None:
 
 
 def test_no_retry_attempt_starts_after_the_kill_switch(world: World) -> None:
-    """Main: the retry loop of engine.actions.base did not read the switch again: an action
+    """Main: the retry loop of gpuops.actions.base did not read the switch again: an action
     failing temporarily was tried 3 times although the switch came on after the first try."""
     engine = world.engine(retry=RetryPolicy(attempts=3, backoff_s=0.0))
 
@@ -854,7 +854,7 @@ def test_a_grant_and_its_rerun_are_one_transaction(world: World) -> None:
     verdict were separate transactions: a failure between them left the approval granted and
     the decision neither pending nor run as granted. Now it stays pending, and the grant that
     succeeds, interrupted before the gate, runs once after a restart."""
-    from engine.runtime.approvals import ApprovalError
+    from gpuops.runtime.approvals import ApprovalError
 
     engine = world.engine()
     world.prom.results["approve"] = uuids(1)

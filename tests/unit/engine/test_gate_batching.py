@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.config import GuardrailSettings
-from engine.decisions import Decision, Outcome, OutcomeStatus
-from engine.metrics import EngineMetrics
-from engine.runtime.controls import Controls
-from engine.runtime.gate import _OutcomeBatch
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus
+from gpuops.runtime.controls import Controls
+from gpuops.runtime.gate import _OutcomeBatch
+from gpuops.runtime.metrics import EngineMetrics
+from gpuops.settings import GuardrailSettings
 from tests.unit.audit.factories import make_decision
 from tests.waiting import wait_for
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import ExecutorRegistry, RetryPolicy
-from engine.actions.webhook import WebhookExecutor
-from engine.config import AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision, OutcomeStatus
-from engine.runtime import Engine
-from engine.runtime.gate import LANES_PER_EXECUTOR
+from gpuops.actions.base import ExecutorRegistry, RetryPolicy
+from gpuops.actions.webhook import WebhookExecutor
+from gpuops.model.decisions import Decision, OutcomeStatus
+from gpuops.runtime import Engine
+from gpuops.runtime.gate import LANES_PER_EXECUTOR
+from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
 from tests.fakes.prometheus import FakePrometheus
 from tests.unit.actions.support import Receiver, Reply
 from tests.waiting import wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from engine.decisions import (
+from gpuops.model.decisions import (
     ActionSpec,
     Decision,
     Evidence,
@@ -15,9 +15,9 @@ from engine.decisions import (
     decision_id,
     freeze,
 )
-from engine.evaluation import PolicyState, QueryResult, evaluate
-from engine.guardrails import Context, GuardrailState, judge, judge_step
-from engine.rules.model import Policy
+from gpuops.model.evaluation import PolicyState, QueryResult, evaluate
+from gpuops.model.guardrails import Context, GuardrailState, judge, judge_step
+from gpuops.model.rules.model import Policy
 
 POLICY = Policy(
     name="reclaim",
@@ -137,7 +137,7 @@ def test_approval_required_waits_until_granted() -> None:
 
 
 def test_population_of_a_policy_without_target_uses_its_targets_labels() -> None:
-    from engine.guardrails import population_expr
+    from gpuops.model.guardrails import population_expr
 
     policy = replace(POLICY, target=None, max_fraction=0.25)
     expr = population_expr(policy, {"node", "job", "__name__"})
@@ -149,7 +149,7 @@ def test_population_of_a_policy_without_target_uses_its_targets_labels() -> None
 
 
 def population(expr: str, target: tuple[str, ...] = ("node", "uuid")) -> str | None:
-    from engine.guardrails import population_expr
+    from gpuops.model.guardrails import population_expr
 
     return population_expr(replace(POLICY, expr=expr, target=target, max_fraction=0.1))
 
@@ -199,7 +199,7 @@ def test_population_falls_back_to_any_series_where_its_sources_cannot_be_told() 
     assert population("x offset 10m > 1") == wide  # reads the past only
     assert population("vector(1)") == wide
     # limits.population overrides it
-    from engine.guardrails import population_expr
+    from gpuops.model.guardrails import population_expr
 
     given = replace(POLICY, expr="x", target=("node",), max_fraction=0.1, population="up")
     assert population_expr(given) == "up"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.promproc import free_port
+from gpuops.cli import cli
+from gpuops.sources.promproc import free_port
 
 SECRET = "s3cret-never-shown"
 

@@ -1,4 +1,4 @@
-"""``engine.runtime.leadership`` with a scripted lease and an injected monotonic clock: a leader
+"""``gpuops.runtime.leadership`` with a scripted lease and an injected monotonic clock: a leader
 stops leading at three quarters of its lease after the last renewal was sent, even while the
 renewal hangs; a lost lease demotes it once; a standby names the leader in its refusal."""
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine.postgres import LeaderInfo
-from engine.runtime.leadership import SAFETY, Change, Leadership, NotLeaderError
-from engine.state import StateError
+from gpuops.runtime.leadership import SAFETY, Change, Leadership, NotLeaderError
+from gpuops.store.postgres import LeaderInfo
+from gpuops.store.sqlite import StateError
 
 LEASE_S = 10.0
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import ExecutorRegistry
-from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.decisions import Decision
-from engine.runtime import Engine
-from engine.runtime.rulebook import MISSING_GRACE_S
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.runtime.rulebook import MISSING_GRACE_S
+from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.decisions import freeze
-from engine.evaluation import PolicyState, Status, TargetState
-from engine.guardrails import GuardrailState
-from engine.state import MIGRATIONS, REFRESH_S, StateError, StateRowError, StateStore
+from gpuops.model.decisions import freeze
+from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.guardrails import GuardrailState
+from gpuops.store.sqlite import MIGRATIONS, REFRESH_S, StateError, StateRowError, StateStore
 
 
 def target(uuid: str, since: float = 1.0, status: Status = Status.PENDING) -> TargetState:

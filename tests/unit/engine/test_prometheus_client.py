@@ -21,16 +21,16 @@ import pytest
 import requests
 import responses
 
-from engine import prometheus
-from engine.decisions import Sample, Vector, freeze
-from engine.prometheus import (
+from gpuops.model.decisions import Sample, Vector, freeze
+from gpuops.sources import prometheus
+from gpuops.sources.prometheus import (
     Answers,
     PrometheusClient,
     QueryError,
     _decode_answer,
     parse_vector,
 )
-from engine.promproc import free_port
+from gpuops.sources.promproc import free_port
 
 URL = "http://prom.test:9090"
 
@@ -269,7 +269,7 @@ def test_an_answer_with_other_series_is_decoded_in_full(first: bytes, then: byte
 
 
 class Counted:
-    """Calls to ``engine.prometheus``'s answer split and full decoding, counted."""
+    """Calls to ``gpuops.sources.prometheus``'s answer split and full decoding, counted."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.splits = self.decodings = 0

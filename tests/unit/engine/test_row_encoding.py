@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition, freeze
-from engine.evaluation import PolicyState, Status, TargetState
-from engine.records import decision_doc, decision_from_doc
-from engine.state import StateStore, _decision_data, _target_data, _target_state_to_dict
-from engine.store import DecisionStatus
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition, freeze
+from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.records import decision_doc, decision_from_doc
+from gpuops.store.interface import DecisionStatus
+from gpuops.store.sqlite import StateStore, _decision_data, _target_data, _target_state_to_dict
 
 NAN, INF = float("nan"), float("inf")
 

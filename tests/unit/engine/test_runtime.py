@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from engine import evaluation
-from engine.actions.base import ExecutorRegistry, TemporaryError
-from engine.actions.fleet import FleetExecutor
-from engine.audit.spool import read_spool
-from engine.config import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from engine.decisions import Decision
-from engine.runtime import Engine
-from engine.runtime import cycle as cycle_module
-from engine.runtime.approvals import ApprovalError
-from engine.state import REFRESH_S
+from gpuops.actions.base import ExecutorRegistry, TemporaryError
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.audit.spool import read_spool
+from gpuops.model import evaluation
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.runtime import cycle as cycle_module
+from gpuops.runtime.approvals import ApprovalError
+from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from gpuops.store.sqlite import REFRESH_S
 from tests.fakes.prometheus import FakePrometheus, FakePrometheusClient
 
 RULES = """

@@ -24,15 +24,15 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from engine.actions.base import ExecutorRegistry
-from engine.api import ApiServer, create_app
-from engine.audit.spool import read_spool
-from engine.cli import cli
-from engine.config import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
-from engine.decisions import Decision
-from engine.runtime import Engine
-from engine.runtime.approvals import ApprovalError
-from engine.state import StateError
+from gpuops.actions.base import ExecutorRegistry
+from gpuops.api import ApiServer, create_app
+from gpuops.audit.spool import read_spool
+from gpuops.cli import cli
+from gpuops.model.decisions import Decision
+from gpuops.runtime import Engine
+from gpuops.runtime.approvals import ApprovalError
+from gpuops.settings import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.store.sqlite import StateError
 from tests.fakes.prometheus import FakePrometheus
 
 RULES = """

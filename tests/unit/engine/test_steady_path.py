@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.decisions import ActionSpec, Sample, Target, Vector, Verdict, freeze
-from engine.evaluation import (
+from gpuops.model.decisions import ActionSpec, Sample, Target, Vector, Verdict, freeze
+from gpuops.model.evaluation import (
     PolicyState,
     QueryResult,
     Status,
@@ -21,10 +21,10 @@ from engine.evaluation import (
     evaluate,
     settle,
 )
-from engine.prometheus import QueryError, decode_vector
-from engine.rules.model import Policy
-from engine.staleness import StaleInput
-from engine.state import REFRESH_S, StateStore
+from gpuops.model.rules.model import Policy
+from gpuops.model.staleness import StaleInput
+from gpuops.sources.prometheus import QueryError, decode_vector
+from gpuops.store.sqlite import REFRESH_S, StateStore
 
 POLICY = Policy(
     name="reclaim",
@@ -378,8 +378,8 @@ def test_settling_a_state_seen_again_gives_what_settling_it_merged_gives(tmp_pat
     decisions, and a ``Quiet`` (a bound: no later than the exact one) exactly when the
     merged state's is one: an undo held back (a clearing target: not quiet), a fire held
     back on a base target (its retry time), both."""
-    from engine.decisions import Transition
-    from engine.evaluation import _decide, settle_all
+    from gpuops.model.decisions import Transition
+    from gpuops.model.evaluation import _decide, settle_all
 
     uuids = [f"u{i}" for i in range(6)]
     none = decode_vector([], "c")
@@ -474,7 +474,7 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
     rows; failed and stale queries now and then (they advance no timer), and a restart
     (each path's state read back from its own store, as a restarted engine reads it) after
     which no decision of before is made again."""
-    from engine.evaluation import Freshness
+    from gpuops.model.evaluation import Freshness
 
     fresh = Freshness(max_sample_age_s=100)
     paths = [tmp_path / "fast.sqlite", tmp_path / "slow.sqlite"]
@@ -602,7 +602,7 @@ def test_a_decision_but_some_fields_is_what_replace_makes() -> None:
     """``Decision.but`` (and ``with_verdict``): ``dataclasses.replace`` without re-running
     ``__init__``; the verdict made a ``Verdict`` as ``__post_init__`` does; a name that is
     not a field is refused."""
-    from engine.decisions import Decision
+    from gpuops.model.decisions import Decision
 
     uuids = ["a"]
     state = PolicyState()

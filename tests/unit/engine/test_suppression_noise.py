@@ -2,7 +2,7 @@
 
 A clear with nothing to undo is state only; the kill switch and pause hold back nothing that
 would not run; a suppression that re-decides every minute is recorded once, counted, and still
-explained (DESIGN.md section 5). Uses the runtime fixture of test_runtime (fake Prometheus,
+explained. Uses the runtime fixture of test_runtime (fake Prometheus,
 recording executor, injected clock)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from engine.api.routes.decisions import explain_decision
-from engine.audit.anomalies import AnomalySettings, find_anomalies
-from engine.audit.search import SpoolBackend
-from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition
-from engine.demo_report import DemoReport
-from engine.runtime import Engine
+from gpuops.api.routes.decisions import explain_decision
+from gpuops.audit.anomalies import AnomalySettings, find_anomalies
+from gpuops.audit.search import SpoolBackend
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition
+from gpuops.runtime import Engine
+from gpuops.sim.demo_report import DemoReport
 from tests.unit.engine.test_runtime import RULES, audit_docs, cycle, make  # noqa: F401
 
 POPULATION = 'group by (uuid) (util{uuid!=""})'

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporters.fleet import FleetConfig, FleetSim, PoolSpec
-from exporters.fleet.workload import PriorityClass
+from gpuops.sim.fleet import FleetConfig, FleetSim, PoolSpec
+from gpuops.sim.fleet.workload import PriorityClass
 
 
 @pytest.fixture

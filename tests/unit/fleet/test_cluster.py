@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from exporters.fleet import operations as ops
-from exporters.fleet.cluster import Cluster
-from exporters.fleet.config import FleetConfig, JobSpec, PoolSpec
-from exporters.fleet.errors import BadRequest, Conflict, NotFound
-from exporters.fleet.model import profile_utilization
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.config import FleetConfig, JobSpec, PoolSpec
+from gpuops.sim.fleet.errors import BadRequest, Conflict, NotFound
+from gpuops.sim.fleet.model import profile_utilization
 
 
 def quiet(**kwargs: object) -> FleetConfig:

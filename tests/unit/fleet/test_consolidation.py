@@ -8,14 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.actions.base import PermanentError
-from engine.actions.fleet import FleetExecutor
-from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import ProjectSpec, SchedulerSettings
-from exporters.fleet.model import SESSION_IDLE_S
-from exporters.fleet.report import Recorder
-from exporters.fleet.workload import PriorityClass
+from gpuops.actions.base import PermanentError
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.sim.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.model import SESSION_IDLE_S
+from gpuops.sim.fleet.report import Recorder
+from gpuops.sim.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
 from tests.unit.fleet.conftest import quiet_sim
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-from exporters.fleet import FleetSim
+from gpuops.sim.fleet import FleetSim
 from tests.waiting import wait_for
 
 

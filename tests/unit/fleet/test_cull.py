@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from exporters.fleet import Cluster, FleetConfig, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import SchedulerSettings
-from exporters.fleet.report import Recorder, table
-from exporters.fleet.virtual import VirtualFleet
-from exporters.fleet.workload import PriorityClass
+from gpuops.sim.fleet import Cluster, FleetConfig, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import SchedulerSettings
+from gpuops.sim.fleet.report import Recorder, table
+from gpuops.sim.fleet.virtual import VirtualFleet
+from gpuops.sim.fleet.workload import PriorityClass
 
 CLASSES = (PriorityClass("interactive", 60), PriorityClass("routine", 50))
 ONE_A100 = PoolSpec("a", 1, 1, "A100")

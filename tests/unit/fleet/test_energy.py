@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import requests
 
-from exporters.fleet import Cluster, FleetConfig, FleetSim, JobSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import GPU_MODELS, PoolSpec, ProjectSpec, SchedulerSettings
-from exporters.fleet.energy import (
+from gpuops.sim.fleet import Cluster, FleetConfig, FleetSim, JobSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import GPU_MODELS, PoolSpec, ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.energy import (
     MEMORY_BOUND_SHARE,
     Tariff,
     TariffPeriod,
@@ -39,7 +39,7 @@ def test_a_clock_lock_saves_what_mit_lincoln_lab_measured() -> None:
     V100 at training load, its clock locked to the share that makes training 3 % longer, must
     save that much energy per unit of work (not the ~30 % the model claimed before)."""
     v100 = GPU_MODELS["V100"]
-    load = 0.9  # training (exporters.fleet.model.profile_utilization)
+    load = 0.9  # training (gpuops.sim.fleet.model.profile_utilization)
     m = MEMORY_BOUND_SHARE["training"]
     share = (1.0 - m) / (1.03 - m)  # 1 / throughput = m + (1 - m) / share = 1.03
     assert 1.0 / throughput("training", share) == pytest.approx(1.03)
@@ -130,7 +130,7 @@ def test_fleet_metrics_carry_price_energy_and_power(tmp_path: object) -> None:
 
 
 def samples(cluster: Cluster, name: str) -> dict[tuple[str, ...], float]:
-    from exporters.fleet.collectors import FleetCollector
+    from gpuops.sim.fleet.collectors import FleetCollector
 
     return {
         tuple(s.labels.values()): s.value
@@ -170,7 +170,7 @@ def test_jobs_held_until_off_peak_are_exported_apart_from_those_waiting_for_gpus
     """gpuops_queue_pending_jobs{reason}: Slurm's names, JobHeldAdmin for a held class's
     queued jobs, Resources for the others, both series always there. A held nightly ETL kept
     the case study's V100 pool from being consolidated all day before issue 12's tenth round."""
-    from exporters.fleet.workload import PriorityClass
+    from gpuops.sim.fleet.workload import PriorityClass
 
     classes = (PriorityClass("routine", 50), PriorityClass("batch", 10, holdable=True))
     cluster = Cluster(quiet(pools=(PoolSpec("a", 1, 1),), priority_classes=classes))

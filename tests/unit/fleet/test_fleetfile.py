@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.cli import cli
-from exporters.fleet.cluster import Cluster
-from exporters.fleet.fleetfile import FleetFileError, load_fleet, parse_fleet
+from gpuops.cli import cli
+from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, parse_fleet
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "fleets"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.fleet import Cluster, Conflict, FleetConfig, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import ProjectSpec, SchedulerSettings
-from exporters.fleet.workload import Arrivals, JobClass, PriorityClass
+from gpuops.sim.fleet import Cluster, Conflict, FleetConfig, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.workload import Arrivals, JobClass, PriorityClass
 
 ROUTINE = PriorityClass("routine", 50, models=("T4",))
 

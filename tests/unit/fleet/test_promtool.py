@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporters.fleet import FleetSim
+from gpuops.sim.fleet import FleetSim
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 

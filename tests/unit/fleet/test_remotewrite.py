@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import struct
 
-from exporters.fleet.remotewrite import STALE_NAN, encode_labels, encode_write_request
+from gpuops.sim.fleet.remotewrite import STALE_NAN, encode_labels, encode_write_request
 
 
 def test_a_write_request_is_the_protobuf_of_the_spec() -> None:

@@ -13,7 +13,7 @@ import responses
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from exporters.fleet.remotewrite import STALE_NAN, Labels, RemoteWriter
+from gpuops.sim.fleet.remotewrite import STALE_NAN, Labels, RemoteWriter
 
 _OPTIONAL = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
 _REPEATED = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED

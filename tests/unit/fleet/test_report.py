@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.actions.fleet import FleetExecutor
-from engine.cli import cli
-from exporters.fleet import FleetConfig, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.report import Recorder, table
-from exporters.fleet.virtual import VirtualFleet
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.cli import cli
+from gpuops.sim.fleet import FleetConfig, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.report import Recorder, table
+from gpuops.sim.fleet.virtual import VirtualFleet
 from tests.unit.actions.support import make_decision
 
 DEMO = Path(__file__).parents[3] / "examples" / "fleets" / "demo.yaml"
@@ -124,8 +124,8 @@ def test_fleet_run_is_the_whatifs_off_run() -> None:
     """`gpuops fleet run` steps and observes the cluster as the what-if's baseline does, so the
     fleet file's calibration and the what-if's off column are one figure (at 30 s steps they
     differed by up to 0.9 points of utilization)."""
-    from engine.whatif import run_off
-    from exporters.fleet.fleetfile import load_fleet
+    from gpuops.sim.fleet.fleetfile import load_fleet
+    from gpuops.sim.whatif import run_off
 
     case_study = DEMO.parent / "case-study.yaml"
     args = ["fleet", "run", "--fleet", str(case_study), "--hours", "3", "--json"]
@@ -196,8 +196,8 @@ def test_the_bounds_are_never_below_what_the_run_reached() -> None:
     """Over a case-study run, and a run with a GPU shared by pack (two light jobs on one) and a
     job whose memory exceeds its GPU: each bound at least the run's own utilization, overall and
     per pool, and the any-pool relaxation at least the in-pool one."""
-    from engine.whatif import run_off
-    from exporters.fleet.fleetfile import load_fleet
+    from gpuops.sim.fleet.fleetfile import load_fleet
+    from gpuops.sim.whatif import run_off
 
     off = run_off(load_fleet(DEMO.parent / "case-study.yaml"), 3.0).report
     assert off.utilization_powered is not None

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.actions.fleet import FleetExecutor
-from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import ProjectSpec, SchedulerSettings
-from exporters.fleet.workload import PriorityClass
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.sim.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
 
 CLASSES = (
@@ -187,7 +187,7 @@ def test_scale_in_leaves_a_grants_nodes_to_its_release() -> None:
 
 
 def test_arrival_rate_scales_a_fleet_files_classes() -> None:
-    from exporters.fleet.workload import JobClass
+    from gpuops.sim.fleet.workload import JobClass
 
     def run(rate: float | None) -> int:
         c = Cluster(

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.actions.fleet import FleetExecutor
-from exporters.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
-from exporters.fleet import operations as ops
-from exporters.fleet.config import GIB, ProjectSpec, SchedulerSettings
-from exporters.fleet.sharing import TIME_SLICING_OVERHEAD, fits, gpu_utilization, progress_rates
-from exporters.fleet.workload import PriorityClass
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.sim.fleet import Cluster, Conflict, FleetConfig, FleetSim, JobSpec, PoolSpec
+from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.config import GIB, ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.sharing import TIME_SLICING_OVERHEAD, fits, gpu_utilization, progress_rates
+from gpuops.sim.fleet.workload import PriorityClass
 from tests.unit.actions.support import make_decision
 from tests.unit.fleet.conftest import quiet_sim
 

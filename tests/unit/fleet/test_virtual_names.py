@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporters.fleet.fleetfile import load_fleet
-from exporters.fleet.virtual import VirtualFleet
+from gpuops.sim.fleet.fleetfile import load_fleet
+from gpuops.sim.fleet.virtual import VirtualFleet
 
 REPO = Path(__file__).resolve().parents[3]
 

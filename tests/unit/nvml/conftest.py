@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from exporters.nvml.fake import FakeNvml
-from exporters.nvml.server import ExporterServer
+from gpuops.exporters.nvml.fake import FakeNvml
+from gpuops.exporters.nvml.server import ExporterServer
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from typing import Any
 
 import requests
 
-from exporters.nvml import scenarios
-from exporters.nvml.server import ExporterServer
+from gpuops.exporters.nvml import scenarios
+from gpuops.exporters.nvml.server import ExporterServer
 
 TOKEN = "s3cret-agent-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-from engine.actions.base import (
+from gpuops.actions.base import (
     ExecutorRegistry,
     PermanentError,
     RetryPolicy,
     TemporaryError,
     execute,
 )
-from engine.actions.nvml_agent import NvmlAgentExecutor
-from engine.decisions import ActionSpec, Decision, Evidence, OutcomeStatus, Target, Transition
-from exporters.nvml import scenarios
-from exporters.nvml.server import ExporterServer
+from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.exporters.nvml import scenarios
+from gpuops.exporters.nvml.server import ExporterServer
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, OutcomeStatus, Target, Transition
 
 TOKEN = "executor-token"
 UUID0 = "GPU-00005100-0000-4a1b-9c2d-000000000000"

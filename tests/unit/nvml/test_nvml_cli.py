@@ -12,9 +12,9 @@ from pathlib import Path
 import requests
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.cli.exporter import FAKE_SCENARIOS
-from exporters.nvml.scenarios import SCENARIOS
+from gpuops.cli import cli
+from gpuops.cli.exporter import FAKE_SCENARIOS
+from gpuops.exporters.nvml.scenarios import SCENARIOS
 
 
 def test_fake_scenario_names_match_the_scenarios() -> None:
@@ -53,7 +53,7 @@ def test_serves_a_fake_scenario_with_the_agent(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("cli-token\n", encoding="utf-8")
     argv = [
-        sys.executable, "-c", "from engine.cli import main; main()",
+        sys.executable, "-c", "from gpuops.cli import main; main()",
         "exporter", "nvml", "--fake-nvml", "mig-a100", "--host", "127.0.0.1", "--port", "0",
         "--agent", "--agent-token-file", str(token),
     ]  # fmt: skip

@@ -7,11 +7,11 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from exporters.nvml import nvml, scenarios
-from exporters.nvml.collector import NvmlCollector
-from exporters.nvml.events import XidWatcher
-from exporters.nvml.fake import FakeNvml
-from exporters.nvml.session import NvmlSession
+from gpuops.exporters.nvml import nvml, scenarios
+from gpuops.exporters.nvml.collector import NvmlCollector
+from gpuops.exporters.nvml.events import XidWatcher
+from gpuops.exporters.nvml.fake import FakeNvml
+from gpuops.exporters.nvml.session import NvmlSession
 from tests.waiting import wait_for
 
 GIB = 2**30
@@ -232,7 +232,7 @@ def test_driver_level_errors_reinitialise_nvml_on_the_next_scrape(error: type[Ex
 
 def _check_library_missing(backend: nvml.Backend, caplog: pytest.LogCaptureFixture) -> None:
     registry, session, _ = build(backend)
-    with caplog.at_level(logging.ERROR, logger="exporters.nvml"):
+    with caplog.at_level(logging.ERROR, logger="gpuops.exporters.nvml"):
         for _ in range(3):
             s = scrape(registry)
             assert value(s, "nvml_exporter_up") == 0.0

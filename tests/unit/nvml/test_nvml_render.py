@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from exporters.nvml.collector import LabelText, NvmlCollector
-from exporters.nvml.events import XidWatcher
-from exporters.nvml.fake import FakeNvml
-from exporters.nvml.scenarios import SCENARIOS, healthy_h100
-from exporters.nvml.session import NvmlSession
+from gpuops.exporters.nvml.collector import LabelText, NvmlCollector
+from gpuops.exporters.nvml.events import XidWatcher
+from gpuops.exporters.nvml.fake import FakeNvml
+from gpuops.exporters.nvml.scenarios import SCENARIOS, healthy_h100
+from gpuops.exporters.nvml.session import NvmlSession
 
 
 def same_scrape_both_ways(fake: FakeNvml, xids: bool = False) -> tuple[bytes, bytes]:

@@ -8,8 +8,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from engine.cli import cli
-from engine.rules import promql
+from gpuops.cli import cli
+from gpuops.model.rules import promql
 
 ROOT = Path(__file__).resolve().parents[3]
 INVALID = ROOT / "tests" / "fixtures" / "rules" / "invalid"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.rules.durations import DurationError, format_duration, parse_duration
+from gpuops.model.rules.durations import DurationError, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.decisions import ActionSpec
-from engine.rules.loader import known_executors, load_rules, load_rules_text
-from engine.rules.model import RuleError, RulesError
+from gpuops.model.decisions import ActionSpec
+from gpuops.model.rules.loader import known_executors, load_rules, load_rules_text
+from gpuops.model.rules.model import RuleError, RulesError
 
 ROOT = Path(__file__).resolve().parents[3]
 VALID = ROOT / "tests" / "fixtures" / "rules" / "valid"

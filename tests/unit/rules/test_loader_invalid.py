@@ -1,4 +1,4 @@
-"""Each invalid fixture yields exactly the messages in its ``.expected`` file (DESIGN.md §4)."""
+"""Each invalid fixture yields exactly the messages in its ``.expected`` file."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules.loader import load_rules, load_rules_text
-from engine.rules.model import RulesError
+from gpuops.model.rules.loader import load_rules, load_rules_text
+from gpuops.model.rules.model import RulesError
 
 INVALID = Path(__file__).resolve().parents[2] / "fixtures" / "rules" / "invalid"
 CASES = sorted(INVALID.glob("*.yaml"))

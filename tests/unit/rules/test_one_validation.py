@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.actions.fleet import FleetExecutor
-from engine.cli import cli
-from engine.config import AuditConfig, EngineConfig
-from engine.rules.loader import load_rules_text
-from engine.rules.model import RulesError
-from engine.runtime import Engine
+from gpuops.actions.fleet import FleetExecutor
+from gpuops.cli import cli
+from gpuops.model.rules.loader import load_rules_text
+from gpuops.model.rules.model import RulesError
+from gpuops.runtime import Engine
+from gpuops.settings import AuditConfig, EngineConfig
 
 GOOD = """
 groups:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.rules.schema import template_problem
-from engine.rules.templating import render
+from gpuops.model.rules.schema import template_problem
+from gpuops.model.rules.templating import render
 
 LABELS = {"node": "gpu-node-1", "uuid": "GPU-abc"}
 

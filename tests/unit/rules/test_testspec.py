@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.policytest import _bases, run_test_file
-from engine.rules.model import RulesError
-from engine.rules.testspec import STALE, ValuesError, expand_values, parse_test_file
+from gpuops.model.rules.model import RulesError
+from gpuops.model.rules.testspec import STALE, ValuesError, expand_values, parse_test_file
+from gpuops.offline.policytest import _bases, run_test_file
 
 ROOT = Path(__file__).resolve().parents[3]
 

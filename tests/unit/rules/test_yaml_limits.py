@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.rules.loader import load_rules, load_rules_text
-from engine.rules.model import RulesError
-from engine.rules.yamlsource import YamlLimits, parse_yaml
+from gpuops.model.rules.loader import load_rules, load_rules_text
+from gpuops.model.rules.model import RulesError
+from gpuops.model.rules.yamlsource import YamlLimits, parse_yaml
 
 LEVELS = "abcdefghi"
 BOMB = (

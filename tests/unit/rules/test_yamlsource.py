@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.rules.yamlsource import parse_yaml
+from gpuops.model.rules.yamlsource import parse_yaml
 
 TEXT = """\
 top:

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import responses
 
-from engine.actions.base import PermanentError
-from engine.actions.slurm import SlurmExecutor
-from engine.decisions import ActionSpec, Decision, Evidence, Target, Transition
-from exporters.slurm.client import (
+from gpuops.actions.base import PermanentError
+from gpuops.actions.slurm import SlurmExecutor
+from gpuops.integrations.slurm.client import (
     SlurmClient,
     SlurmRejected,
     check_name,
@@ -20,8 +19,9 @@ from exporters.slurm.client import (
     gres_gpus,
     job_gpus_requested,
 )
-from exporters.slurm.collector import node_state
-from exporters.slurm.gres import GresConfError, minor_numbers
+from gpuops.integrations.slurm.gres import GresConfError, minor_numbers
+from gpuops.integrations.slurm.nodes import node_state
+from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,250 @@
+"""The executor contract, the registry of executors and the single place that turns whatever an
+executor raises into an ``Outcome`` (with retries and backoff for temporary errors).
+
+Executors raise ``TemporaryError`` (retried) or ``PermanentError`` (not); anything else is a bug
+in the executor and becomes a failed outcome with its type and message. ``gpuops.runtime.gate``
+(the only caller of executors) calls ``execute``; executors never see the guardrails or the audit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
+from gpuops.model.rules.model import RuleError, RuleSet
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "gpuops.executors"
+
+
+class ExecutorError(Exception):
+    """Base of what executors raise."""
+
+
+class TemporaryError(ExecutorError):
+    """The action may succeed if tried again (timeouts, 5xx, connection refused)."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(ExecutorError):
+    """Trying again will not help (4xx, bad parameters, no permission)."""
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Carries out the verbs it supports. ``run`` returns what it changed (JSON-able).
+
+    Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
+    up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of
+    its own; see ``lane``."""
+
+    name: str
+    verbs: frozenset[str] | None  # None: any verb (free-form executors: webhook, command, log)
+
+    def run(self, decision: Decision) -> Mapping[str, Any]: ...
+
+
+ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
+
+
+def lane(executor: Executor, decision: Decision) -> str:
+    """The lane of ``decision`` on ``executor``: what its optional ``lane`` method names, or
+    ``""`` (one lane for the whole executor, also when the method fails: ``run`` then reports
+    the problem as the action's outcome). Asked by ``gpuops.runtime.gate`` before it queues
+    an action, so that a slow lane delays only its own actions. A lane may come from label
+    values (a templated host): the gate caps how many lanes get workers of their own."""
+    method = getattr(executor, "lane", None)
+    if method is None:
+        return ""
+    try:
+        key = method(decision)
+    except Exception:  # an executor bug must not keep the action from running
+        log.exception("executor %s: lane of decision %s failed", executor.name, decision.id)
+        return ""
+    return key if isinstance(key, str) else ""
+
+
+class ExecutorRegistry:
+    """Executor classes by name. Each engine (and each test) gets its own registry."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, ExecutorFactory] = {}
+
+    @classmethod
+    def from_entry_points(cls) -> ExecutorRegistry:
+        registry = cls()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            registry.register(ep.name, ep.load())
+        return registry
+
+    def register(self, name: str, factory: ExecutorFactory) -> None:
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def check_verbs(self, rules: RuleSet) -> list[RuleError]:
+        """Every action's verb is one its executor does (an unknown executor: the loader)."""
+        errors = []
+        for policy in rules.policies():
+            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
+                if action is None:
+                    continue
+                verbs = self.verbs(action.executor)
+                if verbs is not None and action.type not in verbs:
+                    file, _, line = policy.source.rpartition(":")
+                    errors.append(
+                        RuleError(
+                            file,
+                            policy.key_lines.get(key, int(line or 0)),
+                            f"{policy.path}.{key}.type: executor {action.executor!r} does not "
+                            f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
+                        )
+                    )
+        return errors
+
+    def check_params(self, rules: RuleSet) -> list[RuleError]:
+        """Every action's params are what its executor takes, as far as an executor can tell
+        before a decision (its optional ``check_params(verb, params)`` lists the problems)."""
+        errors = []
+        for policy in rules.policies():
+            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
+                check = getattr(
+                    self._factories.get(action.executor if action else ""), "check_params", None
+                )
+                if action is None or check is None:
+                    continue
+                file, _, line = policy.source.rpartition(":")
+                for problem in check(action.type, dict(action.params)):
+                    errors.append(
+                        RuleError(
+                            file,
+                            policy.key_lines.get(key, int(line or 0)),
+                            f"{policy.path}.{key}.params: {problem}",
+                        )
+                    )
+        return errors
+
+    def verbs(self, name: str) -> frozenset[str] | None:
+        """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
+        factory = self._factories.get(name)
+        verbs = getattr(factory, "verbs", None)
+        return verbs if isinstance(verbs, frozenset) else None
+
+    def create(self, name: str, settings: Mapping[str, Any] | None = None) -> Executor:
+        try:
+            factory = self._factories[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise KeyError(f"unknown executor {name!r} (known: {known})") from None
+        return factory(settings or {})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How temporary failures are retried."""
+
+    attempts: int = 3
+    """Total tries, the first included."""
+    backoff_s: float = 0.5
+    """Delay before the second try; doubled for each further one."""
+    max_backoff_s: float = 10.0
+
+
+def execute(
+    executor: Executor,
+    decision: Decision,
+    retry: RetryPolicy = RetryPolicy(),
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    interrupted: Callable[[], str | None] = lambda: None,
+) -> Outcome:
+    """Run ``decision`` on ``executor``; never raises. The one place failures become Outcomes.
+
+    ``interrupted`` is asked before every try after the first (the gate's kill switch and
+    pause): when it names a reason, no further try starts and the outcome is ``skipped`` with
+    that reason."""
+    verb = decision.action.type if decision.action else ""
+    if executor.verbs is not None and verb not in executor.verbs:
+        supported = ", ".join(sorted(executor.verbs))
+        return Outcome(
+            OutcomeStatus.FAILURE,
+            error=f"executor {executor.name!r} does not support action {verb!r} "
+            f"(supported: {supported})",
+            permanent=True,
+        )
+    started = clock()
+    attempt = 0
+    delay = retry.backoff_s
+    while True:
+        attempt += 1
+        try:
+            changed = executor.run(decision)
+        except TemporaryError as exc:
+            if attempt >= retry.attempts:
+                log.warning(
+                    "%s %s on %s failed after %d attempts: %s",
+                    executor.name,
+                    verb,
+                    decision.target.key,
+                    attempt,
+                    exc,
+                )
+                return _failed(exc, attempt, clock() - started)
+            wait = min(exc.delay if exc.delay is not None else delay, retry.max_backoff_s)
+            log.info(
+                "%s %s on %s: %s; will try again in %.1f seconds",
+                executor.name,
+                verb,
+                decision.target.key,
+                exc,
+                wait,
+            )
+            sleep(wait)
+            delay *= 2
+            why = interrupted()
+            if why is not None:
+                log.warning(
+                    "%s %s on %s: not tried again: %s",
+                    executor.name,
+                    verb,
+                    decision.target.key,
+                    why,
+                )
+                return Outcome(
+                    OutcomeStatus.SKIPPED, attempts=attempt, duration_s=clock() - started, error=why
+                )
+            continue
+        except PermanentError as exc:
+            log.warning("%s %s on %s failed: %s", executor.name, verb, decision.target.key, exc)
+            return _failed(exc, attempt, clock() - started, permanent=True)
+        except Exception as exc:  # an executor bug must not take the engine down
+            log.exception("executor %s raised unexpectedly", executor.name)
+            return _failed(exc, attempt, clock() - started, prefix=f"{type(exc).__name__}: ")
+        return Outcome(
+            OutcomeStatus.SUCCESS,
+            attempts=attempt,
+            duration_s=clock() - started,
+            changed=freeze(changed),
+        )
+
+
+def _failed(
+    exc: BaseException, attempts: int, duration: float, prefix: str = "", permanent: bool = False
+) -> Outcome:
+    return Outcome(
+        OutcomeStatus.FAILURE,
+        attempts=attempts,
+        duration_s=duration,
+        error=f"{prefix}{exc}"[:1024],
+        permanent=permanent,
+    )

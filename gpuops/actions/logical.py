@@ -1,0 +1,78 @@
+"""Logical executors: names that policies use for *what* they act on, mapped by the engine
+configuration to the concrete executor of a site. The shipped policies
+name them, so the same rule files run on the simulated fleet and on a Slurm cluster:
+
+- ``scheduler``: reclaim, migrate/resume, scale out/in, notify — ``fleet`` or ``slurm``;
+- ``gpu-control``: downclock / restore clocks — ``fleet`` or ``nvml-agent``.
+
+``gpuops.settings`` fills their settings (``use``, ``by_verb``, and the settings of each concrete
+executor they may call); ``gpuops.actions.base.execute`` calls ``run`` like any executor's, and
+the concrete executor's verbs, errors and idempotency apply unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuops.actions.base import Executor, ExecutorRegistry, PermanentError
+from gpuops.model.decisions import Decision
+
+LOGICAL_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "scheduler": {"use": "fleet", "by_verb": {"notify": "log"}},
+    "gpu-control": {"use": "fleet"},
+}
+"""What each logical executor means when the engine configuration does not say: the simulated
+fleet (which has no warning step of its own: ``notify`` is recorded by ``log``)."""
+
+
+class LogicalExecutor:
+    """Hands each decision to the concrete executor its verb maps to."""
+
+    name = "logical"
+    verbs: frozenset[str] | None = None  # the concrete executor checks its own
+
+    def __init__(
+        self, settings: Mapping[str, Any] | None = None, registry: ExecutorRegistry | None = None
+    ) -> None:
+        settings = dict(settings or {})
+        self.use = str(settings.get("use") or "")
+        if not self.use:
+            raise ValueError(f"executors.{self.name}.use: name the executor it maps to")
+        self.by_verb = {str(k): str(v) for k, v in dict(settings.get("by_verb") or {}).items()}
+        concrete = dict(settings.get("settings") or {})
+        registry = registry or ExecutorRegistry.from_entry_points()
+        self._executors: dict[str, Executor] = {}
+        for name in {self.use, *self.by_verb.values()}:
+            if name in LOGICAL_DEFAULTS:
+                concrete_names = [n for n in registry.names() if n not in LOGICAL_DEFAULTS]
+                raise ValueError(
+                    f"executors.{self.name}: {name!r} is itself logical; map to a concrete "
+                    f"executor ({', '.join(concrete_names)})"
+                )
+            self._executors[name] = registry.create(name, concrete.get(name))
+        target = self._executors[self.use]
+        self.verbs = None if target.verbs is None else target.verbs | set(self.by_verb)
+
+    def executor_for(self, verb: str) -> Executor:
+        return self._executors[self.by_verb.get(verb, self.use)]
+
+    def run(self, decision: Decision) -> Mapping[str, Any]:
+        verb = decision.action.type if decision.action else ""
+        executor = self.executor_for(verb)
+        if executor.verbs is not None and verb not in executor.verbs:
+            raise PermanentError(
+                f"{self.name} maps {verb!r} to {executor.name!r}, which does not do it "
+                f"(it does: {', '.join(sorted(executor.verbs))})"
+            )
+        changed = dict(executor.run(decision))
+        changed.setdefault("executor", executor.name)
+        return changed
+
+
+class SchedulerExecutor(LogicalExecutor):
+    name = "scheduler"
+
+
+class GpuControlExecutor(LogicalExecutor):
+    name = "gpu-control"

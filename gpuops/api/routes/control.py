@@ -1,0 +1,78 @@
+"""``/api/v1/engine`` (pause, resume, kill switch) and ``/api/v1/auth`` (who am I, reload the
+users). Controls are persisted by the engine, so they survive a restart."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+
+from gpuops import __version__
+from gpuops.api.auth import require
+from gpuops.api.context import ApiContext, api_context
+from gpuops.api.schemas import ControlState
+from gpuops.api.tokens import Permission, Principal, TokensError
+
+router = APIRouter()
+
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Control = Annotated[Principal, Depends(require(Permission.ENGINE_CONTROL))]
+
+
+def _state(ctx: ApiContext) -> ControlState:
+    engine = ctx.engine
+    return ControlState(
+        paused=engine.paused(),
+        kill_switch=engine.kill_switch_on(),
+        dry_run=engine.config.guardrails.dry_run,
+        policies=sum(1 for _ in engine.rules.policies()),
+        version=__version__,
+    )
+
+
+@router.get("/engine", tags=["engine"])
+def engine_status(
+    ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.ENGINE_READ))]
+) -> ControlState:
+    """Whether the engine is paused, its kill switch is on or it runs in dry-run."""
+    return _state(ctx)
+
+
+@router.post("/engine/pause", tags=["engine"])
+def pause_engine(ctx: Ctx, principal: Control) -> ControlState:
+    """Stop acting: decisions are still taken and audited, as suppressed."""
+    ctx.engine.set_control("paused", True, principal.name)
+    return _state(ctx)
+
+
+@router.post("/engine/resume", tags=["engine"])
+def resume_engine(ctx: Ctx, principal: Control) -> ControlState:
+    ctx.engine.set_control("paused", False, principal.name)
+    return _state(ctx)
+
+
+@router.post("/engine/kill-switch/{state}", tags=["engine"])
+def set_kill_switch(state: Literal["on", "off"], ctx: Ctx, principal: Control) -> ControlState:
+    """No action runs while it is on (a kill-switch file, when configured, also counts)."""
+    ctx.engine.set_control("kill_switch", state == "on", principal.name)
+    return _state(ctx)
+
+
+@router.get("/auth/whoami", tags=["auth"])
+def whoami(request: Request) -> Any:
+    """The caller's user name, roles and permissions."""
+    principal: Principal = request.state.principal
+    permissions = sorted(p.value for p in Permission if principal.can(p))
+    return {"name": principal.name, "roles": list(principal.roles), "permissions": permissions}
+
+
+@router.post("/auth/reload", tags=["auth"])
+def reload_users(
+    ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.AUTH_RELOAD))]
+) -> Any:
+    """Read the tokens file (and variable) again; on error the current users stay (422)."""
+    try:
+        users = ctx.tokens.reload()
+    except TokensError as exc:
+        raise HTTPException(422, f"users not reloaded, the current ones stay: {exc}") from None
+    return {"users": users}

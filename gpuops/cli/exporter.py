@@ -1,0 +1,178 @@
+"""`gpuops exporter` commands: `gpuops exporter nvml` runs the NVML exporter (and, with
+``--agent``, the node agent for clock actions) from ``gpuops.exporters.nvml.server``.
+
+The exporter package is imported when the command runs, not when the CLI loads: it is the only
+route to pynvml, and the engine's own commands must not load it (see the import contracts).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib import import_module
+from pathlib import Path
+
+import click
+
+log = logging.getLogger(__name__)
+
+FAKE_SCENARIOS = (
+    "healthy-8xh100",
+    "mig-a100",
+    "gpu-lost",
+    "old-driver",
+    "no-permission",
+    "library-missing",
+)
+"""The names of ``gpuops.exporters.nvml.scenarios.SCENARIOS`` (a test keeps the two equal)."""
+
+
+@click.group(name="exporter")
+def exporter() -> None:
+    """Prometheus exporters that run on GPU nodes."""
+
+
+@exporter.command(name="nvml")
+@click.option(
+    "--host",
+    default="0.0.0.0",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; 127.0.0.1: this node only).",
+)
+@click.option(
+    "--port",
+    default=9835,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port of /metrics (and of the node agent); 0 picks a free one.",
+)
+@click.option(
+    "--fake-nvml",
+    "fake_nvml",
+    metavar="SCENARIO",
+    type=click.Choice(FAKE_SCENARIOS),
+    default=None,
+    help="Serve a simulated NVML instead of the real one, for demos and checks: "
+    + ", ".join(FAKE_SCENARIOS)
+    + ".",
+)
+@click.option(
+    "--agent/--no-agent",
+    default=False,
+    show_default=True,
+    help="Also serve the node agent (lock/reset GPU clocks, set power limits) on "
+    "/api/v1/gpus. Needs a bearer token and, on a real GPU, root.",
+)
+@click.option(
+    "--agent-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    envvar="GPUOPS_AGENT_TOKEN_FILE",
+    default=None,
+    help="File holding the bearer token the node agent requires (first line). "
+    "Env: GPUOPS_AGENT_TOKEN_FILE.",
+)
+@click.option(
+    "--xid-events/--no-xid-events",
+    default=True,
+    show_default=True,
+    help="Count XID errors from an NVML event thread (nvml_gpu_xid_errors_total).",
+)
+@click.option(
+    "--xid-poll-ms",
+    default=500,
+    show_default=True,
+    type=click.IntRange(10, 60_000),
+    help="How long one NVML event wait blocks, in milliseconds (bounds shutdown time).",
+)
+def nvml(
+    host: str,
+    port: int,
+    fake_nvml: str | None,
+    agent: bool,
+    agent_token_file: Path | None,
+    xid_events: bool,
+    xid_poll_ms: int,
+) -> None:
+    """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
+    token = None
+    if agent:
+        if agent_token_file is None:
+            raise click.UsageError("--agent needs --agent-token-file (the bearer token)")
+        lines = agent_token_file.read_text(encoding="utf-8").splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise click.UsageError(f"--agent-token-file {agent_token_file} is empty")
+    if fake_nvml is not None:
+        backend = import_module("gpuops.exporters.nvml.scenarios").SCENARIOS[fake_nvml]()
+        log.info("serving the simulated NVML scenario %r", fake_nvml)
+    else:
+        backend = import_module("gpuops.exporters.nvml.nvml").real_backend()
+    server = import_module("gpuops.exporters.nvml.server").ExporterServer(
+        backend,
+        host=host,
+        port=port,
+        agent_token=token,
+        xid_events=xid_events,
+        xid_poll_ms=xid_poll_ms,
+    )
+    log.info(
+        "NVML exporter on http://%s:%d/metrics%s",
+        host,
+        server.port,
+        " with the node agent on /api/v1/gpus" if token else "",
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+
+
+@exporter.command(name="slurm")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    default=9341,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="TCP port of /metrics; 0 picks a free one.",
+)
+@click.option(
+    "--slurm-conf",
+    type=click.Path(exists=True, dir_okay=False),
+    envvar="SLURM_CONF",
+    default=None,
+    help="slurm.conf of the cluster (default: Slurm's own). Env: SLURM_CONF.",
+)
+@click.option(
+    "--gres-conf",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="gres.conf, to map GRES indexes to /dev/nvidiaN minor numbers when its File= "
+    "devices are not nvidia0..N-1 in order.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 300),
+    help="Seconds one Slurm command may take; slower counts as Slurm unreachable.",
+)
+def slurm(
+    host: str, port: int, slurm_conf: str | None, gres_conf: Path | None, timeout_s: float
+) -> None:
+    """Export Slurm's queue, node states and GPU allocations on /metrics (default port 9341)."""
+    client_module = import_module("gpuops.integrations.slurm.client")
+    client = client_module.SlurmClient(conf=slurm_conf, timeout_s=timeout_s)
+    minors = None
+    if gres_conf is not None:
+        minors = import_module("gpuops.integrations.slurm.gres").minor_numbers(gres_conf, client)
+    server = import_module("gpuops.exporters.slurm.server").SlurmExporter(
+        client, host=host, port=port, gres_minors=minors
+    )
+    server.start()
+    log.info("Slurm exporter on http://%s:%d/metrics", host, server.port)
+    try:
+        threading.Event().wait()
+    finally:
+        server.stop()

@@ -1,0 +1,488 @@
+"""``Engine``: the small facade over the runtime package.
+
+It builds the collaborators and hands each the store and the gate: the rulebook (load, watch,
+reload), the cycle (query → evaluate → judge → commit), the gate (the only executor caller:
+write-ahead audit, checks at execution time, workers per executor, outcomes, resume), approvals,
+quota requests and the alert inbox. It owns the scheduler and every runtime thread — the API
+only calls it (``gpuops.runtime.clock.Scheduler``: monotonic intervals, cron re-anchored after
+a wall-clock step). Used by ``gpuops engine run``, the demo, the API and the tests; both clocks
+are injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from apscheduler.triggers.cron import CronTrigger
+
+from gpuops.actions.base import ExecutorRegistry, RetryPolicy
+from gpuops.audit import AuditLog
+from gpuops.audit.spool import segment_paths
+from gpuops.model.decisions import Decision, SkippedEvaluation, Suppression, freeze
+from gpuops.model.evaluation import Freshness, PolicyState
+from gpuops.model.rules.model import Group, Policy, RuleSet
+from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
+from gpuops.runtime.approvals import Approvals
+from gpuops.runtime.clock import Scheduler, first_run_in
+from gpuops.runtime.controls import Controls, Locks
+from gpuops.runtime.cycle import Cycle
+from gpuops.runtime.gate import DecisionListener, Gate
+from gpuops.runtime.leadership import Change, Leadership
+from gpuops.runtime.metrics import EngineMetrics
+from gpuops.runtime.quota import POLICY as QUOTA_POLICY
+from gpuops.runtime.quota import QuotaManager
+from gpuops.runtime.rulebook import ReloadResult, Rulebook
+from gpuops.settings import EngineConfig
+from gpuops.sources.prometheus import PrometheusClient
+from gpuops.store.interface import Store
+from gpuops.store.postgres import Credentials, Lease, PostgresStore
+from gpuops.store.sqlite import StateError, StateRowError, StateStore
+
+log = logging.getLogger(__name__)
+
+DECISION_MEMORY_S = 30 * 86400.0
+"""How long finished decisions stay in the state file (for the API's queries and explain)."""
+
+RECONCILE_S = 5.0
+"""How often an audit spool that could not be written is tried again (while it cannot, no
+action runs)."""
+
+
+class Engine:
+    """One engine instance. ``start`` schedules it; ``evaluate_group`` runs one cycle (tests)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        executors: ExecutorRegistry | None = None,
+        audit: AuditLog | None = None,
+        prometheus: PrometheusClient | None = None,
+        metrics: EngineMetrics | None = None,
+        listener: DecisionListener | None = None,
+        action_workers: int = 4,
+        action_retry: RetryPolicy | None = None,
+    ) -> None:
+        """``action_workers``: concurrent actions per executor; ``action_retry``: how often
+        and how fast ``execute`` tries a temporarily failing action within one decision;
+        ``clock``: the wall clock (evaluation times, audit); ``monotonic``: what intervals are
+        timed by (docs/policies.md, "Clock")."""
+        self.config = config
+        self.clock = clock
+        self.monotonic = monotonic
+        # read before the audit log marks its spool; an audit log handed in has marked it
+        # already, so the spool tells nothing and its caller answers for the state file
+        ran_before = previous_run(config) if audit is None else None
+        self.metrics = metrics or EngineMetrics.create()
+        self.registry = executors or ExecutorRegistry.from_entry_points()
+        self.audit = audit or AuditLog(
+            config.audit.settings(),
+            host_name=socket.gethostname(),
+            registry=self.metrics.registry,
+        )
+        self.prometheus = prometheus or PrometheusClient(
+            config.prometheus.url, timeout_s=config.prometheus.timeout
+        )
+        self.replica = config.state.replica or socket.gethostname()
+        try:
+            self.store, lease = _open_store(config, ran_before, self.replica)
+        except StateError:
+            if audit is None:
+                self.audit.close()
+            raise
+        self.leadership = Leadership(
+            lease,
+            replica=self.replica,
+            lease_s=config.state.lease,
+            renew_s=config.state.renew_interval,
+            monotonic=monotonic,
+            on_change=self._leadership_changed,
+        )
+        if isinstance(self.store, PostgresStore):
+            self.store.fence = self.leadership.fence
+        self.metrics.leader.set(1 if self.leadership.solo else 0)
+        self._alerts_started = False
+        self._loaded: frozenset[str] = frozenset()
+        """The policies of the rule set loaded last (``_rules_changed``)."""
+        self.controls = Controls(self.store, config.guardrails, self.metrics, clock)
+        self.locks = Locks()
+        self.rulebook = Rulebook(config.rules, self.registry, self.metrics, clock)
+        self.rulebook.on_change = self._rules_changed
+        self.gate = Gate(
+            settings=config.guardrails,
+            executor_settings=config.executors,
+            store=self.store,
+            audit=self.audit,
+            registry=self.registry,
+            metrics=self.metrics,
+            controls=self.controls,
+            locks=self.locks,
+            clock=clock,
+            policy=self._policy,
+            population=lambda policy, decision: self.cycle.population(
+                policy, clock(), (decision,), reuse=False
+            ),
+            listener=listener,
+            workers_per_executor=action_workers,
+            retry=action_retry or RetryPolicy(),
+            leading=self.leadership.leading,
+        )
+        self.cycle = Cycle(
+            store=self.store,
+            prometheus=self.prometheus,
+            gate=self.gate,
+            controls=self.controls,
+            locks=self.locks,
+            settings=config.guardrails,
+            metrics=self.metrics,
+            clock=clock,
+            skipped=self._skipped,
+            cleared=lambda decisions, now: self.approvals.cancel(decisions, now),
+            freshness=self._freshness,
+        )
+        self.approvals = Approvals(
+            store=self.store,
+            rulebook=self.rulebook,
+            cycle=self.cycle,
+            gate=self.gate,
+            locks=self.locks,
+            settings=config.guardrails,
+            metrics=self.metrics,
+            clock=clock,
+        )
+        self.quota = QuotaManager(
+            settings=config.api.quota,
+            store=self.store,
+            cycle=self.cycle,
+            controls=self.controls,
+            approval_ttl=config.guardrails.approval_ttl,
+            clock=clock,
+            require_leader=self.leadership.require,
+        )
+        self.alerts = AlertInbox(
+            store=self.store,
+            rulebook=self.rulebook,
+            cycle=self.cycle,
+            clock=clock,
+            queue_size=config.api.alert_queue_size,
+            registry=self.metrics.registry,
+            require_leader=self.leadership.require,
+        )
+        self.gate.on_outcome(self.alerts.fire_finished)
+        self._scheduler: Scheduler | None = None
+        self._stopped = False
+
+    # --- rules -----------------------------------------------------------------------------
+    @property
+    def rules(self) -> RuleSet:
+        return self.rulebook.rules
+
+    def _policy(self, name: str) -> Policy | None:
+        """The policy a decision of ``name`` is held by at the gate: a loaded one, or the
+        quota flow's (None: the policy was removed from the rule set)."""
+        found = self.rulebook.policy(name)
+        if found is None and name == QUOTA_POLICY:
+            return self.quota.policy()
+        return found
+
+    def _freshness(self, policy: Policy) -> Freshness:
+        """The freshness bounds of ``policy``'s group (docs/policies.md, "Fresh data")."""
+        group = next((g for g in self.rules.groups if g.name == policy.group), None)
+        if group is None:
+            return self.config.prometheus.freshness(math.inf)
+        return self.config.prometheus.freshness(group.interval_s, group.max_sample_age_s)
+
+    def reload(self, strict: bool = False) -> ReloadResult:
+        return self.rulebook.reload(strict)
+
+    def check_reload(self) -> None:
+        self.rulebook.check_reload()
+
+    def _rules_changed(self) -> None:
+        names = frozenset(p.name for p in self.rules.policies())
+        self.cycle.rules_changed(names)
+        returned, self._loaded = names - self._loaded, names
+        if returned and self.leadership.leading():
+            self._expire_held_for_policy(returned)
+        if self._scheduler is not None:
+            self._schedule_groups()
+
+    def _expire_held_for_policy(self, names: Iterable[str]) -> None:
+        """The fires the gate held because their policy was not loaded, of the policies
+        ``names`` just loaded (again, or at start): decided again at the policy's next
+        evaluation (``gpuops.model.evaluation.failed`` set their ``retry_at``), unless held longer
+        than ``guardrails.action_max_age`` ago: those targets start over (a target still in
+        the policy's result is pending again and must hold ``for`` anew), since nothing says
+        the condition held while the policy was away (docs/policies.md, "Suppressions")."""
+        verdict = Suppression.POLICY_REMOVED.verdict.value
+        now = self.clock()
+        grace = self.config.guardrails.action_max_age
+        stored = set(self.store.policy_names())
+        for name in sorted(set(names) & stored):
+            with self.locks.policy(name):
+                try:
+                    state = self.store.policy_state(name)
+                except StateRowError:  # its evaluations say so (docs/state.md)
+                    continue
+                old = [
+                    key
+                    for key, t in state.targets.items()
+                    if t.held == verdict and t.held_since is not None and now - t.held_since > grace
+                ]
+                if not old:
+                    continue
+                kept = {k: t for k, t in state.targets.items() if k not in old}
+                with self.store.transaction() as db:
+                    self.store.save_policy_state(db, name, PolicyState(freeze(kept)))
+            log.warning(
+                "policy %s is loaded again after more than action_max_age %.0fs: the fires"
+                " held while it was away start over on %d targets (%s)",
+                name,
+                grace,
+                len(old),
+                ", ".join(sorted(old)[:10]),
+            )
+
+    # --- controls and health ----------------------------------------------------------------
+    def kill_switch_on(self) -> bool:
+        return self.controls.kill_switch_on()
+
+    def paused(self) -> bool:
+        return self.controls.paused()
+
+    def set_control(self, name: str, on: bool, user: str) -> None:
+        """Turn ``kill_switch`` or ``paused`` on or off (persisted: survives a restart)."""
+        self.leadership.require()
+        self.controls.set(name, on, user)
+
+    def problem(self) -> str | None:
+        """Why the engine cannot act now (its audit spool is not writable), or None."""
+        return self.gate.problem
+
+    def degraded(self) -> dict[str, str]:
+        """The policies that cannot be evaluated because their stored state cannot be read,
+        with the reason (``/healthz`` names them; docs/state.md); a policy no longer loaded
+        is not named."""
+        return {p: r for p, r in dict(self.cycle.unreadable).items() if self.rules.policy(p)}
+
+    # --- evaluation, alerts, approvals ------------------------------------------------------
+    def evaluate_group(self, group: Group, scheduled: bool = False) -> None:
+        self.cycle.evaluate_group(group, scheduled)
+
+    def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
+        return self.cycle.evaluate_policy(policy, now)
+
+    def handle_alert(self, alert: Mapping[str, Any]) -> list[Decision]:
+        return self.alerts.handle(alert)
+
+    def grant(self, decision_id: str, user: str) -> Decision:
+        self.leadership.require()
+        return self.approvals.grant(decision_id, user)
+
+    def deny(self, decision_id: str, user: str) -> Decision:
+        self.leadership.require()
+        return self.approvals.deny(decision_id, user)
+
+    def retry(self, decision_id: str) -> Decision:
+        """Decide again, at the next evaluation, the target of an action that failed
+        (``gpuops.runtime.gate.Gate.retry``)."""
+        self.leadership.require()
+        return self.gate.retry(decision_id)
+
+    def expire_approvals(self) -> list[Decision]:
+        """Expire the approvals whose time ran out (the leader's; a standby leaves it)."""
+        if not self.leadership.leading():
+            return []
+        return self.approvals.expire()
+
+    def _skipped(self, skipped: SkippedEvaluation) -> None:
+        log.warning(
+            "skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error
+        )
+        self.audit.skipped(skipped)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no action is running (tests and shutdown)."""
+        return self.gate.wait_idle(timeout)
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Check the guardrail windows decode (``StateError`` when not), load rules (a bad
+        rule set at start is fatal), start audit, reconcile the audit with
+        the state file and resume interrupted actions, start the alert inbox and the scheduler
+        (groups, approvals expiry, quota ends, pruning, rule watch, audit retry)."""
+        self.store.guardrail_state()  # engine-wide rows decode, or StateError (docs/state.md)
+        self.reload(strict=True)
+        self.audit.start()
+        if self.leadership.solo:
+            self.gate.resume()
+            self._start_alerts()
+        self._scheduler = Scheduler(
+            wall=self.clock, monotonic=self.monotonic, on_step=self._clock_stepped
+        )
+        self._schedule_groups()
+        jobs: tuple[tuple[Callable[[], object], float, str], ...] = (
+            (self.expire_approvals, 30.0, "gpuops-approvals-expiry"),
+            (self._quota_tick, self.config.api.quota.check_interval, "gpuops-quota"),
+            (self._reconcile, RECONCILE_S, "gpuops-audit-reconcile"),
+            (self.check_reload, self.config.reload_check_interval, "gpuops-rules-watch"),
+        )
+        for func, interval_s, job_id in jobs:
+            self._scheduler.add_interval(
+                job_id, self._leader_only(func), interval_s, first_in=interval_s
+            )
+        self._scheduler.add_interval("gpuops-prune", self._leader_only(self.prune), 6 * 3600.0)
+        self._scheduler.start()
+        self.leadership.start()  # one round now: a sole replica leads from its start
+
+    # --- leadership (docs/ha.md) -------------------------------------------------------------
+    def leading(self) -> bool:
+        """Whether this replica evaluates and acts (always, with SQLite)."""
+        return self.leadership.leading()
+
+    def _leader_only(self, func: Callable[[], object]) -> Callable[[], None]:
+        """``func`` as a scheduled job that runs on the leader only (a standby skips it)."""
+
+        def job() -> None:
+            if self.leadership.leading():
+                func()
+
+        return job
+
+    def _leadership_changed(self, change: Change) -> None:
+        """Audit and count the change; a new leader first resumes what the old one left
+        (reconcile, the ``started`` actions: executors dedupe on decision ids), then its
+        scheduled jobs run (they check ``leading()``)."""
+        self.metrics.leader.set(1 if change.elected else 0)
+        self.metrics.leadership_changes.labels("elected" if change.elected else "demoted").inc()
+        self.audit.leadership(
+            change.elected, change.replica, change.epoch, change.reason, self.clock()
+        )
+        if change.elected:
+            self.gate.resume()
+            self._start_alerts()
+
+    def _start_alerts(self) -> None:
+        """Start the inbox's worker once; at a later election adopt what the inbox holds (what
+        the replica that led meanwhile received and did not handle)."""
+        if not self._alerts_started:
+            self._alerts_started = True
+            self.alerts.start()
+        else:
+            self.alerts.adopt()
+
+    def _clock_stepped(self, step_s: float) -> None:
+        """The scheduler saw the wall clock step by ``step_s`` seconds: count it, audit it once
+        and re-anchor every group's grid to the wall time of its next (monotonic) run, so that
+        evaluation times stay grid times on the new wall clock (docs/policies.md, "Clock")."""
+        direction = "forward" if step_s > 0 else "backward"
+        self.metrics.clock_steps.labels(direction).inc()
+        self.audit.clock_step(step_s, self.clock())
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        for group in self.rules.groups:
+            job = scheduler.get_job(f"group:{group.name}")
+            if job is not None:
+                self.cycle.epochs[group.name] = scheduler.wall_time_of(job)
+
+    def _quota_tick(self) -> None:
+        try:
+            self.quota.tick()
+        except Exception:  # keep ticking: the next tick retries
+            log.exception("quota requests check failed")
+
+    def _reconcile(self) -> None:
+        if self.gate.problem is not None:
+            self.gate.reconcile()
+
+    def prune(self) -> None:
+        """Keep the state file bounded: decisions older than ``DECISION_MEMORY_S`` go (the
+        audit trail, not the state file, is the record of the past)."""
+        gone = self.store.prune(self.clock() - DECISION_MEMORY_S)
+        memory = max(DECISION_MEMORY_S, EPISODE_MEMORY_S)
+        gone += self.store.prune_alert_episodes(self.clock() - memory)
+        if gone:
+            log.info("pruned %d old decisions and approvals from the state file", gone)
+
+    def _schedule_groups(self) -> None:
+        assert self._scheduler is not None
+        wanted: set[str] = set()
+        for group in self.rules.groups:
+            job_id = f"group:{group.name}"
+            wanted.add(job_id)
+            first_in = first_run_in(group.name, group.interval_s, self.clock())
+            self.cycle.epochs[group.name] = self.clock() + first_in  # its first grid point
+            self._scheduler.add_interval(
+                job_id,
+                self._leader_only(partial(self.evaluate_group, group)),
+                group.interval_s,
+                first_in=first_in,
+            )
+            for policy in group.policies:
+                if policy.schedule is None or policy.expr is None:
+                    continue
+                job_id = f"schedule:{policy.name}"
+                wanted.add(job_id)
+                one = replace(group, policies=(policy,))
+                self._scheduler.add_cron(
+                    job_id,
+                    self._leader_only(partial(self.evaluate_group, one, True)),
+                    CronTrigger.from_crontab(policy.schedule),
+                )
+        for job in self._scheduler.get_jobs():
+            if job.id.startswith(("group:", "schedule:")) and job.id not in wanted:
+                self._scheduler.remove(job.id)
+
+    def stop(self) -> None:
+        """Stop scheduling and the alert inbox, let running actions finish, close audit and
+        state (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        self.alerts.stop()
+        self.gate.stop()
+        self.leadership.stop()  # after the last action: a standby then resumes nothing twice
+        self.audit.close()
+        self.store.close()
+
+
+def _open_store(
+    config: EngineConfig, ran_before: str | None, replica: str
+) -> tuple[Store, Lease | None]:
+    """The SQLite state file, or with ``state.url`` the PostgreSQL store and its lease."""
+    state = config.state
+    if state.url is None:
+        return StateStore(config.state_file, ran_before), None
+    credentials = Credentials(state.password_file, state.password_env)
+    store = PostgresStore(state.url, credentials, replica, state.lease)
+    try:
+        lease = Lease(
+            state.url, credentials, replica, state.advertise_url, wait_s=state.renew_interval
+        )
+    except StateError:
+        store.close()
+        raise
+    return store, lease
+
+
+def previous_run(config: EngineConfig) -> str | None:
+    """Evidence that an engine ran with this configuration before (its audit spool holds a
+    writer lock file or segments), or None: a missing or empty state file is then an error, not
+    new (docs/state.md)."""
+    spool = config.audit.spool_dir
+    if (spool / ".lock").exists() or segment_paths(spool):
+        return f"the audit spool {spool} shows the engine ran before"
+    return None

@@ -1,0 +1,401 @@
+"""The engine's configuration file (``gpuops engine run --config FILE``), validated at the edge.
+
+Read by ``gpuops.cli`` and handed to ``gpuops.runtime`` as frozen settings. Relative paths are
+resolved against the config file's directory. Secrets (tokens, passwords) may be given as
+``*_file`` paths or environment variables and never appear in logs.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gpuops.actions.logical import LOGICAL_DEFAULTS
+from gpuops.audit.settings import AuditSettings, FullPolicy
+from gpuops.model.evaluation import Freshness
+from gpuops.model.rules.durations import parse_duration
+from gpuops.model.rules.yamlsource import parse_yaml
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the file and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    return parse_duration(str(value))
+
+
+class PrometheusSettings(_Model):
+    url: str = "http://127.0.0.1:9090"
+    """Base URL of a server speaking the Prometheus HTTP API."""
+    timeout: float = 10.0
+    """Seconds before a query counts as failed (a skipped evaluation, never an action)."""
+    scrape_interval: float = Field(default=15.0, gt=0)
+    """Seconds between the scrapes of the metrics the rules read (Prometheus' scrape_interval
+    for those jobs); the default bounds of freshness derive from it."""
+    max_sample_age: float | None = Field(default=None, gt=0)
+    """Seconds: an input series with no sample newer than this is stale, and the targets it
+    belongs to are held as on a failed query (docs/policies.md, "Fresh data"). None: 2 x
+    scrape_interval, i.e. one missed scrape tolerated; a restarted Prometheus serving its old
+    samples, or a dead exporter's samples inside a range window, are refused."""
+    max_pending_gap: float | None = Field(default=None, gt=0)
+    """Seconds: a stretch of failed or stale evaluations longer than this (from the first to the
+    next fresh one) starts a pending `for` again; an outage does not count towards `for`.
+    None: 2 x the group's interval, i.e. up to two failed evaluations in a row keep the timer,
+    three reset it."""
+
+    _t = field_validator(
+        "timeout", "scrape_interval", "max_sample_age", "max_pending_gap", mode="before"
+    )(_seconds)
+
+    def freshness(self, interval_s: float, max_sample_age_s: float | None = None) -> Freshness:
+        """The freshness bounds for a group evaluated every ``interval_s`` seconds (with its
+        own ``max_sample_age``, if it has one)."""
+        return Freshness(
+            max_sample_age_s=max_sample_age_s or self.max_sample_age or 2 * self.scrape_interval,
+            max_gap_s=self.max_pending_gap or 2 * interval_s,
+        )
+
+
+class AuditConfig(_Model):
+    spool_dir: Path = Path("var/audit")
+    """Local spool of ECS documents; the audit store itself when Elasticsearch is not set."""
+    elasticsearch_url: str | None = None
+    max_spool_bytes: int = Field(default=AuditSettings.max_spool_bytes, ge=1024 * 1024)
+    """Upper bound of the spool on disk, in bytes (at least 1 MiB; default 280 MiB, about
+    210,000 decision documents): what an Elasticsearch outage can leave waiting. Below a
+    few segments (``segment_max_bytes``, 4 MiB) a ``drop_oldest`` overflow deletes most of the
+    spool at once (whole segments): docs/audit-performance.md."""
+    full_policy: FullPolicy = AuditSettings.full_policy
+    """What a full spool does: ``fail_closed`` (default: nothing spooled is deleted, new
+    documents are refused, so no action runs until the shipper made room) or ``drop_oldest``
+    (delete the oldest segments, shipped or not). See ``gpuops.audit.settings``."""
+
+    def settings(self) -> AuditSettings:
+        """The audit log's settings from this section (the rest at their defaults)."""
+        return AuditSettings(
+            spool_dir=self.spool_dir,
+            elasticsearch_url=self.elasticsearch_url,
+            max_spool_bytes=self.max_spool_bytes,
+            full_policy=self.full_policy,
+        )
+
+
+class GuardrailSettings(_Model):
+    global_max_per_hour: int | None = Field(default=None, ge=0)
+    """Executed actions per hour across all policies; None: no global budget."""
+    dry_run: bool = False
+    """Engine-wide dry-run: decisions are recorded, nothing is executed."""
+    kill_switch_file: Path | None = None
+    """While this file exists, no action runs (every decision is audited as suppressed)."""
+    approval_ttl: float = 3600.0
+    """Seconds a pending approval waits before it expires."""
+    action_max_age: float = Field(default=3600.0, gt=0)
+    """Seconds after its decision (or its grant) that an action may still start: one older
+    (the engine was down, the spool full, the executor's queue long) does not run but is
+    audited as ``suppressed:expired`` and its target decided again on fresh data. An hour:
+    longer than any queue or restart should take, shorter than the data it acted on stays
+    true."""
+
+    _t = field_validator("approval_ttl", "action_max_age", mode="before")(_seconds)
+
+
+class QuotaSettings(_Model):
+    """Elastic quota requests (``/api/v1/quota-requests``): how an approved request is applied."""
+
+    executor: str = "log"
+    """Executor that applies and undoes a request (``log`` records only; ``fleet`` scales)."""
+    grant_action: str = "scale_out"
+    """Verb run when a request is approved."""
+    undo_action: str = "scale_in"
+    """Verb run when an approved request ends (its duration is over)."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs one node adds: ``nodes = ceil(gpus / gpus_per_node)`` is passed to the executor."""
+    pool: str = "default"
+    """Pool the nodes are added to (the ``pool`` target label)."""
+    max_gpus: int = Field(default=64, ge=1)
+    """Largest request accepted (GPUs)."""
+    max_duration: float = 7 * 24 * 3600.0
+    """Longest request accepted (seconds; Prometheus durations allowed: ``7d``)."""
+    check_interval: float = 10.0
+    """Seconds between checks for requests that ended or whose approval window passed."""
+
+    _t = field_validator("max_duration", "check_interval", mode="before")(_seconds)
+
+
+class ConsoleSettings(_Model):
+    """The web console (``gpuops.api.console``), served by the API process under ``/``."""
+
+    enabled: bool = True
+    """Serve the console pages; False: only the API (and its docs) answer."""
+    session_ttl: float = 8 * 3600.0
+    """Seconds a console session lasts after sign-in (Prometheus durations allowed: ``8h``)."""
+    grafana_url: str | None = None
+    """Base URL of Grafana, for the dashboard link of a decision's target; None: no link."""
+    kibana_url: str | None = None
+    """Base URL of Kibana, for the audit search link of a decision's target; None: no link."""
+    sign_in_failures: int = Field(default=10, ge=1)
+    """Failed sign-ins from one source IP within ``sign_in_window`` after which sign-in from
+    that address is refused (429, audited) until the window has passed."""
+    sign_in_window: float = 60.0
+    """Seconds (or a duration: ``1m``) over which failed sign-ins are counted."""
+
+    _t = field_validator("session_ttl", "sign_in_window", mode="before")(_seconds)
+
+    @field_validator("session_ttl", "sign_in_window")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be a positive duration, e.g. 8h")
+        return value
+
+
+class ApiSettings(_Model):
+    """The REST API (``gpuops.api``): served by ``gpuops engine run`` when ``listen`` is set."""
+
+    listen: str | None = None
+    """host:port to serve the API on (``127.0.0.1:9843``); None: no API."""
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain); with ``tls_key_file`` the API speaks HTTPS only."""
+    tls_key_file: Path | None = None
+    tokens_file: Path | None = None
+    """YAML ``users: [{name, roles, token_sha256}]``; re-read on SIGHUP and POST /auth/reload."""
+    tokens_env: str = "GPUOPS_API_TOKENS"
+    """Environment variable holding the same YAML (used when set; merged with the file)."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    """Largest request body accepted; larger ones get 413."""
+    alertmanager_max_body_bytes: int = Field(default=8 * 1_048_576, ge=1024)
+    """Largest Alertmanager notification accepted (``POST /api/v1/alertmanager``): the one
+    limit on a group's size (its alerts are not counted apart). A realistic alert is ~670
+    bytes, so 8 MiB holds ~12,500 alerts. Alertmanager does not retry a 413 (only 5xx): size
+    this above the largest group it may send (docs/api.md)."""
+    alert_queue_size: int = Field(default=10_000, ge=1)
+    """Alertmanager alerts waiting for the worker. A notification with no room behind those
+    waiting is answered 503 (Alertmanager retries it); one larger than this is taken whole
+    once none waits, so a group is never refused for its size alone."""
+    quota: QuotaSettings = QuotaSettings()
+    console: ConsoleSettings = ConsoleSettings()
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        return self
+
+
+class StateSettings(_Model):
+    """Shared state for replicas (docs/ha.md): without ``url`` the engine keeps its state in
+    the SQLite ``state_file`` and runs alone; with it, in PostgreSQL, and replicas elect one
+    leader through a lease row there."""
+
+    url: str | None = None
+    """``postgresql://USER@HOST:PORT/DATABASE`` (no password: see the next two keys)."""
+    password_file: Path | None = None
+    """A file holding the database password (a Docker or Kubernetes secret)."""
+    password_env: str | None = None
+    """An environment variable holding it (used when ``password_file`` is not set); with
+    neither, libpq's own ``PGPASSWORD`` or ``~/.pgpass`` apply."""
+    replica: str | None = None
+    """This replica's name in the lease and the audit (unique per replica); default: the
+    host name."""
+    advertise_url: str | None = None
+    """This replica's API URL, which a standby names when it refuses a write."""
+    lease: float = 10.0
+    """Seconds a lease lasts without renewal: a killed leader is replaced after at most this
+    plus ``renew_interval``."""
+    renew_interval: float = 2.0
+    """Seconds between renewals (leader) and attempts to take the lease (standby)."""
+
+    _d = field_validator("lease", "renew_interval", mode="before")(_seconds)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("postgresql", "postgres") or not rest:
+            raise ValueError("must be a postgresql://USER@HOST:PORT/DATABASE URL")
+        credentials = rest.split("@", 1)[0] if "@" in rest else ""
+        if ":" in credentials:
+            raise ValueError(
+                "holds a password: put it in state.password_file or the environment variable"
+                " named by state.password_env, not in the URL"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _timing(self) -> StateSettings:
+        if self.lease <= 0 or self.renew_interval <= 0:
+            raise ValueError("lease and renew_interval must be positive durations")
+        if self.renew_interval * 3 > self.lease:
+            raise ValueError(
+                f"renew_interval ({self.renew_interval:g}s) must be at most a third of the"
+                f" lease ({self.lease:g}s): a leader renews a few times before it may lapse"
+            )
+        return self
+
+
+class EngineConfig(_Model):
+    prometheus: PrometheusSettings = PrometheusSettings()
+    rules: list[Path] = [Path("rules")]
+    """Rule files or directories (their *.yaml files)."""
+    state_file: Path = Path("var/gpuops-state.sqlite")
+    state: StateSettings = StateSettings()
+    """PostgreSQL instead of ``state_file``, for replicas (docs/ha.md)."""
+    audit: AuditConfig = AuditConfig()
+    guardrails: GuardrailSettings = GuardrailSettings()
+    executors: dict[str, dict[str, Any]] = {}
+    """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``. The logical
+    executors the shipped policies name map to concrete ones here: ``scheduler: {use: slurm}``
+    (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default ``fleet``); optional
+    ``by_verb: {notify: log}`` sends single verbs elsewhere (docs/slurm.md)."""
+    metrics_listen: str | None = "127.0.0.1:9842"
+    """host:port of the engine's own /metrics; None: not served."""
+    reload_check_interval: float = 2.0
+    """Seconds between checks of the rule files for changes (SIGHUP reloads at once)."""
+    api: ApiSettings = ApiSettings()
+
+    _t = field_validator("reload_check_interval", mode="before")(_seconds)
+
+    @field_validator("executors", mode="after")
+    @classmethod
+    def _logical_executors(
+        cls, value: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
+        prometheus = info.data.get("prometheus")
+        return with_logical_executors(value, prometheus.url if prometheus else None)
+
+    def resolved(self, base: Path) -> EngineConfig:
+        def fix(p: Path) -> Path:
+            return p if p.is_absolute() else (base / p)
+
+        return self.model_copy(
+            update={
+                "rules": [fix(p) for p in self.rules],
+                "state_file": fix(self.state_file),
+                "state": self.state.model_copy(
+                    update={"password_file": fix(self.state.password_file)}
+                    if self.state.password_file
+                    else {}
+                ),
+                "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
+                "api": self.api.model_copy(
+                    update={
+                        key: fix(value)
+                        for key in ("tls_cert_file", "tls_key_file", "tokens_file")
+                        if (value := getattr(self.api, key)) is not None
+                    }
+                ),
+                "guardrails": self.guardrails.model_copy(
+                    update={
+                        "kill_switch_file": fix(self.guardrails.kill_switch_file)
+                        if self.guardrails.kill_switch_file
+                        else None
+                    }
+                ),
+            }
+        )
+
+
+def with_logical_executors(
+    executors: dict[str, dict[str, Any]], prometheus_url: str | None
+) -> dict[str, dict[str, Any]]:
+    """``executors`` with each logical executor's full settings: the concrete executor(s) it
+    maps to and their settings; the slurm executor learns where Prometheus is."""
+    out = {name: dict(settings) for name, settings in executors.items()}
+    if "slurm" in out or any(
+        out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "slurm" for n in LOGICAL_DEFAULTS
+    ):
+        out.setdefault("slurm", {})
+        if prometheus_url:
+            out["slurm"].setdefault("prometheus_url", prometheus_url)
+    for name, default in LOGICAL_DEFAULTS.items():
+        given = out.get(name)
+        spec = dict(default) if given is None else dict(given)
+        unknown = sorted(set(spec) - {"use", "by_verb", "settings"})
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown key {unknown[0]!r} (allowed: by_verb, settings, use)"
+            )
+        use = spec.get("use")
+        by_verb = spec.get("by_verb", default.get("by_verb", {}) if given is None else {})
+        if not isinstance(use, str) or not use or use in LOGICAL_DEFAULTS:
+            raise ValueError(
+                f"{name}.use: name a concrete executor (fleet, slurm, nvml-agent, ...), not {use!r}"
+            )
+        if not isinstance(by_verb, dict) or not all(
+            isinstance(v, str) and v not in LOGICAL_DEFAULTS for v in by_verb.values()
+        ):
+            raise ValueError(f"{name}.by_verb: a mapping of verb to concrete executor name")
+        known = {ep.name for ep in entry_points(group="gpuops.executors")} - set(LOGICAL_DEFAULTS)
+        for used in (use, *by_verb.values()):
+            if known and used not in known:
+                raise ValueError(
+                    f"{name}: unknown executor {used!r} (known: {', '.join(sorted(known))})"
+                )
+        concrete = {use, *by_verb.values()}
+        out[name] = {
+            "use": use,
+            "by_verb": dict(by_verb),
+            "settings": {c: out.get(c, {}) for c in concrete},
+        }
+    return out
+
+
+def load_config(path: Path) -> EngineConfig:
+    """Read and validate the config file; every problem is reported as ``file:line: key: what``."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    data, positions, problems = parse_yaml(text)
+    if problems:
+        raise ConfigError("\n".join(f"{path}:{p.line}: {p.message}" for p in problems))
+    raw = {} if data is None else data
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}:1: the configuration must be a mapping of settings")
+    try:
+        return EngineConfig.model_validate(raw).resolved(path.parent.resolve())
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
+            where = ".".join(str(p) for p in loc)
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(_allowed_keys(loc[:-1])) or "none"
+                message = f"unknown key (allowed: {allowed})"
+            lines.append(f"{path}:{positions.line(loc)}: {where}: {message}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the settings model at ``loc`` accepts."""
+    model: type[BaseModel] = EngineConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)

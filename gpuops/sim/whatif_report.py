@@ -1,0 +1,243 @@
+"""The what-if's comparison: the two runs of ``gpuops.sim.whatif`` side by side — overall, per
+priority class and per project — as text (``table``) and JSON (``to_json``), and the issue's
+targets checked against them (``targets``).
+
+Used by ``gpuops.cli.whatif`` and the benchmark. Pure: it reads ``RunReport`` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuops.sim.fleet.report import RunReport, waste_rows
+from gpuops.sim.whatif import RunResult, Whatif
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of the case study's "done when" figures (issue 12) and whether the run met it."""
+
+    name: str
+    wanted: str
+    off: float | None
+    on: float | None
+    met: bool
+
+
+def _change(off: float | None, on: float | None) -> float | None:
+    return None if off is None or on is None or off == 0 else on / off - 1.0
+
+
+def targets(w: Whatif) -> list[Target]:
+    """Utilization over powered GPUs >= 75 % and >= 30 points above off; mean JCT >= 30 %
+    lower; energy per completed GPU-hour >= 10 % lower; throughput lost to clock locks <= 3 %.
+
+    The JCT is ``RunReport.jct_mean_s``: culled notebook sessions counted at their whole
+    session, as the off run runs them (left out, the on run's mean would lose long sessions
+    only: ``jct_completed_mean_s``, shown beside it in the table)."""
+    off, on = w.off.report, w.on.report
+    u_off, u_on = off.utilization_powered, on.utilization_powered
+    jct = _change(off.jct_mean_s, on.jct_mean_s)
+    kwh = _change(off.kwh_per_completed_gpu_hour, on.kwh_per_completed_gpu_hour)
+    return [
+        Target(
+            "utilization over powered GPUs",
+            ">= 75 % and >= 30 points above off",
+            u_off,
+            u_on,
+            u_off is not None and u_on is not None and u_on >= 0.75 and u_on - u_off >= 0.30,
+        ),
+        Target(
+            "mean job completion time",
+            ">= 30 % lower",
+            off.jct_mean_s,
+            on.jct_mean_s,
+            jct is not None and jct <= -0.30,
+        ),
+        Target(
+            "kWh per completed GPU-hour",
+            ">= 10 % lower",
+            off.kwh_per_completed_gpu_hour,
+            on.kwh_per_completed_gpu_hour,
+            kwh is not None and kwh <= -0.10,
+        ),
+        Target(
+            "throughput lost to clock locks",
+            "<= 3 %",
+            off.downclock_loss,
+            on.downclock_loss,
+            on.downclock_loss <= 0.03,
+        ),
+    ]
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _h(v: float | None) -> str:
+    return "-" if v is None else f"{v / 3600:.2f} h"
+
+
+def _num(fmt: str) -> Callable[[float | None], str]:
+    return lambda v: "-" if v is None else format(v, fmt)
+
+
+def _delta(off: float | None, on: float | None, points: bool = False) -> str:
+    if off is None or on is None:
+        return "-"
+    if points:
+        return f"{(on - off) * 100:+.1f} pt"
+    change = _change(off, on)
+    return "-" if change is None else f"{change:+.1%}"
+
+
+Row = tuple[str, Callable[[RunReport], float | None], Callable[[float | None], str], bool]
+"""label, figure, format, change in points (shares) rather than relative"""
+
+OVERALL: tuple[Row, ...] = (
+    ("GPUs powered (mean)", lambda r: r.gpus_mean, _num(".1f"), False),
+    ("utilization over powered GPUs", lambda r: r.utilization_powered, _pct, True),
+    ("  without work done again", lambda r: r.utilization_powered_net, _pct, True),
+    ("  at most, jobs in their pools", lambda r: r.utilization_bound_pools, _pct, True),
+    ("  at most, jobs in any pool", lambda r: r.utilization_bound_any_pool, _pct, True),
+    ("utilization over allocated GPUs", lambda r: r.utilization_allocated, _pct, True),
+    ("allocation ratio", lambda r: r.allocation_ratio, _pct, True),
+    ("jobs completed", lambda r: r.jobs_completed, _num("d"), False),
+    ("notebook sessions culled", lambda r: r.culled, _num("d"), False),
+    ("jobs queued at end", lambda r: r.jobs_queued_at_end, _num("d"), False),
+    ("JCT mean, culled sessions whole", lambda r: r.jct_mean_s, _h, False),
+    ("JCT mean, completed jobs only", lambda r: r.jct_completed_mean_s, _h, False),
+    ("JCT p95, culled sessions whole", lambda r: r.jct_p95_s, _h, False),
+    ("JCT mean, unfinished counted", lambda r: r.jct_all_mean_s, _h, False),
+    ("queue wait mean", lambda r: r.wait_mean_s, _h, False),
+    ("preemptions", lambda r: r.preemptions, _num("d"), False),
+    ("reclaims", lambda r: r.reclaims, _num("d"), False),
+    ("GPU-hours reclaimed", lambda r: r.reclaimed_gpu_hours, _num(".1f"), False),
+    ("energy (kWh)", lambda r: r.energy_kwh, _num(".1f"), False),
+    ("energy cost", lambda r: r.energy_cost, _num(".2f"), False),
+    ("completed jobs' GPU-hours", lambda r: r.completed_gpu_hours, _num(".1f"), False),
+    ("kWh per completed GPU-hour", lambda r: r.kwh_per_completed_gpu_hour, _num(".3f"), False),
+    ("work (full-clock GPU-hours)", lambda r: r.work_gpu_hours, _num(".1f"), False),
+    ("throughput lost to clock locks", lambda r: r.downclock_loss, _pct, True),
+    ("throughput lost to GPU sharing", lambda r: r.sharing_loss, _pct, True),
+    ("packs", lambda r: r.packs, _num("d"), False),
+    ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, _num(".1f"), False),
+    ("nodes consolidated", lambda r: r.consolidations, _num("d"), False),
+    ("jobs moved by consolidation", lambda r: r.jobs_moved, _num("d"), False),
+)
+
+
+def _line(label: str, off: str, on: str, change: str) -> str:
+    return f"  {label:<34}{off:>12}{on:>12}{change:>12}"
+
+
+def table(w: Whatif) -> str:
+    """Off vs on as aligned text: overall, per priority class, per project, the targets."""
+    off, on = w.off.report, w.on.report
+    lines = [
+        f"what-if {w.fleet}: {w.hours:g} virtual hours, seed {w.seed}, rules {', '.join(w.rules)}",
+        _line("", "off", "on", "change"),
+    ]
+    for label, get, fmt, points in OVERALL:
+        a, b = get(off), get(on)
+        lines.append(_line(label, fmt(a), fmt(b), _delta(a, b, points)))
+    lines += ["", _line("priority class: JCT mean / p95 / wait", "off", "on", "change")]
+    for pc in sorted(set(off.classes) | set(on.classes)):
+        ca, cb = off.classes.get(pc), on.classes.get(pc)
+        for what, get in (
+            ("done", lambda c: c.completed),
+            ("culled", lambda c: c.culled),
+            ("JCT mean", lambda c: c.jct_mean_s),
+            ("JCT p95", lambda c: c.jct_p95_s),
+            ("wait mean", lambda c: c.wait_mean_s),
+            ("wait p95", lambda c: c.wait_p95_s),
+        ):
+            x = None if ca is None else get(ca)
+            y = None if cb is None else get(cb)
+            fmt = _num("d") if what in ("done", "culled") else _h
+            lines.append(_line(f"{pc} {what}", fmt(x), fmt(y), _delta(x, y)))
+    lines += ["", _line("project", "off", "on", "change")]
+    for p in sorted(set(off.projects) | set(on.projects)):
+        pa, pb = off.projects.get(p), on.projects.get(p)
+        for what, get, fmt, points in (
+            ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
+            ("GPU-hours allocated", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
+            ("done", lambda f: f.completed, _num("d"), False),
+            ("JCT mean", lambda f: f.jct_mean_s, _h, False),
+            ("preemptions", lambda f: f.preemptions, _num("d"), False),
+        ):
+            x = None if pa is None else get(pa)
+            y = None if pb is None else get(pb)
+            lines.append(_line(f"{p} {what}", fmt(x), fmt(y), _delta(x, y, points)))
+    lines += ["", _line("pool: powered GPU-h / util over them", "off", "on", "change")]
+    for name in sorted(set(off.pools) | set(on.pools)):
+        qa, qb = off.pools.get(name), on.pools.get(name)
+        for what, get, fmt, points in (
+            ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
+            ("util (powered)", lambda f: f.utilization_powered, _pct, True),
+            ("util (powered) at most", lambda f: f.utilization_bound, _pct, True),
+            ("allocated GPU-h", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
+            ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
+        ):
+            x = None if qa is None else get(qa)
+            y = None if qb is None else get(qb)
+            lines.append(_line(f"{name} {what}", fmt(x), fmt(y), _delta(x, y, points)))
+    lines += ["", _line("powered GPU-hours not busy", "off", "on", "change")]
+    a, b = off.waste.total(), on.waste.total()
+    lines.append(_line("total", f"{a:.1f}", f"{b:.1f}", _delta(a, b)))
+    rows_off, rows_on = dict(waste_rows(off.waste)), dict(waste_rows(on.waste))
+    for label in sorted(set(rows_off) | set(rows_on), key=_waste_order):
+        x, y = rows_off.get(label), rows_on.get(label)
+        fmt = _num(".1f")
+        lines.append(_line(label, fmt(x), fmt(y), _delta(x, y)))
+    lines += ["", _line("energy by draw (kWh)", "off", "on", "change")]
+    for label in sorted(set(off.energy_split_kwh) | set(on.energy_split_kwh)):
+        x, y = off.energy_split_kwh.get(label), on.energy_split_kwh.get(label)
+        lines.append(_line(label, _num(".1f")(x), _num(".1f")(y), _delta(x, y)))
+    lines += ["", "  targets (issue 12, on the case-study fleet):"]
+    for t in targets(w):
+        fmt = (
+            _h
+            if "time" in t.name
+            else (_pct if t.name.startswith(("util", "through")) else _num(".3f"))
+        )
+        lines.append(
+            f"  {'met    ' if t.met else 'NOT met'} {t.name} {t.wanted}: "
+            f"off {fmt(t.off)}, on {fmt(t.on)}"
+        )
+    lines += [
+        "",
+        f"  run time: off {w.off.wall_s:.1f} s, on {w.on.wall_s:.1f} s",
+        "  actions of the on run: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(w.on.outcomes.items())) or "none"),
+    ]
+    return "\n".join(lines)
+
+
+def _waste_order(label: str) -> tuple[int, str]:
+    kinds = ("unallocated", "held whole", "shared,", "shared unused")
+    return (next((i for i, k in enumerate(kinds) if label.startswith(k)), len(kinds)), label)
+
+
+def _run_json(r: RunResult) -> dict[str, Any]:
+    return {
+        "report": r.report.to_json(),
+        "wall_s": r.wall_s,
+        "decisions": r.decisions,
+        "outcomes": r.outcomes,
+    }
+
+
+def to_json(w: Whatif) -> dict[str, Any]:
+    return {
+        "fleet": w.fleet,
+        "hours": w.hours,
+        "seed": w.seed,
+        "rules": list(w.rules),
+        "off": _run_json(w.off),
+        "on": _run_json(w.on),
+        "targets": [t.__dict__ for t in targets(w)],
+    }
