@@ -358,3 +358,6 @@ class SkippedEvaluation:
     at: float
     error: str
     reason: str = "query failed"
+    held: tuple[str, ...] = ()
+    """The targets held when only some were (stale input of theirs); empty: the whole
+    evaluation was skipped."""

@@ -396,6 +396,7 @@ def _around_stale(
         f"{why}: {len(shown)} target{'s' if len(shown) != 1 else ''} held ({names});"
         " the others were evaluated",
         STALE_DATA,
+        tuple(shown),
     )
     return Step(
         rest.decisions,

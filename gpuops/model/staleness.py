@@ -6,12 +6,12 @@ newest
 sample is older than the freshness bound). A target is held (no timer moves, nothing is decided
 for it) when a stale series is attributed to it; the others are judged as usual.
 
-A stale series is attributed to a target by the target's identity labels (the policy's
-``target:``, else the target's own labels): to every target that has the same value for each
-of those labels the series carries; to every target when it carries none of them (an
-aggregation such as ``sum(x) > 10`` reads every series for its one target). A policy whose
-expression joins series from different jobs (``and on (uuid)``) names its ``target:`` labels so
-that the join's labels are among them (docs/policies.md, "Fresh data").
+A stale series is attributed to a target by identity labels: the policy's ``target:``; without
+it, the labels the expression joins its series on (every ``on (...)``: a series of another job
+joined ``on (uuid)`` belongs to its GPU), else the target's own labels less those of every
+``ignoring (...)``. It goes to every target that has the same value for each of those labels
+the series carries, and to every target when it carries none of them (an aggregation such as
+``sum(x) > 10`` reads every series for its one target) (docs/policies.md, "Fresh data").
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from gpuops.model.decisions import Sample
 from gpuops.model.rules.model import Policy
 
-INPUT_LABEL = "gpuops_input"
-"""The label a stale series carries from the probe (``gpuops.sources.prometheus.AGE_LABEL``)."""
+PROBE_LABELS = frozenset({"gpuops_input", "gpuops_name", "__name__"})
+"""The labels a stale series carries from the probe (``gpuops.sources.prometheus.AGE_LABEL``,
+``NAME_LABEL``) and its name: none of them ties it to a target."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,21 @@ class StaleInput:
 
     input: str
     series: Sequence[Sample]
+    joined_on: frozenset[str] | None = None
+    """The labels the policy's expressions join their series on (``on (...)``), None: none
+    (``gpuops.sources.prometheus.join_labels``)."""
+    ignoring: frozenset[str] = frozenset()
+    """The labels their joins ignore (``ignoring (...)``)."""
 
     @property
-    def windowed(self) -> bool:
-        return self.input.endswith("]")
+    def ages_known(self) -> bool:
+        """Whether the series' values are their ages: an instant selector with a metric name
+        (``gpuops.sources.prometheus.stale_expr``)."""
+        return not self.input.endswith("]") and not self.input.startswith("{")
 
     def oldest(self) -> float | None:
-        """The age of its oldest series, when known (an instant selector's)."""
-        if self.windowed or not self.series:
+        """The age of its oldest series, when known."""
+        if not self.ages_known or not self.series:
             return None
         return max(s.value for s in self.series)
 
@@ -71,10 +79,17 @@ def held_targets(
         if sigs is None:
             return Held(True, frozenset())
         return Held(False, frozenset(k for k, labels in targets if _matches(labels, sigs)))
+    joined_on = next((one.joined_on for one in stale if one.joined_on is not None), None)
+    ignoring = frozenset().union(*(one.ignoring for one in stale))
+    if joined_on is not None:
+        sigs = _signatures(joined_on, series)
+        if sigs is None:
+            return Held(True, frozenset())
+        return Held(False, frozenset(k for k, labels in targets if _matches(labels, sigs)))
     held: set[str] = set()
     by_names: dict[frozenset[str], dict[tuple[str, ...], set[tuple[str, ...]]] | None] = {}
     for key, labels in targets:
-        names = frozenset(labels)
+        names = frozenset(labels) - ignoring
         if names not in by_names:
             by_names[names] = _signatures(names, series)
         sigs = by_names[names]
@@ -84,7 +99,7 @@ def held_targets(
 
 
 def _labels(sample: Sample) -> Mapping[str, str]:
-    return {k: v for k, v in sample.labels.items() if k not in (INPUT_LABEL, "__name__")}
+    return {k: v for k, v in sample.labels.items() if k not in PROBE_LABELS}
 
 
 def _signatures(

@@ -27,7 +27,13 @@ from gpuops.model.evaluation import Freshness, PolicyState, QueryResult, evaluat
 from gpuops.model.guardrails import Context, GuardrailState, judge_step, population_expr
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
-from gpuops.sources.prometheus import AGE_LABEL, PrometheusClient, input_selectors, stale_expr
+from gpuops.sources.prometheus import (
+    AGE_LABEL,
+    PrometheusClient,
+    input_selectors,
+    join_labels,
+    stale_expr,
+)
 
 
 @dataclass(frozen=True)
@@ -129,8 +135,7 @@ def _stale(
 ) -> dict[float, tuple[StaleInput, ...]]:
     """The stale input series of ``policy`` at each step (``gpuops.sources.prometheus.stale_expr``
     as a range query), by step."""
-    exprs = (e for e in (policy.expr, policy.clear_expr) if e is not None)
-    inputs = tuple(dict.fromkeys(s for e in exprs for s in input_selectors(e)))
+    inputs = tuple(dict.fromkeys(s for e in _exprs(policy) for s in input_selectors(e)))
     probe = stale_expr(inputs, bound_s)
     if probe is None:
         return {}
@@ -140,10 +145,15 @@ def _stale(
             index = int(sample.labels.get(AGE_LABEL, "-1"))
             if 0 <= index < len(inputs):
                 found.setdefault(at, {}).setdefault(inputs[index], []).append(sample)
+    on, ignoring = join_labels(_exprs(policy))
     return {
-        at: tuple(StaleInput(i, tuple(series)) for i, series in by_input.items())
+        at: tuple(StaleInput(i, tuple(series), on, ignoring) for i, series in by_input.items())
         for at, by_input in found.items()
     }
+
+
+def _exprs(policy: Policy) -> tuple[str, ...]:
+    return tuple(e for e in (policy.expr, policy.clear_expr) if e is not None)
 
 
 def _cron_times(schedule: str, start: float, end: float) -> list[float]:

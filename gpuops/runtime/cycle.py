@@ -51,6 +51,7 @@ from gpuops.sources.prometheus import (
     PrometheusClient,
     QueryError,
     input_selectors,
+    join_labels,
     narrowed,
 )
 from gpuops.store.interface import ApprovalStatus, DecisionStatus, Store
@@ -298,7 +299,11 @@ class Cycle:
         missing = [s for s in inputs if (s, bound_s) not in known]
         if missing:
             known.update(self._ask_stale(missing, now, bound_s))
-        return tuple(StaleInput(s, found) for s in inputs if (found := known[s, bound_s]))
+        stale = [(s, found) for s in inputs if (found := known[s, bound_s])]
+        if not stale:
+            return ()
+        on, ignoring = join_labels(tuple(exprs))
+        return tuple(StaleInput(s, found, on, ignoring) for s, found in stale)
 
     def _ask_stale(
         self, inputs: Sequence[str], now: float, bound_s: float

@@ -219,10 +219,12 @@ class Engine:
     def _expire_held_for_policy(self, names: Iterable[str]) -> None:
         """The fires the gate held because their policy was not loaded, of the policies
         ``names`` just loaded (again, or at start): decided again at the policy's next
-        evaluation (``gpuops.model.evaluation.failed`` set their ``retry_at``), unless held longer
-        than ``guardrails.action_max_age`` ago: those targets start over (a target still in
-        the policy's result is pending again and must hold ``for`` anew), since nothing says
-        the condition held while the policy was away (docs/policies.md, "Suppressions")."""
+        evaluation (``gpuops.model.evaluation.failed`` set their ``retry_at``), unless held
+        longer than ``guardrails.action_max_age`` ago. Then a target on which nothing of its
+        episode ran starts over (still in the policy's result, it is pending again and must
+        hold ``for`` anew: nothing says the condition held while the policy was away); one
+        on which an action of its episode ran (a repeat was held) keeps firing, without the
+        held repeat, so that its clear still undoes what ran (docs/policies.md)."""
         verdict = Suppression.POLICY_REMOVED.verdict.value
         now = self.clock()
         grace = self.config.guardrails.action_max_age
@@ -233,23 +235,31 @@ class Engine:
                     state = self.store.policy_state(name)
                 except StateRowError:  # its evaluations say so (docs/state.md)
                     continue
-                old = [
-                    key
+                old = {
+                    key: t
                     for key, t in state.targets.items()
                     if t.held == verdict and t.held_since is not None and now - t.held_since > grace
-                ]
+                }
                 if not old:
                     continue
-                kept = {k: t for k, t in state.targets.items() if k not in old}
+                targets = {k: t for k, t in state.targets.items() if k not in old}
+                for key, t in old.items():
+                    if t.acted:
+                        targets[key] = replace(
+                            t, retry_at=None, held=None, held_since=None, held_repeats=0
+                        )
                 with self.store.transaction() as db:
-                    self.store.save_policy_state(db, name, PolicyState(freeze(kept)))
+                    self.store.save_policy_state(db, name, PolicyState(freeze(targets)))
+            over = sorted(k for k, t in old.items() if not t.acted)
             log.warning(
                 "policy %s is loaded again after more than action_max_age %.0fs: the fires"
-                " held while it was away start over on %d targets (%s)",
+                " held while it was away start over on %d targets (%s); %d targets keep the"
+                " action that ran and their undo",
                 name,
                 grace,
-                len(old),
-                ", ".join(sorted(old)[:10]),
+                len(over),
+                ", ".join(over[:10]),
+                len(old) - len(over),
             )
 
     # --- controls and health ----------------------------------------------------------------
@@ -305,9 +315,14 @@ class Engine:
         return self.approvals.expire()
 
     def _skipped(self, skipped: SkippedEvaluation) -> None:
-        log.warning(
-            "skipped %s: %s (no state changed, nothing acted on)", skipped.policy, skipped.error
-        )
+        if skipped.held:
+            log.warning("%s: %s (nothing decided for those)", skipped.policy, skipped.error)
+        else:
+            log.warning(
+                "skipped %s: %s (no state changed, nothing acted on)",
+                skipped.policy,
+                skipped.error,
+            )
         self.audit.skipped(skipped)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
@@ -368,6 +383,7 @@ class Engine:
             change.elected, change.replica, change.epoch, change.reason, self.clock()
         )
         if change.elected:
+            self._expire_held_for_policy(self._loaded)
             self.gate.resume()
             self._start_alerts()
 

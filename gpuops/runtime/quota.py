@@ -155,6 +155,15 @@ class QuotaManager:
         for request in [] if held else store.quota_requests(QuotaStatus.APPLYING):
             if request.retry_at is None or request.retry_at <= now:
                 self._apply(request)
+        for request in store.quota_requests(QuotaStatus.ACTIVE):
+            if self._granted_in_dry_run(request):  # stored as active by an older engine
+                shown = replace(request, status=QuotaStatus.DRY_RUN)
+                if store.move_quota_request(shown, QuotaStatus.ACTIVE):
+                    log.warning(
+                        "quota request %s was approved in dry-run: nothing was applied, so it"
+                        " is dry_run, not active, and nothing is undone at its end",
+                        request.id,
+                    )
         for request in store.quota_requests(QuotaStatus.DRY_RUN):
             if request.ends_at is not None and request.ends_at <= now:
                 # nothing was applied, so nothing is undone (also when dry-run is off by now)
@@ -167,6 +176,13 @@ class QuotaManager:
         ]
         for request in due + store.quota_requests(QuotaStatus.RELEASING):
             self._release(request)
+
+    def _granted_in_dry_run(self, request: QuotaRequest) -> bool:
+        """Whether ``request``'s grant was judged dry-run (nothing applied)."""
+        if request.grant_decision is None:
+            return False
+        stored = self._store.decision(request.grant_decision)
+        return stored is not None and stored.decision.verdict == Verdict.DRY_RUN.value
 
     def policy(self) -> Policy:
         """The ``quota-request`` policy its decisions are judged, and held at the gate, by

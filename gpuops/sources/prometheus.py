@@ -530,13 +530,43 @@ def _collect_inputs(node: Any, reach: float, inputs: dict[str, None]) -> None:
         _collect_inputs(node.expr, reach, inputs)
 
 
+@lru_cache(maxsize=1024)
+def join_labels(exprs: tuple[str, ...]) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """How the series of ``exprs`` are joined to their result: the labels of every
+    ``on (...)`` of their binary operations (None: there is none) and of every
+    ``ignoring (...)``. A stale series is attributed to the targets that share its values of
+    those labels (``gpuops.model.staleness``): joined ``on (uuid)``, a series of another job
+    still belongs to its GPU's target."""
+    on: set[str] | None = None
+    ignoring: set[str] = set()
+
+    def visit(node: promql_parser.Expr) -> bool:
+        nonlocal on
+        if isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            if matching is not None:
+                if matching.type == promql_parser.LabelModifierType.Include:
+                    on = (on or set()) | set(matching.labels)
+                else:
+                    ignoring.update(matching.labels)
+        return True
+
+    for expr in exprs:
+        try:
+            promql_parser.walk(promql_parser.parse(expr), visit)
+        except ValueError as exc:
+            raise QueryError(f"cannot tell how {expr!r} joins its series: {_cap(exc)}") from exc
+    return (frozenset(on) if on is not None else None), frozenset(ignoring)
+
+
 def _windowed(selector: str, window_s: float) -> str:
     return f"{selector}[{_duration(window_s)}]"
 
 
 def _duration(seconds: float) -> str:
-    """``seconds`` as a PromQL duration (whole milliseconds when not whole seconds)."""
-    ms = round(seconds * 1000)
+    """``seconds`` as a PromQL duration (whole milliseconds when not whole seconds; at least
+    one: Prometheus refuses a range of 0)."""
+    ms = max(1, round(seconds * 1000))
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
@@ -688,20 +718,37 @@ def stale_expr(inputs: tuple[str, ...], bound_s: float) -> str | None:
     the bound (``last_over_time(s[window]) unless last_over_time(s[bound])``: ``timestamp()``
     of a function's result is the evaluation time, not the sample's, so the age cannot be
     asked; the value is the series' last one). A window no longer than the bound cannot read
-    a stale sample and is not asked. None: nothing to ask (no input, or no bound)."""
+    a stale sample and is not asked. A selector without a literal metric name
+    (``{__name__=~"a|b"}``) has its series' names copied into ``NAME_LABEL`` on both sides,
+    since ``unless`` (and ``timestamp``) leave ``__name__`` out: ``a`` and ``b`` with the same
+    other labels are two series. None: nothing to ask (no input, or no bound)."""
     if not math.isfinite(bound_s):
         return None
     parts = []
     for i, text in enumerate(inputs):
         selector, window = split_input(text)
-        if window is None:
+        recent = f"last_over_time({_windowed(selector, bound_s)})"
+        if selector.startswith("{"):
+            read = text if window is None else f"last_over_time({text})"
+            if window is not None and window <= bound_s:
+                continue
+            part = f"{_named(read)} unless {_named(recent)}"
+        elif window is None:
             part = f"time() - timestamp({selector}) > {bound_s!r}"
         elif window > bound_s:
-            part = f"last_over_time({text}) unless last_over_time({_windowed(selector, bound_s)})"
+            part = f"last_over_time({text}) unless {recent}"
         else:
             continue
         parts.append(f'label_replace({part}, "{AGE_LABEL}", "{i}", "", "")')
     return " or ".join(parts) or None
+
+
+NAME_LABEL = "gpuops_name"
+"""The label a stale series of a selector without a literal metric name carries its name in."""
+
+
+def _named(expr: str) -> str:
+    return f'label_replace({expr}, "{NAME_LABEL}", "$1", "__name__", "(.+)")'
 
 
 def parse_vector(raw: Any, expr: str) -> tuple[Sample, ...]:

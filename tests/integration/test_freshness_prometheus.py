@@ -445,3 +445,34 @@ def test_a_backtest_holds_a_target_whose_history_has_a_gap(tmp_path: Path) -> No
         decided = json.loads(cli.output)["decisions"]
         a = [d["at"] for d in decided if "GPU-A" in d["target"] and d["transition"] == "fire"]
         assert a and max(a) <= time.strftime(iso, time.gmtime(start + 15 * 60 + 30))
+
+
+def test_the_probe_tells_series_apart_by_name_when_the_selector_has_none(tmp_path: Path) -> None:
+    """``{__name__=~"c|d"}``: ``c`` stopped two minutes ago, ``d`` goes on with the same other
+    labels. ``unless`` and ``timestamp`` leave the name out, so the probe matches on a copy of
+    it: ``c`` is stale, ``d`` is not, read over a window and instantly alike."""
+    from gpuops.sim.fleet.remotewrite import RemoteWriter
+    from gpuops.sources.prometheus import PrometheusClient, input_selectors
+
+    config = "global:\n  scrape_interval: 15s\nscrape_configs: []\n"
+    with PrometheusServer(
+        tmp_path / "prometheus", config, extra_args=["--web.enable-remote-write-receiver"]
+    ) as prom:
+        now = float(int(time.time()))
+        writer = RemoteWriter(prom.url)
+        for i in range(40):
+            at = now - 600 + 15 * i
+            samples = {(("__name__", "d"), ("node", "n1")): 1.0}
+            if at <= now - 120:
+                samples[("__name__", "c"), ("node", "n1")] = 1.0
+            writer.add(int(at * 1000), samples)
+        writer.flush()
+        client = PrometheusClient(prom.url)
+        wait_for(lambda: client.query("d", at=now - 15), 20, "the history to be written")
+        windowed = input_selectors('last_over_time({__name__=~"c|d",node="n1"}[10m]) > 0')
+        found = client.stale_series(windowed, 30.0, at=now - 15)
+        assert [s.labels["gpuops_name"] for s in found[windowed[0]]] == ["c"]
+        # an instant one: asked without the name clash timestamp() had (HTTP 422), d fresh
+        instant = input_selectors('{__name__=~"c|d",node="n1"} > 0')
+        assert client.stale_series(instant, 30.0, at=now - 15) == {}
+        assert client.stale_series(instant, 5.0, at=now - 15) == {}

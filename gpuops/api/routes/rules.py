@@ -187,7 +187,7 @@ def reload_rules(
     ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_WRITE))]
 ) -> Any:
     """Read the rule files again; on any error the running rules stay (422 with the errors)."""
-    return _reload_answer(ctx)
+    return _reload_answer(ctx, shown=_names(ctx.engine.config.rules))
 
 
 def _files(ctx: ApiContext) -> dict[str, Path]:

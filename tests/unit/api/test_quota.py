@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, get_args
@@ -232,6 +233,31 @@ def test_a_request_approved_in_dry_run_shows_it_was_not_applied(
         assert fleet.calls == []
         stored = api.engine.store.decisions("quota-request", 0, 10)
         assert [d.decision.transition for d in stored] == ["fire"]
+
+
+def test_a_request_an_older_engine_stored_active_in_dry_run_is_not_undone(
+    tmp_path: Path, fleet: FakeFleet
+) -> None:
+    """An engine before the ``dry_run`` status stored a grant judged dry-run as ``active``:
+    ticked by this one, it shows ``dry_run`` and its end undoes nothing."""
+    executors = {"fleet": {"url": fleet.url}}
+    dry_run = GuardrailSettings(dry_run=True)
+    with running_api(tmp_path, quota=_settings(), executors=executors, guardrails=dry_run) as api:
+        filed = _submit(api, gpus=1, duration="1h")
+        body = api.call("admin", "POST", f"/api/v1/quota-requests/{filed['id']}/approve").json()
+        store = api.engine.store
+        request = api.context.quota.get(filed["id"])
+        moved = replace(request, status=QuotaStatus.ACTIVE)
+        assert store.move_quota_request(moved, QuotaStatus.DRY_RUN)
+        ends_at = body["ends_at"]
+    with running_api(tmp_path, quota=_settings(), executors=executors) as api:
+        quota = api.context.quota
+        quota.tick()
+        assert quota.get(filed["id"]).status == "dry_run"
+        api.clock.now = ends_at + 1
+        quota.tick()
+        assert quota.get(filed["id"]).status == "ended"
+        assert fleet.calls == []
 
 
 def test_every_quota_status_can_be_asked_for() -> None:

@@ -11,7 +11,7 @@ from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
 from gpuops.settings import PrometheusSettings
-from gpuops.sources.prometheus import input_selectors, stale_expr
+from gpuops.sources.prometheus import input_selectors, join_labels, stale_expr
 
 POLICY = Policy(
     name="reclaim",
@@ -187,3 +187,23 @@ def test_a_group_may_set_its_own_sample_age_bound() -> None:
     settings = PrometheusSettings(scrape_interval=15)
     assert settings.freshness(group.interval_s, group.max_sample_age_s) == Freshness(120, 120)
     assert settings.freshness(group.interval_s) == Freshness(30, 120)
+
+
+def test_without_target_labels_a_join_on_labels_ties_a_series_of_another_job() -> None:
+    """``and on (uuid) alloc == 1``: the allocation series comes from another job (its
+    ``instance`` and ``job`` differ from the utilization's), and still holds its GPU."""
+    expr = "max_over_time(util[30m]) < 0.2 and on (uuid) alloc == 1"
+    policy = Policy(name="p", group="g", expr=expr, action=ActionSpec("reclaim", "fleet"))
+    on, ignoring = join_labels((expr,))
+    assert (on, ignoring) == (frozenset({"uuid"}), frozenset())
+    old = Sample(freeze({"job": "slurm", "instance": "s:9100", "uuid": "GPU-3"}), 120.0, 0.0)
+    result = QueryResult(
+        tuple(
+            Sample(freeze({"job": "nvml", "instance": f"n{i}:9400", "uuid": f"GPU-{i}"}), 0.1, 0)
+            for i in (2, 3)
+        ),
+        stale=(StaleInput("alloc{}", (old,), on, ignoring),),
+    )
+    step = evaluate(policy, result, PolicyState(), 0, FRESH)
+    assert [d.target.labels["uuid"] for d in step.decisions] == ["GPU-2"]
+    assert step.skipped is not None and "uuid=GPU-3" in step.skipped.error

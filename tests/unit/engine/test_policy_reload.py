@@ -257,3 +257,43 @@ def test_a_storm_of_rewrites_loses_no_action(world: World) -> None:
     assert engine.wait_idle(10)
     wait_for(lambda: len(world.ran) == 10, 10, "every target acted on")
     assert assert_each_once(world) == NODES
+
+
+REPEATING = """
+groups:
+  - name: nodes
+    interval: 10s
+    rules:
+      - policy: migrate-off-down-nodes
+        expr: up == 0
+        target: [node]
+        repeat_interval: 1m
+        action: {type: migrate, executor: log}
+        on_clear: {type: restore, executor: log}
+        mode: enforce
+"""
+
+
+def test_past_the_grace_a_target_whose_action_ran_keeps_its_undo(world: World) -> None:
+    """The first fire ran on every node; its repeat was held while the policy was away, past
+    the grace: the nodes stay firing on the action that ran, and their clear restores them."""
+    world.rule_file.write_text(REPEATING)
+    world.release.set()
+    engine = world.engine()
+    world.evaluate(engine)
+    assert engine.wait_idle(10) and len(world.ran) == 10
+    world.release.clear()
+    world.evaluate(engine, 60)  # the repeats: 4 start, 6 wait
+    away = world.tmp / "migrate.yaml.moved"
+    world.rule_file.rename(away)
+    assert engine.reload().ok
+    world.release.set()
+    assert engine.wait_idle(10) and len(world.ran) == 14
+    world.clock.now += engine.config.guardrails.action_max_age + 1
+    away.rename(world.rule_file)
+    assert engine.reload().ok
+    world.prom.results["up == 0"] = []  # the nodes are back
+    world.evaluate(engine, 10)
+    assert engine.wait_idle(10)
+    restored = sorted(d.target.labels["node"] for d in world.ran if d.action.type == "restore")
+    assert restored == NODES
