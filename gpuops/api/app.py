@@ -29,7 +29,7 @@ from gpuops.api.tokens import TokenStore
 from gpuops.runtime import Engine
 from gpuops.runtime.leadership import NotLeaderError
 from gpuops.settings import ApiSettings
-from gpuops.store.sqlite import StateError
+from gpuops.store.errors import StateError
 
 log = logging.getLogger(__name__)
 

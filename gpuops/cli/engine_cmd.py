@@ -17,8 +17,7 @@ from gpuops.api.tokens import TokenStore
 from gpuops.model.rules.model import RulesError
 from gpuops.runtime import Engine, collect_less
 from gpuops.settings import ConfigError, load_config
-from gpuops.store.postgres import DatabaseUnavailable
-from gpuops.store.sqlite import StateError, StateFileMissing
+from gpuops.store.errors import DatabaseUnavailable, StateError, StateFileMissing
 
 log = logging.getLogger(__name__)
 

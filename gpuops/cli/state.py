@@ -21,8 +21,11 @@ from gpuops.audit import AuditLog
 from gpuops.audit.errors import SpoolLockedError
 from gpuops.runtime.facade import previous_run
 from gpuops.settings import ConfigError, EngineConfig, load_config
-from gpuops.store.postgres import Credentials, PostgresStore, redacted
-from gpuops.store.sqlite import StateError, StateStore, reset
+from gpuops.store.errors import StateError
+from gpuops.store.postgres import PostgresStore
+from gpuops.store.postgres.connection import Credentials, redacted
+from gpuops.store.sqlite import StateStore
+from gpuops.store.sqlite.integrity import reset
 
 _CONFIG = click.option(
     "--config",
@@ -52,7 +55,7 @@ def _config(path: Path, *, database: bool = False) -> EngineConfig:
     return config
 
 
-def _open(config: EngineConfig) -> StateStore:
+def _open(config: EngineConfig) -> StateStore | PostgresStore:
     """The store the engine would open; on PostgreSQL a read-only session that neither
     creates nor migrates the schema."""
     state = config.state

@@ -42,8 +42,8 @@ from gpuops.model.evaluation import evaluate_alert
 from gpuops.model.rules.model import Policy
 from gpuops.runtime.cycle import Cycle
 from gpuops.runtime.rulebook import Rulebook
+from gpuops.store.errors import StateError
 from gpuops.store.interface import AlertKey, DecisionStatus, Store, StoredDecision
-from gpuops.store.sqlite import StateError
 
 log = logging.getLogger(__name__)
 

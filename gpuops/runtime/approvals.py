@@ -19,8 +19,8 @@ from gpuops.runtime.gate import Gate
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.runtime.rulebook import Rulebook
 from gpuops.settings import GuardrailSettings
+from gpuops.store.errors import StateRowError
 from gpuops.store.interface import ApprovalStatus, Store
-from gpuops.store.sqlite import StateRowError
 
 
 class ApprovalError(Exception):

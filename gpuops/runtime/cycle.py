@@ -54,8 +54,8 @@ from gpuops.sources.prometheus import (
     join_labels,
     narrowed,
 )
+from gpuops.store.errors import StateRowError
 from gpuops.store.interface import ApprovalStatus, DecisionStatus, Store
-from gpuops.store.sqlite import StateRowError
 
 log = logging.getLogger(__name__)
 

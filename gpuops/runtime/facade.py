@@ -41,9 +41,12 @@ from gpuops.runtime.quota import QuotaManager
 from gpuops.runtime.rulebook import ReloadResult, Rulebook
 from gpuops.settings import EngineConfig
 from gpuops.sources.prometheus import PrometheusClient
+from gpuops.store.errors import StateError, StateRowError
 from gpuops.store.interface import Store
-from gpuops.store.postgres import Credentials, Lease, PostgresStore
-from gpuops.store.sqlite import StateError, StateRowError, StateStore
+from gpuops.store.lease import Lease
+from gpuops.store.postgres import PostgresStore
+from gpuops.store.postgres.connection import Credentials
+from gpuops.store.sqlite import StateStore
 
 log = logging.getLogger(__name__)
 

@@ -61,8 +61,8 @@ from gpuops.model.rules.model import Policy
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import GuardrailSettings
+from gpuops.store.errors import StateError
 from gpuops.store.interface import Audited, DecisionStatus, Store, StoredDecision
-from gpuops.store.sqlite import StateError
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuops.store.postgres import LeaderInfo, Lease
-from gpuops.store.sqlite import StateError
+from gpuops.store.errors import StateError
+from gpuops.store.lease import LeaderInfo, Lease
 
 log = logging.getLogger(__name__)
 

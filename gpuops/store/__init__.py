@@ -1,4 +1,6 @@
-"""The engine's state: ``interface`` (the repository Protocols and the frozen values they hand
-back), ``codecs`` (one JSON codec per stored type), ``sqlite`` (the default backend: one file,
-schema migrations, integrity checks) and ``postgres`` (the same on PostgreSQL, with the leader
-lease for high availability: docs/ha.md)."""
+"""The engine's state, from the bottom up: ``interface`` (the frozen values a backend hands back
+and one repository Protocol per aggregate, joined in ``Store``) and ``errors`` (what a backend
+raises); ``codecs`` (one JSON codec per stored type); ``sql`` (the queries both backends run,
+one module per aggregate); the backends ``sqlite`` (the default: one file, schema migrations,
+integrity checks) and ``postgres`` (shared by replicas, every write fenced); and ``lease``, the
+leader lease of high availability (docs/ha.md)."""

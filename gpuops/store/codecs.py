@@ -1,19 +1,23 @@
-"""One JSON codec per stored type (``gpuops.store.interface``'s values): what a backend writes into
-its
-JSON columns and the API serves, and the inverse. Each pair round-trips
-(``tests/unit/engine/test_codecs.py``).
+"""One JSON codec per stored type: what a backend writes into its JSON columns (and the API
+serves), and the inverse. Each pair round-trips (``tests/unit/engine/test_codecs.py``).
 
-Decisions and outcomes use ``gpuops.model.records``' forms; this module adds the aggregates of the
-store. Used by ``gpuops.store.sqlite`` (and any other backend) and by the API at its edge.
+Decisions and outcomes use ``gpuops.model.records``' forms; this module adds the store's
+aggregates (``gpuops.store.interface``'s values), the targets of a policy state and the
+guardrail windows. Used by ``gpuops.store.sql`` (the queries both backends run) and by the API
+at its edge. These documents are the I/O edge: nothing outside a codec, a row or the API hands
+one on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, fields
+from sys import intern
 from typing import Any
 
 from gpuops.model.decisions import freeze
+from gpuops.model.evaluation import Status, TargetState
+from gpuops.model.guardrails import Execution, GuardrailState
 from gpuops.model.records import (
     decision_doc,
     decision_from_doc,
@@ -33,8 +37,8 @@ from gpuops.store.interface import (
 
 
 def stored_decision_doc(stored: StoredDecision) -> dict[str, Any]:
-    """A stored decision as the API serves it: the decision's JSON form plus ``status`` and
-    ``outcome`` (as before the store was typed)."""
+    """A stored decision as the API serves it: the decision's JSON form plus ``status``,
+    ``outcome`` and, once retried, ``retried_at``."""
     doc = decision_doc(stored.decision)
     doc["status"] = stored.status.value
     doc["outcome"] = None if stored.outcome is None else outcome_doc(stored.outcome)
@@ -112,3 +116,68 @@ def alert_doc(alert: Mapping[str, Any]) -> dict[str, Any]:
 def alert_from_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     """A read-only alert (its nested ``labels``/``annotations`` too)."""
     return freeze({k: freeze(v) if isinstance(v, Mapping) else v for k, v in doc.items()})
+
+
+def target_state_doc(t: TargetState) -> dict[str, Any]:
+    """A policy's target as its ``policy_targets`` row holds it (``TargetState``'s fields, in
+    their order: ``gpuops.store.sql.columns`` writes the same keys)."""
+    return {
+        "status": t.status.value,
+        "active_since": t.active_since,
+        "last_seen": t.last_seen,
+        "value": t.value,
+        "labels": dict(t.labels),
+        "fired_at": t.fired_at,
+        "last_fire_at": t.last_fire_at,
+        "repeats": t.repeats,
+        "absent_since": t.absent_since,
+        "actions": t.actions,
+        "retry_at": t.retry_at,
+        "held": t.held,
+        "held_since": t.held_since,
+        "held_repeats": t.held_repeats,
+    }
+
+
+def _interned(labels: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``freeze(labels)`` with its string values interned (``Target.from_labels``)."""
+    frozen = freeze(labels)
+    return freeze({k: intern(v) if type(v) is str else v for k, v in frozen.items()})
+
+
+def target_state_from_doc(t: Mapping[str, Any]) -> TargetState:
+    """The inverse of ``target_state_doc``; the fields added after the first version take
+    their defaults when a row lacks them."""
+    return TargetState(
+        status=Status(t["status"]),
+        active_since=t["active_since"],
+        last_seen=t["last_seen"],
+        value=t["value"],
+        labels=_interned(t["labels"]),
+        fired_at=t["fired_at"],
+        last_fire_at=t["last_fire_at"],
+        repeats=t["repeats"],
+        absent_since=t.get("absent_since"),
+        actions=int(t.get("actions", 0)),
+        retry_at=t.get("retry_at"),
+        held=t.get("held"),
+        held_since=t.get("held_since"),
+        held_repeats=int(t.get("held_repeats", 0)),
+    )
+
+
+def guardrail_state_doc(state: GuardrailState) -> dict[str, Any]:
+    """The guardrail windows as their one ``guardrails`` row holds them."""
+    return {
+        "last_action": dict(state.last_action),
+        "recent": [{"at": e.at, "policy": e.policy, "target": e.target} for e in state.recent],
+    }
+
+
+def guardrail_state_from_doc(doc: Mapping[str, Any]) -> GuardrailState:
+    """The inverse of ``guardrail_state_doc`` (``KeyError``, ``TypeError`` or
+    ``AttributeError`` when the document is not one)."""
+    return GuardrailState(
+        freeze(doc["last_action"]),
+        tuple(Execution(e["at"], e["policy"], e["target"]) for e in doc["recent"]),
+    )

@@ -2,11 +2,13 @@
 aggregate (decisions, approvals, quota requests, Alertmanager episodes, controls, guardrail
 windows, policy states), joined in ``Store`` — what ``gpuops.runtime`` needs of a backend.
 
-``gpuops.store.sqlite.StateStore`` (SQLite, the embedded default) implements ``Store``; a PostgreSQL
-backend implements the same methods with the same values. Nothing outside
-a backend sees a row or a ``dict``: decisions come back as ``StoredDecision``, approvals as
-``Approval``, quota requests as ``QuotaRequest``, received alerts as ``InboxItem``.
-``gpuops.store.codecs`` turns each value into its JSON form and back (a backend stores that form).
+``gpuops.store.sqlite.StateStore`` (SQLite, the embedded default) and
+``gpuops.store.postgres.PostgresStore`` implement ``Store`` with the same queries
+(``gpuops.store.sql``) and the same values. Nothing outside a backend sees a row or a ``dict``:
+decisions come back as ``StoredDecision``, approvals as ``Approval``, quota requests as
+``QuotaRequest``, received alerts as ``InboxItem``. ``gpuops.store.codecs`` turns each value
+into its JSON form and back (a backend stores that form). The failures a backend raises are
+``gpuops.store.errors``'.
 
 Writes that belong to one commit take the handle that ``Store.transaction()`` yields (opaque to
 callers: the backend's own connection or cursor); the others are one transaction each.
@@ -171,7 +173,7 @@ class AlertKey:
 
 
 class PolicyStateRepository(Protocol):
-    """Per-policy evaluation states (owned by issue 15: per-target persistence)."""
+    """Per-policy evaluation states, one row per target."""
 
     def policy_state(self, policy: str) -> PolicyState: ...
     def policy_names(self) -> list[str]: ...

@@ -50,7 +50,7 @@ from gpuops.model.rules.loader import load_rules
 from gpuops.runtime import Engine, collect_less
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from gpuops.store.sqlite import REFRESH_S
+from gpuops.store.sql.policy_seen import REFRESH_S
 from tests.benchmarks.bench_scale import (
     ROOT,
     SPOOL_BYTES,

@@ -60,7 +60,7 @@ from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from gpuops.sim.fleet.remotewrite import _field, encode_labels, encode_sample
 from gpuops.sources.promproc import PrometheusServer
-from gpuops.store.sqlite import REFRESH_S
+from gpuops.store.sql.policy_seen import REFRESH_S
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_S = 30.0

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from gpuops.cli import cli
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
 from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.store.errors import DatabaseUnavailable, FencedError, StateError
 from gpuops.store.interface import (
     AlertKey,
     ApprovalStatus,
@@ -26,16 +27,12 @@ from gpuops.store.interface import (
     QuotaRequest,
     QuotaStatus,
 )
-from gpuops.store.postgres import (
-    MIGRATIONS,
-    Credentials,
-    DatabaseUnavailable,
-    FencedError,
-    Lease,
-    PostgresStore,
-    redacted,
-)
-from gpuops.store.sqlite import REFRESH_S, StateError, StateStore
+from gpuops.store.lease import Lease
+from gpuops.store.postgres import PostgresStore
+from gpuops.store.postgres.connection import Credentials, redacted
+from gpuops.store.postgres.schema import MIGRATIONS
+from gpuops.store.sql.policy_seen import REFRESH_S
+from gpuops.store.sqlite import StateStore
 from tests.postgres import PASSWORD, PostgresServer
 from tests.unit.audit.factories import make_decision
 from tests.waiting import wait_for

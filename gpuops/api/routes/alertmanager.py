@@ -18,7 +18,7 @@ from gpuops.api.context import ApiContext, api_context
 from gpuops.api.schemas import AlertmanagerPayload, AlertsQueued
 from gpuops.api.tokens import Permission, Principal
 from gpuops.runtime.alerts import InboxFull
-from gpuops.store.sqlite import StateError
+from gpuops.store.errors import StateError
 
 router = APIRouter(tags=["alertmanager"])
 

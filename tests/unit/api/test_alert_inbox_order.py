@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gpuops.store.errors import StateError
 from gpuops.store.interface import AlertKey
-from gpuops.store.sqlite import StateError
 from tests.unit.api.harness import Harness, running_api
 
 DRAIN = "drain-on-gpu-fell-off-bus"

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.store.sqlite import StateError, StateStore
+from gpuops.store.errors import StateError
+from gpuops.store.sqlite import StateStore
 from tests.unit.api.harness import Harness, running_api
 
 POLICY = "drain-on-gpu-fell-off-bus"

@@ -37,8 +37,8 @@ from gpuops.settings import (
     PrometheusSettings,
     QuotaSettings,
 )
+from gpuops.store.errors import StateError
 from gpuops.store.interface import Audited, DecisionStatus
-from gpuops.store.sqlite import StateError
 from tests.fakes.prometheus import FakePrometheus
 from tests.waiting import wait_for
 
@@ -449,7 +449,8 @@ def test_a_crash_between_commit_and_intent_is_reconciled_at_start(world: World) 
 def test_an_old_state_file_is_migrated(tmp_path: Path) -> None:
     import sqlite3
 
-    from gpuops.store.sqlite import MIGRATIONS, StateStore
+    from gpuops.store.sqlite import StateStore
+    from gpuops.store.sqlite.schema import MIGRATIONS
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpuops.runtime.leadership import SAFETY, Change, Leadership, NotLeaderError
-from gpuops.store.postgres import LeaderInfo
-from gpuops.store.sqlite import StateError
+from gpuops.store.errors import StateError
+from gpuops.store.lease import LeaderInfo
 
 LEASE_S = 10.0
 

@@ -16,7 +16,10 @@ import pytest
 from gpuops.model.decisions import freeze
 from gpuops.model.evaluation import PolicyState, Status, TargetState
 from gpuops.model.guardrails import GuardrailState
-from gpuops.store.sqlite import MIGRATIONS, REFRESH_S, StateError, StateRowError, StateStore
+from gpuops.store.errors import StateError, StateRowError
+from gpuops.store.sql.policy_seen import REFRESH_S
+from gpuops.store.sqlite import StateStore
+from gpuops.store.sqlite.schema import MIGRATIONS
 
 
 def target(uuid: str, since: float = 1.0, status: Status = Status.PENDING) -> TargetState:

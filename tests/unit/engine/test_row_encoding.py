@@ -16,8 +16,11 @@ import pytest
 from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition, freeze
 from gpuops.model.evaluation import PolicyState, Status, TargetState
 from gpuops.model.records import decision_doc, decision_from_doc
+from gpuops.store.codecs import target_state_doc as _target_state_to_dict
 from gpuops.store.interface import DecisionStatus
-from gpuops.store.sqlite import StateStore, _decision_data, _target_data, _target_state_to_dict
+from gpuops.store.sql.columns import decision_data as _decision_data
+from gpuops.store.sql.columns import target_data as _target_data
+from gpuops.store.sqlite import StateStore
 
 NAN, INF = float("nan"), float("inf")
 

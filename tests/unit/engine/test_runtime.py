@@ -24,7 +24,7 @@ from gpuops.runtime import Engine
 from gpuops.runtime import cycle as cycle_module
 from gpuops.runtime.approvals import ApprovalError
 from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
-from gpuops.store.sqlite import REFRESH_S
+from gpuops.store.sql.policy_seen import REFRESH_S
 from tests.fakes.prometheus import FakePrometheus, FakePrometheusClient
 
 RULES = """

@@ -32,7 +32,7 @@ from gpuops.model.decisions import Decision
 from gpuops.runtime import Engine
 from gpuops.runtime.approvals import ApprovalError
 from gpuops.settings import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
-from gpuops.store.sqlite import StateError
+from gpuops.store.errors import StateError
 from tests.fakes.prometheus import FakePrometheus
 
 RULES = """

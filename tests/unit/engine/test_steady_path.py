@@ -24,7 +24,8 @@ from gpuops.model.evaluation import (
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
 from gpuops.sources.prometheus import QueryError, decode_vector
-from gpuops.store.sqlite import REFRESH_S, StateStore
+from gpuops.store.sql.policy_seen import REFRESH_S
+from gpuops.store.sqlite import StateStore
 
 POLICY = Policy(
     name="reclaim",
