@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -29,10 +29,14 @@ from gpuops.store.codecs import (
     alert_from_doc,
     approval_doc,
     approval_from_doc,
+    guardrail_state_doc,
+    guardrail_state_from_doc,
     quota_request_doc,
     quota_request_from_doc,
     stored_decision_doc,
     stored_decision_from_doc,
+    target_state_doc,
+    target_state_from_doc,
 )
 from gpuops.store.interface import (
     AlertKey,
@@ -106,6 +110,27 @@ def test_guardrail_state_round_trips(store: StateStore) -> None:
     with store.transaction() as db:
         store.save_guardrail_state(db, state)
     assert store.guardrail_state() == state
+
+
+def test_target_state_and_guardrail_codecs_round_trip_through_json() -> None:
+    target = TargetState(
+        Status.FIRING,
+        active_since=1.0,
+        last_seen=2.0,
+        value=0.1,
+        labels=freeze({"uuid": "a"}),
+        fired_at=1.5,
+        held="suppressed:max_fraction",
+        held_since=1.6,
+        held_repeats=2,
+    )
+    doc = json.loads(json.dumps(target_state_doc(target)))
+    assert list(doc) == [f.name for f in fields(TargetState)]
+    assert target_state_from_doc(doc) == target
+    old = {k: v for k, v in doc.items() if k not in ("actions", "retry_at", "held_repeats")}
+    assert target_state_from_doc(old) == replace(target, held_repeats=0)
+    guard = GuardrailState(freeze({"p\x1fuuid=a": 5.0}), (Execution(5.0, "p", "uuid=a"),))
+    assert guardrail_state_from_doc(json.loads(json.dumps(guardrail_state_doc(guard)))) == guard
 
 
 def test_decision_round_trips_through_the_state_file(store: StateStore) -> None:
