@@ -91,7 +91,8 @@ class SqlDecisions(SqlBase):
                 _set_verdict(db, decision_id, held.verdict.value, held.reason)
 
     def mark_audited(self, ids: Sequence[str], level: Audited) -> None:
-        """Note that the spool holds the intent (``INTENT``) or the outcome (``OUTCOME``)."""
+        """Note that the spool holds the intent (``Audited.INTENT``) or the outcome
+        (``Audited.OUTCOME``); never lowers what it holds."""
         with self.transaction() as db:
             for start in range(0, len(ids), CHUNK):
                 chunk = ids[start : start + CHUNK]
