@@ -19,7 +19,7 @@ from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, with_listener
 from gpuops.sim.fleet.remotewrite import RemoteWriteError
 from gpuops.sim.whatif import SCRAPE_INTERVAL_S, WhatifError
 from gpuops.sim.whatif import whatif as run_whatif
-from gpuops.sim.whatif_report import table, to_json
+from gpuops.sim.whatif.report import table, to_json
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def whatif(
     except (WhatifError, RemoteWriteError) as exc:
         raise click.ClickException(str(exc)) from None
     if plots is not None:
-        from gpuops.sim.whatif_plots import plot  # matplotlib: imported only for --plots
+        from gpuops.sim.whatif.plots import plot  # matplotlib: imported only for --plots
 
         for path in plot(result, plots):
             log.info("plot: %s", path)

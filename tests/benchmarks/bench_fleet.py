@@ -1,4 +1,4 @@
-"""Fleet simulator speed (issue 12): how fast the cluster steps a 512-GPU fleet through 24
+"""Fleet simulator speed: how fast the cluster steps a 512-GPU fleet through 24
 simulated hours with the scheduler (classes, affinity, quotas, borrowing, preemption), the
 energy model and arrivals, and what one scheduling pass costs with a long queue. Prints
 figures; never fails on noise.

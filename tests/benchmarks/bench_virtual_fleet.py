@@ -1,4 +1,4 @@
-"""The what-if's fleet side at full size (issue 12): 24 virtual hours of the Helios fleet
+"""The what-if's fleet side at full size: 24 virtual hours of the Helios fleet
 scaled to 512 GPUs, scraped every 30 virtual seconds and written through a real Prometheus'
 remote-write receiver. Prints the wall time, samples per second and where the time goes
 (cluster steps, collecting series, encoding and sending). Never fails on noise.

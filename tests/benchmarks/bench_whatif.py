@@ -1,4 +1,4 @@
-"""`gpuops whatif` at full size (issue 12, Deliver 4): the case-study fleet scaled to ~500 GPUs
+"""`gpuops whatif` at full size: the case-study fleet scaled to ~500 GPUs
 (every pool, reservation and arrival rate x11), 24 virtual hours, policies off and on (the
 case study's rules), with a real Prometheus fed by remote write. Prints the wall time of each
 run against the target (<= 10 minutes for both on these 2-core machines) and the comparison
@@ -22,7 +22,7 @@ from pathlib import Path
 from gpuops.sim.fleet.config import FleetConfig, ProjectSpec
 from gpuops.sim.fleet.fleetfile import load_fleet
 from gpuops.sim.whatif import PARTS, SCRAPE_INTERVAL_S, RunResult, whatif
-from gpuops.sim.whatif_report import table
+from gpuops.sim.whatif.report import table
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET = REPO / "examples" / "fleets" / "case-study.yaml"

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from gpuops.audit.spool import read_spool
 from gpuops.cli import cli
-from gpuops.sim.whatif import PROMETHEUS_ARGS, start_time
+from gpuops.sim.whatif.prometheus import PROMETHEUS_ARGS
+from gpuops.sim.whatif.runs import start_time
 from gpuops.sources.promproc import PrometheusServer
 
 pytestmark = pytest.mark.integration

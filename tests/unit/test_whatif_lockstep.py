@@ -22,16 +22,13 @@ from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Group, RuleSet
 from gpuops.runtime import Engine
 from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
-from gpuops.sim.whatif import (
-    LockstepPrometheus,
-    PolicyLoop,
-    VirtualClock,
-    WhatifError,
-    check_windows,
-    group_queries,
-    windows,
-)
-from gpuops.sources.prometheus import PrometheusClient, QueryError, stale_expr
+from gpuops.sim.whatif.errors import WhatifError
+from gpuops.sim.whatif.lockstep import LockstepPrometheus
+from gpuops.sim.whatif.loop import PolicyLoop, VirtualClock, group_queries
+from gpuops.sim.whatif.queries import check_windows, windows
+from gpuops.sources import QueryError
+from gpuops.sources.prometheus import PrometheusClient
+from gpuops.sources.promql import stale_expr
 
 REPO = Path(__file__).resolve().parents[2]
 URL = "http://prom.test"
@@ -221,7 +218,7 @@ def _read_names(rules: Any) -> set[str]:
 
 def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
     from gpuops.model.rules.loader import load_rules
-    from gpuops.sim.whatif import metric_names
+    from gpuops.sim.whatif.queries import metric_names
 
     shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
     loaded = load_rules([*shipped, REPO / "rules" / "case-study"])
@@ -270,7 +267,7 @@ def test_the_groups_age_probes_are_asked_as_one(client: LockstepPrometheus) -> N
     """Two groups' probes share a selector: one probe of the three selectors is asked, and
     each group's probe is answered from it with its own numbering (a selector without stale
     series is absent from both)."""
-    from gpuops.sources.prometheus import AGE_LABEL
+    from gpuops.sources.promql import AGE_LABEL
 
     def ages(request: Any) -> tuple[int, dict[str, str], str]:
         asked = request.params["query"] if request.params else ""

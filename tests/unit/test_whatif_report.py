@@ -1,4 +1,4 @@
-"""The what-if comparison: the issue's targets judged from the two runs' figures, and the
+"""The what-if comparison: the case study's targets judged from the two runs' figures, and the
 table naming each figure off vs on."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from gpuops.sim.fleet.report import ClassFigures, PoolFigures, RunReport
 from gpuops.sim.whatif import RunResult, Whatif
-from gpuops.sim.whatif_report import table, targets, to_json
+from gpuops.sim.whatif.report import table, targets, to_json
 
 OFF = RunReport(
     fleet="f",

@@ -9,14 +9,13 @@ is released, so the owner can open/close listeners and rewrite file_sd.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
 import threading
 from collections.abc import Callable
-from typing import Any
 
+from gpuops.sim.fleet import readings
 from gpuops.sim.fleet.config import (
     GIB,
     GPU_MODELS,
@@ -27,29 +26,25 @@ from gpuops.sim.fleet.config import (
     PoolSpec,
     default_workload,
 )
-from gpuops.sim.fleet.energy import JOULES_PER_KWH, host_power_watts, throughput
 from gpuops.sim.fleet.errors import BadRequest, Conflict, NotFound
 from gpuops.sim.fleet.model import (
-    SESSION_IDLE_UTILIZATION,
     SESSION_PROFILES,
+    Finished,
     FleetReading,
     Gpu,
     GpuReading,
     Job,
     Node,
     profile_memory_fraction,
-    profile_utilization,
 )
-from gpuops.sim.fleet.scheduler import Admission, Claim, Scheduler
-from gpuops.sim.fleet.sharing import fits, gpu_utilization, progress_rates
+from gpuops.sim.fleet.scheduler import Scheduler
+from gpuops.sim.fleet.stepping import Stepper
 from gpuops.sim.fleet.workload import Arrivals, PriorityClass
 
 NO_CLASS = PriorityClass("", 0)
 """The class of jobs submitted without one: plain ``priority`` ordering, never preempting."""
 
 log = logging.getLogger(__name__)
-
-NODE_STATES = ("up", "failed", "drained", "booting")
 
 
 class Cluster:
@@ -81,11 +76,8 @@ class Cluster:
         self.rng = random.Random(config.seed)
         self._id_rng = random.Random(f"{config.seed}-identity")
         self._node_seq = 0
-        self._rates: dict[str, float] = {}
-        self._clock_rates: dict[str, float] = {}
-
         self._job_seq = 0
-        self._next_arrival = math.inf
+        self.stepper = Stepper(self)
         self.priority_classes = {pc.name: pc for pc in config.priority_classes}
         self.scheduler = Scheduler(self)
         self.arrivals = (
@@ -116,15 +108,11 @@ class Cluster:
         self.redo_busy_gpu_s = 0.0
         """GPU-seconds of utilization spent doing lost work again (counted as busy in
         utilization over powered GPUs; the report shows the figure without it too)."""
-        self._active: dict[str, float] = {}
-        """job -> the part of the last step it ran (the rest it relaunched); absent: all."""
-        self._redo: dict[str, float] = {}
-        """job -> the part of its last step's progress that was work done again."""
         self.completed_gpu_s = 0.0
         """GPU-seconds (at full clock) the completed jobs asked for: the work delivered."""
-        self.completed: list[tuple[str, str, float, float]] = []
-        """(priority class, project, queue wait s, completion time s) of finished jobs."""
-        self.culled_sessions: list[tuple[str, str, float, float]] = []
+        self.completed: list[Finished] = []
+        """Finished jobs: their class, project, queue wait and completion time."""
+        self.culled_sessions: list[Finished] = []
         """The same for notebook sessions ``cull`` ended: not finished jobs (the report shows
         them apart, and the completion time with and without them)."""
         for pool in config.pools:
@@ -133,7 +121,7 @@ class Cluster:
         workload = config.initial_jobs
         for spec in default_workload(config) if workload is None else workload:
             self.submit(spec)
-        self._reset_arrivals()
+        self.stepper.reset_arrivals()
         self.advance(0.0)
 
     # --- building blocks (callers hold the lock) -------------------------------------------
@@ -396,7 +384,7 @@ class Cluster:
         held = (job.duration_s or 0.0) - (job.remaining_s or 0.0)
         self.completed_gpu_s += max(held, 0.0) * job.gpus
         self.culled_sessions.append(
-            (
+            Finished(
                 job.priority_class,
                 job.project,
                 started - job.submitted_at,
@@ -454,424 +442,28 @@ class Cluster:
 
     # --- time --------------------------------------------------------------------------------
 
-    def _reset_arrivals(self) -> None:
-        rate = self.arrival_rate_per_min / 60.0 if self.arrivals is None else 0.0
-        self._next_arrival = self.time + self.rng.expovariate(rate) if rate > 0 else math.inf
-
     def set_arrival_rate(self, rate_per_min: float) -> float:
         """Change the background arrival rate; returns the previous one."""
-        if not (rate_per_min >= 0 and math.isfinite(rate_per_min)):
-            raise BadRequest(f"rate_per_min must be a finite number >= 0, got {rate_per_min}")
-        with self.lock:
-            previous = self.arrival_rate_per_min
-            self.arrival_rate_per_min = rate_per_min
-            self._reset_arrivals()
-            if self.arrivals is not None:  # a fleet file's classes: scale them to that total
-                base = sum(jc.rate_per_hour for jc in self.config.job_classes) / 60.0
-                self.arrivals.rescale(rate_per_min / base if base > 0 else 0.0, self.time)
-            return previous
-
-    def _random_job(self) -> JobSpec:
-        cfg = self.config
-        pool = self.rng.choice(sorted(self.pools))
-        profiles = [p for p, _ in cfg.job_mix]
-        weights = [w for _, w in cfg.job_mix]
-        profile = self.rng.choices(profiles, weights)[0]
-        gpus = min(self.rng.choice(cfg.job_gpus), self.pools[pool].gpus_per_node)
-        low, high = cfg.job_duration_s
-        return JobSpec(
-            profile=profile,
-            gpus=gpus,
-            project=self.rng.choice(cfg.projects),
-            pool=pool,
-            duration_s=self.rng.uniform(low, high),
-        )
+        return self.stepper.set_arrival_rate(rate_per_min)
 
     def advance(self, dt: float) -> None:
         """Move simulated time by ``dt`` seconds: job progress (slower under clock locks),
-        finished jobs, arrivals, ended grants, scheduling, readings, energy and its cost."""
-        with self.lock:
-            self.time += dt
-            for booting in self.nodes.values():
-                if booting.booting_until is not None and booting.booting_until <= self.time:
-                    booting.booting_until = None
-            for job in list(self.jobs.values()):
-                node = self.nodes.get(job.node or "")
-                if job.state != "running" or job.remaining_s is None or node is None:
-                    continue
-                if node.failed:
-                    continue
-                ran = dt
-                if job.restarting_until is not None:  # relaunching for part of the step
-                    ran = min(max(self.time - job.restarting_until, 0.0), dt)
-                    self._active[job.id] = ran / dt if dt > 0 else 0.0
-                    if job.restarting_until <= self.time:
-                        job.restarting_until = None
-                # a session's duration is wall-clock time; work slows with clocks and sharing
-                if job.profile in SESSION_PROFILES:
-                    rate = 1.0
-                else:
-                    rate = self._rates.get(job.id, 1.0) * node.model.speed
-                progress = ran * rate
-                if job.redo_s > 0 and progress > 0:
-                    redo = min(job.redo_s, progress)
-                    job.redo_s -= redo
-                    self._redo[job.id] = redo / progress
-                job.remaining_s -= progress
-                job.since_checkpoint_s += progress
-                interval = job.checkpoint_interval_s
-                if interval is not None and job.since_checkpoint_s >= interval:
-                    job.since_checkpoint_s %= interval
-                if job.remaining_s <= 0:
-                    log.debug("%s finished on %s", job.id, job.node)
-                    self._finished(job)
-                    self.release(job)
-            if self.arrivals is not None:
-                for _at, jc in self.arrivals.due(self.time):
-                    self.submit(self.arrivals.spec(jc, self.priority_class(jc.priority_class)))
-            else:
-                while self._next_arrival <= self.time:
-                    self.submit(self._random_job())
-                    self._next_arrival += self.rng.expovariate(self.arrival_rate_per_min / 60.0)
-            expired = bool(self.scheduler.grants) and bool(self.scheduler.expire())
-            self.schedule()
-            self._step_gpus(dt)
-        if expired:
-            self.notify_topology()
+        finished jobs, arrivals, ended grants, scheduling, readings, energy and its cost
+        (``gpuops.sim.fleet.stepping``)."""
+        self.stepper.advance(dt)
 
-    def _finished(self, job: Job) -> None:
-        started = job.first_started_at if job.first_started_at is not None else self.time
-        self.completed_gpu_s += (job.duration_s or 0.0) * job.gpus
-        self.completed.append(
-            (
-                job.priority_class,
-                job.project,
-                started - job.submitted_at,
-                self.time - job.submitted_at,
-            )
-        )
-
-    def _step_gpus(self, dt: float) -> None:
-        rates: dict[str, float] = {}
-        joules = 0.0
-        price = self.price_per_kwh()
-        for node in self.nodes.values():
-            if node.failed:
-                continue
-            before = 0.0
-            for gpu in node.gpus:
-                before += gpu.energy_joules
-                if gpu.tenants:
-                    self._step_shared(node.pool, gpu, dt, rates)
-                    continue
-                holder = self.jobs.get(gpu.job or "")
-                if holder is None:
-                    gpu.step(dt, 0.0, 0.0)
-                    continue
-                util = profile_utilization(holder.profile, self.time, holder.phase, self.rng)
-                util *= self._active.get(holder.id, 1.0)
-                if util > SESSION_IDLE_UTILIZATION:
-                    holder.busy_at = self.time
-                self.redo_busy_gpu_s += util * dt * self._redo.get(holder.id, 0.0)
-                rate = gpu.step(dt, util, holder.memory_fraction, holder.profile)
-                rates[holder.id] = min(rate, rates.get(holder.id, 1.0))
-            drawn = sum(g.energy_joules for g in node.gpus) - before
-            spec = self.pools[node.pool]
-            load = sum(g.utilization for g in node.gpus) / len(node.gpus)
-            node.host_power = host_power_watts(spec.host_idle_watts, spec.host_peak_watts, load)
-            drawn += node.host_power * dt
-            self.energy_joules[node.pool] += drawn
-            joules += drawn
-        for job_id, rate in rates.items():
-            job = self.jobs[job_id]
-            speed = self.nodes[str(job.node)].model.speed
-            # in A100-equivalent GPUs, for the part of the step it ran (not relaunching)
-            gpus = job.gpus * speed * self._active.get(job_id, 1.0)
-            clock = self._clock_rates.get(job_id, rate)
-            self.work_gpu_s += dt * rate * gpus
-            # the clock lock's share of the loss, then what sharing took on top of it
-            self.downclock_lost_gpu_s += dt * (1.0 - clock) * gpus
-            self.share_lost_gpu_s += dt * (clock - rate) * gpus
-        self._rates = rates
-        self._clock_rates = {}
-        self._active = {}
-        self._redo = {}
-        self.energy_cost += joules / JOULES_PER_KWH * price
-
-    def _step_shared(self, pool: str, gpu: Gpu, dt: float, rates: dict[str, float]) -> None:
-        """One step of a shared GPU: its jobs' demands, the GPU's load, each job's progress
-        (``gpuops.sim.fleet.sharing``) under the GPU's clock lock."""
-        spec = self.pools[pool]
-        mode = spec.sharing or "time-slicing"
-        tenants = [self.jobs[j] for j in gpu.tenants]
-        demands = [
-            profile_utilization(j.profile, self.time, j.phase, self.rng)
-            * self._active.get(j.id, 1.0)
-            for j in tenants
-        ]  # a relaunching tenant asks nothing of the GPU
-        for job, demand in zip(tenants, demands, strict=True):
-            if demand > SESSION_IDLE_UTILIZATION:
-                job.busy_at = self.time
-        used = sum(self.job_bytes(j, gpu) for j in tenants)
-        fraction = min(used / gpu.model.memory_bytes, 1.0)
-        load = gpu_utilization(mode, demands, spec.slices)
-        total = sum(demands)
-        if total > 0:  # each tenant's part of the load, the redone part of it
-            for job, demand in zip(tenants, demands, strict=True):
-                self.redo_busy_gpu_s += load * dt * demand / total * self._redo.get(job.id, 0.0)
-        gpu.step(dt, load, fraction)
-        share = gpu.clock_limit_share()
-        for job, rate in zip(tenants, progress_rates(mode, demands, spec.slices), strict=True):
-            clock = throughput(job.profile, share)
-            rates[job.id] = min(rate * clock, rates.get(job.id, 1.0))
-            self._clock_rates[job.id] = min(clock, self._clock_rates.get(job.id, 1.0))
-
-    # --- views ---------------------------------------------------------------------------------
+    # --- views (``gpuops.sim.fleet.readings``) -----------------------------------------------
 
     def gpu_readings(self, node_name: str) -> list[GpuReading]:
-        with self.lock:
-            node = self.nodes.get(node_name)
-            if node is None:
-                return []
-            return [GpuReading.of(node, gpu) for gpu in node.gpus]
-
-    def fits_a_slice(self, job: Job, pool: str, gpu: Gpu) -> bool:
-        """Whether ``job`` fits one slice of ``gpu`` (a MIG slice holds ``1/slices`` of its
-        memory; True when ``pool`` cannot share or ``job`` runs on slices already: nothing to
-        check): one that does not, ``pack`` refuses to share in place (409), so the sharing
-        series leaves its GPU out (with the pack policy repeating, it would be asked again
-        every 30 minutes)."""
-        spec = self.pools[pool]
-        if spec.sharing is None or job.shared:
-            return True
-        return fits(spec.sharing, [], self.job_bytes(job, gpu), gpu.model.memory_bytes, spec.slices)
-
-    def shares_elsewhere(
-        self, job: Job, sizes: tuple[dict[str, int], dict[str, int]] | None = None
-    ) -> bool:
-        """Whether ``job``, shareable, may go on slices of a pool of its own that can share
-        (``pack`` moves it there from a GPU of a pool that cannot, once a slice is free);
-        ``sizes``: ``Scheduler.slice_sizes()``, read once per fleet reading."""
-        if not job.shareable:
-            return False
-        for pool in job.pools or (job.pool,):
-            spec = self.pools[pool]
-            if spec.sharing is None or not self.scheduler.ever_admits_on_slices(job, pool, sizes):
-                continue  # else pack could never move it: the GPU neither packed nor capped
-            model = GPU_MODELS[spec.model]
-            if fits(
-                spec.sharing, [], self.job_bytes_on(job, model), model.memory_bytes, spec.slices
-            ):
-                return True
-        return False
-
-    def _pools_with_a_free_slice(self) -> frozenset[str]:
-        """Pools with a shared GPU on a schedulable node that has a slice free (memory aside):
-        where ``Scheduler.pack_target`` could find room, so that a reading asks it (O(jobs)
-        per pool) only for jobs that have somewhere to go (review: 363 ms a reading at 682
-        GPUs with the sharing pools full and light jobs on every rented H100, 1.0 ms without)."""
-        return frozenset(
-            n.pool
-            for n in self.nodes.values()
-            if n.schedulable
-            and (spec := self.pools[n.pool]).sharing is not None
-            and any(g.job is None and g.tenants and len(g.tenants) < spec.slices for g in n.gpus)
-        )
+        return readings.gpu_readings(self, node_name)
 
     def fleet_reading(self) -> FleetReading:
-        with self.lock:
-            allocations = []
-            sharing = []
-            borrowed: list[tuple[str, str]] = []
-            lends_slices = self.config.scheduler.slice_borrowing
-            sizes = functools.cache(self.scheduler.slice_sizes)  # once per reading, if asked
-            open_pools = functools.cache(self._pools_with_a_free_slice)
-            admission = Admission(self.scheduler)  # read only if a job is asked about
-            packable: dict[str, bool] = {}  # job -> pack would move it now, once per reading
-
-            def pack_now(job: Job, node: Node) -> bool:
-                # a job's GPUs are on one node: asked once; it holds none of a pool that can
-                # share, so one admission serves all (its own usage counts in no pool asked)
-                if job.id not in packable:
-                    packable[job.id] = any(
-                        p in open_pools() for p in job.pools or (job.pool,)
-                    ) and (self.scheduler.pack_target(job, node, admission) is not None)
-                return packable[job.id]
-
-            for node in self.nodes.values():
-                can_share = self.pools[node.pool].sharing is not None
-                for gpu in node.gpus:
-                    job = self.jobs.get(gpu.job or (gpu.tenants[0] if gpu.tenants else ""))
-                    allocations.append(
-                        (node.name, gpu.uuid, job.id if job else "", job.project if job else "")
-                    )
-                    # a GPU held whole by a job that cannot share, or by one on borrowed
-                    # capacity where the fleet does not lend slices, is left out: ``pack``
-                    # would refuse it (409), so the policies downclock it instead (issue 12's
-                    # fifth-round review: a borrowed shareable job under 30 % got no action)
-                    shares = (
-                        job is not None
-                        and job.shareable
-                        and (not job.borrowed or lends_slices)
-                        and self.fits_a_slice(job, node.pool, gpu)
-                    )
-                    if can_share and (job is None or job.shared or shares):
-                        sharing.append((node.name, gpu.uuid, len(gpu.tenants)))
-                    elif (
-                        shares
-                        and job is not None
-                        and self.shares_elsewhere(job, sizes())
-                        and pack_now(job, node)
-                    ):
-                        # held whole where its pool cannot share: ``pack`` moves it onto a
-                        # slice of another of its pools (a light job on a rented H100 kept
-                        # the rental powered at 25 % for hours before issue 12's ninth round),
-                        # listed only while one has a slice for it now; until then the
-                        # downclock policy caps it (tenth round: it stayed at full clocks
-                        # with the sharing pool powered down, ``pack`` answering left_whole)
-                        sharing.append((node.name, gpu.uuid, 0))
-                    if any(self.jobs[j].borrowed for j in gpu.tenants) or (
-                        job is not None and job.borrowed
-                    ):
-                        borrowed.append((node.name, gpu.uuid))
-            nodes = {(p, s): 0 for p in self.pools for s in NODE_STATES}
-            for node in self.nodes.values():
-                nodes[(node.pool, node.state)] += 1
-            running = dict.fromkeys(self.pools, 0)
-            for job in self.jobs.values():
-                if job.state == "running":
-                    running[job.pool] += 1
-            held = self.scheduler.held
-            return FleetReading(
-                allocations=tuple(allocations),
-                queue={p: len(q) for p, q in self.queues.items()},
-                held_queue={
-                    p: sum(self.jobs[j].priority_class in held for j in q)
-                    for p, q in self.queues.items()
-                },
-                nodes=nodes,
-                running=running,
-                migrated=self.counters["migrated"],
-                reclaimed=self.counters["reclaimed"],
-                sharing=tuple(sharing),
-                borrowed=tuple(borrowed),
-                drainable=self.drainable(),
-                booting=tuple(
-                    sorted(
-                        (n.name, n.pool, int(n.booting_until is not None))
-                        for n in self.nodes.values()
-                        if not n.failed
-                    )
-                ),
-                **self._energy_and_scheduling(),
-            )
+        return readings.fleet_reading(self)
 
     def drainable(self) -> tuple[tuple[str, str, int], ...]:
-        """(node, pool, 1 or 0) for every up node: 1 when ``consolidate`` would empty it now
-        (``Scheduler.drain_plan``). The plans are made together, emptiest node first, so that
-        two nodes are never both drainable onto the same free GPUs, nor one onto the other
-        (a node that an earlier plan moves jobs onto is not drainable)."""
-        with self.lock:
-            claim = Claim()
-            up = [n for n in self.nodes.values() if n.schedulable]
-            up.sort(key=lambda n: (len(n.gpus) - len(n.free_gpus()), -n.seq))
-            out = []
-            for node in up:
-                used = len(node.gpus) - len(node.free_gpus())
-                ok = 0
-                if used and 2 * used <= len(node.gpus):
-                    try:
-                        self.scheduler.drain_plan(node, claim)
-                        ok = 1
-                    except Conflict:
-                        pass
-                out.append((node.name, node.pool, ok))
-            return tuple(sorted(out))
-
-    def _energy_and_scheduling(self) -> dict[str, Any]:
-        tariff = self.config.tariff
-        power = dict.fromkeys(self.pools, 0.0)
-        project_gpus: dict[str, int] = {}
-        for node in self.nodes.values():
-            if not node.failed:
-                power[node.pool] += node.host_power + sum(g.power for g in node.gpus)
-        class_queue = dict.fromkeys(self.priority_classes, 0)
-        for job in self.jobs.values():
-            if job.state == "running":
-                project_gpus[job.project] = project_gpus.get(job.project, 0) + job.gpus
-            elif job.priority_class:
-                class_queue[job.priority_class] = class_queue.get(job.priority_class, 0) + 1
-        completed = dict.fromkeys(self.priority_classes, 0)
-        for pc, _project, _wait, _jct in self.completed:
-            completed[pc] = completed.get(pc, 0) + 1
-        held = self.scheduler.held
-        return {
-            "power_watts": power,
-            "energy_joules": dict(self.energy_joules),
-            "energy_cost": self.energy_cost,
-            "price_per_kwh": self.price_per_kwh(),
-            "off_peak_price_per_kwh": tariff.lowest_price(),
-            "period": tariff.period_name(self.hour_of_day()),
-            "currency": tariff.currency,
-            "class_queue": class_queue,
-            "held": {n: n in held for n, pc in self.priority_classes.items() if pc.holdable},
-            "quotas": self.scheduler.quotas(),
-            "demand": self.scheduler.demand(),
-            "borrow_demand": self.scheduler.borrow_demand(),
-            "lending": {p: p in self.scheduler.lending for p in self.pools},
-            "project_gpus": project_gpus,
-            "preemptions": dict(self.scheduler.preemptions),
-            "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
-            "completed": completed,
-            "work_gpu_s": self.work_gpu_s,
-        }
+        """(node, pool, 1 or 0) for every up node: 1 when ``consolidate`` would empty it now."""
+        return readings.drainable(self)
 
     def state(self) -> dict[str, object]:
         """The document ``GET /api/v1/state`` returns."""
-        with self.lock:
-            nodes = []
-            for node in self.nodes.values():
-                gpus = []
-                for gpu in node.gpus:
-                    job = self.jobs.get(gpu.job or "")
-                    gpus.append(
-                        {
-                            "index": gpu.index,
-                            "uuid": gpu.uuid,
-                            "job": job.id if job else None,
-                            "project": job.project if job else None,
-                            "tenants": list(gpu.tenants),
-                            "utilization": round(gpu.utilization, 4),
-                            "clock_locked_mhz": gpu.clock_locked_mhz,
-                            "max_clock_mhz": gpu.max_clock_mhz,
-                        }
-                    )
-                nodes.append(
-                    {
-                        "name": node.name,
-                        "pool": node.pool,
-                        "state": node.state,
-                        "port": node.port,
-                        "model": node.model.short,
-                        "gpus": gpus,
-                    }
-                )
-            return {
-                "time": self.time,
-                "nodes": nodes,
-                "queue": {p: len(q) for p, q in self.queues.items()},
-                "jobs": [j.to_json() for j in self.jobs.values()],
-                "counters": dict(self.counters),
-                "arrival_rate_per_min": self.arrival_rate_per_min,
-                "hour_of_day": round(self.hour_of_day(), 4),
-                "price_per_kwh": self.price_per_kwh(),
-                "quotas": [
-                    {"project": p, "pool": pool, "gpus": n}
-                    for (p, pool), n in self.scheduler.quotas().items()
-                ],
-                "grants": [g.to_json() for g in self.scheduler.grants.values()],
-                "held_classes": sorted(self.scheduler.held),
-                "lending_pools": sorted(self.scheduler.lending),
-                "preemptions": dict(self.scheduler.preemptions),
-                "credit_gpu_s": dict(self.scheduler.credit_gpu_s),
-            }
+        return readings.state(self)

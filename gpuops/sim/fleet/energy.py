@@ -17,8 +17,8 @@ The model, and where its shape comes from:
   Responsibility: Recommendations for Reducing Energy for Training Language Models",
   Findings of NAACL 2022, arXiv:2205.09646, whose abstract reports a 15 % decrease "with
   marginal increase in overall computation time"; the 12-15 % and ~3 % are the lab's summary
-  of it that this model has cited since issue 12's first round, not re-read from the paper's
-  tables here; the cap at HPC scale: Zhao et al., arXiv:2402.18593, 2024).
+  of it, not read from the paper's tables; the cap at HPC scale: Zhao et al.,
+  arXiv:2402.18593, 2024).
   Energy per unit of work is power times time, so -13.5 % energy at +3 % time means the
   capped GPU drew 0.84 of its uncapped power: far less than a cap at 60 % of the limit would
   take from a GPU drawing near its limit, i.e. those jobs did not draw near 250 W uncapped,
@@ -26,9 +26,8 @@ The model, and where its shape comes from:
   (``GPU_MODELS``: 40 W idle, 300 W limit) at training's ~0.9 load, the clock share that
   makes training 3 % longer (0.833, from ``throughput``) must draw 0.84 of full-clock
   power: ``s ** k`` = 0.811, k = 1.15 (``tests/unit/fleet/test_energy.py`` checks the
-  pair). Until issue 12's fifth round the exponent was 2.5 (f*V^2 with V falling with f),
-  which saved ~30 % energy at +3 % time and ~40 % at a 150 W cap: twice what the study
-  measured. The memory, uncore and board power an SM clock does not move are why the whole
+  pair). An exponent of 2.5 (f*V^2 with V falling with f) would save ~30 % energy at +3 %
+  time and ~40 % at a 150 W cap: twice what the study measured. The memory, uncore and board power an SM clock does not move are why the whole
   board's power falls about linearly, not cubically, with the SM clock.
 - Throughput at clock share ``s`` is ``1 / (m + (1 - m) / s)`` where ``m`` is the share of the
   job's time bound by memory or communication (which a lower SM clock does not slow). With

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpuops.sim.fleet.config import GpuModel
 from gpuops.sim.fleet.energy import power_watts, throughput
@@ -242,6 +243,18 @@ class Job:
             "lost_gpu_s": self.lost_gpu_s,
             "shared": self.shared,
         }
+
+
+class Finished(NamedTuple):
+    """A job that finished, or a notebook session ``cull`` ended: what the report's completion
+    times and queue waits are made of (``Cluster.completed``, ``Cluster.culled_sessions``)."""
+
+    priority_class: str
+    project: str
+    wait_s: float
+    """Submit to first start."""
+    jct_s: float
+    """Submit to finish (a culled session: to the end its whole session would have had)."""
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,8 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
     ``consolidate``). Its own GPUs are not shared when no job its size would fit beside it
     (shared, they would take nobody, and the job would never move on): it is left whole, with
     ``left_whole`` saying why, for a later pack; so is a job on a GPU of a pool that cannot
-    share while no shared GPU of its other pools has a slice for it (``Cluster.
-    shares_elsewhere``: one of them would take it at all; else 409). Already on slices:
-    no-op."""
+    share while no shared GPU of its other pools has a slice for it (``Slices.shares_elsewhere``:
+    one of them would take it at all; else 409). Already on slices: no-op."""
     with cluster.lock:
         node, gpu = cluster.find_gpu(uuid)
         job_id = gpu.job or (gpu.tenants[0] if gpu.tenants else None)
@@ -121,7 +120,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             }
         spec = cluster.pools[node.pool]
         sharing = spec.sharing
-        if sharing is None and cluster.shares_elsewhere(job):
+        if sharing is None and scheduler.slices.shares_elsewhere(job):
             # a light job on a GPU of a pool that cannot share (a fallback pool: an analysis
             # job on a rented H100) moves once a shared GPU of its pools has a slice for it
             log.info("pack %s: left whole on %s (no slice free yet)", job.id, node.name)
@@ -142,7 +141,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
                 "and the fleet does not lend slices (scheduler.slice_borrowing); left whole"
             )
         mine = [g for g in node.gpus if g.job == job.id]
-        too_big = [g.uuid for g in mine if not cluster.fits_a_slice(job, node.pool, g)]
+        too_big = [g.uuid for g in mine if not scheduler.slices.fits_a_slice(job, node.pool, g)]
         if too_big:
             need = cluster.job_bytes(job, mine[0]) / GIB
             raise Conflict(
@@ -430,11 +429,12 @@ def release_quota(cluster: Cluster, project: str, grant: str) -> Changed:
             raise Conflict(
                 f"grant {grant!r} belongs to project {active.project!r}, not {project!r}"
             )
-        changed = cluster.scheduler.release(grant)
+        ended = cluster.scheduler.release(grant)
         cluster.schedule()
-    if changed:
-        cluster.notify_topology()
-    return changed
+    if ended is None:
+        return {}
+    cluster.notify_topology()
+    return ended.to_json()
 
 
 def _owned(cluster: Cluster, project: str, grant: str) -> None:

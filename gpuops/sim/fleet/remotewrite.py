@@ -80,7 +80,7 @@ def encode_write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]]
 
 class SeriesTable:
     """Series by number: each series' labels hashed once (a tuple of label pairs is hashed
-    anew at every dict lookup: per sample, that was a scrape's largest cost at 500 GPUs)
+    anew at every dict lookup: per sample, that would be a scrape's largest cost at 500 GPUs)
     and encoded once."""
 
     def __init__(self) -> None:

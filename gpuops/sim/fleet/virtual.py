@@ -71,8 +71,8 @@ class VirtualFleet:
         self.cluster = Cluster(config)
         self.names = names
         """The series names written (None: every series): a what-if writes only what its
-        rules read (``gpuops.sim.whatif.metric_names``), Prometheus' ingest being its largest
-        cost."""
+        rules read (``gpuops.sim.whatif.queries.metric_names``), Prometheus' ingest being its
+        largest cost."""
         self.recorder = recorder
         """Observes the cluster every ``record_interval_s`` (``gpuops.sim.fleet.report``)."""
         self.record_interval_s = record_interval_s or scrape_interval_s

@@ -1,4 +1,4 @@
-"""Consolidation of the simulated fleet (issue 12): ``consolidate`` empties a partly used node
+"""Consolidation of the simulated fleet: ``consolidate`` empties a partly used node
 onto other nodes' free GPUs and powers it down, charging each job's restart; what it refuses,
 and the ``gpuops_node_drainable`` signal that the case study's policy reads."""
 

@@ -1,5 +1,5 @@
 """Culling idle notebooks, the shareable label of the sharing series, and where a run's powered
-GPU-hours that do no work go (issue 12)."""
+GPU-hours that do no work go."""
 
 from __future__ import annotations
 

@@ -168,8 +168,8 @@ def test_a_gpu_held_on_borrowed_capacity_is_exported_as_borrowed() -> None:
 
 def test_jobs_held_until_off_peak_are_exported_apart_from_those_waiting_for_gpus() -> None:
     """gpuops_queue_pending_jobs{reason}: Slurm's names, JobHeldAdmin for a held class's
-    queued jobs, Resources for the others, both series always there. A held nightly ETL kept
-    the case study's V100 pool from being consolidated all day before issue 12's tenth round."""
+    queued jobs, Resources for the others, both series always there: a held nightly ETL waits
+    for its hold, not for the case study's V100 pool, which stays free to consolidate."""
     from gpuops.sim.fleet.workload import PriorityClass
 
     classes = (PriorityClass("routine", 50), PriorityClass("batch", 10, holdable=True))

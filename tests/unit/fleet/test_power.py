@@ -1,4 +1,4 @@
-"""Powering a fleet's machines down and up (issue 12's case study): pools' max_nodes, scale_in
+"""Powering a fleet's machines down and up (the case study): pools' max_nodes, scale_in
 of the node a policy found idle, the queue demand one more node could place, and arrivals
 that do not depend on how finely time is stepped (the what-if's two runs get the same jobs)."""
 

@@ -1,4 +1,4 @@
-"""GPU sharing, lending, reclaim-with-requeue and boot delays of the simulated fleet (issue 12):
+"""GPU sharing, lending, reclaim-with-requeue and boot delays of the simulated fleet:
 what ``pack``, ``lend``/``unlend``, ``reclaim`` and ``scale_out`` change, and what they charge."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_pack_moves_a_light_job_off_a_pool_that_cannot_share_once_a_slice_is_fre
     assert stray.node == "node-0" and other.node == "node-1"  # both whole
     uuid = stray.gpu_uuids[0]
     # no shared GPU has a slice for it yet: not offered to the pack policy, so the downclock
-    # policy caps it meanwhile (second review M1: it stayed whole at full clocks, pack
+    # policy caps it meanwhile (offered to pack, it would stay whole at full clocks, pack
     # answering left_whole every 30 minutes, with nothing that could take it)
     assert uuid not in {u for _n, u, _k in c.fleet_reading().sharing}
     changed = ops.pack(c, uuid)  # asked anyway (a stale plan): left whole, for a later pack
@@ -201,9 +201,8 @@ def test_pack_keeps_a_borrowed_job_off_the_owners_slices() -> None:
 
 def test_the_borrowed_series_names_the_gpus_of_borrowed_jobs() -> None:
     """pack-underused-gpus skips a GPU with gpuops_gpu_borrowed == 1, so it never asks the
-    fleet for the pack it refuses (409: 5 refusals in 6 virtual hours of the case study from
-    08:00 before); the GPU is out of the sharing series, so downclock-underused-gpus acts on
-    it as on any GPU pack cannot share (before issue 12's fifth round no policy did)."""
+    fleet for the pack it refuses (409); the GPU is out of the sharing series, so
+    downclock-underused-gpus acts on it as on any GPU pack cannot share."""
     c = cluster(PoolSpec("v", 2, 1, "V100", sharing="time-slicing", slices=4), reserved={"o": 2})
     own = c.submit(light("o"))
     ops.lend(c, "v")
@@ -361,8 +360,8 @@ def test_the_owner_waits_for_a_machine_powering_up_before_it_takes_a_slice_back(
 
 def test_a_job_preempted_long_after_its_submit_waits_afresh_for_a_machine() -> None:
     """Its two boot times count from its requeue, not from its submit: an analysis job
-    preempted off an H100 hours after its submit took V100 slices back from two services at
-    once, which then powered up a T4 node for 1.9 hours (issue 12, tenth round)."""
+    preempted off an H100 hours after its submit would take V100 slices back from two
+    services at once, which would then power up a T4 node."""
     classes = (
         PriorityClass("routine", 50, models=("H100", "V100")),
         PriorityClass("high", 90, preempts=True),
@@ -393,7 +392,7 @@ def test_time_held_is_no_wait_for_a_slice(waited: int) -> None:
     """Time held is no wait for GPUs: once released, the owner's held job takes a lent slice
     back only when its two boot times are up, counted without the hold. One held from its
     submit waits them all after the release; one that waited eight minutes before a hold
-    keeps those (review finding: the first version started every wait afresh)."""
+    keeps those (the hold does not start its wait afresh)."""
     classes = (*CLASSES, PriorityClass("batch", 50, holdable=True))
     c = lent(PoolSpec("v", 1, 1, "V100", sharing="time-slicing", slices=4, max_nodes=2,
                       boot_s=300.0), reserved={"o": ("v", 2)}, classes=classes)  # fmt: skip
@@ -419,7 +418,7 @@ def test_time_held_is_no_wait_for_a_slice(waited: int) -> None:
 
 def test_a_light_job_waiting_for_power_frees_no_gpu_of_its_borrowers_either() -> None:
     """While it waits for a machine, the owner's light job does not take the whole-GPU path
-    instead: preempting every borrowed tenant of a GPU to run there whole (review finding)."""
+    instead: preempting every borrowed tenant of a GPU to run there whole."""
     c = lent(PoolSpec("t", 1, 2, "T4", sharing="time-slicing", slices=4, max_nodes=3,
                       boot_s=600.0), reserved={"o": ("t", 2)}, borrowing=True)  # fmt: skip
     c.submit(light("o", shareable=False))

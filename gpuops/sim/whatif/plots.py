@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen first)
 
 from gpuops.sim.fleet.report import Point  # noqa: E402
-from gpuops.sim.whatif import Whatif  # noqa: E402
+from gpuops.sim.whatif.both import Whatif  # noqa: E402
 
 PLOTS: tuple[tuple[str, str, Callable[[Point], float | None]], ...] = (
     ("utilization.png", "utilization over powered GPUs (%)", lambda p: _pct(p.utilization)),

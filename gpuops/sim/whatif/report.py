@@ -1,6 +1,6 @@
 """The what-if's comparison: the two runs of ``gpuops.sim.whatif`` side by side — overall, per
-priority class and per project — as text (``table``) and JSON (``to_json``), and the issue's
-targets checked against them (``targets``).
+priority class and per project — as text (``table``) and JSON (``to_json``), and the case
+study's targets checked against them (``targets``).
 
 Used by ``gpuops.cli.whatif`` and the benchmark. Pure: it reads ``RunReport`` values.
 """
@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.sim.fleet.report import RunReport, waste_rows
-from gpuops.sim.whatif import RunResult, Whatif
+from gpuops.sim.whatif.both import Whatif
+from gpuops.sim.whatif.runs import RunResult
 
 
 @dataclass(frozen=True)
 class Target:
-    """One of the case study's "done when" figures (issue 12) and whether the run met it."""
+    """One of the case study's "done when" figures and whether the run met it."""
 
     name: str
     wanted: str
