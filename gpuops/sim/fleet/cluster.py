@@ -1,8 +1,11 @@
 """The simulated cluster: nodes, GPUs, jobs, per-pool queues and the scheduler, under one lock.
 
-``gpuops.sim.fleet.sim`` advances it from a background thread (``advance``); the control API
-(``gpuops.sim.fleet.control``) and in-process callers mutate it through the operations in
-``gpuops.sim.fleet.operations``; collectors read copies (``gpu_readings``, ``fleet_reading``).
+``gpuops.sim.fleet.sim`` advances it from a background thread (``advance``, which
+``gpuops.sim.fleet.stepping`` carries out); the control API (``gpuops.sim.fleet.control``) and
+in-process callers mutate it through the operations in ``gpuops.sim.fleet.operations``;
+collectors read copies (``gpu_readings``, ``fleet_reading``: ``gpuops.sim.fleet.readings``).
+This module holds the state, places pinned jobs, starts, stops and requeues jobs and charges
+their restarts; the scheduler (``gpuops.sim.fleet.scheduler``) decides where queued jobs go.
 Topology changes (nodes added, removed, failed, restored) call ``on_topology`` after the lock
 is released, so the owner can open/close listeners and rewrite file_sd.
 """

@@ -81,11 +81,10 @@ class Consolidation:
         class's models, never a fallback pool: ``_move_pools``), the fullest first (best fit,
         as the scheduler places) in the first of those pools in the job's order that has room
         (for a job on slices, free slices of GPUs shared already before a free GPU), never an
-        idle node (the move would power nothing down), a node being drained, of a
-        quota grant or in ``claim.nodes``. In another pool the job goes only as the scheduler
-        would admit it there without borrowing (its project's quota, or unreserved GPUs:
-        ``_admits_move``) and only where no queued job waits for that pool (its free GPUs are
-        theirs); in its own
+        idle node (the move would power nothing down), a node being drained, of a quota grant
+        or in ``claim.nodes``. In another pool the job goes only as the scheduler would admit
+        it there without borrowing (its project's quota, or unreserved GPUs: ``_admits_move``)
+        and only where no queued job waits for that pool (its free GPUs are theirs); in its own
         pool it keeps its admission, and the consolidation policy waits for the pool's queue.
         Raises Conflict naming the first reason it cannot: the node is not up, of a quota
         grant, idle (power-down's business), more than half used (cluster-autoscaler's

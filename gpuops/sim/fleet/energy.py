@@ -27,8 +27,9 @@ The model, and where its shape comes from:
   makes training 3 % longer (0.833, from ``throughput``) must draw 0.84 of full-clock
   power: ``s ** k`` = 0.811, k = 1.15 (``tests/unit/fleet/test_energy.py`` checks the
   pair). An exponent of 2.5 (f*V^2 with V falling with f) would save ~30 % energy at +3 %
-  time and ~40 % at a 150 W cap: twice what the study measured. The memory, uncore and board power an SM clock does not move are why the whole
-  board's power falls about linearly, not cubically, with the SM clock.
+  time and ~40 % at a 150 W cap: twice what the study measured. The memory, uncore and
+  board power an SM clock does not move are why the whole board's power falls about
+  linearly, not cubically, with the SM clock.
 - Throughput at clock share ``s`` is ``1 / (m + (1 - m) / s)`` where ``m`` is the share of the
   job's time bound by memory or communication (which a lower SM clock does not slow). With
   ``m`` = 0.85 for training, a clock at 0.78 of the maximum costs ~4 % throughput, in the range
