@@ -21,7 +21,8 @@ from gpuops.model.rules.model import Policy, RulesError, RuleSet
 from gpuops.offline.backtest import Backtest, run_backtest
 from gpuops.settings import PrometheusSettings
 from gpuops.sim import helios
-from gpuops.sources.prometheus import PrometheusClient, QueryError
+from gpuops.sources import QueryError
+from gpuops.sources.prometheus import PrometheusClient
 from gpuops.sources.promproc import PrometheusServer, find_binary
 
 

@@ -27,13 +27,8 @@ from gpuops.model.evaluation import Freshness, PolicyState, QueryResult, evaluat
 from gpuops.model.guardrails import Context, GuardrailState, judge_step, population_expr
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
-from gpuops.sources.prometheus import (
-    AGE_LABEL,
-    PrometheusClient,
-    input_selectors,
-    join_labels,
-    stale_expr,
-)
+from gpuops.sources import MetricsSource
+from gpuops.sources.promql import AGE_LABEL, input_selectors, join_labels, stale_expr
 
 
 @dataclass(frozen=True)
@@ -59,7 +54,7 @@ class Backtest:
 
 def run_backtest(
     policies: Iterable[Policy],
-    client: PrometheusClient,
+    client: MetricsSource,
     start: float,
     end: float,
     step_s: float,
@@ -84,7 +79,7 @@ def run_backtest(
 
 def _one(
     policy: Policy,
-    client: PrometheusClient,
+    client: MetricsSource,
     start: float,
     end: float,
     step_s: float,
@@ -127,7 +122,7 @@ def _one(
 
 def _stale(
     policy: Policy,
-    client: PrometheusClient,
+    client: MetricsSource,
     start: float,
     end: float,
     step_s: float,

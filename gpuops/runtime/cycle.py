@@ -46,14 +46,9 @@ from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.gate import Gate
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import GuardrailSettings
-from gpuops.sources.prometheus import (
-    NARROW_MAX_TARGETS,
-    PrometheusClient,
-    QueryError,
-    input_selectors,
-    join_labels,
-    narrowed,
-)
+from gpuops.sources import MetricsSource, QueryError
+from gpuops.sources.prometheus import PrometheusClient
+from gpuops.sources.promql import NARROW_MAX_TARGETS, input_selectors, join_labels, narrowed
 from gpuops.store.errors import StateRowError
 from gpuops.store.interface import ApprovalStatus, DecisionStatus, Store
 
@@ -109,7 +104,7 @@ class Cycle:
         self,
         *,
         store: Store,
-        prometheus: PrometheusClient,
+        prometheus: MetricsSource,
         gate: Gate,
         controls: Controls,
         locks: Locks,

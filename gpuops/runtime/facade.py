@@ -40,6 +40,7 @@ from gpuops.runtime.quota import POLICY as QUOTA_POLICY
 from gpuops.runtime.quota import QuotaManager
 from gpuops.runtime.rulebook import ReloadResult, Rulebook
 from gpuops.settings import EngineConfig
+from gpuops.sources import MetricsSource
 from gpuops.sources.prometheus import PrometheusClient
 from gpuops.store.errors import StateError, StateRowError
 from gpuops.store.interface import Store
@@ -69,7 +70,7 @@ class Engine:
         monotonic: Callable[[], float] = time.monotonic,
         executors: ExecutorRegistry | None = None,
         audit: AuditLog | None = None,
-        prometheus: PrometheusClient | None = None,
+        prometheus: MetricsSource | None = None,
         metrics: EngineMetrics | None = None,
         listener: DecisionListener | None = None,
         action_workers: int = 4,

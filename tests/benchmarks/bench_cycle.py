@@ -25,6 +25,7 @@ from gpuops.actions.base import ExecutorRegistry
 from gpuops.model.decisions import Decision, Outcome, Sample, freeze
 from gpuops.runtime import Engine
 from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from tests.fakes.prometheus import FakeSource
 
 RULES = """
 groups:
@@ -42,7 +43,7 @@ groups:
 """
 
 
-class Samples:
+class Samples(FakeSource):
     """A Prometheus client that answers every query with the same ``gpus`` series."""
 
     def __init__(self, gpus: int) -> None:
@@ -53,11 +54,6 @@ class Samples:
 
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
         return self.samples
-
-    def stale_series(
-        self, inputs: object, bound_s: float, at: float | None = None
-    ) -> dict[str, tuple[Sample, ...]]:
-        return {}  # every sample fresh
 
 
 class Noop:
@@ -96,7 +92,7 @@ def one_run(workdir: Path, gpus: int) -> tuple[float, float, float, list[float]]
         guardrails=GuardrailSettings(),
         metrics_listen=None,
     )
-    engine = Engine(config, executors=registry, prometheus=Samples(gpus), listener=listener)  # type: ignore[arg-type]
+    engine = Engine(config, executors=registry, prometheus=Samples(gpus), listener=listener)
     engine.reload(strict=True)
     policy = engine.rules.policy("reclaim-idle-gpus")
     assert policy is not None

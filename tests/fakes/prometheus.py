@@ -1,9 +1,16 @@
-"""Prometheus query clients for engine tests that need no real Prometheus: each answers an
-expr from ``results`` (a list of label sets, each a sample of value 0.1 at the query time; an
-Exception value is raised as a ``QueryError``; ``count(EXPR)`` of a registered EXPR is its
-number of series, as in PromQL). Sample ages are tested against a real
-Prometheus (tests/integration/test_freshness_prometheus.py), so ``stale_series`` finds none.
+"""Prometheus query clients for engine tests that need no real Prometheus; each is a
+``gpuops.sources.MetricsSource``, so it is handed to the engine, the cycle or the backtest as
+the real client is.
 
+``FakeSource`` is the base of the small fakes of the tests: a subclass answers ``query`` (or
+``query_range``) its own way and the rest of the Protocol follows (``query_vector``: its
+samples as columns; ``query_range``: ``query`` asked at each step); no series is stale
+(sample ages are tested against a real Prometheus: tests/integration/
+test_freshness_prometheus.py).
+
+``FakePrometheus`` and ``FakePrometheusClient`` answer an expr from ``results`` (a list of
+label sets, each a sample of value 0.1 at the query time; an Exception value is raised as a
+``QueryError``; ``count(EXPR)`` of a registered EXPR is its number of series, as in PromQL).
 ``FakePrometheus`` answers ``query`` with tuples of ``Sample`` (as the what-if's lockstep
 client and other clients that answer ``query`` their own way do: the cycle then asks
 ``query``). ``FakePrometheusClient`` is a ``PrometheusClient`` that answers only
@@ -14,12 +21,60 @@ with the same expr)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
 
 from gpuops.model.decisions import Sample, Vector, freeze
-from gpuops.sources.prometheus import Answers, PrometheusClient, QueryError
+from gpuops.sources import QueryError
+from gpuops.sources.prometheus import Answers, PrometheusClient
+
+
+def columns(samples: Sequence[Sample]) -> Vector:
+    """``samples`` as the columns ``query_vector`` answers."""
+    return Vector(
+        [s.labels for s in samples], [s.value for s in samples], [s.timestamp for s in samples]
+    )
+
+
+def stepped(
+    ask: Callable[[str, float], tuple[Sample, ...]],
+    expr: str,
+    start: float,
+    end: float,
+    step_s: float,
+) -> dict[float, tuple[Sample, ...]]:
+    """A range query made of instant ones: ``ask(expr, at)`` at every step from ``start`` to
+    ``end``, by step; steps without any sample are absent, as in Prometheus' answer."""
+    found = {}
+    for i in range(int((end - start) // step_s) + 1):
+        at = start + i * step_s
+        samples = ask(expr, at)
+        if samples:
+            found[at] = samples
+    return found
+
+
+class FakeSource:
+    """A ``MetricsSource`` whose answers come from its ``query``, which a subclass gives
+    (this one's is a tripwire); no series is ever stale."""
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        raise AssertionError(f"{type(self).__name__} is not asked instant queries ({expr!r})")
+
+    def query_vector(self, expr: str, at: float | None = None) -> Vector:
+        return columns(self.query(expr, at))
+
+    def query_range(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> dict[float, tuple[Sample, ...]]:
+        return stepped(self.query, expr, start, end, step_s)
+
+    def stale_series(
+        self, inputs: Iterable[str], bound_s: float, at: float | None = None
+    ) -> dict[str, tuple[Sample, ...]]:
+        return {}  # every sample fresh
 
 
 class _Script:
@@ -43,18 +98,29 @@ class _Script:
         # a copy per answer, as a decoder makes: the test may change its label sets later
         return [{"metric": dict(labels), "value": [ts, "0.1"]} for labels in value]
 
+    def _samples(self, expr: str, at: float | None) -> tuple[Sample, ...]:
+        return tuple(
+            Sample(freeze(item["metric"]), float(item["value"][1]), item["value"][0])
+            for item in self._answer(expr, at)
+        )
+
+    def query_range(
+        self, expr: str, start: float, end: float, step_s: float
+    ) -> dict[float, tuple[Sample, ...]]:
+        return stepped(self._samples, expr, start, end, step_s)
+
     def stale_series(
-        self, inputs: Any, bound_s: float, at: float | None = None
+        self, inputs: Iterable[str], bound_s: float, at: float | None = None
     ) -> dict[str, tuple[Sample, ...]]:
         return {}
 
 
 class FakePrometheus(_Script):
     def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
-        return tuple(
-            Sample(freeze(item["metric"]), float(item["value"][1]), item["value"][0])
-            for item in self._answer(expr, at)
-        )
+        return self._samples(expr, at)
+
+    def query_vector(self, expr: str, at: float | None = None) -> Vector:
+        return columns(self._samples(expr, at))
 
 
 class FakePrometheusClient(_Script, PrometheusClient):

@@ -1,8 +1,8 @@
-"""Fresh data only (issue 10, breakage 1) against a real Prometheus: SIGKILLed, restarted on
+"""Fresh data only against a real Prometheus: SIGKILLed, restarted on
 the same TSDB while its target does not answer, it serves the samples it had (a killed
 Prometheus writes no staleness markers). An engine with the default freshness bounds acts on
-none of them and acts again once the data is fresh; one without bounds (the engine before
-issue 10) fires on the stale samples, which shows the scenario reproduces the breakage.
+none of them and acts again once the data is fresh; one without bounds fires on the stale
+samples, which shows the scenario is one where the bounds matter.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_a_restarted_prometheus_serving_old_samples_gets_no_action(
     prom = PrometheusServer(tmp_path / "prometheus", config)
     prom.start()
     ran: list[Decision] = []  # the engine as it is
-    unbounded: list[Decision] = []  # the engine before issue 10: no freshness bounds
+    unbounded: list[Decision] = []  # no freshness bounds
     engine = _engine(tmp_path, "fresh", prom.url, ran)
     before = _engine(
         tmp_path, "before", prom.url, unbounded, max_sample_age=1e9, max_pending_gap=1e9
@@ -452,7 +452,8 @@ def test_the_probe_tells_series_apart_by_name_when_the_selector_has_none(tmp_pat
     labels. ``unless`` and ``timestamp`` leave the name out, so the probe matches on a copy of
     it: ``c`` is stale, ``d`` is not, read over a window and instantly alike."""
     from gpuops.sim.fleet.remotewrite import RemoteWriter
-    from gpuops.sources.prometheus import PrometheusClient, input_selectors
+    from gpuops.sources.prometheus import PrometheusClient
+    from gpuops.sources.promql import input_selectors
 
     config = "global:\n  scrape_interval: 15s\nscrape_configs: []\n"
     with PrometheusServer(

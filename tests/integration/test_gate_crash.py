@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpuops.audit.spool import read_spool
+from tests.fakes.prometheus import FakeSource
 from tests.waiting import wait_for
 
 KILLS = 12
@@ -186,14 +187,9 @@ def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
 
     targets: list[int] = []
 
-    class Prom:
+    class Prom(FakeSource):
         def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
             return tuple(Sample(freeze({"uuid": f"GPU-{i:04d}"}), 0.1, 0) for i in targets)
-
-        def stale_series(
-            self, inputs: object, bound_s: float, at: float | None = None
-        ) -> dict[str, tuple[Sample, ...]]:
-            return {}
 
     registry = ExecutorRegistry()
     registry.register("log", lambda s: Ran())
@@ -209,7 +205,7 @@ def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
         config,
         clock=lambda: clock[0],
         executors=registry,
-        prometheus=Prom(),  # type: ignore[arg-type]
+        prometheus=Prom(),
         action_retry=RetryPolicy(attempts=1),
     )
     engine.reload(strict=True)

@@ -1,8 +1,8 @@
-"""``clear_expr`` read only for the firing targets (issue 15), against a real Prometheus: the
+"""``clear_expr`` read only for the firing targets, against a real Prometheus: the
 narrowed query answers exactly what the wide one answers for those targets, however hostile
 their label values (quotes, backslashes, regex characters, a newline, a prefix of another
-value): labels are data. And the sample-age probe reads such a selector (main printed its
-matcher value unescaped, so the probe was not PromQL and the policy never evaluated).
+value): labels are data. And the sample-age probe reads such a selector (its matcher value
+escaped: printed as it is, the probe would not be PromQL and the policy never evaluated).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpuops.sim.fleet.remotewrite import RemoteWriter
-from gpuops.sources.prometheus import PrometheusClient, input_selectors, narrowed
+from gpuops.sources.prometheus import PrometheusClient
 from gpuops.sources.promproc import PrometheusServer
+from gpuops.sources.promql import input_selectors, narrowed
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration

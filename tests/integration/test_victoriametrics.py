@@ -1,4 +1,4 @@
-"""The engine against VictoriaMetrics (issue 15): the shipped policies' tests (rules/tests)
+"""The engine against VictoriaMetrics: the shipped policies' tests (rules/tests)
 make the same decisions when a single-node VictoriaMetrics (MetricsQL) evaluates their PromQL as
 when Prometheus 2.42 does — except where MetricsQL's range windows differ, documented in
 docs/scaling.md and pinned here: a window ``[d]`` at time t holds the samples in (t - d, t],
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpuops.offline.policytest import CaseResult, Seen, run_test_file
-from gpuops.sources.prometheus import PrometheusClient, input_selectors
+from gpuops.sources.prometheus import PrometheusClient
 from gpuops.sources.promproc import VictoriaMetricsServer
+from gpuops.sources.promql import input_selectors
 
 pytestmark = pytest.mark.integration
 

@@ -77,7 +77,7 @@ def engine(tmp_path: Path) -> Iterator[tuple[Engine, AuditLog, FakePrometheus, R
         clock=lambda: 2_000_000.0,
         executors=registry,
         audit=audit,
-        prometheus=prom,  # type: ignore[arg-type]
+        prometheus=prom,
         action_retry=RetryPolicy(attempts=1),
     )
     eng.reload(strict=True)

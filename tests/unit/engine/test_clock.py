@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from gpuops.settings import (
     PrometheusSettings,
     QuotaSettings,
 )
+from tests.fakes.prometheus import FakeSource
 from tests.waiting import wait_for
 
 T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC: a whole minute
@@ -150,7 +151,7 @@ groups:
 """
 
 
-class Prometheus:
+class Prometheus(FakeSource):
     def __init__(self) -> None:
         self.at: list[float] = []
         self.lock = threading.Lock()
@@ -159,11 +160,6 @@ class Prometheus:
         with self.lock:
             self.at.append(at or 0.0)
         return ()
-
-    def stale_series(
-        self, inputs: Iterable[str], bound_s: float, at: float | None = None
-    ) -> dict[str, tuple[Sample, ...]]:
-        return {}  # every sample fresh
 
 
 class SteppedWall:
@@ -191,7 +187,7 @@ def engine(tmp_path: Path) -> Iterator[tuple[Engine, Prometheus, SteppedWall]]:
     )
     prom, wall = Prometheus(), SteppedWall()
     registry = ExecutorRegistry()
-    engine = Engine(config, clock=wall, executors=registry, prometheus=prom)  # type: ignore[arg-type]
+    engine = Engine(config, clock=wall, executors=registry, prometheus=prom)
     yield engine, prom, wall
     engine.stop()
 

@@ -11,7 +11,7 @@ from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
 from gpuops.settings import PrometheusSettings
-from gpuops.sources.prometheus import input_selectors, join_labels, stale_expr
+from gpuops.sources.promql import input_selectors, join_labels, stale_expr
 
 POLICY = Policy(
     name="reclaim",

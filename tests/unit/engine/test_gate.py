@@ -146,7 +146,7 @@ class World:
             config,
             clock=self.clock,
             executors=registry,
-            prometheus=self.prom,  # type: ignore[arg-type]
+            prometheus=self.prom,
             action_workers=workers,
             action_retry=retry or RetryPolicy(attempts=1),  # no sleeping between tries
         )

@@ -106,7 +106,7 @@ class World:
             ),
             clock=lambda: 2_000_000.0,
             executors=registry,
-            prometheus=self.prom,  # type: ignore[arg-type]
+            prometheus=self.prom,
             action_workers=4,
             action_retry=RETRY,
             listener=self._heard,

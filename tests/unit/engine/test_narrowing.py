@@ -1,10 +1,10 @@
-"""``gpuops.sources.prometheus``'s PromQL rewriting, pure (no server): what ``narrowed`` and
-``input_selectors`` make of selectors the hostile review of issue 15 found mishandled.
+"""``gpuops.sources.promql``'s PromQL rewriting, pure (no server): what ``narrowed`` and
+``input_selectors`` make of hostile selectors.
 Against a real Prometheus: tests/integration/test_narrowed_prometheus.py."""
 
 from __future__ import annotations
 
-from gpuops.sources.prometheus import input_selectors, narrowed
+from gpuops.sources.promql import input_selectors, narrowed
 
 
 def test_a_selector_with_or_groups_is_not_narrowed_and_its_probe_keeps_them() -> None:

@@ -97,7 +97,7 @@ class World:
             metrics_listen=None,
             **settings,
         )
-        engine = Engine(config, clock=self.clock, executors=registry, prometheus=self.prom)  # type: ignore[arg-type]
+        engine = Engine(config, clock=self.clock, executors=registry, prometheus=self.prom)
         self.engines.append(engine)
         engine.reload(strict=True)
         return engine

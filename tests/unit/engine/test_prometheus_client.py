@@ -22,14 +22,9 @@ import requests
 import responses
 
 from gpuops.model.decisions import Sample, Vector, freeze
-from gpuops.sources import prometheus
-from gpuops.sources.prometheus import (
-    Answers,
-    PrometheusClient,
-    QueryError,
-    _decode_answer,
-    parse_vector,
-)
+from gpuops.sources import QueryError
+from gpuops.sources.prometheus import Answers, PrometheusClient, answers, parse_vector, vectors
+from gpuops.sources.prometheus.vectors import decode_answer
 from gpuops.sources.promproc import free_port
 
 URL = "http://prom.test:9090"
@@ -173,7 +168,7 @@ def test_a_value_prometheus_would_not_write_is_a_query_error(value: object) -> N
 def test_every_value_format_prometheus_writes_is_read() -> None:
     written = ["1", "-0.25", "1e+06", "1.5E-07", "+Inf", "-Inf", ".5", "3."]
     raw = [{"metric": {"i": str(i)}, "value": [1700000000, v]} for i, v in enumerate(written)]
-    raw.append({"metric": {}, "value": [1700000000.5, "NaN"]})  # dropped, as before
+    raw.append({"metric": {}, "value": [1700000000.5, "NaN"]})  # dropped
     assert [s.value for s in parse_vector(raw, "x")] == [float(v) for v in written]
     (scalar,) = parse_vector([1700000000.5, "2"], "scalar(x)")
     assert (scalar.timestamp, scalar.value) == (1700000000.5, 2.0)
@@ -269,11 +264,11 @@ def test_an_answer_with_other_series_is_decoded_in_full(first: bytes, then: byte
 
 
 class Counted:
-    """Calls to ``gpuops.sources.prometheus``'s answer split and full decoding, counted."""
+    """Calls to ``gpuops.sources.prometheus``' answer split and full decoding, counted."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.splits = self.decodings = 0
-        sample, decode = prometheus._SAMPLE, prometheus.decode_vector
+        sample, decode = answers._SAMPLE, vectors.decode_vector
 
         class Split:
             def split(_, body: bytes) -> list[bytes]:
@@ -284,8 +279,8 @@ class Counted:
             self.decodings += 1
             return decode(raw, expr)
 
-        monkeypatch.setattr(prometheus, "_SAMPLE", Split())
-        monkeypatch.setattr(prometheus, "decode_vector", decoding)
+        monkeypatch.setattr(answers, "_SAMPLE", Split())
+        monkeypatch.setattr(vectors, "decode_vector", decoding)
 
     def take(self) -> tuple[int, int]:
         """(splits, decodings) since the last take."""
@@ -296,10 +291,9 @@ class Counted:
 def test_an_answer_with_other_series_is_split_once_and_decoded_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Review of issue 15: a changed answer cost a split, a full decoding and a second
-    split (twice a full decoding); the split is reused, and a query whose series keep
-    changing (too many each time to be mended: ``Answers.MEND_MIN``) is not split at all
-    for ``Answers.PAUSE`` answers."""
+    """A changed answer costs one split and one full decoding (the split is reused to
+    remember it, not made again), and a query whose series keep changing (too many each time
+    to be mended: ``Answers.MEND_MIN``) is not split at all for ``Answers.PAUSE`` answers."""
     n = Answers.MEND_MIN + 1
     bodies = [
         compact(({"uuid": "a"}, "1"), *[({"uuid": f"b{i}-{j}"}, "2") for j in range(n)])
@@ -332,8 +326,8 @@ def test_an_answer_with_other_series_is_split_once_and_decoded_once(
 
 
 def test_an_answer_with_a_few_new_series_is_mended(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 15: with 1 % of the GPUs changing state a round, the churning answers were
-    decoded in full every round (a fifth of a 50k round). An answer with a few new series
+    """With 1 % of the GPUs changing state an evaluation, decoding the churning answers in
+    full would be a fifth of an evaluation at 50,000 GPUs. An answer with a few new series
     keeps the labels of those it shares with the last answer (the same objects) and decodes
     only the new ones, with no full decoding; what it reads is what a full decoding reads."""
     series = [({"node": f"n{i // 4}", "uuid": f"u{i}"}, "0.1") for i in range(1000)]
@@ -394,7 +388,7 @@ A, B, C = b'{"u":"a"}', b'{"u":"b"}', b'{"u":"c"}'
 @pytest.mark.parametrize(
     "then",
     [
-        # review 15e: what is between two series is not a comma: not JSON
+        # what is between two series is not a comma: not JSON
         *(HEAD + series(A) + b"," + series(B) + sep + series(C) + b"]}}" for sep in (b"}", b" ")),
         # a time beyond a float (orjson refuses it; float() made it inf)
         HEAD + series(A) + b"," + series(B, time=b"1e400") + b"]}}",
@@ -405,7 +399,7 @@ def test_a_body_the_full_decoding_refuses_is_refused_not_mended(then: bytes) -> 
     client = PrometheusClient(URL)
     client._decode("q", HEAD + series(A) + b"," + series(B) + b"]}}")
     with pytest.raises(ValueError):
-        _decode_answer(then, "q")
+        decode_answer(then, "q")
     with pytest.raises(ValueError):
         client._decode("q", then)
 
@@ -488,7 +482,7 @@ def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -
     client = PrometheusClient(URL)
     client._decode("q", compact((a, "1"), (b, "2")))
     assert list(client._decode("q", compact((a, "NaN"), (b, "3")))) == [
-        Sample(freeze(b), 3.0, 1700000000.0)  # NaN left out, as before
+        Sample(freeze(b), 3.0, 1700000000.0)  # NaN left out
     ]
     client._decode("q", compact((a, "1"), (b, "2")))
     with pytest.raises(QueryError, match="not a number: ' 1'"):
@@ -498,8 +492,8 @@ def test_a_nan_or_a_value_prometheus_would_not_write_takes_the_full_decoding() -
 def test_the_environment_is_read_once_when_the_client_is_made(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """requests read the proxy variables and the netrc file again for every query (issue 15:
-    ~20 % of a request's CPU); the client takes them when it is made and keeps them: the proxy
+    """requests would read the proxy variables and the netrc file again for every query
+    (~20 % of a request's CPU); the client takes them when it is made and keeps them: the proxy
     and the netrc credentials still apply, NO_PROXY still excludes, and a later change of the
     environment does not change where a running engine's queries go."""
     seen: list[tuple[str, str]] = []

@@ -88,7 +88,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path):
             guardrails=GuardrailSettings(**guardrails),
             metrics_listen=None,
         )
-        engine = Engine(config, clock=clock, executors=registry, prometheus=prom)  # type: ignore[arg-type]
+        engine = Engine(config, clock=clock, executors=registry, prometheus=prom)
         engines.append(engine)
         engine.reload(strict=True)
         return engine

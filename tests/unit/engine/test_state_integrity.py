@@ -110,7 +110,7 @@ class World:
             config,
             clock=lambda: self.now,
             executors=registry,
-            prometheus=self.prom,  # type: ignore[arg-type]
+            prometheus=self.prom,
         )
         self.engines.append(engine)
         engine.reload(strict=True)

@@ -23,7 +23,8 @@ from gpuops.model.evaluation import (
 )
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
-from gpuops.sources.prometheus import QueryError, decode_vector
+from gpuops.sources import QueryError
+from gpuops.sources.prometheus import decode_vector
 from gpuops.store.sql.policy_seen import REFRESH_S
 from gpuops.store.sqlite import StateStore
 
