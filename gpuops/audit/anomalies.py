@@ -9,7 +9,6 @@ searches in ``elk/kibana`` show the same patterns in Kibana.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuops.audit.query import AnyOf, Exists, Phrase, Term, TimeRange, all_of
 from gpuops.audit.search import Backend, Level
@@ -49,7 +48,8 @@ class Finding:
     keys: dict[str, str]
     count: int
     message: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+    """Other figures of the finding by name (a target's actions in all, a user's baseline)."""
 
 
 def find_anomalies(backend: Backend, settings: AnomalySettings) -> list[Finding]:

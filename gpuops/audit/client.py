@@ -23,7 +23,8 @@ RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 class SpooledNdjsonSerializer(NdjsonSerializer):
     """The bulk body the shipper hands over (the spooled bytes, ending with a newline) sent as
     it is: the client's NDJSON serializer copies a bytes body twice (into a ``bytearray``,
-    then out of it) before the transport sends it. Anything else is serialized as before."""
+    then out of it) before the transport sends it. Anything else is serialized by that
+    serializer."""
 
     def dumps(self, data: Any) -> bytes:
         if type(data) is bytes and data.endswith(b"\n"):

@@ -167,8 +167,8 @@ def decision_document(
 
     Built in one pass, every value computed once (timestamps through the ``iso`` cache): the
     cycle writes one per decision, so this is on the audit's hot path. The fields and values
-    are exactly those of the document before issue 15 (``tests/unit/audit/reference_documents``
-    keeps that implementation; a test compares them)."""
+    are exactly those of the plain field-by-field construction that
+    ``tests/unit/audit/reference_documents`` keeps as the reference (a test compares them)."""
     verdict = decision.verdict
     transition = decision.transition.value
     spec = decision.action

@@ -2,7 +2,7 @@
 
 Built by ``gpuops.audit.log.AuditLog`` (``decision_entry`` for the decisions of the cycle and
 the gate, ``entry`` for any other document), written as they are by ``gpuops.audit.spool`` and
-sent as they are by ``gpuops.audit.shipper``: a segment of format 2 is a ready ``_bulk`` body,
+sent as they are by ``gpuops.audit.shipping``: a segment of format 2 is a ready ``_bulk`` body,
 so the shipper parses nothing and encodes nothing per document.
 
 ``decision_entry`` writes the JSON of ``gpuops.audit.documents.decision_document`` directly,

@@ -30,7 +30,7 @@ from gpuops.audit.errors import AuditWriteError
 from gpuops.audit.lines import decision_entry, entry
 from gpuops.audit.metrics import AuditMetrics
 from gpuops.audit.settings import AuditSettings
-from gpuops.audit.shipper import Shipper
+from gpuops.audit.shipping import Shipper
 from gpuops.audit.spool import Spool
 from gpuops.model.decisions import Decision, Outcome, SkippedEvaluation
 

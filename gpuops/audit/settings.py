@@ -24,7 +24,7 @@ class AuditSettings:
     """How audit documents are spooled and shipped."""
 
     spool_dir: Path
-    """Directory of the spool segments (``segment-<seq>.jsonl``); created when missing."""
+    """Directory of the spool segments (``segment-<seq>.ndjson``); created when missing."""
 
     elasticsearch_url: str | None = None
     """``http(s)://host:9200``; None: no shipper, the spool is the audit store."""
@@ -33,6 +33,7 @@ class AuditSettings:
     """API key (base64 ``id:key``) sent as ``Authorization: ApiKey``; never logged."""
 
     elasticsearch_username: str | None = None
+    """User name of basic authentication (with ``elasticsearch_password``)."""
     elasticsearch_password: str | None = field(default=None, repr=False)
     """Basic authentication, used when no API key is given; never logged."""
 
@@ -46,9 +47,8 @@ class AuditSettings:
     """...or when its first document is this many seconds old: bounds audit latency."""
 
     max_spool_bytes: int = 280 * 1024 * 1024
-    """Upper bound of the spool on disk, in bytes (about 210k decision documents of ~1.3 KB).
-    256 MiB in spool format 1; format 2 adds each document's bulk action line (~95 B, 7%),
-    so the default grew with it: the spool holds as many documents as before."""
+    """Upper bound of the spool on disk, in bytes: about 210k decision documents of ~1.4 KB,
+    each with its bulk action line."""
 
     full_policy: FullPolicy = "fail_closed"
     """What happens when the spool is full. ``fail_closed`` (default): nothing already spooled

@@ -1,5 +1,5 @@
-"""Audit throughput and loss-freedom against the fake Elasticsearch in ANOTHER process (issues 4
-and 15). Prints figures; never fails on noise.
+"""Audit throughput and loss-freedom against the fake Elasticsearch in ANOTHER process. Prints
+figures; never fails on noise.
 
 Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] [--rate 2000]``.
 
@@ -12,7 +12,7 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    mapping as Elasticsearch would, then the same again without mapping checks. The decisions
    are realistic (``decisions``: per-target evidence and times, a mix of verdicts with the
    guardrails' per-target reasons): the headline figure; ``--inputs uniform`` (or ``both``)
-   gives the best case the figures before review 15a were measured with.
+   gives the best case (``decisions``, ``uniform``).
 2. Loss and duplicates: an engine process (``--writer``) streams decisions at ``--rate`` while
    Elasticsearch goes away for ``--outage-s``; the engine is SIGKILLed in the middle of the
    outage and again while the backlog drains (bulk requests in flight), each time restarted on
@@ -24,8 +24,8 @@ Run: ``python -m tests.benchmarks.bench_audit [--events 100000] [--outage-s 60] 
    counted apart, as resends).
 
 ``--before <tree>`` first runs the same figures with the engine and the fake of another tree
-(main as it was; ``PYTHONPATH=<tree>`` for this file's child processes, which run it by path).
-The figures before and after issue 15 are in docs/audit-performance.md.
+(another commit checked out; ``PYTHONPATH=<tree>`` for this file's child processes, which run
+it by path), to compare two versions on one machine. Figures: docs/audit-performance.md.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def decisions(first: int, count: int, uniform: bool = False) -> list[Any]:
     policy's are dry_run. Built in a few us each, so that the outage run's writer can offer
     20,000/s.
 
-    ``uniform``: the best case the figures before review 15a were measured with: one policy,
-    one ``Evidence`` and one time for all, every verdict ``execute`` and no reason."""
+    ``uniform``: the best case: one policy, one ``Evidence`` and one time for all, every
+    verdict ``execute`` and no reason."""
     from gpuops.model.decisions import (
         ActionSpec,
         Decision,
@@ -341,8 +341,8 @@ def throughput(events: int, batch: int, threads: int, validate: bool, uniform: b
     chunks = [prepared[i : i + batch] for i in range(0, events, batch)]
     # The inputs (~1.5 million objects for 100,000 decisions, which the evaluation would have
     # made and dropped cycle by cycle) are collected here, before the clock starts: else the
-    # first full collection inside the measured window walks them all (0.38 s, 3.8 us/event
-    # measured in issue 15a), a cost of building the inputs, not of the audit.
+    # first full collection inside the measured window walks them all (0.38 s, 3.8 us/event),
+    # a cost of building the inputs, not of the audit.
     gc.collect()
     try:
         with tempfile.TemporaryDirectory() as tmp:

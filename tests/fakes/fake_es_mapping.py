@@ -2,7 +2,7 @@
 indexed with a stream's mapping, as Elasticsearch answers per bulk item (400,
 ``document_parsing_exception``).
 
-What is checked (as before issue 15a): every field that is not walked into is checked against
+What is checked: every field that is not walked into is checked against
 its mapped type (``check_value``: numbers, dates, IPs, booleans, constant_keyword), with
 ``dynamic: strict`` refusing unmapped fields and Elasticsearch's default dynamic mapping (or a
 dynamic template) typing the others; objects are walked field by field, flattened fields take
@@ -16,7 +16,7 @@ number in a string, a constant_keyword, a field that fails) and the child object
 child object under which nothing can fail whatever it holds (``_free``: only free types mapped
 below it, no strict mapping, every string typed by a dynamic template of a free type) is not
 looked at. So a decision document visits 6 of its 16 objects, and those through one dict
-lookup each (issue 15: 38 -> ~7 us per document).
+lookup each (~7 us per document, where the walk takes ~38).
 """
 
 from __future__ import annotations

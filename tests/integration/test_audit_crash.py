@@ -1,4 +1,4 @@
-"""Crash survival (issue 4, item 2): SIGKILL an engine process mid-stream; after a restart every
+"""Crash survival: SIGKILL an engine process mid-stream; after a restart every
 event it had acknowledged reaches the index, none twice."""
 
 from __future__ import annotations

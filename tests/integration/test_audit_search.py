@@ -1,5 +1,5 @@
 """``gpuops audit search|anomalies`` give the same results against the fake Elasticsearch (with
-the real client) and against the local spool (issue 4, items 5 and 6)."""
+the real client) and against the local spool."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The shipper against the fake Elasticsearch with the real client: data streams, op_type create,
-_id = event.id, 409 as stored, retries with backoff, dead letters, templates (issue 4, item 3)."""
+_id = event.id, 409 as stored, retries with backoff, dead letters, templates."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_item_level_429_is_retried_alone(tmp_path: Path, es: FakeElasticsearch) 
 def test_other_item_errors_go_to_the_dead_letter_file_with_the_reason(
     tmp_path: Path, es: FakeElasticsearch
 ) -> None:
-    # a segment left by an older engine whose document the template refuses (duration: long)
+    # a format 1 segment whose document the template refuses (duration: long)
     bad = {
         "@timestamp": "2024-01-01T00:00:00.000Z",
         "data_stream": {"type": "logs", "dataset": "gpuops.decision", "namespace": "default"},

@@ -65,7 +65,7 @@ def test_a_narrowed_query_answers_the_firing_targets_exactly(
 def test_a_narrowed_query_for_a_thousand_targets_is_answered(
     prometheus: tuple[str, float],
 ) -> None:
-    """Review D5: ~40 kB of PromQL, sent as a POST form (a proxy refuses such a GET)."""
+    """~40 kB of PromQL, sent as a POST form (a proxy refuses such a GET)."""
     url, now = prometheus
     names = ("node", "uuid")
     firing = [{"node": f"node-{i}", "uuid": v} for i, v in enumerate(ALL) if v in HOSTILE]

@@ -1,6 +1,6 @@
-"""The decision document as main built it before issue 15 (gpuops/audit/documents.py at
-da5125a), kept verbatim (its unchanged helpers imported) as the reference that the faster
-``decision_document`` must equal field for field and value for value
+"""The decision document built the plain way, field by field (the helpers it shares with
+``gpuops.audit.documents`` imported): the reference that the one-pass ``decision_document``
+and the spool entries of ``gpuops.audit.lines`` must equal field for field and value for value
 (tests/unit/audit/test_document_reference.py). Not a test module."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpuops.audit.documents import (  # unchanged by issue 15
+from gpuops.audit.documents import (
     DECISION_DATASET,
     ECS_VERSION,
     _number,

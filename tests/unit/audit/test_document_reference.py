@@ -1,6 +1,5 @@
-"""The faster decision document (issue 15) equals the one main built before, field for field
-and value for value, for every shape of decision and outcome; and its spool line is that
-document's JSON."""
+"""The one-pass decision document equals the reference built field by field, value for value,
+for every shape of decision and outcome; and its spool line is that document's JSON."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from typing import Any
 import pytest
 
 from gpuops.audit.documents import decision_document
-from gpuops.audit.lines import decision_entry, entry
-from gpuops.audit.spool import encode_line
+from gpuops.audit.lines import decision_entry, encode_line, entry
 from gpuops.model.decisions import (
     ActionSpec,
     Decision,
@@ -103,8 +101,8 @@ def test_percent_signs_in_shared_and_own_values_stay_as_they_are() -> None:
 
 def test_a_reason_per_target_is_a_value_not_a_new_template() -> None:
     """A cooldown's reason differs per target and cycle: the decisions of one policy and verdict
-    share one template whatever their reasons (review 15a finding 2: the reason was part of the
-    template key, so each suppressed decision built one and the cache dropped the hot ones)."""
+    share one template whatever their reasons (with the reason in the template key, each
+    suppressed decision would build one and the cache would drop the hot ones)."""
     from gpuops.audit import lines
 
     lines._template.cache_clear()

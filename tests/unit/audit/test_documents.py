@@ -1,5 +1,5 @@
 """Every field of every audit document shape is an ECS 9.4 field with an allowed value, or
-lives under gpuops.* (issue 4, item 1)."""
+lives under gpuops.*."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The audit benchmark's "duplicated" can fail: the fake tallies every write per ``_id`` (201,
 409, overwrite) and per ``event.id``, and ``bench_audit.count`` finds a document stored twice
-(review finding 1 of issue 15a: ids read back from the fake's dict were unique by construction)."""
+(ids read back from the fake's dict would be unique by construction)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_resends_answered_409_are_counted_apart_and_are_no_duplicates(
 
 def test_an_overwrite_of_a_stored_id_is_a_duplicate(es: FakeElasticsearch) -> None:
     index = INDEX + "-overwritten"
-    # the reviewer's repro: one _id written 9 times, 6 creates answered 409, 3 overwrites
+    # one _id written 9 times: 6 creates answered 409, 3 overwrites
     for _ in range(3):
         bulk(es, index, ("create", "e1", "e1"), ("create", "e1", "e1"), ("index", "e1", "e1"))
     tally = es.write_tally(index)

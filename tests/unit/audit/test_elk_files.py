@@ -1,5 +1,5 @@
 """The files of elk/: templates map every field the documents use, Kibana objects are complete
-and consistent (issue 4, item 4)."""
+and consistent."""
 
 from __future__ import annotations
 

@@ -187,8 +187,8 @@ def _raw_exchange(es: FakeElasticsearch, data: bytes) -> bytes:
 
 @pytest.mark.parametrize("declared", ["-1", "abc", "+5"])
 def test_a_content_length_that_is_no_length_is_a_400_and_runs_nothing(declared: str) -> None:
-    """Review 15a finding 4: ``Content-Length: -1`` read the buffer minus one byte as the body
-    (the next pipelined request's too) and indexed it."""
+    """A ``Content-Length`` that is no length (``-1`` would read the buffer minus one byte as
+    the body, the next pipelined request's too) is refused, and nothing is indexed."""
     doc = b'{"create":{"_index":"idx","_id":"neg"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
     request = (
         b"POST /_bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n"
@@ -203,8 +203,8 @@ def test_a_content_length_that_is_no_length_is_a_400_and_runs_nothing(declared: 
 
 
 def test_a_bulk_with_a_malformed_line_stores_none_of_its_items() -> None:
-    """Review 15a finding 5: the items before the malformed line were stored under the 400;
-    Elasticsearch parses the whole body before it runs any item."""
+    """Elasticsearch parses the whole body before it runs any item: the items before a
+    malformed line are not stored under its 400."""
     with FakeElasticsearch() as es:
         good = b'{"create":{"_index":"idx","_id":"a"}}\n{"@timestamp":"2024-01-01T00:00:00Z"}\n'
         headers = {"Content-Type": "application/x-ndjson"}

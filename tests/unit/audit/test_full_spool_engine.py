@@ -1,4 +1,4 @@
-"""A full audit spool fails closed (issue 15): with the default ``full_policy`` the engine acts
+"""A full audit spool fails closed: with the default ``full_policy`` the engine acts
 on nothing while the spool cannot take an intent, ``/healthz`` names the reason, nothing already
 spooled is deleted, and the actions run once the shipper has made room."""
 

@@ -1,4 +1,4 @@
-"""Group commit of the spool (issue 15): concurrent appends share an fsync, each returns only
+"""Group commit of the spool: concurrent appends share an fsync, each returns only
 once its bytes are durable, and a failed fsync fails every append it covered and leaves none
 of their lines behind."""
 
@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuops.audit.lines import encode_line
 from gpuops.audit.metrics import AuditMetrics
-from gpuops.audit.spool import Spool, encode_line, entry_lines, read_spool
+from gpuops.audit.spool import Spool, read_spool
+from gpuops.audit.spool.segments import entry_lines
 from tests.waiting import wait_for
 
 
@@ -61,7 +63,7 @@ class SlowFsync:
 def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Spool, SlowFsync]]:
     """A spool with one document (its segment open) whose next fsync waits for ``release``."""
     fsync = SlowFsync(os.fsync)
-    monkeypatch.setattr("gpuops.audit.spool.os.fsync", fsync)
+    monkeypatch.setattr("gpuops.audit.spool.writer.os.fsync", fsync)
     spool = make_spool(tmp_path)
     fsync.release.set()
     spool.append(doc(0))  # opens the segment (its directory fsync counts too)

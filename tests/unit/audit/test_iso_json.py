@@ -1,4 +1,4 @@
-"""``iso_json``, the audit's own timestamp formatter (issue 15), gives ``iso``'s text byte for
+"""``iso_json``, the audit's own timestamp formatter, gives ``iso``'s text byte for
 byte: on the edges where ``datetime.fromtimestamp`` rounds (ties at half a microsecond, carries
 into the next second, minute, day and year), outside its fast range, and on random times."""
 

@@ -1,4 +1,4 @@
-"""The shipper's batches are runs of the spooled bytes (issue 15): every document of the
+"""The shipper's batches are runs of the spooled bytes: every document of the
 sealed segments goes out once, in spool order, across segments, within the batch's documents
 and ``bulk_max_bytes`` (a document larger than that alone), as the bytes that were spooled."""
 
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpuops.audit.lines import entry
 from gpuops.audit.metrics import AuditMetrics
 from gpuops.audit.settings import AuditSettings
-from gpuops.audit.shipper import Shipper
+from gpuops.audit.shipping import Shipper
 from gpuops.audit.spool import Spool, segment_paths
 
 

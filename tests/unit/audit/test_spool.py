@@ -13,7 +13,8 @@ from gpuops.audit.lines import encode_line
 from gpuops.audit.lines import entry as entry_of
 from gpuops.audit.metrics import AuditMetrics
 from gpuops.audit.settings import AuditSettings, FullPolicy
-from gpuops.audit.spool import Spool, entries, entry_lines, read_spool, segment_paths
+from gpuops.audit.spool import Spool, read_spool, segment_paths
+from gpuops.audit.spool.segments import entries, entry_lines
 from tests.unit.audit.factories import make_decision
 
 
@@ -149,9 +150,9 @@ def test_a_format_1_spool_of_an_older_engine_is_read_and_continued_in_format_2(
 
 
 def test_the_default_limit_holds_as_many_decisions_as_format_1_did(tmp_path: Path) -> None:
-    """Review D9: format 2 adds each document's action line; the default limit grew with it.
-    And the downgrade recipe of elk/README.md (keep every second line) gives a format 1
-    segment with the same documents."""
+    """Format 2 adds each document's action line; the default limit holds as many
+    documents as it would in format 1. And the downgrade recipe of elk/README.md (keep every
+    second line) gives a format 1 segment with the same documents."""
     decision = decision_document(
         make_decision(labels={"node": "node-0001", "uuid": "GPU-0c6a3b1e-8b7f-4b43-9d1a-0123"}),
         None,

@@ -371,7 +371,7 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd)
 
-    monkeypatch.setattr("gpuops.audit.spool.os.fsync", fsync)
+    monkeypatch.setattr("gpuops.audit.spool.writer.os.fsync", fsync)
     return lambda full: state.__setitem__("full", full)
 
 

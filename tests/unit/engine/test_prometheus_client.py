@@ -65,9 +65,9 @@ def test_bad_promql_is_a_query_error_naming_the_query() -> None:
 
 @responses.activate
 def test_a_prometheus_error_is_named_whole_and_a_page_that_is_none_capped() -> None:
-    """Review 15d: Prometheus' own parse errors quote the parameter (``\\"query\\"``); read out
-    of the body's repr, the message stopped at that first escaped quote. A proxy's page that
-    holds no error is shown as it came, capped."""
+    """Prometheus' own parse errors quote the parameter (``\\"query\\"``): the message is read
+    decoded, not out of the body's repr, where it would stop at that first escaped quote. A
+    proxy's page that holds no error is shown as it came, capped."""
     error = 'invalid parameter "query": 1:5: parse error: unexpected end of input'
     responses.get(f"{URL}/api/v1/query", json={"status": "error", "error": error}, status=400)
     with pytest.raises(QueryError) as caught:
@@ -120,7 +120,7 @@ def test_query_range_is_split_and_grouped_by_step() -> None:
 
 @responses.activate
 def test_an_answer_the_fast_pass_cannot_read_is_read_carefully() -> None:
-    """Issue 15: the decoder reads series without a check per field; what it cannot read is
+    """The decoder reads series without a check per field; what it cannot read is
     read again carefully: a series without ``metric`` has no labels, a label value that is not
     a string becomes one, a value that is not a number is an error naming it."""
     body = vector(({"uuid": "a"}, "0.5"))
@@ -159,8 +159,8 @@ def test_an_answer_the_fast_pass_cannot_read_is_read_carefully() -> None:
     ],
 )
 def test_a_value_prometheus_would_not_write_is_a_query_error(value: object) -> None:
-    """Review D7: the fast pass read these as numbers (any of them could fire a ``> 0.5``
-    policy); now the careful pass refuses them, naming the series."""
+    """Values Prometheus never writes (any of them, read as a number, could fire a ``> 0.5``
+    policy): the careful pass refuses them, naming the series."""
     with pytest.raises(QueryError, match="malformed series|not a number"):
         parse_vector([{"metric": {"uuid": "a"}, "value": value}], "x")
 
@@ -178,9 +178,9 @@ def test_every_value_format_prometheus_writes_is_read() -> None:
 
 @responses.activate
 def test_a_long_query_is_posted_as_a_form() -> None:
-    """Review D5: a narrowed clear_expr for 1,000 targets (~40 kB) went out as a GET, which a
-    proxy (nginx: ~8 kB) answers with 414: the policy was skipped at every evaluation while
-    many targets fired. Now past MAX_GET_QUERY_CHARS it is a POST form; short ones stay GETs."""
+    """A narrowed clear_expr for 1,000 targets (~40 kB) sent as a GET would be answered 414 by a
+    proxy (nginx: ~8 kB), and the policy skipped at every evaluation while many targets fire:
+    past MAX_GET_QUERY_CHARS it is a POST form; short ones stay GETs."""
     seen: list[tuple[str, str]] = []
 
     def proxy(request: requests.PreparedRequest) -> tuple[int, dict[str, str], str]:
@@ -225,7 +225,7 @@ def answered(*bodies: bytes) -> list[Vector]:
 
 
 def test_an_answer_with_the_series_of_the_last_one_reads_only_its_values() -> None:
-    """Issue 15: the same series as the query's last answer (every byte but the values the
+    """The same series as the query's last answer (every byte but the values the
     same) share its labels and target keys; only the values and times are read."""
     a, b = {"node": "n1", "uuid": "a"}, {"node": "n1", "uuid": "b"}
     first, second = answered(
@@ -405,8 +405,8 @@ def test_a_body_the_full_decoding_refuses_is_refused_not_mended(then: bytes) -> 
 
 
 def test_an_answer_with_two_result_arrays_reads_the_last_as_the_full_decoding_does() -> None:
-    """Review 15e: with a duplicate ``result`` key (orjson keeps the last), a head cut at the
-    first ``"result":[`` read the discarded array's series as the answer's."""
+    """With a duplicate ``result`` key (orjson keeps the last), a head cut at the first
+    ``"result":[`` would read the discarded array's series as the answer's: not mended."""
     known = b'{"status":"success","data":{"result":[0],"resultType":"vector","result":['
     then = b'{"status":"success","data":{"result":[' + series(A) + b',0],"resultType":"vector",'
     client = PrometheusClient(URL)
@@ -468,8 +468,8 @@ def test_mended_answers_read_what_a_full_decoding_reads(monkeypatch: pytest.Monk
 
 
 def test_a_time_that_is_not_json_is_not_read_by_the_fast_path() -> None:
-    """Review 15d: the split read a time of ``01`` (not JSON: the full decoding refuses it)
-    as 1.0; now such a sample is not split off, and the answer is refused as unreadable."""
+    """A time of ``01`` (not JSON: the full decoding refuses it) is not split off as 1.0: the
+    answer is refused as unreadable."""
     client = PrometheusClient(URL)
     client._decode("q", compact(({"uuid": "a"}, "1"), ({"uuid": "b"}, "2")))
     bad = compact(({"uuid": "a"}, "1"), ({"uuid": "b"}, "2"), at=1.0).replace(b"[1.0,", b"[01,")
@@ -533,7 +533,7 @@ def test_the_environment_is_read_once_when_the_client_is_made(
 
 
 def test_answers_are_read_in_one_call_over_one_kept_connection() -> None:
-    """Issue 15: the body is read raw in one call (requests' ``content`` read it 10 kB at a
+    """The body is read raw in one call (requests' ``content`` would read it 10 kB at a
     time). The connection still goes back to the pool for the next query, a gzip answer is
     still decoded, and an answer cut short (the server gone mid-answer) or sent with a
     broken gzip stream is a QueryError naming why, after which the next query works."""

@@ -1,19 +1,11 @@
-"""The local audit spool: fsync'd, append-only segments in one directory.
+"""The writer of a spool directory: fsync'd, append-only segments (``Spool``).
 
-Format 2 (``segment-<seq>.ndjson``, written since issue 15): each document is two lines, its
-bulk action line (``{"create":{"_index":<data stream>,"_id":<event.id>}}``) and its JSON
-(``gpuops.audit.lines``), so a segment is a ready Elasticsearch ``_bulk`` body and the shipper
-sends its bytes without parsing them. Format 1 (``segment-<seq>.jsonl``, one JSON document per
-line) is still read: a spool left by an older engine is shipped and searched as before; new
-documents always go to format 2 segments. Readers tell the formats by the file name. A
-downgrade to an engine that knows only format 1 is not supported (it would neither ship nor
-search ``.ndjson`` segments): ``elk/README.md`` says how to drain or convert the spool first.
-
-``AuditLog`` appends every document here before anything else; the shipper reads sealed
-segments and removes one only when Elasticsearch acknowledged all its documents; ``gpuops audit
-search`` reads all segments when no Elasticsearch is configured. One process writes a spool at a
-time (an ``flock`` on ``.lock``). A restart never appends to an old segment, so a torn last line
-of a killed process (never acknowledged) is skipped by readers and nothing else is affected.
+``AuditLog`` appends every document here before anything else; the shipper
+(``gpuops.audit.shipping``) takes the sealed segments (``sealed``) and removes one
+(``remove``) only when Elasticsearch acknowledged all its documents. One process writes a
+spool at a time (an ``flock`` on ``.lock``). A restart never appends to an old segment, so a
+torn last line of a killed process (never acknowledged) is skipped by readers
+(``gpuops.audit.spool.segments``) and nothing else is affected.
 
 Appends are group-committed: ``append_many`` writes its documents in one ``write`` under the
 lock, then waits outside it for an fsync that covers its bytes; one thread runs that fsync for
@@ -30,172 +22,22 @@ import errno
 import fcntl
 import logging
 import os
-import re
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from itertools import accumulate, islice
-from operator import methodcaller
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from gpuops.audit.errors import SpoolLockedError
-from gpuops.audit.lines import encode_line, entry
+from gpuops.audit.lines import entry
 from gpuops.audit.metrics import AuditMetrics
 from gpuops.audit.settings import FullPolicy
+from gpuops.audit.spool.reader import count_documents
+from gpuops.audit.spool.segments import Segment, segment_path, segment_paths, segment_seq
 
 log = logging.getLogger(__name__)
-
-__all__ = ["Segment", "Spool", "encode_line", "read_segment", "read_spool", "segment_paths"]
-
-_SEGMENT = re.compile(r"^segment-(\d{12})\.(jsonl|ndjson)$")
-ACTION_PREFIX = b'{"create":'
-"""How every action line of a format 2 segment starts (no document line does: documents
-start with ``{"@timestamp"`` or another field of their own)."""
-
-
-@dataclass
-class Segment:
-    """One segment file: its sequence number, documents and size so far."""
-
-    path: Path
-    seq: int
-    documents: int
-    size: int
-    opened_at: float = 0.0
-    starts: array[int] | None = None
-    """Of a segment this process wrote (format 2): the byte offset of each entry, then the
-    segment's size, kept as each append is written, so that the shipper need not split and
-    check the lines it wrote itself; None when unknown (a segment a previous run left, or one
-    whose failed write could not be cut off): the shipper then reads it line by line. 8 bytes
-    a document (an ``array``: a 60 s outage at 20,000/s keeps ~10 MB of them)."""
-
-    @property
-    def version(self) -> int:
-        """The segment's format: 2 (action and document lines), 1 (document lines)."""
-        return segment_version(self.path)
-
-
-def segment_version(path: Path) -> int:
-    return 2 if path.suffix == ".ndjson" else 1
-
-
-def entries(data: bytes, path: Path) -> Iterator[tuple[int, bytes, bytes]]:
-    """The complete entries of a format 2 segment's bytes: (line number of the action line,
-    action line, document line), newlines cut off. A torn last entry (a process killed while
-    writing, never acknowledged) and a line out of place are skipped with a warning.
-
-    A document line is checked only as far as it costs nothing: it must start with ``{`` and
-    not be an action line (a corrupt line, e.g. a disk block of zeros, is skipped with its
-    action; an action line followed by another action line lost its document and is skipped
-    alone). A line that starts well but is not JSON is sent all the same: Elasticsearch refuses
-    it and the shipper dead-letters its bytes."""
-    lines = data.split(b"\n")
-    torn = lines.pop()  # b"" when the segment ends with a newline
-    i, n = 0, len(lines)
-    while i < n:
-        action = lines[i]
-        if not action.startswith(ACTION_PREFIX):
-            log.warning("%s: skipping invalid line %d", path, i + 1)
-            i += 1
-            continue
-        if i + 1 == n:
-            torn = torn or action
-            break
-        line = lines[i + 1]
-        if not line.startswith(b"{"):
-            log.warning("%s: skipping invalid document line %d", path, i + 2)
-            i += 2
-            continue
-        if line.startswith(ACTION_PREFIX):
-            log.warning("%s: skipping action line %d without its document", path, i + 1)
-            i += 1
-            continue
-        yield i + 1, action, line
-        i += 2
-    if torn:
-        log.warning("%s: skipping torn last entry at line %d (never acknowledged)", path, i + 1)
-
-
-_IS_ACTION = methodcaller("startswith", ACTION_PREFIX)
-_IS_OBJECT = methodcaller("startswith", b"{")
-
-
-def entry_lines(data: bytes, path: Path) -> tuple[list[bytes], list[bytes]]:
-    """The action lines and the document lines of ``entries(data, path)``, as two lists. A
-    well-formed segment (the common case: every other line an action line, the others
-    objects, a newline at the end) is checked and split in C; any other goes through
-    ``entries``, which skips and reports what is out of place."""
-    lines = data.split(b"\n")
-    if not lines[-1] and len(lines) % 2:
-        actions, docs = lines[0:-1:2], lines[1::2]
-        if (
-            all(map(_IS_ACTION, actions))
-            and all(map(_IS_OBJECT, docs))
-            and not any(map(_IS_ACTION, docs))
-        ):
-            return actions, docs
-    found = list(entries(data, path))
-    return [action for _, action, _ in found], [doc for _, _, doc in found]
-
-
-def segment_paths(directory: Path) -> list[Path]:
-    """The segment files of a spool directory, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _SEGMENT.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def read_segment(path: Path) -> Iterator[dict[str, Any]]:
-    """The documents of one segment; a torn or invalid line (a crash mid-write) is skipped."""
-    if segment_version(path) == 2:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return
-        for number, _, line in entries(data, path):
-            try:
-                doc = orjson.loads(line)
-            except ValueError:  # orjson.JSONDecodeError is a ValueError
-                log.warning("%s: skipping invalid line %d", path, number + 1)
-                continue
-            if isinstance(doc, dict):
-                yield doc
-        return
-    try:
-        with path.open("rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                if not raw.endswith(b"\n"):
-                    log.warning("%s: skipping torn last line %d (never acknowledged)", path, number)
-                    return
-                try:
-                    doc = orjson.loads(raw)
-                except ValueError:  # orjson.JSONDecodeError is a ValueError
-                    log.warning("%s: skipping invalid line %d", path, number)
-                    continue
-                if isinstance(doc, dict):
-                    yield doc
-    except FileNotFoundError:
-        return
-
-
-def _count(path: Path) -> int:
-    """The documents of a segment a previous run left (format 2: its complete entries, not
-    parsed)."""
-    if segment_version(path) == 2:
-        return len(entry_lines(path.read_bytes(), path)[0])
-    return sum(1 for _ in read_segment(path))
-
-
-def read_spool(directory: Path) -> Iterator[dict[str, Any]]:
-    """Every document of a spool directory, oldest segment first (no lock: read-only)."""
-    for path in segment_paths(directory):
-        yield from read_segment(path)
 
 
 class Spool:
@@ -248,8 +90,8 @@ class Spool:
             raise SpoolLockedError(f"{self.directory} is in use by another gpuops process") from exc
         self._lock_fh = lock_fh
         for path in segment_paths(self.directory):
-            seq = int(path.name[8:20])
-            docs = _count(path)
+            seq = segment_seq(path)
+            docs = count_documents(path)
             if docs == 0:
                 path.unlink(missing_ok=True)
                 continue
@@ -460,7 +302,7 @@ class Spool:
     # -- internals (hold self._lock) ---------------------------------------------------------
 
     def _open_active(self) -> None:
-        path = self.directory / f"segment-{self._next_seq:012d}.ndjson"
+        path = segment_path(self.directory, self._next_seq)
         self._fh = path.open("ab", buffering=0)  # no buffer to replay a failed write
         self._active = Segment(path, self._next_seq, 0, 0, time.monotonic(), array("q", [0]))
         self._durable_size = self._durable_documents = 0

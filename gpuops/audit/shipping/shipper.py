@@ -1,128 +1,48 @@
 """The background shipper: sealed spool segments → Elasticsearch bulk API → segment removed.
 
-Started and stopped by ``AuditLog``. Each document is sent with op_type ``create`` and
-``_id = event.id`` into its data stream, so a document sent twice (a retry, a restart after a
-crash) is a 409, which counts as stored. The spooled bytes go out as they are: a segment of
-spool format 2 holds each document's action line next to it (``gpuops.audit.spool``), so
-nothing is parsed or encoded per document; a format 1 segment (left by an older engine) has
-each line parsed (orjson) only for its ``event.id`` and data stream.
-
-Up to ``bulk_in_flight`` bulk requests run at once (a small pool; the shipper thread alone
-decides what is sent); the batch size adapts between ``bulk_min_documents`` and
-``bulk_max_documents``: it grows while requests come back fast and clean and halves on a 429 or
-a slow answer (Elastic's advice: find the size where throughput stops improving, back off on
-rejections). Item-level and request-level 429/502/503/504, timeouts and refused connections are
-retried with exponential backoff (doubling from ``backoff_initial_s`` to ``backoff_max_s``, with
-jitter); any other item error sends the document to the dead-letter file with the reason. A
-segment is deleted only when every one of its documents is acknowledged or dead-lettered, and
-segments are deleted in spool order, so what a crash leaves is always a suffix of the spool
-(shipped again after a restart: 409s, never a duplicate). Decisions never wait for any of this.
+Started and stopped by ``AuditLog``; the shipper thread alone decides what is sent. Each
+sealed segment becomes a ``Shipment`` (``gpuops.audit.shipping.shipments``: its spooled bytes
+as they are), queued as runs of its documents; up to ``bulk_in_flight`` bulk requests
+(``gpuops.audit.shipping.bulk``) run at once on a small pool. The batch size adapts between
+``bulk_min_documents`` and ``bulk_max_documents``: it grows while requests come back fast and
+clean and halves on a 429 or a slow answer (Elastic's advice: find the size where throughput
+stops improving, back off on rejections). Item-level and request-level 429/502/503/504,
+timeouts and refused connections are retried with exponential backoff (doubling from
+``backoff_initial_s`` to ``backoff_max_s``, with jitter); any other item error sends the
+document to the dead-letter file with the reason. A segment is deleted only when every one of
+its documents is acknowledged or dead-lettered, and segments are deleted in spool order, so
+what a crash leaves is always a suffix of the spool (shipped again after a restart: 409s,
+never a duplicate). Decisions never wait for any of this.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from functools import partial
-from itertools import accumulate, chain, repeat
-from operator import add
-from pathlib import Path
-from typing import Any
 
-import orjson
 from elasticsearch import Elasticsearch
 
-from gpuops.audit.client import CLIENT_ERRORS, RETRYABLE_STATUSES, wrap
-from gpuops.audit.documents import stream_of
+from gpuops.audit.client import RETRYABLE_STATUSES
 from gpuops.audit.errors import ElasticsearchError, RetryableError, TemplateError
-from gpuops.audit.lines import action_line
 from gpuops.audit.metrics import AuditMetrics
 from gpuops.audit.settings import AuditSettings
-from gpuops.audit.spool import Segment, Spool, entry_lines
+from gpuops.audit.shipping.bulk import BulkResult, send
+from gpuops.audit.shipping.deadletter import DeadLetters
+from gpuops.audit.shipping.shipments import Run, Shipment, count, load, size
+from gpuops.audit.spool import Spool
 from gpuops.audit.templates import install_templates
 
 log = logging.getLogger(__name__)
 
-_FILTER_PATH = "errors,items.*.status,items.*.error"
-"""What a bulk answer needs to carry back (Elasticsearch's ``filter_path``): its items without
-the ids, versions and shards the shipper never reads (an eighth of the bytes to parse)."""
-
 
 class _GiveUp(Exception):
     """Stop shipping now (closing and out of time); what is left stays in the spool."""
-
-
-@dataclass(eq=False)  # by identity
-class _Work:
-    """A sealed segment being shipped: its entries as one ready ``_bulk`` body (``data``: each
-    document's action line and line), where each entry starts (``starts``: a byte offset per
-    document, then the end), and how many of its documents are not yet settled."""
-
-    segment: Segment
-    data: bytes = b""
-    starts: Sequence[int] = ()
-    outstanding: int = 0
-
-    def entry(self, k: int) -> tuple[bytes, bytes]:
-        """Document ``k``'s action line and line, without their newlines."""
-        action, _, line = self.data[self.starts[k] : self.starts[k + 1] - 1].partition(b"\n")
-        return action, line
-
-
-_Run = tuple[_Work, int, int]
-"""Documents ``lo`` to ``hi - 1`` of one segment: a slice of its bytes, sent as it is. The
-shipper queues, sizes, sends and counts runs, not documents: a bulk of thousands is a few
-slices of the spooled bytes, with no object per document (issue 15: the per-document tuples
-cost the shipper ~4 us each, most of it in the garbage collector). A document refused with a
-retryable status is queued again as a run of one."""
-
-_PLUS_TWO = partial(add, 2)
-
-
-def _documents(runs: Iterable[_Run]) -> Iterator[tuple[_Work, int]]:
-    """Each document of ``runs``, in order: its segment's work and its number."""
-    for work, lo, hi in runs:
-        for k in range(lo, hi):
-            yield work, k
-
-
-def _size(runs: Iterable[_Run]) -> int:
-    return sum(hi - lo for _, lo, hi in runs)
-
-
-def _meta(item: tuple[_Work, int], key: str) -> str:
-    """A field of a document's action line (``_id``, ``_index``): only to report a refused
-    document."""
-    try:
-        return str(orjson.loads(item[0].entry(item[1])[0])["create"][key])
-    except (ValueError, KeyError, TypeError):
-        return "?"
-
-
-def _count(runs: Iterable[_Run], step: int) -> None:
-    """Add ``step`` to the outstanding count of each run's segment, once per document."""
-    for work, lo, hi in runs:
-        work.outstanding += step * (hi - lo)
-
-
-@dataclass
-class _Result:
-    """What one bulk request came back with."""
-
-    batch: list[_Run]
-    retry: list[_Run] = field(default_factory=list)
-    error: ElasticsearchError | None = None
-    seconds: float = 0.0
-    throttled: bool = False
 
 
 class Shipper:
@@ -152,9 +72,10 @@ class Shipper:
         self._not_before = 0.0  # no request before this monotonic time (backoff)
         self._batch_docs = max(settings.bulk_min_documents, settings.bulk_max_documents // 4)
         self._split: int | None = None  # a batch refused as too large: at most this many
-        self._queue: deque[_Run] = deque()
-        self._works: deque[_Work] = deque()  # segments taken, in spool order
-        self._in_flight: dict[Future[_Result], list[_Run]] = {}
+        self._queue: deque[Run] = deque()
+        self._works: deque[Shipment] = deque()  # segments taken, in spool order
+        self._in_flight: dict[Future[BulkResult], list[Run]] = {}
+        self._dead_letters = DeadLetters(settings.dead_letter_dir, metrics)
 
     def start(self) -> None:
         """Start the shipper thread; a second start while it runs does nothing (two loops on
@@ -216,57 +137,12 @@ class Shipper:
         for segment in self._spool.sealed():
             if id(segment) in taken:
                 continue
-            work = _Work(segment)
+            work = Shipment(segment)
             self._works.append(work)
-            work.outstanding = self._load(work)
+            work.outstanding = load(work)
             if work.outstanding:
                 self._queue.append((work, 0, work.outstanding))
         self._remove_done()
-
-    def _load(self, work: _Work) -> int:
-        """Read a segment's entries into ``work`` (its bytes as they are when well formed,
-        which is the rule; else the entries that ``entries`` keeps, joined); their count. The
-        offsets of a segment this process wrote are known (``Segment.starts``): its bytes
-        are then neither split nor checked."""
-        try:
-            data = work.segment.path.read_bytes()
-        except FileNotFoundError:
-            return 0
-        known = work.segment.starts
-        if known is not None and known[-1] == len(data) and len(known) > 1:
-            work.data, work.starts = data, known  # written by this process: where they are
-            return len(known) - 1
-        if work.segment.version == 2:  # ready action and document lines
-            actions, lines = entry_lines(data, work.segment.path)
-        else:
-            actions, lines = self._format_1(data, work.segment.path)
-        lengths = map(_PLUS_TWO, map(add, map(len, actions), map(len, lines)))
-        work.starts = list(accumulate(lengths, initial=0))
-        if work.starts[-1] != len(data):  # lines were skipped (or format 1): join the rest
-            pieces = zip(actions, repeat(b"\n"), lines, repeat(b"\n"))
-            data = b"".join(chain.from_iterable(pieces))
-        work.data = data
-        return len(actions)
-
-    @staticmethod
-    def _format_1(data: bytes, path: Path) -> tuple[list[bytes], list[bytes]]:
-        """A format 1 segment's action lines (made from each document's id and data stream)
-        and lines."""
-        actions: list[bytes] = []
-        lines: list[bytes] = []
-        pieces = data.split(b"\n")
-        for number, line in enumerate(pieces[:-1], start=1):  # the last piece: torn or empty
-            try:
-                doc = orjson.loads(line)
-                doc_id = str(doc["event"]["id"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("%s: skipping invalid line %d", path, number)
-                continue
-            actions.append(action_line(stream_of(doc), doc_id)[:-1])
-            lines.append(line)
-        if pieces[-1]:
-            log.warning("%s: skipping torn last line %d", path, len(pieces))
-        return actions, lines
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         """Send batches while a slot is free and no backoff holds them back."""
@@ -278,13 +154,13 @@ class Shipper:
             batch = self._next_batch()
             self._in_flight[pool.submit(self._send, batch)] = batch
 
-    def _next_batch(self) -> list[_Run]:
+    def _next_batch(self) -> list[Run]:
         """The next documents of the queue: at most the batch size, and as many as fit in
         ``bulk_max_bytes`` (at least one), as runs of the segments' documents."""
         queue = self._queue
         docs = self._split or self._batch_docs
         room = self._settings.bulk_max_bytes
-        batch: list[_Run] = []
+        batch: list[Run] = []
         while queue and docs > 0:
             work, lo, hi = queue[0]
             starts = work.starts
@@ -303,7 +179,7 @@ class Shipper:
             queue.popleft()
         return batch
 
-    def _wait(self) -> set[Future[_Result]]:
+    def _wait(self) -> set[Future[BulkResult]]:
         """Wait for a finished request, new work, the end of a backoff or closing."""
         now = time.monotonic()
         if self._closing.is_set() and now > self._deadline:
@@ -326,9 +202,9 @@ class Shipper:
             self._closing_pause.wait(min(timeout, 0.05))
         return set()
 
-    def _settle(self, done: Iterable[Future[_Result]]) -> None:
+    def _settle(self, done: Iterable[Future[BulkResult]]) -> None:
         """Account for finished requests: settled documents, retries, backoff, batch size."""
-        requeue: list[_Run] = []
+        requeue: list[Run] = []
         for future in done:
             batch = self._in_flight.pop(future)
             result = future.result()
@@ -336,13 +212,13 @@ class Shipper:
                 requeue += self._failed(result)
                 continue
             requeue += result.retry
-            settled = _size(batch) - _size(result.retry)
-            _count(batch, -1)
-            _count(result.retry, +1)
+            settled = size(batch) - size(result.retry)
+            count(batch, -1)
+            count(result.retry, +1)
             self._split = None
             self._adapt(result)
             if result.retry:
-                retried = _size(result.retry)
+                retried = size(result.retry)
                 self._backoff(f"{retried} documents refused with a retryable status")
             elif settled:
                 self._failures = 0
@@ -350,15 +226,15 @@ class Shipper:
             self._queue.extendleft(reversed(requeue))
         self._remove_done()
 
-    def _failed(self, result: _Result) -> list[_Run]:
+    def _failed(self, result: BulkResult) -> list[Run]:
         """A bulk request failed as a whole: what to send again."""
         exc = result.error
         assert exc is not None
         batch = result.batch
-        size = _size(batch)
+        documents = size(batch)
         if isinstance(exc, RetryableError):
             self._metrics.bulk_requests.labels(result="retry").inc()
-            self._metrics.retried.labels(reason=_reason(exc)).inc(size)
+            self._metrics.retried.labels(reason=_reason(exc)).inc(documents)
             if exc.status == 429:
                 self._shrink()
             self._backoff(f"bulk request failed: {exc}")
@@ -369,12 +245,12 @@ class Shipper:
         # 500, ...) is retried with backoff until someone fixes it.
         self._metrics.bulk_requests.labels(result="error").inc()
         if exc.status in (400, 413):
-            if size > 1:
-                self._split = max(1, size // 2)
+            if documents > 1:
+                self._split = max(1, documents // 2)
                 return batch
             work, lo, _ = batch[0]
             try:
-                self._dead_letter([((work, lo), {"status": exc.status, "error": str(exc)})])
+                self._dead_letters.write([((work, lo), {"status": exc.status, "error": str(exc)})])
             except OSError:  # kept in the spool: sent (and refused) again after a backoff
                 log.exception("audit: the dead-letter file is not writable")
                 self._backoff(f"bulk request refused: {exc}")
@@ -382,16 +258,16 @@ class Shipper:
             work.outstanding -= 1
             self._split = None
             return []
-        self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(size)
+        self._metrics.retried.labels(reason=f"http_{exc.status or 'error'}").inc(documents)
         self._backoff(f"bulk request refused: {exc}")
         return batch
 
-    def _adapt(self, result: _Result) -> None:
+    def _adapt(self, result: BulkResult) -> None:
         """Grow the batch while answers are fast and clean; halve it on 429s or slowness."""
         settings = self._settings
         if result.throttled or result.seconds > settings.bulk_target_s:
             self._shrink()
-        elif _size(result.batch) >= self._batch_docs:
+        elif size(result.batch) >= self._batch_docs:
             self._batch_docs = min(settings.bulk_max_documents, int(self._batch_docs * 1.25) + 1)
 
     def _shrink(self) -> None:
@@ -404,97 +280,9 @@ class Shipper:
             self._spool.remove(work.segment)
             self._metrics.last_shipped.set_to_current_time()
 
-    # -- one request (on a pool thread) -----------------------------------------------------
-
-    def _send(self, batch: Sequence[_Run]) -> _Result:
-        """One bulk request; never raises (the shipper thread reads the result)."""
-        result = _Result(list(batch))
-        size = _size(batch)
-        # the spooled bytes as they are: one slice per run, joined once; the client sends
-        # them without copying (``client.SpooledNdjsonSerializer``)
-        body = b"".join([w.data[w.starts[lo] : w.starts[hi]] for w, lo, hi in batch])
-        started = time.monotonic()
-        try:
-            response = self._bulk_client().bulk(
-                operations=body,  # type: ignore[arg-type]  # NDJSON bytes are sent as they are
-                filter_path=_FILTER_PATH,
-            )
-        except CLIENT_ERRORS as exc:
-            result.error = wrap(exc, "bulk request")
-            return result
-        except Exception as exc:  # a bug in here must not lose the batch: it is retried
-            log.exception("audit: bulk request failed unexpectedly")
-            result.error = RetryableError(f"bulk request: {type(exc).__name__}: {exc}")
-            return result
-        finally:
-            result.seconds = time.monotonic() - started
-        items = response.body.get("items") or []
-        if len(items) != size:
-            result.error = RetryableError(
-                f"bulk response has {len(items)} items for {size} documents"
-            )
-            return result
-        if response.body.get("errors") is False:  # every item created (a 409 is an error)
-            self._metrics.shipped.labels(result="created").inc(size)
-            self._metrics.bulk_requests.labels(result="ok").inc()
-            return result
-        dead: list[tuple[tuple[_Work, int], Mapping[str, Any]]] = []
-        created = duplicates = 0
-        for item, answer in zip(_documents(batch), items, strict=True):
-            outcome = next(iter(answer.values()))
-            status = int(outcome.get("status", 0))
-            if 200 <= status < 300:
-                created += 1
-            elif status == 409:
-                duplicates += 1
-            elif status in RETRYABLE_STATUSES:
-                self._metrics.retried.labels(reason=f"item_{status}").inc()
-                result.retry.append((item[0], item[1], item[1] + 1))
-                result.throttled = result.throttled or status == 429
-            else:
-                dead.append((item, outcome))
-        self._metrics.shipped.labels(result="created").inc(created)
-        self._metrics.shipped.labels(result="duplicate").inc(duplicates)
-        if dead:
-            try:
-                self._dead_letter(dead)
-            except OSError:  # kept in the spool: sent (and refused) again after a backoff
-                log.exception("audit: the dead-letter file is not writable")
-                result.retry += [(work, k, k + 1) for (work, k), _ in dead]
-        self._metrics.bulk_requests.labels(result="ok").inc()
-        return result
-
-    def _dead_letter(self, dead: Sequence[tuple[tuple[_Work, int], Mapping[str, Any]]]) -> None:
-        directory = self._settings.dead_letter_dir
-        directory.mkdir(parents=True, exist_ok=True)
-        now = datetime.now(tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        with (directory / "dead-letter.jsonl").open("ab") as fh:
-            for item, result in dead:
-                error = result.get("error") or {}
-                reason = error.get("reason") if isinstance(error, Mapping) else str(error)
-                entry = {
-                    "@timestamp": now,
-                    "status": result.get("status"),
-                    "reason": reason,
-                    "error": error,
-                    "index": _meta(item, "_index"),
-                }
-                line = item[0].entry(item[1])[1]
-                try:
-                    entry["document"] = orjson.loads(line)
-                except ValueError:  # a corrupt spool line: its bytes as they are, losing nothing
-                    entry["document_raw"] = line.decode("utf-8", errors="backslashreplace")
-                fh.write(orjson.dumps(entry, default=str) + b"\n")
-                log.error(
-                    "Elasticsearch refused audit document %s (HTTP %s): %s; written to %s",
-                    _meta(item, "_id"),
-                    result.get("status"),
-                    reason,
-                    directory / "dead-letter.jsonl",
-                )
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._metrics.dead_lettered.inc(len(dead))
+    def _send(self, batch: Sequence[Run]) -> BulkResult:
+        """One bulk request (on a pool thread; never raises)."""
+        return send(self._bulk_client, batch, self._metrics, self._dead_letters)
 
     # -- helpers ----------------------------------------------------------------------------
 
