@@ -33,7 +33,9 @@ class ConfigError(Exception):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become the fields' descriptions: `gpuops reference config` prints
+    # them as docs/configuration.md.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _seconds(value: Any) -> float | None:
@@ -45,6 +47,9 @@ def _seconds(value: Any) -> float | None:
 
 
 class PrometheusSettings(_Model):
+    """Where the rules' queries go, and how fresh their answers must be to act on
+    (docs/policies.md, "Fresh data")."""
+
     url: str = "http://127.0.0.1:9090"
     """Base URL of a server speaking the Prometheus HTTP API."""
     timeout: float = 10.0
@@ -77,18 +82,28 @@ class PrometheusSettings(_Model):
 
 
 class AuditConfig(_Model):
+    """The audit trail: every decision, outcome and user operation as an ECS document, written
+    (fsync'd) to a local spool before any action runs, then shipped to Elasticsearch when
+    ``elasticsearch_url`` is set (docs/reference/audit.md)."""
+
     spool_dir: Path = Path("var/audit")
-    """Local spool of ECS documents; the audit store itself when Elasticsearch is not set."""
+    """Local spool of ECS documents; the audit store itself when Elasticsearch is not set.
+    One spool per engine replica, never shared."""
     elasticsearch_url: str | None = None
+    """``http(s)://host:9200`` to ship the spool to (data streams ``logs-gpuops.decision-default``
+    and ``logs-gpuops.audit-default``; ``gpuops elk install`` makes their templates); None: no
+    shipping, the spool is the audit store and ``gpuops audit search --spool-dir`` reads it."""
     max_spool_bytes: int = Field(default=AuditSettings.max_spool_bytes, ge=1024 * 1024)
     """Upper bound of the spool on disk, in bytes (at least 1 MiB; default 280 MiB, about
-    210,000 decision documents): what an Elasticsearch outage can leave waiting. Below a
-    few segments (``segment_max_bytes``, 4 MiB) a ``drop_oldest`` overflow deletes most of the
-    spool at once (whole segments): docs/audit-performance.md."""
+    210,000 decision documents): what an Elasticsearch outage can leave waiting. The spool is
+    made of 4 MiB segments and ``drop_oldest`` deletes whole ones, so give it several (16 MiB
+    and more): with a limit of a segment or two one overflow deletes most of the spool."""
     full_policy: FullPolicy = AuditSettings.full_policy
     """What a full spool does: ``fail_closed`` (default: nothing spooled is deleted, new
-    documents are refused, so no action runs until the shipper made room) or ``drop_oldest``
-    (delete the oldest segments, shipped or not). See ``gpuops.audit.settings``."""
+    documents are refused, so no action runs and ``/healthz`` answers 503 until the shipper
+    made room) or ``drop_oldest`` (delete the oldest segments, shipped or not: retention before
+    audit). Either way the loss is logged at ERROR and counted in
+    ``gpuops_audit_dropped_documents_total{policy}``."""
 
     def settings(self) -> AuditSettings:
         """The audit log's settings from this section (the rest at their defaults)."""
@@ -101,6 +116,9 @@ class AuditConfig(_Model):
 
 
 class GuardrailSettings(_Model):
+    """Engine-wide limits and switches, over each policy's own ``cooldown`` and ``limits``
+    (docs/policies.md, "Verdicts")."""
+
     global_max_per_hour: int | None = Field(default=None, ge=0)
     """Executed actions per hour across all policies; None: no global budget."""
     dry_run: bool = False
@@ -177,6 +195,7 @@ class ApiSettings(_Model):
     tls_cert_file: Path | None = None
     """PEM certificate (chain); with ``tls_key_file`` the API speaks HTTPS only."""
     tls_key_file: Path | None = None
+    """PEM private key of ``tls_cert_file``."""
     tokens_file: Path | None = None
     """YAML ``users: [{name, roles, token_sha256}]``; re-read on SIGHUP and POST /auth/reload."""
     tokens_env: str = "GPUOPS_API_TOKENS"
@@ -193,7 +212,9 @@ class ApiSettings(_Model):
     waiting is answered 503 (Alertmanager retries it); one larger than this is taken whole
     once none waits, so a group is never refused for its size alone."""
     quota: QuotaSettings = QuotaSettings()
+    """Elastic quota requests: how an approved request is applied and undone."""
     console: ConsoleSettings = ConsoleSettings()
+    """The web console served under ``/`` on the API's address (docs/console.md)."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ApiSettings:
@@ -256,24 +277,35 @@ class StateSettings(_Model):
 
 
 class EngineConfig(_Model):
+    """The file ``gpuops engine run --config FILE`` reads. Relative paths are resolved against
+    the file's directory; unknown keys are errors (``FILE:LINE: key: unknown key``)."""
+
     prometheus: PrometheusSettings = PrometheusSettings()
+    """The Prometheus (or compatible server) the rules are evaluated against."""
     rules: list[Path] = [Path("rules")]
     """Rule files or directories (their *.yaml files)."""
     state_file: Path = Path("var/gpuops-state.sqlite")
+    """SQLite file of everything the engine must not forget across restarts: targets' states,
+    cooldowns and rate windows, decisions, approvals, quota requests, the kill switch
+    (docs/state.md). Not used when ``state.url`` is set."""
     state: StateSettings = StateSettings()
     """PostgreSQL instead of ``state_file``, for replicas (docs/ha.md)."""
     audit: AuditConfig = AuditConfig()
+    """Where the audit trail is spooled and shipped."""
     guardrails: GuardrailSettings = GuardrailSettings()
+    """Engine-wide guardrails."""
     executors: dict[str, dict[str, Any]] = {}
     """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``. The logical
     executors the shipped policies name map to concrete ones here: ``scheduler: {use: slurm}``
     (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default ``fleet``); optional
-    ``by_verb: {notify: log}`` sends single verbs elsewhere (docs/slurm.md)."""
+    ``by_verb: {notify: log}`` sends single verbs elsewhere. Each executor's settings:
+    docs/executors.md."""
     metrics_listen: str | None = "127.0.0.1:9842"
     """host:port of the engine's own /metrics; None: not served."""
     reload_check_interval: float = 2.0
     """Seconds between checks of the rule files for changes (SIGHUP reloads at once)."""
     api: ApiSettings = ApiSettings()
+    """The REST API, the Alertmanager receiver and the web console (docs/api.md)."""
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
 

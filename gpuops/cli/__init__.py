@@ -35,6 +35,7 @@ _COMMANDS = (
     ("gpuops.cli.remote", "quota"),
     ("gpuops.cli.remote", "control"),
     ("gpuops.cli.remote", "token"),
+    ("gpuops.cli.reference", "reference"),
 )
 
 
