@@ -4,6 +4,8 @@ executor raises into an ``Outcome`` (with retries and backoff for temporary erro
 Executors raise ``TemporaryError`` (retried) or ``PermanentError`` (not); anything else is a bug
 in the executor and becomes a failed outcome with its type and message. ``gpuops.runtime.gate``
 (the only caller of executors) calls ``execute``; executors never see the guardrails or the audit.
+The registry says which verbs each executor does and what params it takes, for the rule checks
+(``gpuops.offline.rulecheck``): for a verb of ``gpuops.model.verbs``, the verb's params model.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from gpuops.actions.results import ExecutorResult, changes
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
-from gpuops.model.rules.model import RuleError, RuleSet
+from gpuops.model.verbs import VERBS
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +44,25 @@ class PermanentError(ExecutorError):
 
 @runtime_checkable
 class Executor(Protocol):
-    """Carries out the verbs it supports. ``run`` returns what it changed (JSON-able).
+    """Carries out the verbs it supports. ``run`` returns what it changed: a typed ``Result``
+    (``gpuops.actions.results``), or a JSON-able mapping.
+
+    ``verbs``: the verbs it does; None: any verb (the free-form executors: webhook, command,
+    log). An executor registered by entry point (``gpuops.executors``) declares its own: a verb
+    of ``gpuops.model.verbs`` has that table's params (checked at load; the executor may parse
+    them with ``VERBS[verb].parse``); a verb the table does not know is free-form, its params
+    passed as written. Optionally, on the class, ``check_params(verb, params) -> list[str]``:
+    the problems of a policy's params, checked instead of the table's (``webhook``,
+    ``command``).
 
     Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
     up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of
     its own; see ``lane``."""
 
     name: str
-    verbs: frozenset[str] | None  # None: any verb (free-form executors: webhook, command, log)
+    verbs: frozenset[str] | None
 
-    def run(self, decision: Decision) -> Mapping[str, Any]: ...
+    def run(self, decision: Decision) -> ExecutorResult: ...
 
 
 ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
@@ -92,47 +104,21 @@ class ExecutorRegistry:
     def names(self) -> list[str]:
         return sorted(self._factories)
 
-    def check_verbs(self, rules: RuleSet) -> list[RuleError]:
-        """Every action's verb is one its executor does (an unknown executor: the loader)."""
-        errors = []
-        for policy in rules.policies():
-            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
-                if action is None:
-                    continue
-                verbs = self.verbs(action.executor)
-                if verbs is not None and action.type not in verbs:
-                    file, _, line = policy.source.rpartition(":")
-                    errors.append(
-                        RuleError(
-                            file,
-                            policy.key_lines.get(key, int(line or 0)),
-                            f"{policy.path}.{key}.type: executor {action.executor!r} does not "
-                            f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
-                        )
-                    )
-        return errors
-
-    def check_params(self, rules: RuleSet) -> list[RuleError]:
-        """Every action's params are what its executor takes, as far as an executor can tell
-        before a decision (its optional ``check_params(verb, params)`` lists the problems)."""
-        errors = []
-        for policy in rules.policies():
-            for key, action in (("action", policy.action), ("on_clear", policy.on_clear)):
-                check = getattr(
-                    self._factories.get(action.executor if action else ""), "check_params", None
-                )
-                if action is None or check is None:
-                    continue
-                file, _, line = policy.source.rpartition(":")
-                for problem in check(action.type, dict(action.params)):
-                    errors.append(
-                        RuleError(
-                            file,
-                            policy.key_lines.get(key, int(line or 0)),
-                            f"{policy.path}.{key}.params: {problem}",
-                        )
-                    )
-        return errors
+    def params_problems(self, executor: str, verb: str, params: Mapping[str, Any]) -> list[str]:
+        """The problems of ``params`` for ``verb`` on ``executor``: its own ``check_params``
+        when it has one, else the verb's params model when the executor declares the verb and
+        ``gpuops.model.verbs`` knows it; none for a free-form verb or an unknown executor."""
+        factory = self._factories.get(executor)
+        if factory is None:
+            return []
+        check = getattr(factory, "check_params", None)
+        if check is not None:
+            return list(check(verb, dict(params)))
+        verbs = self.verbs(executor)
+        known = VERBS.get(verb)
+        if verbs is None or verb not in verbs or known is None:
+            return []
+        return known.check(params)
 
     def verbs(self, name: str) -> frozenset[str] | None:
         """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
@@ -234,7 +220,7 @@ def execute(
             OutcomeStatus.SUCCESS,
             attempts=attempt,
             duration_s=clock() - started,
-            changed=freeze(changed),
+            changed=freeze(changes(changed)),
         )
 
 

@@ -30,7 +30,9 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import problems, settings_of
 from gpuops.actions.encoding import printable
+from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
 from gpuops.model.rules.templating import render
 
@@ -74,17 +76,23 @@ class CommandParams(BaseModel):
     the rule says so explicitly."""
 
 
+class Ran(Result):
+    """A program that exited 0: its argv and the tail of its output."""
+
+    argv: list[str]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
 class CommandExecutor:
-    """Runs a program per decision; any verb."""
+    """Runs a program per decision; any verb (free-form: its params are ``CommandParams``)."""
 
     name = "command"
     verbs: frozenset[str] | None = None
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        try:
-            self.settings = CommandSettings.model_validate(dict(settings or {}))
-        except ValidationError as exc:
-            raise ValueError(f"executors.command settings: {_problems(exc)}") from None
+        self.settings = settings_of(CommandSettings, self.name, settings)
 
     @staticmethod
     def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
@@ -92,7 +100,7 @@ class CommandExecutor:
         try:
             parsed = CommandParams.model_validate(dict(params))
         except ValidationError as exc:
-            return [f"command params: {_problems(exc)}"]
+            return [f"command params: {problems(exc)}"]
         if not parsed.program_from_labels and "$labels" in parsed.argv[0]:
             return [
                 f"argv[0] {parsed.argv[0]!r} takes the program from a label; set "
@@ -100,13 +108,13 @@ class CommandExecutor:
             ]
         return []
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
+    def run(self, decision: Decision) -> Ran:
         try:
             params = CommandParams.model_validate(
                 dict(decision.action.params) if decision.action else {}
             )
         except ValidationError as exc:
-            raise PermanentError(f"command params: {_problems(exc)}") from None
+            raise PermanentError(f"command params: {problems(exc)}") from None
         argv = render_argv(
             params.argv, decision.target.labels, decision.evidence.value, params.program_from_labels
         )
@@ -157,7 +165,7 @@ class CommandExecutor:
                 raise TemporaryError(message)
             raise PermanentError(message)
         log.info("command %s for decision %s exited 0", program, decision.id)
-        return {"argv": argv, "exit_code": code, "stdout": stdout, "stderr": stderr}
+        return Ran(argv=argv, exit_code=code, stdout=stdout, stderr=stderr)
 
     def _env(self, params: CommandParams, decision: Decision) -> dict[str, str]:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
@@ -242,9 +250,3 @@ def _exit_text(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited {code}"
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-    )

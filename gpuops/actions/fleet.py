@@ -1,101 +1,150 @@
 """The ``fleet`` executor: the simulated fleet's control API (``gpuops.sim.fleet``).
 
-Maps verbs to control endpoints; the target's labels name the GPU (``uuid``), node (``node``)
-or pool (``pool``), each percent-encoded into its path segment (``gpuops.actions.encoding``).
-Every call carries the decision id, which the fleet uses to make a repeated call a no-op. 5xx,
-timeouts and refused connections are temporary; 4xx are permanent.
+``gpuops.actions.base.execute`` calls ``run``; its dispatch table (``gpuops.actions.dispatch``)
+routes each verb the fleet implements (``gpuops.model.verbs``) to the control call that does it.
+The target's labels name the GPU (``uuid``), node (``node``) or pool (``pool``), each
+percent-encoded into its path segment (``gpuops.actions.encoding``). Every call carries the
+decision id, which the fleet uses to make a repeated call a no-op. 5xx, timeouts and refused
+connections are temporary; 4xx are permanent. What the fleet answers it changed is the result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+from pydantic import BaseModel, ConfigDict
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import settings_of
+from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import path_segment
+from gpuops.actions.results import Answer
 from gpuops.model.decisions import Decision
+from gpuops.model.verbs import (
+    CONSOLIDATE,
+    DOWNCLOCK,
+    GRANT_QUOTA,
+    HOLD_CLASS,
+    LEND,
+    MIGRATE,
+    PACK,
+    RECLAIM,
+    RELEASE_CLASS,
+    RELEASE_QUOTA,
+    RESTORE_CLOCKS,
+    SCALE_IN,
+    SCALE_OUT,
+    UNLEND,
+    ClassParams,
+    DownclockParams,
+    NoParams,
+    QuotaParams,
+    ScaleParams,
+    implemented_by,
+)
+
+
+class FleetSettings(BaseModel):
+    """``executors.fleet`` in the engine configuration (keys it does not name are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    url: str = "http://127.0.0.1:9400"
+    """The fleet's control API (``gpuops fleet sim`` serves it there)."""
+    timeout_s: float = 5.0
+    """Seconds per request: the simulated fleet answers at once."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to the control API."""
+
+    method: str
+    path: str
+    body: dict[str, Any] = field(default_factory=dict)
+    """Sent with the decision id."""
 
 
 class FleetExecutor:
     name = "fleet"
-    verbs: frozenset[str] | None = frozenset(
-        {
-            "reclaim",
-            "downclock",
-            "restore_clocks",
-            "scale_out",
-            "scale_in",
-            "migrate",
-            "grant_quota",
-            "release_quota",
-            "hold_class",
-            "release_class",
-            "pack",
-            "lend",
-            "unlend",
-            "consolidate",
-        }
-    )
+    verbs: frozenset[str] | None = implemented_by("fleet")
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        settings = dict(settings or {})
-        self.url = str(settings.get("url", "http://127.0.0.1:9400")).rstrip("/")
-        self.timeout_s = float(settings.get("timeout_s", 5.0))
+        self.settings = settings_of(FleetSettings, self.name, settings)
+        self.url = self.settings.url.rstrip("/")
+        self.timeout_s = self.settings.timeout_s
         self.session = requests.Session()
 
-    @staticmethod
-    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
-        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
-        problems = []
-        if verb == "downclock" and not _whole(params.get("max_clock_mhz"), 1):
-            problems.append("downclock needs max_clock_mhz, a whole number of MHz above 0")
-        if verb in ("scale_out", "scale_in") and not _whole(params.get("nodes", 1), 1):
-            problems.append(f"{verb} needs nodes, a whole number above 0")
-        return problems
+    def run(self, decision: Decision) -> Answer:
+        call = DISPATCH.run(self, decision)
+        return self._call(call.method, call.path, {"decision_id": decision.id, **call.body})
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
-        assert decision.action is not None
-        verb = decision.action.type
-        params = dict(decision.action.params)
-        labels = decision.target.labels
-        body: dict[str, Any] = {"decision_id": decision.id}
-        if verb == "reclaim":
-            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/reclaim"
-        elif verb == "pack":
-            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/pack"
-        elif verb == "consolidate":
-            method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/consolidate"
-        elif verb in ("lend", "unlend"):
-            method = "POST" if verb == "lend" else "DELETE"
-            path = f"/api/v1/pools/{_need(labels, 'pool', verb)}/lend"
-        elif verb == "downclock":
-            method, path = "POST", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
-            if "max_clock_mhz" not in params:
-                raise PermanentError("downclock needs params.max_clock_mhz")
-            body["max_clock_mhz"] = int(params["max_clock_mhz"])
-        elif verb == "restore_clocks":
-            method, path = "DELETE", f"/api/v1/gpus/{_need(labels, 'uuid', verb)}/clocks"
-        elif verb in ("scale_out", "scale_in"):
-            pool = path_segment(labels.get("pool") or str(params.get("pool", "default")), "pool")
-            method, path = "POST", f"/api/v1/pools/{pool}/{verb}"
-            body["nodes"] = int(params.get("nodes", 1))
-            if verb == "scale_in" and labels.get("node"):
-                body["node"] = labels["node"]  # that node only (a policy found it idle)
-        elif verb in ("grant_quota", "release_quota"):
-            method, path = _quota_call(verb, labels, params, body)
-        elif verb in ("hold_class", "release_class"):
-            name = labels.get("priority_class") or str(params.get("priority_class", ""))
-            if not name:
-                raise PermanentError(f"{verb} needs a priority_class label or param")
-            method = "POST" if verb == "hold_class" else "DELETE"
-            path = f"/api/v1/classes/{path_segment(name, 'priority_class')}/hold"
-        else:  # migrate
-            method, path = "POST", f"/api/v1/nodes/{_need(labels, 'node', verb)}/migrate"
-        return self._call(method, path, body)
+    # --- the calls, by verb -------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _reclaim(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/gpus/{_need(d, 'uuid')}/reclaim")
+
+    def _pack(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/gpus/{_need(d, 'uuid')}/pack")
+
+    def _consolidate(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/consolidate")
+
+    def _migrate(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/migrate")
+
+    def _lend(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/pools/{_need(d, 'pool')}/lend")
+
+    def _unlend(self, d: Decision, _: NoParams) -> Call:
+        return Call("DELETE", f"/api/v1/pools/{_need(d, 'pool')}/lend")
+
+    def _downclock(self, d: Decision, params: DownclockParams) -> Call:
+        path = f"/api/v1/gpus/{_need(d, 'uuid')}/clocks"
+        return Call("POST", path, {"max_clock_mhz": params.max_clock_mhz})
+
+    def _restore_clocks(self, d: Decision, _: NoParams) -> Call:
+        return Call("DELETE", f"/api/v1/gpus/{_need(d, 'uuid')}/clocks")
+
+    def _scale_out(self, d: Decision, params: ScaleParams) -> Call:
+        return Call("POST", f"/api/v1/pools/{_pool(d, params)}/scale_out", {"nodes": params.nodes})
+
+    def _scale_in(self, d: Decision, params: ScaleParams) -> Call:
+        """Of the target's node when it names one (a policy found that node idle)."""
+        body: dict[str, Any] = {"nodes": params.nodes}
+        if d.target.labels.get("node"):
+            body["node"] = d.target.labels["node"]
+        return Call("POST", f"/api/v1/pools/{_pool(d, params)}/scale_in", body)
+
+    def _grant_quota(self, d: Decision, params: QuotaParams) -> Call:
+        """An elastic quota grant (``gpuops.runtime.quota`` with ``grant_action:
+        grant_quota``): the grant is named by the request."""
+        project = _need(d, "project")
+        body: dict[str, Any] = {
+            "grant": _grant(d, params),
+            "pool": d.target.labels.get("pool") or _or_default(params.pool),
+            "gpus": params.gpus,
+        }
+        if params.duration_s is not None:
+            body["duration_s"] = params.duration_s
+        return Call("POST", f"/api/v1/projects/{project}/grants", body)
+
+    def _release_quota(self, d: Decision, params: QuotaParams) -> Call:
+        """The end of a grant (``undo_action: release_quota``)."""
+        project = _need(d, "project")
+        grant = path_segment(_grant(d, params), "quota_request")
+        return Call("DELETE", f"/api/v1/projects/{project}/grants/{grant}")
+
+    def _hold_class(self, d: Decision, params: ClassParams) -> Call:
+        return Call("POST", _class_path(d, params))
+
+    def _release_class(self, d: Decision, params: ClassParams) -> Call:
+        return Call("DELETE", _class_path(d, params))
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any]) -> Answer:
         try:
             resp = self.session.request(method, self.url + path, json=body, timeout=self.timeout_s)
         except requests.RequestException as exc:
@@ -111,36 +160,61 @@ class FleetExecutor:
                 f"fleet refused {method} {path}: {resp.status_code} {payload.get('error', '')}"
             )
         changed = payload.get("changed", payload)
-        return changed if isinstance(changed, dict) else {"result": changed}
+        return Answer(document=changed if isinstance(changed, dict) else {"result": changed})
 
 
-def _quota_call(
-    verb: str, labels: Mapping[str, str], params: Mapping[str, Any], body: dict[str, Any]
-) -> tuple[str, str]:
-    """An elastic quota grant or its release (``gpuops.runtime.quota`` with ``grant_action:
-    grant_quota``, ``undo_action: release_quota``): the grant is named by the request."""
-    project = _need(labels, "project", verb)
-    grant = labels.get("quota_request") or str(params.get("grant", ""))
+DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(
+    FleetExecutor.name,
+    (
+        on(RECLAIM, FleetExecutor._reclaim),
+        on(PACK, FleetExecutor._pack),
+        on(CONSOLIDATE, FleetExecutor._consolidate),
+        on(MIGRATE, FleetExecutor._migrate),
+        on(LEND, FleetExecutor._lend),
+        on(UNLEND, FleetExecutor._unlend),
+        on(DOWNCLOCK, FleetExecutor._downclock),
+        on(RESTORE_CLOCKS, FleetExecutor._restore_clocks),
+        on(SCALE_OUT, FleetExecutor._scale_out),
+        on(SCALE_IN, FleetExecutor._scale_in),
+        on(GRANT_QUOTA, FleetExecutor._grant_quota),
+        on(RELEASE_QUOTA, FleetExecutor._release_quota),
+        on(HOLD_CLASS, FleetExecutor._hold_class),
+        on(RELEASE_CLASS, FleetExecutor._release_class),
+    ),
+)
+"""The fleet's verbs, each to the call that does it."""
+
+
+def _verb(d: Decision) -> str:
+    return d.action.type if d.action is not None else ""
+
+
+def _or_default(pool: str | None) -> str:
+    return "default" if pool is None else pool
+
+
+def _pool(d: Decision, params: ScaleParams) -> str:
+    return path_segment(d.target.labels.get("pool") or _or_default(params.pool), "pool")
+
+
+def _grant(d: Decision, params: QuotaParams) -> str:
+    grant = d.target.labels.get("quota_request") or params.grant
     if not grant:
-        raise PermanentError(f"{verb} needs a quota_request label or params.grant")
-    if verb == "release_quota":
-        return "DELETE", f"/api/v1/projects/{project}/grants/{path_segment(grant, 'quota_request')}"
-    body["grant"] = grant
-    body["pool"] = labels.get("pool") or str(params.get("pool", "default"))
-    body["gpus"] = int(params.get("gpus", 0))
-    if params.get("duration_s") is not None:
-        body["duration_s"] = float(params["duration_s"])
-    return "POST", f"/api/v1/projects/{project}/grants"
+        raise PermanentError(f"{_verb(d)} needs a quota_request label or params.grant")
+    return grant
 
 
-def _whole(value: Any, least: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+def _class_path(d: Decision, params: ClassParams) -> str:
+    name = d.target.labels.get("priority_class") or params.priority_class
+    if not name:
+        raise PermanentError(f"{_verb(d)} needs a priority_class label or param")
+    return f"/api/v1/classes/{path_segment(name, 'priority_class')}/hold"
 
 
-def _need(labels: Mapping[str, str], name: str, verb: str) -> str:
-    value = labels.get(name)
+def _need(d: Decision, name: str) -> str:
+    value = d.target.labels.get(name)
     if not value:
         raise PermanentError(
-            f"{verb} needs the target label {name!r}; the target has {dict(labels)}"
+            f"{_verb(d)} needs the target label {name!r}; the target has {dict(d.target.labels)}"
         )
     return path_segment(value, name)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuops.actions.base import Executor, ExecutorRegistry, PermanentError
+from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
 
 LOGICAL_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
@@ -57,7 +58,7 @@ class LogicalExecutor:
     def executor_for(self, verb: str) -> Executor:
         return self._executors[self.by_verb.get(verb, self.use)]
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
+    def run(self, decision: Decision) -> Routed:
         verb = decision.action.type if decision.action else ""
         executor = self.executor_for(verb)
         if executor.verbs is not None and verb not in executor.verbs:
@@ -65,9 +66,7 @@ class LogicalExecutor:
                 f"{self.name} maps {verb!r} to {executor.name!r}, which does not do it "
                 f"(it does: {', '.join(sorted(executor.verbs))})"
             )
-        changed = dict(executor.run(decision))
-        changed.setdefault("executor", executor.name)
-        return changed
+        return Routed(result=executor.run(decision), executor=executor.name)
 
 
 class SchedulerExecutor(LogicalExecutor):

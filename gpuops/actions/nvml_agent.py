@@ -1,72 +1,92 @@
 """The ``nvml-agent`` executor: ``downclock`` and ``restore_clocks`` through the node agent of
 the NVML exporter on the target's node (``gpuops exporter nvml --agent``).
 
-``gpuops.actions.base.execute`` calls ``run``; this module raises ``TemporaryError`` for what may
+``gpuops.actions.base.execute`` calls ``run``; its dispatch table (``gpuops.actions.dispatch``)
+routes each verb to the agent's endpoint. This module raises ``TemporaryError`` for what may
 pass on a retry (timeouts, refused connections, 5xx) and ``PermanentError`` for what will not
 (4xx, with the agent's own message, e.g. that changing clocks needs root). The decision id goes
-with every request, so the agent does a retried decision once.
-
-Settings (from the engine configuration):
-
-- ``url``: agent base URL, a template filled from the target's labels (default
-  ``http://{node}:9835``): a label in the host must be a host name or IP, one elsewhere is
-  percent-encoded (``gpuops.actions.encoding``).
-- ``token`` or ``token_file``: the agent's bearer token (a file keeps it out of the config).
-- ``gpu_label``: target label naming the GPU, by uuid or index (default ``uuid``).
-- ``timeout_s``: seconds per HTTP request (default 10).
+with every request, so the agent does a retried decision once. Settings: ``NvmlAgentSettings``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import settings_of
+from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import fill_url, origin, path_segment
+from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
+from gpuops.model.verbs import DOWNCLOCK, RESTORE_CLOCKS, DownclockParams, NoParams, implemented_by
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://{node}:9835"
 
 
+class NvmlAgentSettings(BaseModel):
+    """``executors.nvml-agent`` in the engine configuration (keys it does not name are
+    ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    url: str = DEFAULT_URL
+    """Agent base URL, a template filled from the target's labels: a label in the host must be
+    a host name or IP, one elsewhere is percent-encoded (``gpuops.actions.encoding``)."""
+    token: SecretStr | None = None
+    """The agent's bearer token."""
+    token_file: Path | None = None
+    """File whose first line is the token (keeps it out of the configuration); read once, at
+    start, and only when ``token`` is not set."""
+    gpu_label: str = "uuid"
+    """Target label naming the GPU, by uuid or index."""
+    timeout_s: float = 10.0
+    """Seconds per HTTP request."""
+
+
+class AgentAnswer(Result):
+    """What the agent on ``agent`` answered (its JSON document, as it came)."""
+
+    agent: str
+    document: dict[str, Any]
+
+    def changed(self) -> dict[str, Any]:
+        return {"agent": self.agent, **self.document}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to an agent, under its base URL."""
+
+    path: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
 class NvmlAgentExecutor:
     """Locks and restores GPU clocks through the node agent."""
 
     name = "nvml-agent"
-    verbs: frozenset[str] | None = frozenset({"downclock", "restore_clocks"})
+    verbs: frozenset[str] | None = implemented_by("nvml-agent")
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        settings = dict(settings or {})
-        self.url_template = str(settings.get("url", DEFAULT_URL))
-        self.gpu_label = str(settings.get("gpu_label", "uuid"))
-        self.timeout_s = float(settings.get("timeout_s", 10.0))
-        token = settings.get("token")
-        if token is None and settings.get("token_file"):
-            path = Path(str(settings["token_file"]))
-            lines = path.read_text(encoding="utf-8").splitlines()
+        self.settings = settings_of(NvmlAgentSettings, self.name, settings)
+        self.url_template = self.settings.url
+        self.gpu_label = self.settings.gpu_label
+        self.timeout_s = self.settings.timeout_s
+        token = self.settings.token.get_secret_value() if self.settings.token else None
+        if token is None and self.settings.token_file:
+            lines = self.settings.token_file.read_text(encoding="utf-8").splitlines()
             token = lines[0].strip() if lines else ""
-        self._token = str(token) if token else None
+        self._token = token or None
         self._http = requests.Session()
-
-    @staticmethod
-    def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
-        """What ``run`` would refuse in ``params`` whatever the target (rules check, reload)."""
-        if verb != "downclock":
-            return []
-        problems = []
-        for key in ("max_clock_mhz", "min_clock_mhz"):
-            if key == "min_clock_mhz" and params.get(key) is None:
-                continue
-            try:
-                _mhz(params, key)
-            except PermanentError as exc:
-                problems.append(str(exc))
-        return problems
 
     def lane(self, decision: Decision) -> str:
         """The origin of ``decision``'s node agent (``gpuops.actions.encoding.origin``): one
@@ -77,9 +97,7 @@ class NvmlAgentExecutor:
         except (PermanentError, ValueError):
             return ""
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
-        verb = decision.action.type if decision.action else ""
-        params = dict(decision.action.params) if decision.action else {}
+    def run(self, decision: Decision) -> AgentAnswer:
         base = self._base_url(decision)
         gpu = decision.target.labels.get(self.gpu_label)
         if not gpu:
@@ -88,18 +106,21 @@ class NvmlAgentExecutor:
                 f"(set the policy's target to include it)"
             )
         gpu = path_segment(gpu, self.gpu_label)
-        body: dict[str, Any] = {"decision_id": decision.id}
-        if verb == "downclock":
-            body["max_clock_mhz"] = _mhz(params, "max_clock_mhz")
-            if params.get("min_clock_mhz") is not None:
-                body["min_clock_mhz"] = _mhz(params, "min_clock_mhz")
-            path = f"/api/v1/gpus/{gpu}/clocks"
-        elif verb == "restore_clocks":
-            path = f"/api/v1/gpus/{gpu}/clocks/reset"
-        else:
-            raise PermanentError(f"nvml-agent does not support action {verb!r}")
-        result = self._post(base + path, body, decision.id)
-        return {"agent": base, **result}
+        call = DISPATCH.run(self, decision)
+        path = f"/api/v1/gpus/{gpu}{call.path}"
+        answer = self._post(base + path, {"decision_id": decision.id, **call.body}, decision.id)
+        return AgentAnswer(agent=base, document=answer)
+
+    # --- the calls, by verb (under /api/v1/gpus/{gpu}) -----------------------------------
+
+    def _downclock(self, d: Decision, params: DownclockParams) -> Call:
+        body: dict[str, Any] = {"max_clock_mhz": params.max_clock_mhz}
+        if params.min_clock_mhz is not None:
+            body["min_clock_mhz"] = params.min_clock_mhz
+        return Call("/clocks", body)
+
+    def _restore_clocks(self, d: Decision, _: NoParams) -> Call:
+        return Call("/clocks/reset")
 
     def _base_url(self, decision: Decision) -> str:
         try:
@@ -135,17 +156,18 @@ class NvmlAgentExecutor:
         return dict(doc) if isinstance(doc, dict) else {"response": doc}
 
 
+DISPATCH: Dispatch[NvmlAgentExecutor, Call] = Dispatch(
+    NvmlAgentExecutor.name,
+    (
+        on(DOWNCLOCK, NvmlAgentExecutor._downclock),
+        on(RESTORE_CLOCKS, NvmlAgentExecutor._restore_clocks),
+    ),
+)
+"""The agent's verbs, each to its endpoint."""
+
+
 def _format(template: str, values: Mapping[str, str]) -> str:
     return template.format_map(dict(values))
-
-
-def _mhz(params: Mapping[str, Any], key: str) -> int:
-    value = params.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PermanentError(
-            f"downclock needs params.{key} as a positive integer (MHz), got {value!r}"
-        )
-    return value
 
 
 def _message(resp: requests.Response) -> str:

@@ -2,8 +2,10 @@
 client of ``gpuops.integrations.slurm.client``: argv elements, never a shell; a timeout on every
 call).
 
-``gpuops.actions.base.execute`` calls ``run``. Verbs and what they leave behind, so that a
-repeated decision id has no second effect and gpuops never undoes what it did not do:
+``gpuops.actions.base.execute`` calls ``run``; its dispatch table (``gpuops.actions.dispatch``)
+routes each verb to its handler, which hands back a typed result (``Migrated``, ``Reclaimed``...).
+Verbs and what they leave behind, so that a repeated decision id has no second effect and gpuops
+never undoes what it did not do:
 
 - ``migrate`` (label ``node``): drain the node with reason ``gpuops:<policy>:<decision id>`` and
   requeue its running jobs. A node already drained by someone else keeps their reason.
@@ -38,10 +40,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import settings_of
+from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable
+from gpuops.actions.results import Result
 from gpuops.integrations.slurm.client import (
     SlurmClient,
     SlurmRejected,
@@ -52,6 +57,17 @@ from gpuops.integrations.slurm.client import (
 )
 from gpuops.integrations.slurm.nodes import node_state
 from gpuops.model.decisions import Decision
+from gpuops.model.verbs import (
+    MIGRATE,
+    NOTIFY,
+    RECLAIM,
+    RESUME,
+    SCALE_IN,
+    SCALE_OUT,
+    NoParams,
+    ScaleParams,
+    implemented_by,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,49 +111,85 @@ class SlurmSettings(_Model):
     reclaim: ReclaimSettings = ReclaimSettings()
 
 
+# --- results ---------------------------------------------------------------------------------
+
+
+class Migrated(Result):
+    node: str
+    drained: bool
+    """Drained by this decision (False: someone else's drain was found, and kept)."""
+    reason: str
+    """The node's drain reason now."""
+    requeued_jobs: list[str]
+
+
+class Resumed(Result):
+    node: str
+    resumed: bool
+    why: str | None = None
+    """Why not (not drained; drained by someone else)."""
+    reason_was: str | None = None
+
+
+class Warned(Result):
+    job: str
+    warned: bool
+    excluded: str | None = None
+    """The exclusion that spared the job (``user root``)."""
+    already: bool | None = None
+    message: str | None = None
+    """What the job's stderr was told."""
+
+
+class Reclaimed(Result):
+    job: str
+    reclaimed: bool
+    excluded: str | None = None
+    already: bool | None = None
+    why: str | None = None
+    """Why not (the job no longer runs)."""
+    how: Literal["requeue", "cancel"] | None = None
+    user: str | None = None
+
+
+class Powered(Result):
+    pool: str
+    powered_up: list[str] | None = None
+    powered_down: list[str] | None = None
+    already: bool | None = None
+    """This decision's nodes were found marked: it ran before."""
+
+
 class SlurmExecutor:
     name = "slurm"
-    verbs: frozenset[str] | None = frozenset(
-        {"migrate", "resume", "notify", "reclaim", "scale_out", "scale_in"}
-    )
+    verbs: frozenset[str] | None = implemented_by("slurm")
 
     def __init__(
         self,
         settings: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        try:
-            self.settings = SlurmSettings.model_validate(dict(settings or {}))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            raise ValueError(f"executors.slurm settings: {problems}") from None
+        self.settings = settings_of(SlurmSettings, self.name, settings)
         s = self.settings
         self.client = SlurmClient(conf=s.slurm_conf, timeout_s=s.timeout_s, bin_dir=s.bin_dir)
         self.clock = clock
         self.session = requests.Session()
 
-    # --- dispatch ---------------------------------------------------------------------------
-
-    def run(self, decision: Decision) -> Mapping[str, Any]:
-        assert decision.action is not None
-        verb = decision.action.type
-        handler = getattr(self, f"_{verb}")
+    def run(self, decision: Decision) -> Result:
         try:
-            result: Mapping[str, Any] = handler(decision)
+            return DISPATCH.run(self, decision)
         except SlurmUnavailable as exc:
             raise TemporaryError(f"slurmctld: {exc}") from exc
         except SlurmRejected as exc:
+            verb = decision.action.type if decision.action is not None else ""
             raise PermanentError(f"Slurm refused {verb}: {exc}") from exc
-        return result
 
     def _mark(self, kind: str, decision: Decision) -> str:
         return f"{self.settings.reason_prefix}:{kind}:{decision.id}"
 
     # --- nodes: migrate / resume ----------------------------------------------------------
 
-    def _migrate(self, d: Decision) -> Mapping[str, Any]:
+    def _migrate(self, d: Decision, _: NoParams) -> Migrated:
         node_name = _label(d, "node")
         reason = self._mark(d.policy, d)
         node = self.client.node(node_name)
@@ -153,12 +205,12 @@ class SlurmExecutor:
                     "update", f"nodename={node_name}", "state=drain", f"reason={reason}"
                 )
         requeued = self._requeue_jobs_on(node_name)
-        return {
-            "node": node_name,
-            "drained": drained_by_us,
-            "reason": reason if drained_by_us else current,
-            "requeued_jobs": requeued,
-        }
+        return Migrated(
+            node=node_name,
+            drained=drained_by_us,
+            reason=reason if drained_by_us else current,
+            requeued_jobs=requeued,
+        )
 
     def _requeue_jobs_on(self, node_name: str) -> list[str]:
         ids = [
@@ -174,34 +226,30 @@ class SlurmExecutor:
                 log.warning("job %s on %s not requeued: %s", job_id, node_name, exc)
         return ids
 
-    def _resume(self, d: Decision) -> Mapping[str, Any]:
+    def _resume(self, d: Decision, _: NoParams) -> Resumed:
         node_name = _label(d, "node")
         node = self.client.node(node_name)
         reason = str(node.get("reason") or "")
         ours = reason.startswith(f"{self.settings.reason_prefix}:{d.policy}:")
         drained = "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}
         if not drained:
-            return {"node": node_name, "resumed": False, "why": "not drained"}
+            return Resumed(node=node_name, resumed=False, why="not drained")
         if not ours:
             log.info("node %s drained with reason %r (not ours): left drained", node_name, reason)
-            return {
-                "node": node_name,
-                "resumed": False,
-                "why": f"drained by someone else: {reason}",
-            }
+            return Resumed(node=node_name, resumed=False, why=f"drained by someone else: {reason}")
         self.client.scontrol("update", f"nodename={node_name}", "state=resume")
-        return {"node": node_name, "resumed": True, "reason_was": reason}
+        return Resumed(node=node_name, resumed=True, reason_was=reason)
 
     # --- jobs: notify / reclaim -----------------------------------------------------------
 
-    def _notify(self, d: Decision) -> Mapping[str, Any]:
+    def _notify(self, d: Decision, _: NoParams) -> Warned:
         job = self._job_of(d)
         job_id = str(job["job_id"])
         if (excluded := self._excluded(job)) is not None:
-            return {"job": job_id, "warned": False, "excluded": excluded}
+            return Warned(job=job_id, warned=False, excluded=excluded)
         comment = str(job.get("admin_comment") or "")
         if self._mark("warned", d) in comment:
-            return {"job": job_id, "warned": True, "already": True}
+            return Warned(job=job_id, warned=True, already=True)
         # label values are data: quoted, control characters escaped (no line is forged in the
         # job's stderr)
         uuid = d.target.labels.get("uuid")
@@ -218,19 +266,19 @@ class SlurmExecutor:
             log.info("job %s: scontrol notify failed: %s", job_id, exc)
         mark = f"{self._mark('warned', d)}@{int(self.clock())}"
         self._set_admin_comment(job_id, comment, mark)
-        return {"job": job_id, "warned": True, "message": message}
+        return Warned(job=job_id, warned=True, message=message)
 
-    def _reclaim(self, d: Decision) -> Mapping[str, Any]:
+    def _reclaim(self, d: Decision, _: NoParams) -> Reclaimed:
         job = self._job_of(d)
         job_id = str(job["job_id"])
         settings = self.settings.reclaim
         if (excluded := self._excluded(job)) is not None:
-            return {"job": job_id, "reclaimed": False, "excluded": excluded}
+            return Reclaimed(job=job_id, reclaimed=False, excluded=excluded)
         comment = str(job.get("admin_comment") or "")
         mark = self._mark("reclaimed", d)
         state = str(job.get("job_state", "")).upper()
         if mark in comment:  # this decision ran before (the job may be running again since)
-            return {"job": job_id, "reclaimed": True, "already": True, "how": settings.how}
+            return Reclaimed(job=job_id, reclaimed=True, already=True, how=settings.how)
         if settings.require_warning:
             warned = re.findall(
                 rf"{re.escape(self.settings.reason_prefix)}:warned:\w+@(\d+)", comment
@@ -248,7 +296,7 @@ class SlurmExecutor:
                     delay=settings.warning_grace_s - waited,
                 )
         if state not in ACTIVE_JOB_STATES:
-            return {"job": job_id, "reclaimed": False, "why": f"job is {state.lower()}"}
+            return Reclaimed(job=job_id, reclaimed=False, why=f"job is {state.lower()}")
         if settings.how == "requeue":
             self.client.scontrol("requeue", job_id)
         else:
@@ -259,7 +307,7 @@ class SlurmExecutor:
             self._set_admin_comment(job_id, comment, mark)
         except SlurmRejected as exc:
             log.info("job %s: reclaim mark not written: %s", job_id, exc)
-        return {"job": job_id, "reclaimed": True, "how": settings.how, "user": job.get("user_name")}
+        return Reclaimed(job=job_id, reclaimed=True, how=settings.how, user=job.get("user_name"))
 
     def _set_admin_comment(self, job_id: str, current: str, mark: str) -> None:
         text = f"{current};{mark}" if current else mark
@@ -313,30 +361,38 @@ class SlurmExecutor:
 
     # --- capacity: scale_out / scale_in ---------------------------------------------------
 
-    def _scale_out(self, d: Decision) -> Mapping[str, Any]:
-        return self._power(d, "scale_out", "power_up", lambda n: node_state(n) == "powered_down")
+    def _scale_out(self, d: Decision, params: ScaleParams) -> Powered:
+        return self._power(
+            d, params, SCALE_OUT.name, "power_up", lambda n: node_state(n) == "powered_down"
+        )
 
-    def _scale_in(self, d: Decision) -> Mapping[str, Any]:
-        ours = f"{self.settings.reason_prefix}:scale_out:"
+    def _scale_in(self, d: Decision, params: ScaleParams) -> Powered:
+        ours = f"{self.settings.reason_prefix}:{SCALE_OUT.name}:"
         return self._power(
             d,
-            "scale_in",
+            params,
+            SCALE_IN.name,
             "power_down",
             lambda n: str(n.get("comment") or "").startswith(ours) and node_state(n) == "idle",
         )
 
     def _power(
-        self, d: Decision, verb: str, state: str, eligible: Callable[[Mapping[str, Any]], bool]
-    ) -> Mapping[str, Any]:
+        self,
+        d: Decision,
+        params: ScaleParams,
+        verb: str,
+        state: str,
+        eligible: Callable[[Mapping[str, Any]], bool],
+    ) -> Powered:
         """Mark (node comment) and power up/down ``params.nodes`` eligible nodes of the pool;
         nodes already marked with this decision id mean it ran before."""
-        partition, count = self._pool(d)
+        partition, count = _pool(d, params), params.nodes
         mark = self._mark(verb, d)
         key = "powered_up" if state == "power_up" else "powered_down"
         nodes = [n for n in self.client.nodes() if partition in (n.get("partitions") or [])]
         done = sorted(str(n["name"]) for n in nodes if n.get("comment") == mark)
         if done:
-            return {"pool": partition, key: done, "already": True}
+            return Powered.model_validate({"pool": partition, key: done, "already": True})
         candidates = sorted(str(n["name"]) for n in nodes if eligible(n))
         if not candidates and state == "power_up":
             raise PermanentError(
@@ -355,22 +411,28 @@ class SlurmExecutor:
             standby = "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}
             if state == "power_up" and standby and str(node.get("reason", "")).startswith(ours):
                 self.client.scontrol(*update, "state=resume")  # a gpuops standby node
-        return {"pool": partition, key: chosen}
+        return Powered.model_validate({"pool": partition, key: chosen})
 
-    def _pool(self, d: Decision) -> tuple[str, int]:
-        params = d.action.params if d.action else {}
-        partition = d.target.labels.get("pool") or str(params.get("pool") or "")
-        if not partition:
-            raise PermanentError(f"{d.action.type if d.action else ''} needs a 'pool' label")
-        try:
-            count = int(params.get("nodes", 1))
-        except (TypeError, ValueError):
-            raise PermanentError(
-                f"params.nodes must be a number, not {params.get('nodes')!r}"
-            ) from None
-        if count < 1:
-            raise PermanentError(f"params.nodes must be at least 1, not {count}")
-        return check_name("partition", partition), count
+
+DISPATCH: Dispatch[SlurmExecutor, Result] = Dispatch(
+    SlurmExecutor.name,
+    (
+        on(MIGRATE, SlurmExecutor._migrate),
+        on(RESUME, SlurmExecutor._resume),
+        on(NOTIFY, SlurmExecutor._notify),
+        on(RECLAIM, SlurmExecutor._reclaim),
+        on(SCALE_OUT, SlurmExecutor._scale_out),
+        on(SCALE_IN, SlurmExecutor._scale_in),
+    ),
+)
+"""Slurm's verbs, each to its handler."""
+
+
+def _pool(d: Decision, params: ScaleParams) -> str:
+    partition = d.target.labels.get("pool") or (params.pool or "")
+    if not partition:
+        raise PermanentError(f"{d.action.type if d.action else ''} needs a 'pool' label")
+    return check_name("partition", partition)
 
 
 def _label(d: Decision, name: str) -> str:

@@ -43,7 +43,9 @@ from pydantic import (
 )
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import problems, settings_of
 from gpuops.actions.encoding import fill_url, header_value, origin
+from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
 from gpuops.model.rules.templating import render
 
@@ -100,17 +102,22 @@ class WebhookParams(BaseModel):
     timeout_s: PositiveFloat | None = None
 
 
+class Delivered(Result):
+    """The receiver's answer (2xx) and the URL it was sent to (without credentials)."""
+
+    status: int
+    url: str
+
+
 class WebhookExecutor:
-    """POSTs decisions to an HTTP receiver; any verb."""
+    """POSTs decisions to an HTTP receiver; any verb (free-form: its params are
+    ``WebhookParams``)."""
 
     name = "webhook"
     verbs: frozenset[str] | None = None
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
-        try:
-            self.settings = WebhookSettings.model_validate(dict(settings or {}))
-        except ValidationError as exc:
-            raise ValueError(f"executors.webhook settings: {_problems(exc)}") from None
+        self.settings = settings_of(WebhookSettings, self.name, settings)
 
     @staticmethod
     def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
@@ -118,7 +125,7 @@ class WebhookExecutor:
         try:
             WebhookParams.model_validate(dict(params))
         except ValidationError as exc:
-            return [f"webhook params: {_problems(exc)}"]
+            return [f"webhook params: {problems(exc)}"]
         return []
 
     def lane(self, decision: Decision) -> str:
@@ -132,7 +139,7 @@ class WebhookExecutor:
         except (PermanentError, ValueError):  # ValueError: no server, a port out of range
             return ""
 
-    def run(self, decision: Decision) -> Mapping[str, Any]:
+    def run(self, decision: Decision) -> Delivered:
         params = _params(decision)
         url = self._url(params, decision)
         body = encode(decision)
@@ -178,7 +185,7 @@ class WebhookExecutor:
                     f"webhook {shown} answered {status}{where}: {resp.text[:BODY_CAP]}"
                 )
         log.info("webhook %s for decision %s: %d", shown, decision.id, status)
-        return {"status": status, "url": shown}
+        return Delivered(status=status, url=shown)
 
     def _url(self, params: WebhookParams, decision: Decision) -> str:
         template = params.url or self.settings.url
@@ -202,7 +209,7 @@ def _params(decision: Decision) -> WebhookParams:
     try:
         return WebhookParams.model_validate(dict(decision.action.params) if decision.action else {})
     except ValidationError as exc:
-        raise PermanentError(f"webhook params: {_problems(exc)}") from None
+        raise PermanentError(f"webhook params: {problems(exc)}") from None
 
 
 def payload(decision: Decision) -> dict[str, Any]:
@@ -307,9 +314,3 @@ def _render_all(value: Any, labels: Mapping[str, str], number: float | None) -> 
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}" for err in exc.errors()
-    )

@@ -3,8 +3,9 @@
 ``Engine.reload`` (first load, SIGHUP, the rule-file watcher, ``POST /rules/reload``) and
 ``gpuops rules check`` both call ``load_checked``, so "OK" from the CLI means the engine loads
 the files: the schema (``gpuops.model.rules.loader``), PromQL by promtool
-(``gpuops.model.rules.promql``),
-and, from the executor registry, each action's verb and params (``gpuops.actions.base``).
+(``gpuops.model.rules.promql``), and each action's verb and params: the verbs its executor does
+and the params it takes, which the executor registry (``gpuops.actions.base``) reads from the
+verb table (``gpuops.model.verbs``) or, for a free-form executor, from the executor itself.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpuops.actions.base import ExecutorRegistry
+from gpuops.model.decisions import ActionSpec
 from gpuops.model.rules import promql
 from gpuops.model.rules.loader import load_rules
-from gpuops.model.rules.model import RuleError, RulesError, RuleSet
+from gpuops.model.rules.model import Policy, RuleError, RulesError, RuleSet
 
 __all__ = ["ExecutorRegistry", "check_rules", "load_checked", "refuse_dropping_every_policy"]
 
@@ -37,7 +39,50 @@ def check_rules(
             if without_promtool is None:
                 raise
             without_promtool(exc)
-    return errors + registry.check_verbs(rules) + registry.check_params(rules)
+    return errors + verb_errors(rules, registry) + params_errors(rules, registry)
+
+
+def verb_errors(rules: RuleSet, registry: ExecutorRegistry) -> list[RuleError]:
+    """Every action's verb is one its executor does (an unknown executor: the loader's)."""
+    errors = []
+    for policy in rules.policies():
+        for key, action in _actions(policy):
+            verbs = registry.verbs(action.executor)
+            if verbs is not None and action.type not in verbs:
+                errors.append(
+                    _error(
+                        policy,
+                        key,
+                        f"{policy.path}.{key}.type: executor {action.executor!r} does not "
+                        f"do {action.type!r} (it does: {', '.join(sorted(verbs))})",
+                    )
+                )
+    return errors
+
+
+def params_errors(rules: RuleSet, registry: ExecutorRegistry) -> list[RuleError]:
+    """Every action's params are what its executor takes for its verb, as far as can be told
+    before a decision (``ExecutorRegistry.params_problems``)."""
+    errors = []
+    for policy in rules.policies():
+        for key, action in _actions(policy):
+            for problem in registry.params_problems(action.executor, action.type, action.params):
+                errors.append(_error(policy, key, f"{policy.path}.{key}.params: {problem}"))
+    return errors
+
+
+def _actions(policy: Policy) -> list[tuple[str, ActionSpec]]:
+    return [
+        (key, action)
+        for key, action in (("action", policy.action), ("on_clear", policy.on_clear))
+        if action is not None
+    ]
+
+
+def _error(policy: Policy, key: str, message: str) -> RuleError:
+    """``message`` at the line of ``key`` in ``policy`` (else the policy's own line)."""
+    file, _, line = policy.source.rpartition(":")
+    return RuleError(file, policy.key_lines.get(key, int(line or 0)), message)
 
 
 def load_checked(
