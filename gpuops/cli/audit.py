@@ -118,7 +118,13 @@ def _first(doc: Mapping[str, Any], path: str) -> str:
     show_default=True,
     help="Decisions, user operations, or both.",
 )
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10000),
+    help="Most documents shown.",
+)
 @_JSON
 def search(
     url: str | None,

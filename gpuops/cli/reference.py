@@ -27,6 +27,8 @@ from pydantic.fields import FieldInfo
 from gpuops.audit.settings import AuditSettings
 from gpuops.settings import EngineConfig
 
+CLI_PAGE = "docs/reference"
+"""The folder of the command-line reference, which its links are relative to."""
 ROOT = Path(__file__).resolve().parents[2]
 """The source tree: paths under it are printed relative to it, so the output is the same on
 every machine."""
@@ -295,7 +297,7 @@ def _command_section(path: tuple[str, ...], command: click.Command) -> list[str]
         ]
         out += ["| command | |", "|---|---|"]
         out += [
-            f"| `{name} {sub_name}` | {cell(sub.get_short_help_str(limit=200))} |"
+            f"| `{name} {sub_name}` | {cell(sub.get_short_help_str(limit=200), CLI_PAGE)} |"
             for sub_name, sub in subs
         ]
         out.append("")
@@ -342,7 +344,7 @@ def _option_row(option: click.Option, ctx: click.Context) -> str:
     envvar = option.envvar
     if isinstance(envvar, str) and envvar not in meaning:
         meaning += f" Env: `{envvar}`."
-    return f"| {names} | {value} | {default} | {cell(meaning)} |"
+    return f"| {names} | {value} | {default} | {cell(meaning, CLI_PAGE)} |"
 
 
 # --- shared ------------------------------------------------------------------------------------
@@ -356,9 +358,14 @@ def text(doc: str, links_from: str = "docs") -> str:
     out = re.sub(r"\bNone\b", "null", out)
     out = re.sub(r"\bTrue\b", "true", re.sub(r"\bFalse\b", "false", out))
     prefix = "../" * (len(Path(links_from).parts) - 1)
-    return re.sub(r"\bdocs/([\w/.-]+\.md)\b", lambda m: f"[{m[1]}]({prefix}{m[1]})", out)
+    pieces = re.split(r"(`[^`]*`)", out)  # code spans keep their text
+    for i in range(0, len(pieces), 2):
+        pieces[i] = re.sub(
+            r"\bdocs/([\w/.-]+\.md)\b", lambda m: f"[{m[1]}]({prefix}{m[1]})", pieces[i]
+        )
+    return "".join(pieces)
 
 
-def cell(doc: str) -> str:
+def cell(doc: str, links_from: str = "docs") -> str:
     """Text for a Markdown table cell."""
-    return text(doc).replace("|", "\\|")
+    return text(doc, links_from).replace("|", "\\|")

@@ -38,7 +38,12 @@ def decisions() -> None:
 @decisions.command("list")
 @click.option("--policy", default=None, help="Only this policy.")
 @click.option("--verdict", default=None, help="execute, dry_run, suppressed[:reason], ...")
-@click.option("--transition", type=click.Choice(["fire", "clear", "resolve"]), default=None)
+@click.option(
+    "--transition",
+    type=click.Choice(["fire", "clear", "resolve"]),
+    default=None,
+    help="Only decisions of this transition.",
+)
 @click.option("--target", default=None, help="Substring of the target key (node=gpu-3).")
 @click.option("--since", default=None, help="Only the last DURATION (Prometheus syntax: 1h).")
 @click.option("--limit", type=int, default=50, show_default=True, help="Most decisions shown.")
@@ -82,7 +87,10 @@ def approvals() -> None:
 
 @approvals.command("list")
 @click.option(
-    "--status", type=click.Choice(["pending", "granted", "denied", "expired"]), default=None
+    "--status",
+    type=click.Choice(["pending", "granted", "denied", "expired"]),
+    default=None,
+    help="Only approvals in this status.",
 )
 @api_options
 def list_approvals(status: str | None, as_json: bool, **kw: Any) -> None:
