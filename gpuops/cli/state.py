@@ -19,7 +19,7 @@ import click
 
 from gpuops.audit import AuditLog
 from gpuops.audit.errors import SpoolLockedError
-from gpuops.runtime.facade import previous_run
+from gpuops.runtime.backend import previous_run
 from gpuops.settings import ConfigError, EngineConfig, load_config
 from gpuops.store.errors import StateError
 from gpuops.store.postgres import PostgresStore

@@ -1,12 +1,12 @@
 """``Engine``: the small facade over the runtime package.
 
-It builds the collaborators and hands each the store and the gate: the rulebook (load, watch,
-reload), the cycle (query → evaluate → judge → commit), the gate (the only executor caller:
-write-ahead audit, checks at execution time, workers per executor, outcomes, resume), approvals,
-quota requests and the alert inbox. It owns the scheduler and every runtime thread — the API
-only calls it (``gpuops.runtime.clock.Scheduler``: monotonic intervals, cron re-anchored after
-a wall-clock step). Used by ``gpuops engine run``, the demo, the API and the tests; both clocks
-are injected.
+It opens the state backend (``gpuops.runtime.backend``), builds the collaborators and hands each
+the store and the gate: the rulebook (load, watch, reload), the cycle (query → evaluate → judge
+→ commit), the gate (the only executor caller: write-ahead audit, checks at execution time,
+workers per executor, outcomes, resume), approvals, quota requests and the alert inbox. It owns
+every runtime thread — the scheduled jobs (``gpuops.runtime.jobs``), the inbox's worker, the
+leadership — and the API only calls it. Used by ``gpuops engine run``, the demo, the what-if,
+the API and the tests; both clocks are injected.
 """
 
 from __future__ import annotations
@@ -15,39 +15,32 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
-from functools import partial
-from typing import Any
-
-from apscheduler.triggers.cron import CronTrigger
+from collections.abc import Callable
 
 from gpuops.actions.base import ExecutorRegistry, RetryPolicy
 from gpuops.audit import AuditLog
-from gpuops.audit.spool import segment_paths
-from gpuops.model.decisions import Decision, SkippedEvaluation, Suppression, freeze
-from gpuops.model.evaluation import Freshness, PolicyState
+from gpuops.model.alerts import Alert
+from gpuops.model.decisions import Decision, SkippedEvaluation
+from gpuops.model.evaluation.step import Freshness
 from gpuops.model.rules.model import Group, Policy, RuleSet
 from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from gpuops.runtime.approvals import Approvals
-from gpuops.runtime.clock import Scheduler, first_run_in
+from gpuops.runtime.backend import open_store, previous_run
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.cycle import Cycle
 from gpuops.runtime.gate import DecisionListener, Gate
+from gpuops.runtime.jobs import Jobs
 from gpuops.runtime.leadership import Change, Leadership
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.runtime.quota import POLICY as QUOTA_POLICY
 from gpuops.runtime.quota import QuotaManager
+from gpuops.runtime.reloaded import expire_held_fires
 from gpuops.runtime.rulebook import ReloadResult, Rulebook
 from gpuops.settings import EngineConfig
 from gpuops.sources import MetricsSource
 from gpuops.sources.prometheus import PrometheusClient
-from gpuops.store.errors import StateError, StateRowError
-from gpuops.store.interface import Store
-from gpuops.store.lease import Lease
+from gpuops.store.errors import StateError
 from gpuops.store.postgres import PostgresStore
-from gpuops.store.postgres.connection import Credentials
-from gpuops.store.sqlite import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +91,7 @@ class Engine:
         )
         self.replica = config.state.replica or socket.gethostname()
         try:
-            self.store, lease = _open_store(config, ran_before, self.replica)
+            self.store, lease = open_store(config, ran_before, self.replica)
         except StateError:
             if audit is None:
                 self.audit.close()
@@ -182,7 +175,7 @@ class Engine:
             require_leader=self.leadership.require,
         )
         self.gate.on_outcome(self.alerts.fire_finished)
-        self._scheduler: Scheduler | None = None
+        self._jobs: Jobs | None = None
         self._stopped = False
 
     # --- rules -----------------------------------------------------------------------------
@@ -216,55 +209,15 @@ class Engine:
         self.cycle.rules_changed(names)
         returned, self._loaded = names - self._loaded, names
         if returned and self.leadership.leading():
-            self._expire_held_for_policy(returned)
-        if self._scheduler is not None:
-            self._schedule_groups()
+            self._expire_held_fires(returned)
+        if self._jobs is not None:
+            self._jobs.schedule_groups()
 
-    def _expire_held_for_policy(self, names: Iterable[str]) -> None:
-        """The fires the gate held because their policy was not loaded, of the policies
-        ``names`` just loaded (again, or at start): decided again at the policy's next
-        evaluation (``gpuops.model.evaluation.failed`` set their ``retry_at``), unless held
-        longer than ``guardrails.action_max_age`` ago. Then a target on which nothing of its
-        episode ran starts over (still in the policy's result, it is pending again and must
-        hold ``for`` anew: nothing says the condition held while the policy was away); one
-        on which an action of its episode ran (a repeat was held) keeps firing, without the
-        held repeat, so that its clear still undoes what ran (docs/policies.md)."""
-        verdict = Suppression.POLICY_REMOVED.verdict.value
-        now = self.clock()
+    def _expire_held_fires(self, names: frozenset[str]) -> None:
+        """The fires held while the policies ``names`` were not loaded, past
+        ``guardrails.action_max_age`` (``gpuops.runtime.reloaded``)."""
         grace = self.config.guardrails.action_max_age
-        stored = set(self.store.policy_names())
-        for name in sorted(set(names) & stored):
-            with self.locks.policy(name):
-                try:
-                    state = self.store.policy_state(name)
-                except StateRowError:  # its evaluations say so (docs/state.md)
-                    continue
-                old = {
-                    key: t
-                    for key, t in state.targets.items()
-                    if t.held == verdict and t.held_since is not None and now - t.held_since > grace
-                }
-                if not old:
-                    continue
-                targets = {k: t for k, t in state.targets.items() if k not in old}
-                for key, t in old.items():
-                    if t.acted:
-                        targets[key] = replace(
-                            t, retry_at=None, held=None, held_since=None, held_repeats=0
-                        )
-                with self.store.transaction() as db:
-                    self.store.save_policy_state(db, name, PolicyState(freeze(targets)))
-            over = sorted(k for k, t in old.items() if not t.acted)
-            log.warning(
-                "policy %s is loaded again after more than action_max_age %.0fs: the fires"
-                " held while it was away start over on %d targets (%s); %d targets keep the"
-                " action that ran and their undo",
-                name,
-                grace,
-                len(over),
-                ", ".join(over[:10]),
-                len(old) - len(over),
-            )
+        expire_held_fires(self.store, self.locks, names, self.clock(), grace)
 
     # --- controls and health ----------------------------------------------------------------
     def kill_switch_on(self) -> bool:
@@ -295,7 +248,7 @@ class Engine:
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         return self.cycle.evaluate_policy(policy, now)
 
-    def handle_alert(self, alert: Mapping[str, Any]) -> list[Decision]:
+    def handle_alert(self, alert: Alert) -> list[Decision]:
         return self.alerts.handle(alert)
 
     def grant(self, decision_id: str, user: str) -> Decision:
@@ -345,37 +298,32 @@ class Engine:
         if self.leadership.solo:
             self.gate.resume()
             self._start_alerts()
-        self._scheduler = Scheduler(
-            wall=self.clock, monotonic=self.monotonic, on_step=self._clock_stepped
+        self._jobs = jobs = Jobs(
+            wall=self.clock,
+            monotonic=self.monotonic,
+            leading=self.leadership.leading,
+            groups=lambda: self.rules.groups,
+            evaluate=self.evaluate_group,
+            epochs=self.cycle.epochs,
+            stepped=self._clock_stepped,
         )
-        self._schedule_groups()
-        jobs: tuple[tuple[Callable[[], object], float, str], ...] = (
+        jobs.schedule_groups()
+        periodic: tuple[tuple[Callable[[], object], float, str], ...] = (
             (self.expire_approvals, 30.0, "gpuops-approvals-expiry"),
             (self._quota_tick, self.config.api.quota.check_interval, "gpuops-quota"),
             (self._reconcile, RECONCILE_S, "gpuops-audit-reconcile"),
             (self.check_reload, self.config.reload_check_interval, "gpuops-rules-watch"),
         )
-        for func, interval_s, job_id in jobs:
-            self._scheduler.add_interval(
-                job_id, self._leader_only(func), interval_s, first_in=interval_s
-            )
-        self._scheduler.add_interval("gpuops-prune", self._leader_only(self.prune), 6 * 3600.0)
-        self._scheduler.start()
+        for func, interval_s, job_id in periodic:
+            jobs.every(job_id, func, interval_s, first_in=interval_s)
+        jobs.every("gpuops-prune", self.prune, 6 * 3600.0)
+        jobs.start()
         self.leadership.start()  # one round now: a sole replica leads from its start
 
     # --- leadership (docs/ha.md) -------------------------------------------------------------
     def leading(self) -> bool:
         """Whether this replica evaluates and acts (always, with SQLite)."""
         return self.leadership.leading()
-
-    def _leader_only(self, func: Callable[[], object]) -> Callable[[], None]:
-        """``func`` as a scheduled job that runs on the leader only (a standby skips it)."""
-
-        def job() -> None:
-            if self.leadership.leading():
-                func()
-
-        return job
 
     def _leadership_changed(self, change: Change) -> None:
         """Audit and count the change; a new leader first resumes what the old one left
@@ -387,7 +335,7 @@ class Engine:
             change.elected, change.replica, change.epoch, change.reason, self.clock()
         )
         if change.elected:
-            self._expire_held_for_policy(self._loaded)
+            self._expire_held_fires(self._loaded)
             self.gate.resume()
             self._start_alerts()
 
@@ -401,19 +349,11 @@ class Engine:
             self.alerts.adopt()
 
     def _clock_stepped(self, step_s: float) -> None:
-        """The scheduler saw the wall clock step by ``step_s`` seconds: count it, audit it once
-        and re-anchor every group's grid to the wall time of its next (monotonic) run, so that
-        evaluation times stay grid times on the new wall clock (docs/policies.md, "Clock")."""
+        """The scheduler saw the wall clock step by ``step_s`` seconds: count it and audit it
+        once (``gpuops.runtime.jobs`` re-anchors the groups' grids)."""
         direction = "forward" if step_s > 0 else "backward"
         self.metrics.clock_steps.labels(direction).inc()
         self.audit.clock_step(step_s, self.clock())
-        scheduler = self._scheduler
-        if scheduler is None:
-            return
-        for group in self.rules.groups:
-            job = scheduler.get_job(f"group:{group.name}")
-            if job is not None:
-                self.cycle.epochs[group.name] = scheduler.wall_time_of(job)
 
     def _quota_tick(self) -> None:
         try:
@@ -434,75 +374,17 @@ class Engine:
         if gone:
             log.info("pruned %d old decisions and approvals from the state file", gone)
 
-    def _schedule_groups(self) -> None:
-        assert self._scheduler is not None
-        wanted: set[str] = set()
-        for group in self.rules.groups:
-            job_id = f"group:{group.name}"
-            wanted.add(job_id)
-            first_in = first_run_in(group.name, group.interval_s, self.clock())
-            self.cycle.epochs[group.name] = self.clock() + first_in  # its first grid point
-            self._scheduler.add_interval(
-                job_id,
-                self._leader_only(partial(self.evaluate_group, group)),
-                group.interval_s,
-                first_in=first_in,
-            )
-            for policy in group.policies:
-                if policy.schedule is None or policy.expr is None:
-                    continue
-                job_id = f"schedule:{policy.name}"
-                wanted.add(job_id)
-                one = replace(group, policies=(policy,))
-                self._scheduler.add_cron(
-                    job_id,
-                    self._leader_only(partial(self.evaluate_group, one, True)),
-                    CronTrigger.from_crontab(policy.schedule),
-                )
-        for job in self._scheduler.get_jobs():
-            if job.id.startswith(("group:", "schedule:")) and job.id not in wanted:
-                self._scheduler.remove(job.id)
-
     def stop(self) -> None:
         """Stop scheduling and the alert inbox, let running actions finish, close audit and
         state (idempotent)."""
         if self._stopped:
             return
         self._stopped = True
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=True)
-            self._scheduler = None
+        if self._jobs is not None:
+            self._jobs.shutdown()
+            self._jobs = None
         self.alerts.stop()
         self.gate.stop()
         self.leadership.stop()  # after the last action: a standby then resumes nothing twice
         self.audit.close()
         self.store.close()
-
-
-def _open_store(
-    config: EngineConfig, ran_before: str | None, replica: str
-) -> tuple[Store, Lease | None]:
-    """The SQLite state file, or with ``state.url`` the PostgreSQL store and its lease."""
-    state = config.state
-    if state.url is None:
-        return StateStore(config.state_file, ran_before), None
-    credentials = Credentials(state.password_file, state.password_env)
-    store = PostgresStore(state.url, credentials, replica, state.lease)
-    try:
-        lease = Lease(
-            state.url, credentials, replica, state.advertise_url, wait_s=state.renew_interval
-        )
-    except StateError:
-        store.close()
-        raise
-    return store, lease
-
-
-def previous_run(config: EngineConfig) -> str | None:
-    """Evidence that an engine ran with this configuration before (its audit spool holds a
-    writer lock file or segments), or None: a missing or empty state file is then an error, not
-    new (docs/state.md)."""
-    spool = config.audit.spool_dir
-    if (spool / ".lock").exists() or segment_paths(spool):
-        return f"the audit spool {spool} shows the engine ran before"
-    return None

@@ -21,7 +21,6 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from gpuops.model.decisions import (
     ActionSpec,
@@ -39,10 +38,9 @@ from gpuops.model.rules.model import Policy
 from gpuops.runtime.controls import Controls
 from gpuops.runtime.cycle import Cycle
 from gpuops.settings import QuotaSettings
-from gpuops.store.codecs import quota_request_doc
 from gpuops.store.interface import QuotaRequest, QuotaStatus, Store
 
-__all__ = ["POLICY", "QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus", "request_doc"]
+__all__ = ["POLICY", "QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus"]
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +335,3 @@ def _held(judged: Decision, outcome: Outcome | None) -> bool:
     if outcome is not None and outcome.status is not OutcomeStatus.SKIPPED:
         return False
     return judged.suppressed
-
-
-def request_doc(request: QuotaRequest) -> dict[str, Any]:
-    """The JSON form served by the API."""
-    return quota_request_doc(request)

@@ -15,6 +15,7 @@ from dataclasses import asdict, fields
 from sys import intern
 from typing import Any
 
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import freeze
 from gpuops.model.evaluation import Status, TargetState
 from gpuops.model.guardrails import Execution, GuardrailState
@@ -23,7 +24,6 @@ from gpuops.model.records import (
     decision_from_doc,
     outcome_doc,
     outcome_from_doc,
-    plain,
 )
 from gpuops.store.interface import (
     Approval,
@@ -108,14 +108,39 @@ def quota_request_from_doc(doc: Mapping[str, Any]) -> QuotaRequest:
     return QuotaRequest(**values)
 
 
-def alert_doc(alert: Mapping[str, Any]) -> dict[str, Any]:
-    """An Alertmanager alert as stored (plain JSON)."""
-    return {str(k): plain(v) for k, v in alert.items()}
+def alert_doc(alert: Alert) -> dict[str, Any]:
+    """An Alertmanager alert as stored: the webhook's own JSON form of it (its keys, in the
+    order Alertmanager sends them)."""
+    return {
+        "status": alert.status.value,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "startsAt": alert.starts_at,
+        "endsAt": alert.ends_at,
+        "generatorURL": alert.generator_url,
+        "fingerprint": alert.fingerprint,
+    }
 
 
-def alert_from_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A read-only alert (its nested ``labels``/``annotations`` too)."""
-    return freeze({k: freeze(v) if isinstance(v, Mapping) else v for k, v in doc.items()})
+def alert_from_doc(doc: Mapping[str, Any]) -> Alert:
+    """The inverse of ``alert_doc``, which older engines' rows read with too: a key a row
+    lacks takes the value the inbox has always given it (firing, no labels, empty text), and a
+    key Alertmanager adds is ignored (``ValueError``: a status other than firing or
+    resolved)."""
+    return Alert(
+        fingerprint=str(doc.get("fingerprint", "")),
+        status=AlertStatus(doc.get("status", AlertStatus.FIRING.value)),
+        labels=_texts(doc.get("labels")),
+        annotations=_texts(doc.get("annotations")),
+        starts_at=str(doc.get("startsAt", "")),
+        ends_at=str(doc.get("endsAt", "")),
+        generator_url=str(doc.get("generatorURL", "")),
+    )
+
+
+def _texts(doc: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """A read-only mapping of text to text (labels, annotations)."""
+    return freeze({str(k): str(v) for k, v in (doc or {}).items()})
 
 
 def target_state_doc(t: TargetState) -> dict[str, Any]:

@@ -16,13 +16,14 @@ callers: the backend's own connection or cursor); the others are one transaction
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuops.model.alerts import Alert
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus
 from gpuops.model.evaluation import PolicyState
 from gpuops.model.guardrails import GuardrailState
@@ -158,7 +159,7 @@ class InboxItem:
     """One Alertmanager alert (webhook v4 ``alerts[]`` item) received and not handled yet."""
 
     id: int
-    alert: Mapping[str, Any]
+    alert: Alert
     received_at: float
 
 
@@ -300,7 +301,7 @@ class AlertRepository(Protocol):
     """The durable inbox of received alerts, the handled episodes, and resolves that came
     before their firing's action succeeded."""
 
-    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]: ...
+    def inbox_add(self, alerts: Sequence[Alert], now: float) -> list[int]: ...
     def inbox(self) -> list[InboxItem]:
         """Oldest first."""
         ...
@@ -326,8 +327,8 @@ class AlertRepository(Protocol):
         ...
 
     def prune_alert_episodes(self, older_than: float) -> int: ...
-    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None: ...
-    def take_early_resolve(self, fire_id: str) -> Mapping[str, Any] | None:
+    def save_early_resolve(self, fire_id: str, alert: Alert, now: float) -> None: ...
+    def take_early_resolve(self, fire_id: str) -> Alert | None:
         """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
         ...
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuops.actions.base import ExecutorRegistry
-from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.alerts import Alert, AlertStatus
+from gpuops.model.decisions import Decision, Outcome, freeze
 from gpuops.runtime import Engine, collect_less
 from gpuops.settings import (
     ApiSettings,
@@ -64,17 +65,16 @@ class Noop:
         return {}
 
 
-def alert(name: str, i: int) -> dict[str, Any]:
+def alert(name: str, i: int) -> Alert:
     labels = {"alertname": name, "node": f"node-{i // 8}", "uuid": f"GPU-{i:08d}"}
-    return {
-        "status": "firing",
-        "labels": labels,
-        "annotations": {"summary": f"GPU {i} is hot"},
-        "startsAt": "2030-01-01T00:00:00Z",
-        "endsAt": "0001-01-01T00:00:00Z",
-        "generatorURL": "",
-        "fingerprint": f"{name}-{i:012x}"[-16:],
-    }
+    return Alert(
+        fingerprint=f"{name}-{i:012x}"[-16:],
+        status=AlertStatus.FIRING,
+        labels=freeze(labels),
+        annotations=freeze({"summary": f"GPU {i} is hot"}),
+        starts_at="2030-01-01T00:00:00Z",
+        ends_at="0001-01-01T00:00:00Z",
+    )
 
 
 class Run:

@@ -1,6 +1,7 @@
 """``POST /api/v1/alertmanager``: Alertmanager's webhook receiver (payload version 4).
 
-Validates the notification, hands its alerts to ``gpuops.runtime.alerts.AlertInbox`` and answers
+Validates the notification (``gpuops.api.schemas.AlertmanagerPayload``), hands its alerts as
+frozen values (``gpuops.model.alerts.Alert``) to ``gpuops.runtime.alerts.AlertInbox`` and answers
 at once. Whenever the engine cannot take the notification now — the inbox has no room for it
 yet, the state database cannot store it — the answer is 503 with the reason, which Alertmanager
 retries (it drops a notification answered 4xx). Authenticated like every route — Alertmanager's
@@ -31,7 +32,7 @@ def receive_alerts(
 ) -> AlertsQueued:
     """Queue the alerts of one notification; firing ones trigger the policies whose
     ``trigger.alertmanager`` labels they carry, resolved ones their ``on_clear``."""
-    alerts = [alert.model_dump() for alert in payload.alerts]
+    alerts = [alert.value() for alert in payload.alerts]
     try:
         ctx.alerts.submit(alerts)
     except InboxFull as exc:

@@ -9,9 +9,9 @@ API's receiver and ``gpuops.runtime.alerts``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from gpuops.model.alerts import Alert
 from gpuops.store.codecs import alert_doc, alert_from_doc
 from gpuops.store.interface import AlertKey, InboxItem
 from gpuops.store.sql.base import CHUNK, SqlBase
@@ -20,7 +20,7 @@ from gpuops.store.sql.base import CHUNK, SqlBase
 class SqlAlerts(SqlBase):
     """``gpuops.store.interface.AlertRepository`` in SQL."""
 
-    def inbox_add(self, alerts: Sequence[Mapping[str, Any]], now: float) -> list[int]:
+    def inbox_add(self, alerts: Sequence[Alert], now: float) -> list[int]:
         """Keep received alerts on disk until handled (the receiver answers after this)."""
         with self.transaction() as db:
             return [
@@ -108,7 +108,7 @@ class SqlAlerts(SqlBase):
             )
 
     # --- resolves that came early ---------------------------------------------------------
-    def save_early_resolve(self, fire_id: str, alert: Mapping[str, Any], now: float) -> None:
+    def save_early_resolve(self, fire_id: str, alert: Alert, now: float) -> None:
         """Remember a resolved alert whose firing's action (``fire_id``) has not succeeded yet."""
         with self.transaction() as db:
             db.execute(
@@ -117,7 +117,7 @@ class SqlAlerts(SqlBase):
                 (fire_id, json.dumps(alert_doc(alert)), now),
             )
 
-    def take_early_resolve(self, fire_id: str) -> Mapping[str, Any] | None:
+    def take_early_resolve(self, fire_id: str) -> Alert | None:
         """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
         with self.transaction() as db:
             row = db.execute(

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.store.errors import StateError
 from gpuops.store.sqlite import StateStore
 from tests.unit.api.harness import Harness, running_api
@@ -24,7 +26,7 @@ def test_firing_alert_runs_the_action_once_however_often_delivered(
     handling = threading.Event()
     handle = api.context.alerts._handle_batch
 
-    def held(batch: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+    def held(batch: Sequence[tuple[int, Alert]]) -> None:
         handling.wait(30)
         handle(batch)
 
@@ -146,15 +148,14 @@ def test_a_notification_the_state_database_cannot_store_is_503_with_the_reason(
     }
 
 
-def _received(node: str, fingerprint: str) -> dict[str, object]:
-    """An alert as the receiver keeps it in the inbox."""
-    return {
-        "status": "firing",
-        "labels": {"alertname": "GPUFellOffBus", "node": node},
-        "annotations": {},
-        "startsAt": "2030-01-01T00:00:00Z",
-        "fingerprint": fingerprint,
-    }
+def _received(node: str, fingerprint: str) -> Alert:
+    """An alert as the receiver hands it to the inbox."""
+    return Alert(
+        fingerprint=fingerprint,
+        status=AlertStatus.FIRING,
+        labels={"alertname": "GPUFellOffBus", "node": node},
+        starts_at="2030-01-01T00:00:00Z",
+    )
 
 
 def test_alerts_received_but_not_handled_before_a_stop_are_handled_at_start(
@@ -199,4 +200,44 @@ def test_an_inbox_larger_than_the_queue_is_adopted_whole_without_blocking(tmp_pa
         api.engine.alerts.adopt()  # an election meanwhile: it neither blocks nor queues twice
         api.settle()
         assert len(api.executed(POLICY)) == 3
+        assert api.engine.store.inbox() == []
+
+
+def test_an_inbox_row_of_an_older_engine_loads_and_is_handled(tmp_path: Path) -> None:
+    """Rows the receiver wrote before the alert was a value of its own (the webhook's JSON
+    item as it came, or the few keys tests and older engines wrote) load as alerts."""
+    store = StateStore(tmp_path / "state.sqlite")
+    store.close()
+    full = {
+        "status": "firing",
+        "labels": {"alertname": "GPUFellOffBus", "node": "n9"},
+        "annotations": {"summary": "gone"},
+        "startsAt": "2030-01-01T00:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": "f9",
+    }
+    few = {"labels": {"alertname": "GPUFellOffBus", "node": "n10"}, "startsAt": "2030-01-01"}
+    with sqlite3.connect(tmp_path / "state.sqlite") as db:
+        for row in (full, few):
+            db.execute(
+                "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)", (0.0, json.dumps(row))
+            )
+    db.close()
+    store = StateStore(tmp_path / "state.sqlite")
+    first, second = (item.alert for item in store.inbox())
+    store.close()
+    assert first == Alert(
+        fingerprint="f9",
+        status=AlertStatus.FIRING,
+        labels={"alertname": "GPUFellOffBus", "node": "n9"},
+        annotations={"summary": "gone"},
+        starts_at="2030-01-01T00:00:00Z",
+        ends_at="0001-01-01T00:00:00Z",
+        generator_url="http://prometheus/graph",
+    )
+    assert (second.fingerprint, second.status, second.starts_at) == ("", "firing", "2030-01-01")
+    with running_api(tmp_path) as api:
+        api.settle()
+        assert len(api.executed(POLICY)) == 2
         assert api.engine.store.inbox() == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpuops.model.decisions import freeze
 from gpuops.model.evaluation import PolicyState, Status, TargetState
-from gpuops.runtime.cycle import _narrowed_clear
+from gpuops.runtime.cycle.clears import narrowed_clear as _narrowed_clear
 from gpuops.sources.promql import NARROW_MAX_TARGETS, narrowed
 
 EXPR = 'avg_over_time(DCGM_FI_DEV_GPU_UTIL{job="dcgm"}[5m]) > 30'

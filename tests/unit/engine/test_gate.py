@@ -18,6 +18,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import requests
 from gpuops.actions.base import ExecutorRegistry, PermanentError, RetryPolicy, TemporaryError
 from gpuops.api import ApiServer, create_app
 from gpuops.audit.spool import read_spool
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision
 from gpuops.runtime import Engine
 from gpuops.settings import (
@@ -279,11 +281,7 @@ def test_an_alert_triggered_action_is_held_at_execution_time(world: World) -> No
     world.log.gate.clear()
     world.evaluate(engine, "reclaim")
     assert world.log.started.wait(10)
-    alert = {
-        "status": "firing",
-        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
-        "startsAt": "2030-01-01T00:00:00Z",
-    }
+    alert = _alert("firing")
     (decision,) = engine.handle_alert(alert)
     assert decision.verdict == "execute"
     engine.set_control("kill_switch", True, "ops")
@@ -350,8 +348,8 @@ def test_quota_requests_end_without_the_api(world: World) -> None:
     engine = world.engine()
     approved = engine.quota.approve(_quota(engine), "alice")
     engine.start()
-    assert engine._scheduler is not None
-    assert engine._scheduler.get_job("gpuops-quota") is not None
+    assert engine._jobs is not None
+    assert engine._jobs.scheduler.get_job("gpuops-quota") is not None
     world.clock.now += 3601
     engine._quota_tick()
     assert engine.quota.get(approved.id).status == "ended"
@@ -471,12 +469,13 @@ def test_an_old_state_file_is_migrated(tmp_path: Path) -> None:
 # --- 4. alert episodes remember their resolve -------------------------------------------------
 
 
-def _alert(status: str) -> dict[str, Any]:
-    return {
-        "status": status,
-        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
-        "startsAt": "2030-01-01T00:00:00Z",
-    }
+def _alert(status: str) -> Alert:
+    return Alert(
+        fingerprint="",
+        status=AlertStatus(status),
+        labels={"alertname": "GPUFellOffBus", "node": "n1"},
+        starts_at="2030-01-01T00:00:00Z",
+    )
 
 
 def test_a_resolve_while_the_fire_runs_undoes_once_it_succeeded(world: World) -> None:
@@ -916,12 +915,7 @@ def test_an_alert_fire_held_at_the_gate_acts_on_the_next_notification(world: Wor
     """Main: an Alertmanager-triggered fire held by the kill switch was never decided again:
     the resent notification was a duplicate, and its decision id a replay."""
     engine = world.engine()
-    alert = {
-        "status": "firing",
-        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
-        "startsAt": "2030-01-01T00:00:00Z",
-        "fingerprint": "f1",
-    }
+    alert = replace(_alert("firing"), fingerprint="f1")
     engine.set_control("kill_switch", True, "ops")
     notifications = iter(range(1, 10))
 
@@ -982,7 +976,7 @@ def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: Wo
     def slow_first_outcome(entries: Any) -> Any:
         if any(o is not None for _, o in entries) and not first_write.is_set():
             first_write.set()  # the next two outcomes queue meanwhile: one batch of two
-            wait_for(lambda: len(gate._outcomes._pending) == 2, 10, "two outcomes to queue")
+            wait_for(lambda: len(gate._trail.outcomes._pending) == 2, 10, "two outcomes to queue")
         return write_ahead(entries)
 
     notified: list[str] = []
@@ -994,7 +988,7 @@ def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: Wo
             raise RuntimeError("listener bug")
 
     gate._audit.write_ahead = slow_first_outcome  # type: ignore[method-assign]
-    gate._listener = listener
+    gate._trail.listener = listener
     gate.on_outcome(lambda decision, outcome: hooked.append(decision.id))
     world.prom.results["idle"] = uuids(3)
     decisions = world.evaluate(engine, "reclaim")

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus
 from gpuops.runtime.controls import Controls
-from gpuops.runtime.gate import _OutcomeBatch
+from gpuops.runtime.gate.outcomes import OutcomeBatch
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import GuardrailSettings
 from tests.unit.audit.factories import make_decision
@@ -31,7 +31,7 @@ def test_outcomes_handed_in_while_one_is_written_share_the_next_write() -> None:
             first_started.set()
             assert release.wait(10)
 
-    outcomes = _OutcomeBatch(write)
+    outcomes = OutcomeBatch(write)
     decisions = [make_decision(labels={"uuid": f"GPU-{n}"}) for n in range(6)]
     first = threading.Thread(target=outcomes.write, args=(decisions[0], OK))
     first.start()
@@ -57,7 +57,7 @@ def test_a_failed_write_is_raised_in_every_worker_of_its_batch_only() -> None:
         if len(calls) == 1:
             raise OSError("disk gone")
 
-    outcomes = _OutcomeBatch(write)
+    outcomes = OutcomeBatch(write)
     with pytest.raises(OSError, match="disk gone"):
         outcomes.write(make_decision(), OK)
     outcomes.write(make_decision(labels={"uuid": "GPU-2"}), OK)  # the next batch is fine

@@ -18,11 +18,12 @@ import pytest
 from gpuops.actions.base import ExecutorRegistry, TemporaryError
 from gpuops.actions.fleet import FleetExecutor
 from gpuops.audit.spool import read_spool
-from gpuops.model import evaluation
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision
+from gpuops.model.evaluation import evaluator as evaluation
 from gpuops.runtime import Engine
-from gpuops.runtime import cycle as cycle_module
 from gpuops.runtime.approvals import ApprovalError
+from gpuops.runtime.cycle import clears as cycle_module
 from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
 from gpuops.store.sql.policy_seen import REFRESH_S
 from tests.fakes.prometheus import FakePrometheus, FakePrometheusClient
@@ -219,22 +220,22 @@ def test_approval_expires(make, tmp_path: Path) -> None:
 
 def test_alert_fires_once_per_episode_and_resolves_with_on_clear(make) -> None:
     engine = make()
-    alert = {
-        "status": "firing",
-        "labels": {"alertname": "GPUFellOffBus", "node": "n1", "instance": "x"},
-        "startsAt": "2026-11-30T08:00:00Z",
-        "fingerprint": "abc",
-    }
+    alert = Alert(
+        fingerprint="abc",
+        status=AlertStatus.FIRING,
+        labels={"alertname": "GPUFellOffBus", "node": "n1", "instance": "x"},
+        starts_at="2026-11-30T08:00:00Z",
+    )
     (fired,) = engine.handle_alert(alert)
     again = engine.handle_alert(alert)  # Alertmanager retried the webhook
     engine.wait_idle(10)
     assert fired.target.labels == {"node": "n1"}
     assert [d.id for d in again] == [fired.id]
-    (cleared,) = engine.handle_alert({**alert, "status": "resolved"})
+    (cleared,) = engine.handle_alert(replace(alert, status=AlertStatus.RESOLVED))
     engine.wait_idle(10)
     assert [d.action.type for d in make.ran if d.action] == ["migrate", "restore"]
     assert cleared.transition.value == "resolve"
-    other = engine.handle_alert({**alert, "labels": {"alertname": "Other", "node": "n1"}})
+    other = engine.handle_alert(replace(alert, labels={"alertname": "Other", "node": "n1"}))
     assert other == []
 
 
@@ -458,16 +459,17 @@ def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write
 def test_an_exported_policy_alert_routed_back_acts(make) -> None:
     """`gpuops rules export` alerts carry gpuops_policy: Prometheus evaluates, the engine acts."""
     engine = make()
-    alert = {
-        "status": "firing",
-        "labels": {"alertname": "reclaim", "gpuops_policy": "reclaim", "uuid": "GPU-1"},
-        "startsAt": "2026-11-30T08:00:00Z",
-    }
+    alert = Alert(
+        fingerprint="",
+        status=AlertStatus.FIRING,
+        labels={"alertname": "reclaim", "gpuops_policy": "reclaim", "uuid": "GPU-1"},
+        starts_at="2026-11-30T08:00:00Z",
+    )
     (decision,) = engine.handle_alert(alert)
     engine.wait_idle(10)
     assert decision.policy == "reclaim" and decision.target.labels == {"uuid": "GPU-1"}
     assert [d.action.type for d in make.ran if d.action] == ["reclaim"]
-    assert engine.handle_alert({**alert, "labels": {**alert["labels"], "gpuops_policy": "x"}}) == []
+    assert engine.handle_alert(replace(alert, labels={**alert.labels, "gpuops_policy": "x"})) == []
 
 
 def test_cooldown_then_the_same_episode_acts_when_it_ends(make) -> None:
@@ -595,15 +597,16 @@ def test_a_failed_action_is_decided_again_while_the_target_still_fires(make) -> 
 def test_a_resolved_alert_undoes_nothing_when_its_action_did_not_run(make) -> None:
     engine = make()
     engine.set_control("kill_switch", True, "ops")
-    alert = {
-        "status": "firing",
-        "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
-        "startsAt": "2026-11-30T08:00:00Z",
-    }
+    alert = Alert(
+        fingerprint="",
+        status=AlertStatus.FIRING,
+        labels={"alertname": "GPUFellOffBus", "node": "n1"},
+        starts_at="2026-11-30T08:00:00Z",
+    )
     (fired,) = engine.handle_alert(alert)
     assert fired.verdict == "suppressed:kill_switch"
     engine.set_control("kill_switch", False, "ops")
-    (resolved,) = engine.handle_alert({**alert, "status": "resolved"})
+    (resolved,) = engine.handle_alert(replace(alert, status=AlertStatus.RESOLVED))
     engine.wait_idle(10)
     assert resolved.action is None and "nothing to undo" in resolved.reason
     assert make.ran == []
