@@ -23,7 +23,7 @@ from pydantic import (
 
 from gpuops.actions.logical import LOGICAL_DEFAULTS
 from gpuops.audit.settings import AuditSettings, FullPolicy
-from gpuops.model.evaluation import Freshness
+from gpuops.model.evaluation.step import Freshness
 from gpuops.model.rules.durations import parse_duration
 from gpuops.model.rules.yamlsource import parse_yaml
 

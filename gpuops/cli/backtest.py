@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from gpuops.model.evaluation import Freshness
+from gpuops.model.evaluation.step import Freshness
 from gpuops.model.rules.durations import DurationError, parse_duration
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import Policy, RulesError, RuleSet

@@ -1,10 +1,8 @@
 """The plain, frozen values that flow between the engine's stages.
 
 Produced by ``gpuops.sources.prometheus`` (Sample) and ``gpuops.model.evaluation`` (Decision),
-finished by
-``gpuops.model.guardrails`` (verdict) and ``gpuops.actions`` (Outcome), consumed by
-``gpuops.audit``.
-This module imports nothing of the engine: every other module may import it.
+finished by ``gpuops.model.guardrails`` (verdict) and ``gpuops.actions`` (Outcome), consumed by
+``gpuops.audit``. This module imports nothing of the engine: every other module may import it.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ class Vector(Sequence[Sample]):
     """The samples of an instant query as columns: each series' labels (the decoder's own
     dict, read-only by convention), value and timestamp. A ``Sample`` is built only when one
     is read; the evaluation's steady path reads the columns (``target_keys``, ``values``)
-    and builds nothing per series (issue 15). Made by ``gpuops.sources.prometheus``."""
+    and builds nothing per series. Made by ``gpuops.sources.prometheus``."""
 
     __slots__ = ("metrics", "values", "times", "_keys", "_index")
 
@@ -231,8 +229,8 @@ class Target:
     def from_labels(cls, labels: Mapping[str, str], names: tuple[str, ...] | None) -> Target:
         """Build the target of a series; ``names`` picks the identifying labels (None: all).
         The key and the values are interned (``sys.intern``): the policies that share a
-        target keep one copy of its strings (issue 15: a GPU is a target of a dozen
-        policies, each of which decoded its strings from its own answer)."""
+        target keep one copy of its strings (a GPU is a target of a dozen policies, each
+        of which decoded its strings from its own answer)."""
         picked = {k: labels.get(k, "") for k in names} if names else dict(labels)
         picked.pop("__name__", None)
         picked = {k: intern(v) if type(v) is str else v for k, v in picked.items()}
@@ -294,7 +292,7 @@ class Decision:
 
     def with_verdict(self, verdict: Verdict, reason: str) -> Decision:
         """``replace(self, verdict=verdict, reason=reason)`` without re-running
-        ``__init__`` over every field (every decision of a round is judged)."""
+        ``__init__`` over every field (every decision of an evaluation is judged)."""
         return self.but(verdict=verdict, reason=reason)
 
     def but(self, **changes: Any) -> Decision:

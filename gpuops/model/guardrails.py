@@ -2,14 +2,14 @@
 
 Called by ``gpuops.runtime`` and ``gpuops.offline.backtest`` (``judge_step``) after
 ``gpuops.model.evaluation``; hands back the decision with its verdict and the next
-``GuardrailState``. Checks, in order: kill switch, pause, cooldown,
-``max_per_hour``, ``max_fraction`` of the policy's population (at least one target, so a small
-fleet is never left without any action), the global budget, then dry-run and approval. Undo
+``GuardrailState``. Checks, in order: kill switch, pause, cooldown, ``max_per_hour``,
+``max_fraction`` of the policy's population (at least one target, so a small fleet is never left
+without any action), the global budget, then dry-run and approval. Undo
 actions (``clear``) pass cooldown and rate limits — restoring a GPU must never be blocked by the
 limits of the action it undoes; a decision without an action (a clear with nothing to undo)
 passes everything, the kill switch and pause included: nothing runs, so nothing is held back. A
-policy's ``schedule`` needs no check here: such a policy is
-only evaluated at its cron times. No I/O, no clock.
+policy's ``schedule`` needs no check here: such a policy is only evaluated at its cron times. No
+I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from itertools import count
 import promql_parser
 
 from gpuops.model.decisions import EMPTY, Decision, Suppression, Transition, Verdict, freeze
-from gpuops.model.evaluation import PolicyState, settle_all
+from gpuops.model.evaluation.settling import settle_all
+from gpuops.model.evaluation.state import PolicyState
 from gpuops.model.rules.model import MAX_COOLDOWN_S, Policy
 
 HOUR = 3600.0
@@ -200,7 +201,8 @@ class Judgement:
     guardrails: GuardrailState
     repeats: frozenset[str] = frozenset()
     """Ids of the decisions that only repeat the suppression already recorded for their
-    target (``gpuops.model.evaluation.settle_all``): counted, not recorded or audited again."""
+    target (``gpuops.model.evaluation.settling.settle_all``): counted, not recorded or
+    audited again."""
 
 
 def judge_step(
@@ -213,10 +215,10 @@ def judge_step(
 ) -> Judgement:
     """The one pure judge step of the live cycle, approvals, quota grants, Alertmanager
     triggers and backtests: verdicts for ``decisions`` (``judge_all``), then the verdicts fed
-    back into the policy's state (``gpuops.model.evaluation.settle_all``: what ran is undone on
-    clear,
-    what was held back is decided again when the guardrail may allow it, and a re-decision
-    that repeats its target's recorded suppression is named in ``Judgement.repeats``)."""
+    back into the policy's state (``gpuops.model.evaluation.settling.settle_all``: what ran
+    is undone on clear, what was held back is decided again when the guardrail may allow it,
+    and a re-decision that repeats its target's recorded suppression is named in
+    ``Judgement.repeats``)."""
     judged, after = judge_all(decisions, policy, guardrails, ctx, now)
     if policy_state is None:
         return Judgement(tuple(judged), None, after)
@@ -450,8 +452,8 @@ def budget_retry_time(state: GuardrailState, budget: int, now: float, queued: in
     (from 0) held in the same judgement: when enough of the last hour's executions have left
     the window to leave a place for it and the ``queued`` before it. Beyond the executions in
     the window, a full budget per hour is assumed. So the held targets are decided again a few
-    at a time as places free up, never all of them every ``RETRY_S`` (issue 15: 80,607
-    decisions per round at 50k GPUs)."""
+    at a time as places free up, never all of them every ``RETRY_S`` (at 50k GPUs, some
+    80,000 decisions an evaluation)."""
     ats = sorted(e.at for e in state.recent if now - e.at < HOUR)
     if not ats:
         return now + (RETRY_S if budget > 0 else HOUR)

@@ -1,10 +1,9 @@
 """Which targets of a policy rest on stale input series (pure).
 
-Called by ``gpuops.model.evaluation.evaluate`` with the stale series the runtime found
+Called by ``gpuops.model.evaluation.stale.around_stale`` with the stale series the runtime found
 (``gpuops.sources.prometheus.stale_series``: per input of the policy's queries, the series whose
-newest
-sample is older than the freshness bound). A target is held (no timer moves, nothing is decided
-for it) when a stale series is attributed to it; the others are judged as usual.
+newest sample is older than the freshness bound). A target is held (no timer moves, nothing is
+decided for it) when a stale series is attributed to it; the others are judged as usual.
 
 A stale series is attributed to a target by identity labels: the policy's ``target:``; without
 it, the labels the expression joins its series on (every ``on (...)``: a series of another job

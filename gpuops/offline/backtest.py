@@ -23,7 +23,9 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.triggers.cron import CronTrigger
 
 from gpuops.model.decisions import Decision, Sample
-from gpuops.model.evaluation import Freshness, PolicyState, QueryResult, evaluate
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.state import PolicyState
+from gpuops.model.evaluation.step import Freshness, QueryResult
 from gpuops.model.guardrails import Context, GuardrailState, judge_step, population_expr
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput

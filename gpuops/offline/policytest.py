@@ -32,7 +32,9 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuops.model.decisions import Decision, Sample
-from gpuops.model.evaluation import PolicyState, QueryResult, evaluate
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.state import PolicyState
+from gpuops.model.evaluation.step import QueryResult
 from gpuops.model.rules.durations import format_duration
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import Policy, RuleError, RulesError, RuleSet

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import freeze
-from gpuops.model.evaluation import Status, TargetState
+from gpuops.model.evaluation.state import Status, TargetState
 from gpuops.model.guardrails import Execution, GuardrailState
 from gpuops.model.records import (
     decision_doc,

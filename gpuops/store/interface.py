@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from gpuops.model.alerts import Alert
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus
-from gpuops.model.evaluation import PolicyState
+from gpuops.model.evaluation.state import PolicyState
 from gpuops.model.guardrails import GuardrailState
 
 Transaction = Any

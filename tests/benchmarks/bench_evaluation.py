@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from gpuops.model.decisions import ActionSpec, Sample, freeze
-from gpuops.model.evaluation import PolicyState, QueryResult, evaluate
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.state import PolicyState
+from gpuops.model.evaluation.step import QueryResult
 from gpuops.model.guardrails import Context, GuardrailState, judge_all
 from gpuops.model.rules.model import Policy
 from gpuops.store.sqlite import StateStore

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from gpuops.cli import cli
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
-from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.store.errors import DatabaseUnavailable, FencedError, StateError
 from gpuops.store.interface import (
     AlertKey,

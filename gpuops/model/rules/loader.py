@@ -313,8 +313,8 @@ class _FileReader:
         """The templates in an action's params, and that the params are JSON's own types: a
         decision is stored and audited as JSON, and a value JSON has no type for (a YAML
         date, ``2024-01-01`` unquoted; ``.nan``; a key that is not text) would fail every
-        decision of the policy when it is recorded or sent, at run time (review 15c, 15d),
-        or come back changed after a restart."""
+        decision of the policy when it is recorded or sent, at run time, or come back
+        changed after a restart."""
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gpuops.model.decisions import Decision
-from gpuops.model.evaluation import TargetState
+from gpuops.model.evaluation.state import TargetState
 from gpuops.model.records import decision_doc
 from gpuops.store.codecs import target_state_doc
 

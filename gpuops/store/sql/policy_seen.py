@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from gpuops.model.evaluation import PolicyState, TargetState
+from gpuops.model.evaluation.state import PolicyState, TargetState
 
 REFRESH_S = 300.0
 """A target whose only change is ``last_seen`` and ``value`` (every evaluation of a pending or

@@ -20,7 +20,7 @@ from pathlib import Path
 from sys import intern
 
 from gpuops.model.decisions import freeze
-from gpuops.model.evaluation import PolicyState, TargetState
+from gpuops.model.evaluation.state import PolicyState, TargetState
 from gpuops.store.codecs import target_state_from_doc
 from gpuops.store.errors import StateRowError
 from gpuops.store.sql.base import Connection, SqlBase

@@ -3,7 +3,7 @@ issue 15) read as ``render`` makes them: every placeholder, a missing label, no 
 
 from __future__ import annotations
 
-from gpuops.model.evaluation import _render
+from gpuops.model.evaluation.machine import render_annotation as _render
 from gpuops.model.rules.templating import render
 
 TEMPLATES = [

@@ -5,7 +5,7 @@ where it stops reading early (issue 15: more values of a label than are narrowed
 from __future__ import annotations
 
 from gpuops.model.decisions import freeze
-from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.runtime.cycle.clears import narrowed_clear as _narrowed_clear
 from gpuops.sources.promql import NARROW_MAX_TARGETS, narrowed
 

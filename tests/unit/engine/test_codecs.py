@@ -21,7 +21,7 @@ from gpuops.model.decisions import (
     Verdict,
     freeze,
 )
-from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.model.guardrails import Execution, GuardrailState
 from gpuops.model.records import decision_doc, decision_from_doc, outcome_doc, outcome_from_doc
 from gpuops.store.codecs import (

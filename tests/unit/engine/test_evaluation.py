@@ -16,7 +16,10 @@ from gpuops.model.decisions import (
     decision_id,
     freeze,
 )
-from gpuops.model.evaluation import PolicyState, QueryResult, Status, evaluate, failed, settle
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.settling import failed, settle
+from gpuops.model.evaluation.state import PolicyState, Status
+from gpuops.model.evaluation.step import QueryResult
 from gpuops.model.rules.model import Policy
 
 POLICY = Policy(

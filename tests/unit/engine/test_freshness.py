@@ -6,7 +6,9 @@ tests/integration/test_freshness_prometheus.py."""
 from __future__ import annotations
 
 from gpuops.model.decisions import ActionSpec, Sample, freeze
-from gpuops.model.evaluation import Freshness, PolicyState, QueryResult, Status, evaluate
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.state import PolicyState, Status
+from gpuops.model.evaluation.step import Freshness, QueryResult
 from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput

@@ -15,7 +15,9 @@ from gpuops.model.decisions import (
     decision_id,
     freeze,
 )
-from gpuops.model.evaluation import PolicyState, QueryResult, evaluate
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.state import PolicyState
+from gpuops.model.evaluation.step import QueryResult
 from gpuops.model.guardrails import Context, GuardrailState, judge, judge_step
 from gpuops.model.rules.model import Policy
 

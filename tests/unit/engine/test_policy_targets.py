@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuops.model.decisions import freeze
-from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.model.guardrails import GuardrailState
 from gpuops.store.errors import StateError, StateRowError
 from gpuops.store.sql.policy_seen import REFRESH_S

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition, freeze
-from gpuops.model.evaluation import PolicyState, Status, TargetState
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.model.records import decision_doc, decision_from_doc
 from gpuops.store.codecs import target_state_doc as _target_state_to_dict
 from gpuops.store.interface import DecisionStatus

@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpuops.model.decisions import ActionSpec, Sample, Target, Vector, Verdict, freeze
-from gpuops.model.evaluation import (
-    PolicyState,
-    QueryResult,
-    Status,
-    Step,
-    TargetState,
-    evaluate,
-    settle,
-)
+from gpuops.model.evaluation.evaluator import evaluate
+from gpuops.model.evaluation.settling import settle
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
+from gpuops.model.evaluation.step import QueryResult, Step
 from gpuops.model.rules.model import Policy
 from gpuops.model.staleness import StaleInput
 from gpuops.sources import QueryError
@@ -381,7 +376,8 @@ def test_settling_a_state_seen_again_gives_what_settling_it_merged_gives(tmp_pat
     merged state's is one: an undo held back (a clearing target: not quiet), a fire held
     back on a base target (its retry time), both."""
     from gpuops.model.decisions import Transition
-    from gpuops.model.evaluation import _decide, settle_all
+    from gpuops.model.evaluation.machine import decide as _decide
+    from gpuops.model.evaluation.settling import settle_all
 
     uuids = [f"u{i}" for i in range(6)]
     none = decode_vector([], "c")
@@ -476,7 +472,7 @@ def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
     rows; failed and stale queries now and then (they advance no timer), and a restart
     (each path's state read back from its own store, as a restarted engine reads it) after
     which no decision of before is made again."""
-    from gpuops.model.evaluation import Freshness
+    from gpuops.model.evaluation.step import Freshness
 
     fresh = Freshness(max_sample_age_s=100)
     paths = [tmp_path / "fast.sqlite", tmp_path / "slow.sqlite"]
