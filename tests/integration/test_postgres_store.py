@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuops.cli import cli
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
 from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from gpuops.store.errors import DatabaseUnavailable, FencedError, StateError
@@ -148,16 +149,17 @@ def test_policy_targets_approvals_quota_inbox_and_controls_alike(store: Any) -> 
     assert store.move_quota_request(applying, QuotaStatus.PENDING)
     assert not store.move_quota_request(applying, QuotaStatus.PENDING), "compare and set"
     assert store.quota_requests(QuotaStatus.APPLYING) == [applying]
-    items = store.inbox_add([{"fingerprint": "x"}, {"fingerprint": "y"}], 1.0)
-    assert [dict(i.alert) for i in store.inbox()] == [{"fingerprint": "x"}, {"fingerprint": "y"}]
+    x, y = (Alert(f, AlertStatus.FIRING, freeze({})) for f in "xy")
+    items = store.inbox_add([x, y], 1.0)
+    assert [i.alert for i in store.inbox()] == [x, y]
     store.inbox_done(items[0])
     assert [i.id for i in store.inbox()] == items[1:]
     key = AlertKey("f", "t", "firing")
     assert not store.seen_alert(key, 1.0)
     assert store.seen_alert(key, 2.0), "a retried webhook"
     assert store.alert_known(key)
-    store.save_early_resolve("d9", {"a": 1}, 1.0)
-    assert dict(store.take_early_resolve("d9") or {}) == {"a": 1}
+    store.save_early_resolve("d9", x, 1.0)
+    assert store.take_early_resolve("d9") == x
     assert store.take_early_resolve("d9") is None
     store.set_control("paused", "ops@1")
     store.set_control("paused", "ops@2")
@@ -167,7 +169,7 @@ def test_policy_targets_approvals_quota_inbox_and_controls_alike(store: Any) -> 
 def test_an_inbox_batch_is_read_and_recorded_alike(store: Any) -> None:
     """What the alert inbox's worker reads and writes for a batch: which episodes are known,
     the stored decisions among a batch's ids (past 500: several queries), one record."""
-    items = store.inbox_add([{"fingerprint": f"f{i}"} for i in range(3)], 1.0)
+    items = store.inbox_add([Alert(f"f{i}", AlertStatus.FIRING, freeze({})) for i in range(3)], 1.0)
     known = AlertKey("f0", "t", "firing")
     store.alerts_handled([known], items[:2], 2.0)
     assert [i.id for i in store.inbox()] == items[2:]

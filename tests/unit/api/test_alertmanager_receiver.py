@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuops.api.schemas import Alert as AlertIn
 from gpuops.model.alerts import Alert, AlertStatus
+from gpuops.store.codecs import alert_doc, alert_from_doc
 from gpuops.store.errors import StateError
 from gpuops.store.sqlite import StateStore
 from tests.unit.api.harness import Harness, running_api
@@ -241,3 +243,23 @@ def test_an_inbox_row_of_an_older_engine_loads_and_is_handled(tmp_path: Path) ->
         api.settle()
         assert len(api.executed(POLICY)) == 2
         assert api.engine.store.inbox() == []
+
+
+def test_an_alert_is_stored_as_the_webhook_sent_it() -> None:
+    """The inbox's rows hold the validated webhook item's JSON, key for key and in its order
+    (``gpuops.store.codecs.alert_doc``), and read back as the same value."""
+    item = AlertIn.model_validate(
+        {
+            "status": "resolved",
+            "labels": {"alertname": "GPUFellOffBus", "node": "n1"},
+            "annotations": {"summary": "gone"},
+            "startsAt": "2030-01-01T00:00:00Z",
+            "endsAt": "2030-01-01T00:05:00Z",
+            "generatorURL": "http://prometheus/graph",
+            "fingerprint": "f1",
+            "silencedBy": [],
+        }
+    )
+    stored = alert_doc(item.value())
+    assert list(stored.items()) == list(item.model_dump().items())
+    assert alert_from_doc(json.loads(json.dumps(stored))) == item.value()

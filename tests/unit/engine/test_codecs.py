@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import (
     ActionSpec,
     Decision,
@@ -226,7 +227,8 @@ def test_a_quota_request_of_an_older_version_reads_with_defaults() -> None:
 
 
 def test_inbox_alerts_and_early_resolves_round_trip(store: StateStore) -> None:
-    alert = {"status": "firing", "labels": {"alertname": "X", "node": "n/1"}, "startsAt": "t"}
+    labels = freeze({"alertname": "X", "node": "n/1"})
+    alert = Alert("fp", AlertStatus.FIRING, labels, starts_at="t")
     (item,) = store.inbox_add([alert], 5.0)
     assert store.inbox() == [InboxItem(item, alert, 5.0)]
     assert alert_from_doc(alert_doc(alert)) == alert
@@ -235,8 +237,9 @@ def test_inbox_alerts_and_early_resolves_round_trip(store: StateStore) -> None:
     assert store.alert_known(key) and store.seen_alert(key, 7.0)  # a retried webhook
     store.forget_alert(key)
     assert not store.alert_known(key)
-    store.save_early_resolve("f1", {**alert, "status": "resolved"}, 8.0)
-    assert store.take_early_resolve("f1") == {**alert, "status": "resolved"}
+    resolved = replace(alert, status=AlertStatus.RESOLVED)
+    store.save_early_resolve("f1", resolved, 8.0)
+    assert store.take_early_resolve("f1") == resolved
     assert store.take_early_resolve("f1") is None  # handled once
 
 
