@@ -2,18 +2,17 @@
 
 Routes live under ``/api/v1`` (one module per resource in ``gpuops.api.routes``), behind
 ``gpuops.api.middleware`` (size limit, authentication, audit of every call) and the permission
-checks
-of ``gpuops.api.auth``. ``/healthz`` and ``/metrics`` are open and not audited. No global app:
-``gpuops engine run`` (through ``gpuops.api.server``) and the tests each build their own.
+checks of ``gpuops.api.auth``. ``/healthz`` and ``/metrics`` are open and not audited. No global
+app: ``gpuops engine run`` (through ``gpuops.api.server``) and the tests each build their own.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,8 +22,10 @@ from gpuops import __version__
 from gpuops.api.console import mount_console
 from gpuops.api.context import ApiContext
 from gpuops.api.docs import mount_docs
-from gpuops.api.middleware import ApiGate
+from gpuops.api.middleware import ApiMiddleware
+from gpuops.api.responses.engine import HealthOut, LeadershipOut, LeaseOut
 from gpuops.api.routes import alertmanager, audit, control, decisions, quota, rules
+from gpuops.api.schemas import InvalidRequestOut, ProblemOut, Responses, refusal
 from gpuops.api.tokens import TokenStore
 from gpuops.runtime import Engine
 from gpuops.runtime.leadership import NotLeaderError
@@ -64,14 +65,12 @@ def create_app(
         redoc_url=None,
     )
     app.state.api = context
-    errors: dict[int | str, dict[str, Any]] = {
-        code: {"description": text, "content": {"application/json": {}}}
-        for code, text in (
-            (401, "No or an invalid token."),
-            (403, "The user's roles lack the permission."),
-            (413, "The body is too large."),
-        )
-    }
+    errors: Responses = (
+        refusal(401, "No or an invalid token.")
+        | refusal(403, "The user's roles lack the permission.")
+        | refusal(413, "The body is too large.")
+        | refusal(422, "The request does not validate.", InvalidRequestOut)
+    )
     for module in (rules, decisions, quota, control, alertmanager, audit):
         app.include_router(module.router, prefix=PREFIX, responses=errors)
     mount_docs(app, f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc")
@@ -81,7 +80,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(NotLeaderError, _not_leader)
     app.add_middleware(
-        ApiGate,
+        ApiMiddleware,
         tokens=tokens,
         record=engine.audit.operation,
         max_body_bytes=settings.max_body_bytes,
@@ -90,29 +89,29 @@ def create_app(
         open_paths=frozenset({f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc"}),
     )
 
-    @app.get("/healthz", tags=["meta"])
-    def healthz() -> JSONResponse:
+    @app.get("/healthz", tags=["meta"], responses={503: {"model": HealthOut}})
+    def healthz(response: Response) -> HealthOut:
         """Health: the process answers, its state file can be read, and its audit spool takes
         intents (503 with the reason when it does not: then no action runs). ``degraded`` (200)
         names the policies whose stored state cannot be read (not evaluated; docs/state.md)."""
         problem = engine.problem()
         degraded = engine.degraded()
+        paused: bool | None = None
+        kill_switch: bool | None = None
         try:
-            controls: dict[str, Any] = {
-                "paused": engine.paused(),
-                "kill_switch": engine.kill_switch_on(),
-            }
+            paused, kill_switch = engine.paused(), engine.kill_switch_on()
         except StateError as exc:  # the state database cannot be reached (docs/ha.md)
-            controls = {}
             problem = problem or f"the state cannot be read: {exc}"
-        status = "unhealthy" if problem is not None else "degraded" if degraded else "ok"
-        body: dict[str, Any] = {"status": status, **controls}
         if problem is not None:
-            body["reason"] = problem
-        if degraded:
-            body["degraded"] = degraded
-        body["leadership"] = _leadership(engine)
-        return JSONResponse(body, 200 if problem is None else 503)
+            response.status_code = 503
+        return HealthOut(
+            status="unhealthy" if problem is not None else "degraded" if degraded else "ok",
+            paused=paused,
+            kill_switch=kill_switch,
+            reason=problem,
+            degraded=degraded or None,
+            leadership=_leadership(engine),
+        )
 
     @app.get("/metrics", tags=["meta"], response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:
@@ -125,17 +124,19 @@ def create_app(
     return app
 
 
-def _leadership(engine: Engine) -> dict[str, Any]:
+def _leadership(engine: Engine) -> LeadershipOut:
     """``/healthz``'s leadership block: this replica's role, and the lease as last read."""
-    leading = engine.leading()
-    body: dict[str, Any] = {"role": "leader" if leading else "standby", "replica": engine.replica}
+    role: Literal["leader", "standby"] = "leader" if engine.leading() else "standby"
     info = engine.leadership.leader()
-    if info is not None:
-        live = info.expires_in > 0
-        body.update(
-            {"leader": info.holder if live else None, "epoch": info.epoch, "leader_url": info.url}
-        )
-    return body
+    if info is None:
+        return LeadershipOut(role=role, replica=engine.replica)
+    return LeaseOut(
+        role=role,
+        replica=engine.replica,
+        leader=info.holder if info.expires_in > 0 else None,
+        epoch=info.epoch,
+        leader_url=info.url,
+    )
 
 
 async def _not_leader(request: Request, exc: Exception) -> JSONResponse:
@@ -164,9 +165,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """422 with every problem as ``where: what`` (inputs are not echoed back)."""
     assert isinstance(exc, RequestValidationError)
     problems = [
-        {"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", ""))}
+        ProblemOut(loc=[str(p) for p in err.get("loc", ())], msg=str(err.get("msg", "")))
         for err in exc.errors()
     ]
-    reason = "; ".join(f"{'.'.join(p['loc'])}: {p['msg']}" for p in problems) or "invalid request"
+    reason = "; ".join(f"{'.'.join(p.loc)}: {p.msg}" for p in problems) or "invalid request"
     _remember(request, reason)
-    return JSONResponse({"detail": reason, "errors": problems}, 422)
+    answer = InvalidRequestOut(detail=reason, errors=problems)
+    return JSONResponse(answer.model_dump(mode="json"), 422)

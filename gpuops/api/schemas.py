@@ -1,7 +1,8 @@
-"""Request bodies the API validates (pydantic), and the shapes of its common answers.
+"""Request bodies the API validates (pydantic), and the refusals every route may answer.
 
-Used by the route modules of ``gpuops.api.routes``; FastAPI turns them into the OpenAPI spec.
-Unknown fields in user requests are errors; Alertmanager payloads tolerate new fields.
+Used by the route modules of ``gpuops.api.routes``; FastAPI turns them into the OpenAPI spec
+(the answers of each resource are in ``gpuops.api.responses``). Unknown fields in user
+requests are errors; Alertmanager payloads tolerate new fields.
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
-from gpuops.model.alerts import Alert as AlertValue
-from gpuops.model.alerts import AlertStatus
-from gpuops.model.decisions import freeze
+from gpuops.api.responses import Out, absent_when_none
 from gpuops.model.rules.durations import parse_duration
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,199}$"
@@ -22,8 +22,36 @@ FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\.ya?ml$"
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-class ErrorOut(BaseModel):
-    detail: Any = Field(description="Why the request was refused.")
+class ErrorOut(Out):
+    """A refusal (4xx) or an engine that cannot take the request now (503)."""
+
+    detail: str = Field(description="Why the request was refused.")
+
+
+Responses = dict[int | str, dict[str, Any]]
+"""What a route's ``responses=`` documents besides its answer: status -> model, description."""
+
+
+def refusal(status: int, description: str, model: object = ErrorOut) -> Responses:
+    """The OpenAPI of one refusal a route may answer (``model``: a class, or a union of them)."""
+    return {status: {"model": model, "description": description}}
+
+
+STANDBY = refusal(503, "A write sent to a standby replica: X-Gpuops-Leader names the leader.")
+"""What a route that changes the engine's state answers on a standby (docs/ha.md)."""
+
+
+class ProblemOut(Out):
+    loc: list[str] = Field(description="Where: body, query, path or header, then the field.")
+    msg: str
+
+
+class InvalidRequestOut(Out):
+    """422: the request does not validate (``errors``, one per problem), or a value in it
+    cannot be used (``detail`` only)."""
+
+    detail: str = Field(description="Every problem as where: what, joined by '; '.")
+    errors: list[ProblemOut] | SkipJsonSchema[None] = absent_when_none()
 
 
 class QuotaRequestIn(BaseModel):
@@ -72,18 +100,6 @@ class Alert(BaseModel):
     generatorURL: str = Field(default="", max_length=4096)
     fingerprint: str = Field(min_length=1, max_length=64)
 
-    def value(self) -> AlertValue:
-        """The alert as the engine takes it (``gpuops.model.alerts.Alert``, frozen)."""
-        return AlertValue(
-            fingerprint=self.fingerprint,
-            status=AlertStatus(self.status),
-            labels=freeze(self.labels),
-            annotations=freeze(self.annotations),
-            starts_at=self.startsAt,
-            ends_at=self.endsAt,
-            generator_url=self.generatorURL,
-        )
-
 
 class AlertmanagerPayload(BaseModel):
     """Alertmanager's webhook notification, version 4.
@@ -110,12 +126,3 @@ class AlertmanagerPayload(BaseModel):
 
 class AlertsQueued(BaseModel):
     queued: int
-
-
-class ControlState(BaseModel):
-    paused: bool
-    kill_switch: bool
-    dry_run: bool
-    """The engine runs with ``--dry-run`` (or ``guardrails.dry_run``): it executes nothing."""
-    policies: int
-    version: str

@@ -115,8 +115,8 @@ def grant(
     _reason(request, reason, "Granting")
     doc = grant_approval(decision_id, c.context, viewer.principal)
     text = (
-        f"Granted: {doc['action']['type'] if doc.get('action') else 'the action'} on "
-        f"{doc['target']['key']} — verdict {doc['verdict']}. The action runs now unless a "
+        f"Granted: {doc.action.type if doc.action else 'the action'} on "
+        f"{doc.target.key} — verdict {doc.verdict}. The action runs now unless a "
         "guardrail holds it; the decision page shows the outcome."
     )
     return _done(request, viewer, "Approval granted", text, f"/decisions/{decision_id}")
@@ -135,7 +135,7 @@ def deny(
     need(viewer, Permission.APPROVALS_DECIDE, "Denying an approval")
     _reason(request, reason, "Denying")
     doc = deny_approval(decision_id, c.context, viewer.principal)
-    text = f"Denied: nothing runs on {doc['target']['key']}."
+    text = f"Denied: nothing runs on {doc.target.key}."
     return _done(request, viewer, "Approval denied", text, f"/decisions/{decision_id}")
 
 
@@ -162,7 +162,7 @@ def submit_quota(
         )
         raise Refused(422, f"the quota request was not submitted: {problems}") from None
     doc = submit_quota_request(body, c.context, viewer.principal)
-    text = f"Request {doc['id']} for {doc['gpus']} GPUs ({doc['project']}) waits for an admin."
+    text = f"Request {doc.id} for {doc.gpus} GPUs ({doc.project}) waits for an admin."
     return _done(request, viewer, "Quota requested", text, "/quota")
 
 
@@ -185,8 +185,8 @@ def decide_quota(
     else:
         request.state.gpuops_action = "deny_quota_request"
         doc = deny_quota_request(request_id, c.context, viewer.principal)
-    text = f"Request {doc['id']} ({doc['project']}, {doc['gpus']} GPUs) is {doc['status']}."
-    return _done(request, viewer, f"Quota request {doc['status']}", text, "/quota")
+    text = f"Request {doc.id} ({doc.project}, {doc.gpus} GPUs) is {doc.status}."
+    return _done(request, viewer, f"Quota request {doc.status}", text, "/quota")
 
 
 @router.post("/rules/validate", name="validate_rules", response_class=HTMLResponse)

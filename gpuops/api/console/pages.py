@@ -161,7 +161,7 @@ def decisions_page(
         request,
         "decisions.html",
         viewer,
-        decisions=found["decisions"],
+        decisions=found.decisions,
         policies=sorted(p.name for p in c.context.engine.rules.policies()),
         verdicts=VERDICTS,
         filters={
@@ -219,7 +219,7 @@ def approvals_page(
         request,
         "approvals.html",
         viewer,
-        approvals=found["approvals"],
+        approvals=found.approvals,
         status=status,
         statuses=APPROVAL_STATUSES,
         can_decide=viewer.can(Permission.APPROVALS_DECIDE),
@@ -229,13 +229,13 @@ def approvals_page(
 @router.get("/quota", name="list_quota_requests", response_class=HTMLResponse)
 def quota_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
     need(viewer, Permission.QUOTA_READ, "The quota requests page")
-    found = list_quota_requests(c.context, viewer.principal)["requests"]
+    found = list_quota_requests(c.context, viewer.principal).requests
     return render(
         request,
         "quota.html",
         viewer,
         requests=found,
-        active=[r for r in found if r["status"] == "active"],
+        active=[r for r in found if r.status == "active"],
         settings=c.context.settings.quota,
         can_request=viewer.can(Permission.QUOTA_REQUEST),
         can_decide=viewer.can(Permission.QUOTA_DECIDE),
@@ -249,12 +249,12 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
     loaded = list_rules(c.context, viewer.principal)
     metrics = engine.metrics.registry
     policies = []
-    for doc in loaded["policies"]:
-        labels = {"group": doc["group"], "policy": doc["name"]}
-        last = engine.store.decisions(doc["name"], None, 1)
+    for doc in loaded.policies:
+        labels = {"group": doc.group, "policy": doc.name}
+        last = engine.store.decisions(doc.name, None, 1)
         policies.append(
             {
-                **doc,
+                **doc.model_dump(),
                 "evaluations": metrics.get_sample_value("gpuops_engine_evaluations_total", labels)
                 or 0,
                 "last_decision": last[0].decision.at if last else None,
@@ -271,10 +271,10 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
         request,
         "rules.html",
         viewer,
-        files=loaded["files"],
+        files=loaded.files,
         policies=policies,
         disk_errors=disk_errors,
-        reload=loaded["reload"],
+        reload=loaded.reload,
         last_reload=metrics.get_sample_value("gpuops_engine_last_reload_success_timestamp_seconds")
         or None,
         failed_reloads=metrics.get_sample_value(
@@ -321,8 +321,7 @@ def _audit_documents(
         stream=f.stream,  # type: ignore[arg-type]
         limit=limit,
     )
-    documents: list[dict[str, Any]] = found["documents"]
-    return documents
+    return found.documents
 
 
 Filters = Annotated[AuditFilters, Depends()]

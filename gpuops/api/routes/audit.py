@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
-from gpuops.api.schemas import NAME_PATTERN
+from gpuops.api.responses.audit import AuditSearchOut
+from gpuops.api.schemas import NAME_PATTERN, refusal
 from gpuops.api.tokens import Permission, Principal
 from gpuops.audit.client import make_client
 from gpuops.audit.errors import ElasticsearchError
@@ -39,7 +40,7 @@ def _backend(ctx: ApiContext) -> Iterator[Backend]:
         client.close()
 
 
-@router.get("/audit")
+@router.get("/audit", responses=refusal(503, "The audit store cannot be searched now."))
 def search_audit(
     ctx: Ctx,
     _: Reader,
@@ -52,7 +53,7 @@ def search_audit(
     text: Annotated[str | None, Query(max_length=256)] = None,
     stream: Literal["all", "decision", "audit"] = "all",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> Any:
+) -> AuditSearchOut:
     """Audit documents (ECS), newest first; every criterion given must hold."""
     try:
         window = parse_duration(since)
@@ -80,4 +81,4 @@ def search_audit(
             documents = backend.search(query)
     except ElasticsearchError as exc:
         raise HTTPException(503, f"audit store unavailable: {exc}") from None
-    return {"documents": documents, "count": len(documents)}
+    return AuditSearchOut(documents=documents, count=len(documents))

@@ -3,14 +3,16 @@ users). Controls are persisted by the engine, so they survive a restart."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from gpuops import __version__
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
-from gpuops.api.schemas import ControlState
+from gpuops.api.responses.auth import UsersReloadedOut, WhoAmIOut
+from gpuops.api.responses.engine import ControlState
+from gpuops.api.schemas import STANDBY, InvalidRequestOut, refusal
 from gpuops.api.tokens import Permission, Principal, TokensError
 
 router = APIRouter()
@@ -38,20 +40,20 @@ def engine_status(
     return _state(ctx)
 
 
-@router.post("/engine/pause", tags=["engine"])
+@router.post("/engine/pause", tags=["engine"], responses=STANDBY)
 def pause_engine(ctx: Ctx, principal: Control) -> ControlState:
     """Stop acting: decisions are still taken and audited, as suppressed."""
     ctx.engine.set_control("paused", True, principal.name)
     return _state(ctx)
 
 
-@router.post("/engine/resume", tags=["engine"])
+@router.post("/engine/resume", tags=["engine"], responses=STANDBY)
 def resume_engine(ctx: Ctx, principal: Control) -> ControlState:
     ctx.engine.set_control("paused", False, principal.name)
     return _state(ctx)
 
 
-@router.post("/engine/kill-switch/{state}", tags=["engine"])
+@router.post("/engine/kill-switch/{state}", tags=["engine"], responses=STANDBY)
 def set_kill_switch(state: Literal["on", "off"], ctx: Ctx, principal: Control) -> ControlState:
     """No action runs while it is on (a kill-switch file, when configured, also counts)."""
     ctx.engine.set_control("kill_switch", state == "on", principal.name)
@@ -59,20 +61,24 @@ def set_kill_switch(state: Literal["on", "off"], ctx: Ctx, principal: Control) -
 
 
 @router.get("/auth/whoami", tags=["auth"])
-def whoami(request: Request) -> Any:
+def whoami(request: Request) -> WhoAmIOut:
     """The caller's user name, roles and permissions."""
     principal: Principal = request.state.principal
-    permissions = sorted(p.value for p in Permission if principal.can(p))
-    return {"name": principal.name, "roles": list(principal.roles), "permissions": permissions}
+    permissions = sorted((p for p in Permission if principal.can(p)), key=lambda p: p.value)
+    return WhoAmIOut(name=principal.name, roles=list(principal.roles), permissions=permissions)
 
 
-@router.post("/auth/reload", tags=["auth"])
+@router.post(
+    "/auth/reload",
+    tags=["auth"],
+    responses=refusal(422, "The users cannot be read; the current ones stay.", InvalidRequestOut),
+)
 def reload_users(
     ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.AUTH_RELOAD))]
-) -> Any:
+) -> UsersReloadedOut:
     """Read the tokens file (and variable) again; on error the current users stay (422)."""
     try:
         users = ctx.tokens.reload()
     except TokensError as exc:
         raise HTTPException(422, f"users not reloaded, the current ones stay: {exc}") from None
-    return {"users": users}
+    return UsersReloadedOut(users=users)

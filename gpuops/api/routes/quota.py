@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, status
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
-from gpuops.api.schemas import ID_PATTERN, QuotaRequestIn
+from gpuops.api.responses.quota import QuotaRequestOut, QuotaRequestsOut
+from gpuops.api.schemas import ID_PATTERN, STANDBY, QuotaRequestIn, refusal
 from gpuops.api.tokens import Permission, Principal
-from gpuops.runtime.quota import QuotaError, QuotaRequest, QuotaStatus, request_doc
+from gpuops.runtime.quota import QuotaError, QuotaRequest, QuotaStatus
 
 router = APIRouter(tags=["quota"])
 
@@ -30,12 +31,16 @@ Status = Literal[
 ]
 
 
-@router.post("/quota-requests", status_code=status.HTTP_201_CREATED)
+_UNKNOWN = refusal(404, "No such quota request.")
+_NOT_PENDING = refusal(409, "The request is not pending, or its grant cannot run.")
+
+
+@router.post("/quota-requests", status_code=status.HTTP_201_CREATED, responses=STANDBY)
 def submit_quota_request(
     body: QuotaRequestIn,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Permission.QUOTA_REQUEST))],
-) -> Any:
+) -> QuotaRequestOut:
     """Ask for ``gpus`` more GPUs for ``project`` for ``duration``; an admin approves it."""
     assert isinstance(body.duration, float)
     try:
@@ -44,7 +49,7 @@ def submit_quota_request(
         )
     except QuotaError as exc:
         raise HTTPException(422, str(exc)) from None
-    return request_doc(request)
+    return QuotaRequestOut.of(request)
 
 
 @router.get("/quota-requests")
@@ -52,21 +57,21 @@ def list_quota_requests(
     ctx: Ctx,
     _: Annotated[Principal, Depends(require(Permission.QUOTA_READ))],
     status: Status | None = None,
-) -> Any:
+) -> QuotaRequestsOut:
     """Quota requests, newest first."""
     found = ctx.quota.requests(None if status is None else QuotaStatus(status))
-    return {"requests": [request_doc(r) for r in found]}
+    return QuotaRequestsOut(requests=[QuotaRequestOut.of(r) for r in found])
 
 
-@router.get("/quota-requests/{request_id}")
+@router.get("/quota-requests/{request_id}", responses=_UNKNOWN)
 def show_quota_request(
     request_id: RequestId,
     ctx: Ctx,
     _: Annotated[Principal, Depends(require(Permission.QUOTA_READ))],
-) -> Any:
+) -> QuotaRequestOut:
     """One quota request."""
     try:
-        return request_doc(ctx.quota.get(request_id))
+        return QuotaRequestOut.of(ctx.quota.get(request_id))
     except LookupError as exc:
         raise HTTPException(404, str(exc.args[0])) from None
 
@@ -80,23 +85,23 @@ def _settle(ctx: ApiContext, request_id: str, user: str, approve: bool) -> Quota
         raise HTTPException(409, str(exc)) from None
 
 
-@router.post("/quota-requests/{request_id}/approve")
+@router.post("/quota-requests/{request_id}/approve", responses=_UNKNOWN | _NOT_PENDING | STANDBY)
 def approve_quota_request(
     request_id: RequestId,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Permission.QUOTA_DECIDE))],
-) -> Any:
+) -> QuotaRequestOut:
     """Approve and apply a pending request (its executor's grant verb runs now; while the
     engine runs in dry-run nothing runs and the request is ``dry_run``)."""
     request = _settle(ctx, request_id, principal.name, approve=True)
-    return request_doc(request)
+    return QuotaRequestOut.of(request)
 
 
-@router.post("/quota-requests/{request_id}/deny")
+@router.post("/quota-requests/{request_id}/deny", responses=_UNKNOWN | _NOT_PENDING | STANDBY)
 def deny_quota_request(
     request_id: RequestId,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Permission.QUOTA_DECIDE))],
-) -> Any:
+) -> QuotaRequestOut:
     """Refuse a pending request."""
-    return request_doc(_settle(ctx, request_id, principal.name, approve=False))
+    return QuotaRequestOut.of(_settle(ctx, request_id, principal.name, approve=False))

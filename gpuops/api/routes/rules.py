@@ -15,19 +15,33 @@ import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
-from gpuops.api.schemas import FILE_PATTERN, NAME_PATTERN
+from gpuops.api.responses.rules import (
+    LastEvaluationOut,
+    PolicyDetailOut,
+    ReloadOut,
+    ReloadRefusedOut,
+    ReloadStateOut,
+    RuleFileRefusedOut,
+    RuleFilesOut,
+    RuleFileWrittenOut,
+    RulesOut,
+    ValidationOut,
+    listed_policy,
+    problems,
+)
+from gpuops.api.schemas import FILE_PATTERN, NAME_PATTERN, InvalidRequestOut, Responses, refusal
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.rules.loader import load_rules_text, rule_files
-from gpuops.model.rules.model import Policy, RuleError, RulesError
+from gpuops.model.rules.model import RulesError
 from gpuops.model.rules.promql import PromtoolError
 from gpuops.offline.rulecheck import (  # the registry checks, never runs
     ExecutorRegistry,
@@ -41,55 +55,26 @@ router = APIRouter(tags=["rules"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 PolicyName = Annotated[str, PathParam(pattern=NAME_PATTERN, description="Policy name.")]
 FileName = Annotated[str, PathParam(pattern=FILE_PATTERN, description="Rule file name.")]
-_TEXT_BODY: dict[str, Any] = {
+_FILE_TEXT: Responses = {
+    200: {
+        "description": "The file (YAML).",
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
+_TEXT_BODY = {
     "requestBody": {
         "required": True,
         "content": {"text/plain": {"schema": {"type": "string", "maxLength": 1048576}}},
         "description": "A rule file (YAML).",
     }
 }
-
-
-def policy_doc(policy: Policy, detail: bool = False) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "name": policy.name,
-        "group": policy.group,
-        "mode": policy.mode,
-        "action": {"type": policy.action.type, "executor": policy.action.executor},
-        "trigger": dict(policy.trigger_alertmanager) if policy.trigger_alertmanager else None,
-        "schedule": policy.schedule,
-        "source": policy.source,
-    }
-    if detail:
-        doc.update(
-            description=policy.description,
-            expr=policy.expr,
-            clear_expr=policy.clear_expr,
-            for_s=policy.for_s,
-            keep_firing_for_s=policy.keep_firing_for_s,
-            target=list(policy.target) if policy.target else None,
-            on_clear=None
-            if policy.on_clear is None
-            else {"type": policy.on_clear.type, "executor": policy.on_clear.executor},
-            cooldown_s=policy.cooldown_s,
-            repeat_interval_s=policy.repeat_interval_s,
-            max_per_hour=policy.max_per_hour,
-            max_fraction=policy.max_fraction,
-            approval=policy.approval,
-            on_no_data=policy.on_no_data,
-            labels=dict(policy.labels),
-            annotations=dict(policy.annotations),
-        )
-        doc["action"]["params"] = dict(policy.action.params)
-    return doc
-
-
-def _errors(errors: list[RuleError]) -> list[dict[str, Any]]:
-    return [{"file": e.file, "line": e.line, "message": e.message, "text": str(e)} for e in errors]
+"""The OpenAPI of a route that reads its body as text itself."""
 
 
 @router.get("/rules")
-def list_rules(ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]) -> Any:
+def list_rules(
+    ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
+) -> RulesOut:
     """The running policies, each with its last evaluation (``last_evaluation``: the evaluation
     time, and ``skipped``: why it did not evaluate, e.g. a failed or stale query), and the last
     reload tried (``reload``: ok, when, its file:line errors if it failed)."""
@@ -97,44 +82,42 @@ def list_rules(ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULE
     last = ctx.engine.cycle.last_evaluation
     policies = []
     for policy in rules.policies():
-        doc = policy_doc(policy)
         seen = last.get(policy.name)
-        doc["last_evaluation"] = None if seen is None else {"at": seen.at, "skipped": seen.skipped}
-        policies.append(doc)
+        evaluated = None if seen is None else LastEvaluationOut(at=seen.at, skipped=seen.skipped)
+        policies.append(listed_policy(policy, evaluated))
     reload = ctx.engine.rulebook.last_reload
-    return {
-        "files": list(rules.files),
-        "policies": policies,
-        "reload": None
+    return RulesOut(
+        files=list(rules.files),
+        policies=policies,
+        reload=None
         if reload is None
-        else {"ok": reload.ok, "at": reload.at, "errors": list(reload.errors)},
-    }
+        else ReloadStateOut(ok=reload.ok, at=reload.at, errors=list(reload.errors)),
+    )
 
 
-@router.get("/rules/{name}")
+@router.get("/rules/{name}", responses=refusal(404, "No policy of that name is loaded."))
 def show_rule(
     name: PolicyName, ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
-) -> Any:
+) -> PolicyDetailOut:
     """One running policy, every setting."""
     policy = ctx.engine.rules.policy(name)
     if policy is None:
         raise HTTPException(404, f"no policy named {name!r} is loaded")
-    return policy_doc(policy, detail=True)
+    return PolicyDetailOut.of(policy)
 
 
-def _validate(text: str, filename: str, promql: bool, registry: ExecutorRegistry) -> dict[str, Any]:
+def _validate(text: str, filename: str, promql: bool, registry: ExecutorRegistry) -> ValidationOut:
     """The engine's checks (``gpuops.offline.rulecheck``) of one posted file; PromQL when asked."""
     try:
         ruleset = load_rules_text(text, filename)
     except RulesError as exc:
-        return {"ok": False, "policies": 0, "errors": _errors(exc.errors), "promql_checked": False}
-    result: dict[str, Any] = {
-        "policies": sum(1 for _ in ruleset.policies()),
-        "promql_checked": promql,
-    }
+        return ValidationOut(
+            ok=False, policies=0, promql_checked=False, errors=problems(exc.errors)
+        )
+    unchecked: list[str] = []  # why promtool could not check the PromQL
 
     def no_promtool(exc: PromtoolError) -> None:
-        result.update(note=f"PromQL not checked: {exc}", promql_checked=False)
+        unchecked.append(f"PromQL not checked: {exc}")
 
     errors = check_rules(
         ruleset,
@@ -142,7 +125,13 @@ def _validate(text: str, filename: str, promql: bool, registry: ExecutorRegistry
         check_promql=promql,
         without_promtool=no_promtool,
     )
-    return {"ok": not errors, **result, "errors": _errors(errors)}
+    return ValidationOut(
+        ok=not errors,
+        policies=sum(1 for _ in ruleset.policies()),
+        promql_checked=promql and not unchecked,
+        note=unchecked[-1] if unchecked else None,
+        errors=problems(errors),
+    )
 
 
 async def _text(request: Request) -> str:
@@ -152,14 +141,18 @@ async def _text(request: Request) -> str:
         raise HTTPException(400, "the body is not UTF-8 text") from None
 
 
-@router.post("/rules/validate", openapi_extra=_TEXT_BODY)
+@router.post(
+    "/rules/validate",
+    openapi_extra=_TEXT_BODY,
+    responses=refusal(400, "The body is not UTF-8 text."),
+)
 async def validate_rules(
     request: Request,
     ctx: Ctx,
     _: Annotated[Principal, Depends(require(Permission.RULES_VALIDATE))],
     filename: Annotated[str, Query(pattern=FILE_PATTERN)] = "posted.yaml",
     promql: Annotated[bool, Query(description="Also check PromQL with promtool.")] = False,
-) -> Any:
+) -> ValidationOut:
     """Validate a rule file (the body, YAML) as the engine would load it (executor verbs and
     params included); errors are ``file:line: message``."""
     text = await _text(request)
@@ -167,27 +160,35 @@ async def validate_rules(
     return await anyio.to_thread.run_sync(_validate, text, filename, promql, registry)
 
 
-def _reload_answer(ctx: ApiContext, shown: Callable[[str], str] = str) -> Any:
-    """Reload; on errors a 422 with each error as ``shown`` makes it."""
+def _reload(ctx: ApiContext, shown: Callable[[str], str] = str) -> ReloadOut | ReloadRefusedOut:
+    """Reload; the refusal names each error as ``shown`` makes it."""
     result = ctx.engine.reload()
     if not result.ok:
-        return JSONResponse(
-            {
-                "detail": f"rules not reloaded ({len(result.errors)} errors); "
-                f"the running {result.policies} policies stay in place",
-                "errors": [shown(e) for e in result.errors],
-            },
-            status_code=422,
+        return ReloadRefusedOut(
+            detail=f"rules not reloaded ({len(result.errors)} errors); "
+            f"the running {result.policies} policies stay in place",
+            errors=[shown(e) for e in result.errors],
         )
-    return {"ok": True, "policies": result.policies}
+    return ReloadOut(ok=True, policies=result.policies)
 
 
-@router.post("/rules/reload")
+def _refused(refusal: ReloadRefusedOut | RuleFileRefusedOut) -> JSONResponse:
+    return JSONResponse(refusal.model_dump(mode="json"), status_code=422)
+
+
+@router.post(
+    "/rules/reload",
+    response_model=ReloadOut,
+    responses=refusal(
+        422, "The rules did not load; the running ones stay.", ReloadRefusedOut | InvalidRequestOut
+    ),
+)
 def reload_rules(
     ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_WRITE))]
-) -> Any:
+) -> ReloadOut | JSONResponse:
     """Read the rule files again; on any error the running rules stay (422 with the errors)."""
-    return _reload_answer(ctx, shown=_names(ctx.engine.config.rules))
+    answer = _reload(ctx, shown=_names(ctx.engine.config.rules))
+    return _refused(answer) if isinstance(answer, ReloadRefusedOut) else answer
 
 
 def _files(ctx: ApiContext) -> dict[str, Path]:
@@ -201,15 +202,21 @@ def _files(ctx: ApiContext) -> dict[str, Path]:
 @router.get("/rule-files")
 def list_rule_files(
     ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
-) -> Any:
+) -> RuleFilesOut:
     """The rule files the engine reads."""
-    return {"files": sorted(_files(ctx))}
+    return RuleFilesOut(files=sorted(_files(ctx)))
 
 
-@router.get("/rule-files/{name}", response_class=PlainTextResponse)
+@router.get(
+    "/rule-files/{name}",
+    # the answer is text, its refusals JSON: ``Response`` (no media type of its own) keeps the
+    # refusals' schemas under application/json in the spec
+    response_class=Response,
+    responses=_FILE_TEXT | refusal(404, "No rule file of that name."),
+)
 def show_rule_file(
     name: FileName, ctx: Ctx, _: Annotated[Principal, Depends(require(Permission.RULES_READ))]
-) -> Any:
+) -> PlainTextResponse:
     """The text of one rule file."""
     path = _files(ctx).get(name)
     if path is None:
@@ -224,13 +231,25 @@ def _rules_dir(ctx: ApiContext) -> Path:
     raise HTTPException(409, "no rules directory is configured; rule files cannot be written")
 
 
-@router.put("/rule-files/{name}", openapi_extra=_TEXT_BODY)
+@router.put(
+    "/rule-files/{name}",
+    openapi_extra=_TEXT_BODY,
+    response_model=RuleFileWrittenOut,
+    responses=refusal(400, "Not UTF-8 text, or not a plain file name.")
+    | refusal(409, "No rules directory is configured.")
+    | refusal(
+        422,
+        "Not a valid rule file, or the rules do not load with it (nothing changed).",
+        RuleFileRefusedOut | ReloadRefusedOut | InvalidRequestOut,
+    )
+    | refusal(500, "The file cannot be written or put back."),
+)
 async def put_rule_file(
     name: FileName,
     request: Request,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Permission.RULES_WRITE))],
-) -> Any:
+) -> RuleFileWrittenOut | JSONResponse:
     """Write a rule file into the rules directory (validated first) and reload; when the whole
     rule set does not load, the previous file is put back (422 with the errors). Errors name
     rule files by their name in the rules directory, never by a path on the engine host."""
@@ -238,11 +257,13 @@ async def put_rule_file(
     return await anyio.to_thread.run_sync(_write_rule_file, ctx, name, text, principal.name)
 
 
-def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
+def _write_rule_file(
+    ctx: ApiContext, name: str, text: str, user: str
+) -> RuleFileWrittenOut | JSONResponse:
     checked = _validate(text, name, promql=False, registry=ctx.engine.registry)
-    if not checked["ok"]:
-        return JSONResponse(
-            {"detail": f"{name} is not a valid rule file", "errors": checked["errors"]}, 422
+    if not checked.ok:
+        return _refused(
+            RuleFileRefusedOut(detail=f"{name} is not a valid rule file", errors=checked.errors)
         )
     directory = _rules_dir(ctx)
     target = (directory / name).resolve()
@@ -256,8 +277,8 @@ def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
         raise HTTPException(
             500, f"{name} not written into the rules directory ({_reason(exc)}); nothing changed"
         ) from None
-    answer = _reload_answer(ctx, shown=_names(ctx.engine.config.rules))
-    if isinstance(answer, JSONResponse):
+    answer = _reload(ctx, shown=_names(ctx.engine.config.rules))
+    if isinstance(answer, ReloadRefusedOut):
         try:
             if previous is None:
                 target.unlink()
@@ -272,9 +293,9 @@ def _write_rule_file(ctx: ApiContext, name: str, text: str, user: str) -> Any:
                 f"remove {name} in the rules directory",
             ) from None
         ctx.engine.reload()
-        return answer
+        return _refused(answer)
     log.info("rule file %s written by %s", target, user)
-    return {**answer, "file": name}
+    return RuleFileWrittenOut(ok=answer.ok, policies=answer.policies, file=name)
 
 
 def _reason(exc: OSError) -> str:

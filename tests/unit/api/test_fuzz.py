@@ -1,6 +1,7 @@
 """Fuzzing the API against its own OpenAPI spec (schemathesis + hypothesis), once per role:
-no answer is a 5xx, none contains a token, every 4xx says why. Bounded: a few examples per
-operation, so the whole run takes well under a minute."""
+no answer is a 5xx, none contains a token, every 4xx says why, and every answer is one the spec
+declares (its status, its media type, its body's schema). Bounded: a few examples per operation,
+so the whole run takes well under a minute."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.unit.api.harness import USERS, Harness
 
@@ -43,6 +49,15 @@ def test_fuzz_every_operation(api: Harness, role: str) -> None:
             if response.status_code >= 400:
                 detail = response.json().get("detail")
                 assert detail, f"{where}: 4xx without a reason: {response.text[:300]}"
+            case.validate_response(
+                response,
+                checks=[
+                    status_code_conformance,
+                    content_type_conformance,
+                    response_schema_conformance,
+                ],
+                headers=headers,
+            )
             label = f"{case.method} {case.path}"
             seen[label] = seen.get(label, 0) + 1
 
