@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from gpuops.api.responses import Out, absent_when_none
+from gpuops.model.alerts import Alert as AlertValue
+from gpuops.model.alerts import AlertStatus
+from gpuops.model.decisions import freeze
 from gpuops.model.rules.durations import parse_duration
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_.-]{0,199}$"
@@ -99,6 +102,18 @@ class Alert(BaseModel):
     endsAt: str = Field(default="", max_length=64)
     generatorURL: str = Field(default="", max_length=4096)
     fingerprint: str = Field(min_length=1, max_length=64)
+
+    def value(self) -> AlertValue:
+        """The alert as the engine takes it (``gpuops.model.alerts.Alert``, frozen)."""
+        return AlertValue(
+            fingerprint=self.fingerprint,
+            status=AlertStatus(self.status),
+            labels=freeze(self.labels),
+            annotations=freeze(self.annotations),
+            starts_at=self.startsAt,
+            ends_at=self.endsAt,
+            generator_url=self.generatorURL,
+        )
 
 
 class AlertmanagerPayload(BaseModel):
