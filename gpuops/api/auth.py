@@ -1,7 +1,7 @@
 """Route dependencies that check the permission of the principal ``gpuops.api.middleware`` found.
 
 ``require(Permission.X)`` is used by every route under ``/api/v1``; a missing permission is a
-403 whose reason names the user, their roles and the permission (the gate audits it).
+403 whose reason names the user, their roles and the permission (the middleware audits it).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def require(permission: Permission) -> Callable[..., Principal]:
         _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> Principal:
         principal: Principal | None = getattr(request.state, "principal", None)
-        if principal is None:  # the gate authenticates every /api/v1 request first
+        if principal is None:  # the middleware authenticates every /api/v1 request first
             raise HTTPException(401, "no credentials: send 'Authorization: Bearer <token>'")
         if not principal.can(permission):
             raise HTTPException(

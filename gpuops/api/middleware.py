@@ -40,7 +40,7 @@ class _NotUtf8(Exception):
     pass
 
 
-class ApiGate:
+class ApiMiddleware:
     """Authenticates, limits and audits requests under ``prefix`` (except ``open_paths``)."""
 
     def __init__(
