@@ -1,4 +1,4 @@
-"""What the CLI shows a user (issue 16, item 4): settled approvals in ``decisions list`` and
+"""What the CLI shows a user: settled approvals in ``decisions list`` and
 ``explain``, times as times, the engine's dry-run in ``control status``, quota durations,
 real example actions in ``audit search --help``."""
 

@@ -1,6 +1,6 @@
 """The README's way to a first ``gpuops decisions list``: ``gpuops token new`` writes a tokens
 file the engine accepts, and ``gpuops engine run`` with a bad API configuration fails before it
-evaluates anything (issue 16, item 2)."""
+evaluates anything."""
 
 from __future__ import annotations
 

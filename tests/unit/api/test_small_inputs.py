@@ -1,7 +1,6 @@
-"""Issue 10, breakages 8 and 9 (the small ones): a cooldown longer than the guardrails remember
-is refused, ``gpus: true`` is not one GPU, and a rule file emptied to ``groups: []`` does not
-drop every running policy. (Before: ``cooldown: 60d`` acted again on day 31; ``true`` was 1 GPU;
-``groups: []`` unloaded every policy, logged at INFO.)"""
+"""Small inputs with large effects: a cooldown longer than the guardrails remember is refused,
+``gpus: true`` is not one GPU, and a rule file emptied to ``groups: []`` does not drop every
+running policy."""
 
 from __future__ import annotations
 
