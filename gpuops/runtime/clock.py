@@ -1,14 +1,15 @@
 """The engine's scheduler: interval jobs on the monotonic clock, cron jobs on the wall clock,
 re-anchored when the wall clock steps (docs/policies.md, "Clock").
 
-Built and owned by ``gpuops.runtime.facade.Engine`` (group evaluations, cron ``schedule``
-policies, approvals expiry, the quota ticker, audit retry, the rule watcher, pruning). One thread
+Built by ``gpuops.runtime.jobs.Jobs`` for ``gpuops.runtime.facade.Engine`` (group evaluations,
+cron ``schedule`` policies, approvals expiry, the quota ticker, audit retry, the rule watcher,
+pruning). One thread
 per engine waits on an ``Event`` for the next due job (at most ``CHECK_S``) and hands due jobs to
 a small pool; a job still running is not started again (its missed runs coalesce into one).
 
 Why not APScheduler's ``BackgroundScheduler``: 3.x keeps every job's next run time as a wall-clock
 ``datetime`` and sleeps ``next - datetime.now()``, so a step back of 1 h delays every job by an
-hour (issue 10, breakage 5), and no option changes that. Here an interval job's next run is a
+hour, and no option changes that. Here an interval job's next run is a
 ``time.monotonic()`` value, which no step moves. A cron job's next run is a wall time (cron
 means wall times); a step — wall minus monotonic changing by more than ``STEP_BOUND_S`` between
 two checks — re-anchors it to the next cron time after the new wall time: no burst of missed

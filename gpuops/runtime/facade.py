@@ -318,7 +318,7 @@ class Engine:
             jobs.every(job_id, func, interval_s, first_in=interval_s)
         jobs.every("gpuops-prune", self.prune, 6 * 3600.0)
         jobs.start()
-        self.leadership.start()  # one round now: a sole replica leads from its start
+        self.leadership.start()  # one renewal now: a sole replica leads from its start
 
     # --- leadership (docs/ha.md) -------------------------------------------------------------
     def leading(self) -> bool:

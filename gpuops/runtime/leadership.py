@@ -1,7 +1,6 @@
 """Which replica acts: ``Leadership`` renews (or campaigns for) the lease of
-``gpuops.store.postgres.Lease`` on its own thread, and answers ``leading()`` from the monotonic
-clock
-alone, so a replica that cannot renew — connection lost, process paused — stops acting
+``gpuops.store.lease.Lease`` on its own thread, and answers ``leading()`` from the monotonic
+clock alone, so a replica that cannot renew — connection lost, process paused — stops acting
 before its lease can expire in the database and another replica be elected (docs/ha.md).
 
 Built by the facade, which gates every scheduled job on ``leading()`` and hands ``fence`` to
@@ -108,7 +107,8 @@ class Leadership:
 
     # --- the lease loop --------------------------------------------------------------------
     def start(self) -> None:
-        """One round now (a sole replica leads from its start), then one per ``renew_s``."""
+        """One renewal (or campaign) now — a sole replica leads from its start — then one per
+        ``renew_s``."""
         if self._lease is None:
             return
         self.step()

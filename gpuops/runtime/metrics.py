@@ -1,6 +1,7 @@
 """The engine's own Prometheus metrics, on a registry the runtime owns (never the global one).
 
-Created by ``gpuops.runtime``; served by the runtime's metrics listener and by the API.
+Created by ``gpuops.runtime.facade.Engine`` (or handed to it) and counted by every runtime
+module; served by the engine's metrics listener and by the API.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The rulebook: the running rule set — loaded (``gpuops.model.rules.loader``), its PromQL checked
-by
-promtool and its verbs and params by the executor registry (``gpuops.offline.rulecheck``, the
-checks of
-``gpuops rules check``), watched for changes and reloaded; on any error
-the running rules stay and the errors name file:line. Built by ``gpuops.runtime.facade.Engine``,
-which reschedules the groups after a reload (``on_change``).
+"""The rulebook: the running rule set — loaded (``gpuops.model.rules.loader``), its PromQL
+checked by promtool and its verbs and params by the executor registry
+(``gpuops.offline.rulecheck``, the checks of ``gpuops rules check``), watched for changes and
+reloaded; on any error the running rules stay and the errors name file:line. Built by
+``gpuops.runtime.facade.Engine``, which reschedules the groups after a reload (``on_change``).
 """
 
 from __future__ import annotations

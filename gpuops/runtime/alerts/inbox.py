@@ -49,6 +49,8 @@ class InboxFull(Exception):
 
 
 class AlertInbox:
+    """The durable queue of received alerts and the worker that decides them."""
+
     def __init__(
         self,
         *,

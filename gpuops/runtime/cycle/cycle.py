@@ -46,6 +46,8 @@ class LastEvaluation:
 
 
 class Cycle:
+    """Evaluations of the loaded policies, and the commit every decision goes through."""
+
     def __init__(
         self,
         *,
