@@ -1,4 +1,4 @@
-"""Labels are data (issue 10, breakage 2): hostile label values through every executor.
+"""Labels are data: hostile label values through every executor.
 
 A value lands in one path segment (decoded back to itself by the receiver), in one argv entry,
 in one header, on one log line; one that cannot be made safe fails the action permanently

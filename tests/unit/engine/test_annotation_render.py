@@ -1,5 +1,6 @@
-"""A decision's annotations rendered from templates cut once (``gpuops.model.evaluation._render``,
-issue 15) read as ``render`` makes them: every placeholder, a missing label, no value."""
+"""A decision's annotations rendered from templates cut once
+(``gpuops.model.evaluation.machine.render_annotation``) read as ``render`` makes them: every
+placeholder, a missing label, no value."""
 
 from __future__ import annotations
 

@@ -239,10 +239,10 @@ def test_dry_run_is_neither_held_nor_counted_by_the_global_budget() -> None:
 
 
 def test_targets_held_by_the_global_budget_are_decided_again_only_as_it_frees_up() -> None:
-    """Main: every held target was decided again every 60 s (80,607 decisions per round at
-    50k GPUs). Now 400 firing targets, a budget of 10 per hour, 3 hours of 30 s rounds: after
-    the first round only a few decisions per round, 10 actions per hour, and no target starves
-    the queue (the held ones run in order as places free up)."""
+    """Held targets are not all decided again every ``RETRY_S`` (at 50k GPUs, some 80,000
+    decisions an evaluation): 400 firing targets, a budget of 10 per hour, 3 hours of
+    evaluations 30 s apart: after the first only a few decisions per evaluation, 10 actions per
+    hour, and no target starves the queue (the held ones run in order as places free up)."""
     policy = POLICY
     samples = tuple(Sample(freeze({"uuid": f"GPU-{i:03d}"}), 0.1, 0) for i in range(400))
     state, guard = PolicyState(), GuardrailState()

@@ -1,7 +1,8 @@
-"""The steady path of the evaluation (issue 15): answers as columns (``Vector``), target keys
-made in C, a quiet state seen again without a ``TargetState`` per target, and the store
-writing only the rows whose refresh is due. Each is checked against the general path it
-stands in for: the same decisions and the same states, round after round."""
+"""The fast paths of the evaluation (``gpuops.model.evaluation.fastpath``): answers as columns
+(``Vector``), target keys made in C, a quiet state seen again without a ``TargetState`` per
+target, and the store writing only the rows whose refresh is due. Each is checked against the
+general path it stands in for: the same decisions and the same states, evaluation after
+evaluation."""
 
 from __future__ import annotations
 
@@ -126,10 +127,9 @@ def test_the_steady_path_gives_what_the_general_path_gives() -> None:
 
 
 def test_both_paths_order_the_state_and_the_clears_as_the_answer_came() -> None:
-    """Review of issue 15 (finding 1): an answer in a new order kept the base's order on the
-    steady path and took the answer's on the general one, so the clears of absent targets
-    (judged in order, each seeing the budget used before it) came out in different orders in
-    the live engine and in the what-if."""
+    """An answer in a new order is ordered as the answer came on every path, so that the
+    clears of absent targets (judged in order, each seeing the budget used before it) come
+    out in the same order in the live engine and in the what-if."""
     policy = replace(POLICY, for_s=0, clear_expr=None, on_clear=None, target=("uuid",))
     rounds = [(0, ["u0", "u1", "u2"]), (30, ["u0", "u1", "u2"]), (60, ["u2", "u0", "u1"])]
     orders: list[list[list[str]]] = [[], []]
@@ -149,8 +149,8 @@ def test_both_paths_order_the_state_and_the_clears_as_the_answer_came() -> None:
 
 
 def test_states_sharing_a_base_are_equal_only_when_seen_at_the_same_time() -> None:
-    """Review of issue 15 (finding 2): two states sharing a base with the same values were
-    equal although seen at different times (their targets' ``last_seen`` differ)."""
+    """Two states sharing a base with the same values are not equal when seen at different
+    times (their targets' ``last_seen`` differ)."""
     base = freeze(
         {"k": TargetState(Status.FIRING, active_since=0, last_seen=0, value=0.1, labels=freeze({}))}
     )
@@ -166,7 +166,7 @@ def test_states_sharing_a_base_are_equal_only_when_seen_at_the_same_time() -> No
 def test_a_steady_state_writes_no_target_row_and_its_values_in_one_row(tmp_path: Path) -> None:
     """The store writes nothing while only values move, then, once the policy's refresh is
     due (between half of REFRESH_S and all of it), one row with every target's last_seen and
-    value (``policy_seen``, not a row per target: issue 15's refresh bursts); a restart reads
+    value (``policy_seen``, not a row per target: no refresh bursts); a restart reads
     the refreshed values."""
     uuids = [f"u{i}" for i in range(40)]
     path = tmp_path / "state.sqlite"
@@ -303,7 +303,7 @@ def _read_back(path: Path) -> dict[str, TargetState]:
     [
         (POLICY, 2),
         # a firing target gone from the answer is absent (kept for keep_firing_for): the
-        # general path's (not yet the churn path's, issue 15)
+        # general path's (not the churn path's)
         (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
         (replace(POLICY, clear_expr=None, keep_firing_for_s=0), 2),  # gone: cleared at once
         (replace(POLICY, for_s=90, target=("uuid",)), 2),
@@ -316,7 +316,7 @@ def _read_back(path: Path) -> dict[str, TargetState]:
 def test_with_churn_the_fast_paths_give_what_the_general_path_gives(
     policy: Policy, churns: int, seed: int, tmp_path: Path
 ) -> None:
-    """Issue 15, "With churn": rounds in which a tenth of the GPUs change, fed as columns
+    """With churn: evaluations in which a tenth of the GPUs change, fed as columns
     (the steady and churn paths may run) and as samples (only the general path runs), with
     verdicts that execute some fires and hold others back (retried later): the same
     decisions, in the same order, the same states in the same order, and the same rows in
@@ -350,8 +350,8 @@ def test_back_and_forth_churn_stays_on_the_churn_path_round_after_round() -> Non
     """``bench_round --churn``'s answers: after the fire, every other round one idle GPU
     turns busy and one busy GPU idle, and back. Each round after the clears takes the churn
     path (a target that went pending must not leave its start behind as the state's
-    ``Quiet.pending_since``: every other round then took the general path, ``for`` after
-    it)."""
+    ``Quiet.pending_since``, or every other round would take the general path, ``for``
+    after it)."""
     idle, busy = [f"i{n}" for n in range(10)], [f"b{n}" for n in range(10)]
     flipped = (idle[1:] + busy[:1], busy[1:] + idle[:1])
     state = PolicyState()
@@ -454,7 +454,7 @@ def _stay_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str],
     [
         (POLICY, 5),  # hysteresis: an absent firing target is kept until clear_expr matches
         (replace(POLICY, clear_expr=None, keep_firing_for_s=0), 10),
-        # absent and kept for keep_firing_for: the general path's (issue 15, not covered yet)
+        # absent and kept for keep_firing_for: the general path's (not the churn path's)
         (replace(POLICY, clear_expr=None, on_clear=None, keep_firing_for_s=45), 0),
         (replace(POLICY, repeat_interval_s=90), 5),
         (replace(POLICY, for_s=0, target=("uuid",)), 3),
@@ -464,8 +464,8 @@ def _stay_rounds(seed: int, n: int, rounds: int) -> list[tuple[float, list[str],
 def test_with_due_timers_the_fast_paths_give_what_the_general_path_gives(
     policy: Policy, fast_fires: int, tmp_path: Path
 ) -> None:
-    """Issue 15: with churn in which changed GPUs stay changed, timers come due in most
-    rounds (pending targets reach ``for``, held-back fires their retry times, the
+    """With churn in which changed GPUs stay changed, timers come due in most
+    evaluations (pending targets reach ``for``, held-back fires their retry times, the
     ``repeat_interval``): fed as columns (the steady and churn paths may run, the due
     targets alone through the state machine) and as samples (the general path only), the
     same decisions in the same order, the same states in the same order, the same stored
@@ -571,11 +571,11 @@ def test_key_index_is_each_series_position_or_none_when_a_target_repeats() -> No
 def test_a_target_added_on_the_churn_path_fires_in_a_round_without_other_change(
     arrivals: dict[int, list[str]], verdict: Verdict, fires: dict[float, int]
 ) -> None:
-    """Review of issue 15 (finding 2): a target that comes on the churn path and then stays
-    through rounds in which nothing else changes must fire at its ``for`` (its start lowers
-    the state's bound and is kept among the pending starts ``_due`` looks at), and a fire
-    held back must be decided again at its retry time: planted faults there (the bound or
-    the starts not kept) passed every side-by-side test."""
+    """A target that comes on the churn path and then stays through evaluations in which
+    nothing else changes fires at its ``for`` (its start lowers the state's bound and is kept
+    among the pending starts ``fastpath.due`` looks at), and a fire held back is decided
+    again at its retry time: faults planted there (the bound or the starts not kept) pass
+    every side-by-side test, so this one looks at the times."""
     policy = replace(POLICY, target=("uuid",))
     decided: list[list[tuple[float, str]]] = [[], []]
     for which in (0, 1):

@@ -1,7 +1,7 @@
-"""One validation (issue 10, breakage 7): ``gpuops rules check`` refuses exactly what the
+"""One validation: ``gpuops rules check`` refuses exactly what the
 engine's reload refuses — executor verbs and params included — with the same messages, and
-``--config`` checks the rules an engine configuration names. (Before: check said OK for
-``type: downclok``, the engine refused it.)"""
+``--config`` checks the rules an engine configuration names (``type: downclok`` is refused by
+both). Verbs and their params come from the verb table (``gpuops.model.verbs``)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ BROKEN = {
         "from a label; set program_from_labels: true if the rule means to run what a scraped "
         "label names",
     ),
-    "a YAML date in params": (  # review 15c: recorded as a date, every decision failed
+    "a YAML date in params": (  # recorded as a date, every decision would fail
         GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, until: 2024-01-01}"),
         "7: groups[0].rules[0].action.params.until: a date (2024-01-01) is no type JSON has "
         "(decisions are stored, audited and sent as JSON); quote it to pass the text",
@@ -68,7 +68,7 @@ BROKEN = {
         "7: groups[0].rules[0].action.params.by: a key that is a number (1): params keys are "
         "text (JSON's object keys); quote it",
     ),
-    "a NaN in params": (  # review 15d: the webhook refused to send every decision
+    "a NaN in params": (  # the webhook could send no decision
         GOOD.replace("max_clock_mhz: 900}", "max_clock_mhz: 900, threshold: .nan}"),
         "7: groups[0].rules[0].action.params.threshold: .nan is no number JSON can hold "
         "(decisions are stored, audited and sent as JSON); quote it to pass the text",
@@ -139,8 +139,8 @@ def test_check_with_config_checks_the_rules_it_names(tmp_path: Path) -> None:
 
 
 def test_a_params_value_json_cannot_hold_is_named_at_its_own_line() -> None:
-    """Review 15d: in block style the error named the line of the mapping holding the key,
-    not the key's; each value YAML made into what JSON has no type for, in YAML's words."""
+    """In block style the error names the key's own line, not that of the mapping holding
+    it; each value YAML made into what JSON has no type for, in YAML's words."""
     text = """
 groups:
   - name: g
