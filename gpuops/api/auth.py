@@ -20,6 +20,12 @@ _bearer = HTTPBearer(
 )
 
 
+def caller(request: Request) -> Principal | None:
+    """The user ``gpuops.api.middleware`` authenticated for ``request`` (None: nobody)."""
+    found = getattr(request.state, "principal", None)
+    return found if isinstance(found, Principal) else None
+
+
 def require(permission: Permission) -> Callable[..., Principal]:
     """A dependency returning the caller when they hold ``permission``, else raising 403."""
 
@@ -27,7 +33,7 @@ def require(permission: Permission) -> Callable[..., Principal]:
         request: Request,
         _: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> Principal:
-        principal: Principal | None = getattr(request.state, "principal", None)
+        principal = caller(request)
         if principal is None:  # the middleware authenticates every /api/v1 request first
             raise HTTPException(401, "no credentials: send 'Authorization: Bearer <token>'")
         if not principal.can(permission):

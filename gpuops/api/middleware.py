@@ -17,8 +17,9 @@ import binascii
 import codecs
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,9 +28,29 @@ from gpuops.api.tokens import Principal, TokenStore
 
 log = logging.getLogger(__name__)
 
-Recorder = Callable[..., object]
-"""``AuditLog.operation``-shaped: (user, roles, action, outcome, source_ip, message, details,
-error)."""
+
+class Recorder(Protocol):
+    """What records a call: ``gpuops.audit.log.AuditLog.operation``."""
+
+    def __call__(
+        self,
+        user: str,
+        roles: Sequence[str],
+        action: str,
+        outcome: str,
+        source_ip: str | None,
+        message: str,
+        details: Mapping[str, str | int | None] | None = None,
+        error: str | None = None,
+    ) -> object: ...
+
+
+@dataclass
+class _Answer:
+    """What became of one call so far: the status sent (0: none yet), whether it is audited."""
+
+    status: int = 0
+    audited: bool = False
 
 
 class _TooLarge(Exception):
@@ -68,16 +89,16 @@ class ApiMiddleware:
             await self.app(scope, receive, send)
             return
         state: dict[str, Any] = scope.setdefault("state", {})
-        sent = {"status": 0, "audited": False}
+        sent = _Answer()
         claimed = "anonymous"
         principal: Principal | None = None
         limit = self.body_limits.get(path, self.max_body_bytes)
         refused: dict[str, tuple[int, str]] = {}  # the body's own problem, answered instead
 
         async def audit_once() -> None:
-            if not sent["audited"]:
-                sent["audited"] = True
-                await self._audit(scope, state, principal, claimed, sent["status"] or 500)
+            if not sent.audited:
+                sent.audited = True
+                await self._audit(scope, state, principal, claimed, sent.status or 500)
 
         async def send_audited(message: Message) -> None:
             if refused:
@@ -85,7 +106,7 @@ class ApiMiddleware:
             # The call is audited before the last byte of the answer leaves: whoever got an
             # answer finds its audit record.
             if message["type"] == "http.response.start":
-                sent["status"] = message["status"]
+                sent.status = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 await audit_once()
             await send(message)
@@ -111,10 +132,10 @@ class ApiMiddleware:
         except Exception as exc:
             if not refused:
                 state.setdefault("gpuops_reason", f"internal error: {type(exc).__name__}")
-                sent["status"] = sent["status"] or 500
+                sent.status = sent.status or 500
                 raise
         finally:
-            if refused and not sent["status"]:
+            if refused and not sent.status:
                 status, reason = refused.pop("body")
                 state["gpuops_reason"] = reason
                 await _reply(send_audited, status, reason)

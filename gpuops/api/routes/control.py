@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from gpuops import __version__
-from gpuops.api.auth import require
+from gpuops.api.auth import caller, require
 from gpuops.api.context import ApiContext, api_context
 from gpuops.api.responses.auth import UsersReloadedOut, WhoAmIOut
 from gpuops.api.responses.engine import ControlState
@@ -63,7 +63,9 @@ def set_kill_switch(state: Literal["on", "off"], ctx: Ctx, principal: Control) -
 @router.get("/auth/whoami", tags=["auth"])
 def whoami(request: Request) -> WhoAmIOut:
     """The caller's user name, roles and permissions."""
-    principal: Principal = request.state.principal
+    principal = caller(request)
+    if principal is None:  # the middleware authenticates every /api/v1 request first
+        raise HTTPException(401, "no credentials: send 'Authorization: Bearer <token>'")
     permissions = sorted((p for p in Permission if principal.can(p)), key=lambda p: p.value)
     return WhoAmIOut(name=principal.name, roles=list(principal.roles), permissions=permissions)
 
