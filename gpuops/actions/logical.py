@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from gpuops.actions.base import Executor, ExecutorRegistry, PermanentError
+from gpuops.actions.config import settings_of
 from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
 
@@ -27,6 +30,19 @@ LOGICAL_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
 fleet (which has no warning step of its own: ``notify`` is recorded by ``log``)."""
 
 
+class LogicalSettings(BaseModel):
+    """``executors.scheduler`` (``gpu-control``) as ``gpuops.settings`` completes it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    use: str | None = None
+    """The concrete executor it maps to."""
+    by_verb: dict[str, str] | None = None
+    """Verbs mapped to another concrete executor (``notify: log``)."""
+    settings: dict[str, dict[str, Any] | None] | None = None
+    """The settings of each concrete executor it may call."""
+
+
 class LogicalExecutor:
     """Hands each decision to the concrete executor its verb maps to."""
 
@@ -36,12 +52,12 @@ class LogicalExecutor:
     def __init__(
         self, settings: Mapping[str, Any] | None = None, registry: ExecutorRegistry | None = None
     ) -> None:
-        settings = dict(settings or {})
-        self.use = str(settings.get("use") or "")
+        mapping = settings_of(LogicalSettings, self.name, settings)
+        self.use = mapping.use or ""
         if not self.use:
             raise ValueError(f"executors.{self.name}.use: name the executor it maps to")
-        self.by_verb = {str(k): str(v) for k, v in dict(settings.get("by_verb") or {}).items()}
-        concrete = dict(settings.get("settings") or {})
+        self.by_verb = dict(mapping.by_verb or {})
+        concrete = dict(mapping.settings or {})
         registry = registry or ExecutorRegistry.from_entry_points()
         self._executors: dict[str, Executor] = {}
         for name in {self.use, *self.by_verb.values()}:
