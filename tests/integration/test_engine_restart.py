@@ -155,7 +155,7 @@ def pending_since(state_file: Path) -> float | None:
     try:
         row = db.execute(
             "SELECT data FROM policy_targets WHERE policy = 'always-true'"
-        ).fetchone()  # one row per target (issue 15)
+        ).fetchone()  # one row per target
     except sqlite3.OperationalError:
         return None
     finally:

@@ -1,12 +1,11 @@
-"""Write-ahead audit under crashes and a full disk (issue 9, breakage 3).
+"""Write-ahead audit under crashes and a full disk: no decision in the state file without its
+audit document, no action on a full disk.
 
-Main as it stood: 12 SIGKILLs at random moments left 50 of 3,500 decisions in the state file
-without an audit document (4 of them executed); on a full disk the engine kept acting and 229 of
-440 actions left no document. Here an engine process deciding in a loop is SIGKILLed at random
-instants ``KILLS`` times, then restarted once to reconcile; state and spool are compared by
-decision id, and every action an executor ran must have its intent in the spool. The full-disk
-run puts the spool on a small tmpfs (root only; skipped elsewhere — the unit tests inject ENOSPC
-at the spool's write instead).
+An engine process deciding in a loop is SIGKILLed at random instants ``KILLS`` times, then
+restarted once to reconcile; state and spool are compared by decision id, and every action an
+executor ran must have its intent in the spool. The full-disk run puts the spool on a small
+tmpfs (root only; skipped elsewhere — the unit tests inject ENOSPC at the spool's write
+instead).
 """
 
 from __future__ import annotations

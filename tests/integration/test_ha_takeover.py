@@ -75,7 +75,7 @@ def _none_lost(pair: Pair) -> None:
     pair.settled()
     # the finished decisions first, the deliveries after: the recorder counts a delivery
     # before it answers, and the engine stores an outcome only after the answer, so every
-    # finished decision's delivery is in the later read. Read the other way round, a decision
+    # finished decision's delivery is in the later read. Read in the other order, a decision
     # the leader (still deciding) recorded between the two reads looked lost (a flake under
     # load: 1 run in 12 at 6 busy loops on 2 cores, the decision delivered a moment later)
     done = pair.executed(done=True)

@@ -1,5 +1,5 @@
-"""Clock (issue 10, breakage 5): a wall-clock step back of 1 h stopped group evaluations for
-about an hour (APScheduler 3 times its jobs by wall clock), nothing audited.
+"""Clock: a wall-clock step back of 1 h must not stop group evaluations for an hour (as a
+scheduler timing its jobs by wall clock, APScheduler 3's, would), and a step is audited.
 
 The scheduler (``gpuops.runtime.clock``) with both clocks injected and stepped, one check at a
 time; then a started engine whose wall clock steps back 1 h while its scheduler thread runs.
@@ -250,8 +250,8 @@ def test_a_job_replaced_while_it_runs_is_not_started_beside_it(clocks: Clocks) -
 
 
 def test_groups_run_at_their_own_phase_like_prometheus_spreads_them() -> None:
-    """Main started every group at the engine's start, all at once (issue 15). Each group now
-    runs at a phase given by a hash of its name, the same after a restart."""
+    """Groups do not all start at the engine's start, at once: each runs at a phase given by
+    a hash of its name, the same after a restart."""
     names = [f"group-{i}" for i in range(40)]
     phases = [group_offset(name, 30.0) for name in names]
     assert all(0 <= p < 30 for p in phases)

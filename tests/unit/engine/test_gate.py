@@ -1,4 +1,4 @@
-"""The gate (issue 9): the breakages found on main, reproduced and now holding.
+"""The gate's promises, each on the path that could break it.
 
 1. kill switch / pause at the moment of execution on every path: queued, resumed after a crash,
    granted approval, quota grant and its end, Alertmanager-triggered;
@@ -196,8 +196,8 @@ def metric(engine: Engine, name: str, **labels: str) -> float:
 
 
 def test_kill_switch_stops_the_queued_actions(world: World) -> None:
-    """Main: 12 targets firing, the switch on just after the first action started: 8 of the
-    12 still started. Now: the one already running finishes, none of the queued 11 starts."""
+    """12 targets fire and the switch comes on just after the first action started: that one
+    finishes, none of the 11 queued behind it starts."""
     engine = world.engine(workers=1)
     world.prom.results["idle"] = uuids(12)
     world.log.gate.clear()
@@ -239,7 +239,8 @@ def test_pause_holds_the_queued_actions_and_they_are_decided_again(world: World)
 
 
 def test_resumed_actions_are_held_when_the_switch_is_on(world: World) -> None:
-    """Main: SIGKILL with 2 actions in flight, switch on, restart: both ran again."""
+    """Two actions interrupted by a crash, the switch on at restart: neither runs, both are
+    held."""
     engine = world.engine()
     engine.gate._submit = lambda decision: None  # type: ignore[method-assign]  # the crash
     world.prom.results["idle"] = uuids(2)
@@ -300,7 +301,8 @@ def _quota(engine: Engine) -> str:
 
 
 def test_a_quota_grant_under_dry_run_executes_nothing(world: World) -> None:
-    """Main: --dry-run and global_max_per_hour 0, a quota approval ran a real scale_out."""
+    """With --dry-run and global_max_per_hour 0, an approved quota request runs no
+    scale_out."""
     engine = world.engine(dry_run=True)
     approved = engine.quota.approve(_quota(engine), "alice")
     assert world.log.ran == []
@@ -376,7 +378,7 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
 def test_no_action_runs_when_its_intent_cannot_be_written(
     world: World, full_disk: Callable[[bool], None]
 ) -> None:
-    """Main: on a full disk the engine kept acting, 229 of 440 actions left no document."""
+    """On a full disk no action runs: every action that runs has its document."""
     engine = world.engine()
     world.prom.results["idle"] = uuids(5)
     full_disk(True)
@@ -479,7 +481,7 @@ def _alert(status: str) -> Alert:
 
 
 def test_a_resolve_while_the_fire_runs_undoes_once_it_succeeded(world: World) -> None:
-    """Main: a resolve before the fire's action finished never undid: downclocked for good."""
+    """A resolve that comes while the fire's action runs undoes it once it has succeeded."""
     engine = world.engine()
     world.log.gate.clear()
     engine.handle_alert(_alert("firing"))
@@ -520,7 +522,7 @@ def test_a_resolve_of_a_failed_fire_undoes_nothing(world: World) -> None:
 
 
 def test_a_permanent_failure_is_not_retried_within_the_episode(world: World) -> None:
-    """Main: an executor answering 404 was retried every ~65 s while the condition held."""
+    """An executor answering 404 is not tried again while the condition holds."""
     engine = world.engine()
     world.log.fail = lambda d: PermanentError("fleet answered 404")
     world.prom.results["idle"] = uuids(1)
@@ -565,8 +567,8 @@ def test_temporary_failures_back_off_exponentially(world: World) -> None:
 
 
 def test_one_slow_executor_does_not_delay_another(world: World) -> None:
-    """Main: one slow executor (30 s, 3 tries) delayed a healthy policy's action by 60 s,
-    because all actions shared 4 workers."""
+    """One slow executor (30 s, 3 tries) does not delay a healthy policy's action: each
+    executor has workers of its own."""
     engine = world.engine(workers=2)
     world.webhook.gate.clear()  # the slow receiver: holds every worker it gets
     world.prom.results["slow"] = uuids(6)
@@ -635,7 +637,7 @@ def test_a_resolve_waiting_for_a_held_fire_undoes_nothing(world: World) -> None:
     )
     assert [d.policy for d in world.log.ran] == ["reclaim"]
     (resolve,) = [d for d in world.docs() if d["gpuops"]["transition"] == "resolve"]
-    # decided, not forgotten; nothing ran, so the kill switch held nothing back (issue 16)
+    # decided, not forgotten; nothing ran, so the kill switch held nothing back
     assert resolve["gpuops"]["verdict"] == "execute" and "action" not in resolve["gpuops"]
     assert "nothing to undo" in resolve["gpuops"]["reason"]
 
@@ -668,7 +670,7 @@ def test_an_admin_retries_a_permanent_failure(world: World) -> None:
         engine.retry("0" * 24)
 
 
-# --- 6. the gate applies everything at the moment of execution (hostile review) --------------
+# --- 6. the gate applies everything at the moment of execution ------------------------------
 
 
 def _blocked(world: World, engine: Engine) -> None:
@@ -681,9 +683,9 @@ def _blocked(world: World, engine: Engine) -> None:
 
 
 def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
-    """Main: the gate re-checked only kill switch, pause, dry-run and the global budget; two
-    evacuations judged while 4 nodes were known ran although the population could not be
-    counted any more when they started (a partition). Now both are held with the reason."""
+    """Two evacuations judged while 4 nodes were known, started when the population cannot
+    be counted (a partition): both are held with the reason (the gate checks the blast radius
+    again, not only the kill switch, pause, dry-run and the global budget)."""
     engine = world.engine(workers=1)
     _blocked(world, engine)
     world.prom.results["fleet"] = uuids(4)
@@ -691,8 +693,8 @@ def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
     judged = world.evaluate(engine, "evacuate")
     assert [d.verdict for d in judged] == ["execute", "execute"]  # 2 of 4 allowed
     world.prom.results["fleet"] = Exception("Prometheus unreachable")
-    # the gate counts again when they start, even at the time they were judged at (issue 15
-    # review: a count reused for 30 s acted on a fleet that had shrunk, or was unreachable)
+    # the gate counts again when they start, even at the time they were judged at (a count
+    # reused for 30 s would act on a fleet that had shrunk, or was unreachable)
     world.log.gate.set()
     assert engine.wait_idle(10)
     assert [d.policy for d in world.log.ran] == ["reclaim"]
@@ -724,8 +726,8 @@ def test_a_tightened_rate_limit_holds_queued_actions(world: World) -> None:
 
 
 def test_no_retry_attempt_starts_after_the_kill_switch(world: World) -> None:
-    """Main: the retry loop of gpuops.actions.base did not read the switch again: an action
-    failing temporarily was tried 3 times although the switch came on after the first try."""
+    """An action failing temporarily is not tried again once the switch came on after its
+    first try (the retry loop of gpuops.actions.base reads it between tries)."""
     engine = world.engine(retry=RetryPolicy(attempts=3, backoff_s=0.0))
 
     def fail(decision: Decision) -> Exception:
@@ -741,9 +743,9 @@ def test_no_retry_attempt_starts_after_the_kill_switch(world: World) -> None:
 
 
 def test_no_retry_attempt_starts_after_the_lease_is_lost(world: World) -> None:
-    """The retry loop asked the kill switch and pause again, not leadership: a replica that lost
-    its lease after the first try went on trying while the new leader resumed the same
-    decision. Now it stops, stores nothing and leaves the decision started for the leader."""
+    """A replica that lost its lease after an action's first try stops trying, stores nothing
+    and leaves the decision started for the new leader to resume (the retry loop asks
+    leadership as well as the kill switch and pause)."""
     engine = world.engine(retry=RetryPolicy(attempts=3, backoff_s=0.0))
 
     def fail(decision: Decision) -> Exception:
@@ -763,9 +765,8 @@ def test_no_retry_attempt_starts_after_the_lease_is_lost(world: World) -> None:
 def test_a_store_error_while_admitting_is_finished_by_reconcile(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Recorded as started, its intent in the spool, then the store failed to mark it: the
-    decision stayed started and unrun until a restart (``reconcile`` runs only while the gate
-    has a problem). Now the gate has one, and ``reconcile`` runs the action once."""
+    """Recorded as started, its intent in the spool, then the store fails to mark it: the gate
+    has a problem (``reconcile`` runs only then), and ``reconcile`` runs the action once."""
     engine = world.engine()
     mark = engine.store.mark_audited
 
@@ -795,8 +796,8 @@ def _crashed_with_one_started(world: World) -> tuple[Engine, Decision]:
 
 
 def test_a_resumed_decision_of_a_removed_policy_does_not_run(world: World) -> None:
-    """Main: a decision interrupted by a crash ran at restart although its policy had been
-    removed from the rule set meanwhile."""
+    """A decision interrupted by a crash does not run at restart when its policy was removed
+    from the rule set meanwhile."""
     _, decision = _crashed_with_one_started(world)
     rules = world.tmp / "rules" / "p.yaml"
     rules.write_text(RULES.replace("policy: reclaim\n", "policy: reclaim-renamed\n", 1))
@@ -810,8 +811,9 @@ def test_a_resumed_decision_of_a_removed_policy_does_not_run(world: World) -> No
 
 
 def test_an_old_interrupted_decision_expires_and_is_decided_again(world: World) -> None:
-    """Main: an action decided before a two-hour outage ran at restart on data two hours old.
-    Now it is audited as expired, and the next evaluation decides its target on fresh data."""
+    """An action decided before a two-hour outage does not run at restart on data two hours
+    old: it is audited as expired, and the next evaluation decides its target on fresh
+    data."""
     _, decision = _crashed_with_one_started(world)
     world.clock.now += 7200  # action_max_age is an hour
     restarted = world.engine()
@@ -825,9 +827,9 @@ def test_an_old_interrupted_decision_expires_and_is_decided_again(world: World) 
 
 
 def test_resume_racing_admission_runs_a_decision_once_after_its_intent(world: World) -> None:
-    """Main: ``unfinished()`` ignored ``audited``: a resume between the cycle's commit and the
-    gate's admission ran the decision before its intent was written, and admission ran it a
-    second time. Reproduced deterministically: the resume runs inside admission's first step."""
+    """A resume between the cycle's commit and the gate's admission runs nothing before its
+    intent is written, and admission does not run it a second time (``unfinished()`` reads
+    ``audited``). Deterministic: the resume runs inside admission's first step."""
     engine = world.engine()
     admit = engine.gate.admit
     spooled_at_run: list[int] = []
@@ -850,9 +852,8 @@ def test_resume_racing_admission_runs_a_decision_once_after_its_intent(world: Wo
 
 
 def test_a_grant_and_its_rerun_are_one_transaction(world: World) -> None:
-    """Main: the grant (approval settled, decision set to run) and the rerun with its new
-    verdict were separate transactions: a failure between them left the approval granted and
-    the decision neither pending nor run as granted. Now it stays pending, and the grant that
+    """The grant (approval settled, decision set to run) and the rerun with its new verdict
+    are one transaction: a failure in it leaves the approval pending, and the grant that
     succeeds, interrupted before the gate, runs once after a restart."""
     from gpuops.runtime.approvals import ApprovalError
 
@@ -885,8 +886,8 @@ def test_a_grant_and_its_rerun_are_one_transaction(world: World) -> None:
 def test_a_quota_grant_held_at_the_gate_is_decided_again_when_the_hold_lifts(
     world: World,
 ) -> None:
-    """Main: a quota grant that the kill switch held at the gate ended ``failed`` and was never
-    applied. Now it stays ``applying`` and is applied once the switch is off."""
+    """A quota grant that the kill switch holds at the gate stays ``applying`` (not
+    ``failed``) and is applied once the switch is off."""
     engine = world.engine(workers=1)
     _blocked(world, engine)
     request = _quota(engine)
@@ -912,8 +913,8 @@ def test_a_quota_grant_held_at_the_gate_is_decided_again_when_the_hold_lifts(
 
 
 def test_an_alert_fire_held_at_the_gate_acts_on_the_next_notification(world: World) -> None:
-    """Main: an Alertmanager-triggered fire held by the kill switch was never decided again:
-    the resent notification was a duplicate, and its decision id a replay."""
+    """An Alertmanager-triggered fire held by the kill switch is decided again when the
+    notification is resent (not a duplicate, and a new decision id: not a replay)."""
     engine = world.engine()
     alert = replace(_alert("firing"), fingerprint="f1")
     engine.set_control("kill_switch", True, "ops")
@@ -965,9 +966,9 @@ def test_a_store_error_marking_outcomes_audited_loses_nothing(
 
 
 def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: World) -> None:
-    """Issue 15 (review D6): outcomes finishing together are audited by one worker, for all of
-    them; a listener's error for one of them reached every worker of the batch, which skipped
-    its outcome hooks. Now each outcome is notified and hooked, whatever the others' did."""
+    """Outcomes finishing together are audited by one worker, for all of them; a listener's
+    error for one of them does not reach the other workers of the batch: each outcome is
+    notified and hooked, whatever the others' did."""
     engine = world.engine()
     gate = engine.gate
     write_ahead = gate._audit.write_ahead
@@ -997,9 +998,9 @@ def test_a_listener_error_for_one_outcome_of_a_batch_spares_the_others(world: Wo
 
 
 def test_reconcile_leaves_an_outcome_waiting_in_the_batch_to_its_worker(world: World) -> None:
-    """Issue 15 (review D8): an outcome stored and waiting for its batch's spool write is not
-    yet marked audited; a reconciliation meanwhile (a spool writable again) wrote it as well:
-    two copies of it in the spool. Now reconciliation leaves it to its worker."""
+    """An outcome stored and waiting for its batch's spool write is not yet marked audited; a
+    reconciliation meanwhile (a spool writable again) leaves it to its worker, so the spool
+    holds one copy."""
     engine = world.engine()
     gate = engine.gate
     write_ahead = gate._audit.write_ahead

@@ -1,4 +1,4 @@
-"""The gate's per-action costs (issue 15): outcomes that finish together are audited with one
+"""The gate's per-action costs: outcomes that finish together are audited with one
 spool write and one transaction; the stored kill switch and pause are read at most once a
 second, and a switch set through the engine stops the very next action."""
 

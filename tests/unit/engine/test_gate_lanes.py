@@ -143,7 +143,7 @@ def world(tmp_path: Path) -> Iterator[World]:
 def test_a_slow_and_a_failing_receiver_do_not_delay_a_healthy_one(world: World) -> None:
     """8 targets on a receiver answering after 3 timeouts (3 tries each), one on a receiver
     answering 500, then one on a healthy receiver: its action runs at once. Sharing one pool
-    of 4 workers with them, it would wait behind two rounds of slow actions (about 9 s)."""
+    of 4 workers with them, it would wait behind two waves of slow actions (about 9 s)."""
     assert len(world.evaluate("slow", 8)) == 8
     assert len(world.evaluate("failing", 1)) == 1
     wait_for(lambda: len(world.slow.received) >= 4, 10, "4 slow requests holding workers")

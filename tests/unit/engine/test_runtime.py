@@ -350,8 +350,8 @@ def test_max_fraction_without_target_counts_the_targets_labels(make, tmp_path: P
 def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
     make, tmp_path: Path
 ) -> None:
-    """Main fetched every target's series of the population query for every policy that
-    decided (issue 15); now Prometheus counts them, once per evaluation time and query."""
+    """Prometheus counts the population (not every target's series fetched), once per
+    evaluation time and query, whatever number of policies decided."""
     twin = RULES.split("      - policy: drain")[0].replace("policy: reclaim", "policy: reclaim-b")
     rules = (RULES + twin.split("rules:\n", 1)[1]).replace(
         "cooldown: 1h", "limits: {max_fraction: 0.5}"
@@ -376,10 +376,10 @@ def test_the_population_is_counted_by_prometheus_once_per_evaluation_time(
 
 
 def test_a_population_count_is_reused_for_its_evaluation_time_only(make, tmp_path: Path) -> None:
-    """Issue 15 review: a count was reused for 30 s, by the gate's recheck too, so a rack that
-    died (its series gone from results at once) still counted. Now a count is reused only for
-    the evaluation time it was made at; any other time, and every recheck by the gate, asks
-    again, and a failed query is None (it holds the action)."""
+    """A count is reused only for the evaluation time it was made at, so a rack that died
+    (its series gone from results at once) no longer counts at the next: any other time, and
+    every recheck by the gate, asks again, and a failed query is None (it holds the
+    action)."""
     rules = RULES.replace("cooldown: 1h", "limits: {max_fraction: 0.5}")
     (tmp_path / "rules" / "p.yaml").write_text(rules)
     engine = make()
@@ -425,7 +425,7 @@ def test_clear_expr_is_asked_only_for_the_firing_targets(make, tmp_path: Path) -
 def test_a_group_is_stored_in_one_transaction_and_its_intents_in_one_spool_write(
     make, tmp_path: Path
 ) -> None:
-    """Main: one transaction (one fsync) and one intent write per policy; now per group run
+    """One transaction (one fsync) and one intent write per group run, not per policy
     (group commit). That the intents are durable before any action runs is the gate's
     (tests/unit/engine/test_gate.py)."""
     twin = RULES.split("      - policy: drain")[0].replace("policy: reclaim", "policy: reclaim-b")
@@ -523,9 +523,9 @@ def test_an_approval_pending_when_the_condition_clears_is_cancelled(make, tmp_pa
 
 
 def test_clears_cancel_each_of_their_approvals_and_no_other_policys(make, tmp_path: Path) -> None:
-    """Review 15b finding 2: two targets cleared in one judgement have both their waiting
-    approvals cancelled (not only the first's: else an admin could grant the fire of a
-    cleared target), and another policy's approval for the same target stays pending."""
+    """Two targets cleared in one judgement have both their waiting approvals cancelled (not
+    only the first's: else an admin could grant the fire of a cleared target), and another
+    policy's approval for the same target stays pending."""
     other = (
         "      - policy: reclaim2\n        expr: util2 < 0.2\n        for: 60s\n"
         "        target: [uuid]\n        action: {type: reclaim, executor: log}\n"
@@ -657,11 +657,11 @@ def _count_steady(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
 
 
 @pytest.mark.parametrize("make", ["vector"], indirect=True)
-def test_policies_with_the_same_expr_share_its_answer_and_steady_rounds_refresh_the_rows(
+def test_policies_with_the_same_expr_share_its_answer_and_steady_evaluations_refresh_rows(
     make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 15 review (finding 3), through the client's own decoding: a group run asks an
-    expr once for all its policies, the rounds after the fire take the steady path for both,
+    """Through the client's own decoding: a group run asks an expr once for all its
+    policies, the evaluations after the fire take the steady path for both,
     decide nothing more, and the store still stores the values once their refresh is due
     (``policy_seen``), so that a new engine on the file knows values at most ``REFRESH_S``
     old."""
@@ -700,7 +700,7 @@ def test_policies_with_the_same_expr_share_its_answer_and_steady_rounds_refresh_
     for name in ("reclaim", "reclaim-b"):
         targets = engine.store.policy_state(name).targets
         assert sorted(targets) == [f"uuid=GPU-{i}" for i in range(3)]
-        assert {t.last_seen for t in targets.values()} == {now}  # this process: the last round
+        assert {t.last_seen for t in targets.values()} == {now}  # this process: the last evaluation
         assert {t.status for t in targets.values()} == {evaluation.Status.FIRING}
     engine.stop()
     stored = make().store.policy_state("reclaim").targets  # read from the file
@@ -710,12 +710,13 @@ def test_policies_with_the_same_expr_share_its_answer_and_steady_rounds_refresh_
 
 
 @pytest.mark.parametrize("make", ["vector"], indirect=True)
-def test_steady_rounds_reuse_the_narrowed_clear_query_until_the_targets_change(
+def test_steady_evaluations_reuse_the_narrowed_clear_query_until_the_targets_change(
     make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 15 review (finding 3): the narrowed ``clear_expr`` is made again only when the
-    targets change (``Cycle._clear_query``, keyed on the state's base); a steady round asks
-    the one it has; once a target clears, the query names only the one left."""
+    """The narrowed ``clear_expr`` is made again only when the targets change
+    (``gpuops.runtime.cycle.clears.ClearQueries``, keyed on the state's base); a steady
+    evaluation asks the one it has; once a target clears, the query names only the one
+    left."""
     rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
     (tmp_path / "rules" / "p.yaml").write_text(rules.replace("for: 60s", "for: 0s"))
     engine = make()
@@ -735,7 +736,7 @@ def test_steady_rounds_reuse_the_narrowed_clear_query_until_the_targets_change(
     both = '(util{uuid=~"GPU-1|GPU-2"}) > (0.5)'
     assert make.prom.queries.count(both) == 5
     assert [hit for _, hit in taken[-5:]] == [True] * 5  # steady, the narrowed query reused
-    assert made == [2]  # once, for the fire's settled state (kept by the steady rounds)
+    assert made == [2]  # once, for the fire's settled state (kept by the steady evaluations)
     make.prom.results["util < 0.2"] = [{"uuid": "GPU-1"}]
     make.prom.results[both] = [{"uuid": "GPU-2"}]
     (cleared,) = cycle(engine, 10)
@@ -748,8 +749,8 @@ def test_steady_rounds_reuse_the_narrowed_clear_query_until_the_targets_change(
 
 @pytest.mark.parametrize("make", ["vector"], indirect=True)
 def test_a_reload_forgets_the_clear_query_of_a_policy_that_is_gone(make, tmp_path: Path) -> None:
-    """Review of issue 15 (finding 4): the narrowed ``clear_expr`` of a removed or renamed
-    policy, and the targets it was made for, were kept for the life of the process."""
+    """The narrowed ``clear_expr`` of a removed or renamed policy, and the targets it was
+    made for, go at the reload that drops it (not kept for the life of the process)."""
     rules = RULES.replace("        cooldown: 1h\n", "        clear_expr: util > 0.5\n", 1)
     rule_file = tmp_path / "rules" / "p.yaml"
     rule_file.write_text(rules.replace("for: 60s", "for: 0s"))

@@ -1,4 +1,4 @@
-"""Issue 16 item 5, "noise that hides signal": what the engine records when nothing happens.
+"""Noise that hides signal: what the engine records when nothing happens.
 
 A clear with nothing to undo is state only; the kill switch and pause hold back nothing that
 would not run; a suppression that re-decides every minute is recorded once, counted, and still
@@ -34,8 +34,9 @@ def _suppressed(engine: Engine, reason: str) -> float:
 
 
 def _explain(engine: Engine, decision_id: str) -> dict[str, Any]:
+    """The explanation as ``GET /decisions/{id}/explain`` serves it (JSON)."""
     ctx: Any = SimpleNamespace(engine=engine)
-    result: dict[str, Any] = explain_decision(decision_id, ctx, None)  # type: ignore[arg-type]
+    result: dict[str, Any] = explain_decision(decision_id, ctx, None).model_dump(mode="json")  # type: ignore[arg-type]
     return result
 
 
