@@ -3,9 +3,10 @@ notification (payload version 4), frozen.
 
 Built by the receiver (``gpuops.api.routes.alertmanager``) from the validated payload, queued by
 the alert inbox (``gpuops.runtime.alerts``), kept in the state store's inbox and early-resolve
-rows (``gpuops.store.codecs.alert_doc``: JSON only there) and decided by
-``gpuops.model.evaluation.evaluate_alert`` through ``gpuops.runtime.facade.Engine.handle_alert``.
-Imports nothing of the engine but ``gpuops.model.decisions``.
+rows (``gpuops.store.codecs.alert_doc``: JSON only there), and decided by the inbox's worker or
+``gpuops.runtime.facade.Engine.handle_alert`` (``gpuops.runtime.alerts.deciding``: a decision
+per policy it triggers, ``gpuops.model.evaluation.alertmanager.evaluate_alert``). Imports
+nothing of the engine but ``gpuops.model.decisions``.
 """
 
 from __future__ import annotations

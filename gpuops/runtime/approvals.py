@@ -3,8 +3,8 @@ admin grants or denies them, expire after ``guardrails.approval_ttl``, and are c
 their condition clears first.
 
 A collaborator of ``gpuops.runtime.facade.Engine``, handed the store, the rulebook, the cycle
-(population, judgement context) and the gate: a granted decision is judged again by the same
-judge step as the cycle's (kill switch, pause, dry-run, budgets) and runs only through the gate.
+(population, commit) and the gate: a granted decision is judged again by the same judge step as
+the cycle's (kill switch, pause, dry-run, budgets) and runs only through the gate.
 The API calls ``grant`` and ``deny``, the engine's scheduler ``expire``, the cycle ``cancel``.
 """
 
