@@ -20,9 +20,11 @@ PRODUCT = (
     "deploy",
     "elk",
     "grafana",
+    "docker-compose.yml",
+    "Dockerfile",
 )
 """What users read; CHANGELOG.md is where history goes."""
-TEXT = {".md", ".yaml", ".yml", ".json", ".ndjson", ".sh", ".service", ".example", ".toml"}
+TEXT = {".md", ".yaml", ".yml", ".json", ".ndjson", ".sh", ".service", ".example", ".toml", ""}
 HISTORY = re.compile(r"issue [0-9]+|\bround\b|review finding", re.I)
 
 
