@@ -1,6 +1,7 @@
 """The modules, classes and functions the docs name exist: every `gpuops.x.y` in backticks is
-a module of the package or something one of them defines, and every `gpuops/...` path is a
-file or folder of the tree. The tree changes; so must the pages that describe it."""
+a module of the package or something one of them defines, and every `gpuops/...` and
+`tests/...` path is a file or folder of the tree. The tree changes; so must the pages that
+describe it."""
 
 from __future__ import annotations
 
@@ -39,6 +40,6 @@ def test_the_names_a_page_gives_exist(page: Path) -> None:
         if name.split(".")[1] in PACKAGES  # not an audit field such as gpuops.decision.id
     }
     missing = sorted(n for n in names if not resolves(n))
-    paths = set(re.findall(r"`(gpuops/[\w/.-]*)`", text))
+    paths = set(re.findall(r"`((?:gpuops|tests)/[\w/.-]*)`", text))
     missing += sorted(p for p in paths if not (REPO / p.rstrip("/")).exists())
     assert not missing, f"{page.relative_to(REPO)} names what the tree does not have: {missing}"

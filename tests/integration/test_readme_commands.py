@@ -56,7 +56,7 @@ LISTED_ONLY = ("docs/slurm.md", "docs/api.md", "docs/benchmarks.md", "docs/ha.md
 """Documents with sh blocks none of whose lines can run here (each line is in ``NOT_RUN``)."""
 
 NOT_RUN = {
-    "make demo": "make demo has its own tests (tests/integration/test_demo_signals.py)",
+    "make demo": "make demo has its own tests (tests/integration/sim/test_demo_signals.py)",
     "make test": "make test is what runs this test",
     "make setup && . .venv/bin/activate": "the test runs with this venv first on the PATH",
     "gpuops exporter nvml --port 9835": "needs an NVIDIA GPU and its driver",
