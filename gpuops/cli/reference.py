@@ -177,7 +177,7 @@ class Duration(float):
     """Seconds, printed as a Prometheus duration (``90`` as ``1m30s``)."""
 
     def __str__(self) -> str:
-        if not self.is_integer() or self == 0:
+        if not self.is_integer() or float(self) == 0.0:
             return f"{float(self):g}s"
         rest, parts = int(self), []
         for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
