@@ -1,7 +1,7 @@
 """``gpuops rules check|export|test``: validate, export and unit-test policy files; and
 ``gpuops rules list|show|reload|validate-remote`` against a running engine's API.
 
-A thin front over ``gpuops.model.rules.loader`` (schema), ``gpuops.model.rules.promql`` (promtool),
+A thin front over ``gpuops.model.rules.loader`` (schema), ``gpuops.offline.promtool`` (promtool),
 ``gpuops.model.rules.export`` (Prometheus rule file) and ``gpuops.offline.policytest`` (policy unit
 tests).
 Problems are printed one per line as ``FILE:LINE: message``; exit 0 when all is well, 1 when not.
@@ -20,7 +20,7 @@ from gpuops.cli.api_client import api_options, remote_call, show
 from gpuops.model.rules.export import export_rules
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import RuleError, RulesError, RuleSet
-from gpuops.model.rules.promql import PromtoolError
+from gpuops.offline.promtool import PromtoolError
 
 _PATHS = click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 

@@ -3,7 +3,7 @@
 ``Engine.reload`` (first load, SIGHUP, the rule-file watcher, ``POST /rules/reload``) and
 ``gpuops rules check`` both call ``load_checked``, so "OK" from the CLI means the engine loads
 the files: the schema (``gpuops.model.rules.loader``), PromQL by promtool
-(``gpuops.model.rules.promql``), and each action's verb and params: the verbs its executor does
+(``gpuops.offline.promtool``), and each action's verb and params: the verbs its executor does
 and the params it takes, which the executor registry (``gpuops.actions.base``) reads from the
 verb table (``gpuops.model.verbs``) or, for a free-form executor, from the executor itself.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from gpuops.actions.base import ExecutorRegistry
 from gpuops.model.decisions import ActionSpec
-from gpuops.model.rules import promql
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import Policy, RuleError, RulesError, RuleSet
+from gpuops.offline import promtool
 
 __all__ = ["ExecutorRegistry", "check_rules", "load_checked", "refuse_dropping_every_policy"]
 
@@ -27,15 +27,15 @@ def check_rules(
     registry: ExecutorRegistry,
     *,
     check_promql: bool = True,
-    without_promtool: Callable[[promql.PromtoolError], None] | None = None,
+    without_promtool: Callable[[promtool.PromtoolError], None] | None = None,
 ) -> list[RuleError]:
     """Every problem of ``rules`` beyond the schema. Without promtool: ``without_promtool``
     is told and PromQL is not checked, or, when it is None, ``PromtoolError`` is raised."""
     errors: list[RuleError] = []
     if check_promql:
         try:
-            errors += promql.check(rules)
-        except promql.PromtoolError as exc:
+            errors += promtool.check(rules)
+        except promtool.PromtoolError as exc:
             if without_promtool is None:
                 raise
             without_promtool(exc)
@@ -90,7 +90,7 @@ def load_checked(
     registry: ExecutorRegistry,
     *,
     check_promql: bool = True,
-    without_promtool: Callable[[promql.PromtoolError], None] | None = None,
+    without_promtool: Callable[[promtool.PromtoolError], None] | None = None,
 ) -> RuleSet:
     """The rule set at ``paths`` if it passes every check; else ``RulesError`` with all."""
     rules = load_rules(paths)

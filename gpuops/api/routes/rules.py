@@ -42,7 +42,7 @@ from gpuops.api.schemas import FILE_PATTERN, NAME_PATTERN, InvalidRequestOut, Re
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.rules.loader import load_rules_text, rule_files
 from gpuops.model.rules.model import RulesError
-from gpuops.model.rules.promql import PromtoolError
+from gpuops.offline.promtool import PromtoolError
 from gpuops.offline.rulecheck import (  # the registry checks, never runs
     ExecutorRegistry,
     check_rules,

@@ -4,7 +4,7 @@ Called by ``gpuops.runtime`` (start and reload), ``gpuops rules check|export|tes
 It only reads and validates: installing, reloading and keeping the last valid rule set are the
 runtime's business. Parsing keeps line numbers (``yamlsource``), the schema is pydantic
 (``schema``), messages are ``file:line: key: what was found (what is allowed)`` (``messages``).
-PromQL itself is checked by ``gpuops.model.rules.promql`` with a real parser.
+PromQL itself is checked by ``gpuops.offline.promtool`` with a real parser.
 """
 
 from __future__ import annotations

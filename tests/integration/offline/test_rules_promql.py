@@ -9,11 +9,11 @@ from click.testing import CliRunner
 
 from gpuops.cli import cli
 from gpuops.model.rules.loader import load_rules, load_rules_text
-from gpuops.model.rules.promql import check
+from gpuops.offline.promtool import check
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "rules"
 
 

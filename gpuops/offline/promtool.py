@@ -1,10 +1,11 @@
 """Checks the PromQL of a rule set with Prometheus' own parser: ``promtool check rules``.
 
-Called by ``gpuops rules check`` (and by whoever validates rules before installing them) after
-``gpuops.model.rules.loader``. Every query of every policy (``expr``, ``clear_expr``,
-``limits.population``) is written into a temporary Prometheus rule file, one group per policy;
-promtool's messages are mapped back to the policy's ``file:line`` and key. Never a home-made
-PromQL parser: without promtool this module says so and checks nothing.
+Called by ``gpuops.offline.rulecheck`` (engine reloads, ``gpuops rules check``, the API's
+validate) after ``gpuops.model.rules.loader``; it runs a process, so it is not in the pure
+model. Every query of every policy (``expr``, ``clear_expr``, ``limits.population``) is written
+into a temporary Prometheus rule file, one group per policy; promtool's messages are mapped back
+to the policy's ``file:line`` and key. Never a home-made PromQL parser: without promtool this
+module says so and checks nothing.
 """
 
 from __future__ import annotations

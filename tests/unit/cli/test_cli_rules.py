@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from gpuops.cli import cli
-from gpuops.model.rules import promql
+from gpuops.offline import promtool
 
 ROOT = Path(__file__).resolve().parents[3]
 INVALID = ROOT / "tests" / "fixtures" / "rules" / "invalid"
@@ -51,9 +51,9 @@ def test_check_reports_errors_of_all_files(tmp_path: Path) -> None:
 
 def test_check_says_clearly_when_promtool_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing() -> str:
-        raise promql.PromtoolError("promtool not found on PATH, so PromQL was not checked")
+        raise promtool.PromtoolError("promtool not found on PATH, so PromQL was not checked")
 
-    monkeypatch.setattr(promql, "find_promtool", missing)
+    monkeypatch.setattr(promtool, "find_promtool", missing)
     code, _, err = run("check", str(ROOT / "rules"))
     assert code == 1
     assert err == "Error: promtool not found on PATH, so PromQL was not checked\n"
