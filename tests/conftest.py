@@ -16,18 +16,18 @@ import pytest
 LONGEST = (
     "tests/integration/test_readme_commands.py",  # 157 s: ~25 CLI runs of ~2.3 s CPU each
     "tests/e2e/test_loop.py",  # 137 s: 6 whole loops on 5 s policy groups
-    "tests/unit/api/test_fuzz.py",  # 108 s, CPU: schemathesis over every operation, 4 roles
+    "tests/integration/api/test_fuzz.py",  # 108 s, CPU: schemathesis over every operation, 4 roles
     "tests/browser/test_console.py",  # 77 s
-    "tests/integration/test_gate_crash.py",  # 36 s
+    "tests/integration/runtime/test_gate_crash.py",  # 36 s
     "tests/e2e/test_demo_story.py",  # 36 s: the demo's compressed 35 s timeline
     "tests/integration/slurm/test_slurm_executor.py",  # 31 s
     "tests/integration/slurm/test_slurm_job_events.py",  # 26 s
 )
 WAITING_KINDS = ("tests/e2e/", "tests/integration/", "tests/browser/")
 SERIAL = (
-    "tests/integration/test_engine_restart.py",
+    "tests/integration/runtime/test_engine_restart.py",
     "tests/e2e/slurm/test_slurm_loop.py",
-    "tests/integration/test_ha_takeover.py",
+    "tests/integration/runtime/test_ha_takeover.py",
 )
 """Files marked ``serial``: ``make pytest`` runs them after the workers, in one process. The
 restart test bounds how late an engine subprocess (~2.3 s CPU of imports) may fire after a

@@ -1,5 +1,6 @@
 """Two ``gpuops engine run`` replicas on one PostgreSQL and one Prometheus, for the takeover
-tests (tests/integration/test_ha_takeover.py) and the benchmark (tests/benchmarks/bench_ha.py).
+tests (tests/integration/runtime/test_ha_takeover.py) and the benchmark
+(tests/benchmarks/bench_ha.py).
 
 Each replica reaches PostgreSQL through its own loopback TCP proxy, which can cut its
 connections and refuse new ones (a network partition between that replica and the database).

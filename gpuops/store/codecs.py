@@ -1,5 +1,5 @@
 """One JSON codec per stored type: what a backend writes into its JSON columns (and the API
-serves), and the inverse. Each pair round-trips (``tests/unit/engine/test_codecs.py``).
+serves), and the inverse. Each pair round-trips (``tests/unit/store/test_codecs.py``).
 
 Decisions and outcomes use ``gpuops.model.records``' forms; this module adds the store's
 aggregates (``gpuops.store.interface``'s values), the targets of a policy state and the

@@ -22,17 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuops.actions.base import ExecutorRegistry
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision, Outcome, freeze
-from gpuops.runtime import Engine, collect_less
-from gpuops.settings import (
-    ApiSettings,
-    AuditConfig,
-    EngineConfig,
-    GuardrailSettings,
-    PrometheusSettings,
-)
+from gpuops.runtime import collect_less
+from gpuops.settings import ApiSettings
+from tests.builders import build_engine
 
 RULES = """
 groups:
@@ -56,7 +50,7 @@ groups:
 
 class Noop:
     name = "log"
-    verbs = None
+    verbs: frozenset[str] | None = None
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         pass
@@ -81,23 +75,18 @@ class Run:
     """An engine on a fresh state file and spool, counting alerts handled and outcomes."""
 
     def __init__(self, workdir: Path, queue_size: int) -> None:
-        (workdir / "rules").mkdir()
-        (workdir / "rules" / "bench.yaml").write_text(RULES)
-        registry = ExecutorRegistry()
-        registry.register("log", Noop)
         self.outcomes: dict[str, float] = {}  # policy -> time of its last outcome
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
-        config = EngineConfig(
-            prometheus=PrometheusSettings(url="http://unused"),
-            rules=[workdir / "rules"],
-            state_file=workdir / "state.sqlite",
-            audit=AuditConfig(spool_dir=workdir / "audit"),
-            guardrails=GuardrailSettings(),
+        self.engine = build_engine(
+            workdir,
+            {"bench.yaml": RULES},
+            prometheus="http://unused",
+            executors={"log": Noop},
+            listener=self._listener,
             api=ApiSettings(alert_queue_size=queue_size),
-            metrics_listen=None,
+            reload=False,  # Engine.start loads them
         )
-        self.engine = Engine(config, executors=registry, listener=self._listener)
         self.engine.start()
 
     def _listener(self, decision: Decision, outcome: Outcome | None) -> None:

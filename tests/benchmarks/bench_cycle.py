@@ -1,4 +1,4 @@
-"""The engine's whole cycle at fleet scale (issue 9): one ``Engine.evaluate_policy`` over a
+"""The engine's whole cycle at fleet scale: one ``Engine.evaluate_policy`` over a
 10,000-target query result, with the real SQLite state file, the real fsync'd audit spool and a
 no-op executor, so the figures include persistence, the audit and the action pool.
 
@@ -21,10 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuops.actions.base import ExecutorRegistry
 from gpuops.model.decisions import Decision, Outcome, Sample, freeze
-from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from tests.builders import build_engine
 from tests.fakes.prometheus import FakeSource
 
 RULES = """
@@ -58,7 +56,7 @@ class Samples(FakeSource):
 
 class Noop:
     name = "log"
-    verbs = None
+    verbs: frozenset[str] | None = None
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         pass
@@ -68,10 +66,6 @@ class Noop:
 
 
 def one_run(workdir: Path, gpus: int) -> tuple[float, float, float, list[float]]:
-    (workdir / "rules").mkdir()
-    (workdir / "rules" / "bench.yaml").write_text(RULES)
-    registry = ExecutorRegistry()
-    registry.register("log", Noop)
     audited: list[float] = []
     all_done = threading.Event()
     lock = threading.Lock()
@@ -84,16 +78,13 @@ def one_run(workdir: Path, gpus: int) -> tuple[float, float, float, list[float]]
             if len(audited) == gpus:
                 all_done.set()
 
-    config = EngineConfig(
-        prometheus=PrometheusSettings(url="http://unused"),
-        rules=[workdir / "rules"],
-        state_file=workdir / "state.sqlite",
-        audit=AuditConfig(spool_dir=workdir / "audit"),
-        guardrails=GuardrailSettings(),
-        metrics_listen=None,
+    engine = build_engine(
+        workdir,
+        {"bench.yaml": RULES},
+        source=Samples(gpus),
+        executors={"log": Noop},
+        listener=listener,
     )
-    engine = Engine(config, executors=registry, prometheus=Samples(gpus), listener=listener)
-    engine.reload(strict=True)
     policy = engine.rules.policy("reclaim-idle-gpus")
     assert policy is not None
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuops.model.rules.yamlsource import YamlLimits, parse_yaml
 from gpuops.sources.promql import input_selectors, stale_expr
-from tests.unit.rules.test_yaml_limits import BOMB
+from tests.unit.model.rules.test_yaml_limits import BOMB
 
 ROOT = Path(__file__).resolve().parents[2]
 

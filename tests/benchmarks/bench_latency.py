@@ -19,11 +19,11 @@ from pathlib import Path
 import requests
 
 from gpuops.model.decisions import Decision, Outcome
-from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.settings import PrometheusSettings
 from gpuops.sim.demo import DEMO_RULES, PROMETHEUS_CONFIG, demo_workload
 from gpuops.sim.fleet import FleetConfig, FleetSim
 from gpuops.sources.promproc import PrometheusServer
+from tests.builders import build_engine
 from tests.waiting import wait_for
 
 
@@ -50,15 +50,14 @@ def one_run(workdir: Path) -> tuple[float, float]:
 
     try:
         prom.start()
-        config = EngineConfig(
+        engine = build_engine(
+            workdir,
+            [DEMO_RULES],
             prometheus=PrometheusSettings(url=prom.url, timeout=2.0),
-            rules=[DEMO_RULES],
-            state_file=workdir / "state.sqlite",
-            audit=AuditConfig(spool_dir=workdir / "audit"),
-            executors={"fleet": {"url": fleet.control_url}},
-            metrics_listen=None,
+            executor_settings={"fleet": {"url": fleet.control_url}},
+            listener=listener,
+            reload=False,  # Engine.start loads them
         )
-        engine = Engine(config, listener=listener)
         engine.start()
         try:
             wait_for(lambda: _up(prom.url) == 4, 30, "4 node targets up")

@@ -1,5 +1,5 @@
-"""The engine's own CPU in a steady round of ``bench_scale``'s 24 policies, without Prometheus
-(issue 15): a loopback HTTP server in a child process answers every query at once with what a
+"""The engine's own CPU in a steady round of ``bench_scale``'s 24 policies, without
+Prometheus: a loopback HTTP server in a child process answers every query at once with what a
 real Prometheus gives for the synthetic fleet of ``bench_scale`` (its idle, underused and busy
 GPUs, down nodes and queues, as JSON bytes made once), so what is measured is the engine's
 side only: HTTP, decoding, freshness, evaluation, state compare, judgement, SQLite. With
@@ -47,9 +47,9 @@ import orjson
 
 from gpuops.audit import AuditLog, AuditSettings
 from gpuops.model.rules.loader import load_rules
-from gpuops.runtime import Engine, collect_less
+from gpuops.runtime import collect_less
 from gpuops.runtime.metrics import EngineMetrics
-from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from gpuops.settings import GuardrailSettings, PrometheusSettings
 from gpuops.store.sql.policy_seen import REFRESH_S
 from tests.benchmarks.bench_scale import (
     ROOT,
@@ -60,6 +60,7 @@ from tests.benchmarks.bench_scale import (
     rss_mib,
     sum_samples,
 )
+from tests.builders import build_engine
 
 
 def answers(gpus: int) -> dict[str, list[dict[str, Any]]]:
@@ -139,8 +140,8 @@ KINDS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 )
 """How the canned server tells the policies' queries apart (their answers: ``answers``); an
 expression that is none of them, or more than one, is refused (``kind_of``): a rule edit
-that changes a query must change this too, not silently change the workload (review of
-issue 15: #12's new downclock expression was answered as reclaim's for a while)."""
+that changes a query must change this too, not silently change the workload (a new
+expression answered as another policy's would)."""
 
 
 def kind_of(expr: str) -> str:
@@ -288,24 +289,22 @@ def run(
     with tempfile.TemporaryDirectory(prefix="bench-round-") as tmp:
         work = Path(tmp)
         rules = policies(work)
-        config = EngineConfig(
-            prometheus=PrometheusSettings(url=url, timeout=60, max_sample_age=1800),
-            rules=[rules],
-            state_file=work / "state.sqlite",
-            audit=AuditConfig(spool_dir=work / "audit"),
-            guardrails=GuardrailSettings(global_max_per_hour=100),
-            metrics_listen=None,
-        )
         metrics = EngineMetrics.create()
         audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
             AuditSettings(spool_dir=work / "audit", max_spool_bytes=SPOOL_BYTES),
             host_name="bench",
             registry=metrics.registry,
         )
-        engine = Engine(
-            config, executors=registry(), clock=lambda: clock[0], metrics=metrics, audit=audit
+        engine = build_engine(
+            work,
+            [rules],
+            executors=registry(),
+            clock=lambda: clock[0],
+            metrics=metrics,
+            audit_log=audit,
+            prometheus=PrometheusSettings(url=url, timeout=60, max_sample_age=1800),
+            guardrails=GuardrailSettings(global_max_per_hour=100),
         )
-        engine.reload(strict=True)
         load_rules([rules])
         # CPU, not wall (waits on Prometheus' answers and on fsync are not the engine's CPU)
         profiler = cProfile.Profile(time.thread_time) if profile is not None else None

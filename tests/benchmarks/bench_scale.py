@@ -1,4 +1,4 @@
-"""The evaluation cycle at fleet scale against a real Prometheus (issue 15): the table.
+"""The evaluation cycle at fleet scale against a real Prometheus: the table.
 
 A synthetic fleet of N GPUs (4 per node; 40% idle but allocated, 10% underused, 40% busy, 10%
 free; 1% of nodes down; 7 series per GPU plus ``up`` per node, ~72k series at 10k GPUs) is
@@ -55,12 +55,13 @@ from gpuops.audit import AuditLog, AuditSettings
 from gpuops.model.decisions import Decision
 from gpuops.model.rules.export import export_rules
 from gpuops.model.rules.loader import load_rules
-from gpuops.runtime import Engine, collect_less
+from gpuops.runtime import collect_less
 from gpuops.runtime.metrics import EngineMetrics
-from gpuops.settings import AuditConfig, EngineConfig, GuardrailSettings, PrometheusSettings
+from gpuops.settings import GuardrailSettings, PrometheusSettings
 from gpuops.sim.fleet.remotewrite import _field, encode_labels, encode_sample
 from gpuops.sources.promproc import PrometheusServer
 from gpuops.store.sql.policy_seen import REFRESH_S
+from tests.builders import build_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUND_S = 30.0
@@ -189,7 +190,7 @@ def policies(workdir: Path) -> Path:
 
 
 class Noop:
-    verbs = None
+    verbs: frozenset[str] | None = None
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         pass
@@ -278,16 +279,6 @@ def measure(
     rounds: int,
     profile: Path | None = None,
 ) -> dict[str, float]:
-    config = EngineConfig(
-        # the present is written every 15 s by a child process that a loaded machine may slow
-        # down: freshness is not what is measured here, so a stale result is still evaluated
-        prometheus=PrometheusSettings(url=url, timeout=600, max_sample_age=1800),
-        rules=[rules],
-        state_file=work / "state.sqlite",
-        audit=AuditConfig(spool_dir=work / "audit"),
-        guardrails=GuardrailSettings(global_max_per_hour=100),
-        metrics_listen=None,
-    )
     collect_less()  # as `gpuops engine run` does
     metrics = EngineMetrics.create()
     audit = AuditLog(  # no Elasticsearch: the spool keeps every document of the run
@@ -295,8 +286,17 @@ def measure(
         host_name="bench",
         registry=metrics.registry,
     )
-    engine = Engine(config, executors=registry(), metrics=metrics, audit=audit)
-    engine.reload(strict=True)
+    engine = build_engine(
+        work,
+        [rules],
+        executors=registry(),
+        metrics=metrics,
+        audit_log=audit,
+        # the present is written every 15 s by a child process that a loaded machine may slow
+        # down: freshness is not what is measured here, so a stale result is still evaluated
+        prometheus=PrometheusSettings(url=url, timeout=600, max_sample_age=1800),
+        guardrails=GuardrailSettings(global_max_per_hour=100),
+    )
     counted = engine.metrics.decisions
     rows: list[dict[str, float]] = []
     try:
@@ -404,8 +404,8 @@ def table(results: list[dict[str, float]]) -> Iterator[str]:
 
 
 def other_figures() -> Iterator[str]:
-    """The audit and exporter rows of the issue's table, from their own benchmarks (issue 15's
-    other half) when they are there."""
+    """The audit and exporter rows of the table, from their own benchmarks when they are
+    there."""
     try:
         from tests.benchmarks import bench_audit, bench_exporter
     except ImportError:

@@ -1,7 +1,7 @@
 """Browser tests of the web console: Debian's headless chromium (``/usr/bin/chromium``, which
 ``make test`` installs) driven by Playwright — no browser download.
 
-One engine with its API (``tests.unit.api.harness``) and one browser for the whole session;
+One engine with its API (``tests.integration.api.harness``) and one browser for the whole session;
 each test gets a fresh browser context (its own cookies). Every request the page makes to
 anything but the console is aborted, so a page that needs the internet fails. Screenshots go
 to ``var/console-screenshots/`` (git-ignored); the chosen ones are copied into docs/.
@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, sync_playwright
 
 from gpuops.settings import ConsoleSettings
-from tests.unit.api.harness import Harness, running_api
+from tests.integration.api.harness import Harness, running_api
 
 GRAFANA = "http://grafana.example:3000"
 KIBANA = "http://kibana.example:5601"

@@ -13,7 +13,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 
 from gpuops.api.console.web import when
 from tests.browser.conftest import GRAFANA, KIBANA, shot, sign_in
-from tests.unit.api.harness import Harness
+from tests.integration.api.harness import Harness
 from tests.waiting import wait_for
 
 PAGES = {

@@ -18,10 +18,11 @@ import requests
 
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.settings import PrometheusSettings
 from gpuops.sim.demo import DEMO_RULES, PROMETHEUS_CONFIG
 from gpuops.sim.fleet import FleetConfig, FleetSim, JobSpec
 from gpuops.sources.promproc import PrometheusServer
+from tests.builders import build_engine
 from tests.waiting import wait_for
 
 
@@ -120,16 +121,15 @@ def start_loop(tmp_path: Path) -> Iterator[StartLoop]:
         except BaseException:
             fleet.stop()
             raise
-        config = EngineConfig(
-            prometheus=PrometheusSettings(url=prom.url, timeout=2.0),
-            rules=[DEMO_RULES],
-            state_file=tmp_path / "state.sqlite",
-            audit=AuditConfig(spool_dir=tmp_path / "audit"),
-            executors={"fleet": {"url": fleet.control_url}},
-            metrics_listen=None,
-        )
         loop = Loop(fleet, prom, None, tmp_path / "audit")  # type: ignore[arg-type]
-        engine = Engine(config, listener=loop.record)
+        engine = build_engine(
+            tmp_path,
+            [DEMO_RULES],
+            prometheus=PrometheusSettings(url=prom.url, timeout=2.0),
+            executor_settings={"fleet": {"url": fleet.control_url}},
+            listener=loop.record,
+            reload=False,  # Engine.start loads them
+        )
         loop.engine = engine
         started.append((fleet, prom, engine))
         loop.wait_scraped()

@@ -1,4 +1,4 @@
-"""`gpuops demo` shows the safety, not only the actions (issue 16, item 7): two nodes failing at
+"""`gpuops demo` shows the safety, not only the actions: two nodes failing at
 once, one held back by the blast-radius limit with its audit record; a new policy added while it
 runs, in dry-run; a summary in sentences. The demo's own timeline, compressed to ~35 s."""
 

@@ -17,6 +17,7 @@ import contextlib
 import fnmatch
 import functools
 import gzip
+import io
 import json
 import socket
 import socketserver
@@ -26,7 +27,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
@@ -361,7 +362,8 @@ class _Connection(socketserver.StreamRequestHandler):
         with ``MSG_WAITALL``, so that a body of megabytes is one wait in the kernel (reading
         it in 64 KiB pieces made this thread take the GIL from the one answering another
         bulk request a hundred times per request)."""
-        head = self.rfile.read(len(self.rfile.peek(length)[:length]))  # buffered: no read
+        buffered = cast(io.BufferedReader, self.rfile)
+        head = buffered.read(len(buffered.peek(length)[:length]))  # buffered: no read
         if len(head) >= length or not head:
             return head
         body = bytearray(length)
@@ -375,7 +377,7 @@ class _Connection(socketserver.StreamRequestHandler):
         return bytes(body)
 
     def _chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
             if size == 0:
@@ -657,12 +659,12 @@ class _Request:
         if es.validate:
             problem = stream.checker.check(source)
             if problem:
-                kind = (
+                error = (
                     "strict_dynamic_mapping_exception"
                     if type(problem) is StrictRefusal
                     else "document_parsing_exception"
                 )
-                return _item_error(400, kind, problem, index, doc_id)
+                return _item_error(400, error, problem, index, doc_id)
         docs = stream.docs
         exists = doc_id in docs
         if exists and op == "create":

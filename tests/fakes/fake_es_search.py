@@ -298,7 +298,7 @@ def _range(doc: Doc, path: str, bounds: Mapping[str, Any]) -> bool:
     else:
         convert = _keyword
     for raw in values:
-        value = convert(raw)
+        value: Any = convert(raw)
         if value is None:
             continue
         checks = {"gte": value.__ge__, "gt": value.__gt__, "lte": value.__le__, "lt": value.__lt__}

@@ -25,7 +25,7 @@ The model, and where its shape comes from:
   and the figure to reproduce is the (time, energy) pair, not the watts. On the model's V100
   (``GPU_MODELS``: 40 W idle, 300 W limit) at training's ~0.9 load, the clock share that
   makes training 3 % longer (0.833, from ``throughput``) must draw 0.84 of full-clock
-  power: ``s ** k`` = 0.811, k = 1.15 (``tests/unit/fleet/test_energy.py`` checks the
+  power: ``s ** k`` = 0.811, k = 1.15 (``tests/unit/sim/fleet/test_energy.py`` checks the
   pair). An exponent of 2.5 (f*V^2 with V falling with f) would save ~30 % energy at +3 %
   time and ~40 % at a 150 W cap: twice what the study measured. The memory, uncore and
   board power an SM clock does not move are why the whole board's power falls about

@@ -1,6 +1,6 @@
 """Small inputs with large effects: a cooldown longer than the guardrails remember is refused,
-``gpus: true`` is not one GPU, and a rule file emptied to ``groups: []`` does not drop every
-running policy."""
+and a rule file emptied to ``groups: []`` does not drop every running policy (``gpus: true`` is
+not one GPU: tests/integration/api/test_quota.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 
 from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import RulesError
-from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig
-from tests.unit.api.harness import Harness
+from tests.builders import build_engine
 
 RULE = """
 groups:
@@ -37,57 +35,29 @@ def test_a_cooldown_up_to_the_guardrail_memory_loads_a_longer_one_is_refused() -
     )
 
 
-@pytest.mark.parametrize(
-    ("body", "where"),
-    [
-        (
-            {"project": "ml", "gpus": True, "duration": "1h"},
-            "body.gpus: Input should be a valid integer",
-        ),
-        (
-            {"project": "ml", "gpus": "2", "duration": "1h"},
-            "body.gpus: Input should be a valid integer",
-        ),
-        (
-            {"project": "ml", "gpus": 2, "duration": True},
-            "body.duration: Value error, must be a duration (seconds, or such as 8h), not a "
-            "boolean",
-        ),
-    ],
-)
-def test_a_boolean_or_a_string_is_no_number_of_gpus(
-    api: Harness, body: dict[str, object], where: str
-) -> None:
-    resp = api.call("developer", "POST", "/api/v1/quota-requests", json=body)
-    assert resp.status_code == 422
-    assert resp.json()["detail"] == where
-
-
-def test_emptying_the_rules_keeps_the_running_policies(api: Harness) -> None:
-    running = [p.name for p in api.engine.rules.policies()]
-    assert running
-    path = api.tmp / "rules" / "api-test.yaml"
-    path.write_text("groups: []\n")
-    result = api.engine.reload()
-    assert not result.ok and result.policies == len(running)
-    assert result.errors == (
-        f"{path}:1: the new rules ({path}) define no policy; the {len(running)} running "
-        "policies stay (to run none, pause the engine or stop it)",
-    )
-    assert [p.name for p in api.engine.rules.policies()] == running
+def test_emptying_the_rules_keeps_the_running_policies(tmp_path: Path) -> None:
+    engine = build_engine(tmp_path, {"r.yaml": RULE.format(cooldown="1h")})
+    try:
+        running = [p.name for p in engine.rules.policies()]
+        assert running
+        path = tmp_path / "rules" / "r.yaml"
+        path.write_text("groups: []\n")
+        result = engine.reload()
+        assert not result.ok and result.policies == len(running)
+        assert result.errors == (
+            f"{path}:1: the new rules ({path}) define no policy; the {len(running)} running "
+            "policies stay (to run none, pause the engine or stop it)",
+        )
+        assert [p.name for p in engine.rules.policies()] == running
+    finally:
+        engine.stop()
 
 
 def test_starting_with_no_policy_is_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "empty.yaml").write_text("groups: []\n")
-    config = EngineConfig(
-        rules=[tmp_path / "empty.yaml"],
-        state_file=tmp_path / "state.sqlite",
-        audit=AuditConfig(spool_dir=tmp_path / "audit"),
-        metrics_listen=None,
-    )
-    engine = Engine(config)
+    engine = build_engine(tmp_path, [tmp_path / "empty.yaml"], reload=False)
     try:
         with caplog.at_level(logging.INFO, logger="gpuops.runtime"):
             assert engine.reload().ok

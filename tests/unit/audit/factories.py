@@ -1,9 +1,16 @@
-"""Builders of decisions and helpers shared by the audit tests (not a test module)."""
+"""Builders of decisions, spools and spooled documents, and helpers shared by the audit tests
+(not a test module)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
+from gpuops.audit.metrics import AuditMetrics
+from gpuops.audit.settings import FullPolicy
+from gpuops.audit.spool import Spool, read_spool
 from gpuops.model.decisions import ActionSpec, Decision, Evidence, Target, Transition, decision_id
 from tests.waiting import wait_for
 
@@ -41,3 +48,28 @@ def make_decision(
 def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
     """``tests.waiting.wait_for`` under the name the audit tests use."""
     wait_for(condition, timeout_s, what, interval=0.01)
+
+
+def make_spool(
+    directory: Path, max_bytes: int = 10_000, policy: FullPolicy = "drop_oldest"
+) -> tuple[Spool, CollectorRegistry]:
+    registry = CollectorRegistry()
+    spool = Spool(
+        directory,
+        segment_max_bytes=1_000,
+        segment_max_age_s=60.0,
+        max_bytes=max_bytes,
+        full_policy=policy,
+        fsync=True,
+        metrics=AuditMetrics(registry),
+    )
+    spool.open()
+    return spool, registry
+
+
+def doc(n: int) -> dict[str, object]:
+    return {"event": {"id": f"id-{n:04d}"}, "message": "x" * 80}
+
+
+def ids(directory: Path) -> list[str]:
+    return [d["event"]["id"] for d in read_spool(directory)]

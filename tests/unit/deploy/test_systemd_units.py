@@ -1,17 +1,13 @@
 """deploy/systemd: every unit's ExecStart is a gpuops command line the real CLI parses (its
 commands and options exist: click parses it with ``--help``, which exits before any value is
 used), the files the units name are the ones the guide installs, the ports agree with the
-engine configuration and the Prometheus configuration, and ``systemd-analyze verify`` accepts
-each unit where it is installed."""
+engine configuration and the Prometheus configuration. ``systemd-analyze verify`` of each:
+tests/integration/deploy/test_systemd_units.py."""
 
 from __future__ import annotations
 
 import configparser
-import re
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -99,35 +95,3 @@ def test_the_ports_agree() -> None:
     assert f":{port}" in nodes
     assert f":{slurm[slurm.index('--port') + 1]}" in prometheus
     assert f":{engine['metrics_listen'].rsplit(':', 1)[1]}" in prometheus
-
-
-@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
-def test_systemd_analyze_verifies_the_unit(path: Path, tmp_path: Path) -> None:
-    """With the unit's program and users replaced by what exists here (the check looks for
-    the binary and needs no gpuops user)."""
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
-    gpuops = Path(sys.executable).parent / "gpuops"
-    assert gpuops.exists(), gpuops
-    text = path.read_text().replace(BINARY, str(gpuops))
-    text = re.sub(r"^(User|Group)=.*$", "", text, flags=re.M)
-    copy = tmp_path / path.name
-    copy.write_text(text)
-    done = subprocess.run(
-        [analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60
-    )
-    said = [line for line in (done.stdout + done.stderr).splitlines() if path.name in line]
-    assert done.returncode == 0 and not said, done.stdout + done.stderr
-
-
-def test_systemd_analyze_finds_an_unknown_key(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
-    copy = tmp_path / "broken.service"
-    copy.write_text("[Unit]\nDescription=x\n[Service]\nExecStart=/bin/true\nNoSuchKey=1\n")
-    done = subprocess.run(
-        [analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60
-    )
-    assert "broken.service" in done.stdout + done.stderr

@@ -1,0 +1,101 @@
+"""``gpuops decisions|approvals|quota|control|rules …|token`` against a running engine API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner, Result
+
+from gpuops.cli import cli
+from tests.integration.api.harness import Harness
+
+
+def run(api: Harness, role: str | None, *args: str) -> Result:
+    env = {"GPUOPS_URL": api.url}
+    if role:
+        env["GPUOPS_TOKEN"] = api.tokens[role]
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+def test_decisions_list_and_explain(api: Harness) -> None:
+    api.notify(api.alert("GPUFellOffBus", node="n1"))
+    api.settle()
+    table = run(api, "auditor", "decisions", "list")
+    assert table.exit_code == 0, table.output
+    header, row = table.stdout.splitlines()
+    assert header.split() == ["AT", "ID", "POLICY", "TRANSITION", "TARGET", "VERDICT", "OUTCOME"]
+    assert "drain-on-gpu-fell-off-bus" in row and row.endswith("success")
+    listed = json.loads(run(api, "auditor", "decisions", "list", "--json", "--since", "1h").stdout)
+    decision_id = listed["decisions"][0]["id"]
+    explained = run(api, "auditor", "decisions", "explain", decision_id)
+    assert explained.stdout.startswith(
+        "policy drain-on-gpu-fell-off-bus decided to fire on node=n1"
+    )
+
+
+def test_approvals_grant_as_admin_only(api: Harness) -> None:
+    api.notify(api.alert("GPUIdle", node="n2", uuid="GPU-2"))
+    api.settle()
+    listed = json.loads(run(api, "developer", "approvals", "list", "--json").stdout)
+    decision_id = listed["approvals"][0]["decision_id"]
+    refused = run(api, "developer", "approvals", "grant", decision_id)
+    assert refused.exit_code == 1
+    assert "403 Forbidden: forbidden: user 'dave'" in refused.stderr
+    granted = run(api, "admin", "approvals", "grant", decision_id)
+    assert granted.exit_code == 0 and "execute" in granted.stdout
+
+
+def test_quota_request_list_approve(api: Harness) -> None:
+    filed = run(
+        api,
+        "developer",
+        "quota",
+        "request",
+        "--project",
+        "nlp",
+        "--gpus",
+        "3",
+        "--duration",
+        "2h",
+        "--json",
+    )
+    assert filed.exit_code == 0, filed.output
+    request_id = json.loads(filed.stdout)["id"]
+    approved = run(api, "admin", "quota", "approve", request_id)
+    assert approved.exit_code == 0 and "active" in approved.stdout
+    table = run(api, "auditor", "quota", "list", "--status", "active").stdout
+    assert request_id in table and "nlp" in table
+
+
+def test_control_commands(api: Harness) -> None:
+    assert "kill_switch: True" in run(api, "admin", "control", "kill-switch", "on").stdout
+    assert api.engine.kill_switch_on()
+    assert "paused: True" in run(api, "admin", "control", "pause").stdout
+    status = json.loads(run(api, "auditor", "control", "status", "--json").stdout)
+    assert status["paused"] is True and status["kill_switch"] is True
+    run(api, "admin", "control", "resume")
+    run(api, "admin", "control", "kill-switch", "off")
+    assert not api.engine.paused() and not api.engine.kill_switch_on()
+
+
+def test_rules_remote_commands(api: Harness, tmp_path_factory: pytest.TempPathFactory) -> None:
+    listed = run(api, "auditor", "rules", "list")
+    assert "reclaim-with-approval" in listed.stdout
+    assert run(api, "admin", "rules", "reload").stdout == "ok: True\npolicies: 2\n"
+    bad = tmp_path_factory.mktemp("r") / "bad.yaml"
+    bad.write_text("groups:\n  - name: g\n    rules:\n      - policy: p\n")
+    checked = run(api, "developer", "rules", "validate-remote", str(bad))
+    assert checked.exit_code == 1
+    assert checked.stdout.splitlines()[0].startswith("bad.yaml:4: ")
+
+
+def test_errors_are_messages_with_exit_1(api: Harness) -> None:
+    no_token = run(api, None, "decisions", "list")
+    assert no_token.exit_code == 1
+    assert "401 Unauthorized: no credentials" in no_token.stderr
+    unreachable = CliRunner().invoke(
+        cli, ["control", "status", "--url", "http://127.0.0.1:9"], env={"GPUOPS_TOKEN": "x"}
+    )
+    assert unreachable.exit_code == 1
+    assert "cannot reach the engine API at http://127.0.0.1:9" in unreachable.stderr

@@ -1,0 +1,44 @@
+"""``gpuops exporter nvml``: its options. A real process serving a fake scenario:
+tests/integration/exporters/test_nvml_cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gpuops.cli import cli
+from gpuops.cli.exporter import FAKE_SCENARIOS
+from gpuops.exporters.nvml.scenarios import SCENARIOS
+
+
+def test_fake_scenario_names_match_the_scenarios() -> None:
+    assert set(FAKE_SCENARIOS) == set(SCENARIOS)
+
+
+def test_every_option_has_help() -> None:
+    result = CliRunner().invoke(cli, ["exporter", "nvml", "--help"])
+    assert result.exit_code == 0
+    for option in (
+        "--port",
+        "--host",
+        "--fake-nvml",
+        "--agent",
+        "--agent-token-file",
+        "--xid-poll-ms",
+    ):
+        assert option in result.output
+    assert "[default: 9835" in result.output
+
+
+def test_agent_needs_a_token_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["exporter", "nvml", "--agent", "--fake-nvml", "mig-a100"])
+    assert result.exit_code == 2
+    assert "--agent needs --agent-token-file (the bearer token)" in result.output
+    empty = tmp_path / "token"
+    empty.write_text("", encoding="utf-8")
+    result = CliRunner().invoke(
+        cli, ["exporter", "nvml", "--agent", "--agent-token-file", str(empty)]
+    )
+    assert result.exit_code == 2
+    assert "is empty" in result.output
