@@ -42,7 +42,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
 
-# victoria-metrics: tests/integration/test_victoriametrics.py runs the shipped policy tests on it
+# victoria-metrics: tests/integration/sources/test_victoriametrics.py runs the shipped policy
+# tests on it
 /usr/bin/victoria-metrics:
 	@echo "installing Debian package victoria-metrics"
 	apt-get update -qq
@@ -74,8 +75,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# the package (strict, pyproject's [tool.mypy]), then what the tests build an engine with: the
+# builder, the fakes (each satisfies the Protocol it stands in for) and the unit tests' tripwire
 types: setup
 	$(BIN)/mypy
+	$(BIN)/mypy tests/builders.py tests/fakes tests/unit/conftest.py
 
 contracts: setup
 	$(BIN)/lint-imports
