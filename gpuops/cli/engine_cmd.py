@@ -46,7 +46,7 @@ def run(config_path: Path, dry_run: bool) -> None:
         config = config.model_copy(
             update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}
         )
-    collect_less()  # a long-running process holding the fleet's state (issue 15)
+    collect_less()  # a long-running process holding every policy's state
     try:
         eng = Engine(config)
     except StateError as exc:  # never a silent reset: gpuops state reset does that

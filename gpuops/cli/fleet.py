@@ -248,7 +248,7 @@ def run(
     start_ms = int((time.time() - hours * 3600) * 1000)
     try:
         # stepped and observed as the what-if's off run is, so that the baseline is the same
-        # figure both ways (it differed by up to 0.9 points at 30 s steps: issue 12's review)
+        # figure both ways (observed at other steps, it differs by up to 0.9 points)
         virtual = VirtualFleet(
             config,
             start_ms,

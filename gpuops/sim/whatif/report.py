@@ -198,7 +198,7 @@ def table(w: Whatif) -> str:
     for label in sorted(set(off.energy_split_kwh) | set(on.energy_split_kwh)):
         x, y = off.energy_split_kwh.get(label), on.energy_split_kwh.get(label)
         lines.append(_line(label, _num(".1f")(x), _num(".1f")(y), _delta(x, y)))
-    lines += ["", "  targets (issue 12, on the case-study fleet):"]
+    lines += ["", "  targets (on the case-study fleet):"]
     for t in targets(w):
         fmt = (
             _h
