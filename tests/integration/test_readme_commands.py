@@ -83,7 +83,9 @@ NOT_RUN = {
     "'kbn-xsrf: true' --form file=@/opt/gpuops/src/elk/kibana/gpuops-audit.ndjson": (
         "needs Kibana; tests/unit/deploy/test_compose.py checks the import file"
     ),
-    "git -C /opt/gpuops/src checkout v0.1.0": "a release tag of the repository's remote",
+    "git -C /opt/gpuops/src fetch && git -C /opt/gpuops/src checkout RELEASE": (
+        "RELEASE is a placeholder: the release tag or commit to run"
+    ),
     # docs/slurm.md: a Slurm cluster (tests/integration/slurm runs these on a local one)
     "gpuops exporter slurm --port 9341 --slurm-conf /etc/slurm/slurm.conf --gres-conf "
     "/etc/slurm/gres.conf": "needs Slurm (tests/integration/slurm)",
