@@ -19,7 +19,9 @@ from typing import Any
 
 import yaml
 
-from gpuops.actions.base import Executor, ExecutorFactory, ExecutorRegistry, RetryPolicy
+from gpuops.actions.base import Executor
+from gpuops.actions.registry import ExecutorFactory, ExecutorRegistry
+from gpuops.actions.retry import RetryPolicy
 from gpuops.api import hash_token
 from gpuops.audit import AuditLog
 from gpuops.runtime import Engine

@@ -1,7 +1,8 @@
 """Executors: the pluggable things that carry out actions.
 
-``base`` holds the Protocol, the two error classes, the registry and the one function that turns
-exceptions into Outcomes; ``dispatch`` the table that routes each verb an executor implements
+``base`` holds the Protocol, the two error classes and the one function that turns exceptions
+into Outcomes (``retry``: how it retries); ``registry`` the executors by name (entry points), what
+they do and take; ``dispatch`` the table that routes each verb an executor implements
 (``gpuops.model.verbs``) to its handler with typed params; ``results`` the typed results and
 their JSON form; ``config`` how an executor reads its settings; ``encoding`` label values into
 URLs, headers and log lines. One module per executor beside them (``fleet``, ``slurm``,
@@ -12,11 +13,11 @@ URLs, headers and log lines. One module per executor beside them (``fleet``, ``s
 from gpuops.actions.base import (
     Executor,
     ExecutorError,
-    ExecutorRegistry,
     PermanentError,
     TemporaryError,
     execute,
 )
+from gpuops.actions.registry import ExecutorRegistry
 
 __all__ = [
     "Executor",

@@ -1,29 +1,27 @@
-"""The executor contract, the registry of executors and the single place that turns whatever an
-executor raises into an ``Outcome`` (with retries and backoff for temporary errors).
+"""The executor contract and the single place that turns whatever an executor raises into an
+``Outcome`` (with retries and backoff for temporary errors, ``gpuops.actions.retry``).
 
 Executors raise ``TemporaryError`` (retried) or ``PermanentError`` (not); anything else is a bug
 in the executor and becomes a failed outcome with its type and message. ``gpuops.runtime.gate``
 (the only caller of executors) calls ``execute``; executors never see the guardrails or the audit.
-The registry says which verbs each executor does and what params it takes, for the rule checks
-(``gpuops.offline.rulecheck``): for a verb of ``gpuops.model.verbs``, the verb's params model.
+The registry of executors (``gpuops.actions.registry``) builds them and says which verbs each
+does and what params it takes; it never runs one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from gpuops.actions.results import ExecutorResult, changes
+from gpuops.actions.retry import RetryPolicy
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
-from gpuops.model.verbs import VERBS
 
 log = logging.getLogger(__name__)
 
-ENTRY_POINT_GROUP = "gpuops.executors"
+DEFAULT_RETRY = RetryPolicy()
 
 
 class ExecutorError(Exception):
@@ -65,9 +63,6 @@ class Executor(Protocol):
     def run(self, decision: Decision) -> ExecutorResult: ...
 
 
-ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
-
-
 def lane(executor: Executor, decision: Decision) -> str:
     """The lane of ``decision`` on ``executor``: what its optional ``lane`` method names, or
     ``""`` (one lane for the whole executor, also when the method fails: ``run`` then reports
@@ -85,71 +80,10 @@ def lane(executor: Executor, decision: Decision) -> str:
     return key if isinstance(key, str) else ""
 
 
-class ExecutorRegistry:
-    """Executor classes by name. Each engine (and each test) gets its own registry."""
-
-    def __init__(self) -> None:
-        self._factories: dict[str, ExecutorFactory] = {}
-
-    @classmethod
-    def from_entry_points(cls) -> ExecutorRegistry:
-        registry = cls()
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            registry.register(ep.name, ep.load())
-        return registry
-
-    def register(self, name: str, factory: ExecutorFactory) -> None:
-        self._factories[name] = factory
-
-    def names(self) -> list[str]:
-        return sorted(self._factories)
-
-    def params_problems(self, executor: str, verb: str, params: Mapping[str, Any]) -> list[str]:
-        """The problems of ``params`` for ``verb`` on ``executor``: its own ``check_params``
-        when it has one, else the verb's params model when the executor declares the verb and
-        ``gpuops.model.verbs`` knows it; none for a free-form verb or an unknown executor."""
-        factory = self._factories.get(executor)
-        if factory is None:
-            return []
-        check = getattr(factory, "check_params", None)
-        if check is not None:
-            return list(check(verb, dict(params)))
-        verbs = self.verbs(executor)
-        known = VERBS.get(verb)
-        if verbs is None or verb not in verbs or known is None:
-            return []
-        return known.check(params)
-
-    def verbs(self, name: str) -> frozenset[str] | None:
-        """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
-        factory = self._factories.get(name)
-        verbs = getattr(factory, "verbs", None)
-        return verbs if isinstance(verbs, frozenset) else None
-
-    def create(self, name: str, settings: Mapping[str, Any] | None = None) -> Executor:
-        try:
-            factory = self._factories[name]
-        except KeyError:
-            known = ", ".join(self.names()) or "none"
-            raise KeyError(f"unknown executor {name!r} (known: {known})") from None
-        return factory(settings or {})
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How temporary failures are retried."""
-
-    attempts: int = 3
-    """Total tries, the first included."""
-    backoff_s: float = 0.5
-    """Delay before the second try; doubled for each further one."""
-    max_backoff_s: float = 10.0
-
-
 def execute(
     executor: Executor,
     decision: Decision,
-    retry: RetryPolicy = RetryPolicy(),
+    retry: RetryPolicy = DEFAULT_RETRY,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     interrupted: Callable[[], str | None] = lambda: None,

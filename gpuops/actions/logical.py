@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.actions.base import Executor, ExecutorRegistry, PermanentError
+from gpuops.actions.base import Executor, PermanentError
 from gpuops.actions.config import settings_of
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
 

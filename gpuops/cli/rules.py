@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gpuops.actions.base import ExecutorRegistry
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.cli.api_client import api_options, remote_call, show
 from gpuops.model.rules.export import export_rules
 from gpuops.model.rules.loader import load_rules

@@ -5,7 +5,7 @@ its undo verb (the ``on_clear`` a policy usually pairs it with), the target labe
 what it acts on, and the built-in executors that implement it. ``VERBS`` holds them by name.
 
 Read by ``gpuops.actions`` (each executor's verbs and its dispatch table:
-``gpuops.actions.dispatch``), the rule checks (``gpuops.actions.base.ExecutorRegistry``,
+``gpuops.actions.dispatch``), the rule checks (``gpuops.actions.registry.ExecutorRegistry``,
 called by ``gpuops.offline.rulecheck``) and the console, through them. A verb this table does
 not know (``release_batch`` on ``webhook``, a third-party executor's own) is free-form: the
 executor that declares it takes its params as written (see ``gpuops.actions.base.Executor``).

@@ -4,7 +4,7 @@
 ``gpuops rules check`` both call ``load_checked``, so "OK" from the CLI means the engine loads
 the files: the schema (``gpuops.model.rules.loader``), PromQL by promtool
 (``gpuops.offline.promtool``), and each action's verb and params: the verbs its executor does
-and the params it takes, which the executor registry (``gpuops.actions.base``) reads from the
+and the params it takes, which the executor registry (``gpuops.actions.registry``) reads from the
 verb table (``gpuops.model.verbs``) or, for a free-form executor, from the executor itself.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpuops.actions.base import ExecutorRegistry
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.model.decisions import ActionSpec
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import Policy, RuleError, RulesError, RuleSet

@@ -17,7 +17,8 @@ import socket
 import time
 from collections.abc import Callable
 
-from gpuops.actions.base import ExecutorRegistry, RetryPolicy
+from gpuops.actions.registry import ExecutorRegistry
+from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
 from gpuops.model.alerts import Alert
 from gpuops.model.decisions import Decision, SkippedEvaluation

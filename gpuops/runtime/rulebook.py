@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuops.actions.base import ExecutorRegistry
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.model.rules.model import Policy, RuleError, RulesError, RuleSet
 from gpuops.offline.rulecheck import load_checked, refuse_dropping_every_policy
 from gpuops.runtime.metrics import EngineMetrics

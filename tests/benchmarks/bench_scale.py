@@ -50,7 +50,7 @@ from typing import Any
 import cramjam
 import requests
 
-from gpuops.actions.base import ExecutorRegistry
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.audit import AuditLog, AuditSettings
 from gpuops.model.decisions import Decision
 from gpuops.model.rules.export import export_rules

@@ -18,7 +18,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from gpuops.actions.base import Executor, ExecutorRegistry, RetryPolicy, execute, lane
+from gpuops.actions.base import Executor, execute, lane
+from gpuops.actions.registry import ExecutorRegistry
+from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression
 from gpuops.model.guardrails import RETRY_S

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import PermanentError, RetryPolicy, TemporaryError, execute
+from gpuops.actions.base import PermanentError, TemporaryError, execute
 from gpuops.actions.command import OUTPUT_CAP, CommandExecutor
+from gpuops.actions.retry import RetryPolicy
 from gpuops.model.decisions import Decision, OutcomeStatus
 from tests.unit.actions.support import make_decision
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import PermanentError, RetryPolicy, TemporaryError, execute
+from gpuops.actions.base import PermanentError, TemporaryError, execute
+from gpuops.actions.retry import RetryPolicy
 from gpuops.actions.webhook import WebhookExecutor, signature
 from gpuops.model.decisions import OutcomeStatus
 from tests.fakes.receiver import Receiver, Reply

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import PermanentError, RetryPolicy, TemporaryError, execute
+from gpuops.actions.base import PermanentError, TemporaryError, execute
 from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.actions.retry import RetryPolicy
 from gpuops.exporters.nvml import scenarios
 from gpuops.exporters.nvml.server import ExporterServer
 from gpuops.model.decisions import OutcomeStatus

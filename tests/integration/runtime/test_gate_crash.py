@@ -155,7 +155,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_tmpfs_spool_stops_actions_and_they_resume_with_space(
     tmp_path: Path, small_tmpfs: Path
 ) -> None:
-    from gpuops.actions.base import RetryPolicy
+    from gpuops.actions.retry import RetryPolicy
     from gpuops.model.decisions import Decision, Sample, freeze
     from gpuops.settings import AuditConfig
 

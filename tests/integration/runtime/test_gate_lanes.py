@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import RetryPolicy
+from gpuops.actions.retry import RetryPolicy
 from gpuops.actions.webhook import WebhookExecutor
 from gpuops.model.decisions import Decision, OutcomeStatus
 from gpuops.runtime.gate import LANES_PER_EXECUTOR

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import RetryPolicy, execute
+from gpuops.actions.base import execute
+from gpuops.actions.retry import RetryPolicy
 from gpuops.actions.slurm import SlurmExecutor
 from gpuops.model.decisions import ActionSpec, Decision, Evidence, Outcome, Target, Transition
 from gpuops.sim.slurmcluster import SlurmCluster

@@ -8,15 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import (
-    Executor,
-    ExecutorRegistry,
-    PermanentError,
-    RetryPolicy,
-    TemporaryError,
-    execute,
-    lane,
-)
+from gpuops.actions.base import Executor, PermanentError, TemporaryError, execute, lane
+from gpuops.actions.registry import ExecutorRegistry
+from gpuops.actions.retry import RetryPolicy
 from gpuops.model.decisions import Decision, OutcomeStatus
 from tests.unit.actions.support import make_decision
 

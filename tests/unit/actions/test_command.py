@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import ExecutorRegistry, PermanentError
+from gpuops.actions.base import PermanentError
 from gpuops.actions.command import CommandExecutor
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.model.decisions import Decision
 from tests.unit.actions.support import make_decision
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import ExecutorRegistry, execute
+from gpuops.actions.base import execute
 from gpuops.actions.logical import SchedulerExecutor
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.model.decisions import Decision
 from gpuops.settings import ConfigError, EngineConfig, load_config
 from tests.unit.actions.support import make_decision

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.actions.base import ExecutorRegistry, PermanentError
+from gpuops.actions.base import PermanentError
 from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.actions.registry import ExecutorRegistry
 from tests.unit.actions.support import UUID0, agent_decision
 
 TOKEN = "executor-token"

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import responses
 
-from gpuops.actions.base import ExecutorRegistry, PermanentError, execute
+from gpuops.actions.base import PermanentError, execute
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.fleet import FleetExecutor
 from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.results import Routed
 from gpuops.actions.slurm import Powered, Reclaimed, SlurmExecutor
 from gpuops.model.decisions import Decision

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.actions.base import RetryPolicy
+from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog, AuditSettings
 from gpuops.audit.spool import read_spool
 from gpuops.runtime import Engine

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from gpuops.actions.base import PermanentError, RetryPolicy, TemporaryError
+from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.retry import RetryPolicy
 from gpuops.audit.spool import read_spool
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision

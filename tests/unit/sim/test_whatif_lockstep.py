@@ -16,7 +16,7 @@ import pytest
 import requests
 import responses
 
-from gpuops.actions.base import ExecutorRegistry
+from gpuops.actions.registry import ExecutorRegistry
 from gpuops.model.decisions import Sample
 from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Group, RuleSet

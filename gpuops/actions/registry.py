@@ -1,0 +1,71 @@
+"""The registry of executors: executor classes by name, loaded from the ``gpuops.executors``
+entry points, and what each one does.
+
+It builds executors and says which verbs each does and what params it takes, for the rule checks
+(``gpuops.offline.rulecheck``): for a verb of ``gpuops.model.verbs``, the verb's params model.
+It never runs one: only ``gpuops.runtime.gate`` calls executors (``gpuops.actions.base.execute``),
+so the engine's facade, the rulebook, the CLI and the API import this module, never ``base``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from gpuops.actions.base import Executor
+from gpuops.model.verbs import VERBS
+
+ENTRY_POINT_GROUP = "gpuops.executors"
+
+ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
+
+
+class ExecutorRegistry:
+    """Executor classes by name. Each engine (and each test) gets its own registry."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, ExecutorFactory] = {}
+
+    @classmethod
+    def from_entry_points(cls) -> ExecutorRegistry:
+        registry = cls()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            registry.register(ep.name, ep.load())
+        return registry
+
+    def register(self, name: str, factory: ExecutorFactory) -> None:
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def params_problems(self, executor: str, verb: str, params: Mapping[str, Any]) -> list[str]:
+        """The problems of ``params`` for ``verb`` on ``executor``: its own ``check_params``
+        when it has one, else the verb's params model when the executor declares the verb and
+        ``gpuops.model.verbs`` knows it; none for a free-form verb or an unknown executor."""
+        factory = self._factories.get(executor)
+        if factory is None:
+            return []
+        check = getattr(factory, "check_params", None)
+        if check is not None:
+            return list(check(verb, dict(params)))
+        verbs = self.verbs(executor)
+        known = VERBS.get(verb)
+        if verbs is None or verb not in verbs or known is None:
+            return []
+        return known.check(params)
+
+    def verbs(self, name: str) -> frozenset[str] | None:
+        """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""
+        factory = self._factories.get(name)
+        verbs = getattr(factory, "verbs", None)
+        return verbs if isinstance(verbs, frozenset) else None
+
+    def create(self, name: str, settings: Mapping[str, Any] | None = None) -> Executor:
+        try:
+            factory = self._factories[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise KeyError(f"unknown executor {name!r} (known: {known})") from None
+        return factory(settings or {})
