@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpuops.actions.logical import LOGICAL_DEFAULTS
+from gpuops.actions.registry import LOGICAL_DEFAULTS
 from gpuops.audit.settings import AuditSettings, FullPolicy
 from gpuops.model.evaluation.step import Freshness
 from gpuops.model.rules.durations import parse_duration

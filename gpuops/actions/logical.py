@@ -19,16 +19,9 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuops.actions.base import Executor, PermanentError
 from gpuops.actions.config import settings_of
-from gpuops.actions.registry import ExecutorRegistry
+from gpuops.actions.registry import LOGICAL_DEFAULTS, ExecutorRegistry
 from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
-
-LOGICAL_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
-    "scheduler": {"use": "fleet", "by_verb": {"notify": "log"}},
-    "gpu-control": {"use": "fleet"},
-}
-"""What each logical executor means when the engine configuration does not say: the simulated
-fleet (which has no warning step of its own: ``notify`` is recorded by ``log``)."""
 
 
 class LogicalSettings(BaseModel):

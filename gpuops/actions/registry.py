@@ -20,6 +20,15 @@ ENTRY_POINT_GROUP = "gpuops.executors"
 
 ExecutorFactory = Callable[[Mapping[str, Any]], Executor]
 
+LOGICAL_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "scheduler": {"use": "fleet", "by_verb": {"notify": "log"}},
+    "gpu-control": {"use": "fleet"},
+}
+"""The logical executors (``gpuops.actions.logical``) and what each means when the engine
+configuration does not say: the simulated fleet (which has no warning step of its own: ``notify``
+is recorded by ``log``). Here, beside the registry, so that ``gpuops.settings`` completes their
+settings without importing an executor."""
+
 
 class ExecutorRegistry:
     """Executor classes by name. Each engine (and each test) gets its own registry."""
