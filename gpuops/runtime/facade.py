@@ -15,13 +15,16 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
-from gpuops.model.alerts import Alert
-from gpuops.model.decisions import Decision, SkippedEvaluation
+from gpuops.model.alerts import Alert, AlertStatus
+from gpuops.model.decisions import Decision, SkippedEvaluation, freeze
 from gpuops.model.evaluation.step import Freshness
 from gpuops.model.rules.model import Group, Policy, RuleSet
 from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
@@ -51,6 +54,47 @@ DECISION_MEMORY_S = 30 * 86400.0
 RECONCILE_S = 5.0
 """How often an audit spool that could not be written is tried again (while it cannot, no
 action runs)."""
+
+
+class _AlertItem(BaseModel):
+    """One ``alerts[]`` item of an Alertmanager webhook notification, as a mapping handed to
+    ``Engine.handle_alert``: checked as the receiver checks it (``gpuops.api.schemas.Alert``,
+    which the runtime cannot import)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    annotations: dict[str, str] = {}
+    startsAt: str = Field(max_length=64)
+    endsAt: str = Field(default="", max_length=64)
+    generatorURL: str = Field(default="", max_length=4096)
+    fingerprint: str = Field(min_length=1, max_length=64)
+
+
+def alert_of(item: Alert | Mapping[str, Any]) -> Alert:
+    """``item`` as the engine takes it: an ``Alert`` as it is, an Alertmanager item (a mapping:
+    ``status``, ``labels``, ``startsAt``, ``fingerprint``...) as the receiver builds it from
+    one. ``ValueError`` naming every problem of a mapping it cannot take."""
+    if isinstance(item, Alert):
+        return item
+    try:
+        checked = _AlertItem.model_validate(dict(item))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ValueError(f"not an Alertmanager alert: {problems}") from None
+    return Alert(
+        fingerprint=checked.fingerprint,
+        status=AlertStatus(checked.status),
+        labels=freeze(checked.labels),
+        annotations=freeze(checked.annotations),
+        starts_at=checked.startsAt,
+        ends_at=checked.endsAt,
+        generator_url=checked.generatorURL,
+    )
 
 
 class Engine:
@@ -249,8 +293,11 @@ class Engine:
     def evaluate_policy(self, policy: Policy, now: float | None = None) -> list[Decision]:
         return self.cycle.evaluate_policy(policy, now)
 
-    def handle_alert(self, alert: Alert) -> list[Decision]:
-        return self.alerts.handle(alert)
+    def handle_alert(self, alert: Alert | Mapping[str, Any]) -> list[Decision]:
+        """Decide on one alert now: a ``gpuops.model.alerts.Alert``, or the Alertmanager item
+        as a mapping (checked as the receiver checks it, ``alert_of``; ``ValueError`` when it
+        is not one)."""
+        return self.alerts.handle(alert_of(alert))
 
     def grant(self, decision_id: str, user: str) -> Decision:
         self.leadership.require()

@@ -230,6 +230,73 @@ def test_alert_fires_once_per_episode_and_resolves_with_on_clear(make) -> None:
     assert other == []
 
 
+ITEM: dict[str, Any] = {
+    "status": "firing",
+    "labels": {"alertname": "GPUFellOffBus", "node": "n1", "instance": "x"},
+    "annotations": {"summary": "fell off the bus"},
+    "startsAt": "2026-11-30T08:00:00Z",
+    "endsAt": "0001-01-01T00:00:00Z",
+    "generatorURL": "http://prometheus/graph",
+    "fingerprint": "abc",
+}
+
+
+def test_handle_alert_takes_the_alertmanager_item_as_a_mapping(make) -> None:
+    """As before the model's Alert: a caller that hands the item as Alertmanager sends it gets
+    the same decisions as with the Alert the receiver builds (same ids: the same episode)."""
+    engine = make()
+    (fired,) = engine.handle_alert(ITEM)
+    again = engine.handle_alert(
+        Alert(
+            fingerprint="abc",
+            status=AlertStatus.FIRING,
+            labels={"alertname": "GPUFellOffBus", "node": "n1", "instance": "x"},
+            starts_at="2026-11-30T08:00:00Z",
+        )
+    )
+    engine.wait_idle(10)
+    assert fired.target.labels == {"node": "n1"}
+    assert [d.id for d in again] == [fired.id]
+    (cleared,) = engine.handle_alert({**ITEM, "status": "resolved"})
+    engine.wait_idle(10)
+    assert [d.action.type for d in make.ran if d.action] == ["migrate", "restore"]
+    assert cleared.transition.value == "resolve"
+
+
+def test_a_mapping_becomes_the_alert_the_receiver_builds() -> None:
+    from gpuops.api.schemas import Alert as AlertItem
+    from gpuops.runtime.facade import alert_of
+
+    built = alert_of(ITEM)
+    assert built == AlertItem.model_validate(ITEM).value()
+    assert alert_of(built) is built
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"status": "pending"}, "status"),
+        ({"fingerprint": ""}, "fingerprint"),
+        ({"labels": {"node": 1}}, "labels.node"),
+        ({"startsAt": "x" * 65}, "startsAt"),
+    ],
+)
+def test_handle_alert_refuses_a_mapping_the_receiver_would(
+    make, change: dict[str, Any], named: str
+) -> None:
+    engine = make()
+    with pytest.raises(ValueError, match=f"not an Alertmanager alert: .*{named}"):
+        engine.handle_alert({**ITEM, **change})
+    assert make.ran == []
+
+
+def test_handle_alert_names_what_a_mapping_lacks(make) -> None:
+    engine = make()
+    item = {k: v for k, v in ITEM.items() if k != "fingerprint"}
+    with pytest.raises(ValueError, match="fingerprint: Field required"):
+        engine.handle_alert(item)
+
+
 def test_invalid_edit_keeps_the_running_rules(make, tmp_path: Path) -> None:
     engine = make()
     rule_file = tmp_path / "rules" / "p.yaml"
