@@ -67,7 +67,8 @@ def _open(config: EngineConfig) -> StateStore | PostgresStore:
 
 def _problem(config: EngineConfig) -> str | None:
     """Why the state cannot be used, or None when it can: the checks at open, then every row
-    the engine reads at start or per policy."""
+    the engine reads at start or per policy, and the stored alerts (the inbox, the resolves
+    that came early) it cannot decode or handles as resolved."""
     try:
         store = _open(config)
     except StateError as exc:
@@ -84,6 +85,7 @@ def _problem(config: EngineConfig) -> str | None:
                 store.policy_state(policy)
             except StateError as exc:
                 problems.append(str(exc))
+        problems.extend(store.alert_row_problems())
     finally:
         store.close()
     return "\n".join(problems) or None

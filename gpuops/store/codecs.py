@@ -122,24 +122,45 @@ def alert_doc(alert: Alert) -> dict[str, Any]:
     }
 
 
-def alert_from_doc(doc: Mapping[str, Any]) -> Alert:
+def alert_from_doc(doc: Mapping[str, Any], *, unknown_status_resolved: bool = False) -> Alert:
     """The inverse of ``alert_doc``, which older engines' rows read with too: a key a row
     lacks takes the value the inbox has always given it (firing, no labels, empty text), and a
-    key Alertmanager adds is ignored (``ValueError``: a status other than firing or
-    resolved)."""
+    key Alertmanager adds is ignored. ``ValueError``: not a JSON object, labels or annotations
+    that are not one, or a status other than firing or resolved — unless
+    ``unknown_status_resolved``: then such a status reads as resolved, as the inbox has always
+    handled it (whatever is not firing runs the policies' ``on_clear``; ``alert_status_problem``
+    says so)."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"an alert is a JSON object, not {type(doc).__name__}")
+    problem = alert_status_problem(doc)
+    if problem is not None and not unknown_status_resolved:
+        raise ValueError(problem)
     return Alert(
         fingerprint=str(doc.get("fingerprint", "")),
-        status=AlertStatus(doc.get("status", AlertStatus.FIRING.value)),
-        labels=_texts(doc.get("labels")),
-        annotations=_texts(doc.get("annotations")),
+        status=AlertStatus.RESOLVED
+        if problem is not None
+        else AlertStatus(doc.get("status", AlertStatus.FIRING.value)),
+        labels=_texts(doc.get("labels"), "labels"),
+        annotations=_texts(doc.get("annotations"), "annotations"),
         starts_at=str(doc.get("startsAt", "")),
         ends_at=str(doc.get("endsAt", "")),
         generator_url=str(doc.get("generatorURL", "")),
     )
 
 
-def _texts(doc: Mapping[str, Any] | None) -> Mapping[str, str]:
+def alert_status_problem(doc: Mapping[str, Any]) -> str | None:
+    """What is wrong with a stored alert's ``status`` (None: firing, resolved, or none, which
+    reads as firing)."""
+    status = doc.get("status", AlertStatus.FIRING.value)
+    if status in (AlertStatus.FIRING.value, AlertStatus.RESOLVED.value):
+        return None
+    return f"status {status!r} is neither firing nor resolved"
+
+
+def _texts(doc: Mapping[str, Any] | None, key: str) -> Mapping[str, str]:
     """A read-only mapping of text to text (labels, annotations)."""
+    if doc is not None and not isinstance(doc, Mapping):
+        raise ValueError(f"{key} is a JSON object, not {type(doc).__name__}")
     return freeze({str(k): str(v) for k, v in (doc or {}).items()})
 
 

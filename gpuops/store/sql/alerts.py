@@ -4,17 +4,27 @@ webhook or a resend is known) and the resolves that came before their firing's a
 succeeded (``early_resolves``). Alerts are stored as Alertmanager sent them
 (``gpuops.store.codecs.alert_doc``). Part of ``gpuops.store.sql.store.SqlStore``; used by the
 API's receiver and ``gpuops.runtime.alerts``.
+
+One bad row never stops the rest: a stored alert whose status is neither firing nor resolved is
+handled as resolved (as the inbox always did), one that cannot be decoded at all is left where
+it is (logged, and reported by ``gpuops state check``: ``alert_row_problems``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 
 from gpuops.model.alerts import Alert
-from gpuops.store.codecs import alert_doc, alert_from_doc
+from gpuops.store.codecs import alert_doc, alert_from_doc, alert_status_problem
 from gpuops.store.interface import AlertKey, InboxItem
 from gpuops.store.sql.base import CHUNK, SqlBase
+
+log = logging.getLogger(__name__)
+
+_SHOWN = 200
+"""How much of a bad row a log line or a problem quotes."""
 
 
 class SqlAlerts(SqlBase):
@@ -39,7 +49,12 @@ class SqlAlerts(SqlBase):
             rows = self._db.execute(
                 "SELECT id, alert, received_at FROM alert_inbox ORDER BY id"
             ).fetchall()
-        return [InboxItem(int(r[0]), alert_from_doc(json.loads(r[1])), float(r[2])) for r in rows]
+        items = []
+        for row_id, text, received_at in rows:
+            alert = self._stored_alert("alert_inbox", row_id, text)
+            if alert is not None:
+                items.append(InboxItem(int(row_id), alert, float(received_at)))
+        return items
 
     def inbox_done(self, item: int) -> None:
         with self.transaction() as db:
@@ -118,12 +133,77 @@ class SqlAlerts(SqlBase):
             )
 
     def take_early_resolve(self, fire_id: str) -> Alert | None:
-        """The resolved alert waiting for ``fire_id`` (removed: it is handled once)."""
+        """The resolved alert waiting for ``fire_id`` (removed: it is handled once). A row that
+        cannot be decoded stays (logged; ``gpuops state check`` reports it, the prune of old
+        episodes removes it) and reads as none."""
         with self.transaction() as db:
             row = db.execute(
                 "SELECT alert FROM early_resolves WHERE fire_id = ?", (fire_id,)
             ).fetchone()
             if row is None:
                 return None
-            db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
-        return alert_from_doc(json.loads(row[0]))
+            alert = self._stored_alert("early_resolves", fire_id, row[0])
+            if alert is not None:
+                db.execute("DELETE FROM early_resolves WHERE fire_id = ?", (fire_id,))
+        return alert
+
+    def _stored_alert(self, table: str, key: object, text: str) -> Alert | None:
+        """The alert of one row of ``table``: a status neither firing nor resolved as resolved
+        (logged); None, logged, when the row cannot be decoded at all."""
+        try:
+            doc = json.loads(text)
+            alert = alert_from_doc(doc, unknown_status_resolved=True)
+        except (ValueError, TypeError) as exc:
+            log.error(
+                "%s: %s row %s cannot be decoded (%s: %s), left as it is (gpuops state check"
+                " reports it): %.*s",
+                self.path,
+                table,
+                key,
+                type(exc).__name__,
+                exc,
+                _SHOWN,
+                text,
+            )
+            return None
+        problem = alert_status_problem(doc)
+        if problem is not None:
+            log.warning(
+                "%s: %s row %s: %s; handled as resolved: %.*s",
+                self.path,
+                table,
+                key,
+                problem,
+                _SHOWN,
+                text,
+            )
+        return alert
+
+    def alert_row_problems(self) -> list[str]:
+        """What is wrong with the stored alerts (``alert_inbox``, ``early_resolves``), one line
+        a row, for ``gpuops state check``; changes no row."""
+        with self._lock:
+            inbox = self._db.execute("SELECT id, alert FROM alert_inbox ORDER BY id").fetchall()
+            early = self._db.execute(
+                "SELECT fire_id, alert FROM early_resolves ORDER BY fire_id"
+            ).fetchall()
+        problems = []
+        for table, rows, then in (
+            ("alert_inbox", inbox, "the engine leaves it in the inbox"),
+            ("early_resolves", early, "the engine never handles it"),
+        ):
+            for key, text in rows:
+                where = f"{self.path}: {table} row {key}"
+                try:
+                    doc = json.loads(text)
+                    alert_from_doc(doc, unknown_status_resolved=True)
+                except (ValueError, TypeError) as exc:
+                    problems.append(
+                        f"{where} cannot be decoded ({type(exc).__name__}: {exc}; it starts"
+                        f" {str(text)[:80]!r}): {then}"
+                    )
+                    continue
+                problem = alert_status_problem(doc)
+                if problem is not None:
+                    problems.append(f"{where}: {problem}: the engine handles it as resolved")
+        return problems

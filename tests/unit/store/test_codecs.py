@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ from gpuops.model.records import decision_doc, decision_from_doc, outcome_doc, o
 from gpuops.store.codecs import (
     alert_doc,
     alert_from_doc,
+    alert_status_problem,
     approval_doc,
     approval_from_doc,
     guardrail_state_doc,
@@ -264,3 +267,87 @@ def test_verdicts_travel_as_enums_and_render_as_the_same_text() -> None:
     assert back.verdict is Verdict.SUPPRESSED_KILL_SWITCH and back.suppressed
     with pytest.raises(ValueError):
         decision_from_doc({**doc, "verdict": "suppressed:typo"})
+
+
+def test_an_alert_status_neither_firing_nor_resolved_reads_as_resolved_when_asked() -> None:
+    """The inbox handles such a row as resolved (as it always did); read strictly it is an
+    error, which ``gpuops state check`` reports."""
+    doc = {"status": "pending", "labels": {"alertname": "X"}, "fingerprint": "a"}
+    with pytest.raises(ValueError, match="status 'pending' is neither firing nor resolved"):
+        alert_from_doc(doc)
+    assert alert_from_doc(doc, unknown_status_resolved=True) == Alert(
+        "a", AlertStatus.RESOLVED, freeze({"alertname": "X"})
+    )
+    assert alert_status_problem(doc) == "status 'pending' is neither firing nor resolved"
+    assert alert_status_problem({"labels": {}}) is None  # an older row: firing
+    assert alert_from_doc({}).status is AlertStatus.FIRING
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ([1, 2], "an alert is a JSON object, not list"),
+        ({"labels": ["a"]}, "labels is a JSON object, not list"),
+        ({"annotations": "x"}, "annotations is a JSON object, not str"),
+    ],
+)
+def test_an_alert_that_is_not_one_is_a_value_error(doc: Any, message: str) -> None:
+    for lenient in (False, True):
+        with pytest.raises(ValueError, match=message):
+            alert_from_doc(doc, unknown_status_resolved=lenient)
+
+
+def test_the_inbox_reads_past_a_bad_row_and_logs_it(
+    store: StateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = Alert("fp", AlertStatus.FIRING, freeze({"alertname": "X"}), starts_at="t")
+    with store.transaction() as db:
+        db.execute(
+            "INSERT INTO alert_inbox (received_at, alert) VALUES (1, ?)",
+            ('{"status": "pending", "fingerprint": "odd"}',),
+        )
+        db.execute("INSERT INTO alert_inbox (received_at, alert) VALUES (2, '[')")
+    (item,) = store.inbox_add([good], 3.0)
+    with caplog.at_level(logging.WARNING, logger="gpuops.store.sql.alerts"):
+        items = store.inbox()
+    assert items == [
+        InboxItem(1, Alert("odd", AlertStatus.RESOLVED, freeze({})), 1.0),
+        InboxItem(item, good, 3.0),
+    ]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "WARNING",
+            f"{store.path}: alert_inbox row 1: status 'pending' is neither firing nor resolved;"
+            ' handled as resolved: {"status": "pending", "fingerprint": "odd"}',
+        ),
+        (
+            "ERROR",
+            f"{store.path}: alert_inbox row 2 cannot be decoded (JSONDecodeError: Expecting"
+            " value: line 1 column 2 (char 1)), left as it is (gpuops state check reports it): [",
+        ),
+    ]
+    assert store.alert_row_problems() == [
+        f"{store.path}: alert_inbox row 1: status 'pending' is neither firing nor resolved:"
+        " the engine handles it as resolved",
+        f"{store.path}: alert_inbox row 2 cannot be decoded (JSONDecodeError: Expecting value:"
+        " line 1 column 2 (char 1); it starts '['): the engine leaves it in the inbox",
+    ]
+
+
+def test_an_early_resolve_that_cannot_be_decoded_stays_and_reads_as_none(
+    store: StateStore,
+) -> None:
+    with store.transaction() as db:
+        db.execute("INSERT INTO early_resolves VALUES ('f1', '{\"labels\": 3}', 1)")
+        db.execute(
+            "INSERT INTO early_resolves VALUES ('f2', ?, 1)",
+            ('{"status": "gone", "fingerprint": "x"}',),
+        )
+    assert store.take_early_resolve("f1") is None
+    assert store.take_early_resolve("f2") == Alert("x", AlertStatus.RESOLVED, freeze({}))
+    assert store.alert_row_problems() == [
+        f"{store.path}: early_resolves row f1 cannot be decoded (ValueError: labels is a JSON"
+        " object, not int; it starts '{\"labels\": 3}'): the engine never handles it"
+    ]
+    assert store.prune_alert_episodes(2.0) == 1  # the prune of old episodes removes it
+    assert store.alert_row_problems() == []

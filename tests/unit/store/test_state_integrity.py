@@ -11,6 +11,7 @@ traceback) and ``/healthz`` of the running API: tests/integration/store/test_sta
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from gpuops.model.decisions import Decision
 from gpuops.runtime import Engine
 from gpuops.runtime.approvals import ApprovalError
 from gpuops.store.errors import StateError
+from gpuops.store.interface import AlertKey
 from tests.builders import build_engine, write_rules
 from tests.fakes.executors import Recorder
 from tests.fakes.prometheus import FakePrometheus
@@ -366,3 +368,74 @@ def test_granting_an_approval_of_a_policy_with_a_bad_row_is_refused_with_the_rea
         f"not granted: {world.state}: policy_state row of 'approved' cannot be decoded ("
     )
     assert world.log.ran == []
+
+
+# --- stored alerts ----------------------------------------------------------------------------
+
+
+def inbox_rows(world: World, *alerts: str) -> None:
+    """Put ``alerts`` (their stored JSON, as written) into the inbox and one into the resolves
+    that came early, as a crash or an older engine may have left them."""
+    with sqlite3.connect(world.state) as db:
+        db.executemany(
+            "INSERT INTO alert_inbox (received_at, alert) VALUES (?, ?)",
+            [(world.now, alert) for alert in alerts],
+        )
+        db.execute("INSERT INTO early_resolves VALUES ('f-bad', 'nope', ?)", (world.now,))
+    db.close()
+
+
+ODD = '{"status": "pending", "labels": {"alertname": "X"}, "startsAt": "s1", "fingerprint": "a"}'
+GOOD = '{"status": "firing", "labels": {"alertname": "X"}, "startsAt": "s2", "fingerprint": "b"}'
+
+
+def test_a_bad_inbox_row_does_not_stop_the_start(world: World) -> None:
+    """Main: an inbox row whose status was neither firing nor resolved made the start fail
+    (ValueError from the inbox). Such a row is handled as resolved, as before the store's
+    codecs; a row that cannot be decoded at all stays, logged; the rest is handled."""
+    world.engine().stop()  # a state file
+    inbox_rows(world, ODD, "not json", GOOD)
+    engine = world.engine()
+    engine.start()
+    deadline = time.monotonic() + 10
+    while engine.store.inbox() != [] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.store.inbox() == []  # the undecodable row is not one of them
+    assert engine.store.alert_known(AlertKey("a", "s1", "resolved"))
+    assert engine.store.alert_known(AlertKey("b", "s2", "firing"))
+    with sqlite3.connect(world.state) as db:
+        assert db.execute("SELECT id, alert FROM alert_inbox").fetchall() == [(2, "not json")]
+    db.close()
+    assert engine.store.take_early_resolve("f-bad") is None  # left for the check to report
+
+
+def test_state_check_names_the_stored_alerts_it_cannot_decode(world: World) -> None:
+    world.engine().stop()
+    inbox_rows(world, ODD, "not json", GOOD)
+    check = world.gpuops("state", "check")
+    assert check.exit_code == 1
+    assert (
+        f"{world.state}: alert_inbox row 1: status 'pending' is neither firing nor resolved:"
+        " the engine handles it as resolved"
+    ) in check.output
+    assert (
+        f"{world.state}: alert_inbox row 2 cannot be decoded (JSONDecodeError: " in check.output
+        and "it starts 'not json'): the engine leaves it in the inbox" in check.output
+    )
+    assert (
+        f"{world.state}: early_resolves row f-bad cannot be decoded (JSONDecodeError: "
+        in check.output
+    )
+    assert "row 3" not in check.output
+
+
+def test_state_check_is_ok_with_good_stored_alerts(world: World) -> None:
+    world.engine().stop()
+    with sqlite3.connect(world.state) as db:
+        db.execute(
+            "INSERT INTO alert_inbox (received_at, alert) VALUES (1, ?)",
+            ('{"status": "resolved", "labels": {}, "fingerprint": "a"}',),
+        )
+        db.execute("INSERT INTO early_resolves VALUES ('f', '{\"status\": \"resolved\"}', 1)")
+    db.close()
+    assert world.gpuops("state", "check").output == f"{world.state}: OK\n"
