@@ -298,8 +298,10 @@ class EngineConfig(_Model):
     """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``. The logical
     executors the shipped policies name map to concrete ones here: ``scheduler: {use: slurm}``
     (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default ``fleet``); optional
-    ``by_verb: {notify: log}`` sends single verbs elsewhere. Each executor's settings:
-    docs/executors.md."""
+    ``by_verb: {notify: log}`` sends single verbs elsewhere (these mappings are checked with
+    the file). Each executor's settings (docs/executors.md) are read when the engine first
+    builds it, at its first action: a mistake in them fails that action, its outcome saying
+    ``executors.NAME settings: key: what``; it does not stop the engine."""
     metrics_listen: str | None = "127.0.0.1:9842"
     """host:port of the engine's own /metrics; None: not served."""
     reload_check_interval: float = 2.0

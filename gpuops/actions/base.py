@@ -46,12 +46,13 @@ class Executor(Protocol):
     (``gpuops.actions.results``), or a JSON-able mapping.
 
     ``verbs``: the verbs it does; None: any verb (the free-form executors: webhook, command,
-    log). An executor registered by entry point (``gpuops.executors``) declares its own: a verb
-    of ``gpuops.model.verbs`` has that table's params (checked at load; the executor may parse
-    them with ``VERBS[verb].parse``); a verb the table does not know is free-form, its params
-    passed as written. Optionally, on the class, ``check_params(verb, params) -> list[str]``:
-    the problems of a policy's params, checked instead of the table's (``webhook``,
-    ``command``).
+    log). An executor registered by entry point (``gpuops.executors``) declares its own and
+    gets each decision's params as written, whatever the verb (it may parse those of a verb of
+    ``gpuops.model.verbs`` with ``VERBS[verb].parse``). Optionally, on the class,
+    ``check_params(verb, params) -> list[str]``: the problems of a policy's params, which the
+    rule checks report before any decision (``webhook``, ``command``); without it, an
+    executor's params are not checked at load (the verb table's checks are the built-in
+    executors', ``gpuops.model.verbs.Verb.checked``).
 
     Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
     up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of

@@ -2,8 +2,11 @@
 a bad one is reported (``executors.<name> settings: key: what``).
 
 Each executor declares its settings as a frozen pydantic model in its own module (``slurm``:
-``SlurmSettings``...) and reads them with ``settings_of`` when it is built; ``problems`` also
-words the params errors of the free-form executors (``command``, ``webhook``).
+``SlurmSettings``...) and reads them with ``settings_of`` when it is built (the gate builds an
+executor at its first action: a bad setting fails that action, ``gpuops.runtime.gate``);
+``problems`` also words the params errors of the free-form executors (``command``,
+``webhook``). ``as_text`` is the conversion the executors always made of a text setting;
+``null_is_default`` reads a null setting as left out.
 """
 
 from __future__ import annotations
@@ -14,6 +17,20 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def as_text(value: Any) -> str | None:
+    """``str()`` of what was given (``url: 5``, ``token: 123456``, ``gpu_label: 0`` are text, as
+    they always were); null stays null (refused where the setting takes text)."""
+    return None if value is None else str(value)
+
+
+def null_is_default(settings: Any) -> Any:
+    """``settings`` without the keys given as null: each takes its default, as everywhere in the
+    engine configuration (``url: null`` is the default URL)."""
+    if isinstance(settings, Mapping):
+        return {key: value for key, value in settings.items() if value is not None}
+    return settings
 
 
 def problems(exc: ValidationError) -> str:

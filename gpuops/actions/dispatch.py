@@ -4,7 +4,10 @@ The executors of the table's verbs (``fleet``, ``slurm``, ``nvml-agent``) build 
 of ``on(VERB, handler)`` routes when their module is imported; it checks that they route exactly
 the verbs the table says they implement (so the table and the executors cannot drift apart),
 gives the executor its ``verbs``, and in ``run`` parses the decision's params with the verb's
-model and calls the handler with them, typed. Bad params are a ``PermanentError``.
+model, as that executor takes them (``Verb.parse(params, executor)``), and calls the handler with
+them, typed. Bad params are a ``PermanentError`` saying the first problem. A route's ``first``
+checks what the executor reads before its params (a target label): a decision with both wrong
+fails with that problem, as it always did.
 """
 
 from __future__ import annotations
@@ -29,11 +32,18 @@ P = TypeVar("P", bound=VerbParams)
 class Route(Generic[E, R]):
     verb: Verb[Any]
     handler: Callable[[E, Decision, Any], R]
+    first: Callable[[Decision], object] | None = None
 
 
-def on(verb: Verb[P], handler: Callable[[E, Decision, P], R]) -> Route[E, R]:
-    """Route ``verb`` to ``handler(executor, decision, params)``, ``params`` of its model."""
-    return Route(verb, handler)
+def on(
+    verb: Verb[P],
+    handler: Callable[[E, Decision, P], R],
+    first: Callable[[Decision], object] | None = None,
+) -> Route[E, R]:
+    """Route ``verb`` to ``handler(executor, decision, params)``, ``params`` of its model;
+    ``first(decision)``, when given, runs before the params are parsed (it raises
+    ``PermanentError`` for what the executor checks before them)."""
+    return Route(verb, handler, first)
 
 
 class Dispatch(Generic[E, R]):
@@ -61,8 +71,10 @@ class Dispatch(Generic[E, R]):
         route = self.routes.get(verb)
         if route is None or decision.action is None:
             raise PermanentError(f"{self.name} does not support action {verb!r}")
+        if route.first is not None:
+            route.first(decision)
         try:
-            params = route.verb.parse(decision.action.params)
+            params = route.verb.parse(decision.action.params, self.name)
         except ParamsError as exc:
-            raise PermanentError(str(exc)) from None
+            raise PermanentError(exc.problems[0]) from None
         return route.handler(executor, decision, params)

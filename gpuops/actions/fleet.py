@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import requests
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from gpuops.actions.base import PermanentError, TemporaryError
-from gpuops.actions.config import settings_of
+from gpuops.actions.config import as_text, null_is_default, settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import path_segment
 from gpuops.actions.results import Answer
@@ -42,17 +42,20 @@ from gpuops.model.verbs import (
     DownclockParams,
     NoParams,
     QuotaParams,
+    QuotaReleaseParams,
     ScaleParams,
     implemented_by,
 )
 
 
 class FleetSettings(BaseModel):
-    """``executors.fleet`` in the engine configuration (keys it does not name are ignored)."""
+    """``executors.fleet`` in the engine configuration (keys it does not name are ignored; a
+    null one takes its default)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+    _nulls = model_validator(mode="before")(null_is_default)
 
-    url: str = "http://127.0.0.1:9400"
+    url: Annotated[str, BeforeValidator(as_text)] = "http://127.0.0.1:9400"
     """The fleet's control API (``gpuops fleet sim`` serves it there)."""
     timeout_s: float = 5.0
     """Seconds per request: the simulated fleet answers at once."""
@@ -124,7 +127,7 @@ class FleetExecutor:
         grant_quota``): the grant is named by the request."""
         project = _need(d, "project")
         body: dict[str, Any] = {
-            "grant": _grant(d, params),
+            "grant": _grant(d, params.grant),
             "pool": d.target.labels.get("pool") or _or_default(params.pool),
             "gpus": params.gpus,
         }
@@ -132,10 +135,10 @@ class FleetExecutor:
             body["duration_s"] = params.duration_s
         return Call("POST", f"/api/v1/projects/{project}/grants", body)
 
-    def _release_quota(self, d: Decision, params: QuotaParams) -> Call:
+    def _release_quota(self, d: Decision, params: QuotaReleaseParams) -> Call:
         """The end of a grant (``undo_action: release_quota``)."""
         project = _need(d, "project")
-        grant = path_segment(_grant(d, params), "quota_request")
+        grant = path_segment(_grant(d, params.grant), "quota_request")
         return Call("DELETE", f"/api/v1/projects/{project}/grants/{grant}")
 
     def _hold_class(self, d: Decision, params: ClassParams) -> Call:
@@ -163,28 +166,6 @@ class FleetExecutor:
         return Answer(document=changed if isinstance(changed, dict) else {"result": changed})
 
 
-DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(
-    FleetExecutor.name,
-    (
-        on(RECLAIM, FleetExecutor._reclaim),
-        on(PACK, FleetExecutor._pack),
-        on(CONSOLIDATE, FleetExecutor._consolidate),
-        on(MIGRATE, FleetExecutor._migrate),
-        on(LEND, FleetExecutor._lend),
-        on(UNLEND, FleetExecutor._unlend),
-        on(DOWNCLOCK, FleetExecutor._downclock),
-        on(RESTORE_CLOCKS, FleetExecutor._restore_clocks),
-        on(SCALE_OUT, FleetExecutor._scale_out),
-        on(SCALE_IN, FleetExecutor._scale_in),
-        on(GRANT_QUOTA, FleetExecutor._grant_quota),
-        on(RELEASE_QUOTA, FleetExecutor._release_quota),
-        on(HOLD_CLASS, FleetExecutor._hold_class),
-        on(RELEASE_CLASS, FleetExecutor._release_class),
-    ),
-)
-"""The fleet's verbs, each to the call that does it."""
-
-
 def _verb(d: Decision) -> str:
     return d.action.type if d.action is not None else ""
 
@@ -193,12 +174,33 @@ def _or_default(pool: str | None) -> str:
     return "default" if pool is None else pool
 
 
+def _raw(d: Decision, key: str) -> Any:
+    """The param ``key`` as the policy wrote it (None: not given)."""
+    return d.action.params.get(key) if d.action is not None else None
+
+
 def _pool(d: Decision, params: ScaleParams) -> str:
-    return path_segment(d.target.labels.get("pool") or _or_default(params.pool), "pool")
+    return _pool_segment(d, params.pool)
 
 
-def _grant(d: Decision, params: QuotaParams) -> str:
-    grant = d.target.labels.get("quota_request") or params.grant
+def _pool_segment(d: Decision, pool: str | None) -> str:
+    """The target's ``pool`` label, else the param (null or left out: ``default``)."""
+    return path_segment(d.target.labels.get("pool") or _or_default(pool), "pool")
+
+
+def _pool_first(d: Decision) -> None:
+    _pool_segment(d, as_text(_raw(d, "pool")))
+
+
+def _quota_first(d: Decision) -> None:
+    _need(d, "project")
+    grant = _raw(d, "grant")
+    _grant(d, "" if grant is None else str(grant))
+
+
+def _grant(d: Decision, param: str) -> str:
+    """The target's ``quota_request`` label, else the ``grant`` param."""
+    grant = d.target.labels.get("quota_request") or param
     if not grant:
         raise PermanentError(f"{_verb(d)} needs a quota_request label or params.grant")
     return grant
@@ -218,3 +220,26 @@ def _need(d: Decision, name: str) -> str:
             f"{_verb(d)} needs the target label {name!r}; the target has {dict(d.target.labels)}"
         )
     return path_segment(value, name)
+
+
+DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(
+    FleetExecutor.name,
+    (
+        on(RECLAIM, FleetExecutor._reclaim),
+        on(PACK, FleetExecutor._pack),
+        on(CONSOLIDATE, FleetExecutor._consolidate),
+        on(MIGRATE, FleetExecutor._migrate),
+        on(LEND, FleetExecutor._lend),
+        on(UNLEND, FleetExecutor._unlend),
+        on(DOWNCLOCK, FleetExecutor._downclock, first=lambda d: _need(d, "uuid")),
+        on(RESTORE_CLOCKS, FleetExecutor._restore_clocks),
+        on(SCALE_OUT, FleetExecutor._scale_out, first=_pool_first),
+        on(SCALE_IN, FleetExecutor._scale_in, first=_pool_first),
+        on(GRANT_QUOTA, FleetExecutor._grant_quota, first=_quota_first),
+        on(RELEASE_QUOTA, FleetExecutor._release_quota),
+        on(HOLD_CLASS, FleetExecutor._hold_class),
+        on(RELEASE_CLASS, FleetExecutor._release_class),
+    ),
+)
+"""The fleet's verbs, each to the call that does it; what it always read before the params
+first (``first``: the target's GPU, its pool, the project and the grant)."""

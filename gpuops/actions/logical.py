@@ -13,9 +13,9 @@ the concrete executor's verbs, errors and idempotency apply unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from gpuops.actions.base import Executor, PermanentError
 from gpuops.actions.config import settings_of
@@ -24,16 +24,39 @@ from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
 
 
+def _name(value: Any) -> str | None:
+    """An executor's name: ``str()`` of what was given; empty or null: none."""
+    return str(value) if value else None
+
+
+def _by_verb(value: Any) -> Any:
+    """Verb to executor name, each ``str()`` of what was given (``notify: 5`` names ``'5'``,
+    which no executor is)."""
+    if not value:
+        return None
+    if not isinstance(value, Mapping):
+        return value  # refused: not a mapping
+    return {str(verb): str(name) for verb, name in value.items()}
+
+
+def _concrete(value: Any) -> Any:
+    """Each concrete executor's settings; an empty value (``fleet: []``) is none."""
+    if not value or not isinstance(value, Mapping):
+        return value or None
+    return {name: settings or None for name, settings in value.items()}
+
+
 class LogicalSettings(BaseModel):
-    """``executors.scheduler`` (``gpu-control``) as ``gpuops.settings`` completes it."""
+    """``executors.scheduler`` (``gpu-control``) as ``gpuops.settings`` completes it (its
+    names are text, as they always were)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    use: str | None = None
+    use: Annotated[str | None, BeforeValidator(_name)] = None
     """The concrete executor it maps to."""
-    by_verb: dict[str, str] | None = None
+    by_verb: Annotated[dict[str, str] | None, BeforeValidator(_by_verb)] = None
     """Verbs mapped to another concrete executor (``notify: log``)."""
-    settings: dict[str, dict[str, Any] | None] | None = None
+    settings: Annotated[dict[str, dict[str, Any] | None] | None, BeforeValidator(_concrete)] = None
     """The settings of each concrete executor it may call."""
 
 

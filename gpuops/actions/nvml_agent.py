@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Annotated, Any
 
 import requests
-from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, model_validator
 
 from gpuops.actions.base import PermanentError, TemporaryError
-from gpuops.actions.config import settings_of
+from gpuops.actions.config import as_text, null_is_default, settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import fill_url, origin, path_segment
 from gpuops.actions.results import Result
@@ -32,21 +32,37 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://{node}:9835"
 
 
+def _token(value: Any) -> Any:
+    """The token as text: ``str()`` of a number (``token: 123456``); an empty or zero one is
+    set but empty (no token is sent, and ``token_file`` is not read), as always."""
+    if value is None or isinstance(value, SecretStr):
+        return value
+    return str(value) if value else ""
+
+
+def _token_file(value: Any) -> Any:
+    """Empty (``token_file: ""``) is not set: the path of nothing is no file to read."""
+    if not value:
+        return None
+    return value if isinstance(value, PurePath) else str(value)
+
+
 class NvmlAgentSettings(BaseModel):
     """``executors.nvml-agent`` in the engine configuration (keys it does not name are
-    ignored)."""
+    ignored; a null one takes its default)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+    _nulls = model_validator(mode="before")(null_is_default)
 
-    url: str = DEFAULT_URL
+    url: Annotated[str, BeforeValidator(as_text)] = DEFAULT_URL
     """Agent base URL, a template filled from the target's labels: a label in the host must be
     a host name or IP, one elsewhere is percent-encoded (``gpuops.actions.encoding``)."""
-    token: SecretStr | None = None
-    """The agent's bearer token."""
-    token_file: Path | None = None
+    token: Annotated[SecretStr | None, BeforeValidator(_token)] = None
+    """The agent's bearer token (a number is its digits; empty: none)."""
+    token_file: Annotated[Path | None, BeforeValidator(_token_file)] = None
     """File whose first line is the token (keeps it out of the configuration); read once, at
-    start, and only when ``token`` is not set."""
-    gpu_label: str = "uuid"
+    start, and only when ``token`` is not set. Empty: not set."""
+    gpu_label: Annotated[str, BeforeValidator(as_text)] = "uuid"
     """Target label naming the GPU, by uuid or index."""
     timeout_s: float = 10.0
     """Seconds per HTTP request."""
@@ -81,8 +97,9 @@ class NvmlAgentExecutor:
         self.url_template = self.settings.url
         self.gpu_label = self.settings.gpu_label
         self.timeout_s = self.settings.timeout_s
-        token = self.settings.token.get_secret_value() if self.settings.token else None
-        if token is None and self.settings.token_file:
+        secret = self.settings.token
+        token = None if secret is None else secret.get_secret_value()
+        if token is None and self.settings.token_file is not None:
             lines = self.settings.token_file.read_text(encoding="utf-8").splitlines()
             token = lines[0].strip() if lines else ""
         self._token = token or None

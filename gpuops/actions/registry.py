@@ -2,7 +2,8 @@
 entry points, and what each one does.
 
 It builds executors and says which verbs each does and what params it takes, for the rule checks
-(``gpuops.offline.rulecheck``): for a verb of ``gpuops.model.verbs``, the verb's params model.
+(``gpuops.offline.rulecheck``): an executor's own ``check_params``, else, for a built-in executor
+a verb of ``gpuops.model.verbs`` is checked for (``Verb.checked``), the verb's params model.
 It never runs one: only ``gpuops.runtime.gate`` calls executors (``gpuops.actions.base.execute``),
 so the engine's facade, the rulebook, the CLI and the API import this module, never ``base``.
 """
@@ -51,19 +52,23 @@ class ExecutorRegistry:
 
     def params_problems(self, executor: str, verb: str, params: Mapping[str, Any]) -> list[str]:
         """The problems of ``params`` for ``verb`` on ``executor``: its own ``check_params``
-        when it has one, else the verb's params model when the executor declares the verb and
-        ``gpuops.model.verbs`` knows it; none for a free-form verb or an unknown executor."""
+        when it has one; else, when ``executor`` is a built-in executor of the verb whose params
+        ``gpuops.model.verbs`` says are checked before a decision (``Verb.checked``: the fleet's
+        ``downclock`` and scaling, the node agent's ``downclock``), the verb's params model as
+        that executor takes them. None otherwise: a free-form verb, an unknown executor, the
+        logical ``scheduler`` and ``gpu-control``, a third-party executor without a
+        ``check_params`` (even for a verb the table knows) — their params are refused, if at
+        all, when the action runs."""
         factory = self._factories.get(executor)
         if factory is None:
             return []
         check = getattr(factory, "check_params", None)
         if check is not None:
             return list(check(verb, dict(params)))
-        verbs = self.verbs(executor)
         known = VERBS.get(verb)
-        if verbs is None or verb not in verbs or known is None:
+        if known is None or executor not in known.checked:
             return []
-        return known.check(params)
+        return known.check(params, executor)
 
     def verbs(self, name: str) -> frozenset[str] | None:
         """The verbs executor ``name`` declares (None: any verb, or an unknown executor)."""

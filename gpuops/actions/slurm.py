@@ -414,25 +414,21 @@ class SlurmExecutor:
         return Powered.model_validate({"pool": partition, key: chosen})
 
 
-DISPATCH: Dispatch[SlurmExecutor, Result] = Dispatch(
-    SlurmExecutor.name,
-    (
-        on(MIGRATE, SlurmExecutor._migrate),
-        on(RESUME, SlurmExecutor._resume),
-        on(NOTIFY, SlurmExecutor._notify),
-        on(RECLAIM, SlurmExecutor._reclaim),
-        on(SCALE_OUT, SlurmExecutor._scale_out),
-        on(SCALE_IN, SlurmExecutor._scale_in),
-    ),
-)
-"""Slurm's verbs, each to its handler."""
-
-
 def _pool(d: Decision, params: ScaleParams) -> str:
-    partition = d.target.labels.get("pool") or (params.pool or "")
+    return check_name("partition", _partition(d, params.pool))
+
+
+def _pool_first(d: Decision) -> None:
+    pool = d.action.params.get("pool") if d.action is not None else None
+    _partition(d, None if pool is None else str(pool))
+
+
+def _partition(d: Decision, pool: str | None) -> str:
+    """The target's ``pool`` label, else the ``pool`` param: the partition."""
+    partition = d.target.labels.get("pool") or (pool or "")
     if not partition:
         raise PermanentError(f"{d.action.type if d.action else ''} needs a 'pool' label")
-    return check_name("partition", partition)
+    return partition
 
 
 def _label(d: Decision, name: str) -> str:
@@ -453,3 +449,17 @@ def _label(d: Decision, name: str) -> str:
 def _promql_str(value: str) -> str:
     """``value`` inside a PromQL double-quoted string (labels are data)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+DISPATCH: Dispatch[SlurmExecutor, Result] = Dispatch(
+    SlurmExecutor.name,
+    (
+        on(MIGRATE, SlurmExecutor._migrate),
+        on(RESUME, SlurmExecutor._resume),
+        on(NOTIFY, SlurmExecutor._notify),
+        on(RECLAIM, SlurmExecutor._reclaim),
+        on(SCALE_OUT, SlurmExecutor._scale_out, first=_pool_first),
+        on(SCALE_IN, SlurmExecutor._scale_in, first=_pool_first),
+    ),
+)
+"""Slurm's verbs, each to its handler; a scale's partition is asked for before its params."""

@@ -2,7 +2,8 @@
 
 A ``Verb`` names its params model (frozen pydantic, the validation and messages of its params),
 its undo verb (the ``on_clear`` a policy usually pairs it with), the target labels that name
-what it acts on, and the built-in executors that implement it. ``VERBS`` holds them by name.
+what it acts on, the built-in executors that implement it and those of them whose params the
+rule checks refuse before any decision. ``VERBS`` holds them by name.
 
 Read by ``gpuops.actions`` (each executor's verbs and its dispatch table:
 ``gpuops.actions.dispatch``), the rule checks (``gpuops.actions.registry.ExecutorRegistry``,
@@ -10,8 +11,14 @@ called by ``gpuops.offline.rulecheck``) and the console, through them. A verb th
 not know (``release_batch`` on ``webhook``, a third-party executor's own) is free-form: the
 executor that declares it takes its params as written (see ``gpuops.actions.base.Executor``).
 
-Params models ignore keys they do not name: a policy's params are recorded and sent as written
-(audit documents, the webhook body), and rule files that pass extra keys (``note``) load.
+A params model takes what the executors always took: a number is ``int()`` (``float()``) of what
+was given (``"2"`` and ``2.0`` are 2 nodes), a name is ``str()`` of it (null: not given), and a
+verb several executors implement takes what the most lenient of them took. Its few
+executor-specific rules are the executor's (``parse(params, executor)``): the fleet does not
+read ``min_clock_mhz``, the node agent (``nvml-agent``) takes clocks above 0 only, Slurm powers
+at least 1 node. Keys a model does not name are ignored: a policy's params are recorded and sent
+as written (audit documents, the webhook body), and rule files that pass extra keys (``note``)
+load.
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic import ValidationInfo as Info
 from pydantic_core import PydanticCustomError
 
+FLEET, SLURM, NVML_AGENT = "fleet", "slurm", "nvml-agent"
+"""The built-in executors of the table's verbs (``gpuops.actions.fleet``, ``slurm``,
+``nvml_agent``)."""
+
 
 class VerbParams(BaseModel):
     """Base of the params models: frozen; keys a model does not name are ignored."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 P = TypeVar("P", bound=VerbParams)
@@ -45,10 +56,6 @@ class ParamsError(ValueError):
 
 # --- params ------------------------------------------------------------------------------
 
-_MISSING: Any = object()
-"""The default of a required param: its validator says what it needs (pydantic's "Field
-required" would not)."""
-
 
 def _problem(message: str) -> PydanticCustomError:
     # passed as context, so that braces in a value are not read as placeholders
@@ -59,28 +66,65 @@ def _verb(info: Info) -> str:
     return str((info.context or {}).get("verb", "this verb"))
 
 
-def _whole(value: Any, least: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+def _executor(info: Info) -> str:
+    """The executor that parses (``Verb.parse``); ``""``: none named."""
+    return str((info.context or {}).get("executor") or "")
+
+
+def _int(value: Any) -> int | None:
+    """``int()`` of ``value`` (``"2"``, ``2.0``, ``2.5``: 2), or None where ``int()`` fails."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _name(value: Any) -> str:
+    """A name as text: ``str()`` of what was given; null is not given (``""``)."""
+    return "" if value is None else str(value)
+
+
+def _text(value: Any) -> str | None:
+    """``str()`` of what was given; null stays null (the default)."""
+    return None if value is None else str(value)
 
 
 def _mhz(value: Any, info: Info) -> int | None:
-    """A clock in MHz: a whole number above 0 (``min_clock_mhz`` may be null: not set)."""
-    name = info.field_name
-    if value is _MISSING:
-        raise _problem(f"{_verb(info)} needs {name}, a whole number of MHz above 0")
-    if value is None and name == "min_clock_mhz":
-        return None
-    if not _whole(value, 1):
+    """A clock in MHz, ``int()`` of what was given (``min_clock_mhz`` may be null: not set)."""
+    name, executor = info.field_name, _executor(info)
+    if name == "min_clock_mhz" and (value is None or executor == FLEET):
+        return None  # the fleet locks the highest clock only: it neither reads nor checks this
+    mhz = _int(value)
+    if mhz is None or (mhz <= 0 and executor == NVML_AGENT):
         raise _problem(
             f"{_verb(info)} needs params.{name} as a positive integer (MHz), got {value!r}"
         )
-    return int(value)
+    return mhz
 
 
 def _nodes(value: Any, info: Info) -> int:
-    if not _whole(value, 1):
-        raise _problem(f"{_verb(info)} needs nodes, a whole number above 0")
-    return int(value)
+    nodes = _int(value)
+    if nodes is None:
+        raise _problem(f"params.nodes must be a number, not {value!r}")
+    if nodes < 1 and _executor(info) == SLURM:
+        raise _problem(f"params.nodes must be at least 1, not {nodes}")
+    return nodes
+
+
+def _gpus(value: Any) -> int:
+    gpus = _int(value)
+    if gpus is None:
+        raise _problem(f"params.gpus must be a number, not {value!r}")
+    return gpus
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise _problem(f"params.duration_s must be a number, not {value!r}") from None
 
 
 class NoParams(VerbParams):
@@ -89,7 +133,7 @@ class NoParams(VerbParams):
 
 class DownclockParams(VerbParams):
     max_clock_mhz: Annotated[int, BeforeValidator(_mhz)] = Field(
-        default=_MISSING, validate_default=True
+        default=None, validate_default=True
     )
     """The highest graphics clock, MHz (the GPU's clocks are locked at or below it)."""
     min_clock_mhz: Annotated[int | None, BeforeValidator(_mhz)] = None
@@ -99,23 +143,30 @@ class DownclockParams(VerbParams):
 class ScaleParams(VerbParams):
     nodes: Annotated[int, BeforeValidator(_nodes)] = 1
     """How many nodes to power up (down)."""
-    pool: str | None = None
+    pool: Annotated[str | None, BeforeValidator(_text)] = None
     """The pool (Slurm: partition) when the target has no ``pool`` label."""
 
 
 class QuotaParams(VerbParams):
     """A quota grant (``gpuops.runtime.quota`` fills these from the request)."""
 
-    grant: str = ""
+    grant: Annotated[str, BeforeValidator(_name)] = ""
     """The grant's name when the target has no ``quota_request`` label."""
-    pool: str | None = None
+    pool: Annotated[str | None, BeforeValidator(_text)] = None
     """The pool granted in when the target has no ``pool`` label (default: ``default``)."""
-    gpus: int = 0
-    duration_s: float | None = None
+    gpus: Annotated[int, BeforeValidator(_gpus)] = 0
+    duration_s: Annotated[float | None, BeforeValidator(_seconds)] = None
+
+
+class QuotaReleaseParams(VerbParams):
+    """The end of a quota grant: its name only (what else a policy passes is not read)."""
+
+    grant: Annotated[str, BeforeValidator(_name)] = ""
+    """The grant's name when the target has no ``quota_request`` label."""
 
 
 class ClassParams(VerbParams):
-    priority_class: str = ""
+    priority_class: Annotated[str, BeforeValidator(_name)] = ""
     """The priority class when the target has no ``priority_class`` label."""
 
 
@@ -137,18 +188,26 @@ class Verb(Generic[P]):
     executors: frozenset[str] = frozenset()
     """The built-in executors that implement it (the logical ``scheduler`` and
     ``gpu-control`` do through the executor they map it to)."""
+    checked: frozenset[str] = frozenset()
+    """Those of ``executors`` whose params the rule checks (``gpuops rules check``, every
+    reload) refuse before any decision, as ``parse`` for that executor would. The params of
+    the others (and of the logical executors, and of a third-party executor without a
+    ``check_params`` of its own) are refused when the action runs: its outcome says why."""
 
-    def parse(self, params: Mapping[str, Any]) -> P:
-        """``params`` as this verb's model; ``ParamsError`` says what is wrong."""
+    def parse(self, params: Mapping[str, Any], executor: str = "") -> P:
+        """``params`` as this verb's model, as ``executor`` (one of ``executors``; ``""``: no
+        executor's own rules) takes them; ``ParamsError`` says what is wrong."""
         try:
-            return self.params.model_validate(dict(params), context={"verb": self.name})
+            return self.params.model_validate(
+                dict(params), context={"verb": self.name, "executor": executor}
+            )
         except ValidationError as exc:
             raise ParamsError(self._problems(exc)) from None
 
-    def check(self, params: Mapping[str, Any]) -> list[str]:
+    def check(self, params: Mapping[str, Any], executor: str = "") -> list[str]:
         """What ``parse`` would refuse in ``params`` (empty: nothing)."""
         try:
-            self.parse(params)
+            self.parse(params, executor)
         except ParamsError as exc:
             return exc.problems
         return []
@@ -163,8 +222,6 @@ class Verb(Generic[P]):
                 problems.append(f"{self.name} params: {where}: {err['msg']}")
         return problems
 
-
-FLEET, SLURM, NVML_AGENT = "fleet", "slurm", "nvml-agent"
 
 RECLAIM = Verb(
     "reclaim",
@@ -216,6 +273,7 @@ DOWNCLOCK = Verb(
     labels=("uuid",),
     undo="restore_clocks",
     executors=frozenset({FLEET, NVML_AGENT}),
+    checked=frozenset({FLEET, NVML_AGENT}),
 )
 RESTORE_CLOCKS = Verb(
     "restore_clocks",
@@ -231,6 +289,7 @@ SCALE_OUT = Verb(
     labels=("pool",),
     undo="scale_in",
     executors=frozenset({FLEET, SLURM}),
+    checked=frozenset({FLEET}),
 )
 SCALE_IN = Verb(
     "scale_in",
@@ -238,6 +297,7 @@ SCALE_IN = Verb(
     "Power down params.nodes idle nodes of a pool (the fleet: the target's node, if named).",
     labels=("pool",),
     executors=frozenset({FLEET, SLURM}),
+    checked=frozenset({FLEET}),
 )
 GRANT_QUOTA = Verb(
     "grant_quota",
@@ -249,7 +309,7 @@ GRANT_QUOTA = Verb(
 )
 RELEASE_QUOTA = Verb(
     "release_quota",
-    QuotaParams,
+    QuotaReleaseParams,
     "End a quota grant.",
     labels=("project", "quota_request"),
     executors=frozenset({FLEET}),
@@ -293,6 +353,8 @@ def _table(verbs: Iterable[Verb[Any]]) -> Mapping[str, Verb[Any]]:
             raise ValueError(f"verb {verb.name!r} is declared twice")
         table[verb.name] = verb
     for verb in table.values():
+        if not verb.checked <= verb.executors:
+            raise ValueError(f"verb {verb.name!r}: checked for executors that do not implement it")
         if verb.undo is not None and verb.undo not in table:
             raise ValueError(f"verb {verb.name!r}: its undo {verb.undo!r} is no verb")
     return MappingProxyType(table)

@@ -3,9 +3,13 @@
 ``Engine.reload`` (first load, SIGHUP, the rule-file watcher, ``POST /rules/reload``) and
 ``gpuops rules check`` both call ``load_checked``, so "OK" from the CLI means the engine loads
 the files: the schema (``gpuops.model.rules.loader``), PromQL by promtool
-(``gpuops.offline.promtool``), and each action's verb and params: the verbs its executor does
-and the params it takes, which the executor registry (``gpuops.actions.registry``) reads from the
-verb table (``gpuops.model.verbs``) or, for a free-form executor, from the executor itself.
+(``gpuops.offline.promtool``), and each action's verb and params: the verbs its executor does,
+and the params it refuses before any decision, as the executor registry
+(``gpuops.actions.registry``) tells: an executor's own ``check_params`` (``webhook``,
+``command``, a third-party executor's), else the verb table's checks of the built-in executors
+(``gpuops.model.verbs.Verb.checked``: the fleet's ``downclock`` and scaling, the node agent's
+``downclock``). Other params (Slurm's, the logical ``scheduler`` and ``gpu-control``'s) are
+refused, if at all, when the action runs.
 """
 
 from __future__ import annotations

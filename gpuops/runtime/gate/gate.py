@@ -320,10 +320,14 @@ class Gate:
         name = decision.action.executor
         try:
             executor = self._executor(name)
-        except (KeyError, ValueError, TypeError) as exc:  # unknown executor, bad settings
-            outcome = Outcome(
-                OutcomeStatus.FAILURE, error=f"executor {name!r}: {exc}", permanent=True
-            )
+        except Exception as exc:  # not built: the action fails (stored, audited), never hangs
+            if isinstance(exc, (KeyError, ValueError, TypeError)):  # unknown, bad settings
+                error = f"executor {name!r}: {exc}"
+                log.warning("action %s of %s not run: %s", decision.id, decision.policy, error)
+            else:  # what building it hit (an unreadable token file, a bug): said with its type
+                error = f"executor {name!r}: {type(exc).__name__}: {exc}"
+                log.exception("action %s of %s not run: %s", decision.id, decision.policy, error)
+            outcome = Outcome(OutcomeStatus.FAILURE, error=error[:1024], permanent=True)
         else:
             outcome = execute(
                 executor,

@@ -97,10 +97,12 @@ def test_fleet_calls_one_endpoint_per_verb(verb: str) -> None:
 
 def test_bad_params_fail_permanently_with_the_rule_check_message() -> None:
     outcome = execute(
-        FleetExecutor({"url": URL}), make_decision("scale_out", "fleet", {"nodes": 0})
+        FleetExecutor({"url": URL}), make_decision("scale_out", "fleet", {"nodes": "two"})
     )
     assert not outcome.ok and outcome.permanent
-    assert outcome.error == "scale_out needs nodes, a whole number above 0"
+    assert outcome.error == "params.nodes must be a number, not 'two'"
+    registry = ExecutorRegistry.from_entry_points()
+    assert registry.params_problems("fleet", "scale_out", {"nodes": "two"}) == [outcome.error]
 
 
 class ThirdParty:
@@ -123,9 +125,10 @@ class ThirdParty:
             "fleet",
             "downclock",
             {"max_clock": 900},
-            ["downclock needs max_clock_mhz, a whole number of MHz above 0"],
+            ["downclock needs params.max_clock_mhz as a positive integer (MHz), got None"],
         ),
-        ("slurm", "scale_out", {"nodes": 0}, ["scale_out needs nodes, a whole number above 0"]),
+        ("fleet", "scale_out", {"nodes": None}, ["params.nodes must be a number, not None"]),
+        ("slurm", "scale_out", {"nodes": 0}, []),  # refused when it runs
         ("slurm", "reclaim", {"anything": 1}, []),
         ("fleet", "downclok", {}, []),  # the verb check says what is wrong
         (
@@ -134,12 +137,7 @@ class ThirdParty:
             {"timeout_s": -1},
             ["webhook params: timeout_s: Input should be greater than 0"],
         ),
-        (
-            "third",
-            "downclock",
-            {},
-            ["downclock needs max_clock_mhz, a whole number of MHz above 0"],
-        ),
+        ("third", "downclock", {}, []),  # no check_params of its own: none
         ("third", "drain", {"whatever": [1, 2]}, []),  # free-form: its params as written
         ("nowhere", "downclock", {}, []),  # an unknown executor: the loader says so
     ],

@@ -32,8 +32,8 @@ BROKEN = {
     ),
     "fleet params": (
         GOOD.replace("max_clock_mhz: 900", "max_clock: 900"),
-        "7: groups[0].rules[0].action.params: downclock needs max_clock_mhz, a whole number of "
-        "MHz above 0",
+        "7: groups[0].rules[0].action.params: downclock needs params.max_clock_mhz as a "
+        "positive integer (MHz), got None",
     ),
     "agent params": (
         GOOD.replace("executor: fleet", "executor: nvml-agent").replace("900", "-5"),
@@ -116,6 +116,57 @@ def test_check_accepts_what_the_engine_loads(tmp_path: Path) -> None:
         "OK: 1 policy in 1 group from 1 file (schema, executors checked)\n",
     )
     assert engine_errors(tmp_path, path) == ()
+
+
+AS_EVER = """
+groups:
+  - name: g
+    rules:
+      - policy: slurm-scale
+        expr: up == 0
+        target: [pool]
+        action: {type: scale_out, executor: slurm, params: {nodes: "2"}}
+        on_clear: {type: scale_in, executor: slurm, params: {nodes: 1.0}}
+      - policy: fleet-clock
+        expr: up == 0
+        target: [uuid]
+        action:
+          type: downclock
+          executor: fleet
+          params: {max_clock_mhz: "1100", min_clock_mhz: low}
+        on_clear: {type: restore_clocks, executor: fleet}
+      - policy: agent-clock
+        expr: up == 0
+        target: [uuid, node]
+        action: {type: downclock, executor: nvml-agent, params: {}}
+      - policy: quota
+        expr: up == 0
+        target: [project]
+        action: {type: grant_quota, executor: fleet, params: {gpus: 2.5, grant: g}}
+        on_clear: {type: release_quota, executor: fleet, params: {grant: null}}
+      - policy: sched
+        expr: up == 0
+        target: [pool]
+        action: {type: scale_out, executor: scheduler, params: {nodes: "x"}}
+      - policy: hc
+        expr: up == 0
+        target: [priority_class]
+        action: {type: hold_class, executor: fleet, params: {priority_class: [a]}}
+"""
+
+
+def test_params_the_executors_always_took_still_load(tmp_path: Path) -> None:
+    """Only what an executor's own checks refused before any decision is refused: here the
+    node agent's downclock without a clock. Slurm's, the logical executors' and the fleet's
+    quota and class params are checked when the action runs."""
+    path = tmp_path / "rules.yaml"
+    path.write_text(AS_EVER)
+    message = (
+        f"{path}:21: groups[0].rules[2].action.params: downclock needs params.max_clock_mhz as "
+        "a positive integer (MHz), got None"
+    )
+    assert check(str(path)) == (1, f"{message}\n1 error in 1 file\n")
+    assert engine_errors(tmp_path, path) == (message,)
 
 
 def test_check_with_config_checks_the_rules_it_names(tmp_path: Path) -> None:

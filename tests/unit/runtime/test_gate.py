@@ -482,6 +482,47 @@ def test_a_permanent_failure_is_not_retried_within_the_episode(world: World) -> 
     assert second.id != first.id and world.log.ran[-1].id == second.id
 
 
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (IsADirectoryError(21, "Is a directory", "."), "IsADirectoryError: [Errno 21]"),
+        (RuntimeError("a bug"), "RuntimeError: a bug"),
+        (ValueError("executors.log settings: x: bad"), "executors.log settings: x: bad"),
+    ],
+)
+def test_an_executor_that_cannot_be_built_fails_its_action_for_good(
+    world: World, caplog: pytest.LogCaptureFixture, error: Exception, said: str
+) -> None:
+    """Whatever building the executor raises (a token file that cannot be read, a bug, bad
+    settings), the action fails permanently: the outcome is stored and audited, and logged;
+    the decision never stays started without one."""
+
+    def broken(settings: Mapping[str, Any]) -> Recorder:
+        raise error
+
+    engine = build_engine(
+        world.tmp,
+        source=world.prom,
+        clock=world.clock,
+        executors={"log": broken, "webhook": world.webhook},
+        action_retry=RetryPolicy(attempts=1),
+    )
+    world.engines.append(engine)
+    world.prom.results["idle"] = uuids(1)
+    (decision,) = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    stored = engine.store.decision(decision.id)
+    assert stored is not None and stored.status is DecisionStatus.DONE
+    assert stored.outcome is not None and stored.outcome.permanent and not stored.outcome.ok
+    assert stored.outcome.error is not None and stored.outcome.error.startswith("executor 'log': ")
+    assert said in stored.outcome.error
+    (audited,) = [d for d in world.docs() if "outcome" in d["gpuops"]]
+    assert audited["gpuops"]["decision"]["id"] == decision.id
+    assert audited["gpuops"]["outcome"]["status"] == "failure"
+    assert audited["error"]["message"] == stored.outcome.error
+    assert any(decision.id in r.getMessage() and said in r.getMessage() for r in caplog.records)
+
+
 def test_temporary_failures_back_off_exponentially(world: World) -> None:
     engine = world.engine()
     world.log.fail = lambda d: TemporaryError("503")
