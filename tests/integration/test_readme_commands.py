@@ -154,6 +154,13 @@ def not_run(command: str) -> str | None:
     return next((why for p, why in NOT_RUN_PREFIXES.items() if command.startswith(p)), None)
 
 
+EXAMPLE_TOKEN = re.compile(
+    r"\d{4}-\d\d-\d\d([T ][\d:.]+Z?)?|\d\d:\d\d:\d\d(\.\d+)?Z?|(?=.*\d)[0-9a-f]{8,}"
+)
+"""A token of a document's output that is an example: a date, a time (the CLI prints
+``2026-12-06 08:41:15Z``: two tokens) or a hex id."""
+
+
 def output_matches(expected: str, output: str) -> bool:
     """Whether a line shown in the docs is in ``output``: whitespace runs are equal, ``...``
     stands for anything, and timestamps and hex ids are examples."""
@@ -163,7 +170,7 @@ def output_matches(expected: str, output: str) -> bool:
             parts.append(r".*?")
         elif token.isspace():
             parts.append(r"\s+")
-        elif re.fullmatch(r"\d{4}-\d\d-\d\d[T ][\d:.]+Z?|(?=.*\d)[0-9a-f]{8,}", token):
+        elif re.fullmatch(EXAMPLE_TOKEN, token):
             parts.append(r"\S+")
         elif token:
             parts.append(re.escape(token))
