@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -157,7 +156,6 @@ def sim(
         parse_duration(scrape_interval)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--scrape-interval") from None
-    stop = threading.Event()
     try:
         fleet_sim = FleetSim(config)
     except FleetError as exc:  # e.g. an initial job that cannot be placed
@@ -175,9 +173,12 @@ def sim(
         else:
             _write_prometheus_config(prometheus_config, fleet_sim, scrape_interval)
         try:
-            stop.wait()
+            fleet_sim.failed.wait()
         except KeyboardInterrupt:
             log.info("stopping the fleet")
+    if fleet_sim.error is not None:
+        error = fleet_sim.error
+        raise click.ClickException(f"the fleet's clock stopped: {type(error).__name__}: {error}")
 
 
 def _write_prometheus_config(path: Path, fleet_sim: FleetSim, scrape_interval: str) -> None:

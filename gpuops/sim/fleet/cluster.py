@@ -27,6 +27,7 @@ from gpuops.sim.fleet.config import (
     GpuModel,
     JobSpec,
     PoolSpec,
+    candidate_pools,
     default_workload,
 )
 from gpuops.sim.fleet.errors import BadRequest, Conflict, NotFound
@@ -260,20 +261,9 @@ class Cluster:
     def candidate_pools(self, pc: PriorityClass, spec: JobSpec) -> tuple[str, ...]:
         """Pools a job may run in, best first: the class's preferred models in its order, then
         (with fallback) the others; only pools whose GPUs have the memory and count it needs."""
-        fits = [
-            p
-            for p in self.pools.values()
-            if p.gpus_per_node >= spec.gpus
-            and (
-                spec.memory_gib is None or GPU_MODELS[p.model].memory_bytes >= spec.memory_gib * GIB
-            )
-        ]
-        rank = {m: i for i, m in enumerate(pc.models)}
-        preferred = [p for p in fits if not pc.models or p.model in rank]
-        preferred.sort(key=lambda p: (rank.get(p.model, 0), p.cloud))
-        rest = [p for p in fits if p not in preferred] if pc.fallback else []
-        rest.sort(key=lambda p: (p.cloud, -GPU_MODELS[p.model].memory_bytes))
-        pools = tuple(p.name for p in preferred + rest)
+        pools = candidate_pools(
+            self.pools.values(), pc.models, pc.fallback, spec.gpus, spec.memory_gib
+        )
         if not pools:
             raise BadRequest(
                 f"no pool can take a job of {spec.gpus} GPUs"

@@ -6,6 +6,7 @@ and by ``gpuops.sim.fleet.sim`` (ports, files, tick). Everything here is a froze
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -265,6 +266,33 @@ class FleetConfig:
             for pool, _gpus in project.reserved:
                 if pool not in pools:
                     raise ValueError(f"projects[{project.name}].reserved: no pool {pool!r}")
+
+
+def candidate_pools(
+    pools: Iterable[PoolSpec],
+    models: tuple[str, ...],
+    fallback: bool,
+    gpus: int,
+    memory_gib: float | None,
+) -> tuple[str, ...]:
+    """Pools a job may run in, best first: its class's preferred ``models`` in their order
+    (owned pools before cloud ones), then, with ``fallback``, the others, largest memory
+    first; only pools whose nodes have ``gpus`` GPUs and whose GPUs have ``memory_gib``.
+    Empty when none can take it: the cluster refuses such a job and the fleet file's checks
+    refuse a job class that draws one."""
+    fits = [
+        p
+        for p in pools
+        if p.model in GPU_MODELS
+        and p.gpus_per_node >= gpus
+        and (memory_gib is None or GPU_MODELS[p.model].memory_bytes >= memory_gib * GIB)
+    ]
+    rank = {m: i for i, m in enumerate(models)}
+    preferred = [p for p in fits if not models or p.model in rank]
+    preferred.sort(key=lambda p: (rank.get(p.model, 0), p.cloud))
+    rest = [p for p in fits if p not in preferred] if fallback else []
+    rest.sort(key=lambda p: (p.cloud, -GPU_MODELS[p.model].memory_bytes))
+    return tuple(p.name for p in preferred + rest)
 
 
 SHARING_MODES = ("mig", "time-slicing")

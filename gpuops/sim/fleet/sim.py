@@ -38,6 +38,10 @@ class FleetSim:
         self._listeners: dict[str, Listener] = {}
         self._sync_lock = threading.Lock()
         self._stop = threading.Event()
+        self.failed = threading.Event()
+        """Set when the clock stopped on an error (``error``): every listener is closed by
+        then, so nothing serves a fleet whose time no longer moves."""
+        self.error: BaseException | None = None
         self._ticker: threading.Thread | None = None
         self._tmpdir: str | None = None
         if self.config.sd_file is not None:
@@ -110,11 +114,7 @@ class FleetSim:
         if self._ticker is not None:
             self._ticker.join(timeout=5)
             self._ticker = None
-        self._control.close()
-        with self._sync_lock:
-            for listener in self._listeners.values():
-                listener.close()
-            self._listeners.clear()
+        self._close_listeners()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._started = False
@@ -130,10 +130,25 @@ class FleetSim:
     def _run(self) -> None:
         cfg = self.config
         last = time.monotonic()
-        while not self._stop.wait(cfg.tick_s):
-            now = time.monotonic()
-            self.cluster.advance((now - last) * cfg.speed)
-            last = now
+        try:
+            while not self._stop.wait(cfg.tick_s):
+                now = time.monotonic()
+                self.cluster.advance((now - last) * cfg.speed)
+                last = now
+        except Exception as exc:  # noqa: BLE001 - any error stops the fleet; its owner is told
+            log.exception(
+                "the fleet's clock stopped at %.0f s; closing its listeners", self.cluster.time
+            )
+            self.error = exc
+            self._close_listeners()
+            self.failed.set()
+
+    def _close_listeners(self) -> None:
+        self._control.close()
+        with self._sync_lock:
+            for listener in self._listeners.values():
+                listener.close()
+            self._listeners.clear()
 
     # --- topology ------------------------------------------------------------------------------
 
@@ -144,7 +159,7 @@ class FleetSim:
         listener closed, target kept (Prometheus sees up == 0). Restored: re-opened on its port.
         Removed node: listener closed and target dropped.
         """
-        if not self._started:
+        if not self._started or self.failed.is_set():
             return
         with self._sync_lock:
             with self.cluster.lock:

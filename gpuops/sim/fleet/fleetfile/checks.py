@@ -1,6 +1,6 @@
 """Checks across the sections of a fleet file, after each section has passed its schema: names
-that exist and are unique, quotas within their pools, jobs that fit some node, initial jobs
-on nodes that exist.
+that exist and are unique, quotas within their pools and job classes some pool can take
+(``gpuops.sim.fleet.fleetfile.fits``), initial jobs on nodes that exist.
 
 Called by ``gpuops.sim.fleet.fleetfile.load``; each problem is (the key's path, what is
 wrong), which the loader turns into ``file:line: key: what``.
@@ -9,6 +9,7 @@ wrong), which the loader turns into ``file:line: key: what``.
 from __future__ import annotations
 
 from gpuops.sim.fleet.config import GPU_MODELS, sharing_problem
+from gpuops.sim.fleet.fleetfile.fits import job_class_problems, reservation_problems
 from gpuops.sim.fleet.fleetfile.positions import Path_
 from gpuops.sim.fleet.fleetfile.schema import _FleetFile, _Pool
 
@@ -56,7 +57,6 @@ def cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
                     "starts with",
                 )
             )
-    reserved: dict[str, int] = {}
     for i, project in enumerate(doc.projects):
         for pool_name, gpus in project.reserved.items():
             where: Path_ = ("projects", i, "reserved", pool_name)
@@ -64,18 +64,7 @@ def cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
                 out.append((where, f"no pool {pool_name!r}; pools: {', '.join(pools)}"))
             elif gpus < 0:
                 out.append((where, f"reserved GPUs must be >= 0, got {gpus}"))
-            else:
-                reserved[pool_name] = reserved.get(pool_name, 0) + gpus
-    for name, total in reserved.items():
-        pool = pools[name]
-        if not pool.cloud and total > pool.nodes * pool.gpus_per_node:
-            out.append(
-                (
-                    ("projects",),
-                    f"projects reserve {total} GPUs of pool {name!r}, which has "
-                    f"{pool.nodes * pool.gpus_per_node}",
-                )
-            )
+    out += reservation_problems(doc)
     for i, pc in enumerate(doc.priority_classes):
         for j, model in enumerate(pc.models):
             if model not in GPU_MODELS:
@@ -84,7 +73,6 @@ def cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
                 )
     projects = {p.name for p in doc.projects}
     classes = {c.name for c in doc.priority_classes}
-    widest = max(p.gpus_per_node for p in doc.pools)
     for i, jc in enumerate(doc.job_classes):
         if projects and jc.project not in projects:
             out.append((("job_classes", i, "project"), f"no project {jc.project!r}"))
@@ -96,20 +84,7 @@ def cross_check(doc: _FleetFile) -> list[tuple[Path_, str]]:
                     f"{jc.priority_class!r} is not one of {known}",
                 )
             )
-        too_big = [g for g in jc.gpus if g > widest]
-        if too_big:
-            out.append(
-                (("job_classes", i, "gpus"), f"{too_big} GPUs exceed every node ({widest} GPUs)")
-            )
-        if jc.memory_gib is not None:
-            biggest = max(
-                (GPU_MODELS[p.model].memory_bytes for p in doc.pools if p.model in GPU_MODELS),
-                default=0,
-            )
-            if jc.memory_gib * 1024**3 > biggest:
-                out.append(
-                    (("job_classes", i, "memory_gib"), f"{jc.memory_gib} GiB fits no pool's GPUs")
-                )
+    out += job_class_problems(doc)
     out += _initial_job_problems(doc, pools, classes)
     return out
 

@@ -76,7 +76,43 @@ def test_good_file_parses_durations_and_defaults() -> None:
         ),
         (
             GOOD.replace("reserved: {a: 4}", "reserved: {a: 9}"),
-            "t.yaml:4: projects: projects reserve 9 GPUs of pool 'a', which has 8",
+            "t.yaml:5: projects.0.reserved.a: project 'p' reserves 9 GPUs of pool 'a', which has 8",
+        ),
+        (
+            GOOD.replace(
+                "  - {name: p, reserved: {a: 4}}",
+                "  - {name: p, reserved: {a: 4}}\n  - {name: q, reserved: {a: 5}}",
+            ),
+            "t.yaml:6: projects.1.reserved.a: projects 'p' (4), 'q' (5) reserve 9 GPUs of pool "
+            "'a', which has 8",
+        ),
+        (
+            GOOD.replace(
+                "gpus_per_node: 4}",
+                "gpus_per_node: 4}\n"
+                "  - {name: c, model: H100, nodes: 0, cloud: true, max_nodes: 1}",
+            ).replace("reserved: {a: 4}", "reserved: {a: 4, c: 8}"),
+            "t.yaml:6: projects.0.reserved.c: project 'p' reserves 8 GPUs of pool 'c', which "
+            "max_nodes caps at 4 (1 nodes of 4)",
+        ),
+        (
+            GOOD.replace("priority: 100}", "priority: 100, models: [H100], fallback: false}"),
+            "t.yaml:11: job_classes.0.priority_class: job class 'train': priority class 'high' "
+            "takes only H100 (fallback: false) and no pool has them (pools have A100)",
+        ),
+        (
+            GOOD.replace(
+                "gpus_per_node: 4}",
+                "gpus_per_node: 4}\n  - {name: b, model: T4, nodes: 1, gpus_per_node: 8}",
+            ).replace(
+                "rate_per_hour: 2", "rate_per_hour: 2\n    gpus: {1: 1, 8: 1}\n    memory_gib: 40"
+            ),
+            "t.yaml:10: job_classes.0: job class 'train': no pool has nodes of 8 GPUs with 40 GiB "
+            "each (priority class 'high')",
+        ),
+        (
+            GOOD.replace("rate_per_hour: 2", "rate_per_hour: 2\n    memory_gib: 100"),
+            "t.yaml:13: job_classes.0.memory_gib: job class 'train': 100 GiB fits no pool's GPUs",
         ),
         (
             GOOD.replace("priority_class: high", "priority_class: urgent"),
@@ -97,7 +133,8 @@ def test_good_file_parses_durations_and_defaults() -> None:
         (GOOD.replace("    project: p", "\tproject: p"), "t.yaml:10: tab character in indentation"),
         (
             GOOD.replace("rate_per_hour: 2", "rate_per_hour: 2\n    gpus: {16: 1}"),
-            "t.yaml:13: job_classes.0.gpus: [16] GPUs exceed every node (4 GPUs)",
+            "t.yaml:13: job_classes.0.gpus: job class 'train': [16] GPUs exceed every node "
+            "(4 GPUs)",
         ),
         (
             GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, max_nodes: 1}"),
@@ -164,3 +201,15 @@ def test_cli_reports_a_bad_fleet_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["fleet", "sim", "--fleet", str(bad)])
     assert result.exit_code != 0
     assert f"{bad}:3: pools.0.nodes: Input should be greater than or equal to 0" in result.output
+
+
+@pytest.mark.parametrize("command", [["fleet", "run"], ["whatif", "--rules", "rules"]])
+def test_commands_refuse_a_class_no_pool_takes_at_load(command: list[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("priority: 100}", "priority: 100, models: [T4], fallback: false}"))
+    result = CliRunner().invoke(cli, [*command, "--fleet", str(bad), "--hours", "1"])
+    assert result.exit_code == 1
+    assert (
+        f"{bad}:11: job_classes.0.priority_class: job class 'train': priority class 'high' "
+        "takes only T4 (fallback: false)"
+    ) in result.output
