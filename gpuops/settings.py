@@ -276,6 +276,15 @@ class StateSettings(_Model):
         return self
 
 
+class HealthSettings(_Model):
+    """GPU health: the XID catalogue's site overrides (docs/health.md)."""
+
+    xid_overrides: list[Path] = []
+    """Files that change codes of the shipped XID catalogue (class, action, threshold,
+    cancels), applied in order and checked like rule files: an unknown code, class or action
+    is refused with ``FILE:LINE`` (``gpuops health check``)."""
+
+
 class EngineConfig(_Model):
     """The file ``gpuops engine run --config FILE`` reads. Relative paths are resolved against
     the file's directory; unknown keys are errors (``FILE:LINE: key: unknown key``)."""
@@ -308,6 +317,8 @@ class EngineConfig(_Model):
     """Seconds between checks of the rule files for changes (SIGHUP reloads at once)."""
     api: ApiSettings = ApiSettings()
     """The REST API, the Alertmanager receiver and the web console (docs/api.md)."""
+    health: HealthSettings = HealthSettings()
+    """GPU health events and their remediation (docs/health.md)."""
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
 
@@ -333,6 +344,9 @@ class EngineConfig(_Model):
                     else {}
                 ),
                 "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
+                "health": self.health.model_copy(
+                    update={"xid_overrides": [fix(p) for p in self.health.xid_overrides]}
+                ),
                 "api": self.api.model_copy(
                     update={
                         key: fix(value)

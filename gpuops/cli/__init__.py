@@ -24,6 +24,7 @@ _COMMANDS = (
     ("gpuops.cli.fleet", "fleet"),
     ("gpuops.cli.exporter", "exporter"),
     ("gpuops.cli.rules", "rules"),
+    ("gpuops.cli.health", "health"),
     ("gpuops.cli.audit", "audit"),
     ("gpuops.cli.state", "state"),
     ("gpuops.cli.elk", "elk"),

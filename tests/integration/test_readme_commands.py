@@ -49,6 +49,7 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     ("README.md", "docs/first-policy.md"),
     ("docs/install.md", "docs/operations.md"),
     ("docs/whatif.md",),
+    ("docs/health.md",),
 )
 """The documents whose commands run, in order; each tuple shares its background processes."""
 
