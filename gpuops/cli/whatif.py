@@ -1,7 +1,8 @@
 """`gpuops whatif`: one seeded workload twice, policies off and on, compared (docs/whatif.md).
 
-A thin front over ``gpuops.sim.whatif`` (the runs), ``gpuops.sim.whatif_report`` (table, JSON) and
-``gpuops.sim.whatif_plots`` (PNG); logging is configured by ``gpuops.cli``.
+A thin front over ``gpuops.sim.whatif`` (the runs), ``gpuops.sim.whatif.report`` (table, JSON),
+``gpuops.sim.whatif.spread`` (several seeds: medians and ranges) and ``gpuops.sim.whatif.plots``
+(PNG); logging is configured by ``gpuops.cli``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from gpuops.model.rules.model import RulesError
 from gpuops.sim.fleet.errors import FleetError
 from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
 from gpuops.sim.fleet.remotewrite import RemoteWriteError
-from gpuops.sim.whatif import SCRAPE_INTERVAL_S, WhatifError
+from gpuops.sim.whatif import SCRAPE_INTERVAL_S, Whatif, WhatifError
 from gpuops.sim.whatif import whatif as run_whatif
 from gpuops.sim.whatif.report import table, to_json
+from gpuops.sim.whatif.spread import table as spread_table
+from gpuops.sim.whatif.spread import to_json_spread as spread_json
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,13 @@ log = logging.getLogger(__name__)
     help="Virtual hours of each run.",
 )
 @click.option("--seed", default=None, type=int, help="Seed of the workload (default: the file's).")
+@click.option(
+    "--seeds",
+    default=None,
+    help="Run several seeds and report each figure as its median and range: a count N (the "
+    "seed of --seed or of the file and the N-1 after it) or a comma-separated list of seeds "
+    "(e.g. 5,11,42).",
+)
 @click.option(
     "--scrape-interval",
     default=SCRAPE_INTERVAL_S,
@@ -82,6 +92,7 @@ def whatif(
     rules: tuple[Path, ...],
     hours: float,
     seed: int | None,
+    seeds: str | None,
     scrape_interval: float,
     prometheus_url: str | None,
     workdir: Path | None,
@@ -97,32 +108,73 @@ def whatif(
         config = load_fleet(fleet_file)
     except FleetFileError as exc:
         raise click.ClickException(str(exc)) from None
-    if seed is not None:
-        config = with_listeners(config, seed=seed)
-
-    def progress(run: str, t: float) -> None:
-        log.info("policies %s: %.0f of %g virtual hours", run, t / 3600.0, hours)
-
-    try:
-        result = run_whatif(
-            config,
-            list(rules),
-            hours,
-            prometheus_url=prometheus_url,
-            workdir=workdir,
-            scrape_interval_s=scrape_interval,
-            progress=progress,
-            all_series=all_series,
+    chosen = seed_list(seeds, config.seed if seed is None else seed, seed is not None)
+    if prometheus_url is not None and len(chosen) > 1:
+        raise click.BadParameter(
+            "several seeds need a fresh Prometheus each (leave --prometheus-url out)",
+            param_hint="--prometheus-url",
         )
-    except RulesError as exc:
-        raise click.ClickException(f"rules not loaded: {exc}") from None
-    except FleetError as exc:
-        raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
-    except (WhatifError, RemoteWriteError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if plots is not None:
-        from gpuops.sim.whatif.plots import plot  # matplotlib: imported only for --plots
+    runs: list[Whatif] = []
+    for n in chosen:
+        tag = f"seed {n}: " if len(chosen) > 1 else ""
 
-        for path in plot(result, plots):
-            log.info("plot: %s", path)
-    click.echo(json.dumps(to_json(result), indent=2) if as_json else table(result))
+        def progress(run: str, t: float, tag: str = tag) -> None:
+            log.info("%spolicies %s: %.0f of %g virtual hours", tag, run, t / 3600.0, hours)
+
+        try:
+            result = run_whatif(
+                with_listeners(config, seed=n),
+                list(rules),
+                hours,
+                prometheus_url=prometheus_url,
+                workdir=_per_seed(workdir, n, len(chosen)),
+                scrape_interval_s=scrape_interval,
+                progress=progress,
+                all_series=all_series,
+            )
+        except RulesError as exc:
+            raise click.ClickException(f"rules not loaded: {exc}") from None
+        except FleetError as exc:
+            raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
+        except (WhatifError, RemoteWriteError) as exc:
+            raise click.ClickException(str(exc)) from None
+        runs.append(result)
+        plot_dir = _per_seed(plots, n, len(chosen))
+        if plot_dir is not None:
+            from gpuops.sim.whatif.plots import plot  # matplotlib: imported only for --plots
+
+            for path in plot(result, plot_dir):
+                log.info("plot: %s", path)
+    if len(runs) == 1:
+        click.echo(json.dumps(to_json(runs[0]), indent=2) if as_json else table(runs[0]))
+    else:
+        click.echo(json.dumps(spread_json(runs), indent=2) if as_json else spread_table(runs))
+
+
+def _per_seed(folder: Path | None, seed: int, seeds: int) -> Path | None:
+    """``--workdir`` or ``--plots`` of one seed: the folder itself, or ``seed-N`` in it."""
+    return folder if folder is None or seeds == 1 else folder / f"seed-{seed}"
+
+
+def seed_list(text: str | None, first: int, seed_given: bool) -> list[int]:
+    """The seeds of ``--seeds``: a count from ``first``, or a list; one seed without it."""
+    if text is None:
+        return [first]
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a count nor a comma-separated list of seeds", param_hint="--seeds"
+        ) from None
+    if len(numbers) == 1:
+        if not 1 <= numbers[0] <= 100:
+            raise click.BadParameter(
+                f"a count of seeds must be within [1, 100], got {numbers[0]}", param_hint="--seeds"
+            )
+        return [first + i for i in range(numbers[0])]
+    if seed_given:
+        raise click.BadParameter("a list of seeds and --seed together", param_hint="--seeds")
+    if len(set(numbers)) != len(numbers):
+        raise click.BadParameter(f"seed repeated in {text!r}", param_hint="--seeds")
+    return numbers

@@ -78,12 +78,22 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def _h(v: float | None) -> str:
+def hours(v: float | None) -> str:
     return "-" if v is None else f"{v / 3600:.2f} h"
 
 
-def _num(fmt: str) -> Callable[[float | None], str]:
-    return lambda v: "-" if v is None else format(v, fmt)
+def number(fmt: str) -> Callable[[float | None], str]:
+    """``fmt`` applied to a figure; a count (``d``) that is a median between two is shown
+    with its half."""
+
+    def show(v: float | None) -> str:
+        if v is None:
+            return "-"
+        if fmt == "d":
+            return format(int(v), "d") if float(v).is_integer() else f"{v:.1f}"
+        return format(v, fmt)
+
+    return show
 
 
 def _delta(off: float | None, on: float | None, points: bool = False) -> str:
@@ -99,35 +109,35 @@ Row = tuple[str, Callable[[RunReport], float | None], Callable[[float | None], s
 """label, figure, format, change in points (shares) rather than relative"""
 
 OVERALL: tuple[Row, ...] = (
-    ("GPUs powered (mean)", lambda r: r.gpus_mean, _num(".1f"), False),
+    ("GPUs powered (mean)", lambda r: r.gpus_mean, number(".1f"), False),
     ("utilization over powered GPUs", lambda r: r.utilization_powered, _pct, True),
     ("  without work done again", lambda r: r.utilization_powered_net, _pct, True),
     ("  at most, jobs in their pools", lambda r: r.utilization_bound_pools, _pct, True),
     ("  at most, jobs in any pool", lambda r: r.utilization_bound_any_pool, _pct, True),
     ("utilization over allocated GPUs", lambda r: r.utilization_allocated, _pct, True),
     ("allocation ratio", lambda r: r.allocation_ratio, _pct, True),
-    ("jobs completed", lambda r: r.jobs_completed, _num("d"), False),
-    ("notebook sessions culled", lambda r: r.culled, _num("d"), False),
-    ("jobs queued at end", lambda r: r.jobs_queued_at_end, _num("d"), False),
-    ("JCT mean, culled sessions whole", lambda r: r.jct_mean_s, _h, False),
-    ("JCT mean, completed jobs only", lambda r: r.jct_completed_mean_s, _h, False),
-    ("JCT p95, culled sessions whole", lambda r: r.jct_p95_s, _h, False),
-    ("JCT mean, unfinished counted", lambda r: r.jct_all_mean_s, _h, False),
-    ("queue wait mean", lambda r: r.wait_mean_s, _h, False),
-    ("preemptions", lambda r: r.preemptions, _num("d"), False),
-    ("reclaims", lambda r: r.reclaims, _num("d"), False),
-    ("GPU-hours reclaimed", lambda r: r.reclaimed_gpu_hours, _num(".1f"), False),
-    ("energy (kWh)", lambda r: r.energy_kwh, _num(".1f"), False),
-    ("energy cost", lambda r: r.energy_cost, _num(".2f"), False),
-    ("completed jobs' GPU-hours", lambda r: r.completed_gpu_hours, _num(".1f"), False),
-    ("kWh per completed GPU-hour", lambda r: r.kwh_per_completed_gpu_hour, _num(".3f"), False),
-    ("work (full-clock GPU-hours)", lambda r: r.work_gpu_hours, _num(".1f"), False),
+    ("jobs completed", lambda r: r.jobs_completed, number("d"), False),
+    ("notebook sessions culled", lambda r: r.culled, number("d"), False),
+    ("jobs queued at end", lambda r: r.jobs_queued_at_end, number("d"), False),
+    ("JCT mean, culled sessions whole", lambda r: r.jct_mean_s, hours, False),
+    ("JCT mean, completed jobs only", lambda r: r.jct_completed_mean_s, hours, False),
+    ("JCT p95, culled sessions whole", lambda r: r.jct_p95_s, hours, False),
+    ("JCT mean, unfinished counted", lambda r: r.jct_all_mean_s, hours, False),
+    ("queue wait mean", lambda r: r.wait_mean_s, hours, False),
+    ("preemptions", lambda r: r.preemptions, number("d"), False),
+    ("reclaims", lambda r: r.reclaims, number("d"), False),
+    ("GPU-hours reclaimed", lambda r: r.reclaimed_gpu_hours, number(".1f"), False),
+    ("energy (kWh)", lambda r: r.energy_kwh, number(".1f"), False),
+    ("energy cost", lambda r: r.energy_cost, number(".2f"), False),
+    ("completed jobs' GPU-hours", lambda r: r.completed_gpu_hours, number(".1f"), False),
+    ("kWh per completed GPU-hour", lambda r: r.kwh_per_completed_gpu_hour, number(".3f"), False),
+    ("work (full-clock GPU-hours)", lambda r: r.work_gpu_hours, number(".1f"), False),
     ("throughput lost to clock locks", lambda r: r.downclock_loss, _pct, True),
     ("throughput lost to GPU sharing", lambda r: r.sharing_loss, _pct, True),
-    ("packs", lambda r: r.packs, _num("d"), False),
-    ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, _num(".1f"), False),
-    ("nodes consolidated", lambda r: r.consolidations, _num("d"), False),
-    ("jobs moved by consolidation", lambda r: r.jobs_moved, _num("d"), False),
+    ("packs", lambda r: r.packs, number("d"), False),
+    ("work redone on restarts (GPU-h)", lambda r: r.restart_gpu_hours, number(".1f"), False),
+    ("nodes consolidated", lambda r: r.consolidations, number("d"), False),
+    ("jobs moved by consolidation", lambda r: r.jobs_moved, number("d"), False),
 )
 
 
@@ -158,17 +168,17 @@ def table(w: Whatif) -> str:
         ):
             x = None if ca is None else get(ca)
             y = None if cb is None else get(cb)
-            fmt = _num("d") if what in ("done", "culled") else _h
+            fmt = number("d") if what in ("done", "culled") else hours
             lines.append(_line(f"{pc} {what}", fmt(x), fmt(y), _delta(x, y)))
     lines += ["", _line("project", "off", "on", "change")]
     for p in sorted(set(off.projects) | set(on.projects)):
         pa, pb = off.projects.get(p), on.projects.get(p)
         for what, get, fmt, points in (
             ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
-            ("GPU-hours allocated", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
-            ("done", lambda f: f.completed, _num("d"), False),
-            ("JCT mean", lambda f: f.jct_mean_s, _h, False),
-            ("preemptions", lambda f: f.preemptions, _num("d"), False),
+            ("GPU-hours allocated", lambda f: f.allocated_gpu_hours, number(".1f"), False),
+            ("done", lambda f: f.completed, number("d"), False),
+            ("JCT mean", lambda f: f.jct_mean_s, hours, False),
+            ("preemptions", lambda f: f.preemptions, number("d"), False),
         ):
             x = None if pa is None else get(pa)
             y = None if pb is None else get(pb)
@@ -177,10 +187,10 @@ def table(w: Whatif) -> str:
     for name in sorted(set(off.pools) | set(on.pools)):
         qa, qb = off.pools.get(name), on.pools.get(name)
         for what, get, fmt, points in (
-            ("powered GPU-h", lambda f: f.powered_gpu_hours, _num(".1f"), False),
+            ("powered GPU-h", lambda f: f.powered_gpu_hours, number(".1f"), False),
             ("util (powered)", lambda f: f.utilization_powered, _pct, True),
             ("util (powered) at most", lambda f: f.utilization_bound, _pct, True),
-            ("allocated GPU-h", lambda f: f.allocated_gpu_hours, _num(".1f"), False),
+            ("allocated GPU-h", lambda f: f.allocated_gpu_hours, number(".1f"), False),
             ("util (allocated)", lambda f: f.utilization_allocated, _pct, True),
         ):
             x = None if qa is None else get(qa)
@@ -192,18 +202,18 @@ def table(w: Whatif) -> str:
     rows_off, rows_on = dict(waste_rows(off.waste)), dict(waste_rows(on.waste))
     for label in sorted(set(rows_off) | set(rows_on), key=_waste_order):
         x, y = rows_off.get(label), rows_on.get(label)
-        fmt = _num(".1f")
+        fmt = number(".1f")
         lines.append(_line(label, fmt(x), fmt(y), _delta(x, y)))
     lines += ["", _line("energy by draw (kWh)", "off", "on", "change")]
     for label in sorted(set(off.energy_split_kwh) | set(on.energy_split_kwh)):
         x, y = off.energy_split_kwh.get(label), on.energy_split_kwh.get(label)
-        lines.append(_line(label, _num(".1f")(x), _num(".1f")(y), _delta(x, y)))
+        lines.append(_line(label, number(".1f")(x), number(".1f")(y), _delta(x, y)))
     lines += ["", "  targets (on the case-study fleet):"]
     for t in targets(w):
         fmt = (
-            _h
+            hours
             if "time" in t.name
-            else (_pct if t.name.startswith(("util", "through")) else _num(".3f"))
+            else (_pct if t.name.startswith(("util", "through")) else number(".3f"))
         )
         lines.append(
             f"  {'met    ' if t.met else 'NOT met'} {t.name} {t.wanted}: "

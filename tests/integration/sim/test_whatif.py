@@ -80,3 +80,20 @@ def test_whatif_runs_the_engine_at_the_virtual_clock(prom_url: str, tmp_path: Pa
 
     for name in ("utilization.png", "queue.png", "power.png"):
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_whatif_over_seeds_reports_spreads(tmp_path: Path) -> None:
+    args = ["--log-level=warning", "whatif", "--fleet", str(REPO / "examples/fleets/demo.yaml")]
+    args += ["--rules", str(REPO / "rules" / "gpu-efficiency.yaml"), "--hours=0.2"]
+    result = CliRunner().invoke(cli, [*args, "--seeds=7,9", f"--plots={tmp_path}", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["seeds"] == [7, 9]
+    assert [r["seed"] for r in doc["runs"]] == [7, 9]
+    reclaims = next(f for f in doc["figures"] if f["name"] == "reclaims")
+    assert reclaims["on"]["seeds"] == 2
+    assert reclaims["on"]["min"] <= reclaims["on"]["median"] <= reclaims["on"]["max"]
+    assert (tmp_path / "seed-9" / "queue.png").is_file()
+    shared = CliRunner().invoke(cli, [*args, "--seeds=2", "--prometheus-url=http://x:9090"])
+    assert shared.exit_code == 2
+    assert "several seeds need a fresh Prometheus each" in shared.output

@@ -1,0 +1,97 @@
+"""The what-if over several seeds: each figure's median and range, the change taken seed by
+seed, and the seeds `--seeds` names."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+import pytest
+
+from gpuops.cli.whatif import seed_list
+from gpuops.sim.whatif import Whatif
+from gpuops.sim.whatif.spread import Spread, figures, table, to_json_spread
+from tests.unit.sim.test_whatif_report import OFF, compare
+
+
+def seeded(seed: int, off_util: float, on_util: float, jct_on_h: float) -> Whatif:
+    w = compare(utilization_powered=on_util, jct_mean_s=jct_on_h * 3600.0)
+    return replace(
+        w, seed=seed, off=replace(w.off, report=replace(OFF, utilization_powered=off_util))
+    )
+
+
+RUNS = [
+    seeded(1, 0.40, 0.70, 3.0),  # +30 pt, JCT -25 %
+    seeded(2, 0.30, 0.40, 4.4),  # +10 pt, JCT +10 %
+    seeded(3, 0.50, 0.70, 2.0),  # +20 pt, JCT -50 %
+]
+
+
+def test_spread_is_median_and_range_of_the_known_values() -> None:
+    assert Spread.of([3.0, None, 1.0, 2.0]) == Spread(2.0, 1.0, 3.0, 3)
+    assert Spread.of([None, None]) is None
+
+
+def test_changes_are_taken_seed_by_seed() -> None:
+    by_name = {f.label: f for f in figures(RUNS)}
+    util = by_name["utilization over powered GPUs"]
+    assert util.off == Spread(0.40, 0.30, 0.50, 3)
+    assert util.on == Spread(0.70, 0.40, 0.70, 3)
+    assert util.change is not None
+    assert (util.change.median, util.change.low, util.change.high) == pytest.approx(
+        (0.20, 0.10, 0.30)
+    )
+    jct = by_name["JCT mean, culled sessions whole"].change
+    assert jct is not None
+    assert (jct.median, jct.low, jct.high) == pytest.approx((-0.25, -0.50, 0.10))
+    high = by_name["high JCT mean"]
+    assert high.off == Spread(3 * 3600.0, 3 * 3600.0, 3 * 3600.0, 3)
+
+
+def test_table_shows_median_and_range_per_figure() -> None:
+    text = table(RUNS)
+    assert "3 seeds (1, 2, 3)" in text
+    line = next(x for x in text.splitlines() if "utilization over powered GPUs" in x)
+    assert "40.0% [30.0%, 50.0%]" in line
+    assert "70.0% [40.0%, 70.0%]" in line
+    assert "+20.0 pt [+10.0, +30.0]" in line
+    jct = next(x for x in text.splitlines() if "JCT mean, culled sessions whole" in x)
+    assert "4.00 h" in jct and "3.00 h [2.00, 4.40]" in jct and "-25.0% [-50.0%, +10.0%]" in jct
+
+
+def test_json_holds_the_spreads_and_every_seed() -> None:
+    doc = to_json_spread(RUNS)
+    assert doc["seeds"] == [1, 2, 3]
+    util = next(f for f in doc["figures"] if f["name"] == "utilization over powered GPUs")
+    assert util["change_in"] == "points"
+    assert util["off"] == {"median": 0.40, "min": 0.30, "max": 0.50, "seeds": 3}
+    assert [r["seed"] for r in doc["runs"]] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "given", "seeds"),
+    [
+        (None, 42, False, [42]),
+        ("5", 42, False, [42, 43, 44, 45, 46]),
+        ("3", 7, True, [7, 8, 9]),
+        ("5, 11,42", 42, False, [5, 11, 42]),
+    ],
+)
+def test_seed_list(text: str | None, first: int, given: bool, seeds: list[int]) -> None:
+    assert seed_list(text, first, given) == seeds
+
+
+@pytest.mark.parametrize(
+    ("text", "given", "message"),
+    [
+        ("five", False, "'five' is neither a count nor a comma-separated list of seeds"),
+        ("0", False, "a count of seeds must be within [1, 100], got 0"),
+        ("1,2", True, "a list of seeds and --seed together"),
+        ("1,1", False, "seed repeated in '1,1'"),
+    ],
+)
+def test_seed_list_refuses(text: str, given: bool, message: str) -> None:
+    with pytest.raises(click.BadParameter) as info:
+        seed_list(text, 42, given)
+    assert message in str(info.value)
