@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -223,6 +223,21 @@ class ApiSettings(_Model):
         return self
 
 
+class LogSettings(_Model):
+    """What ``gpuops engine run`` writes to stderr about what it decides and does
+    (docs/operations.md, "What the engine says")."""
+
+    format: Literal["text", "json"] = "text"
+    """``text``: one sentence per line; ``json``: one JSON object per line (ECS field names,
+    each decision line with its fields: ``rule.name``, ``gpuops.target.key``,
+    ``event.action``, ``gpuops.verdict``, ``gpuops.state``, ``gpuops.decision.id`` ...).
+    ``gpuops engine run --log-format`` overrides it."""
+    quiet_level: Literal["debug", "info", "warning"] = "debug"
+    """Level of the lines about evaluations that changed nothing (a target held again by the
+    suppression recorded before, a clear with nothing to undo): at the default ``debug`` they
+    are not shown unless ``gpuops --log-level debug``; ``info`` shows them."""
+
+
 class StateSettings(_Model):
     """Shared state for replicas (docs/ha.md): without ``url`` the engine keeps its state in
     the SQLite ``state_file`` and runs alone; with it, in PostgreSQL, and replicas elect one
@@ -319,6 +334,8 @@ class EngineConfig(_Model):
     """The REST API, the Alertmanager receiver and the web console (docs/api.md)."""
     health: HealthSettings = HealthSettings()
     """GPU health events and their remediation (docs/health.md)."""
+    log: LogSettings = LogSettings()
+    """The engine's log lines: their format and the level of those that tell nothing new."""
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
 

@@ -54,6 +54,11 @@ class _LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+FIELDS = "gpuops_fields"
+"""The ``LogRecord`` attribute of a line's own fields (``gpuops.runtime.gate.told.FIELDS``:
+a decision's policy, target, action, verdict, state, id), written as JSON keys."""
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {
@@ -62,9 +67,18 @@ class _JsonFormatter(logging.Formatter):
             "log.logger": record.name,
             "message": record.getMessage(),
         }
+        fields = getattr(record, FIELDS, None)
+        if isinstance(fields, dict):
+            doc.update((k, v) for k, v in fields.items() if k not in doc)
         if record.exc_info:
             doc["error.stack_trace"] = self.formatException(record.exc_info)
         return json.dumps(doc)
+
+
+def use_json_logs() -> None:
+    """Write the log lines configured by ``configure_logging`` as JSON from now on."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_JsonFormatter())
 
 
 def configure_logging(level: str, json_format: bool) -> None:

@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 from gpuops.api import ApiServer, TokensError, create_app
 from gpuops.api.server import ApiServerError
 from gpuops.api.tokens import TokenStore
+from gpuops.cli import use_json_logs
 from gpuops.model.rules.model import RulesError
 from gpuops.runtime import Engine, collect_less
 from gpuops.settings import ConfigError, load_config
@@ -36,12 +37,22 @@ def engine() -> None:
     help="Engine configuration (YAML): Prometheus, rules, state file, audit, executors.",
 )
 @click.option("--dry-run", is_flag=True, help="Record every decision but execute nothing.")
-def run(config_path: Path, dry_run: bool) -> None:
-    """Evaluate the policies until SIGTERM or Ctrl-C; SIGHUP reloads the rules."""
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=None,
+    help="Log lines as sentences (text) or JSON objects with each decision's fields (json); "
+    "default: the configuration's log.format (text).",
+)
+def run(config_path: Path, dry_run: bool, log_format: str | None) -> None:
+    """Evaluate the policies until SIGTERM or Ctrl-C; SIGHUP reloads the rules. Each decision
+    recorded and each outcome is one log line (docs/operations.md)."""
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if (log_format or config.log.format) == "json":
+        use_json_logs()
     if dry_run:
         config = config.model_copy(
             update={"guardrails": config.guardrails.model_copy(update={"dry_run": True})}

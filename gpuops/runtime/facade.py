@@ -32,7 +32,7 @@ from gpuops.runtime.approvals import Approvals
 from gpuops.runtime.backend import open_store, previous_run
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.cycle import Cycle
-from gpuops.runtime.gate import DecisionListener, Gate
+from gpuops.runtime.gate import DecisionListener, Gate, Told
 from gpuops.runtime.jobs import Jobs
 from gpuops.runtime.leadership import Change, Leadership
 from gpuops.runtime.metrics import EngineMetrics
@@ -177,6 +177,7 @@ class Engine:
             workers_per_executor=action_workers,
             retry=action_retry or RetryPolicy(),
             leading=self.leadership.leading,
+            told=Told(logging.getLevelName(config.log.quiet_level.upper())),
         )
         self.cycle = Cycle(
             store=self.store,

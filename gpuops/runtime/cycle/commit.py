@@ -203,13 +203,19 @@ class Committer:
         # counted per label set, not per decision (``labels`` costs ~25 us a call)
         decided: Counter[tuple[str, str, str]] = Counter()
         suppressed: Counter[tuple[str, str]] = Counter()
+        told = self._gate.told
+        quiet = told.quiet_enabled()
         for decision in judgement.decisions:
             decided[decision.policy, decision.transition.value, decision.verdict.value] += 1
             reason = decision.verdict.suppression
             if reason is not None:
                 suppressed[decision.policy, reason.value] += 1
+            if not quiet:
+                continue
             if _state_only(decision):
-                log.debug("%s cleared on %s: nothing to undo", policy.name, decision.target.key)
+                told.quiet(decision, "cleared: nothing to undo")
+            elif decision.id in judgement.repeats:
+                told.quiet(decision, f"held again as before ({decision.verdict}): counted only")
         for labels, n in decided.items():
             self._metrics.decisions.labels(*labels).inc(n)
         for pair, n in suppressed.items():

@@ -31,14 +31,17 @@ from gpuops.runtime.gate.feedback import MAX_RETRY_S
 from gpuops.runtime.gate.gate import NOT_LEADING, Gate, OutcomeHook
 from gpuops.runtime.gate.lanes import LANES_PER_EXECUTOR
 from gpuops.runtime.gate.retry import RetryError
+from gpuops.runtime.gate.told import FIELDS, Told
 from gpuops.runtime.gate.trail import DecisionListener
 
 __all__ = [
     "LANES_PER_EXECUTOR",
     "MAX_RETRY_S",
     "NOT_LEADING",
+    "FIELDS",
     "DecisionListener",
     "Gate",
     "OutcomeHook",
     "RetryError",
+    "Told",
 ]

@@ -31,6 +31,7 @@ from gpuops.runtime.gate.holds import Hold, Holds
 from gpuops.runtime.gate.lanes import LANES_PER_EXECUTOR, Lanes, PoolKey
 from gpuops.runtime.gate.reconcile import Reconciler
 from gpuops.runtime.gate.retry import retry
+from gpuops.runtime.gate.told import Told
 from gpuops.runtime.gate.trail import DecisionListener, Trail
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.settings import GuardrailSettings
@@ -69,6 +70,7 @@ class Gate:
         lanes_per_executor: int = LANES_PER_EXECUTOR,
         retry: RetryPolicy | None = None,
         leading: Callable[[], bool] = lambda: True,
+        told: Told | None = None,
     ) -> None:
         """``executor_settings``: each executor's settings as configured (``executors:``),
         handed to the registry, which validates them when it builds the executor.
@@ -76,7 +78,8 @@ class Gate:
         asked just before each executor call: a replica that lost its lease runs nothing and
         leaves the decision ``started`` for the new leader to resume. ``workers_per_executor``:
         concurrent actions per lane of an executor (``Lanes``), at most ``lanes_per_executor``
-        lanes of its own per executor."""
+        lanes of its own per executor. ``told``: the log lines of decisions and outcomes
+        (``gpuops.runtime.gate.told``)."""
         self._leading = leading
         self._executor_settings = executor_settings
         self._store = store
@@ -86,7 +89,8 @@ class Gate:
         self._locks = locks
         self._clock = clock
         self._retry = retry or RetryPolicy()
-        self._trail = Trail(audit, store, metrics, listener)
+        self._trail = Trail(audit, store, metrics, listener, told)
+        self.told = self._trail.told
         self._holds = Holds(
             settings=settings,
             store=store,
@@ -303,7 +307,6 @@ class Gate:
         outcome = Outcome(OutcomeStatus.SKIPPED, error=held.reason)
         reason = hold.verdict.suppression
         self._metrics.held.labels(reason.value if reason is not None else hold.verdict.value).inc()
-        log.warning("action %s of %s %s", decision.id, decision.policy, held.reason)
         self._store.finish_decision(decision.id, outcome, held)
         retry_at = hold.retry_at
         if retry_at is None and not hold.keep_state:

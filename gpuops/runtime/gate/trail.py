@@ -5,7 +5,8 @@ Intents are written before anything runs (``write_intents``), outcomes once stor
 run nothing as they are (``record``). A write the spool refuses (disk full, unwritable) sets
 ``problem``: no action runs until a write succeeds again (``/healthz`` turns red, a metric counts
 it), and ``gpuops.runtime.gate.reconcile`` writes what the spool lacks. Each document written is
-then handed to the decision listener (the demo's and the tests' window on decisions). Used by
+then told in the engine's log (``gpuops.runtime.gate.told``) and handed to the decision
+listener (the demo's and the tests' window on decisions). Used by
 ``gpuops.runtime.gate.gate.Gate`` and its reconciliation only.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from gpuops.audit import AuditLog, AuditWriteError
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.runtime.gate.outcomes import Batch, OutcomeBatch
+from gpuops.runtime.gate.told import Told
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.store.errors import StateError
 from gpuops.store.interface import Audited, Store
@@ -36,8 +38,10 @@ class Trail:
         store: Store,
         metrics: EngineMetrics,
         listener: DecisionListener | None,
+        told: Told | None = None,
     ) -> None:
         self._audit = audit
+        self.told = told or Told()
         self._store = store
         self._metrics = metrics
         self.listener = listener
@@ -80,8 +84,13 @@ class Trail:
         return True
 
     def write_intents(self, decisions: Sequence[Decision]) -> bool:
-        """The intents of ``decisions`` (decision and verdict), fsync'd, in one write."""
-        return self.write("intent", [(d, None) for d in decisions])
+        """The intents of ``decisions`` (decision and verdict), fsync'd, in one write; each
+        told in the log once written."""
+        if not self.write("intent", [(d, None) for d in decisions]):
+            return False
+        for decision in decisions:
+            self.told.decision(decision)
+        return True
 
     def write_outcome(self, decision: Decision, outcome: Outcome) -> None:
         """Audit a stored outcome; returns once it is written (or failed to be). Outcomes that
@@ -105,6 +114,7 @@ class Trail:
                     exc,
                 )
         for decision, outcome in batch:  # each worker's own: one listener error is not theirs
+            self.told.outcome(decision, outcome)
             try:
                 self.notify(decision, outcome)
             except Exception:  # a collaborator's bug must not skip the others' outcome hooks
@@ -116,5 +126,9 @@ class Trail:
 
     def record(self, decision: Decision, outcome: Outcome | None = None) -> None:
         """Audit a decision that runs nothing (a cancelled, denied or expired approval)."""
-        self.write("decision", [(decision, outcome)])
+        if self.write("decision", [(decision, outcome)]):
+            if outcome is None:
+                self.told.decision(decision)
+            else:
+                self.told.outcome(decision, outcome)
         self.notify(decision, outcome)
