@@ -10,7 +10,7 @@ decision log lines (``gpuops.runtime.gate.told``), the API's explanation and the
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -349,4 +349,3 @@ def doing(transition: Transition, verb: str | None) -> str:
 def summary(annotations: Mapping[str, str]) -> str:
     """The policy's own words for a decision: its rendered ``summary`` (else ``description``)."""
     return annotations.get("summary") or annotations.get("description") or ""
-
