@@ -24,7 +24,12 @@ def run(*files: Path) -> tuple[int, str]:
 
 @pytest.mark.parametrize(
     ("folder", "files", "cases"),
-    [("rules/tests", 2, 8), ("rules/slurm/tests", 1, 2), ("rules/demo/tests", 1, 1)],
+    [
+        ("rules/tests", 2, 8),
+        ("rules/slurm/tests", 1, 2),
+        ("rules/demo/tests", 1, 1),
+        ("rules/kubernetes/tests", 1, 8),
+    ],
 )
 def test_the_shipped_policy_tests_pass(folder: str, files: int, cases: int) -> None:
     found = sorted((ROOT / folder).glob("*.yaml"))
