@@ -29,6 +29,7 @@ def run(*files: Path) -> tuple[int, str]:
         ("rules/slurm/tests", 1, 2),
         ("rules/demo/tests", 1, 1),
         ("rules/kubernetes/tests", 1, 8),
+        ("rules/health/tests", 1, 3),
     ],
 )
 def test_the_shipped_policy_tests_pass(folder: str, files: int, cases: int) -> None:

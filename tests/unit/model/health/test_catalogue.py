@@ -125,3 +125,28 @@ def test_shipped_example_overrides_load() -> None:
     catalogue = load_catalogue([ROOT / "examples" / "health" / "xid-overrides.yaml"])
     assert catalogue.entry(119).action is Remedy.REBOOT_NODE  # type: ignore[union-attr]
     assert catalogue.entry(45).threshold == Threshold(30, 600.0)  # type: ignore[union-attr]
+
+
+def test_the_shipped_prometheus_policies_read_the_catalogues_codes() -> None:
+    """rules/health/health.yaml names, in PromQL, the codes the catalogue acts on."""
+    import re
+
+    from gpuops.model.rules.loader import load_rules
+
+    policies = {p.name: p for p in load_rules([ROOT / "rules" / "health"]).policies()}
+    catalogue = shipped_catalogue()
+
+    def codes(policy: str) -> list[set[int]]:
+        expr = policies[policy].expr or ""
+        found = re.findall(r'xid(?:=~|=)"([0-9|]+)"', expr)
+        return [{int(c) for c in group.split("|")} for group in found]
+
+    at_once = {e.code for e in catalogue if e.acts and e.threshold and e.threshold.count == 1}
+    assert codes("quarantine-on-hardware-xid") == [at_once, at_once]
+    hourly = {
+        e.code
+        for e in catalogue
+        if e.xid_class is XidClass.APPLICATION and e.threshold == Threshold(5, 3600.0)
+    }
+    assert codes("quarantine-on-repeated-application-xid") == [hourly, {45}]
+    assert catalogue.entry(45).threshold == Threshold(10, 600.0)  # type: ignore[union-attr]
