@@ -8,7 +8,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-DURATION ?= 0
+DURATION ?= 180
 PYTEST_ARGS ?=
 # pytest runs in 3 worker processes (pytest-xdist), one test file per worker at a time, the
 # longest files first (tests/conftest.py): the suite mostly waits on Prometheus, Slurm, the

@@ -198,6 +198,9 @@ class ApiMiddleware:
         user = principal.name if principal else claimed
         details = {"method": method, "path": path, "status": status, "route": route_name}
         message = f"{user} {method} {path} -> {status}" + (f": {reason}" if reason else "")
+        if note := state.get("gpuops_note"):  # the reason given for a grant or denial
+            details["note"] = note
+            message += f" ({note})"
         try:
             await anyio.to_thread.run_sync(
                 lambda: self.record(

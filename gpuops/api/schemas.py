@@ -57,6 +57,14 @@ class InvalidRequestOut(Out):
     errors: list[ProblemOut] | SkipJsonSchema[None] = absent_when_none()
 
 
+class SettleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(
+        default="", max_length=1000, description="Why it is granted or denied (audited)."
+    )
+
+
 class QuotaRequestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -1,4 +1,5 @@
-"""`gpuops demo`: the whole loop on one machine (simulated fleet, real Prometheus, engine)."""
+"""`gpuops demo`: the whole loop on one machine (simulated fleet, real Prometheus, engine, its
+API and web console)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,25 @@ from types import FrameType
 import click
 
 from gpuops.sim.demo import DEMO_RULES, Demo, DemoSettings
+from gpuops.sim.demo_console import DemoPortBusy
 
 
 @click.command(name="demo")
 @click.option(
     "--duration",
-    default=0,
+    default=DemoSettings.duration_s,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds to run; 0 runs until Ctrl-C.",
+    help="Seconds to run, then the summary (the story's last step comes at 135 s); 0 runs "
+    "until Ctrl-C. Ctrl-C ends it early, with the summary.",
+)
+@click.option(
+    "--api-port",
+    default=9843,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port of the engine's API and web console on 127.0.0.1 while the demo runs (0: any "
+    "free port).",
 )
 @click.option(
     "--audit-dir",
@@ -53,6 +64,7 @@ from gpuops.sim.demo import DEMO_RULES, Demo, DemoSettings
 )
 def demo(
     duration: float,
+    api_port: int,
     audit_dir: Path | None,
     workdir: Path | None,
     rules_path: Path,
@@ -75,6 +87,7 @@ def demo(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         seed=seed,
+        api_listen=f"127.0.0.1:{api_port}",
     )
     started = time.monotonic()
     stop = threading.Event()
@@ -91,9 +104,18 @@ def demo(
     if slurm:
         _slurm_demo(workdir, audit_dir, stop)
         return
+    if duration:
+        click.echo(
+            f"The demo runs {duration:g} s (--duration); Ctrl-C ends it early, with the summary."
+        )
+    else:
+        click.echo("The demo runs until Ctrl-C (--duration 0), then prints its summary.")
     runner = Demo(settings, out=click.echo)
-    report = runner.run(stop)
-    click.echo(report.summary(time.monotonic() - started))
+    try:
+        runner.run(stop)
+    except DemoPortBusy as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(runner.summary(time.monotonic() - started))
 
 
 def _slurm_demo(workdir: Path | None, audit_dir: Path | None, stop: threading.Event) -> None:

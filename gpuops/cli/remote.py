@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,21 +108,40 @@ def list_approvals(status: str | None, as_json: bool, **kw: Any) -> None:
     show(payload, as_json, payload["approvals"], columns)
 
 
+def _reason_option(verb: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option(
+        "--reason",
+        required=True,
+        callback=_said,
+        help=f"Why you {verb} it (audited with your name, as the console asks).",
+    )
+
+
+def _said(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.strip():
+        raise click.BadParameter("say why: the reason is audited with your name", ctx, param)
+    return value.strip()
+
+
 @approvals.command("grant")
 @click.argument("decision_id")
+@_reason_option("grant")
 @api_options
-def grant(decision_id: str, as_json: bool, **kw: Any) -> None:
+def grant(decision_id: str, reason: str, as_json: bool, **kw: Any) -> None:
     """Run a decision waiting for approval (admin)."""
-    payload = remote_call(kw, "POST", f"/approvals/{decision_id}/grant")
+    body = {"reason": reason}
+    payload = remote_call(kw, "POST", f"/approvals/{decision_id}/grant", json_body=body)
     show(payload, as_json, [payload], _DECISION_COLUMNS)
 
 
 @approvals.command("deny")
 @click.argument("decision_id")
+@_reason_option("deny")
 @api_options
-def deny(decision_id: str, as_json: bool, **kw: Any) -> None:
+def deny(decision_id: str, reason: str, as_json: bool, **kw: Any) -> None:
     """Refuse a decision waiting for approval (admin)."""
-    payload = remote_call(kw, "POST", f"/approvals/{decision_id}/deny")
+    body = {"reason": reason}
+    payload = remote_call(kw, "POST", f"/approvals/{decision_id}/deny", json_body=body)
     show(payload, as_json, [payload], _DECISION_COLUMNS)
 
 

@@ -5,7 +5,9 @@ Called by ``gpuops.cli.demo``. It injects the conditions over the run (an idle G
 used one from the start, a burst of jobs, a new policy added in dry-run, two nodes failing at
 once — one is held back by the blast-radius limit —, load returning to the downclocked GPU),
 prints each decision as it happens and a summary at the end (``gpuops.sim.demo_report``), and stops
-every process it started, on Ctrl-C too.
+every process it started, on Ctrl-C too. While it runs it serves the engine's API and web console
+(``gpuops.sim.demo_console``) with an admin user of its own, so that the downclock, which waits
+for an admin's approval, can be granted there or with ``gpuops approvals grant``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from typing import Any
 
 import requests
 
+from gpuops.api import ApiServer
 from gpuops.audit.spool import read_spool
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.settings import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.sim.demo_console import ADMIN, ApprovalStory, admin_token, check_port, serve
 from gpuops.sim.demo_report import DemoReport, fmt
 from gpuops.sim.fleet import FleetConfig, FleetSim, JobSpec
 from gpuops.sources.promproc import PrometheusServer
@@ -64,8 +68,9 @@ groups:
 
 @dataclass(frozen=True)
 class DemoSettings:
-    duration_s: float = 0.0
-    """Seconds to run; 0 runs until Ctrl-C (the scenario plays once, then the loop goes on)."""
+    duration_s: float = 180.0
+    """Seconds to run: the story's last step comes at 135 s; 0 runs until Ctrl-C (the story
+    plays once, then the loop goes on)."""
     workdir: Path | None = None
     """Where Prometheus data, engine state and the default audit spool go; None: a temp dir."""
     audit_dir: Path | None = None
@@ -75,6 +80,11 @@ class DemoSettings:
     gpus_per_node: int = 4
     seed: int = 42
     scrape_interval: str = "1s"
+    api_listen: str | None = "127.0.0.1:9843"
+    """host:port of the engine's API and web console while the demo runs (port 0: any free
+    one); None: neither is served."""
+    api_flag: str = "--api-port"
+    """The option that sets the port, named when the port is taken."""
     timeline: tuple[tuple[float, str], ...] = (
         (35.0, "burst"),
         (50.0, "new_policy"),
@@ -93,6 +103,12 @@ class Demo:
         self._rules_dir = settings.rules
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
+        self.approvals = ApprovalStory(self.say)
+        self.url: str | None = None
+        """The API's and console's base URL once they serve."""
+        self.token: str | None = None
+        """The token of the demo's admin user (``demo_console.ADMIN``) once made."""
+        self.approvals_told: list[str] = []
 
     # --- printing ----------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -113,11 +129,18 @@ class Demo:
             f"{decision.policy}: {decision.transition.value} {action} on {decision.target.key} "
             f"-> {decision.verdict}, {result}"
         )
+        self.approvals.on_decision(decision, outcome)
+
+    def summary(self, elapsed_s: float) -> str:
+        """The report's summary and what became of each approval asked for."""
+        return "\n".join([self.report.summary(elapsed_s), *self.approvals_told])
 
     # --- the run -----------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> DemoReport:
         stop = stop or threading.Event()
         s = self.settings
+        if s.api_listen is not None:
+            check_port(s.api_listen, s.api_flag)
         with contextlib.ExitStack() as stack:
             workdir = s.workdir or Path(stack.enter_context(_tempdir()))
             # the audit trail outlives the demo (Prometheus data and engine state do not)
@@ -134,12 +157,19 @@ class Demo:
                 self._engine_config(workdir, audit_dir, prom, fleet), listener=self.on_decision
             )
             engine.start()
+            api: ApiServer | None = None
             try:
                 policies = sum(1 for _ in engine.rules.policies())
                 self.say(f"engine: {policies} policies from {s.rules}")
+                if s.api_listen is not None:
+                    api = serve(engine, s.api_flag)
+                    self._tell_console(api.url)
                 self._play(fleet, stop)
             finally:
+                if api is not None:
+                    api.stop()
                 self.report.add_repeats(_held_repeats(engine))  # the store closes at stop
+                self.approvals_told = self.approvals.summary(engine.store.approvals())
                 engine.stop()
             self.report.end_utilization = _allocated_utilization(fleet.control_url)
             self.report.counters = dict(_state(fleet.control_url).get("counters", {}))
@@ -147,6 +177,12 @@ class Demo:
             self.report.audit_documents = len(documents)
             self.report.find_record(documents)
         return self.report
+
+    def _tell_console(self, url: str) -> None:
+        self.url = self.approvals.url = url
+        self.say(f"console: {url}/ (sign in with the admin token); API: {url}/api/v1")
+        self.say(f"admin token ({ADMIN}): {self.token}")
+        self.say(f"in another terminal: export GPUOPS_URL={url} GPUOPS_TOKEN={self.token}")
 
     def _fleet(self, workdir: Path) -> FleetSim:
         s = self.settings
@@ -176,6 +212,12 @@ class Demo:
     def _engine_config(
         self, workdir: Path, audit_dir: Path, prom: PrometheusServer, fleet: FleetSim
     ) -> EngineConfig:
+        api = ApiSettings()
+        if self.settings.api_listen is not None:
+            tokens = workdir / "api-tokens.yaml"
+            tokens.unlink(missing_ok=True)  # the demo's own, of an earlier run in this workdir
+            self.token = admin_token(tokens)
+            api = ApiSettings(listen=self.settings.api_listen, tokens_file=tokens)
         return EngineConfig(
             prometheus=PrometheusSettings(url=prom.url, timeout=5.0),
             rules=[self._rules_dir],
@@ -183,6 +225,7 @@ class Demo:
             audit=AuditConfig(spool_dir=audit_dir),
             executors={"fleet": {"url": fleet.control_url}},
             metrics_listen=None,
+            api=api,
         )
 
     def _play(self, fleet: FleetSim, stop: threading.Event) -> None:

@@ -1,6 +1,6 @@
 """End to end: each of the four shipped (demo-scale) policies acts on the simulated fleet through
-a real Prometheus when its condition exists, none acts without it, and a Prometheus outage
-produces no action."""
+a real Prometheus when its condition exists (the downclock once an admin grants it), none acts
+without it, and a Prometheus outage produces no action."""
 
 from __future__ import annotations
 
@@ -46,6 +46,13 @@ def test_downclocks_a_lightly_used_gpu_and_restores_it_when_load_returns(
 ) -> None:
     loop = start_loop((*BUSY, JobSpec("light", 1, "recsys", node="node-2")))
     light = next(j for j in loop.state()["jobs"] if j["profile"] == "light")
+    # the demo's downclock waits for an admin (approval: required): nothing runs before the grant
+    (approval,) = wait_for(
+        lambda: loop.engine.store.approvals("pending"), 60, "the downclock's approval"
+    )
+    assert loop.executed("downclock-underused-gpus") == []
+    assert gpu(loop.state(), approval.decision.target.labels["uuid"])["clock_locked_mhz"] is None
+    loop.engine.grant(approval.decision_id, "alice")
     wait_for(lambda: loop.executed("downclock-underused-gpus"), 60, "downclock to act")
     uuid = loop.fired("downclock-underused-gpus")[0][0].target.labels["uuid"]
     assert gpu(loop.state(), uuid)["clock_locked_mhz"] == 1100

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
@@ -26,7 +26,7 @@ from gpuops.api.responses.decisions import (
     SuppressionOut,
 )
 from gpuops.api.responses.rules import PolicyDetailOut
-from gpuops.api.schemas import ID_PATTERN, NAME_PATTERN, STANDBY, refusal
+from gpuops.api.schemas import ID_PATTERN, NAME_PATTERN, STANDBY, SettleIn, refusal
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.decisions import Suppression, Verdict
 from gpuops.runtime.approvals import ApprovalError
@@ -277,10 +277,18 @@ def _settle(ctx: ApiContext, decision_id: str, user: str, grant: bool) -> Decisi
     return DecisionOut.of(decision)
 
 
+def _note(request: Request, body: Annotated[SettleIn | None, Body()] = None) -> None:
+    """The reason a grant or denial gives (optional JSON ``{"reason": ...}``): the audit
+    record of the request carries it (``gpuops.api.middleware``)."""
+    if body is not None and body.reason.strip():
+        request.state.gpuops_note = body.reason.strip()
+
+
 @router.post(
     "/approvals/{decision_id}/grant",
     tags=["approvals"],
     responses=_UNKNOWN | _NOT_SETTLED | STANDBY,
+    dependencies=[Depends(_note)],
 )
 def grant_approval(
     decision_id: DecisionId,
@@ -292,7 +300,10 @@ def grant_approval(
 
 
 @router.post(
-    "/approvals/{decision_id}/deny", tags=["approvals"], responses=_UNKNOWN | _NOT_SETTLED | STANDBY
+    "/approvals/{decision_id}/deny",
+    tags=["approvals"],
+    responses=_UNKNOWN | _NOT_SETTLED | STANDBY,
+    dependencies=[Depends(_note)],
 )
 def deny_approval(
     decision_id: DecisionId,

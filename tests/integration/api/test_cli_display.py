@@ -36,7 +36,7 @@ def verdicts(api: Harness) -> dict[str, str]:
 
 def test_denied_and_expired_decisions_are_no_longer_awaiting_approval(api: Harness) -> None:
     denied, expired, pending = waiting(api, "GPU-D"), waiting(api, "GPU-E"), None
-    assert run(api, "admin", "approvals", "deny", denied).exit_code == 0
+    assert run(api, "admin", "approvals", "deny", denied, "--reason", "busy").exit_code == 0
     api.clock.now += api.engine.config.guardrails.approval_ttl + 1
     pending = waiting(api, "GPU-P")  # asked after the others expired
     assert verdicts(api) == {
@@ -58,7 +58,7 @@ def test_explain_of_a_granted_decision_says_who_granted_it(api: Harness) -> None
     before = run(api, "auditor", "decisions", "explain", decision_id).stdout
     assert "waiting for an admin" in before
     assert re.search(rf"^approval: pending, expires {ISO}$", before, re.M), before
-    assert run(api, "admin", "approvals", "grant", decision_id).exit_code == 0
+    assert run(api, "admin", "approvals", "grant", decision_id, "--reason", "ok").exit_code == 0
     api.settle()
     after = run(api, "auditor", "decisions", "explain", decision_id).stdout
     assert "waiting for an admin" not in after

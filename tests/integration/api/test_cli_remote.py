@@ -39,11 +39,31 @@ def test_approvals_grant_as_admin_only(api: Harness) -> None:
     api.settle()
     listed = json.loads(run(api, "developer", "approvals", "list", "--json").stdout)
     decision_id = listed["approvals"][0]["decision_id"]
-    refused = run(api, "developer", "approvals", "grant", decision_id)
+    refused = run(api, "developer", "approvals", "grant", decision_id, "--reason", "idle")
     assert refused.exit_code == 1
     assert "403 Forbidden: forbidden: user 'dave'" in refused.stderr
-    granted = run(api, "admin", "approvals", "grant", decision_id)
+    unsaid = run(api, "admin", "approvals", "grant", decision_id)
+    assert unsaid.exit_code == 2 and "Missing option '--reason'" in unsaid.stderr
+    blank = run(api, "admin", "approvals", "grant", decision_id, "--reason", " ")
+    assert blank.exit_code == 2
+    assert "Invalid value for '--reason': say why: the reason is audited" in blank.stderr
+    granted = run(api, "admin", "approvals", "grant", decision_id, "--reason", "notebook idle")
     assert granted.exit_code == 0 and "execute" in granted.stdout
+    (audited,) = [d for d in api.operations() if d["event"]["action"] == "grant_approval"][-1:]
+    assert audited["user"]["name"] == "alice"
+    assert audited["message"].endswith("-> 200 (notebook idle)")
+    assert audited["gpuops"]["operation"]["details"]["note"] == "notebook idle"
+
+
+def test_approvals_deny_says_why_in_the_audit(api: Harness) -> None:
+    api.notify(api.alert("GPUIdle", node="n5", uuid="GPU-5"))
+    api.settle()
+    listed = json.loads(run(api, "admin", "approvals", "list", "--json").stdout)
+    (decision_id,) = [a["decision_id"] for a in listed["approvals"] if "n5" in a["target"]]
+    denied = run(api, "admin", "approvals", "deny", decision_id, "--reason", "job starts now")
+    assert denied.exit_code == 0, denied.output
+    audited = [d for d in api.operations() if d["event"]["action"] == "deny_approval"][-1]
+    assert audited["message"].endswith("-> 200 (job starts now)")
 
 
 def test_quota_request_list_approve(api: Harness) -> None:
