@@ -86,6 +86,12 @@ class ApprovalStory:
         self.url = ""
         """The console's URL (set once it serves)."""
 
+    @property
+    def asked(self) -> frozenset[str]:
+        """The ids of the decisions said to wait for an admin."""
+        with self._lock:
+            return frozenset(self._waiting)
+
     def on_decision(self, decision: Decision, outcome: Outcome | None) -> None:
         action = decision.action.type if decision.action else "its action"
         with self._lock:
