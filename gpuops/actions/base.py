@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 from gpuops.actions.results import ExecutorResult, changes
 from gpuops.actions.retry import RetryPolicy
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
+from gpuops.model.guardrails import Standing
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ class Executor(Protocol):
     executor's params are not checked at load (the verb table's checks are the built-in
     executors', ``gpuops.model.verbs.Verb.checked``).
 
+    Optionally ``standing(decision) -> Standing`` (``gpuops.model.guardrails``): what it reads
+    of the target at execution time for the gate (the ``kubernetes`` executor: a veto label, the
+    nodes already unschedulable or NotReady); see ``standing``.
+
     Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
     up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of
     its own; see ``lane``."""
@@ -79,6 +84,24 @@ def lane(executor: Executor, decision: Decision) -> str:
         log.exception("executor %s: lane of decision %s failed", executor.name, decision.id)
         return ""
     return key if isinstance(key, str) else ""
+
+
+def standing(executor: Executor, decision: Decision) -> Standing | None:
+    """What ``executor``'s optional ``standing`` method reads of ``decision``'s target now (a
+    veto label, the targets already out of service), asked by the gate before it runs the
+    action (``gpuops.runtime.gate.holds``); None when it has none or it fails (logged: the
+    action's run then meets the same problem and its outcome says it)."""
+    method = getattr(executor, "standing", None)
+    if method is None:
+        return None
+    try:
+        found = method(decision)
+    except Exception as exc:  # the API server unreachable...: the run reports it
+        log.warning(
+            "executor %s: standing of decision %s unknown: %s", executor.name, decision.id, exc
+        )
+        return None
+    return found if isinstance(found, Standing) else None
 
 
 def execute(

@@ -17,11 +17,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from gpuops.actions.base import Executor, PermanentError
+from gpuops.actions.base import Executor, PermanentError, standing
 from gpuops.actions.config import settings_of
 from gpuops.actions.registry import LOGICAL_DEFAULTS, ExecutorRegistry
 from gpuops.actions.results import Routed
 from gpuops.model.decisions import Decision
+from gpuops.model.guardrails import Standing
 
 
 def _name(value: Any) -> str | None:
@@ -90,6 +91,11 @@ class LogicalExecutor:
 
     def executor_for(self, verb: str) -> Executor:
         return self._executors[self.by_verb.get(verb, self.use)]
+
+    def standing(self, decision: Decision) -> Standing | None:
+        """The standing the concrete executor of ``decision``'s verb reads (``base.standing``)."""
+        verb = decision.action.type if decision.action else ""
+        return standing(self.executor_for(verb), decision)
 
     def run(self, decision: Decision) -> Routed:
         verb = decision.action.type if decision.action else ""

@@ -163,6 +163,8 @@ class Suppression(StrEnum):
     """Held at the gate: the decision's policy is no longer in the rule set."""
     EXPIRED = "expired"
     """Held at the gate: the decision is older than ``guardrails.action_max_age``."""
+    VETO = "veto"
+    """Held at the gate: the target carries a veto (``gpuops.io/do-not-touch=true``)."""
 
     @property
     def verdict(self) -> Verdict:
@@ -198,6 +200,7 @@ class Verdict(StrEnum):
     SUPPRESSED_DENIED = "suppressed:denied"
     SUPPRESSED_POLICY_REMOVED = "suppressed:policy_removed"
     SUPPRESSED_EXPIRED = "suppressed:expired"
+    SUPPRESSED_VETO = "suppressed:veto"
 
     @property
     def suppression(self) -> Suppression | None:

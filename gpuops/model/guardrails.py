@@ -65,6 +65,23 @@ class Context:
     """How many targets the policy's selector covers now (for ``max_fraction``)."""
     approved: bool = False
     """An admin granted this decision (it was awaiting approval)."""
+    unavailable: frozenset[str] | None = None
+    """The targets already out of service besides the decision's own, whoever took them out
+    (``Standing.unavailable``): ``max_fraction`` counts them too."""
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What an executor reads of its target at execution time, for the gate
+    (``gpuops.actions.base.standing``): a veto, and what ``max_fraction`` must count."""
+
+    veto: str | None = None
+    """Why the target must not be touched (a ``gpuops.io/do-not-touch`` label), or None."""
+    unavailable: frozenset[str] | None = None
+    """The other targets of the executor's population already unschedulable or not ready,
+    whoever made them so (None: the executor does not know)."""
+    population: int | None = None
+    """How many targets the executor may act on (None: the policy's population query)."""
 
 
 def population_expr(policy: Policy, label_names: Iterable[str] = ()) -> str | None:
@@ -318,6 +335,12 @@ def _suppression(
             return Suppression.MAX_FRACTION, (
                 f"{acted} of {ctx.population} targets acted on in the last hour, limit "
                 f"max_fraction={policy.max_fraction:g} allows {allowed}"
+            )
+        if ctx.unavailable is not None and len(ctx.unavailable) >= allowed:
+            down = ", ".join(sorted(ctx.unavailable)[:10])
+            return Suppression.MAX_FRACTION, (
+                f"{len(ctx.unavailable)} of {ctx.population} already unschedulable or not ready "
+                f"({down}), limit max_fraction={policy.max_fraction:g} allows {allowed}"
             )
     dry_run = ctx.engine_dry_run or policy.mode == "dry-run"  # runs nothing: not budgeted
     budget = ctx.global_max_per_hour

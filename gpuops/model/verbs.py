@@ -32,9 +32,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic import ValidationInfo as Info
 from pydantic_core import PydanticCustomError
 
-FLEET, SLURM, NVML_AGENT = "fleet", "slurm", "nvml-agent"
+FLEET, SLURM, NVML_AGENT, KUBERNETES = "fleet", "slurm", "nvml-agent", "kubernetes"
 """The built-in executors of the table's verbs (``gpuops.actions.fleet``, ``slurm``,
-``nvml_agent``)."""
+``nvml_agent``, ``kubernetes``)."""
 
 
 class VerbParams(BaseModel):
@@ -106,7 +106,7 @@ def _nodes(value: Any, info: Info) -> int:
     nodes = _int(value)
     if nodes is None:
         raise _problem(f"params.nodes must be a number, not {value!r}")
-    if nodes < 1 and _executor(info) == SLURM:
+    if nodes < 1 and _executor(info) in (SLURM, KUBERNETES):
         raise _problem(f"params.nodes must be at least 1, not {nodes}")
     return nodes
 
@@ -228,7 +228,7 @@ RECLAIM = Verb(
     NoParams,
     "Take an idle GPU back from its job (Slurm: requeue or cancel the job, after a notify).",
     labels=("uuid",),
-    executors=frozenset({FLEET, SLURM}),
+    executors=frozenset({FLEET, SLURM, KUBERNETES}),
 )
 PACK = Verb(
     "pack",
@@ -250,14 +250,14 @@ MIGRATE = Verb(
     "Drain a node and move (requeue) its running jobs elsewhere.",
     labels=("node",),
     undo="resume",
-    executors=frozenset({FLEET, SLURM}),
+    executors=frozenset({FLEET, SLURM, KUBERNETES}),
 )
 RESUME = Verb(
     "resume",
     NoParams,
     "Give a node gpuops drained back to the scheduler (never one someone else drained).",
     labels=("node",),
-    executors=frozenset({SLURM}),
+    executors=frozenset({SLURM, KUBERNETES}),
 )
 NOTIFY = Verb(
     "notify",
@@ -288,7 +288,7 @@ SCALE_OUT = Verb(
     "Power up params.nodes nodes of a pool (Slurm: powered-down CLOUD nodes).",
     labels=("pool",),
     undo="scale_in",
-    executors=frozenset({FLEET, SLURM}),
+    executors=frozenset({FLEET, SLURM, KUBERNETES}),
     checked=frozenset({FLEET}),
 )
 SCALE_IN = Verb(
@@ -296,7 +296,7 @@ SCALE_IN = Verb(
     ScaleParams,
     "Power down params.nodes idle nodes of a pool (the fleet: the target's node, if named).",
     labels=("pool",),
-    executors=frozenset({FLEET, SLURM}),
+    executors=frozenset({FLEET, SLURM, KUBERNETES}),
     checked=frozenset({FLEET}),
 )
 GRANT_QUOTA = Verb(

@@ -18,12 +18,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from gpuops.actions.base import Executor, execute, lane
+from gpuops.actions.base import Executor, execute, lane, standing
 from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression
-from gpuops.model.guardrails import RETRY_S
+from gpuops.model.guardrails import RETRY_S, Standing
 from gpuops.model.rules.model import Policy
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.gate.feedback import Feedback
@@ -99,6 +99,7 @@ class Gate:
             clock=clock,
             policy=policy,
             population=population,
+            standing=self._standing,
         )
         self._feedback = Feedback(store=store, locks=locks, metrics=metrics, clock=clock)
         self._reconciler = Reconciler(store, self._trail, self._running_ids)
@@ -341,6 +342,17 @@ class Gate:
         self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
         self._metrics.action_duration.labels(name).observe(outcome.duration_s)
         return outcome
+
+    def _standing(self, decision: Decision) -> Standing | None:
+        """What the decision's executor reads of its target now (``holds``); None when it
+        cannot be built (its run says why) or reads nothing."""
+        if decision.action is None:
+            return None
+        try:
+            executor = self._executor(decision.action.executor)
+        except Exception:  # not built (unknown, bad settings): ``_execute`` says so
+            return None
+        return standing(executor, decision)
 
     def _executor(self, name: str) -> Executor:
         with self._lock:

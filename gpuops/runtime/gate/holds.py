@@ -17,6 +17,7 @@ from gpuops.model.decisions import Decision, Suppression, Transition, Verdict
 from gpuops.model.guardrails import (
     Context,
     GuardrailState,
+    Standing,
     Windows,
     budget_retry_time,
     recheck,
@@ -27,6 +28,9 @@ from gpuops.model.rules.model import Policy
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.settings import GuardrailSettings
 from gpuops.store.interface import Store
+
+VETO_RETRY_S = 300.0
+"""How long a vetoed target waits before it is decided again (the label may be gone by then)."""
 
 WINDOWS_S = 5.0
 """How long the gate reuses its count of unchanged guardrail windows (an execution that left the
@@ -57,9 +61,12 @@ class Holds:
         clock: Callable[[], float],
         policy: Callable[[str], Policy | None],
         population: Callable[[Policy, Decision], int | None],
+        standing: Callable[[Decision], Standing | None] = lambda decision: None,
     ) -> None:
         """``policy``: the policy a decision of that name is held by (None: not loaded);
-        ``population``: what ``max_fraction`` divides by now (a query, asked without locks)."""
+        ``population``: what ``max_fraction`` divides by now (a query, asked without locks);
+        ``standing``: what the decision's executor reads of its target now (a veto, the
+        targets already out of service: ``gpuops.actions.base.standing``)."""
         self._settings = settings
         self._store = store
         self._controls = controls
@@ -67,6 +74,7 @@ class Holds:
         self._clock = clock
         self._policy = policy
         self._population = population
+        self._standing = standing
         self._memo: tuple[GuardrailState, Windows] | None = None
 
     def controlled(self) -> Hold | None:
@@ -106,20 +114,34 @@ class Holds:
             return Hold(Verdict.DRY_RUN, "engine is in dry-run", keep_state=True)
         if policy.mode == "dry-run":
             return Hold(Verdict.DRY_RUN, "policy mode is dry-run", keep_state=True)
+        standing = self._standing(decision)  # the executor reads the target: before the lock
+        if standing is not None and standing.veto:
+            return Hold(
+                Suppression.VETO.verdict, f"veto: {standing.veto}", retry_at=now + VETO_RETRY_S
+            )
         if decision.transition is not Transition.FIRE:
             return None  # an undo passes the policy's limits (gpuops.model.guardrails)
-        return self._limits(decision, policy, now)
+        return self._limits(decision, policy, now, standing)
 
-    def _limits(self, decision: Decision, policy: Policy, now: float) -> Hold | None:
-        """The policy's guardrails and the global budget as they stand at ``now``."""
+    def _limits(
+        self, decision: Decision, policy: Policy, now: float, standing: Standing | None = None
+    ) -> Hold | None:
+        """The policy's guardrails and the global budget as they stand at ``now``; the
+        executor's ``standing`` gives the population and the targets already out of service."""
         population = None
+        unavailable = None if standing is None else standing.unavailable
         if policy.max_fraction is not None:
-            population = self._population(policy, decision)  # a query: before the lock
+            if standing is not None and standing.population is not None:
+                population = standing.population
+            else:
+                population = self._population(policy, decision)  # a query: before the lock
         with self._locks.engine:
             guard = self._store.guardrail_state()
             windows = self._windows(guard, now)
             budget = self._settings.global_max_per_hour
-            ctx = Context(global_max_per_hour=budget, population=population)
+            ctx = Context(
+                global_max_per_hour=budget, population=population, unavailable=unavailable
+            )
             found = recheck(decision, policy, windows, ctx, now)
         if found is None:
             return None

@@ -95,8 +95,8 @@ def test_slurm_scheduler_gets_the_slurm_settings_and_prometheus_url() -> None:
         ),
         (
             "scheduler: {use: slrum}",
-            "executors: scheduler: unknown executor 'slrum' (known: command, fleet, log, "
-            "nvml-agent, slurm, webhook)",
+            "executors: scheduler: unknown executor 'slrum' (known: command, fleet, kubernetes, "
+            "log, nvml-agent, slurm, webhook)",
         ),
         (
             "gpu-control: {}",

@@ -31,6 +31,7 @@ from gpuops.actions.retry import RetryPolicy
 from gpuops.audit.spool import read_spool
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision
+from gpuops.model.guardrails import Standing
 from gpuops.runtime import Engine
 from gpuops.settings import ApiSettings, GuardrailSettings, QuotaSettings
 from gpuops.store.errors import StateError
@@ -676,6 +677,46 @@ def test_the_blast_radius_is_checked_again_at_execution(world: World) -> None:
     assert world.verdicts("evacuate")[-2:] == [("suppressed:max_fraction", "skipped")] * 2
     stored = engine.store.decision(judged[0].id)
     assert stored is not None and "population unknown" in stored.decision.reason
+
+
+def test_a_veto_the_executor_reads_holds_the_action_with_its_reason(world: World) -> None:
+    """The executor's standing (a node labelled gpuops.io/do-not-touch=true) is read by the
+    gate when the action starts: held as ``suppressed:veto``, never run."""
+    engine = world.engine(workers=1)
+    vetoed = {"GPU-01"}
+
+    def standing(decision: Decision) -> Standing:
+        uuid = decision.target.labels["uuid"]
+        return Standing(veto=f"node of {uuid} is labelled x=y" if uuid in vetoed else None)
+
+    world.log.standing = standing  # type: ignore[attr-defined]
+    world.prom.results["idle"] = uuids(2)
+    judged = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert [d.target.key for d in world.log.ran] == ["uuid=GPU-00"]
+    stored = engine.store.decision(judged[1].id)
+    assert stored is not None and stored.decision.verdict == "suppressed:veto"
+    assert stored.decision.reason == "held at the gate: veto: node of GPU-01 is labelled x=y"
+    assert ("suppressed:veto", "skipped") in world.verdicts("reclaim")
+
+
+def test_max_fraction_counts_the_targets_already_out_whoever_took_them_out(
+    world: World,
+) -> None:
+    """4 nodes, max_fraction 0.5 (2 allowed), 2 already cordoned by an admin: the executor
+    says so and the gate holds the evacuation that would take a third out."""
+    engine = world.engine(workers=1)
+    world.log.standing = lambda decision: Standing(  # type: ignore[attr-defined]
+        unavailable=frozenset({"n3", "n4"}), population=4
+    )
+    world.prom.results["fleet"] = uuids(4)
+    world.prom.results["down"] = uuids(1)
+    (judged,) = world.evaluate(engine, "evacuate")
+    assert engine.wait_idle(10)
+    assert world.log.ran == []
+    stored = engine.store.decision(judged.id)
+    assert stored is not None and stored.decision.verdict == "suppressed:max_fraction"
+    assert "2 of 4 already unschedulable or not ready (n3, n4)" in stored.decision.reason
 
 
 def test_a_tightened_rate_limit_holds_queued_actions(world: World) -> None:

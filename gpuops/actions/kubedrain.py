@@ -1,0 +1,251 @@
+"""Draining a node through the Eviction API, for the ``kubernetes`` executor
+(``gpuops.actions.kubernetes``, its ``migrate``); and the label selectors its settings hold.
+
+One LIST of the node's pods (field selector ``spec.nodeName``); DaemonSet pods, mirror (static)
+pods, pods in the system namespaces, finished pods and pods already terminating are skipped.
+Each other pod is evicted (``policy/v1`` Eviction) by its drain mode: ``immediate``;
+``allow-completion`` (left to finish until the deadline, then evicted); ``delete-after-timeout``
+(evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 (a PDB allows
+no disruption now; the API server sends no Retry-After) is retried after ``backoff_s``, doubling
+up to ``max_backoff_s``, until ``timeout_s``; then the pods still held and the PDBs that hold
+them are named in a ``PermanentError``. Nothing is deleted by force unless the policy asks
+(``params.force_delete: true``: every held pod is deleted at the deadline).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+
+from gpuops.actions.base import PermanentError
+from gpuops.integrations.kubernetes import names
+from gpuops.integrations.kubernetes.client import KubeClient, KubeNotFound, KubeTooManyRequests
+from gpuops.integrations.kubernetes.selectors import Selector
+
+log = logging.getLogger(__name__)
+
+DrainMode = Literal["immediate", "allow-completion", "delete-after-timeout"]
+MODES: tuple[str, ...] = ("immediate", "allow-completion", "delete-after-timeout")
+FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModeRule(_Model):
+    """Pods of ``namespace`` (any, when not set) matching ``selector`` (any, when not set)
+    drain with ``mode``; the first rule that matches wins."""
+
+    mode: DrainMode
+    namespace: str | None = None
+    selector: str | None = None
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str | None) -> str | None:
+        if value is not None:
+            Selector.parse(value)
+        return value
+
+
+class DrainSettings(_Model):
+    """``executors.kubernetes.drain``."""
+
+    timeout_s: PositiveFloat = 600.0
+    """How long a drain may wait for PodDisruptionBudgets and finishing pods."""
+    backoff_s: PositiveFloat = 10.0
+    """The first wait after a 429 (PodDisruptionBudget), doubling each time..."""
+    max_backoff_s: PositiveFloat = 120.0
+    """... up to this."""
+    mode: DrainMode = "immediate"
+    """The drain mode of a pod no rule and no ``gpuops.io/drain-mode`` label names."""
+    modes: tuple[ModeRule, ...] = ()
+    system_namespaces: frozenset[str] = Field(default=frozenset({"kube-system"}))
+    """Pods here are never evicted."""
+
+
+def node_unavailable(node: Mapping[str, Any]) -> bool:
+    """Unschedulable (cordoned), or its Ready condition not True (NotReady or Unknown)."""
+    if (node.get("spec") or {}).get("unschedulable"):
+        return True
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") != "True")
+    return True
+
+
+@dataclass
+class DrainReport:
+    evicted: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def fields(self) -> dict[str, list[str]]:
+        return {"evicted": self.evicted, "deleted": self.deleted, "skipped": self.skipped}
+
+
+class Drainer:
+    """Drains nodes through ``client`` (module docstring)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: DrainSettings,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.sleep = sleep
+        self.clock = clock
+        self._rules = [
+            (r, Selector.parse(r.selector) if r.selector else None) for r in settings.modes
+        ]
+
+    def mode(self, pod: Mapping[str, Any]) -> str:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if labels.get(names.DRAIN_MODE_LABEL) in MODES:
+            return str(labels[names.DRAIN_MODE_LABEL])
+        for rule, selector in self._rules:
+            if rule.namespace is not None and rule.namespace != meta.get("namespace"):
+                continue
+            if selector is not None and not selector.matches(labels):
+                continue
+            return rule.mode
+        return self.settings.mode
+
+    def skip(self, pod: Mapping[str, Any]) -> str | None:
+        """Why ``pod`` is not evicted, or None."""
+        meta = pod["metadata"]
+        if meta.get("namespace") in self.settings.system_namespaces:
+            return "system namespace"
+        if names.MIRROR_POD in (meta.get("annotations") or {}):
+            return "mirror pod"
+        if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+            return "DaemonSet"
+        if (pod.get("status") or {}).get("phase") in FINISHED:
+            return "finished"
+        if meta.get("deletionTimestamp"):
+            return "terminating"
+        return None
+
+    def drain(
+        self, node: str, only: Iterable[tuple[str, str]] | None = None, force: bool = False
+    ) -> DrainReport:
+        """Evict the pods of ``node`` (only those of ``only``, (namespace, name), if given)."""
+        report = DrainReport()
+        wanted = None if only is None else set(only)
+        pending: dict[str, dict[str, Any]] = {}
+        for pod in self.client.pods_on(node):
+            meta = pod["metadata"]
+            key = f"{meta.get('namespace')}/{meta['name']}"
+            if wanted is not None and (meta.get("namespace"), meta["name"]) not in wanted:
+                continue
+            why = self.skip(pod)
+            if why is not None:
+                report.skipped.append(f"{key} ({why})")
+                continue
+            pending[key] = pod
+        deadline = self.clock() + self.settings.timeout_s
+        delay = self.settings.backoff_s
+        held: dict[str, str] = {}
+        while pending:
+            for key, pod in list(pending.items()):
+                mode = self.mode(pod)
+                namespace, name = key.split("/", 1)
+                if mode == "allow-completion" and self.clock() < deadline:
+                    try:
+                        phase = (self.client.pod(namespace, name).get("status") or {}).get("phase")
+                    except KubeNotFound:
+                        phase = "Succeeded"
+                    if phase in FINISHED:
+                        del pending[key]
+                        report.skipped.append(f"{key} (finished)")
+                    else:
+                        held[key] = "allow-completion: still running"
+                    continue
+                try:
+                    self.client.evict(namespace, name)
+                except KubeTooManyRequests as exc:
+                    held[key] = str(exc)
+                    continue
+                except KubeNotFound:
+                    pass
+                del pending[key]
+                held.pop(key, None)
+                report.evicted.append(key)
+            now = self.clock()
+            if not pending or now >= deadline:
+                break
+            wait = min(delay, deadline - now)
+            log.info(
+                "drain of %s: %d pods held (%s); trying again in %.0f s",
+                node,
+                len(pending),
+                ", ".join(sorted(pending)),
+                wait,
+            )
+            self.sleep(wait)
+            delay = min(delay * 2, self.settings.max_backoff_s)
+        for key, pod in list(pending.items()):
+            if force or self.mode(pod) == "delete-after-timeout":
+                namespace, name = key.split("/", 1)
+                try:
+                    self.client.delete_pod(namespace, name)
+                except KubeNotFound:
+                    pass
+                del pending[key]
+                report.deleted.append(key)
+        if pending:
+            raise PermanentError(self._held_message(node, report, pending, held))
+        return report
+
+    def _held_message(
+        self,
+        node: str,
+        report: DrainReport,
+        pending: Mapping[str, Mapping[str, Any]],
+        held: Mapping[str, str],
+    ) -> str:
+        """Which pods are still on ``node`` after the deadline, and the PDBs holding them."""
+        budgets = []
+        for namespace in sorted({k.split("/", 1)[0] for k in pending}):
+            for pdb in self.client.list_objects("policy", "v1", "poddisruptionbudgets", namespace):
+                match = _pdb_selector(pdb)
+                if any(
+                    k.startswith(f"{namespace}/")
+                    and match.matches(p["metadata"].get("labels") or {})
+                    for k, p in pending.items()
+                ):
+                    allowed = (pdb.get("status") or {}).get("disruptionsAllowed", 0)
+                    budgets.append(
+                        f"{namespace}/{pdb['metadata']['name']} (disruptionsAllowed {allowed})"
+                    )
+        pods = "; ".join(f"{k}: {held.get(k, 'not evicted')}" for k in sorted(pending))
+        return (
+            f"drain of {node} stopped at its deadline ({self.settings.timeout_s:g} s) with "
+            f"{len(pending)} pods held: {pods}; PodDisruptionBudgets: "
+            f"{', '.join(budgets) or 'none found'}; evicted {len(report.evicted)}: "
+            f"{', '.join(report.evicted) or 'none'}; the node stays cordoned"
+        )
+
+
+def _pdb_selector(pdb: Mapping[str, Any]) -> Selector:
+    selector = (pdb.get("spec") or {}).get("selector") or {}
+    parts = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        if expr.get("operator") == "Exists":
+            parts.append(str(expr["key"]))
+        elif expr.get("operator") == "DoesNotExist":
+            parts.append(f"!{expr['key']}")
+    try:
+        return Selector.parse(",".join(parts)) if parts else Selector((("", "!", ""),))
+    except ValueError:
+        return Selector((("", "!", ""),))

@@ -1,0 +1,550 @@
+"""The ``kubernetes`` executor: acts on a Kubernetes cluster through its API server (the client of
+``gpuops.integrations.kubernetes.client``: the official ``kubernetes`` package, rate limited,
+names checked and encoded as data; the names it writes: ``gpuops.integrations.kubernetes.names``).
+
+``gpuops.actions.base.execute`` calls ``run``; its dispatch table routes each verb to its handler.
+Before that, the gate asks ``standing`` (``gpuops.runtime.gate``): the veto label on the node or
+the pod, and the selected nodes already unschedulable or NotReady, which ``max_fraction`` counts
+whoever made them so. What each verb does, so that a repeated decision id has no second effect
+and gpuops never undoes what it did not do:
+
+- ``migrate`` (label ``node``): cordon the node with ownership annotations (policy, decision,
+  episode, reason, time), the opt-in taint and the ``GpuopsCordoned`` condition, then drain it
+  (``gpuops.actions.kubedrain``). A node cordoned by someone else keeps its cordon, unowned; a
+  node whose gpuops cordon someone lifted is not cordoned again in that episode. With a ``uuid``
+  label (a GPU-level fault) nothing is cordoned: only the pods holding that GPU are evicted.
+- ``resume`` (the undo): uncordon only while the annotations name this policy's episode; a node
+  someone else uncordoned has its annotations removed and the outcome says so.
+- ``reclaim`` (labels ``namespace`` + ``pod``, or ``node`` + ``uuid`` found through
+  Prometheus): the pod's owner chain; a Deployment or StatefulSet scaled to zero through
+  ``/scale`` (the replicas before kept in an annotation), a Job suspended, a Kueue Workload
+  deactivated (``spec.active=false``); a pod without owner left alone unless configured.
+- ``scale_out`` / ``scale_in`` (label ``pool``): the ``/scale`` of the pool's configured
+  resource, up to its maximum; scale-in takes back only replicas gpuops added.
+
+Errors: the API server unreachable or failing, a 409 after the re-reads → ``TemporaryError``;
+401/403 (naming the RBAC verb and resource), a name that is no Kubernetes name, a node outside
+the selector → ``PermanentError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+
+from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.config import settings_of
+from gpuops.actions.dispatch import Dispatch, on
+from gpuops.actions.encoding import printable
+from gpuops.actions.kubedrain import Drainer, DrainSettings, node_unavailable
+from gpuops.actions.kubepods import Reclaimed, pods_of_gpu, reclaim
+from gpuops.actions.results import Result
+from gpuops.integrations.kubernetes import names
+from gpuops.integrations.kubernetes.client import (
+    KubeClient,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeNotFound,
+    KubeRejected,
+    KubeUnavailable,
+    check_name,
+)
+from gpuops.integrations.kubernetes.selectors import Selector
+from gpuops.model.decisions import Decision
+from gpuops.model.guardrails import Standing
+from gpuops.model.verbs import (
+    MIGRATE,
+    RECLAIM,
+    RESUME,
+    SCALE_IN,
+    SCALE_OUT,
+    NoParams,
+    ScaleParams,
+    implemented_by,
+)
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 5
+"""Re-reads after a 409 before the action is given back to the retry policy."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReclaimSettings(_Model):
+    bare_pods: Literal["leave", "delete"] = "leave"
+    """A pod without owner: left alone (default), or deleted (nothing brings it back)."""
+    prometheus_url: str | None = None
+    """Where a GPU (``node``, ``uuid``) is mapped to its pod when the target has no ``pod``
+    label; None: the target must carry ``namespace`` and ``pod``."""
+    gpu_series: str = "DCGM_FI_DEV_GPU_UTIL"
+    """The series whose ``pod`` and ``namespace`` labels name the pod holding a GPU."""
+    uuid_label: str = "UUID"
+    """Its label holding the GPU's UUID (dcgm-exporter: ``UUID``; gpuops' NVML exporter:
+    ``uuid``)."""
+
+
+class PoolSettings(_Model):
+    """The scalable resource of one pool: any resource serving ``/scale``."""
+
+    namespace: str
+    name: str
+    group: str = "cluster.x-k8s.io"
+    version: str = "v1beta1"
+    plural: str = "machinedeployments"
+    max_replicas: int = Field(ge=0)
+    """Never scaled above this."""
+
+
+class KubernetesSettings(_Model):
+    """``executors.kubernetes`` in the engine configuration. Unknown keys are errors."""
+
+    node_selector: str
+    """Label selector of the nodes gpuops may touch (required: without it, nothing runs)."""
+    kubeconfig: str | None = None
+    """The kubeconfig file; None: ``in_cluster`` or the client's default (``~/.kube/config``)."""
+    context: str | None = None
+    in_cluster: bool = False
+    """Use the pod's service account (the engine runs in the cluster)."""
+    node_label: str = "node"
+    """The target label naming the node."""
+    veto: str = f"{names.VETO_LABEL}={names.VETO_VALUE}"
+    """A node or pod carrying this label (``key=value`` or ``key``) is never acted on."""
+    taint: bool = False
+    """Also taint a cordoned node (``gpuops.io/unhealthy``)."""
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    condition: bool = True
+    """Set the ``GpuopsCordoned`` node condition while gpuops' cordon holds."""
+    drain: DrainSettings = DrainSettings()
+    reclaim: ReclaimSettings = ReclaimSettings()
+    pools: dict[str, PoolSettings] = {}
+    qps: PositiveFloat = 5.0
+    """API calls per second, at most (client-side token bucket)."""
+    burst: PositiveInt = 10
+    timeout_s: PositiveFloat = 10.0
+    """Seconds per API call."""
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError(
+                "name the nodes gpuops may touch with a label selector "
+                "(e.g. nvidia.com/gpu.present=true): an empty one would select every node"
+            )
+        Selector.parse(value)
+        return value
+
+    @field_validator("veto")
+    @classmethod
+    def _veto(cls, value: str) -> str:
+        Selector.parse(value)
+        return value
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+class Migrated(Result):
+    node: str
+    cordoned: bool
+    """Cordoned by this episode (False: cordoned by someone else, or a GPU-level fault)."""
+    why: str | None = None
+    evicted: list[str] = []
+    deleted: list[str] = []
+    skipped: list[str] = []
+    api_calls: int = 0
+
+
+class Resumed(Result):
+    node: str
+    uncordoned: bool
+    why: str | None = None
+
+
+class Scaled(Result):
+    pool: str
+    replicas: int
+    previous: int
+    scaled_out: int
+    """Replicas gpuops added and has not taken back, after this decision."""
+    already: bool | None = None
+    why: str | None = None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubernetesExecutor:
+    name = "kubernetes"
+    verbs: frozenset[str] | None = implemented_by("kubernetes")
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        client: KubeClient | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings_of(KubernetesSettings, self.name, settings)
+        s = self.settings
+        self.selector = Selector.parse(s.node_selector)
+        self.veto = Selector.parse(s.veto)
+        if client is None:
+            try:
+                client = KubeClient(
+                    kubeconfig=s.kubeconfig,
+                    context=s.context,
+                    in_cluster=s.in_cluster,
+                    qps=s.qps,
+                    burst=s.burst,
+                    timeout_s=s.timeout_s,
+                )
+            except KubeError as exc:
+                raise ValueError(f"executors.kubernetes: {exc}") from exc
+        self.client = client
+        self.drainer = Drainer(client, s.drain, sleep=sleep, clock=clock)
+
+    def run(self, decision: Decision) -> Result:
+        try:
+            return DISPATCH.run(self, decision)
+        except KubeUnavailable as exc:
+            raise TemporaryError(str(exc)) from exc
+        except KubeConflict as exc:
+            raise TemporaryError(
+                f"still conflicting after {CONFLICT_RETRIES} re-reads: {exc}"
+            ) from exc
+        except (KubeForbidden, KubeRejected, KubeNotFound) as exc:
+            raise PermanentError(str(exc)) from exc
+
+    # --- what the gate asks --------------------------------------------------------------
+
+    def standing(self, decision: Decision) -> Standing:
+        """The veto on the target's node or pod, and (for a node verb) the selected nodes
+        already unschedulable or NotReady besides the target's: asked by the gate."""
+        labels = decision.target.labels
+        node = labels.get(self.settings.node_label)
+        nodes = self.client.nodes(self.settings.node_selector) if node else []
+        veto = None
+        for item in nodes:
+            meta = item["metadata"]
+            if meta["name"] == node and self.veto.matches(meta.get("labels") or {}):
+                veto = f"node {node} is labelled {self.settings.veto}"
+        pod = labels.get("pod")
+        if veto is None and pod and labels.get("namespace"):
+            try:
+                found = self.client.pod(labels["namespace"], pod)
+            except (KubeNotFound, KubeRejected):
+                found = None
+            if found and self.veto.matches(found["metadata"].get("labels") or {}):
+                veto = f"pod {labels['namespace']}/{pod} is labelled {self.settings.veto}"
+        if not node:
+            return Standing(veto=veto)
+        down = frozenset(
+            n["metadata"]["name"]
+            for n in nodes
+            if n["metadata"]["name"] != node and node_unavailable(n)
+        )
+        return Standing(veto=veto, unavailable=down, population=len(nodes))
+
+    # --- nodes: migrate / resume ---------------------------------------------------------
+
+    def _node(self, d: Decision) -> dict[str, Any]:
+        """The target's node, among the selected ones (one LIST); vetoed: refused."""
+        name = _label(d, self.settings.node_label)
+        check_name("node", name)
+        for node in self.client.nodes(self.settings.node_selector):
+            if node["metadata"]["name"] == name:
+                if self.veto.matches(node["metadata"].get("labels") or {}):
+                    raise PermanentError(f"node {name} is labelled {self.settings.veto}")
+                return node
+        raise PermanentError(
+            f"node {printable(name)} is not among the nodes of executors.kubernetes.node_selector "
+            f"{self.settings.node_selector!r}: gpuops does not touch it"
+        )
+
+    def _migrate(self, d: Decision, _: NoParams) -> Migrated:
+        calls = self.client.calls
+        node = self._node(d)
+        name = node["metadata"]["name"]
+        if d.target.labels.get("uuid"):
+            pods = self._pods_of_gpu(d, name)
+            report = self.drainer.drain(name, only=pods, force=_force(d))
+            why: str | None = f"GPU-level fault: only the pods of GPU {d.target.labels['uuid']}"
+            cordoned = False
+        else:
+            cordoned, why = self._cordon(d, node)
+            report = self.drainer.drain(name, force=_force(d))
+        done = Migrated(
+            node=name,
+            cordoned=cordoned,
+            evicted=report.evicted,
+            deleted=report.deleted,
+            skipped=report.skipped,
+            api_calls=self.client.calls - calls,
+        )
+        return done.model_copy(update={"why": why}) if why else done
+
+    def _cordon(self, d: Decision, node: dict[str, Any]) -> tuple[bool, str | None]:
+        """Cordon ``node`` for ``d`` (a re-read and retry on each 409); (cordoned by this
+        episode, why not)."""
+        for _ in range(CONFLICT_RETRIES):
+            meta = node["metadata"]
+            annotations = meta.get("annotations") or {}
+            name = meta["name"]
+            ours = annotations.get(names.CORDONED_BY) == d.policy and annotations.get(
+                names.EPISODE
+            ) == _episode(d)
+            unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+            if annotations.get(names.CANCELLED) == _episode(d):
+                return False, "someone else uncordoned it in this episode: not cordoned again"
+            if ours and not unschedulable:  # our cordon was lifted by someone else
+                self._forget(node, cancelled=_episode(d))
+                log.warning("node %s: gpuops' cordon was lifted by someone else", name)
+                return False, "someone else uncordoned it in this episode: not cordoned again"
+            if unschedulable and not ours:
+                log.info("node %s was cordoned before gpuops: its cordon stays unowned", name)
+                return False, "cordoned by someone else before gpuops: never uncordoned by gpuops"
+            if ours:
+                return True, None  # this decision (or this episode) ran before
+            spec: dict[str, Any] = {"unschedulable": True}
+            if self.settings.taint:
+                taints = [
+                    t
+                    for t in (node.get("spec") or {}).get("taints") or []
+                    if t.get("key") != names.TAINT_KEY
+                ]
+                taint = {
+                    "key": names.TAINT_KEY,
+                    "value": d.policy,
+                    "effect": self.settings.taint_effect,
+                }
+                spec["taints"] = [*taints, taint]
+            patch = {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {
+                        names.CORDONED_BY: d.policy,
+                        names.DECISION: d.id,
+                        names.EPISODE: _episode(d),
+                        names.REASON: _reason(d),
+                        names.AT: _now(),
+                    },
+                },
+                "spec": spec,
+            }
+            try:
+                self.client.patch_node(name, patch)
+            except KubeConflict:
+                node = self._node(d)
+                continue
+            if self.settings.condition:
+                self._condition(name, "True", d)
+            return True, None
+        raise KubeConflict(f"node {node['metadata']['name']} kept changing")
+
+    def _condition(self, node: str, status: str, d: Decision) -> None:
+        now = _now()
+        self.client.patch_node_status(
+            node,
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": names.CONDITION_TYPE,
+                            "status": status,
+                            "reason": "GpuopsMigrate" if status == "True" else "GpuopsResume",
+                            "message": f"{d.policy}: {_reason(d)}"[:1024],
+                            "lastTransitionTime": now,
+                            "lastHeartbeatTime": now,
+                        }
+                    ]
+                }
+            },
+        )
+
+    def _forget(
+        self, node: dict[str, Any], cancelled: str | None = None, uncordon: bool = False
+    ) -> None:
+        """One patch: gpuops' annotations and taint removed (the episode marked cancelled; the
+        node uncordoned), on the condition that the node is as it was read."""
+        annotations: dict[str, Any] = {
+            key: None
+            for key in (names.CORDONED_BY, names.DECISION, names.EPISODE, names.REASON, names.AT)
+        }
+        if cancelled is not None:
+            annotations[names.CANCELLED] = cancelled
+        meta = node["metadata"]
+        spec: dict[str, Any] = {"unschedulable": None} if uncordon else {}
+        taints = (node.get("spec") or {}).get("taints") or []
+        if any(t.get("key") == names.TAINT_KEY for t in taints):
+            spec["taints"] = [t for t in taints if t.get("key") != names.TAINT_KEY] or None
+        patch: dict[str, Any] = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations}
+        }
+        if spec:
+            patch["spec"] = spec
+        self.client.patch_node(meta["name"], patch)
+
+    def _resume(self, d: Decision, _: NoParams) -> Resumed:
+        for _attempt in range(CONFLICT_RETRIES):
+            node = self._node(d)
+            meta = node["metadata"]
+            name = meta["name"]
+            annotations = meta.get("annotations") or {}
+            if annotations.get(names.CORDONED_BY) != d.policy or annotations.get(
+                names.EPISODE
+            ) != _episode(d):
+                why = "not cordoned by gpuops in this episode: left as it is"
+                return Resumed(node=name, uncordoned=False, why=why)
+            lifted = not (node.get("spec") or {}).get("unschedulable")
+            try:
+                self._forget(node, cancelled=_episode(d) if lifted else None, uncordon=True)
+            except KubeConflict:
+                continue
+            if self.settings.condition:
+                self._condition(name, "False", d)
+            if lifted:
+                log.warning("node %s: gpuops' cordon was lifted by someone else", name)
+                return Resumed(node=name, uncordoned=False, why="uncordoned by someone else")
+            return Resumed(node=name, uncordoned=True)
+        raise KubeConflict(f"node {d.target.labels.get(self.settings.node_label)} kept changing")
+
+    # --- workloads: reclaim --------------------------------------------------------------
+
+    def _pods_of_gpu(self, d: Decision, node: str) -> list[tuple[str, str]]:
+        r = self.settings.reclaim
+        return pods_of_gpu(
+            self.client,
+            d.target.labels,
+            node,
+            r.prometheus_url,
+            r.gpu_series,
+            r.uuid_label,
+            self.settings.timeout_s,
+        )
+
+    def _reclaim(self, d: Decision, _: NoParams) -> Reclaimed:
+        node = self._node(d)["metadata"]["name"]
+        pods = self._pods_of_gpu(d, node)
+        if len(pods) != 1:
+            held = ", ".join(f"{ns}/{p}" for ns, p in pods) or "none"
+            raise PermanentError(f"GPU {d.target.labels.get('uuid')} is held by pods: {held}")
+        namespace, pod = pods[0]
+        return reclaim(self.client, d, namespace, pod, self.veto, self.settings.reclaim.bare_pods)
+
+    # --- capacity: scale_out / scale_in --------------------------------------------------
+
+    def _scale_out(self, d: Decision, params: ScaleParams) -> Scaled:
+        return self._scale(d, params, +1)
+
+    def _scale_in(self, d: Decision, params: ScaleParams) -> Scaled:
+        return self._scale(d, params, -1)
+
+    def _scale(self, d: Decision, params: ScaleParams, sign: int) -> Scaled:
+        pool_name = d.target.labels.get("pool") or params.pool or ""
+        pool = self.settings.pools.get(pool_name)
+        if pool is None:
+            known = ", ".join(sorted(self.settings.pools)) or "none"
+            raise PermanentError(
+                f"pool {printable(pool_name)} has no scalable resource in "
+                f"executors.kubernetes.pools (configured: {known})"
+            )
+        where = (pool.group, pool.version, pool.plural, pool.namespace, pool.name)
+        for _ in range(CONFLICT_RETRIES):
+            obj = self.client.get(*where)
+            annotations = obj["metadata"].get("annotations") or {}
+            added = int(annotations.get(names.SCALED_OUT) or 0)
+            scale = self.client.scale(*where)
+            replicas = int(scale["spec"].get("replicas") or 0)
+            if annotations.get(names.DECISION) == d.id:
+                return Scaled(
+                    pool=pool_name,
+                    replicas=replicas,
+                    previous=replicas,
+                    scaled_out=added,
+                    already=True,
+                )
+            if sign > 0:
+                step = min(params.nodes, pool.max_replicas - replicas)
+                why = None if step > 0 else f"at its maximum ({pool.max_replicas} replicas)"
+            else:
+                step = -min(params.nodes, added, replicas)
+                why = None if step < 0 else "gpuops added no replica it has not taken back"
+            if step == 0:
+                return Scaled(
+                    pool=pool_name,
+                    replicas=replicas,
+                    previous=replicas,
+                    scaled_out=added,
+                    why=why,
+                )
+            try:  # the mark first, then the scale: a crash between leaves a mark, never a
+                # replica gpuops cannot take back
+                patch = {
+                    "metadata": {
+                        "resourceVersion": obj["metadata"]["resourceVersion"],
+                        "annotations": {
+                            names.SCALED_OUT: str(added + step),
+                            names.DECISION: d.id,
+                            names.AT: _now(),
+                        },
+                    }
+                }
+                marked = self.client.patch(*where, patch)
+                scale["metadata"]["resourceVersion"] = marked["metadata"]["resourceVersion"]
+                scale["spec"]["replicas"] = replicas + step
+                self.client.replace_scale(*where, scale)
+            except KubeConflict:
+                continue
+            return Scaled(
+                pool=pool_name, replicas=replicas + step, previous=replicas, scaled_out=added + step
+            )
+        raise KubeConflict(f"{pool.plural} {pool.namespace}/{pool.name} kept changing")
+
+
+def _episode(d: Decision) -> str:
+    return f"{d.episode_start:.3f}"
+
+
+def _reason(d: Decision) -> str:
+    return str(
+        d.annotations.get("summary") or f"{d.action.type if d.action else ''} {d.target.key}"
+    )
+
+
+def _force(d: Decision) -> bool:
+    """The policy asks held pods to be deleted at the drain's deadline (``params.force_delete``)."""
+    return bool(d.action is not None and d.action.params.get("force_delete") is True)
+
+
+def _label(d: Decision, name: str) -> str:
+    value = d.target.labels.get(name)
+    if not value:
+        raise PermanentError(
+            f"{d.action.type if d.action else ''} needs the target label {name!r}; "
+            f"the target has {dict(d.target.labels)}"
+        )
+    return value
+
+
+DISPATCH: Dispatch[KubernetesExecutor, Result] = Dispatch(
+    KubernetesExecutor.name,
+    (
+        on(MIGRATE, KubernetesExecutor._migrate),
+        on(RESUME, KubernetesExecutor._resume),
+        on(RECLAIM, KubernetesExecutor._reclaim),
+        on(SCALE_OUT, KubernetesExecutor._scale_out),
+        on(SCALE_IN, KubernetesExecutor._scale_in),
+    ),
+)
+"""Kubernetes' verbs, each to its handler."""

@@ -1,0 +1,430 @@
+"""The one place that calls the Kubernetes API server, for the ``kubernetes`` executor
+(``gpuops.actions.kubernetes``) and the rule checks (``check_kubeconfig``).
+
+It wraps the official ``kubernetes`` client (its kubeconfig and in-cluster loading, its path
+encoding, the API server's Status bodies in ``ApiException``) and hands back objects as the API
+server wrote them (JSON dicts). Every call first takes a token from a client-side bucket
+(``qps``, ``burst``), so that gpuops' load on the API server stays bounded whatever the fleet
+does. Names go into paths only through the client (each path parameter percent-encoded, ``/``
+included) and only after ``check_name``: a name that is no Kubernetes name (``..``, ``a/b``,
+``?x=``) never reaches the wire. Errors:
+
+- ``KubeUnavailable`` (try again): the API server does not answer, answers 5xx, or the
+  kubeconfig cannot be read; the message names the address (or the file);
+- ``KubeForbidden`` (permanent): 401/403; the message names the RBAC verb and resource missing;
+- ``KubeConflict`` (409: re-read and retry), ``KubeTooManyRequests`` (429: an eviction a
+  PodDisruptionBudget refuses; the caller backs off), ``KubeNotFound`` (404),
+  ``KubeRejected`` (any other refusal, with the Status message).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from gpuops.integrations.kubernetes.names import verb_of
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+"""A DNS-1123 subdomain: what a node, pod or workload name may be (namespaces are stricter)."""
+NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+class KubeError(Exception):
+    """Base of what this client raises."""
+
+
+class KubeUnavailable(KubeError):
+    """The API server cannot be reached or is failing now (a retry may pass)."""
+
+
+class KubeForbidden(KubeError):
+    """401/403: the credentials or the RBAC rules do not allow the call."""
+
+
+class KubeConflict(KubeError):
+    """409: the object changed since it was read (or already exists)."""
+
+
+class KubeTooManyRequests(KubeError):
+    """429: the API server refused for now (an eviction a PodDisruptionBudget does not allow)."""
+
+
+class KubeNotFound(KubeError):
+    """404: no such object."""
+
+
+class KubeRejected(KubeError):
+    """Any other refusal (400, 415, 422...): trying again will not help."""
+
+
+def check_name(kind: str, value: str) -> str:
+    """``value`` when it is a Kubernetes object name (a namespace's when ``kind`` is
+    ``namespace``); ``KubeRejected`` otherwise, naming ``kind`` and the value."""
+    pattern = NAMESPACE_RE if kind == "namespace" else NAME_RE
+    if not pattern.fullmatch(value):
+        raise KubeRejected(f"{kind} {value!r} is not a Kubernetes name ({pattern.pattern})")
+    return value
+
+
+def check_kubeconfig(path: str | None) -> str | None:
+    """What is wrong with the kubeconfig at ``path`` (None: nothing, or none given): missing,
+    unreadable, or no current context (for ``gpuops rules check --config``)."""
+    if path is None:
+        return None
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"kubeconfig {path} does not exist"
+    try:
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(file), client_configuration=type.__call__(k8s.Configuration)
+        )
+    except (OSError, ConfigException, ValueError, TypeError) as exc:
+        return f"kubeconfig {path} cannot be read: {exc}"
+    return None
+
+
+class TokenBucket:
+    """At most ``burst`` calls at once, refilled at ``qps`` per second; ``take`` waits."""
+
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._tokens = float(burst)
+        self._clock = clock
+        self._sleep = sleep
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> float:
+        """Take one token, waiting for it; returns the seconds waited."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            self._tokens -= 1
+            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+
+class KubeClient:
+    """The API calls the executor makes, rate limited, errors mapped (module docstring)."""
+
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
+        qps: float = 5.0,
+        burst: int = 10,
+        timeout_s: float = 10.0,
+        bucket: TokenBucket | None = None,
+    ) -> None:
+        configuration = type.__call__(k8s.Configuration)
+        where = "the in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig}"
+        try:
+            if in_cluster:
+                k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+            else:
+                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=kubeconfig, context=context, client_configuration=configuration
+                )
+        except (OSError, ConfigException, ValueError, TypeError) as exc:
+            raise KubeUnavailable(f"{where} cannot be loaded: {exc}") from exc
+        configuration.retries = 0  # the executor's retry policy decides, not urllib3
+        self.address = str(configuration.host)
+        self.timeout_s = timeout_s
+        self.bucket = bucket or TokenBucket(qps, burst)
+        self.calls = 0
+        """API calls made (for the calls-per-decision count)."""
+        api = k8s.ApiClient(configuration)
+        self._api = api
+        self.core = k8s.CoreV1Api(api)
+        self.objects = k8s.CustomObjectsApi(api)
+
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    # --- the error mapping ----------------------------------------------------------------
+
+    def _call(self, method: str, resource: str, group: str, fn: Callable[[], T]) -> T:
+        self.bucket.take()
+        self.calls += 1
+        try:
+            return fn()
+        except ApiException as exc:
+            raise _mapped(exc, method, resource, group, self.address) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"API server {self.address} unreachable: {exc}") from exc
+        except ValueError as exc:  # an answer the client's models do not read
+            raise KubeRejected(f"{method} {resource}: unreadable answer: {exc}") from exc
+
+    def _plain(self, value: Any) -> Any:
+        return self._api.sanitize_for_serialization(value)  # type: ignore[no-untyped-call]
+
+    # --- core/v1: nodes and pods ----------------------------------------------------------
+
+    def nodes(self, selector: str) -> list[dict[str, Any]]:
+        """The nodes ``selector`` (a label selector) matches: one LIST."""
+        answer = self._call(
+            "LIST",
+            "nodes",
+            "",
+            lambda: self.core.list_node(label_selector=selector, _request_timeout=self.timeout_s),
+        )
+        return list(self._plain(answer).get("items") or [])
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of node ``name`` (put ``metadata.resourceVersion`` in it for a
+        precondition: a stale one is a 409)."""
+        check_name("node", name)
+        answer = self._call(
+            "PATCH",
+            "nodes",
+            "",
+            lambda: self.core.patch_node(
+                name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self.timeout_s
+            ),
+        )
+        return dict(self._plain(answer))
+
+    def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch of node ``name``'s status (conditions merge by ``type``)."""
+        check_name("node", name)
+        answer = self._call(
+            "PATCH",
+            "nodes/status",
+            "",
+            lambda: self.core.patch_node_status(
+                name,
+                dict(patch),
+                _content_type=STRATEGIC_MERGE_PATCH,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+        return dict(self._plain(answer))
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        """Every pod bound to ``node``, in all namespaces: one LIST by field selector."""
+        check_name("node", node)
+        answer = self._call(
+            "LIST",
+            "pods",
+            "",
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=self.timeout_s
+            ),
+        )
+        return list(self._plain(answer).get("items") or [])
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        check_name("namespace", namespace)
+        check_name("pod", name)
+        answer = self._call(
+            "GET",
+            "pods",
+            "",
+            lambda: self.core.read_namespaced_pod(name, namespace, _request_timeout=self.timeout_s),
+        )
+        return dict(self._plain(answer))
+
+    def evict(self, namespace: str, name: str) -> None:
+        """POST an ``policy/v1`` Eviction of the pod: a 429 when a PodDisruptionBudget holds it."""
+        check_name("namespace", namespace)
+        check_name("pod", name)
+        body = k8s.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
+        )
+        self._call(
+            "POST",
+            "pods/eviction",
+            "",
+            lambda: self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _request_timeout=self.timeout_s
+            ),
+        )
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        check_name("namespace", namespace)
+        check_name("pod", name)
+        self._call(
+            "DELETE",
+            "pods",
+            "",
+            lambda: self.core.delete_namespaced_pod(
+                name, namespace, _request_timeout=self.timeout_s
+            ),
+        )
+
+    # --- any group: workloads, PDBs, Kueue, scalable resources ----------------------------
+
+    def get(self, group: str, version: str, plural: str, namespace: str, name: str) -> Any:
+        """GET a namespaced object of ``group/version`` (not the core group)."""
+        check_name("namespace", namespace)
+        check_name(plural, name)
+        return self._call(
+            "GET",
+            plural,
+            group,
+            lambda: self.objects.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self.timeout_s
+            ),
+        )
+
+    def list_objects(
+        self, group: str, version: str, plural: str, namespace: str, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        check_name("namespace", namespace)
+        answer: Any = self._call(
+            "LIST",
+            plural,
+            group,
+            lambda: self.objects.list_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                label_selector=selector,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+        return list(dict(answer).get("items") or [])
+
+    def patch(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+    ) -> Any:
+        """A JSON merge patch (with ``metadata.resourceVersion``: a precondition)."""
+        check_name("namespace", namespace)
+        check_name(plural, name)
+        return self._call(
+            "PATCH",
+            plural,
+            group,
+            lambda: self.objects.patch_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                dict(patch),
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.timeout_s,
+            ),
+        )
+
+    def scale(self, group: str, version: str, plural: str, namespace: str, name: str) -> Any:
+        """GET the ``scale`` subresource (an ``autoscaling/v1`` Scale)."""
+        check_name("namespace", namespace)
+        check_name(plural, name)
+        return self._call(
+            "GET",
+            f"{plural}/scale",
+            group,
+            lambda: self.objects.get_namespaced_custom_object_scale(
+                group, version, namespace, plural, name, _request_timeout=self.timeout_s
+            ),
+        )
+
+    def replace_scale(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        scale: Mapping[str, Any],
+    ) -> Any:
+        """PUT the ``scale`` subresource: its ``metadata.resourceVersion`` is the precondition
+        (a 409 when the object changed since it was read)."""
+        check_name("namespace", namespace)
+        check_name(plural, name)
+        return self._call(
+            "PUT",
+            f"{plural}/scale",
+            group,
+            lambda: self.objects.replace_namespaced_custom_object_scale(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                dict(scale),
+                _request_timeout=self.timeout_s,
+            ),
+        )
+
+
+def _mapped(exc: ApiException, method: str, resource: str, group: str, address: str) -> KubeError:
+    """``exc`` as this module's error, with the Status message of the API server."""
+    status = int(exc.status or 0)
+    message = _status_message(exc.body) or str(exc.reason or "")
+    verb = "list" if method == "LIST" else verb_of(method)
+    where = f"{resource} (apiGroup {group!r})"
+    if status == 0:
+        return KubeUnavailable(f"API server {address} unreachable: {exc.reason}")
+    if status == 401:
+        return KubeForbidden(
+            f"API server {address} refused the credentials (401 Unauthorized): {message}"
+        )
+    if status == 403:
+        return KubeForbidden(
+            f"RBAC: gpuops needs verb {verb!r} on {where}; the API server said: {message}"
+        )
+    if status == 404:
+        return KubeNotFound(message)
+    if status == 409:
+        return KubeConflict(message)
+    if status == 429:
+        return KubeTooManyRequests(message)
+    if status >= 500:
+        return KubeUnavailable(f"API server {address}: {status} {message}")
+    return KubeRejected(f"{method} {where}: {status} {message}")
+
+
+def _status_message(body: Any) -> str:
+    """The ``message`` of a ``Status`` body (capped at 256 characters)."""
+    if not body:
+        return ""
+    try:
+        document = json.loads(body)
+    except (TypeError, ValueError):
+        return str(body)[:256]
+    if isinstance(document, Mapping):
+        return str(document.get("message") or "")[:256]
+    return ""

@@ -1,0 +1,428 @@
+"""The ``kubernetes`` executor against the fake API server (``tests.fakes.kube_apiserver``),
+through the official client over loopback: cordon with ownership, drain by eviction with
+PodDisruptionBudgets, the undo, reclaim through the owner chain, node groups through /scale,
+conflicts, RBAC refusals, hostile labels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.integrations.kubernetes import names
+from gpuops.model.decisions import Transition
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.integration.actions.kube import (
+    Sleeps,
+    decision,
+    deployment,
+    executor,
+    machinedeployment,
+    node,
+    pdb,
+    pod,
+    replicaset,
+)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.put("", "nodes", node("gpu-1"))
+    server.put("", "nodes", node("gpu-2"))
+    server.put("", "nodes", node("cpu-1") | {"metadata": {"name": "cpu-1", "labels": {}}})
+    server.put("", "pods", pod("train-a", "gpu-1", labels={"app": "train"}))
+    server.put("", "pods", pod("serve-b", "gpu-1", labels={"app": "serve"}))
+    server.put("", "pods", pod("dcgm", "gpu-1", namespace="gpu", owner=("DaemonSet", "dcgm")))
+    server.put("", "pods", pod("proxy", "gpu-1", namespace="kube-system"))
+    server.put(
+        "", "pods", pod("static", "gpu-1", namespace="ml", annotations={names.MIRROR_POD: "abc"})
+    )
+    server.put("", "pods", pod("other", "gpu-2"))
+    yield server
+    server.close()
+
+
+def _node(api: FakeApiServer, name: str = "gpu-1") -> dict:  # type: ignore[type-arg]
+    return api.get("", "nodes", name)
+
+
+def test_migrate_cordons_with_ownership_and_evicts_what_may_be_evicted(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path, taint=True)
+    done = k.run(decision("migrate", node="gpu-1"))
+    n = _node(api)
+    assert n["spec"]["unschedulable"] is True
+    a = n["metadata"]["annotations"]
+    assert a[names.CORDONED_BY] == "migrate-off-down-nodes"
+    assert a[names.DECISION] == "0123456789abcdef01234567"
+    assert a[names.EPISODE] == "1000.000" and a[names.REASON] == "node down"
+    assert n["spec"]["taints"] == [
+        {"key": names.TAINT_KEY, "value": "migrate-off-down-nodes", "effect": "NoSchedule"}
+    ]
+    condition = [c for c in n["status"]["conditions"] if c["type"] == names.CONDITION_TYPE]
+    assert condition[0]["status"] == "True" and condition[0]["reason"] == "GpuopsMigrate"
+    assert done["cordoned"] is True
+    assert sorted(done["evicted"]) == ["ml/serve-b", "ml/train-a"]
+    assert sorted(done["skipped"]) == [
+        "gpu/dcgm (DaemonSet)",
+        "kube-system/proxy (system namespace)",
+        "ml/static (mirror pod)",
+    ]
+    assert api.get("", "pods", "train-a", "ml")["metadata"]["deletionTimestamp"]
+    assert not api.get("", "pods", "other", "ml")["metadata"].get("deletionTimestamp")
+    evictions = [r for r in api.requests if r.path.endswith("/eviction")]
+    assert len(evictions) == 2
+    # one LIST of nodes, one PATCH, one status PATCH, one LIST of pods, two evictions
+    assert done["api_calls"] == 6
+
+
+def test_a_pdb_holds_a_pod_backoff_doubles_to_two_minutes_then_the_outcome_names_it(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("policy", "poddisruptionbudgets", pdb("train-pdb", "train", allowed=0))
+    sleeps = Sleeps()
+    k = executor(api, tmp_path, sleeps, drain={"timeout_s": 400})
+    with pytest.raises(PermanentError) as held:
+        k.run(decision("migrate", node="gpu-1"))
+    assert sleeps.slept == [10, 20, 40, 80, 120, 120, 10]
+    message = str(held.value)
+    assert (
+        "ml/train-a: Cannot evict pod as it would violate the pod's disruption budget." in message
+    )
+    assert "PodDisruptionBudgets: ml/train-pdb (disruptionsAllowed 0)" in message
+    assert "evicted 1: ml/serve-b" in message and "the node stays cordoned" in message
+    assert _node(api)["spec"]["unschedulable"] is True
+    assert not api.get("", "pods", "train-a", "ml")["metadata"].get("deletionTimestamp")
+
+
+def test_a_pdb_that_allows_again_lets_the_drain_finish(api: FakeApiServer, tmp_path: Path) -> None:
+    api.put("policy", "poddisruptionbudgets", pdb("train-pdb", "train", allowed=0))
+    sleeps = Sleeps()
+
+    def sleep(seconds: float) -> None:
+        sleeps.sleep(seconds)
+        if sleeps.now >= 30:  # the replacement became healthy elsewhere
+            api.edit(
+                "policy",
+                "poddisruptionbudgets",
+                "train-pdb",
+                "ml",
+                status={"disruptionsAllowed": 1},
+            )
+
+    k = executor(api, tmp_path, sleeps)
+    k.drainer.sleep = sleep
+    done = k.run(decision("migrate", node="gpu-1"))
+    assert sorted(done["evicted"]) == ["ml/serve-b", "ml/train-a"]
+    assert sleeps.slept == [10, 20]
+
+
+def test_delete_after_timeout_deletes_and_force_delete_only_when_the_policy_asks(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("policy", "poddisruptionbudgets", pdb("train-pdb", "train", allowed=0))
+    modes = {
+        "timeout_s": 30,
+        "modes": [{"namespace": "ml", "selector": "app=train", "mode": "delete-after-timeout"}],
+    }
+    done = executor(api, tmp_path, drain=modes).run(decision("migrate", node="gpu-1"))
+    assert done["deleted"] == ["ml/train-a"]
+    deletes = [r for r in api.requests if r.method == "DELETE"]
+    assert [r.path for r in deletes] == ["/api/v1/namespaces/ml/pods/train-a"]
+
+
+def test_a_repeated_decision_cordons_once(api: FakeApiServer, tmp_path: Path) -> None:
+    k = executor(api, tmp_path)
+    k.run(decision("migrate", node="gpu-1"))
+    before = len([r for r in api.requests if r.path == "/api/v1/nodes/gpu-1"])
+    again = k.run(decision("migrate", node="gpu-1"))
+    assert again["cordoned"] is True and again["evicted"] == []
+    assert len([r for r in api.requests if r.path == "/api/v1/nodes/gpu-1"]) == before
+
+
+def test_a_node_cordoned_before_gpuops_keeps_its_cordon_and_is_never_uncordoned(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.edit("", "nodes", "gpu-1", spec={"unschedulable": True})
+    k = executor(api, tmp_path)
+    done = k.run(decision("migrate", node="gpu-1"))
+    assert done["cordoned"] is False and "before gpuops" in done["why"]
+    assert names.CORDONED_BY not in (_node(api)["metadata"].get("annotations") or {})
+    undo = k.run(decision("resume", did="undo", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo == {
+        "node": "gpu-1",
+        "uncordoned": False,
+        "why": "not cordoned by gpuops in this episode: left as it is",
+    }
+    assert _node(api)["spec"]["unschedulable"] is True
+
+
+def test_resume_uncordons_its_own_episode_only(api: FakeApiServer, tmp_path: Path) -> None:
+    k = executor(api, tmp_path, taint=True)
+    k.run(decision("migrate", node="gpu-1"))
+    other = k.run(
+        decision("resume", did="u0", transition=Transition.CLEAR, episode=5.0, node="gpu-1")
+    )
+    assert other["uncordoned"] is False
+    undo = k.run(decision("resume", did="u1", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo == {"node": "gpu-1", "uncordoned": True}
+    n = _node(api)
+    assert "unschedulable" not in n["spec"] and "taints" not in n["spec"]
+    assert not any(k.startswith("gpuops.io/") for k in n["metadata"].get("annotations") or {})
+    condition = [c for c in n["status"]["conditions"] if c["type"] == names.CONDITION_TYPE]
+    assert condition[0]["status"] == "False"
+
+
+def test_an_uncordon_by_someone_else_cancels_the_episode(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path)
+    k.run(decision("migrate", node="gpu-1"))
+    api.edit("", "nodes", "gpu-1", spec={"unschedulable": None})  # kubectl uncordon
+    again = k.run(decision("migrate", did="repeat-1", node="gpu-1"))
+    assert again["cordoned"] is False and "someone else uncordoned" in again["why"]
+    n = _node(api)
+    assert "unschedulable" not in n["spec"]
+    assert n["metadata"]["annotations"][names.CANCELLED] == "1000.000"
+    undo = k.run(decision("resume", did="u1", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo["uncordoned"] is False
+
+
+def test_a_conflict_is_read_again_and_retried(api: FakeApiServer, tmp_path: Path) -> None:
+    edits = []
+
+    def meanwhile(method: str, path: str) -> None:
+        if method == "PATCH" and path == "/api/v1/nodes/gpu-1" and not edits:
+            edits.append(path)  # another controller writes a label first
+            api.edit("", "nodes", "gpu-1", metadata={"labels": {"zone": "b"}})
+
+    api.before = meanwhile
+    done = executor(api, tmp_path).run(decision("migrate", node="gpu-1"))
+    assert done["cordoned"] is True
+    n = _node(api)
+    assert n["spec"]["unschedulable"] is True and n["metadata"]["labels"]["zone"] == "b"
+    assert len([r for r in api.requests if r.method == "PATCH" and r.path.endswith("gpu-1")]) == 2
+
+
+def test_a_gpu_level_fault_evicts_only_the_pods_of_that_gpu(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path)
+    done = k.run(decision("migrate", node="gpu-1", uuid="GPU-7", namespace="ml", pod="train-a"))
+    assert done["cordoned"] is False and done["evicted"] == ["ml/train-a"]
+    assert "unschedulable" not in _node(api)["spec"]
+    with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
+        k.run(decision("migrate", node="gpu-1", uuid="GPU-8", namespace="ml", pod="other"))
+
+
+def test_reclaim_scales_the_deployment_to_zero_and_keeps_its_replicas(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("apps", "deployments", deployment("train", 3))
+    api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
+    api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
+    k = executor(api, tmp_path)
+    d = decision(
+        "reclaim",
+        policy="reclaim-idle-gpus",
+        node="gpu-2",
+        uuid="GPU-1",
+        namespace="ml",
+        pod="train-6d4f-x",
+    )
+    done = k.run(d)
+    assert done == {
+        "pod": "ml/train-6d4f-x",
+        "reclaimed": True,
+        "owner": "Deployment ml/train",
+        "previous_replicas": 3,
+    }
+    dep = api.get("apps", "deployments", "train", "ml")
+    assert dep["spec"]["replicas"] == 0
+    assert dep["metadata"]["annotations"][names.PREVIOUS_REPLICAS] == "3"
+    assert any(
+        r.path.endswith("/deployments/train/scale") and r.method == "PUT" for r in api.requests
+    )
+    assert k.run(d)["already"] is True
+
+
+def test_reclaim_suspends_a_job_deactivates_a_kueue_workload_and_leaves_a_bare_pod(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(
+        "batch",
+        "jobs",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "sweep", "namespace": "ml", "uid": "uid-sweep"},
+            "spec": {"template": {}},
+        },
+    )
+    api.put(
+        "batch",
+        "jobs",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "queued", "namespace": "ml", "uid": "uid-queued"},
+            "spec": {"suspend": False},
+        },
+    )
+    api.put(
+        "kueue.x-k8s.io",
+        "workloads",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "Workload",
+            "metadata": {
+                "name": "job-queued-1",
+                "namespace": "ml",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": "queued",
+                        "uid": "uid-queued",
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {"active": True, "queueName": "gpus"},
+        },
+    )
+    api.put("", "pods", pod("sweep-1", "gpu-2", owner=("Job", "sweep")))
+    api.put("", "pods", pod("queued-1", "gpu-2", owner=("Job", "queued")))
+    api.put("", "pods", pod("bare", "gpu-2"))
+    k = executor(api, tmp_path)
+
+    def reclaim(name: str) -> dict:  # type: ignore[type-arg]
+        return dict(
+            k.run(
+                decision("reclaim", did=name, node="gpu-2", uuid="GPU-1", namespace="ml", pod=name)
+            )
+        )
+
+    assert reclaim("sweep-1")["owner"] == "Job ml/sweep"
+    assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is True
+    assert reclaim("queued-1")["owner"] == "Workload ml/job-queued-1"
+    assert api.get("kueue.x-k8s.io", "workloads", "job-queued-1", "ml")["spec"]["active"] is False
+    assert api.get("batch", "jobs", "queued", "ml")["spec"]["suspend"] is False  # Kueue's
+    assert reclaim("bare") == {
+        "pod": "ml/bare",
+        "reclaimed": False,
+        "why": "a pod without owner: left alone",
+    }
+
+
+def test_scale_out_within_the_maximum_and_scale_in_only_what_gpuops_added(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("cluster.x-k8s.io", "machinedeployments", machinedeployment("gpu-a100", 2))
+    k = executor(api, tmp_path)
+    out = k.run(decision("scale_out", did="o1", params={"nodes": 3}, pool="a100"))
+    assert out == {"pool": "a100", "replicas": 4, "previous": 2, "scaled_out": 2}
+    assert k.run(decision("scale_out", did="o1", params={"nodes": 3}, pool="a100"))["already"]
+    full = k.run(decision("scale_out", did="o2", params={"nodes": 1}, pool="a100"))
+    assert full["why"] == "at its maximum (4 replicas)"
+    down = k.run(decision("scale_in", did="i1", params={"nodes": 5}, pool="a100"))
+    assert down == {"pool": "a100", "replicas": 2, "previous": 4, "scaled_out": 0}
+    none = k.run(decision("scale_in", did="i2", params={"nodes": 1}, pool="a100"))
+    assert none["replicas"] == 2 and "added no replica" in none["why"]
+    md = api.get("cluster.x-k8s.io", "machinedeployments", "gpu-a100", "capi")
+    assert md["spec"]["replicas"] == 2 and md["metadata"]["annotations"][names.SCALED_OUT] == "0"
+    with pytest.raises(PermanentError, match="pool 'h100' has no scalable resource"):
+        k.run(decision("scale_out", did="o3", pool="h100"))
+
+
+@pytest.mark.parametrize("value", ["../gpu-2", "a/b", "gpu-1?x=", "%2F", "..", "gpu-1/../gpu-2"])
+def test_a_hostile_node_label_names_nothing(api: FakeApiServer, tmp_path: Path, value: str) -> None:
+    with pytest.raises(PermanentError, match="is not a Kubernetes name"):
+        executor(api, tmp_path).run(decision("migrate", node=value))
+    assert api.writes() == []
+
+
+@pytest.mark.parametrize("value", ["../other", "a/b", "x?y=", "%2Fother", ".."])
+def test_a_hostile_pod_label_names_nothing(api: FakeApiServer, tmp_path: Path, value: str) -> None:
+    k = executor(api, tmp_path)
+    with pytest.raises(PermanentError, match="is not a Kubernetes name"):
+        k.run(decision("reclaim", node="gpu-1", uuid="GPU-1", namespace="ml", pod=value))
+    with pytest.raises(PermanentError, match="is not a Kubernetes name"):
+        k.run(decision("reclaim", node="gpu-1", uuid="GPU-1", namespace=value, pod="train-a"))
+    assert api.writes() == []
+
+
+def test_a_node_outside_the_selector_or_vetoed_is_not_touched(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path)
+    with pytest.raises(PermanentError, match="not among the nodes of executors.kubernetes"):
+        k.run(decision("migrate", node="cpu-1"))
+    api.edit("", "nodes", "gpu-2", metadata={"labels": {names.VETO_LABEL: "true"}})
+    assert k.standing(decision("migrate", node="gpu-2")).veto == (
+        "node gpu-2 is labelled gpuops.io/do-not-touch=true"
+    )
+    with pytest.raises(PermanentError, match="labelled gpuops.io/do-not-touch=true"):
+        k.run(decision("migrate", node="gpu-2"))
+    assert api.writes() == []
+
+
+def test_standing_counts_every_node_unschedulable_or_not_ready(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("", "nodes", node("gpu-3", ready=False))
+    api.put("", "nodes", node("gpu-4"))
+    api.edit("", "nodes", "gpu-4", spec={"unschedulable": True})  # an admin's cordon
+    standing = executor(api, tmp_path).standing(decision("migrate", node="gpu-1"))
+    assert standing.veto is None
+    assert standing.unavailable == frozenset({"gpu-3", "gpu-4"})
+    assert standing.population == 4
+
+
+def test_rbac_refusals_name_the_verb_and_resource(api: FakeApiServer, tmp_path: Path) -> None:
+    api.allowed = {
+        ("list", "", "nodes"),
+        ("patch", "", "nodes"),
+        ("patch", "", "nodes/status"),
+        ("list", "", "pods"),
+    }
+    with pytest.raises(PermanentError, match=r"RBAC: gpuops needs verb 'create' on pods/eviction"):
+        executor(api, tmp_path).run(decision("migrate", node="gpu-1"))
+
+
+def test_bad_credentials_are_permanent_and_an_absent_server_temporary(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path)
+    api.token = "rotated"
+    with pytest.raises(PermanentError, match=r"refused the credentials \(401 Unauthorized\)"):
+        k.run(decision("migrate", node="gpu-1"))
+    api.close()
+    with pytest.raises(TemporaryError, match=f"API server {api.url} unreachable"):
+        k.run(decision("migrate", node="gpu-1"))
+
+
+def test_no_node_selector_no_executor(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="node_selector: Field required"):
+        executor_without_selector(tmp_path)
+    with pytest.raises(ValueError, match="an empty one would select every node"):
+        executor_without_selector(tmp_path, node_selector=" ")
+
+
+def executor_without_selector(tmp_path: Path, **more: str) -> object:
+    from gpuops.actions.kubernetes import KubernetesExecutor
+
+    config = tmp_path / "kubeconfig"
+    config.write_text(FakeApiServer.kubeconfig.__doc__ or "", encoding="utf-8")
+    return KubernetesExecutor({"kubeconfig": str(config), **more})
+
+
+def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    from gpuops.actions.kubernetes import KubernetesExecutor
+
+    with pytest.raises(ValueError, match=f"kubeconfig {tmp_path}/none cannot be loaded"):
+        KubernetesExecutor({"kubeconfig": str(tmp_path / "none"), "node_selector": "a=b"})
