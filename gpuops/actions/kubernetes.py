@@ -260,7 +260,10 @@ class KubernetesExecutor:
 
     def _node(self, d: Decision) -> dict[str, Any]:
         """The target's node, among the selected ones (one LIST); vetoed: refused."""
-        name = _label(d, self.settings.node_label)
+        return self._selected(_label(d, self.settings.node_label))
+
+    def _selected(self, name: str) -> dict[str, Any]:
+        """Node ``name`` when ``node_selector`` selects it and it carries no veto."""
         check_name("node", name)
         for node in self.client.nodes(self.settings.node_selector):
             if node["metadata"]["name"] == name:
@@ -434,7 +437,15 @@ class KubernetesExecutor:
         )
 
     def _reclaim(self, d: Decision, _: NoParams) -> Reclaimed:
-        node = self._node(d)["metadata"]["name"]
+        labels = d.target.labels
+        if labels.get(self.settings.node_label):
+            node = self._node(d)["metadata"]["name"]
+        else:  # a pod-level target (namespace, pod): the node it runs on
+            namespace, name = _label(d, "namespace"), _label(d, "pod")
+            check_name("namespace", namespace)
+            check_name("pod", name)
+            where = (self.client.pod(namespace, name).get("spec") or {}).get("nodeName")
+            node = self._selected(str(where or ""))["metadata"]["name"]
         pods = self._pods_of_gpu(d, node)
         if len(pods) != 1:
             held = ", ".join(f"{ns}/{p}" for ns, p in pods) or "none"

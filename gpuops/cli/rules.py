@@ -10,6 +10,7 @@ Problems are printed one per line as ``FILE:LINE: message``; exit 0 when all is 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,9 @@ def check(paths: tuple[Path, ...], no_promql: bool, config_path: Path | None) ->
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
         targets = targets or list(config.rules)
+        kubeconfig = _kubeconfig_problem(config.executors)
+        if kubeconfig is not None:
+            raise click.ClickException(f"{config_path}: executors.kubernetes: {kubeconfig}")
     if not targets:
         raise click.UsageError("give rule files or directories, or --config ENGINE_YAML")
     # the engine's registry: the executors installed (entry points), as `engine run` builds it
@@ -191,3 +195,16 @@ def validateremote_call(file: Path, promql: bool, as_json: bool, **kw: Any) -> N
             click.echo(error["text"])
         click.echo("OK" if payload["ok"] else f"{_count(len(payload['errors']), 'error')}")
     sys.exit(0 if payload["ok"] else 1)
+
+
+def _kubeconfig_problem(executors: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """What is wrong with the kubeconfig of the ``kubernetes`` executor, when one is set:
+    missing or unreadable (its first action would fail on it)."""
+    settings = executors.get("kubernetes") or {}
+    if settings.get("in_cluster") or not settings.get("kubeconfig"):
+        return None
+    from gpuops.integrations.kubernetes.client import (
+        check_kubeconfig,
+    )  # the client is slow to import
+
+    return check_kubeconfig(str(settings["kubeconfig"]))

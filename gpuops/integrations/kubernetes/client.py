@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -97,7 +98,7 @@ def check_kubeconfig(path: str | None) -> str | None:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=str(file), client_configuration=type.__call__(k8s.Configuration)
         )
-    except (OSError, ConfigException, ValueError, TypeError) as exc:
+    except (OSError, ConfigException, ValueError, TypeError, yaml.YAMLError) as exc:
         return f"kubeconfig {path} cannot be read: {exc}"
     return None
 
@@ -157,7 +158,7 @@ class KubeClient:
                 k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                     config_file=kubeconfig, context=context, client_configuration=configuration
                 )
-        except (OSError, ConfigException, ValueError, TypeError) as exc:
+        except (OSError, ConfigException, ValueError, TypeError, yaml.YAMLError) as exc:
             raise KubeUnavailable(f"{where} cannot be loaded: {exc}") from exc
         configuration.retries = 0  # the executor's retry policy decides, not urllib3
         self.address = str(configuration.host)

@@ -426,3 +426,17 @@ def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=f"kubeconfig {tmp_path}/none cannot be loaded"):
         KubernetesExecutor({"kubeconfig": str(tmp_path / "none"), "node_selector": "a=b"})
+
+
+def test_reclaim_of_a_pod_target_finds_its_node_among_the_selected_ones(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("apps", "statefulsets", deployment("db", 2) | {"kind": "StatefulSet"})
+    api.put("", "pods", pod("db-0", "gpu-2", owner=("StatefulSet", "db")))
+    api.put("", "pods", pod("cpu-job", "cpu-1", owner=("StatefulSet", "db")))
+    k = executor(api, tmp_path)
+    done = k.run(decision("reclaim", namespace="ml", pod="db-0"))
+    assert done["owner"] == "StatefulSet ml/db" and done["previous_replicas"] == 2
+    assert api.get("apps", "statefulsets", "db", "ml")["spec"]["replicas"] == 0
+    with pytest.raises(PermanentError, match="node 'cpu-1' is not among the nodes"):
+        k.run(decision("reclaim", did="d2", namespace="ml", pod="cpu-job"))

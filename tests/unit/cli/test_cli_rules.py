@@ -107,3 +107,23 @@ def test_rules_test_of_a_missing_file_names_it_and_starts_nothing(tmp_path: Path
     code, _, err = run("test", str(missing))
     assert code == 2
     assert f"'{missing}' does not exist" in err and "FileNotFoundError" not in err
+
+
+def test_check_with_config_names_a_missing_or_unreadable_kubeconfig(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("groups: []\n")
+    config = tmp_path / "engine.yaml"
+    kubeconfig = tmp_path / "kubeconfig"
+    config.write_text(
+        f"rules: [{rules}]\n"
+        "executors:\n"
+        "  scheduler: {use: kubernetes}\n"
+        f"  kubernetes: {{kubeconfig: {kubeconfig}, node_selector: gpu=true}}\n"
+    )
+    code, _, err = run("check", "--no-promql", "--config", str(config))
+    assert code == 1
+    assert err == f"Error: {config}: executors.kubernetes: kubeconfig {kubeconfig} does not exist\n"
+    kubeconfig.write_text("clusters: [\n")
+    code, _, err = run("check", "--no-promql", "--config", str(config))
+    assert code == 1
+    assert f"executors.kubernetes: kubeconfig {kubeconfig} cannot be read: " in err
