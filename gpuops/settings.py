@@ -197,7 +197,8 @@ class ApiSettings(_Model):
     tls_key_file: Path | None = None
     """PEM private key of ``tls_cert_file``."""
     tokens_file: Path | None = None
-    """YAML ``users: [{name, roles, token_sha256}]``; re-read on SIGHUP and POST /auth/reload."""
+    """YAML ``users: [{name, roles, token_sha256}]``; watched (a change is read before the next
+    request), and re-read on SIGHUP and POST /auth/reload."""
     tokens_env: str = "GPUOPS_API_TOKENS"
     """Environment variable holding the same YAML (used when set; merged with the file)."""
     max_body_bytes: int = Field(default=1_048_576, ge=1024)

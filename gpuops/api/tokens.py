@@ -2,8 +2,11 @@
 
 ``TokenStore`` reads users from the tokens file and/or an environment variable (both YAML:
 ``users: [{name, roles, token_sha256}]``), keeps only the SHA-256 of each token and compares in
-constant time. ``ROLE_PERMISSIONS`` is the permission table of docs/api.md. Used by
-``gpuops.api.auth`` (the middleware and route dependencies) and ``gpuops token new``.
+constant time. The file is watched like the rule files: a change (a user added by ``gpuops
+token new --tokens-file``, one removed) is read before the next request is authenticated; a
+broken file leaves the current users and is logged. ``ROLE_PERMISSIONS`` is the permission
+table of docs/api.md. Used by ``gpuops.api.auth`` (the middleware and route dependencies) and
+``gpuops token new``.
 """
 
 from __future__ import annotations
@@ -181,9 +184,14 @@ class TokenStore:
         self._environ = environ
         self._lock = threading.Lock()
         self._users: tuple[_User, ...] = ()
+        self._seen: tuple[int, ...] | None = None
+        """The tokens file as last read (``_signature``): a change is read again."""
+        self._refused: tuple[int, ...] | None = None
+        """The version of the file a watched reload refused (logged once)."""
 
     @property
     def users(self) -> list[Principal]:
+        self._follow()
         return [Principal(u.name, u.roles) for u in self._users]
 
     def reload(self) -> int:
@@ -191,8 +199,10 @@ class TokenStore:
         environ = os.environ if self._environ is None else self._environ
         users: list[_User] = []
         sources: list[str] = []
+        seen: tuple[int, ...] | None = None
         if self.tokens_file is not None:
             sources.append(str(self.tokens_file))
+            seen = self._signature()
             try:
                 text = self.tokens_file.read_text(encoding="utf-8")
             except OSError as exc:
@@ -214,12 +224,41 @@ class TokenStore:
             )
         with self._lock:
             self._users = tuple(users)
+            self._seen = seen
         log.info("API users loaded: %d", len(users))
         return len(users)
+
+    def _signature(self) -> tuple[int, ...] | None:
+        """What says the tokens file changed: its inode (``add_user`` replaces it), size and
+        modification time; None when it cannot be read."""
+        assert self.tokens_file is not None
+        try:
+            st = self.tokens_file.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _follow(self) -> None:
+        """Read the tokens file again when it changed since it was read (once it was read: a
+        store never loaded stays empty). A file that cannot be used keeps the current users;
+        the problem is logged once per version of the file."""
+        if self.tokens_file is None or self._seen is None:
+            return
+        now = self._signature()
+        if now == self._seen or now == self._refused:
+            return
+        try:
+            count = self.reload()
+        except TokensError as exc:
+            self._refused = now
+            log.error("API users not reloaded, the current ones stay: %s", exc)
+        else:
+            log.info("tokens file %s changed: %d API users now", self.tokens_file, count)
 
     def authenticate(self, token: str) -> Principal | None:
         """The user whose token this is, or None. Every stored hash is compared (in constant
         time), so the time taken says nothing about which user or how much matched."""
+        self._follow()
         digest = hash_token(token)
         found: _User | None = None
         with self._lock:
@@ -232,6 +271,7 @@ class TokenStore:
     def holder(self, token_sha256: str) -> Principal | None:
         """The user whose token has this SHA-256 now: None once the token was removed or
         replaced (the console's sessions end with the token they were made with)."""
+        self._follow()
         found: _User | None = None
         with self._lock:
             users = self._users

@@ -246,7 +246,7 @@ def token() -> None:
 
 
 @token.command("new")
-@click.option("--name", required=True, help="User name.")
+@click.option("--name", default=None, help="User name (as the audit names the user).")
 @click.option(
     "--role",
     "roles",
@@ -262,14 +262,20 @@ def token() -> None:
     help="Add the user to this tokens file (made, mode 0600, when missing) and print only the "
     "token on stdout.",
 )
-def new_token(name: str, roles: tuple[str, ...], tokens_file: Path | None) -> None:
+def new_token(name: str | None, roles: tuple[str, ...], tokens_file: Path | None) -> None:
     """Make a random token for a new API user.
 
     Without --tokens-file the token is printed once on stderr and stdout gets a tokens file
     holding only its SHA-256 (`gpuops token new ... > tokens.yaml`). With --tokens-file the user
     is added to that file and stdout gets the token alone
     (`export GPUOPS_TOKEN=$(gpuops token new ... --tokens-file var/api-tokens.yaml)`); a running
-    engine reads the file again on SIGHUP or `POST /api/v1/auth/reload`."""
+    engine whose api.tokens_file it is takes the new user at its next request."""
+    if name is None:
+        raise click.UsageError(
+            "Missing option '--name': the new user's name, which the audit records with each "
+            "of their requests (gpuops token new --name alice --role admin --tokens-file "
+            "var/api-tokens.yaml)"
+        )
     value = secrets.token_urlsafe(32)
     user = {"name": name, "roles": list(roles), "token_sha256": hash_token(value)}
     if tokens_file is None:
@@ -280,5 +286,9 @@ def new_token(name: str, roles: tuple[str, ...], tokens_file: Path | None) -> No
         add_user(tokens_file, user)
     except TokensError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"user {name} ({', '.join(roles)}) added to {tokens_file}", err=True)
+    click.echo(
+        f"user {name} ({', '.join(roles)}) added to {tokens_file}; a running engine with "
+        "this api.tokens_file accepts the token at once (it watches the file)",
+        err=True,
+    )
     click.echo(value)

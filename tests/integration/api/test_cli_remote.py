@@ -119,3 +119,17 @@ def test_errors_are_messages_with_exit_1(api: Harness) -> None:
     )
     assert unreachable.exit_code == 1
     assert "cannot reach the engine API at http://127.0.0.1:9" in unreachable.stderr
+
+
+def test_a_user_added_with_token_new_is_let_in_without_a_reload(api: Harness) -> None:
+    added = run(
+        api,
+        None,
+        *("token", "new", "--name", "newcomer", "--role", "auditor"),
+        *("--tokens-file", str(api.tokens_file)),
+    )
+    assert added.exit_code == 0, added.output
+    env = {"GPUOPS_URL": api.url, "GPUOPS_TOKEN": added.stdout.strip()}
+    listed = CliRunner().invoke(cli, ["decisions", "list", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert api.operations()[-1]["user"]["name"] == "newcomer"

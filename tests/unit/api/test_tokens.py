@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.api.tokens import ROLE_PERMISSIONS, Permission, TokensError, TokenStore, hash_token
+from gpuops.api.tokens import (
+    ROLE_PERMISSIONS,
+    Permission,
+    TokensError,
+    TokenStore,
+    add_user,
+    hash_token,
+)
 
 
 def _entry(name: str, token: str, *roles: str) -> str:
@@ -83,3 +90,34 @@ def test_role_table() -> None:
     developer = ROLE_PERMISSIONS["developer"]
     assert Permission.QUOTA_REQUEST in developer and Permission.QUOTA_DECIDE not in developer
     assert Permission.RULES_WRITE not in developer and Permission.ENGINE_CONTROL not in developer
+
+
+def test_the_file_is_watched_a_user_added_or_removed_counts_at_the_next_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tokens.yaml"
+    path.write_text("users:\n" + _entry("alice", "t-a", "admin"))
+    store = TokenStore(path, environ={})
+    store.reload()
+    assert store.authenticate("t-b") is None
+    add_user(path, {"name": "bob", "roles": ["auditor"], "token_sha256": hash_token("t-b")})
+    bob = store.authenticate("t-b")  # no reload, no SIGHUP
+    assert bob is not None and bob.roles == ("auditor",)
+    path.write_text("users:\n" + _entry("bob", "t-b", "auditor") + "# alice left\n")
+    assert store.authenticate("t-a") is None
+    assert store.holder(hash_token("t-a")) is None
+    assert [u.name for u in store.users] == ["bob"]
+    # a broken file keeps the users there were, said once
+    path.write_text("users: [{name: carol}]\n")
+    assert store.authenticate("t-b") is not None and store.authenticate("t-b") is not None
+    refused = [r for r in caplog.records if "API users not reloaded" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelname == "ERROR"
+    assert (
+        f"the current ones stay: {path}: users.0.roles: Field required" in refused[0].getMessage()
+    )
+
+
+def test_a_store_never_loaded_reads_nothing_by_itself(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.yaml"
+    path.write_text("users:\n" + _entry("alice", "t-a", "admin"))
+    assert TokenStore(path, environ={}).authenticate("t-a") is None

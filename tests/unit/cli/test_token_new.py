@@ -61,3 +61,21 @@ def test_token_new_refuses_a_name_twice_and_a_broken_file(tmp_path: Path) -> Non
         "(users: [{name, roles, token_sha256}]), found a list\n"
     )
     assert broken.read_text() == "- name: x\n"
+
+
+def test_token_new_says_a_running_engine_takes_the_user_and_how_to_name_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tokens.yaml"
+    added = token_new("--name", "me", "--role", "admin", "--tokens-file", str(path))
+    assert added.stderr == (
+        f"user me (admin) added to {path}; a running engine with this api.tokens_file accepts "
+        "the token at once (it watches the file)\n"
+    )
+    nameless = token_new("--role", "admin", "--tokens-file", str(path))
+    assert nameless.exit_code == 2
+    assert (
+        "Error: Missing option '--name': the new user's name, which the audit records with "
+        "each of their requests (gpuops token new --name alice --role admin --tokens-file "
+        "var/api-tokens.yaml)"
+    ) in nameless.stderr
