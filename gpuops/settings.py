@@ -24,7 +24,9 @@ from pydantic import (
 from gpuops.actions.registry import LOGICAL_DEFAULTS
 from gpuops.audit.settings import AuditSettings, FullPolicy
 from gpuops.model.evaluation.step import Freshness
+from gpuops.model.health.catalogue_file import load_catalogue
 from gpuops.model.rules.durations import parse_duration
+from gpuops.model.rules.model import RulesError
 from gpuops.model.rules.yamlsource import parse_yaml
 
 
@@ -441,7 +443,7 @@ def load_config(path: Path) -> EngineConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}:1: the configuration must be a mapping of settings")
     try:
-        return EngineConfig.model_validate(raw).resolved(path.parent.resolve())
+        config = EngineConfig.model_validate(raw).resolved(path.parent.resolve())
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
@@ -453,6 +455,11 @@ def load_config(path: Path) -> EngineConfig:
                 message = f"unknown key (allowed: {allowed})"
             lines.append(f"{path}:{positions.line(loc)}: {where}: {message}")
         raise ConfigError("\n".join(lines)) from None
+    try:  # checked like rule files: the engine would refuse them at start
+        load_catalogue(config.health.xid_overrides)
+    except RulesError as exc:
+        raise ConfigError(str(exc)) from None
+    return config
 
 
 def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:

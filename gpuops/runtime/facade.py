@@ -26,6 +26,7 @@ from gpuops.audit import AuditLog
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision, SkippedEvaluation, freeze
 from gpuops.model.evaluation.step import Freshness
+from gpuops.model.health.catalogue_file import load_catalogue
 from gpuops.model.rules.model import Group, Policy, RuleSet
 from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from gpuops.runtime.approvals import Approvals
@@ -33,6 +34,7 @@ from gpuops.runtime.backend import open_store, previous_run
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.cycle import Cycle
 from gpuops.runtime.gate import DecisionListener, Gate, Told
+from gpuops.runtime.health import HealthInbox
 from gpuops.runtime.jobs import Jobs
 from gpuops.runtime.leadership import Change, Leadership
 from gpuops.runtime.metrics import EngineMetrics
@@ -221,6 +223,13 @@ class Engine:
             require_leader=self.leadership.require,
         )
         self.gate.on_outcome(self.alerts.fire_finished)
+        self.health = HealthInbox(
+            catalogue=load_catalogue(config.health.xid_overrides),
+            alerts=self.alerts,
+            clock=clock,
+            registry=self.metrics.registry,
+        )
+        self.gate.on_outcome(self.health.outcome)
         self._jobs: Jobs | None = None
         self._stopped = False
 

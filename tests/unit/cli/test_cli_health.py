@@ -37,12 +37,15 @@ def test_check_reads_the_engine_configuration(tmp_path: Path) -> None:
     (tmp_path / "site.yaml").write_text("xids:\n  - code: 45\n    action: reboot\n")
     config = tmp_path / "engine.yaml"
     config.write_text("health:\n  xid_overrides: [site.yaml]\n")
-    code, out, _ = run("check", "--config", str(config))
+    code, _, err = run("check", "--config", str(config))
     assert code == 1
-    assert out == (
-        f'{tmp_path / "site.yaml"}:3: xids[0].action: unknown action "reboot", did you mean '
-        '"reboot_node"? (allowed: none, restart_job, reset_gpu, reboot_node, replace)\n'
+    assert err == (
+        f'Error: {tmp_path / "site.yaml"}:3: xids[0].action: unknown action "reboot", did you '
+        'mean "reboot_node"? (allowed: none, restart_job, reset_gpu, reboot_node, replace)\n'
     )
+    (tmp_path / "site.yaml").write_text("xids:\n  - code: 45\n    action: reboot_node\n")
+    code, out, _ = run("check", "--config", str(config))
+    assert code == 0 and out.startswith("OK: 1 override file")
 
 
 def test_check_without_files_is_a_usage_error() -> None:

@@ -1,0 +1,105 @@
+"""Health events as values, and the alert a faulty GPU raises.
+
+A ``HealthEvent`` is what a node agent pushes (``POST /api/v1/health/events``, decoded by
+``gpuops.api.routes.health``): one XID or one lost GPU, with the agent's own event id. The
+engine's health inbox (``gpuops.runtime.health``) counts XIDs with ``faults.xid_faults`` and,
+for a faulty GPU, hands ``fault_alert`` to the alert inbox: the alert ``GpuFault``, whose
+fingerprint is the GPU and the code and whose start is the event's time, so that the same
+event sent twice, or replayed, is the same alert episode and decides nothing more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import MappingProxyType
+
+from gpuops.model.alerts import Alert, AlertStatus
+from gpuops.model.health.catalogue import Remedy, XidClass
+from gpuops.model.health.faults import XidFault
+
+FAULT_ALERT = "GpuFault"
+"""The ``alertname`` of a faulty GPU's alert (``rules/health/health.yaml`` acts on it)."""
+
+
+class EventKind(StrEnum):
+    XID = "xid"
+    """NVML reported an XID for the GPU (``xid`` says which)."""
+    GPU_LOST = "gpu_lost"
+    """The GPU stopped answering NVML (fell off the bus, ``NVML_ERROR_GPU_IS_LOST``)."""
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One event of one GPU, as the node agent saw it at ``at`` (Unix seconds)."""
+
+    id: str
+    """The agent's id of the event: the same event sent again has the same id."""
+    node: str
+    gpu: str
+    """The GPU's UUID."""
+    kind: EventKind
+    at: float
+    xid: int | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A GPU the engine takes out: why, what should heal it, since when."""
+
+    node: str
+    gpu: str
+    reason: str
+    remedy: Remedy
+    at: float
+    xid: int | None = None
+    xid_class: XidClass = XidClass.HARDWARE
+
+    @staticmethod
+    def of_xid(fault: XidFault) -> Fault:
+        entry, threshold = fault.entry, fault.entry.threshold
+        window = f" in {threshold.window_s:g}s" if threshold and threshold.count > 1 else ""
+        reason = f"XID {entry.code} ({entry.description}) x{fault.count}{window}"
+        return Fault(
+            fault.node,
+            fault.gpu,
+            reason,
+            fault.remedy,
+            fault.last_at,
+            entry.code,
+            entry.xid_class,
+        )
+
+    @staticmethod
+    def of_lost(event: HealthEvent) -> Fault:
+        return Fault(event.node, event.gpu, "GPU lost", Remedy.REBOOT_NODE, event.at)
+
+
+def rfc3339(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def fault_alert(fault: Fault) -> Alert:
+    """The firing alert ``GpuFault`` of ``fault``: labels ``node``, ``uuid``, ``xid`` (empty
+    for a lost GPU), ``class``, ``remedy``, ``reason``."""
+    code = "" if fault.xid is None else str(fault.xid)
+    identity = "\0".join(("gpuops-health", fault.node, fault.gpu, code or "lost"))
+    labels = {
+        "alertname": FAULT_ALERT,
+        "node": fault.node,
+        "uuid": fault.gpu,
+        "xid": code,
+        "class": fault.xid_class.value,
+        "remedy": fault.remedy.value,
+        "reason": fault.reason,
+    }
+    summary = f"GPU {fault.gpu} on {fault.node}: {fault.reason}; remedy {fault.remedy.value}"
+    return Alert(
+        fingerprint=hashlib.sha256(identity.encode()).hexdigest()[:16],
+        status=AlertStatus.FIRING,
+        labels=MappingProxyType(labels),
+        annotations=MappingProxyType({"summary": summary}),
+        starts_at=rfc3339(fault.at),
+    )
