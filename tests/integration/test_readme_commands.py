@@ -53,7 +53,13 @@ GROUPS: tuple[tuple[str, ...], ...] = (
 )
 """The documents whose commands run, in order; each tuple shares its background processes."""
 
-LISTED_ONLY = ("docs/slurm.md", "docs/api.md", "docs/benchmarks.md", "docs/ha.md")
+LISTED_ONLY = (
+    "docs/slurm.md",
+    "docs/api.md",
+    "docs/benchmarks.md",
+    "docs/ha.md",
+    "docs/kubernetes.md",
+)
 """Documents with sh blocks none of whose lines can run here (each line is in ``NOT_RUN``)."""
 
 NOT_RUN = {
@@ -106,6 +112,7 @@ NOT_RUN = {
 NOT_RUN_PREFIXES = {
     "python -m tests.benchmarks": "a benchmark: minutes each, run by make bench",
     "docker compose": "needs Docker",
+    "kubectl ": "needs a Kubernetes cluster (the manifests: tests/integration/deploy)",
 }
 REWRITES = {
     "runuser -u gpuops -- ": (
