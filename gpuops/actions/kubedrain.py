@@ -8,7 +8,8 @@ Each other pod is evicted (``policy/v1`` Eviction) by its drain mode: ``immediat
 (evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 (a PDB allows
 no disruption now; the API server sends no Retry-After) is retried after ``backoff_s``, doubling
 up to ``max_backoff_s``, until ``timeout_s``; then the pods still held and the PDBs that hold
-them are named in a ``PermanentError``. Nothing is deleted by force unless the policy asks
+them are named in the report (the outcome's ``held`` and ``budgets``; the node stays cordoned,
+and the undo uncordons it as any other). Nothing is deleted by force unless the policy asks
 (``params.force_delete: true``: every held pod is deleted at the deadline).
 """
 
@@ -22,7 +23,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
-from gpuops.actions.base import PermanentError
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import KubeClient, KubeNotFound, KubeTooManyRequests
 from gpuops.integrations.kubernetes.selectors import Selector
@@ -85,9 +85,10 @@ class DrainReport:
     evicted: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-    def fields(self) -> dict[str, list[str]]:
-        return {"evicted": self.evicted, "deleted": self.deleted, "skipped": self.skipped}
+    held: list[str] = field(default_factory=list)
+    """The pods still on the node at the deadline, each with what held it."""
+    budgets: list[str] = field(default_factory=list)
+    """The PodDisruptionBudgets of the held pods (``namespace/name (disruptionsAllowed n)``)."""
 
 
 class Drainer:
@@ -204,17 +205,21 @@ class Drainer:
                 del pending[key]
                 report.deleted.append(key)
         if pending:
-            raise PermanentError(self._held_message(node, report, pending, held))
+            report.held = [f"{k}: {held.get(k, 'not evicted')}" for k in sorted(pending)]
+            report.budgets = self._budgets(pending)
+            log.warning(
+                "drain of %s stopped at its deadline (%g s) with %d pods held: %s; "
+                "PodDisruptionBudgets: %s; the node stays cordoned",
+                node,
+                self.settings.timeout_s,
+                len(pending),
+                "; ".join(report.held),
+                ", ".join(report.budgets) or "none found",
+            )
         return report
 
-    def _held_message(
-        self,
-        node: str,
-        report: DrainReport,
-        pending: Mapping[str, Mapping[str, Any]],
-        held: Mapping[str, str],
-    ) -> str:
-        """Which pods are still on ``node`` after the deadline, and the PDBs holding them."""
+    def _budgets(self, pending: Mapping[str, Mapping[str, Any]]) -> list[str]:
+        """The PDBs whose selector matches a pod still held."""
         budgets = []
         for namespace in sorted({k.split("/", 1)[0] for k in pending}):
             for pdb in self.client.list_objects("policy", "v1", "poddisruptionbudgets", namespace):
@@ -228,13 +233,7 @@ class Drainer:
                     budgets.append(
                         f"{namespace}/{pdb['metadata']['name']} (disruptionsAllowed {allowed})"
                     )
-        pods = "; ".join(f"{k}: {held.get(k, 'not evicted')}" for k in sorted(pending))
-        return (
-            f"drain of {node} stopped at its deadline ({self.settings.timeout_s:g} s) with "
-            f"{len(pending)} pods held: {pods}; PodDisruptionBudgets: "
-            f"{', '.join(budgets) or 'none found'}; evicted {len(report.evicted)}: "
-            f"{', '.join(report.evicted) or 'none'}; the node stays cordoned"
-        )
+        return budgets
 
 
 def _pdb_selector(pdb: Mapping[str, Any]) -> Selector:

@@ -59,6 +59,8 @@ def pods_of_gpu(
     timeout_s: float,
 ) -> list[tuple[str, str]]:
     """(namespace, pod) of the pods holding the target's GPU, each checked to run on ``node``."""
+    if "pod" in target and not target["pod"]:
+        return []  # the target names no pod: a free GPU
     if target.get("pod") and target.get("namespace"):
         found = [(target["namespace"], target["pod"])]
     elif prometheus_url and target.get("uuid"):

@@ -12,7 +12,8 @@ and gpuops never undoes what it did not do:
   episode, reason, time), the opt-in taint and the ``GpuopsCordoned`` condition, then drain it
   (``gpuops.actions.kubedrain``). A node cordoned by someone else keeps its cordon, unowned; a
   node whose gpuops cordon someone lifted is not cordoned again in that episode. With a ``uuid``
-  label (a GPU-level fault) nothing is cordoned: only the pods holding that GPU are evicted.
+  label (a GPU-level fault) only the pods holding that GPU are evicted (none when its ``pod``
+  label is empty: a free GPU).
 - ``resume`` (the undo): uncordon only while the annotations name this policy's episode; a node
   someone else uncordoned has its annotations removed and the outcome says so.
 - ``reclaim`` (labels ``namespace`` + ``pod``, or ``node`` + ``uuid`` found through
@@ -161,6 +162,10 @@ class Migrated(Result):
     evicted: list[str] = []
     deleted: list[str] = []
     skipped: list[str] = []
+    held: list[str] = []
+    """Pods still on the node at the drain's deadline, and why (a PodDisruptionBudget)."""
+    budgets: list[str] = []
+    """The PodDisruptionBudgets that held them."""
     api_calls: int = 0
 
 
@@ -279,13 +284,11 @@ class KubernetesExecutor:
         calls = self.client.calls
         node = self._node(d)
         name = node["metadata"]["name"]
-        if d.target.labels.get("uuid"):
+        cordoned, why = self._cordon(d, node)
+        if d.target.labels.get("uuid"):  # a GPU-level fault: only the pods of that GPU
             pods = self._pods_of_gpu(d, name)
             report = self.drainer.drain(name, only=pods, force=_force(d))
-            why: str | None = f"GPU-level fault: only the pods of GPU {d.target.labels['uuid']}"
-            cordoned = False
         else:
-            cordoned, why = self._cordon(d, node)
             report = self.drainer.drain(name, force=_force(d))
         done = Migrated(
             node=name,
@@ -293,6 +296,8 @@ class KubernetesExecutor:
             evicted=report.evicted,
             deleted=report.deleted,
             skipped=report.skipped,
+            held=report.held,
+            budgets=report.budgets,
             api_calls=self.client.calls - calls,
         )
         return done.model_copy(update={"why": why}) if why else done

@@ -45,6 +45,10 @@ class Request:
     method: str
     path: str
     content_type: str
+    at: float = field(default_factory=time.monotonic)
+    """When it came (``time.monotonic``), for the end-to-end timings."""
+    status: int = 0
+    """What it was answered."""
 
 
 @dataclass
@@ -151,7 +155,8 @@ class FakeApiServer:
         body = h.rfile.read(length) if length else b""
         content_type = (h.headers.get("Content-Type") or "").split(";")[0].strip()
         with self._lock:
-            self.requests.append(Request(method, parts.path, content_type))
+            request = Request(method, parts.path, content_type)
+            self.requests.append(request)
             if self.before is not None:
                 self.before(method, parts.path)
             if h.headers.get("Authorization") != f"Bearer {self.token}":
@@ -161,6 +166,7 @@ class FakeApiServer:
                     code, doc = self._route(method, parts.path, query, body, content_type)
                 except _Failure as failure:
                     code, doc = failure.code, failure.doc
+            request.status = code
         payload = json.dumps(doc).encode()
         h.send_response(code)
         h.send_header("Content-Type", "application/json")

@@ -86,17 +86,16 @@ def test_a_pdb_holds_a_pod_backoff_doubles_to_two_minutes_then_the_outcome_names
     api.put("policy", "poddisruptionbudgets", pdb("train-pdb", "train", allowed=0))
     sleeps = Sleeps()
     k = executor(api, tmp_path, sleeps, drain={"timeout_s": 400})
-    with pytest.raises(PermanentError) as held:
-        k.run(decision("migrate", node="gpu-1"))
+    done = k.run(decision("migrate", node="gpu-1"))
     assert sleeps.slept == [10, 20, 40, 80, 120, 120, 10]
-    message = str(held.value)
-    assert (
-        "ml/train-a: Cannot evict pod as it would violate the pod's disruption budget." in message
-    )
-    assert "PodDisruptionBudgets: ml/train-pdb (disruptionsAllowed 0)" in message
-    assert "evicted 1: ml/serve-b" in message and "the node stays cordoned" in message
+    assert done["held"] == [
+        "ml/train-a: Cannot evict pod as it would violate the pod's disruption budget."
+    ]
+    assert done["budgets"] == ["ml/train-pdb (disruptionsAllowed 0)"]
+    assert done["evicted"] == ["ml/serve-b"] and done["cordoned"] is True
     assert _node(api)["spec"]["unschedulable"] is True
     assert not api.get("", "pods", "train-a", "ml")["metadata"].get("deletionTimestamp")
+    assert [r for r in api.requests if r.method == "DELETE"] == []
 
 
 def test_a_pdb_that_allows_again_lets_the_drain_finish(api: FakeApiServer, tmp_path: Path) -> None:
@@ -213,10 +212,15 @@ def test_a_gpu_level_fault_evicts_only_the_pods_of_that_gpu(
 ) -> None:
     k = executor(api, tmp_path)
     done = k.run(decision("migrate", node="gpu-1", uuid="GPU-7", namespace="ml", pod="train-a"))
-    assert done["cordoned"] is False and done["evicted"] == ["ml/train-a"]
-    assert "unschedulable" not in _node(api)["spec"]
+    assert done["cordoned"] is True and done["evicted"] == ["ml/train-a"]
+    assert _node(api)["spec"]["unschedulable"] is True
+    assert not api.get("", "pods", "serve-b", "ml")["metadata"].get("deletionTimestamp")
+    free = k.run(decision("migrate", did="d2", node="gpu-2", uuid="GPU-9", namespace="", pod=""))
+    assert free["cordoned"] is True and free["evicted"] == []
     with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
-        k.run(decision("migrate", node="gpu-1", uuid="GPU-8", namespace="ml", pod="other"))
+        k.run(
+            decision("migrate", did="d3", node="gpu-1", uuid="GPU-8", namespace="ml", pod="other")
+        )
 
 
 def test_reclaim_scales_the_deployment_to_zero_and_keeps_its_replicas(
