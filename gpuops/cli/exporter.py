@@ -8,6 +8,7 @@ route to pynvml, and the engine's own commands must not load it (see the import 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from importlib import import_module
 from pathlib import Path
@@ -84,6 +85,30 @@ def exporter() -> None:
     type=click.IntRange(10, 60_000),
     help="How long one NVML event wait blocks, in milliseconds (bounds shutdown time).",
 )
+@click.option(
+    "--push-url",
+    envvar="GPUOPS_PUSH_URL",
+    default=None,
+    metavar="URL",
+    help="The engine's API (https://engine:9843): send each XID and lost GPU to its "
+    "/api/v1/health/events the moment NVML reports it, retried while it is away. "
+    "Env: GPUOPS_PUSH_URL.",
+)
+@click.option(
+    "--push-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    envvar="GPUOPS_PUSH_TOKEN_FILE",
+    default=None,
+    help="File holding the engine API token (role alertmanager) for --push-url (first line). "
+    "Env: GPUOPS_PUSH_TOKEN_FILE.",
+)
+@click.option(
+    "--node",
+    "node_name",
+    default=None,
+    help="This node's name as the scheduler knows it, sent with each event "
+    "(default: the host name up to its first dot).",
+)
 def nvml(
     host: str,
     port: int,
@@ -92,16 +117,16 @@ def nvml(
     agent_token_file: Path | None,
     xid_events: bool,
     xid_poll_ms: int,
+    push_url: str | None,
+    push_token_file: Path | None,
+    node_name: str | None,
 ) -> None:
     """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
     token = None
     if agent:
         if agent_token_file is None:
             raise click.UsageError("--agent needs --agent-token-file (the bearer token)")
-        lines = agent_token_file.read_text(encoding="utf-8").splitlines()
-        token = lines[0].strip() if lines else ""
-        if not token:
-            raise click.UsageError(f"--agent-token-file {agent_token_file} is empty")
+        token = _first_line(agent_token_file, "--agent-token-file")
     if fake_nvml is not None:
         backend = import_module("gpuops.exporters.nvml.scenarios").SCENARIOS[fake_nvml]()
         log.info("serving the simulated NVML scenario %r", fake_nvml)
@@ -114,6 +139,7 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
+        push=_pusher(push_url, push_token_file, node_name),
     )
     log.info(
         "NVML exporter on http://%s:%d/metrics%s",
@@ -125,6 +151,30 @@ def nvml(
         server.serve_forever()
     finally:
         server.close()
+
+
+def _pusher(url: str | None, token_file: Path | None, node: str | None) -> object | None:
+    """The health pusher of ``--push-url``, or None."""
+    if url is None:
+        if token_file is not None:
+            raise click.UsageError("--push-token-file without --push-url")
+        return None
+    if token_file is None:
+        raise click.UsageError("--push-url needs --push-token-file (the engine API token)")
+    token = _first_line(token_file, "--push-token-file")
+    name = node or socket.gethostname().split(".")[0]
+    log.info("pushing XIDs and lost GPUs of node %r to %s", name, url)
+    pusher: object = import_module("gpuops.exporters.nvml.push").HealthPusher(url, token, name)
+    return pusher
+
+
+def _first_line(path: Path, flag: str) -> str:
+    """A token file's first line; a usage error when it is empty."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise click.UsageError(f"{flag} {path} is empty")
+    return token
 
 
 @exporter.command(name="slurm")

@@ -157,9 +157,13 @@ class NvmlCollector:
         session: NvmlSession,
         xids: XidWatcher | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.session = session
         self.xids = xids
+        self.on_lost = on_lost
+        """Told the UUID of a GPU the first scrape it stops answering (the health push)."""
+        self._lost: set[str] = set()
         self._clock = clock
         self._errors: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -168,6 +172,14 @@ class NvmlCollector:
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families().values())
+
+    def _seen_alive(self, uuid: str, alive: bool) -> None:
+        if alive:
+            self._lost.discard(uuid)
+        elif uuid not in self._lost:
+            self._lost.add(uuid)
+            if self.on_lost is not None:
+                self.on_lost(uuid)
 
     def collect(self) -> Iterator[Metric]:
         """The scrape as prometheus_client families (what a registry asks for)."""
@@ -230,6 +242,7 @@ class NvmlCollector:
                 rows["nvml_gpu_info"].append((label(base, info), 1.0))
             alive = samples is not None
             rows["nvml_gpu_up"].append((label(base), float(alive)))
+            self._seen_alive(dev.uuid, alive)
             if samples is None:
                 lost += 1
                 continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from gpuops.exporters.nvml import nvml
@@ -20,8 +21,15 @@ log = logging.getLogger(__name__)
 class XidWatcher:
     """Counts XID events of one session's GPUs on a daemon thread."""
 
-    def __init__(self, session: NvmlSession, poll_ms: int = 500) -> None:
+    def __init__(
+        self,
+        session: NvmlSession,
+        poll_ms: int = 500,
+        on_xid: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.session = session
+        self.on_xid = on_xid
+        """Told (GPU UUID, XID code) of every event as it comes: the health push."""
         self.poll_ms = poll_ms
         """How long one ``nvmlEventSetWait`` blocks; bounds how long ``stop`` takes."""
         self._counts: dict[tuple[str, str, str], int] = {}
@@ -107,3 +115,5 @@ class XidWatcher:
         key = (str(dev.index), dev.uuid, str(xid))
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
+        if self.on_xid is not None:
+            self.on_xid(dev.uuid, xid)

@@ -32,6 +32,7 @@ from gpuops.exporters.nvml import nvml
 from gpuops.exporters.nvml.agent import AgentError, ClockAgent
 from gpuops.exporters.nvml.collector import NvmlCollector
 from gpuops.exporters.nvml.events import XidWatcher
+from gpuops.exporters.nvml.push import HealthPusher
 from gpuops.exporters.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,17 @@ class ExporterServer:
         agent_token: str | None = None,
         xid_events: bool = True,
         xid_poll_ms: int = 500,
+        push: HealthPusher | None = None,
     ) -> None:
         self.session = NvmlSession(backend)
-        self.xids = XidWatcher(self.session, poll_ms=xid_poll_ms) if xid_events else None
-        self.collector = NvmlCollector(self.session, self.xids)
+        self.push = push
+        on_xid = push.xid if push is not None else None
+        self.xids = (
+            XidWatcher(self.session, poll_ms=xid_poll_ms, on_xid=on_xid) if xid_events else None
+        )
+        self.collector = NvmlCollector(
+            self.session, self.xids, on_lost=push.lost if push is not None else None
+        )
         self.registry = CollectorRegistry()  # what ``/metrics`` serves after the collector's
         self.agent: ClockAgent | None = None
         self._token = agent_token
@@ -71,6 +79,8 @@ class ExporterServer:
 
     def start(self) -> None:
         """Serve on a background thread (tests, demo)."""
+        if self.push is not None:
+            self.push.start()
         if self.xids is not None:
             self.xids.start()
         self._thread = threading.Thread(
@@ -81,6 +91,8 @@ class ExporterServer:
 
     def serve_forever(self) -> None:
         """Serve on this thread until interrupted (the command line)."""
+        if self.push is not None:
+            self.push.start()
         if self.xids is not None:
             self.xids.start()
         self.httpd.serve_forever()
@@ -92,6 +104,8 @@ class ExporterServer:
             self._thread.join(5)
         if self.xids is not None:
             self.xids.stop()
+        if self.push is not None:
+            self.push.stop()
         self.session.close()
 
     def authorized(self, header: str | None) -> bool:

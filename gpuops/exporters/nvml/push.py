@@ -1,0 +1,160 @@
+"""The node agent's health events, pushed to the engine the moment NVML reports them.
+
+``HealthPusher`` takes an XID (from ``gpuops.exporters.nvml.events.XidWatcher``) or a lost
+GPU (from ``gpuops.exporters.nvml.collector``) and sends it on its own thread to the engine's
+``POST /api/v1/health/events`` (docs/health.md) with a bearer token. Events wait in a bounded
+queue while the engine is away and are sent again, in order, until the engine answers 200:
+each has an id (this process's boot id and a sequence number), so a second sending is a
+duplicate the engine ignores. A 400 (a body the engine cannot read: a bug, not a delay) drops
+that batch, logged; a 413 halves the batch. Built by ``gpuops.exporters.nvml.server``; speaks
+HTTP only, nothing of the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+log = logging.getLogger(__name__)
+
+PATH = "/api/v1/health/events"
+
+
+class HealthPusher:
+    """Sends one node's health events to the engine, retrying while it is away."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        node: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        batch: int = 500,
+        queue_size: int = 100_000,
+        timeout_s: float = 5.0,
+        min_backoff_s: float = 0.2,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        if not token:
+            raise ValueError("pushing health events needs a non-empty bearer token")
+        if not node:
+            raise ValueError("pushing health events needs the node's name")
+        self.url = url.rstrip("/") + PATH
+        self.node = node
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._clock = clock
+        self._batch = batch
+        self._timeout = timeout_s
+        self._min_backoff, self._max_backoff = min_backoff_s, max_backoff_s
+        self._queue: deque[dict[str, Any]] = deque(maxlen=queue_size)
+        self._boot = secrets.token_hex(4)
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._session = requests.Session()
+        self.sent = 0
+        """Events the engine took (200)."""
+        self.dropped = 0
+        """Events dropped: the queue overflowed, or the engine refused them as unreadable."""
+        self.failures = 0
+        """Sendings that will be tried again (the engine away, 401, 5xx)."""
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="health-push", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._session.close()
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def xid(self, uuid: str, code: int) -> None:
+        """NVML reported XID ``code`` for the GPU ``uuid`` now."""
+        self._put({"gpu": uuid, "kind": "xid", "xid": code})
+
+    def lost(self, uuid: str) -> None:
+        """The GPU ``uuid`` stopped answering NVML now."""
+        self._put({"gpu": uuid, "kind": "gpu_lost"})
+
+    def _put(self, event: dict[str, Any]) -> None:
+        with self._cond:
+            self._seq += 1
+            event.update(id=f"{self.node}-{self._boot}-{self._seq}", node=self.node)
+            event["at"] = self._clock()
+            if len(self._queue) == self._queue.maxlen:
+                self.dropped += 1
+                log.error(
+                    "health event queue full (%d): the oldest event is dropped", self._queue.maxlen
+                )
+            self._queue.append(event)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        backoff = self._min_backoff
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait(1.0)
+                batch = [self._queue[i] for i in range(min(self._batch, len(self._queue)))]
+            if not batch:
+                continue
+            result = self._send(batch)
+            if result == "retry":
+                self.failures += 1
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                continue
+            backoff = self._min_backoff
+            if result in ("sent", "refused"):
+                with self._cond:
+                    for event in batch:  # the queue's head, unless it overflowed meanwhile
+                        if self._queue and self._queue[0] is event:
+                            self._queue.popleft()
+
+    def _send(self, batch: list[dict[str, Any]]) -> str:
+        """``sent``, ``refused`` (dropped), ``smaller`` (413: the batch halved) or ``retry``."""
+        try:
+            answer = self._session.post(
+                self.url, json={"events": batch}, headers=self._headers, timeout=self._timeout
+            )
+        except requests.RequestException as exc:
+            log.warning("%d health events not sent (%s): sending again", len(batch), exc)
+            return "retry"
+        if answer.status_code == 200:
+            self.sent += len(batch)
+            log.info("sent %d health events: %s", len(batch), answer.text[:256])
+            return "sent"
+        if answer.status_code == 413 and self._batch > 1:
+            self._batch = max(1, self._batch // 2)
+            log.warning("health events: 413 from the engine: batches of %d now", self._batch)
+            return "smaller"
+        if answer.status_code == 400:
+            self.dropped += len(batch)
+            log.error(
+                "the engine refused %d health events as unreadable: %s",
+                len(batch),
+                answer.text[:256],
+            )
+            return "refused"
+        log.warning(
+            "health events: the engine answered %d (%s): sending again",
+            answer.status_code,
+            answer.text[:256],
+        )
+        return "retry"

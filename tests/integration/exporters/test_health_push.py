@@ -1,0 +1,79 @@
+"""The node agent pushes an XID the moment the (fake) NVML reports it; the engine quarantines
+the node through its alert inbox and the gate, once; while the engine is away the events wait
+and are sent when it is back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuops.exporters.nvml.push import PATH, HealthPusher
+from gpuops.exporters.nvml.scenarios import healthy_h100
+from gpuops.exporters.nvml.server import ExporterServer
+from gpuops.sources.promproc import free_port
+from tests.integration.api.harness import Harness, running_api
+from tests.integration.api.test_health_events import HEALTH_RULES, POLICY, quarantined
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Harness]:
+    with running_api(tmp_path, rules=HEALTH_RULES) as harness:
+        yield harness
+
+
+def agent(api: Harness, url: str, node: str) -> tuple[ExporterServer, HealthPusher]:
+    fake = healthy_h100()
+    pusher = HealthPusher(url, api.tokens["alertmanager"], node, min_backoff_s=0.05)
+    server = ExporterServer(fake, host="127.0.0.1", port=0, xid_poll_ms=20, push=pusher)
+    server.start()
+    wait_for(lambda: server.xids is not None and server.xids.watching == 8, 10, "XID events")
+    return server, pusher
+
+
+def test_an_xid_79_reaches_the_engine_and_quarantines_its_node_once(api: Harness) -> None:
+    server, pusher = agent(api, api.url, "node-7")
+    try:
+        fake = server.session.backend
+        fake.inject_xid(3, 79)
+        wait_for(lambda: quarantined(api) == ["node-7"], 30, "node-7 quarantined")
+        fake.inject_xid(3, 13)  # one application XID: counted, nothing more
+        wait_for(lambda: pusher.sent == 2, 10, "the second event sent")
+        assert quarantined(api) == ["node-7"]
+        [decision] = [d for d, _ in api.decisions if d.policy == POLICY]
+        assert decision.target.labels == {"node": "node-7"}
+    finally:
+        server.close()
+
+
+def test_events_wait_while_the_engine_is_away(api: Harness) -> None:
+    away = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    server, pusher = agent(api, away, "node-9")
+    try:
+        server.session.backend.inject_xid(5, 48)
+        wait_for(lambda: pusher.pending() == 1, 10, "the event queued")
+        wait_for(lambda: pusher.failures >= 3, 10, "sendings that failed")
+        assert pusher.pending() == 1 and pusher.sent == 0
+        pusher.url = api.url + PATH  # the engine is back
+        wait_for(lambda: pusher.pending() == 0, 30, "the queued event sent")
+        wait_for(lambda: quarantined(api) == ["node-9"], 30, "node-9 quarantined")
+    finally:
+        server.close()
+
+
+def test_a_refused_token_keeps_the_events(api: Harness) -> None:
+    pusher = HealthPusher(api.url, "not-a-token", "node-1", min_backoff_s=0.05)
+    pusher.start()
+    try:
+        pusher.xid("GPU-x", 79)
+        wait_for(lambda: pusher.failures >= 3, 10, "sendings refused")
+        assert pusher.pending() == 1 and pusher.sent == 0  # 401: sent again, never dropped
+        answer = requests.post(api.url + PATH, json={"events": []}, timeout=5)
+        assert answer.status_code == 401
+    finally:
+        pusher.stop()
