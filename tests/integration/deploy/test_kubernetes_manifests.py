@@ -200,7 +200,8 @@ def test_services_and_probes_name_ports_the_pods_have(rendered: list[Doc]) -> No
     for doc in rendered:
         for container in containers(doc):
             for probe in ("readinessProbe", "livenessProbe"):
-                port = container.get(probe, {}).get("httpGet", {}).get("port")
+                check = container.get(probe, {})
+                port = (check.get("httpGet") or check.get("tcpSocket") or {}).get("port")
                 assert port is None or port in named[doc["metadata"]["name"]], (key(doc), probe)
         if doc["kind"] == "Service":
             (owner,) = [
