@@ -241,6 +241,17 @@ def test_the_ha_kustomization_runs_two_replicas_on_postgresql(tmp_path: Path) ->
     assert find(render(KUBE / "base"), "StatefulSet", "gpuops-engine")["spec"]["replicas"] == 1
 
 
+def test_the_ha_configuration_differs_from_the_base_one_only_in_its_state() -> None:
+    def settings(folder: str) -> Doc:
+        text = find(render(KUBE / folder), "ConfigMap", "gpuops-engine-config")["data"]
+        data: Doc = yaml.safe_load(text["engine.yaml"])
+        data.pop("state", None)
+        data.pop("state_file", None)
+        return data
+
+    assert settings("ha") == settings("base")
+
+
 def test_patches_only_merge_mappings() -> None:
     def lists(value: Any) -> bool:
         if isinstance(value, dict):
