@@ -57,8 +57,10 @@ def pods_of_gpu(
     series: str,
     uuid_label: str,
     timeout_s: float,
-) -> list[tuple[str, str]]:
-    """(namespace, pod) of the pods holding the target's GPU, each checked to run on ``node``."""
+    known: Mapping[tuple[str, str], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The pods holding the target's GPU, each read (``known``: those already read) and checked
+    to run on ``node``."""
     if "pod" in target and not target["pod"]:
         return []  # the target names no pod: a free GPU
     if target.get("pod") and target.get("namespace"):
@@ -70,16 +72,19 @@ def pods_of_gpu(
             "no pod named: the target needs the labels 'namespace' and 'pod' (dcgm-exporter's), "
             "or 'uuid' with executors.kubernetes.reclaim.prometheus_url set"
         )
-    for namespace, pod in found:
+    pods = []
+    for namespace, name in found:
         check_name("namespace", namespace)
-        check_name("pod", pod)
-        where = (client.pod(namespace, pod).get("spec") or {}).get("nodeName")
+        check_name("pod", name)
+        pod = (known or {}).get((namespace, name)) or client.pod(namespace, name)
+        where = (pod.get("spec") or {}).get("nodeName")
         if where != node:
             raise PermanentError(
-                f"pod {printable(namespace)}/{printable(pod)} runs on {where!r}, not on the "
+                f"pod {printable(namespace)}/{printable(name)} runs on {where!r}, not on the "
                 f"target's node {node!r}: not acted on"
             )
-    return found
+        pods.append(pod)
+    return pods
 
 
 def _ask_prometheus(
@@ -101,10 +106,10 @@ def _ask_prometheus(
 
 
 def reclaim(
-    client: KubeClient, d: Decision, namespace: str, pod_name: str, veto: Selector, bare: str
+    client: KubeClient, d: Decision, pod: Mapping[str, Any], veto: Selector, bare: str
 ) -> Reclaimed:
-    """Reclaim the GPU of pod ``namespace/pod_name`` through its owner (module docstring)."""
-    pod = client.pod(namespace, pod_name)
+    """Reclaim the GPU of ``pod`` (as read) through its owner (module docstring)."""
+    namespace, pod_name = str(pod["metadata"]["namespace"]), str(pod["metadata"]["name"])
     key = f"{namespace}/{pod_name}"
     if veto.matches(pod["metadata"].get("labels") or {}):
         raise PermanentError(f"pod {key} carries the veto label")
@@ -129,15 +134,17 @@ def reclaim(
     what = f"{kind} {namespace}/{name}"
     if kind == "Job":
         return _job(client, d, obj, key, what)
-    return _to_zero(client, d, kind, namespace, name, key, what)
+    return _to_zero(client, d, kind, obj, key, what)
 
 
 def _to_zero(
-    client: KubeClient, d: Decision, kind: str, namespace: str, name: str, key: str, what: str
+    client: KubeClient, d: Decision, kind: str, obj: Any, key: str, what: str
 ) -> Reclaimed:
-    where = (*OWNERS[kind], namespace, name)
-    for _ in range(5):
-        obj = client.get(*where)
+    """Scale ``obj`` (as read; read again after a conflict) to zero through ``/scale``."""
+    where = (*OWNERS[kind], obj["metadata"]["namespace"], obj["metadata"]["name"])
+    for attempt in range(5):
+        if attempt:
+            obj = client.get(*where)
         annotations = obj["metadata"].get("annotations") or {}
         scale = client.scale(*where)
         replicas = int(scale["spec"].get("replicas") or 0)

@@ -49,7 +49,6 @@ from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
     KubeClient,
     KubeConflict,
-    KubeError,
     KubeForbidden,
     KubeNotFound,
     KubeRejected,
@@ -204,20 +203,34 @@ class KubernetesExecutor:
         s = self.settings
         self.selector = Selector.parse(s.node_selector)
         self.veto = Selector.parse(s.veto)
-        if client is None:
-            try:
-                client = KubeClient(
-                    kubeconfig=s.kubeconfig,
-                    context=s.context,
-                    in_cluster=s.in_cluster,
-                    qps=s.qps,
-                    burst=s.burst,
-                    timeout_s=s.timeout_s,
-                )
-            except KubeError as exc:
-                raise ValueError(f"executors.kubernetes: {exc}") from exc
-        self.client = client
-        self.drainer = Drainer(client, s.drain, sleep=sleep, clock=clock)
+        self._client = client
+        self._drainer: Drainer | None = None
+        self._sleep = sleep
+        self._clock = clock
+
+    @property
+    def client(self) -> KubeClient:
+        """The API server's client, built at first use: a kubeconfig that cannot be loaded
+        now (``KubeUnavailable``, naming the file) fails that action temporarily."""
+        if self._client is None:
+            s = self.settings
+            self._client = KubeClient(
+                kubeconfig=s.kubeconfig,
+                context=s.context,
+                in_cluster=s.in_cluster,
+                qps=s.qps,
+                burst=s.burst,
+                timeout_s=s.timeout_s,
+            )
+        return self._client
+
+    @property
+    def drainer(self) -> Drainer:
+        if self._drainer is None:
+            self._drainer = Drainer(
+                self.client, self.settings.drain, sleep=self._sleep, clock=self._clock
+            )
+        return self._drainer
 
     def run(self, decision: Decision) -> Result:
         try:
@@ -287,7 +300,8 @@ class KubernetesExecutor:
         cordoned, why = self._cordon(d, node)
         if d.target.labels.get("uuid"):  # a GPU-level fault: only the pods of that GPU
             pods = self._pods_of_gpu(d, name)
-            report = self.drainer.drain(name, only=pods, force=_force(d))
+            only = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
+            report = self.drainer.drain(name, only=only, force=_force(d))
         else:
             report = self.drainer.drain(name, force=_force(d))
         done = Migrated(
@@ -429,7 +443,12 @@ class KubernetesExecutor:
 
     # --- workloads: reclaim --------------------------------------------------------------
 
-    def _pods_of_gpu(self, d: Decision, node: str) -> list[tuple[str, str]]:
+    def _pods_of_gpu(
+        self,
+        d: Decision,
+        node: str,
+        known: Mapping[tuple[str, str], dict[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
         r = self.settings.reclaim
         return pods_of_gpu(
             self.client,
@@ -439,24 +458,26 @@ class KubernetesExecutor:
             r.gpu_series,
             r.uuid_label,
             self.settings.timeout_s,
+            known,
         )
 
     def _reclaim(self, d: Decision, _: NoParams) -> Reclaimed:
         labels = d.target.labels
+        known: dict[tuple[str, str], dict[str, Any]] = {}
         if labels.get(self.settings.node_label):
             node = self._node(d)["metadata"]["name"]
         else:  # a pod-level target (namespace, pod): the node it runs on
             namespace, name = _label(d, "namespace"), _label(d, "pod")
             check_name("namespace", namespace)
             check_name("pod", name)
-            where = (self.client.pod(namespace, name).get("spec") or {}).get("nodeName")
+            known[(namespace, name)] = self.client.pod(namespace, name)
+            where = (known[(namespace, name)].get("spec") or {}).get("nodeName")
             node = self._selected(str(where or ""))["metadata"]["name"]
-        pods = self._pods_of_gpu(d, node)
+        pods = self._pods_of_gpu(d, node, known)
         if len(pods) != 1:
-            held = ", ".join(f"{ns}/{p}" for ns, p in pods) or "none"
+            held = ", ".join(_key(p) for p in pods) or "none"
             raise PermanentError(f"GPU {d.target.labels.get('uuid')} is held by pods: {held}")
-        namespace, pod = pods[0]
-        return reclaim(self.client, d, namespace, pod, self.veto, self.settings.reclaim.bare_pods)
+        return reclaim(self.client, d, pods[0], self.veto, self.settings.reclaim.bare_pods)
 
     # --- capacity: scale_out / scale_in --------------------------------------------------
 
@@ -526,6 +547,10 @@ class KubernetesExecutor:
                 pool=pool_name, replicas=replicas + step, previous=replicas, scaled_out=added + step
             )
         raise KubeConflict(f"{pool.plural} {pool.namespace}/{pool.name} kept changing")
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
 
 
 def _episode(d: Decision) -> str:

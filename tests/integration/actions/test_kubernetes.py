@@ -12,7 +12,7 @@ import pytest
 
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.integrations.kubernetes import names
-from gpuops.model.decisions import Transition
+from gpuops.model.decisions import Decision, Transition
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.integration.actions.kube import (
     Sleeps,
@@ -410,37 +410,58 @@ def test_bad_credentials_are_permanent_and_an_absent_server_temporary(
         k.run(decision("migrate", node="gpu-1"))
 
 
-def test_no_node_selector_no_executor(tmp_path: Path) -> None:
+def test_no_node_selector_no_executor() -> None:
+    from gpuops.actions.kubernetes import KubernetesExecutor
+
     with pytest.raises(ValueError, match="node_selector: Field required"):
-        executor_without_selector(tmp_path)
+        KubernetesExecutor({})
     with pytest.raises(ValueError, match="an empty one would select every node"):
-        executor_without_selector(tmp_path, node_selector=" ")
+        KubernetesExecutor({"node_selector": " "})
+    with pytest.raises(ValueError, match="'a b' is not a label selector requirement"):
+        KubernetesExecutor({"node_selector": "a b"})
 
 
-def executor_without_selector(tmp_path: Path, **more: str) -> object:
-    from gpuops.actions.kubernetes import KubernetesExecutor
-
-    config = tmp_path / "kubeconfig"
-    config.write_text(FakeApiServer.kubeconfig.__doc__ or "", encoding="utf-8")
-    return KubernetesExecutor({"kubeconfig": str(config), **more})
-
-
-def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
-    from gpuops.actions.kubernetes import KubernetesExecutor
-
-    with pytest.raises(ValueError, match=f"kubeconfig {tmp_path}/none cannot be loaded"):
-        KubernetesExecutor({"kubeconfig": str(tmp_path / "none"), "node_selector": "a=b"})
-
-
-def test_reclaim_of_a_pod_target_finds_its_node_among_the_selected_ones(
+def test_allow_completion_lets_a_pod_finish_before_the_deadline(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
-    api.put("apps", "statefulsets", deployment("db", 2) | {"kind": "StatefulSet"})
-    api.put("", "pods", pod("db-0", "gpu-2", owner=("StatefulSet", "db")))
-    api.put("", "pods", pod("cpu-job", "cpu-1", owner=("StatefulSet", "db")))
+    sleeps = Sleeps()
+
+    def sleep(seconds: float) -> None:
+        sleeps.sleep(seconds)
+        api.edit("", "pods", "train-a", "ml", status={"phase": "Succeeded"})
+
+    modes = {"modes": [{"selector": "app=train", "mode": "allow-completion"}]}
+    k = executor(api, tmp_path, sleeps, drain=modes)
+    k.drainer.sleep = sleep
+    done = k.run(decision("migrate", node="gpu-1"))
+    assert done["evicted"] == ["ml/serve-b"]
+    assert "ml/train-a (finished)" in done["skipped"]
+    assert sleeps.slept == [10]
+
+
+def test_calls_per_decision(api: FakeApiServer, tmp_path: Path) -> None:
+    """What each verb costs the API server (the docs' table)."""
+    api.put("apps", "deployments", deployment("train", 3))
+    api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
+    api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
+    api.put("cluster.x-k8s.io", "machinedeployments", machinedeployment("gpu-a100", 2))
     k = executor(api, tmp_path)
-    done = k.run(decision("reclaim", namespace="ml", pod="db-0"))
-    assert done["owner"] == "StatefulSet ml/db" and done["previous_replicas"] == 2
-    assert api.get("apps", "statefulsets", "db", "ml")["spec"]["replicas"] == 0
-    with pytest.raises(PermanentError, match="node 'cpu-1' is not among the nodes"):
-        k.run(decision("reclaim", did="d2", namespace="ml", pod="cpu-job"))
+
+    def calls(d: Decision) -> int:
+        before = len(api.requests)
+        k.run(d)
+        return len(api.requests) - before
+
+    assert calls(decision("migrate", node="gpu-1")) == 4 + 2  # + one eviction per pod
+    assert calls(decision("resume", did="u", transition=Transition.CLEAR, node="gpu-1")) == 3
+    reclaim = decision("reclaim", did="r", namespace="ml", pod="train-6d4f-x")
+    assert calls(reclaim) == 7  # pod, nodes, ReplicaSet, Deployment, scale, patch, PUT scale
+    assert calls(decision("scale_out", did="s", pool="a100")) == 4
+
+
+def test_a_missing_kubeconfig_fails_the_action_temporarily_naming_it(tmp_path: Path) -> None:
+    from gpuops.actions.kubernetes import KubernetesExecutor
+
+    k = KubernetesExecutor({"kubeconfig": str(tmp_path / "none"), "node_selector": "a=b"})
+    with pytest.raises(TemporaryError, match=f"kubeconfig {tmp_path}/none cannot be loaded"):
+        k.run(decision("migrate", node="gpu-1"))
