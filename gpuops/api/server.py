@@ -6,6 +6,7 @@ certificate and key are configured. Used by ``gpuops engine run`` and the integr
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -66,7 +67,8 @@ class ApiServer:
             self._socket = socket.create_server((self.host, self.requested_port), family=family)
         except OSError as exc:
             raise ApiServerError(
-                f"API cannot listen on {self.host}:{self.requested_port}: {exc.strerror}"
+                f"API cannot listen on {self.host}:{self.requested_port}: "
+                f"{os.strerror(exc.errno or 0)}"
             ) from None
         self.port = int(self._socket.getsockname()[1])
         return self

@@ -7,6 +7,7 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
 import click
 from prometheus_client import start_http_server
@@ -63,13 +64,16 @@ def run(config_path: Path, dry_run: bool, log_format: str | None) -> None:
     except StateError as exc:  # never a silent reset: gpuops state reset does that
         raise _state_refused(exc, config_path) from None
     # the API's users, TLS files and port are checked before the engine evaluates anything
-    api, users = _prepare_api(eng) if config.api.listen else (None, None)
+    api, users = _prepare_api(eng, config_path) if config.api.listen else (None, None)
+    server = _metrics_server(eng, api, config_path) if config.metrics_listen else None
     try:
         eng.start()
     except (RulesError, StateError) as exc:
         eng.stop()
         if api is not None:
             api.stop()
+        if server is not None:
+            server.shutdown()
         if isinstance(exc, StateError):
             raise _state_refused(exc, config_path) from None
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
@@ -91,14 +95,6 @@ def run(config_path: Path, dry_run: bool, log_format: str | None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    if config.metrics_listen:
-        host, _, port = config.metrics_listen.rpartition(":")
-        server, thread = start_http_server(
-            int(port), addr=host or "127.0.0.1", registry=eng.metrics.registry
-        )
-        log.info("engine metrics at http://%s/metrics", config.metrics_listen)
-    else:
-        server = None
     log.info(
         "engine running against %s; audit spool %s", config.prometheus.url, config.audit.spool_dir
     )
@@ -127,7 +123,29 @@ def _state_refused(exc: StateError, config_path: Path) -> click.ClickException:
     )
 
 
-def _prepare_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
+def _metrics_server(eng: Engine, api: ApiServer | None, config_path: Path) -> WSGIServer:
+    """The engine's /metrics (``metrics_listen``), serving; a port that cannot be had stops
+    what was started and names the key."""
+    listen = eng.config.metrics_listen
+    assert listen is not None
+    host, _, port = listen.rpartition(":")
+    try:
+        server, _thread = start_http_server(
+            int(port), addr=host or "127.0.0.1", registry=eng.metrics.registry
+        )
+    except OSError as exc:
+        eng.stop()
+        if api is not None:
+            api.stop()
+        raise click.ClickException(
+            f"engine metrics cannot listen on {listen}: {exc.strerror}; set another port in "
+            f"metrics_listen of {config_path} (null: no metrics listener)"
+        ) from None
+    log.info("engine metrics at http://%s/metrics", listen)
+    return server
+
+
+def _prepare_api(eng: Engine, config_path: Path) -> tuple[ApiServer, TokenStore]:
     """The REST API (``api.listen``) with its users loaded, its TLS files checked and its port
     bound, not yet serving; returns the server and its users (reloaded on SIGHUP)."""
     settings = eng.config.api
@@ -151,6 +169,8 @@ def _prepare_api(eng: Engine) -> tuple[ApiServer, TokenStore]:
                 "\nmake it: gpuops token new --name NAME --role admin "
                 f"--tokens-file {settings.tokens_file}"
             )
+        if isinstance(exc, ApiServerError) and "cannot listen" in str(exc):
+            hint = f"\nset another port in api.listen of {config_path}"
         raise click.ClickException(f"API not started, engine stopped: {exc}{hint}") from None
 
 
@@ -168,3 +188,5 @@ def _serve(eng: Engine, api: ApiServer) -> None:
     except ApiServerError as exc:
         eng.stop()
         raise click.ClickException(f"API not started, engine stopped: {exc}") from None
+    if eng.config.api.console.enabled:
+        log.info("web console at %s/ (sign in with an API token)", api.url)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -77,10 +78,11 @@ def fleet() -> None:
 )
 @click.option(
     "--sd-file",
-    default="gpu-nodes.json",
-    show_default=True,
+    default=None,
     type=click.Path(dir_okay=False),
-    help="Prometheus file_sd JSON file kept current with the node targets.",
+    help="Prometheus file_sd JSON file kept current with the node targets (its folder is made; "
+    "default: gpu-nodes.json in the state directory $XDG_STATE_HOME/gpuops, "
+    "~/.local/state/gpuops when that is unset).",
 )
 @click.option(
     "--prometheus-config",
@@ -120,7 +122,7 @@ def sim(
     advertise_host: str | None,
     control_port: int,
     first_node_port: int,
-    sd_file: str,
+    sd_file: str | None,
     prometheus_config: Path | None,
     scrape_interval: str,
     seed: int,
@@ -134,7 +136,7 @@ def sim(
         "advertise_host": advertise_host,
         "control_port": control_port,
         "first_node_port": first_node_port,
-        "sd_file": sd_file,
+        "sd_file": sd_file or str(state_dir() / "gpu-nodes.json"),
     }
     if fleet_file is None:
         config = FleetConfig(
@@ -160,6 +162,13 @@ def sim(
         fleet_sim = FleetSim(config)
     except FleetError as exc:  # e.g. an initial job that cannot be placed
         raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
+    try:
+        fleet_sim.start()
+    except OSError as exc:  # the control port (a node's port taken leaves that node down)
+        raise click.ClickException(
+            f"the fleet cannot listen on {host}:{control_port}: {exc.strerror}; choose another"
+            " port with --control-port (0: a free port)"
+        ) from None
     with fleet_sim:
         for node, port in sorted(fleet_sim.node_ports.items()):
             log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)
@@ -179,6 +188,13 @@ def sim(
     if fleet_sim.error is not None:
         error = fleet_sim.error
         raise click.ClickException(f"the fleet's clock stopped: {type(error).__name__}: {error}")
+
+
+def state_dir() -> Path:
+    """Where ``fleet sim`` keeps its files unless told: ``$XDG_STATE_HOME/gpuops``, else
+    ``~/.local/state/gpuops`` (the XDG base directory specification's default)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuops"
 
 
 def _write_prometheus_config(path: Path, fleet_sim: FleetSim, scrape_interval: str) -> None:

@@ -8,6 +8,7 @@ Used by ``gpuops.sim.demo``; the port is checked before anything starts
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import threading
@@ -40,8 +41,8 @@ def check_port(listen: str, flag: str) -> None:
             pass
     except OSError as exc:
         raise DemoPortBusy(
-            f"port {port} on {host} is not free ({exc.strerror}): another gpuops demo or engine?"
-            f" Choose another with {flag} PORT (0: any free port)"
+            f"the API cannot listen on {host}:{port}: {os.strerror(exc.errno or 0)} (another"
+            f" gpuops demo or engine?); choose another port with {flag} (0: a free port)"
         ) from None
 
 

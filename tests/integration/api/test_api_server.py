@@ -116,3 +116,5 @@ def test_engine_run_serves_the_api_and_reloads_users_on_sighup(tmp_path: Path) -
     text = (tmp_path / "engine.log").read_text()
     assert not any(token in text for token in tokens.values())
     assert "reloading rules and API users" in text
+    assert f"API at {url}/api/v1" in text
+    assert f"web console at {url}/ (sign in with an API token)" in text

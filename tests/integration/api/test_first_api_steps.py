@@ -1,6 +1,7 @@
 """The README's way to a first ``gpuops decisions list``: ``gpuops engine run`` with a bad API
-configuration (tokens file missing or broken, port in use, certificate missing) fails before it
-evaluates anything. ``gpuops token new``: tests/unit/cli/test_token_new.py."""
+configuration (tokens file missing or broken, port in use, certificate missing) and a metrics
+port in use fail before it evaluates anything. ``gpuops token new``:
+tests/unit/cli/test_token_new.py."""
 
 from __future__ import annotations
 
@@ -95,7 +96,11 @@ def test_a_port_in_use_or_a_missing_certificate_stops_the_engine_before_it_evalu
         config = engine_dir(tmp_path, {"listen": f"127.0.0.1:{port}", "tokens_file": "t.yaml"})
         in_use = run_engine(config, caplog)
     assert in_use.exit_code == 1
-    assert f"API cannot listen on 127.0.0.1:{port}" in in_use.stderr
+    assert in_use.stderr.splitlines()[-2:] == [
+        f"Error: API not started, engine stopped: API cannot listen on 127.0.0.1:{port}: Address"
+        " already in use",
+        f"set another port in api.listen of {config}",
+    ]
     assert nothing_evaluated(tmp_path, caplog)
     tls = tmp_path / "tls"
     tls.mkdir()
@@ -106,3 +111,22 @@ def test_a_port_in_use_or_a_missing_certificate_stops_the_engine_before_it_evalu
     assert no_cert.exit_code == 1
     assert f"api.tls_cert_file: {tls}/cert.pem is not a readable file" in no_cert.stderr
     assert nothing_evaluated(tls, caplog)
+
+
+def test_a_metrics_port_in_use_stops_the_engine_before_it_evaluates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        config = engine_dir(tmp_path, {})
+        text = config.read_text().replace(
+            "metrics_listen: null", f"metrics_listen: 127.0.0.1:{port}"
+        )
+        config.write_text(text)
+        in_use = run_engine(config, caplog)
+    assert in_use.exit_code == 1
+    assert in_use.stderr.splitlines()[-1] == (
+        f"Error: engine metrics cannot listen on 127.0.0.1:{port}: Address already in use; set"
+        f" another port in metrics_listen of {config} (null: no metrics listener)"
+    )
+    assert nothing_evaluated(tmp_path, caplog)

@@ -9,7 +9,9 @@ import socket
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from gpuops.cli import cli
 from tests.demo_process import demo_process
 from tests.waiting import wait_for
 
@@ -38,3 +40,22 @@ def test_signal_stops_everything_and_prints_the_summary(tmp_path: Path, signum: 
     output = "".join(lines)
     assert "== gpuops demo summary" in output
     assert all(refuses(port) for port in ports), output
+
+
+def test_a_port_in_use_is_named_with_its_flag_before_anything_starts(tmp_path: Path) -> None:
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as taken:
+            port = taken.getsockname()[1]
+            result = CliRunner().invoke(
+                cli, ["demo", "--api-port", str(port), "--workdir", str(tmp_path)]
+            )
+    finally:  # the command sets them for the process it runs in
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: the API cannot listen on 127.0.0.1:{port}: Address already in use (another"
+        " gpuops demo or engine?); choose another port with --api-port (0: a free port)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # no fleet, Prometheus or engine started
