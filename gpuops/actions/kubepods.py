@@ -24,7 +24,7 @@ from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.encoding import printable
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import KubeClient, KubeConflict, check_name
+from gpuops.integrations.kubernetes.client import KubeClient, KubeConflict, KubeNotFound, check_name
 from gpuops.integrations.kubernetes.selectors import Selector
 from gpuops.model.decisions import Decision
 
@@ -180,7 +180,11 @@ def _to_zero(
 def _job(client: KubeClient, d: Decision, job: dict[str, Any], key: str, what: str) -> Reclaimed:
     namespace, uid = job["metadata"]["namespace"], job["metadata"].get("uid")
     stamp = {names.RECLAIMED_BY: d.policy, names.DECISION: d.id, names.AT: _now()}
-    for workload in client.list_objects(*KUEUE, namespace):
+    try:
+        workloads = client.list_objects(*KUEUE, namespace)
+    except KubeNotFound:  # Kueue is not installed: no Workload manages the Job
+        workloads = []
+    for workload in workloads:
         if any(o.get("uid") == uid for o in workload["metadata"].get("ownerReferences") or []):
             wname = workload["metadata"]["name"]
             if (workload.get("spec") or {}).get("active") is False:

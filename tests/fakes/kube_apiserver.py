@@ -60,6 +60,8 @@ class FakeApiServer:
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     version: int = 100
+    serves_only: set[str] | None = None
+    """The API groups served (None: any): a group not served is a 404, as a CRD not installed."""
     before: Callable[[str, str], None] | None = None
     """Called with (method, path) before each request is served: a test's concurrent writer."""
 
@@ -184,6 +186,8 @@ class FakeApiServer:
         elif segments[:1] == ["apis"] and len(segments) >= 3:
             group, rest = segments[1], segments[3:]
         else:
+            raise _Failure(404, _status(404, "NotFound", "the server could not find the request"))
+        if self.serves_only is not None and group not in self.serves_only:
             raise _Failure(404, _status(404, "NotFound", "the server could not find the request"))
         namespace = ""
         if rest[:1] == ["namespaces"] and len(rest) >= 3:

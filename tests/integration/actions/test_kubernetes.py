@@ -311,7 +311,7 @@ def test_reclaim_suspends_a_job_deactivates_a_kueue_workload_and_leaves_a_bare_p
             )
         )
 
-    assert reclaim("sweep-1")["owner"] == "Job ml/sweep"
+    assert reclaim("sweep-1")["owner"] == "Job ml/sweep"  # Kueue knows no Workload of it
     assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is True
     assert reclaim("queued-1")["owner"] == "Workload ml/job-queued-1"
     assert api.get("kueue.x-k8s.io", "workloads", "job-queued-1", "ml")["spec"]["active"] is False
@@ -465,3 +465,25 @@ def test_a_missing_kubeconfig_fails_the_action_temporarily_naming_it(tmp_path: P
     k = KubernetesExecutor({"kubeconfig": str(tmp_path / "none"), "node_selector": "a=b"})
     with pytest.raises(TemporaryError, match=f"kubeconfig {tmp_path}/none cannot be loaded"):
         k.run(decision("migrate", node="gpu-1"))
+
+
+def test_a_job_is_suspended_where_kueue_is_not_installed(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """No Workload resource is served (404 on its list): the Job is suspended itself."""
+    api.put(
+        "batch",
+        "jobs",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "sweep", "namespace": "ml", "uid": "uid-sweep"},
+            "spec": {"template": {}},
+        },
+    )
+    api.put("", "pods", pod("sweep-1", "gpu-2", owner=("Job", "sweep")))
+    api.serves_only = {"", "apps", "batch", "policy"}
+    k = executor(api, tmp_path)
+    done = k.run(decision("reclaim", node="gpu-2", uuid="GPU-1", namespace="ml", pod="sweep-1"))
+    assert done["owner"] == "Job ml/sweep"
+    assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is True

@@ -700,6 +700,19 @@ def test_a_veto_the_executor_reads_holds_the_action_with_its_reason(world: World
     assert ("suppressed:veto", "skipped") in world.verdicts("reclaim")
 
 
+def test_under_dry_run_the_executor_is_neither_asked_nor_run(world: World) -> None:
+    """Engine dry-run: the gate records the decision without asking the executor anything (a
+    Kubernetes executor's standing reads the API server) and without running it."""
+    engine = world.engine(dry_run=True)
+    asked: list[Decision] = []
+    world.log.standing = asked.append  # type: ignore[attr-defined]
+    world.prom.results["idle"] = uuids(2)
+    judged = world.evaluate(engine, "reclaim")
+    assert engine.wait_idle(10)
+    assert [d.verdict for d in judged] == ["dry_run", "dry_run"]
+    assert asked == [] and world.log.ran == []
+
+
 def test_max_fraction_counts_the_targets_already_out_whoever_took_them_out(
     world: World,
 ) -> None:
