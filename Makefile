@@ -54,6 +54,13 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
 
+# slurmdbd and mariadb-server: tests/integration/slurm/test_slurm_accounting.py runs Slurm's
+# accounting (slurmdbd on a MariaDB of its own) and reads the jobs back with sacct
+/usr/sbin/slurmdbd /usr/sbin/mariadbd:
+	@echo "installing Debian packages slurmdbd and mariadb-server"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurmdbd mariadb-server
+
 # postgresql: the binaries' directory has the major version in it, so the check is a glob
 postgresql:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
@@ -63,7 +70,7 @@ postgresql:
 
 setup: $(VENV)/.installed /usr/bin/prometheus /usr/bin/promtool /usr/bin/prometheus-alertmanager \
 	/usr/bin/curl /usr/bin/chromium /usr/bin/victoria-metrics /usr/sbin/slurmctld /usr/sbin/slurmd \
-	/usr/sbin/munged postgresql
+	/usr/sbin/munged /usr/sbin/slurmdbd /usr/sbin/mariadbd postgresql
 
 demo: setup
 	$(BIN)/gpuops demo --duration $(DURATION)

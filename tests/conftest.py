@@ -20,6 +20,7 @@ LONGEST = (
     "tests/browser/test_console.py",  # 77 s
     "tests/e2e/test_demo_story.py",  # 75 s: the compressed 35 s timeline, then the 30 s command
     "tests/integration/runtime/test_gate_crash.py",  # 36 s
+    "tests/integration/slurm/test_slurm_accounting.py",  # 35 s: 200 jobs through slurmdbd
     "tests/integration/slurm/test_slurm_executor.py",  # 31 s
     "tests/integration/slurm/test_slurm_job_events.py",  # 26 s
 )

@@ -286,3 +286,62 @@ def run(
     report = recorder.report(virtual.cluster)
     log.info("%.1f virtual hours in %.1f s", hours, time.monotonic() - started)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
+
+
+@fleet.command(name="from-history")
+@click.argument(
+    "history", type=click.Path(exists=True, dir_okay=False, path_type=Path), nargs=-1, required=True
+)
+@click.option(
+    "--pool",
+    "pools",
+    multiple=True,
+    required=True,
+    help="PARTITION=MODEL:NODESxGPUS for every partition the jobs ran in (e.g. gpu=A100:16x8): "
+    "accounting records the jobs, not the machines. A CSV trace without a pool column: "
+    "default=MODEL:NODESxGPUS.",
+)
+@click.option(
+    "--column",
+    "columns",
+    multiple=True,
+    help="FIELD=COLUMN for a CSV trace whose columns are not Helios' (job_id, user, vc, gpu_num, "
+    "node_num, state, submit_time, start_time, end_time); fields: job_id, user, project, gpus, "
+    "nodes, state, submit, start, end, pool.",
+)
+@click.option("--name", default="from-history", show_default=True, help="The fleet's name.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the fleet file.",
+)
+def from_history(
+    history: tuple[Path, ...],
+    pools: tuple[str, ...],
+    columns: tuple[str, ...],
+    name: str,
+    out: Path,
+) -> None:
+    """Derive a fleet file from a cluster's job history — `sacct --json`, `sacct --parsable2`
+    (with --format=JobID,User,Account,Partition,AllocTRES,NNodes,State,Submit,Start,End) or a
+    job trace in CSV — and print how closely its policies-off run reproduces the history's
+    allocation, queue wait and completion time over the same window (docs/whatif.md)."""
+    from gpuops.sim.fromhistory import calibrate, derive, fleet_yaml, parse_pool
+    from gpuops.sim.history import HistoryError, column_map, read_history
+
+    try:
+        shapes = [parse_pool(p) for p in pools]
+        mapping = column_map(columns)
+        records = [
+            r for path in history for r in read_history(path.read_text(), str(path), mapping)
+        ]
+        source = ", ".join(map(str, history))
+        doc = derive(records, shapes, name, source)
+        _config, calibration = calibrate(records, shapes, doc, source)
+    except (HistoryError, FleetFileError) as exc:
+        raise click.ClickException(str(exc)) from None
+    out.write_text(fleet_yaml(doc))
+    click.echo(f"fleet file: {out} ({len(records)} jobs, {len(doc['job_classes'])} job classes)")
+    click.echo("calibration (policies off, the history's window):")
+    click.echo(calibration.table())

@@ -65,6 +65,12 @@ class SlurmCluster:
         NodeSpec("cloud-1", cloud=True),
     )
     partition: str = "gpu"
+    accounting: bool = False
+    """Also run Slurm's accounting: a MariaDB of its own (Debian's ``mariadb-server``) and
+    ``slurmdbd`` (Debian's ``slurmdbd``) on free loopback ports, so that ``sacct`` reads the
+    jobs back (``AccountingStorageTRES=gres/gpu``: their GPUs too)."""
+    accounts: Sequence[str] = ()
+    """Accounts created in the accounting before the cluster starts (with ``accounting``)."""
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -95,10 +101,14 @@ class SlurmCluster:
         (self.root / "munge").chmod(0o700)
         self._start_munge()
         self.ports["ctld"] = free_port()
+        if self.accounting:
+            self.ports["db"], self.ports["dbd"] = free_port(), free_port()
         for node in self.nodes:
             self.ports[node.name] = free_port()
         self._write_config()
         try:
+            if self.accounting:
+                self._start_accounting()
             self._spawn(
                 "slurmctld",
                 ["slurmctld", "-D", "-i", "-f", str(self.conf)],
@@ -180,7 +190,7 @@ class SlurmCluster:
             # (default every 60 s) is what starts it then.
             "SchedulerParameters=sched_interval=1",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *self._accounting_config(),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r / 'log' / 'jobcomp.log'}",
             "MpiDefault=none",
@@ -244,6 +254,88 @@ class SlurmCluster:
         resume.chmod(0o755)
         suspend.chmod(0o755)
 
+    def _accounting_config(self) -> list[str]:
+        if not self.accounting:
+            return ["AccountingStorageType=accounting_storage/none"]
+        return [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=127.0.0.1",
+            f"AccountingStoragePort={self.ports['dbd']}",
+            # the munge socket of the connection to slurmdbd (AuthInfo's is not used for it)
+            f"AccountingStoragePass={self.root / 'munge' / 'munge.socket'}",
+            "AccountingStorageTRES=gres/gpu",
+        ]
+
+    def _start_accounting(self) -> None:
+        """MariaDB (no grant tables: only this host's loopback reaches it), then slurmdbd on
+        it, then the cluster registered with ``sacctmgr``."""
+        r = self.root
+        (r / "db").mkdir(exist_ok=True)
+        self._spawn(
+            "mariadbd",
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={r / 'db'}",
+                f"--socket={r / 'db.sock'}",
+                f"--port={self.ports['db']}",
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-grant-tables",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=16M",
+                f"--pid-file={r / 'db.pid'}",
+            ],
+        )
+        wait_for(lambda: self._alive("mariadbd") and (r / "db.sock").exists(), 30, "MariaDB")
+        dbd = r / "slurmdbd.conf"
+        dbd.write_text(
+            "\n".join(
+                [
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={r / 'munge' / 'munge.socket'}",
+                    "DbdHost=localhost",
+                    "DbdAddr=127.0.0.1",
+                    f"DbdPort={self.ports['dbd']}",
+                    "SlurmUser=root",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={self.ports['db']}",
+                    "StorageUser=root",
+                    "StorageLoc=slurm_acct_db",
+                    f"PidFile={r / 'slurmdbd.pid'}",
+                    f"LogFile={r / 'log' / 'slurmdbd.log'}",
+                ]
+            )
+            + "\n"
+        )
+        dbd.chmod(0o600)
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+        wait_for(self._dbd_up, 30, "slurmdbd to answer")
+        self.cmd("sacctmgr", "-i", "add", "cluster", "gpuops-test")
+        self._add_accounts(self.accounts)
+
+    def _add_accounts(self, names: Sequence[str]) -> None:
+        """Accounts ``names`` in the accounting, root a user of each (``sbatch -A NAME``),
+        before slurmctld starts (it reconfigures when they change under it)."""
+        for name in names:
+            self.cmd("sacctmgr", "-i", "add", "account", name, "cluster=gpuops-test")
+            self.cmd("sacctmgr", "-i", "add", "user", "root", f"account={name}")
+
+    def _alive(self, name: str) -> bool:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {self.log_tail(name)}")
+        return True
+
+    def _dbd_up(self) -> bool:
+        self._alive("slurmdbd")
+        try:
+            self.cmd("sacctmgr", "-n", "show", "cluster", timeout=5)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return False
+        return True
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.root / "log" / f"{name}.out").open("ab")
         self.procs[name] = subprocess.Popen(
@@ -253,6 +345,7 @@ class SlurmCluster:
             stdout=log,
             stderr=log,
             start_new_session=True,
+            cwd=self.root,  # a daemon's core file, if any, stays with the cluster
         )
         log.close()
 
