@@ -158,8 +158,26 @@ class QuotaSettings(_Model):
     """Longest request accepted (seconds; Prometheus durations allowed: ``7d``)."""
     check_interval: float = 10.0
     """Seconds between checks for requests that ended or whose approval window passed."""
+    projects: dict[str, int] = Field(default_factory=dict)
+    """Projects that may ask for GPUs, each with the GPUs it has without a request (its base
+    quota): ``{ml-research: 32, inference: 0}``. Empty: any project name is accepted and its
+    base quota is unknown."""
+    usage_query: str | None = "sum by (project) (gpuops_project_gpus_allocated)"
+    """PromQL giving the GPUs each project's jobs hold now, one series per ``project`` label,
+    shown on the quota page; None: usage is not shown."""
+    self_approval: bool = False
+    """Whether an admin may approve a quota request they filed themselves (False: another
+    admin must approve it; denying one's own request is always allowed)."""
 
     _t = field_validator("max_duration", "check_interval", mode="before")(_seconds)
+
+    @field_validator("projects")
+    @classmethod
+    def _base_quotas(cls, value: dict[str, int]) -> dict[str, int]:
+        negative = [name for name, gpus in value.items() if gpus < 0]
+        if negative:
+            raise ValueError(f"projects {', '.join(negative)}: a base quota is 0 GPUs or more")
+        return value
 
 
 class ConsoleSettings(_Model):

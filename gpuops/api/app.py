@@ -1,7 +1,8 @@
 """``create_app(engine, settings)``: the engine's REST API as a FastAPI app.
 
 Routes live under ``/api/v1`` (one module per resource in ``gpuops.api.routes``), behind
-``gpuops.api.middleware`` (size limit, authentication, audit of every call) and the permission
+``gpuops.api.middleware`` (size limit, authentication, audit of every call: a document, or a
+successful read counted) and the permission
 checks of ``gpuops.api.auth``. ``/healthz`` and ``/metrics`` are open and not audited. No global
 app: ``gpuops engine run`` (through ``gpuops.api.server``) and the tests each build their own.
 """
@@ -83,6 +84,7 @@ def create_app(
         ApiMiddleware,
         tokens=tokens,
         record=engine.audit.operation,
+        count_read=engine.audit.read,
         max_body_bytes=settings.max_body_bytes,
         body_limits={f"{PREFIX}/alertmanager": settings.alertmanager_max_body_bytes},
         prefix=PREFIX,

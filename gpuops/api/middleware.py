@@ -1,5 +1,7 @@
 """The ASGI middleware in front of every ``/api/v1`` route: request-size limit, authentication
-(bearer token, or HTTP Basic with the token as password) and the audit record of the call.
+(bearer token, or HTTP Basic with the token as password) and the audit record of the call — one
+document per change, refusal or failure, and per search of the audit (``EXPORTS``); a successful
+read (a GET) is counted (``gpuops_audit_reads_total`` by route and user), not written.
 
 Bodies are checked as they stream in, whatever the framing (Content-Length or chunked): one
 over its route's limit is answered 413, a JSON body that is not UTF-8 422, whatever the route
@@ -45,6 +47,18 @@ class Recorder(Protocol):
     ) -> object: ...
 
 
+class ReadCounter(Protocol):
+    """What counts a successful read: ``gpuops.audit.log.AuditLog.read``."""
+
+    def __call__(self, user: str, route: str, via: str) -> object: ...
+
+
+READS = frozenset({"GET", "HEAD"})
+EXPORTS = frozenset({"search_audit"})
+"""Reads that are each a document all the same: a search of the audit hands its documents to
+a program, as an export does."""
+
+
 @dataclass
 class _Answer:
     """What became of one call so far: the status sent (0: none yet), whether it is audited."""
@@ -73,10 +87,14 @@ class ApiMiddleware:
         prefix: str = "/api/v1",
         open_paths: frozenset[str] = frozenset(),
         body_limits: Mapping[str, int] | None = None,
+        count_read: ReadCounter | None = None,
     ) -> None:
+        """``count_read``: counts successful reads instead of recording them (None: every
+        call is recorded)."""
         self.app = app
         self.tokens = tokens
         self.record = record
+        self.count_read = count_read
         self.max_body_bytes = max_body_bytes
         self.body_limits = dict(body_limits or {})
         """Limits of particular paths (the Alertmanager receiver's groups are larger)."""
@@ -196,6 +214,16 @@ class ApiMiddleware:
         client = scope.get("client")
         reason = state.get("gpuops_reason") if status >= 400 else None
         user = principal.name if principal else claimed
+        if (
+            self.count_read is not None
+            and principal is not None
+            and route_name is not None
+            and method in READS
+            and status < 400
+            and route_name not in EXPORTS
+        ):
+            self.count_read(user, route_name, "api")
+            return
         details = {"method": method, "path": path, "status": status, "route": route_name}
         message = f"{user} {method} {path} -> {status}" + (f": {reason}" if reason else "")
         if note := state.get("gpuops_note"):  # the reason given for a grant or denial

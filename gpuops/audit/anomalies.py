@@ -37,7 +37,13 @@ class AnomalySettings:
     user_min_ops: int = 20
     """...flagged when there are at least this many..."""
     user_factor: float = 3.0
-    """...and this many times the user's average per hour over the rest of the window."""
+    """...and this many times the user's average per hour over the rest of the window..."""
+    user_min_history_ops: int = 3
+    """...when the user has a history to compare with: at least this many operations in the
+    window that are ``user_min_history_s`` or more older than the recent hour. Without one (the
+    only user of a fresh install, a new user) there is no baseline, and nothing is flagged."""
+    user_min_history_s: float = 6 * 3600.0
+    """How much older than the recent hour a user's operations must be to count as history."""
 
 
 @dataclass(frozen=True)
@@ -162,12 +168,23 @@ def _unusual_users(backend: Backend, s: AnomalySettings, window: TimeRange) -> l
         [Level("user.name", 1000)],
         recent=TimeRange("@timestamp", recent_since, s.until),
     )
+    history_until = recent_since - s.user_min_history_s
+    history: dict[str, int] = {}
+    if history_until > s.since:
+        old = backend.group(
+            window,
+            "audit",
+            [Level("user.name", 1000)],
+            recent=TimeRange("@timestamp", s.since, history_until),
+        )
+        history = {g.keys[0]: g.recent or 0 for g in old}
     earlier_hours = max((recent_since - s.since) / s.user_recent_s, 1.0)
     found: list[Finding] = []
     for g in groups:
         recent = g.recent or 0
         baseline = (g.counts[0] - recent) / earlier_hours
-        if recent >= s.user_min_ops and recent > s.user_factor * baseline:
+        known = history.get(g.keys[0], 0) >= s.user_min_history_ops
+        if known and recent >= s.user_min_ops and recent > s.user_factor * baseline:
             found.append(
                 Finding(
                     "unusual_user_operations",

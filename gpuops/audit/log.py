@@ -1,7 +1,8 @@
 """``AuditLog``: the audit trail's front door.
 
 Called by ``gpuops.runtime`` for every decision, outcome and skipped evaluation, and by
-``gpuops.api`` / ``gpuops.cli`` for every user operation. Each call turns its values into one
+``gpuops.api`` / ``gpuops.cli`` for every user operation (a successful read is counted, not
+written: ``read``). Each call turns its values into one
 ECS document (``gpuops.audit.documents``; decisions straight to their JSON,
 ``gpuops.audit.lines``), appends it fsync'd to the spool and returns its
 ``event.id``; the shipper thread sends the spool to Elasticsearch. No call ever waits for
@@ -193,6 +194,12 @@ class AuditLog:
             now=self._clock(),
         )
         return self._append(doc)
+
+    def read(self, user: str, route: str, via: str) -> None:
+        """Count a successful read (a page view, a list or show call) of ``route`` by ``user``
+        through ``via`` (api, console): ``gpuops_audit_reads_total``, no document (docs/audit.md:
+        reads are counted, every change and every refusal is a document)."""
+        self.metrics.reads.labels(route=route, user=user, via=via).inc()
 
     def record(self, doc: dict[str, Any]) -> str:
         """Append a document another module built (Slurm job events: ``gpuops.audit.jobs``)."""

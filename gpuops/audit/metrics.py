@@ -67,6 +67,14 @@ class AuditMetrics:
             ["result"],
             registry=registry,
         )
+        self.reads = Counter(
+            "gpuops_audit_reads",
+            "Successful reads of the API and the console (page views, list and show calls), "
+            "counted here instead of one audit document each, by route, user and via "
+            "(api, console).",
+            ["route", "user", "via"],
+            registry=registry,
+        )
         self.template_installs = Counter(
             "gpuops_audit_template_installs",
             "Attempts to install the Elasticsearch templates, by result (ok, error).",

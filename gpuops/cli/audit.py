@@ -188,6 +188,13 @@ def search(
 @click.option("--oom-min", default=2, show_default=True, help="GPU out-of-memory events per job.")
 @click.option("--user-min-ops", default=20, show_default=True, help="Ops in the last hour.")
 @click.option("--user-factor", default=3.0, show_default=True, help="× the user's hourly mean.")
+@click.option(
+    "--user-min-history",
+    default=3,
+    show_default=True,
+    help="A user's ops 6h or more before the last hour needed to compare with (no history: "
+    "not flagged).",
+)
 @_JSON
 def anomalies(
     url: str | None,
@@ -200,6 +207,7 @@ def anomalies(
     oom_min: int,
     user_min_ops: int,
     user_factor: float,
+    user_min_history: int,
     as_json: bool,
 ) -> None:
     """Flapping policies, targets acted on repeatedly, actions failing on one node, jobs
@@ -214,6 +222,7 @@ def anomalies(
         oom_min_failures=oom_min,
         user_min_ops=user_min_ops,
         user_factor=user_factor,
+        user_min_history_ops=user_min_history,
     )
     with open_backend(url, spool_dir) as backend:
         findings = find_anomalies(backend, settings)

@@ -19,8 +19,8 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from gpuops.model.decisions import (
     ActionSpec,
@@ -40,7 +40,14 @@ from gpuops.runtime.cycle import Cycle
 from gpuops.settings import QuotaSettings
 from gpuops.store.interface import QuotaRequest, QuotaStatus, Store
 
-__all__ = ["POLICY", "QuotaError", "QuotaManager", "QuotaRequest", "QuotaStatus"]
+__all__ = [
+    "POLICY",
+    "ProjectQuota",
+    "QuotaError",
+    "QuotaManager",
+    "QuotaRequest",
+    "QuotaStatus",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,27 @@ POLICY = "quota-request"
 
 class QuotaError(Exception):
     """A request that cannot be approved, denied or filed (the message says why)."""
+
+
+GRANTED = (QuotaStatus.ACTIVE, QuotaStatus.RELEASING)
+"""The states of a request whose GPUs a project has now."""
+
+
+@dataclass(frozen=True)
+class ProjectQuota:
+    """One project's quota now: its base (``api.quota.projects``; None: not configured), the
+    GPUs its active grants add, their sum, the GPUs its jobs hold (None: not known) and its
+    requests waiting for an admin."""
+
+    name: str
+    base: int | None
+    granted: int
+    usage: float | None
+    pending: int
+
+    @property
+    def quota(self) -> int | None:
+        return None if self.base is None else self.base + self.granted
 
 
 class QuotaManager:
@@ -81,6 +109,12 @@ class QuotaManager:
         self, project: str, gpus: int, duration_s: float, reason: str, user: str
     ) -> QuotaRequest:
         self._require_leader()
+        known = self.settings.projects
+        if known and project not in known:
+            raise QuotaError(
+                f"project: {project!r} is not one of the projects of api.quota.projects "
+                f"({', '.join(sorted(known))})"
+            )
         if gpus > self.settings.max_gpus:
             raise QuotaError(f"gpus: {gpus} is more than the limit of {self.settings.max_gpus}")
         if not 0 < duration_s <= self.settings.max_duration:
@@ -114,6 +148,11 @@ class QuotaManager:
     def approve(self, request_id: str, user: str) -> QuotaRequest:
         self._require_leader()
         request = self._pending(request_id)
+        if request.requested_by == user and not self.settings.self_approval:
+            raise QuotaError(
+                f"quota request {request_id} was filed by {user}: another admin approves it "
+                "(api.quota.self_approval: true lets an admin approve their own)"
+            )
         if self._controls.kill_switch_on() or self._controls.paused():
             raise QuotaError("the kill switch is on or the engine is paused: nothing is applied")
         now = self.clock()
@@ -197,6 +236,28 @@ class QuotaManager:
     def requests(self, status: QuotaStatus | None = None) -> list[QuotaRequest]:
         """Quota requests, newest first (``status``: only those)."""
         return self._store.quota_requests(status)
+
+    def projects(self, usage: Mapping[str, float] | None) -> list[ProjectQuota]:
+        """Every project configured or named by a request, by name: base quota, GPUs granted
+        now, ``usage`` (GPUs held by project; None: not known) and pending requests."""
+        granted: dict[str, int] = {}
+        pending: dict[str, int] = {}
+        for request in self._store.quota_requests(None):
+            if request.status in GRANTED:
+                granted[request.project] = granted.get(request.project, 0) + request.gpus
+            elif request.status is QuotaStatus.PENDING:
+                pending[request.project] = pending.get(request.project, 0) + 1
+        names = {*self.settings.projects, *granted, *pending}
+        return [
+            ProjectQuota(
+                name=name,
+                base=self.settings.projects.get(name),
+                granted=granted.get(name, 0),
+                usage=None if usage is None else usage.get(name, 0.0),
+                pending=pending.get(name, 0),
+            )
+            for name in sorted(names)
+        ]
 
     def _apply(self, request: QuotaRequest) -> QuotaRequest:
         decision = self._decision(request, Transition.FIRE, self.settings.grant_action)

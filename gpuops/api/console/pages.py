@@ -33,10 +33,11 @@ from gpuops.api.console.web import (
 )
 from gpuops.api.routes.audit import search_audit
 from gpuops.api.routes.decisions import explain_decision, list_approvals, list_decisions
-from gpuops.api.routes.quota import list_quota_requests
-from gpuops.api.routes.rules import list_rules
+from gpuops.api.routes.quota import list_quota_projects, list_quota_requests
+from gpuops.api.routes.rules import list_rules, named, rule_targets
 from gpuops.api.schemas import ID_PATTERN
 from gpuops.api.tokens import Permission
+from gpuops.model.readiness import duration
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import RulesError
 
@@ -78,11 +79,9 @@ def overview(
     if viewer.can(Permission.APPROVALS_READ):
         engine.expire_approvals()
         pending = [a for a in store.approvals() if a.status == "pending"]
-    grants = (
-        [g for g in c.context.quota.requests() if g.status == "active"]
-        if viewer.can(Permission.QUOTA_READ)
-        else []
-    )
+    requests = c.context.quota.requests() if viewer.can(Permission.QUOTA_READ) else []
+    grants = [g for g in requests if g.status == "active"]
+    quota_pending = [r for r in requests if r.status == "pending"]
     registry = engine.audit.registry
     audit = {
         "spool_documents": engine.audit.pending,
@@ -114,6 +113,7 @@ def overview(
         verdicts=VERDICTS,
         pending=pending,
         grants=grants,
+        quota_pending=quota_pending,
         audit=audit,
         can_control=viewer.can(Permission.ENGINE_CONTROL),
     )
@@ -230,13 +230,18 @@ def approvals_page(
 def quota_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
     need(viewer, Permission.QUOTA_READ, "The quota requests page")
     found = list_quota_requests(c.context, viewer.principal).requests
+    projects = list_quota_projects(c.context, viewer.principal)
+    settings = c.context.quota.settings
     return render(
         request,
         "quota.html",
         viewer,
         requests=found,
         active=[r for r in found if r.status == "active"],
-        settings=c.context.settings.quota,
+        projects=projects.projects,
+        usage_error=projects.usage_error,
+        usage_asked=bool(settings.usage_query),
+        settings=settings,
         can_request=viewer.can(Permission.QUOTA_REQUEST),
         can_decide=viewer.can(Permission.QUOTA_DECIDE),
     )
@@ -255,18 +260,21 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
         policies.append(
             {
                 **doc.model_dump(),
+                "expr_lines": (doc.expr or "").strip().splitlines(),
+                "targets": rule_targets(doc.name, c.context, viewer.principal, RULE_TARGETS),
                 "evaluations": metrics.get_sample_value("gpuops_engine_evaluations_total", labels)
                 or 0,
                 "last_decision": last[0].decision.at if last else None,
             }
         )
+    shown = named(c.context)
     try:
         load_rules(engine.config.rules)
         disk_errors: list[Any] = []
     except RulesError as exc:
-        disk_errors = list(exc.errors)
+        disk_errors = [shown(str(e)) for e in exc.errors]
     except (OSError, ValueError) as exc:
-        disk_errors = [f"(rules): {type(exc).__name__}: {exc}"]
+        disk_errors = [shown(f"(rules): {type(exc).__name__}: {exc}")]
     return render(
         request,
         "rules.html",
@@ -281,8 +289,14 @@ def rules_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
             "gpuops_engine_rule_reloads_total", {"result": "failure"}
         )
         or 0,
+        now=engine.clock(),
+        duration=duration,
         can_validate=viewer.can(Permission.RULES_VALIDATE),
     )
+
+
+RULE_TARGETS = 20
+"""Targets shown per policy on the rules page (pending first; the count says how many)."""
 
 
 AuditQuery = Annotated[str, Query(max_length=256)]
@@ -330,10 +344,18 @@ Filters = Annotated[AuditFilters, Depends()]
 @router.get("/audit", name="search_audit", response_class=HTMLResponse)
 def audit_page(request: Request, c: ConsoleDep, viewer: ViewerDep, f: Filters) -> Response:
     documents = _audit_documents(c, viewer, f, 200)
+    reads = [
+        (s.labels["user"], s.labels["via"], s.labels["route"], int(s.value))
+        for m in c.context.engine.audit.registry.collect()
+        if m.name == "gpuops_audit_reads"
+        for s in m.samples
+        if s.name == "gpuops_audit_reads_total"
+    ]
     return render(
         request,
         "audit.html",
         viewer,
+        reads=sorted(reads),
         documents=[_audit_row(d) for d in documents],
         filters=asdict(f),
         outcomes=OUTCOMES,
@@ -347,17 +369,21 @@ COLUMNS += ("source_ip", "policy", "message", "error")
 
 
 def _audit_row(doc: dict[str, Any]) -> dict[str, str]:
+    """One row of the page and the CSV; an engine row (a decision, an outcome, a skipped
+    evaluation: no ``user``) names its actor: the engine, for its policy (``rule.name``)."""
     event, user = doc.get("event", {}), doc.get("user", {})
     roles = user.get("roles", [])
+    policy = str(doc.get("rule", {}).get("name", ""))
+    name = str(user.get("name", "")) or (f"engine (policy {policy})" if policy else "engine")
     return {
         "@timestamp": str(doc.get("@timestamp", "")),
         "dataset": str(event.get("dataset", "")),
         "action": str(event.get("action", "")),
         "outcome": str(event.get("outcome", "")),
-        "user": str(user.get("name", "")),
+        "user": name,
         "roles": ",".join(roles) if isinstance(roles, list) else str(roles),
         "source_ip": str(doc.get("source", {}).get("ip", "")),
-        "policy": str(doc.get("rule", {}).get("name", "")),
+        "policy": policy,
         "message": str(doc.get("message", "")),
         "error": str(doc.get("error", {}).get("message", "")),
     }

@@ -1,6 +1,7 @@
 """What every console page shares: the signed-in viewer, permission checks with a clear refusal,
 CSRF checks, rendering, and ``AuditedRoute`` — the route class that audits each console request
-as the API call it stands for (same user, roles, source IP; the route's ``name`` is the API's).
+as the API call it stands for (same user, roles, source IP; the route's ``name`` is the API's):
+a document per form, refusal, failure and export, a count per page read.
 
 Used by ``gpuops.api.console.pages`` and ``gpuops.api.console.actions``; built by
 ``gpuops.api.console.mount``.
@@ -181,6 +182,10 @@ def _standby(c: Console) -> dict[str, str | None] | None:
     return {"leader": info.holder, "url": info.link}
 
 
+EXPORTS = frozenset({"search_audit_export"})
+"""Console reads that are each a document all the same: an export takes the audit away."""
+
+
 def _record(
     request: Request,
     principal: Principal | None,
@@ -189,8 +194,13 @@ def _record(
     reason: str | None,
     note: str | None,
 ) -> None:
-    """The audit record of one console request, shaped like ``gpuops.api.middleware``'s."""
+    """The audit record of one console request, shaped like ``gpuops.api.middleware``'s; a
+    page a signed-in user read is counted (``gpuops_audit_reads_total``), not written."""
+    audit = console(request).context.engine.audit
     user = principal.name if principal else "anonymous"
+    if request.method in ("GET", "HEAD") and status < 400 and action not in EXPORTS:
+        audit.read(user, action, "console")  # the sign-in page too, as anonymous
+        return
     roles = list(principal.roles) if principal else []
     client = request.client
     method, path = request.method, request.url.path
@@ -199,7 +209,7 @@ def _record(
     if note:  # what the user wrote as the reason of a grant or denial
         details["note"] = note
         message += f" ({note})"
-    console(request).context.engine.audit.operation(
+    audit.operation(
         user,
         roles,
         action,

@@ -1,5 +1,6 @@
-"""The answers of ``/api/v1/quota-requests``: one request, every field of the engine's
-``QuotaRequest``, and the list. Built by ``gpuops.api.routes.quota``.
+"""The answers of ``/api/v1/quota-requests`` and ``/api/v1/quota-projects``: one request,
+every field of the engine's ``QuotaRequest``, the list, and each project's quota and usage.
+Built by ``gpuops.api.routes.quota``.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from gpuops.api.responses import Number, Out
+from gpuops.runtime.quota import ProjectQuota
 from gpuops.store.interface import QuotaRequest, QuotaStatus
 
 
@@ -44,3 +46,27 @@ class QuotaRequestOut(Out):
 
 class QuotaRequestsOut(Out):
     requests: list[QuotaRequestOut]
+
+
+class ProjectQuotaOut(Out):
+    """One project's quota now."""
+
+    name: str
+    base: int | None = Field(description="GPUs without a request (api.quota.projects).")
+    granted: int = Field(description="GPUs its active grants add now.")
+    quota: int | None = Field(description="base + granted (None: no base configured).")
+    usage: Number | None = Field(description="GPUs its jobs hold now (None: not known).")
+    pending: int = Field(description="Its requests waiting for an admin.")
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, project: ProjectQuota) -> ProjectQuotaOut:
+        return cls.model_validate(project)
+
+
+class ProjectsOut(Out):
+    projects: list[ProjectQuotaOut]
+    usage_error: str | None = Field(
+        description="Why usage is not known (the query failed), None when it is or is not asked."
+    )

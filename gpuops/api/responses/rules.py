@@ -6,14 +6,15 @@ explanation of a decision (``gpuops.api.responses.decisions``) embeds ``PolicyDe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from gpuops.api.responses import JsonObject, Number, Out, absent_when_none
 from gpuops.model.decisions import ActionSpec
+from gpuops.model.readiness import Readiness
 from gpuops.model.records import plain
 from gpuops.model.rules.model import Policy, RuleError
 
@@ -56,6 +57,40 @@ class LastEvaluationOut(Out):
 
 class ListedPolicyOut(PolicyOut):
     last_evaluation: LastEvaluationOut | None
+    expr: str | None = Field(description="Its PromQL (None: triggered by alerts alone).")
+    for_s: Number = Field(description="How long a target stays pending before it fires.")
+    cooldown_s: Number
+    max_per_hour: int | None
+    repeat_interval_s: Number | None
+
+
+class TargetReadinessOut(Out):
+    """One target of a policy pending or firing now, and when it may act next."""
+
+    key: str
+    labels: dict[str, str]
+    status: str = Field(json_schema_extra={"enum": ["pending", "firing", "clearing"]})
+    since: Number = Field(description="When it entered the result (its episode's start).")
+    value: Number | None
+    next_at: Number | None = Field(
+        description="Earliest time it may act (None: not again before it clears and fires "
+        "anew); the kill switch, a pause, max_fraction and the global budget can hold it longer."
+    )
+    waits_for: str = Field(description="What it waits for, in words (for 5m, cooldown 1h, ...).")
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, readiness: Readiness) -> TargetReadinessOut:
+        return cls.model_validate(readiness)
+
+
+class TargetsOut(Out):
+    """A policy's targets pending or firing now (the first ``limit``) and how many in all."""
+
+    policy: str
+    total: int
+    targets: list[TargetReadinessOut]
 
 
 class PolicyDetailOut(PolicyOut):
@@ -101,9 +136,21 @@ class PolicyDetailOut(PolicyOut):
         )
 
 
-def listed_policy(policy: Policy, last: LastEvaluationOut | None) -> ListedPolicyOut:
+def listed_policy(
+    policy: Policy, last: LastEvaluationOut | None, shown: Callable[[str], str] = str
+) -> ListedPolicyOut:
+    """``policy`` in short; ``shown`` names its source file as the rules directory does."""
+    summary = _summary(policy)
+    summary["source"] = shown(summary["source"])
     return ListedPolicyOut(
-        **_summary(policy), action=PolicyActionOut.of(policy.action), last_evaluation=last
+        **summary,
+        action=PolicyActionOut.of(policy.action),
+        last_evaluation=last,
+        expr=policy.expr,
+        for_s=policy.for_s,
+        cooldown_s=policy.cooldown_s,
+        max_per_hour=policy.max_per_hour,
+        repeat_interval_s=policy.repeat_interval_s,
     )
 
 

@@ -1,18 +1,28 @@
 """``/api/v1/quota-requests``: developers ask for extra GPUs for a while; admins approve or deny
-(``gpuops.runtime.quota`` applies and later undoes them)."""
+(``gpuops.runtime.quota`` applies and later undoes them). ``/api/v1/quota-projects``: each
+project's quota and the GPUs its jobs hold (``api.quota.usage_query`` on Prometheus)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, status
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
-from gpuops.api.responses.quota import QuotaRequestOut, QuotaRequestsOut
+from gpuops.api.responses.quota import (
+    ProjectQuotaOut,
+    ProjectsOut,
+    QuotaRequestOut,
+    QuotaRequestsOut,
+)
 from gpuops.api.schemas import ID_PATTERN, STANDBY, QuotaRequestIn, refusal
 from gpuops.api.tokens import Permission, Principal
 from gpuops.runtime.quota import QuotaError, QuotaRequest, QuotaStatus
+from gpuops.sources.errors import PrometheusError
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["quota"])
 
@@ -61,6 +71,33 @@ def list_quota_requests(
     """Quota requests, newest first."""
     found = ctx.quota.requests(None if status is None else QuotaStatus(status))
     return QuotaRequestsOut(requests=[QuotaRequestOut.of(r) for r in found])
+
+
+@router.get("/quota-projects")
+def list_quota_projects(
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.QUOTA_READ))],
+) -> ProjectsOut:
+    """Every project configured (``api.quota.projects``) or named by a request: its base
+    quota, the GPUs its active grants add, their sum, the GPUs its jobs hold now
+    (``api.quota.usage_query``) and its pending requests."""
+    query = ctx.quota.settings.usage_query
+    usage: dict[str, float] | None = None
+    error: str | None = None
+    if query:
+        try:
+            samples = ctx.engine.prometheus.query(query)
+        except PrometheusError as exc:
+            error = f"usage not known: {exc}"
+            log.warning("quota usage: %s", exc)
+        else:
+            usage = {}
+            for sample in samples:
+                project = sample.labels.get("project", "")
+                if project:
+                    usage[project] = usage.get(project, 0.0) + sample.value
+    projects = ctx.quota.projects(usage)
+    return ProjectsOut(projects=[ProjectQuotaOut.of(p) for p in projects], usage_error=error)
 
 
 @router.get("/quota-requests/{request_id}", responses=_UNKNOWN)

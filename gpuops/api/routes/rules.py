@@ -34,12 +34,15 @@ from gpuops.api.responses.rules import (
     RuleFilesOut,
     RuleFileWrittenOut,
     RulesOut,
+    TargetReadinessOut,
+    TargetsOut,
     ValidationOut,
     listed_policy,
     problems,
 )
 from gpuops.api.schemas import FILE_PATTERN, NAME_PATTERN, InvalidRequestOut, Responses, refusal
 from gpuops.api.tokens import Permission, Principal
+from gpuops.model.readiness import readiness
 from gpuops.model.rules.loader import load_rules_text, rule_files
 from gpuops.model.rules.model import RulesError
 from gpuops.offline.promtool import PromtoolError
@@ -80,19 +83,50 @@ def list_rules(
     reload tried (``reload``: ok, when, its file:line errors if it failed)."""
     rules = ctx.engine.rules
     last = ctx.engine.cycle.last_evaluation
+    shown = named(ctx)
     policies = []
     for policy in rules.policies():
         seen = last.get(policy.name)
         evaluated = None if seen is None else LastEvaluationOut(at=seen.at, skipped=seen.skipped)
-        policies.append(listed_policy(policy, evaluated))
+        policies.append(listed_policy(policy, evaluated, shown))
     reload = ctx.engine.rulebook.last_reload
     return RulesOut(
-        files=list(rules.files),
+        files=[shown(f) for f in rules.files],
         policies=policies,
         reload=None
         if reload is None
-        else ReloadStateOut(ok=reload.ok, at=reload.at, errors=list(reload.errors)),
+        else ReloadStateOut(ok=reload.ok, at=reload.at, errors=[shown(e) for e in reload.errors]),
     )
+
+
+@router.get("/rules/{name}/targets", responses=refusal(404, "No policy of that name is loaded."))
+def rule_targets(
+    name: PolicyName,
+    ctx: Ctx,
+    _: Annotated[Principal, Depends(require(Permission.RULES_READ))],
+    limit: Annotated[int, Query(ge=0, le=1000)] = 50,
+) -> TargetsOut:
+    """Why has it not acted? Its targets pending or firing now (pending first), each with
+    when it may act next and what it waits for (its ``for``, cooldown, ``max_per_hour``,
+    ``repeat_interval``, a guardrail holding it back)."""
+    policy = ctx.engine.rules.policy(name)
+    if policy is None:
+        raise HTTPException(404, f"no policy named {name!r} is loaded")
+    engine = ctx.engine
+    found, total = readiness(
+        policy,
+        engine.store.policy_state(name),
+        engine.store.guardrail_state(),
+        engine.clock(),
+        limit,
+    )
+    return TargetsOut(policy=name, total=total, targets=[TargetReadinessOut.of(r) for r in found])
+
+
+def named(ctx: ApiContext) -> Callable[[str], str]:
+    """How answers name rule files: by their name in the rules directory, not by a path on
+    the engine host (``extra.yaml:4``)."""
+    return _names(ctx.engine.config.rules)
 
 
 @router.get("/rules/{name}", responses=refusal(404, "No policy of that name is loaded."))
@@ -103,7 +137,8 @@ def show_rule(
     policy = ctx.engine.rules.policy(name)
     if policy is None:
         raise HTTPException(404, f"no policy named {name!r} is loaded")
-    return PolicyDetailOut.of(policy)
+    detail = PolicyDetailOut.of(policy)
+    return detail.model_copy(update={"source": named(ctx)(detail.source)})
 
 
 def _validate(text: str, filename: str, promql: bool, registry: ExecutorRegistry) -> ValidationOut:

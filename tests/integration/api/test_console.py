@@ -188,5 +188,59 @@ def test_the_rules_page_shows_the_last_evaluation_and_the_failed_reload(tmp_path
         sign_in(api, "developer")
         page = api.session.get(f"{api.url}/rules", timeout=10).text
         assert 'id="reload-errors"' in page and "broken.yaml:1: " in page
-        row = page[page.index("log-down-nodes</a>") :].split("</tr>")[0]
+        row = page[page.index("log-down-nodes</a>") :].split("</section>")[0]
         assert "skipped: " in row and "not yet" not in row
+        assert str(api.tmp) not in page  # files named as in the rules directory
+
+
+def test_page_reads_are_counted_and_forms_exports_and_refusals_are_documents(
+    tmp_path: Path,
+) -> None:
+    with running_api(tmp_path) as api:
+        sign_in(api, "auditor")
+        for path in ("/", "/decisions", "/audit", "/audit"):
+            assert api.session.get(f"{api.url}{path}", timeout=10).status_code == 200
+        bad = api.session.get(f"{api.url}/decisions?transition=maybe", timeout=10)
+        assert bad.status_code == 422
+        export = api.session.get(f"{api.url}/audit/export.csv?since=1h", timeout=10)
+        assert export.status_code == 200
+        docs = api.operations()
+        actions = [d["event"]["action"] for d in docs]
+        assert "engine_status" not in actions and "search_audit" not in actions
+        [refused] = [d for d in docs if d["event"]["action"] == "list_decisions"]
+        assert refused["event"]["outcome"] == "failure" and "maybe" in refused["message"]
+        assert actions.count("console_sign_in") == 1 and "search_audit_export" in actions
+        metrics = api.call(None, "GET", "/metrics").text
+        assert 'gpuops_audit_reads_total{route="search_audit",user="audrey",via="console"} 2.0' in (
+            metrics
+        )
+        page = api.session.get(f"{api.url}/audit", timeout=10).text
+        assert "Reads, counted" in page and "list_decisions" in page
+
+
+def test_the_overview_shows_pending_quota_and_no_shipping_backlog_without_elasticsearch(
+    tmp_path: Path,
+) -> None:
+    with running_api(tmp_path) as api:
+        asked = api.call(
+            "developer",
+            "POST",
+            "/api/v1/quota-requests",
+            json={"project": "vision", "gpus": 4, "duration": "2h", "reason": "deadline"},
+        )
+        assert asked.status_code == 201
+        sign_in(api, "admin")
+        page = api.session.get(f"{api.url}/", timeout=10).text
+        pending = page[page.index('id="quota-pending"') :].split("</ul>")[0]
+        assert "vision: 4 GPUs for 2.0 h" in pending and "asked by dave" in pending
+        assert "not yet shipped" not in page
+        assert "in the local spool (kept there: nothing ships them)" in page
+
+
+def test_engine_rows_of_the_audit_name_the_engine_and_their_policy(tmp_path: Path) -> None:
+    with running_api(tmp_path) as api:
+        assert api.notify(api.alert("GPUFellOffBus", node="n1")).status_code == 200
+        api.settle()
+        sign_in(api, "auditor")
+        page = api.session.get(f"{api.url}/audit?stream=decision", timeout=10).text
+        assert "engine (policy drain-on-gpu-fell-off-bus)" in page

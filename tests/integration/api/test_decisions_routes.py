@@ -109,16 +109,25 @@ def test_kill_switch_and_pause(api: Harness) -> None:
     assert bad.status_code == 422 and "path.state" in bad.json()["detail"]
 
 
-def test_every_call_is_an_audited_operation(api: Harness) -> None:
+def test_every_call_is_audited_changes_and_refusals_as_documents_reads_counted(
+    api: Harness,
+) -> None:
     api.call("admin", "POST", "/api/v1/engine/pause")
-    api.call("auditor", "GET", "/api/v1/decisions", params={"limit": 5})
+    for _ in range(3):
+        assert api.call("auditor", "GET", "/api/v1/decisions", params={"limit": 5}).ok
+    assert api.call("developer", "GET", "/api/v1/audit").status_code == 403
+    assert api.call("auditor", "GET", "/api/v1/audit", params={"since": "1h"}).ok
     docs = api.operations()
-    assert [d["event"]["action"] for d in docs] == ["pause_engine", "list_decisions"]
-    pause, read = docs
+    assert [d["event"]["action"] for d in docs] == ["pause_engine", "search_audit", "search_audit"]
+    pause, refused, searched = docs
     assert pause["user"] == {"name": "alice", "roles": ["admin"]}
     assert pause["event"]["type"] == ["change"] and pause["event"]["outcome"] == "success"
-    assert read["event"]["type"] == ["access"]
-    assert read["message"] == "audrey GET /api/v1/decisions -> 200"
+    assert refused["event"]["outcome"] == "failure" and refused["user"]["name"] == "dave"
+    assert searched["event"]["type"] == ["access"]  # a search of the audit: an export
+    assert searched["message"] == "audrey GET /api/v1/audit -> 200"
+    metrics = api.call(None, "GET", "/metrics").text
+    counted = 'gpuops_audit_reads_total{route="list_decisions",user="audrey",via="api"} 3.0'
+    assert counted in metrics
 
 
 def test_health_metrics_and_whoami(api: Harness) -> None:
@@ -134,4 +143,5 @@ def test_health_metrics_and_whoami(api: Harness) -> None:
     who = api.call("developer", "GET", "/api/v1/auth/whoami").json()
     assert who["name"] == "dave" and "quota:request" in who["permissions"]
     assert "approvals:decide" not in who["permissions"]
-    assert api.operations()[-1]["event"]["action"] == "whoami"
+    metrics = api.call(None, "GET", "/metrics").text  # a read: counted, not a document
+    assert 'gpuops_audit_reads_total{route="whoami",user="dave",via="api"} 1.0' in metrics

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpuops.model.decisions import Sample, freeze
 from gpuops.settings import GuardrailSettings, QuotaSettings
 from gpuops.store.interface import QuotaStatus
 from tests.integration.api.harness import Harness, running_api
@@ -284,3 +285,73 @@ def test_a_boolean_or_a_string_is_no_number_of_gpus(
     resp = api.call("developer", "POST", "/api/v1/quota-requests", json=body)
     assert resp.status_code == 422
     assert resp.json()["detail"] == where
+
+
+def _ask(api: Harness, role: str, project: str, gpus: int) -> dict[str, Any]:
+    resp = api.call(
+        role,
+        "POST",
+        "/api/v1/quota-requests",
+        json={"project": project, "gpus": gpus, "duration": "8h", "reason": "deadline"},
+    )
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def test_an_admin_approves_their_own_request_only_when_configured(tmp_path: Path) -> None:
+    with running_api(tmp_path / "default", quota=QuotaSettings(check_interval=3600)) as api:
+        own = _ask(api, "admin", "vision", 8)
+        refused = api.call("admin", "POST", f"/api/v1/quota-requests/{own['id']}/approve")
+        assert refused.status_code == 409
+        assert refused.json()["detail"] == (
+            f"quota request {own['id']} was filed by alice: another admin approves it "
+            "(api.quota.self_approval: true lets an admin approve their own)"
+        )
+        assert api.engine.quota.get(own["id"]).status is QuotaStatus.PENDING
+        withdrawn = api.call("admin", "POST", f"/api/v1/quota-requests/{own['id']}/deny")
+        assert withdrawn.json()["status"] == "denied"
+    allowed = QuotaSettings(check_interval=3600, self_approval=True)
+    with running_api(tmp_path / "allowed", quota=allowed) as api:
+        own = _ask(api, "admin", "vision", 8)
+        approved = api.call("admin", "POST", f"/api/v1/quota-requests/{own['id']}/approve")
+        assert approved.json()["status"] == "active"
+
+
+class Usage:
+    """A Prometheus answering the quota usage query: GPUs held per project (and one series
+    without a project, which counts for none)."""
+
+    def query(self, expr: str, at: float | None = None) -> tuple[Sample, ...]:
+        assert expr == QuotaSettings().usage_query
+        held = {"vision": 12.0, "speech": 3.0, "": 5.0}
+        return tuple(Sample(freeze({"project": p}), v, 0.0) for p, v in held.items())
+
+
+def test_projects_show_their_quota_grants_usage_and_pending_requests(tmp_path: Path) -> None:
+    settings = QuotaSettings(check_interval=3600, projects={"vision": 8, "speech": 4})
+    with running_api(tmp_path, quota=settings) as api:
+        unknown = api.call(
+            "developer",
+            "POST",
+            "/api/v1/quota-requests",
+            json={"project": "visoin", "gpus": 1, "duration": "1h"},
+        )
+        assert unknown.status_code == 422
+        assert unknown.json()["detail"] == (
+            "project: 'visoin' is not one of the projects of api.quota.projects (speech, vision)"
+        )
+        granted = _ask(api, "developer", "vision", 8)
+        api.call("admin", "POST", f"/api/v1/quota-requests/{granted['id']}/approve")
+        _ask(api, "developer", "speech", 2)
+        without = api.call("auditor", "GET", "/api/v1/quota-projects").json()
+        assert without["usage_error"].startswith("usage not known: ")
+        api.engine.prometheus = Usage()  # type: ignore[assignment]
+        listed = api.call("auditor", "GET", "/api/v1/quota-projects").json()
+    assert listed == {
+        "projects": [
+            {"name": "speech", "base": 4, "granted": 0, "quota": 4, "usage": 3.0, "pending": 1},
+            {"name": "vision", "base": 8, "granted": 8, "quota": 16, "usage": 12.0, "pending": 0},
+        ],
+        "usage_error": None,
+    }

@@ -7,6 +7,8 @@ import shutil
 import pytest
 
 from gpuops.actions.fleet import FleetExecutor
+from gpuops.model.decisions import freeze
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from tests.integration.api.harness import RULES, Harness
 
 NEW_FILE = """\
@@ -26,7 +28,9 @@ def test_list_and_show_policies(api: Harness) -> None:
     shown = api.call("developer", "GET", "/api/v1/rules/reclaim-with-approval").json()
     assert shown["approval"] == "required"
     assert shown["trigger"] == {"alertname": "GPUIdle"}
-    assert shown["source"].endswith("api-test.yaml:11")
+    assert shown["source"] == "api-test.yaml:11"
+    assert [p["source"] for p in listed["policies"]] == ["api-test.yaml:5", "api-test.yaml:11"]
+    assert listed["files"] == ["api-test.yaml"]
     missing = api.call("developer", "GET", "/api/v1/rules/nope")
     assert missing.status_code == 404
     assert missing.json() == {"detail": "no policy named 'nope' is loaded"}
@@ -144,7 +148,10 @@ def test_list_shows_each_policy_s_last_evaluation_and_the_last_reload(api: Harne
     [seen] = [p["last_evaluation"] for p in after["policies"] if p["name"] == "log-down-nodes"]
     assert seen["at"] == api.clock() - 60 and seen["skipped"]
     assert after["reload"]["ok"] is False and after["reload"]["at"] == api.clock()
-    assert after["reload"]["errors"][0].startswith(str(api.tmp / "rules" / "broken.yaml") + ":1: ")
+    # files named as in the rules directory, never by the engine host's paths
+    assert after["reload"]["errors"][0].startswith("broken.yaml:1: ")
+    assert after["files"] == ["api-test.yaml", "extra.yaml"]  # the running rules
+    assert str(api.tmp) not in str(after)
 
 
 BAD_PROMQL = NEW_FILE.replace("up == 0", "sum(up")
@@ -225,3 +232,43 @@ def test_a_rule_file_that_cannot_be_written_is_answered_without_server_paths(
         "nothing changed"
     }
     assert api.engine.rules.policy("log-down-nodes") is None
+
+
+def test_a_policy_s_targets_say_when_each_may_act_next(api: Harness) -> None:
+    (api.tmp / "rules" / "extra.yaml").write_text(
+        NEW_FILE.replace("expr: up == 0", "expr: up == 0\n        for: 10m\n        cooldown: 1h")
+    )
+    assert api.call("admin", "POST", "/api/v1/rules/reload").json()["ok"] is True
+    now = api.clock()
+    down = TargetState(Status.PENDING, now - 120, now, 0.0, freeze({"instance": "n1"}))
+    with api.engine.store.transaction() as db:  # what an evaluation of up == 0 leaves
+        api.engine.store.save_policy_state(
+            db, "log-down-nodes", PolicyState(freeze({"instance=n1": down}))
+        )
+    answer = api.call("auditor", "GET", "/api/v1/rules/log-down-nodes/targets")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {
+        "policy": "log-down-nodes",
+        "total": 1,
+        "targets": [
+            {
+                "key": "instance=n1",
+                "labels": {"instance": "n1"},
+                "status": "pending",
+                "since": now - 120,
+                "value": 0.0,
+                "next_at": now + 480,
+                "waits_for": "for 10m",
+            }
+        ],
+    }
+    [listed] = [
+        p
+        for p in api.call("auditor", "GET", "/api/v1/rules").json()["policies"]
+        if p["name"] == "log-down-nodes"
+    ]
+    assert (listed["expr"], listed["for_s"], listed["cooldown_s"]) == ("up == 0", 600, 3600)
+    quiet = api.call("auditor", "GET", "/api/v1/rules/reclaim-with-approval/targets").json()
+    assert quiet == {"policy": "reclaim-with-approval", "total": 0, "targets": []}
+    missing = api.call("auditor", "GET", "/api/v1/rules/nope/targets")
+    assert missing.status_code == 404

@@ -185,3 +185,26 @@ def test_search_without_spool_or_url_says_what_is_missing(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["audit", "search", "--spool-dir", str(tmp_path / "none")])
     assert result.exit_code == 1
     assert f"no audit spool at {tmp_path / 'none'} (and no --url given)" in result.output
+
+
+def test_the_only_user_of_a_fresh_install_is_not_flagged(tmp_path: Path) -> None:
+    """An hour-old install: its one admin's 40 operations have no history to be compared
+    with; a user with a quiet history before the same burst is flagged."""
+    now = time.time()
+    clock = [now]
+    with AuditLog(AuditSettings(spool_dir=tmp_path), host_name="h", clock=lambda: clock[0]) as log:
+        for n in range(40):
+            clock[0] = now - 60 * n
+            log.operation("root", ["admin"], "set_kill_switch", "success", None, f"op {n}")
+    fresh = _anomalies(["--spool-dir", str(tmp_path)])
+    assert [f for f in fresh if json.loads(f)["check"] == "unusual_user_operations"] == []
+    with AuditLog(AuditSettings(spool_dir=tmp_path), host_name="h", clock=lambda: clock[0]) as log:
+        for n in range(3):  # the same admin, a day ago: now a history to compare with
+            clock[0] = now - 20 * 3600 - n
+            log.operation("root", ["admin"], "set_kill_switch", "success", None, f"old {n}")
+    [known] = [json.loads(f) for f in _anomalies(["--spool-dir", str(tmp_path)])]
+    assert (known["check"], known["keys"], known["count"]) == (
+        "unusual_user_operations",
+        {"user": "root"},
+        40,
+    )
