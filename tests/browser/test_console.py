@@ -18,6 +18,8 @@ from tests.waiting import wait_for
 
 PAGES = {
     "Overview": "/",
+    "Fleet": "/fleet",
+    "Timeline": "/timeline",
     "Decisions": "/decisions",
     "Approvals": "/approvals",
     "Quota requests": "/quota",

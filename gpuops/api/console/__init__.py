@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader
 
-from gpuops.api.console import actions, pages, signin
+from gpuops.api.console import actions, fleet, pages, signin
 from gpuops.api.console.sessions import SessionStore, SignInLimiter
 from gpuops.api.console.web import STATIC, TEMPLATES, Console
 from gpuops.api.context import ApiContext
@@ -39,6 +39,6 @@ def mount_console(app: FastAPI, context: ApiContext) -> Console:
     )
     app.state.console = console
     app.mount("/static/console", StaticFiles(directory=STATIC), name="console-static")
-    for module in (signin, pages, actions):
+    for module in (signin, pages, actions, fleet):
         app.include_router(module.router)
     return console

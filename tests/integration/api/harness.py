@@ -133,9 +133,10 @@ def running_api(
     api: dict[str, Any] | None = None,
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
     guardrails: GuardrailSettings | None = None,
+    prometheus: str | None = None,
 ) -> Iterator[Harness]:
     """An engine with ``rules`` and its API on a free port; ``wrap`` puts ASGI middleware of
-    the test's own in front (fault injection)."""
+    the test's own in front (fault injection); ``prometheus``: the URL its queries go to."""
     tmp.mkdir(parents=True, exist_ok=True)
     tokens = {role: f"{role}-{secrets.token_urlsafe(24)}" for role in USERS}
     write_tokens(tmp / "tokens.yaml", tokens)
@@ -154,6 +155,7 @@ def running_api(
         executor_settings=executors or {},  # the installed executors, so configured
         guardrails=guardrails,
         api=settings,
+        **({"prometheus": prometheus} if prometheus else {}),
     )
     try:
         engine.alerts.start()  # the engine's own thread (``Engine.start`` would schedule too)
