@@ -63,7 +63,7 @@ SLURM_STATES: Mapping[str, NodeState] = {
 }
 """Slurm's node states (``gpuops_slurm_node_state``) as the page names them."""
 
-HOLD_WORDS: Mapping[str, str] = {
+HOLD_WORDS: Mapping[str, str] = {  # a quarantine-* policy's migrate: "quarantined"
     "migrate": "drained",
     "consolidate": "emptied",
     "downclock": "downclocked",
@@ -100,8 +100,11 @@ def hold_of(
 ) -> HoldOut:
     """The hold a policy's fire that ran leaves while its episode goes on."""
     verb = fire.action.type if fire.action is not None else "none"
+    what = HOLD_WORDS.get(verb, verb.replace("_", " "))
+    if verb in DRAINING_VERBS and fire.policy.startswith("quarantine"):
+        what = "quarantined"  # rules/health: drained until its remediation or a human
     return HoldOut(
-        what=HOLD_WORDS.get(verb, verb.replace("_", " ")),
+        what=what,
         policy=fire.policy,
         action=verb,
         decision_id=fire.id,

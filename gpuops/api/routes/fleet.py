@@ -49,6 +49,8 @@ MIN_STEP_S = 15.0
 EVENTS = 500
 """Most decisions one timeline lists."""
 _SCAN = 10_000
+ALERT_EPISODES_S = 7 * 86400
+"""How far back the holds of alert-triggered policies are looked for."""
 
 
 @router.get("/fleet")
@@ -104,6 +106,29 @@ def holds(ctx: ApiContext) -> list[Held]:
             dry_run = fire.decision.verdict is Verdict.DRY_RUN
             hold = hold_of(fire.decision, dry_run, undo, clearing)
             found.append(Held(dict(target.labels), hold))
+    return found + _alert_holds(ctx)
+
+
+def _alert_holds(ctx: ApiContext) -> list[Held]:
+    """The holds of policies that Alertmanager alone triggers (they keep no evaluation state):
+    each episode of the last ``ALERT_EPISODES_S`` whose fire ran and that no resolve ended."""
+    engine = ctx.engine
+    since = engine.clock() - ALERT_EPISODES_S
+    found: list[Held] = []
+    for policy in engine.rules.policies():
+        if policy.expr is not None or not policy.trigger_alertmanager:
+            continue
+        undo = policy.on_clear.type if policy.on_clear else None
+        ended: set[tuple[str, float]] = set()
+        for stored in engine.store.decisions(policy.name, since, _SCAN):  # newest first
+            d = stored.decision
+            episode = (d.target.key, d.episode_start)
+            if d.transition is not Transition.FIRE:
+                ended.add(episode)
+            elif episode not in ended and _ran(stored):
+                ended.add(episode)  # its newest fire that ran
+                dry_run = d.verdict is Verdict.DRY_RUN
+                found.append(Held(dict(d.target.labels), hold_of(d, dry_run, undo, None)))
     return found
 
 

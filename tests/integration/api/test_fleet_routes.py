@@ -30,6 +30,11 @@ groups:
         target: [node]
         action: {type: migrate, executor: fleet}
         mode: enforce
+      - policy: quarantine-faulty-gpu-node
+        trigger: {alertmanager: {alertname: GpuFault}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        mode: enforce
 """
 
 
@@ -144,3 +149,21 @@ def test_bad_ranges_and_pools_are_refused_by_name(stack: tuple[FleetSim, Harness
     r = h.call("developer", "GET", "/api/v1/fleet", params={"pool": "a b"})
     assert r.status_code == 422 and "pool" in r.text
     assert h.call(None, "GET", "/api/v1/fleet").status_code == 401
+
+
+def test_an_alert_triggered_quarantine_holds_its_node_until_the_alert_resolves(
+    stack: tuple[FleetSim, Harness],
+) -> None:
+    _, h = stack
+    fault = h.alert("GpuFault", node="node-1", uuid="GPU-x")
+    assert h.notify(fault).ok
+    h.settle()
+    (hold,) = nodes(h)["node-1"]["holds"]
+    assert (hold["what"], hold["policy"], hold["undo"]) == (
+        "quarantined",
+        "quarantine-faulty-gpu-node",
+        None,
+    )
+    assert h.notify({**fault, "status": "resolved"}).ok
+    h.settle()
+    assert nodes(h)["node-1"]["holds"] == []

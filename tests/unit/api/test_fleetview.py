@@ -46,10 +46,12 @@ def readings(*parts: dict[str, list[Sample]], errors: tuple[str, ...] = ()) -> R
     return Readings(NOW, AGE, {k: tuple(v) for k, v in merged.items()}, errors)
 
 
-def hold(action: str, key: str, dry_run: bool = False, undo: str | None = None) -> HoldOut:
+def hold(
+    action: str, key: str, dry_run: bool = False, undo: str | None = None, policy: str = ""
+) -> HoldOut:
     decision = Decision(
         id=f"id-{action}",
-        policy=f"p-{action}",
+        policy=policy or f"p-{action}",
         group="g",
         target=Target(key, MappingProxyType({})),
         transition=Transition.FIRE,
@@ -237,3 +239,10 @@ def test_a_powered_down_node_without_an_exporter_is_not_unhealthy() -> None:
     (n4,) = fleet(r, [], None).nodes
     assert (n4.state, n4.health) == ("up", "degraded")
     assert n4.problems == ["its exporter has no fresh sample"]
+
+
+def test_a_quarantine_policy_s_drain_is_a_quarantine() -> None:
+    assert hold("migrate", "node=n1", policy="quarantine-on-lost-gpu").what == "quarantined"
+    assert hold("migrate", "node=n1").what == "drained"
+    assert hold("lend", "pool=a").what == "lending"
+    assert hold("restore_clocks", "uuid=x").what == "restore clocks"
