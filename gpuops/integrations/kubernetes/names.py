@@ -87,7 +87,7 @@ class Rule:
 
 
 RBAC_RULES: tuple[Rule, ...] = (
-    Rule("", ("nodes",), ("get", "list", "patch"), "read the selected nodes; cordon, uncordon"),
+    Rule("", ("nodes",), ("list", "patch"), "list the selected nodes; cordon, uncordon"),
     Rule("", ("nodes/status",), ("patch",), "the GpuopsCordoned node condition"),
     Rule("", ("pods",), ("get", "list", "delete"), "a node's pods; delete-after-timeout only"),
     Rule("", ("pods/eviction",), ("create",), "drain through the Eviction API"),

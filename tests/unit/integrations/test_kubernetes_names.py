@@ -10,7 +10,7 @@ def test_the_cluster_role_rules_are_the_calls_one_rule_per_group_and_resources()
     assert rules[0] == {
         "apiGroups": [""],
         "resources": ["nodes"],
-        "verbs": ["get", "list", "patch"],
+        "verbs": ["list", "patch"],
     }
     assert {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]} in rules
     pairs = [(r.api_group, res) for r in names.RBAC_RULES for res in r.resources]
