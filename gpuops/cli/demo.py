@@ -60,7 +60,8 @@ from gpuops.sim.demo_console import DemoPortBusy
     "--slurm",
     is_flag=True,
     help="Tell the story on a real local Slurm (slurm-wlm and munge, as root) instead of the "
-    "simulated fleet; --duration, --rules, --nodes, --gpus-per-node and --seed do not apply.",
+    "simulated fleet; --duration, --api-port, --rules, --nodes, --gpus-per-node and --seed do "
+    "not apply.",
 )
 def demo(
     duration: float,

@@ -1,14 +1,17 @@
 """What a user reads is the product as it is: no project history in the docs, the README, the
 shipped rules, configuration and deploy files; no reference to a file outside the repository;
 every relative link of the docs leads to a file; the README's first commands are the two a
-newcomer needs; the examples a guide shows are the files it runs."""
+newcomer needs; the examples a guide shows are the files it runs; the exporter the install guide
+starts is one its Prometheus configuration scrapes."""
 
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = (
@@ -87,3 +90,34 @@ def test_the_first_policy_guide_shows_the_files_it_runs(name: str) -> None:
     guide = (REPO / "docs" / "first-policy.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", guide, flags=re.S)
     assert (REPO / "docs" / "examples" / name).read_text() in blocks
+
+
+def test_the_nvml_exporter_the_install_guide_starts_is_in_the_scrape_config_it_writes() -> None:
+    text = (REPO / "docs" / "install.md").read_text()
+    started = re.search(r"gpuops exporter nvml --host (\S+) --port (\d+) --fake-nvml", text)
+    assert started, "the install guide starts a simulated NVML exporter"
+    written = re.search(r"printf -- '(.+)' > /etc/prometheus/gpuops/(gpu-nodes/\S+\.yml)", text)
+    assert written, "the install guide writes a gpu-nodes file of the Prometheus configuration"
+    groups = yaml.safe_load(written.group(1).replace("\\n", "\n"))
+    assert f"{started.group(1)}:{started.group(2)}" in groups[0]["targets"]
+    cluster = yaml.safe_load((REPO / "deploy" / "prometheus" / "cluster.yml").read_text())
+    (job,) = [j for j in cluster["scrape_configs"] if j["job_name"] == "gpu-nodes"]
+    patterns = [f for sd in job["file_sd_configs"] for f in sd["files"]]
+    assert any(fnmatch(written.group(2), pattern) for pattern in patterns), patterns
+
+
+@pytest.mark.parametrize("path", markdown(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_table_row_has_the_cells_of_its_header(path: Path) -> None:
+    """GitHub splits a table row at every unescaped `|`, in code spans too: a row with more
+    cells than its header loses the rest, and a row broken over two lines ends the table."""
+    lines = path.read_text().splitlines()
+    cells = [len(re.findall(r"(?<!\\)\|", line)) for line in lines]
+    for at, line in enumerate(lines[:-1]):
+        if not (line.startswith("|") and re.match(r"\|\s*:?-", lines[at + 1])):
+            continue
+        row = at + 2
+        while row < len(lines) and lines[row].startswith("|"):
+            assert cells[row] == cells[at], f"{path.name}:{row + 1}: {lines[row][:80]}"
+            row += 1
+        follows = lines[row] if row < len(lines) else ""
+        assert not follows.strip(), f"{path.name}:{row + 1}: a table row not starting with |"
