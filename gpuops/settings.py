@@ -407,7 +407,8 @@ def with_logical_executors(
     executors: dict[str, dict[str, Any]], prometheus_url: str | None
 ) -> dict[str, dict[str, Any]]:
     """``executors`` with each logical executor's full settings: the concrete executor(s) it
-    maps to and their settings; the slurm executor learns where Prometheus is."""
+    maps to and their settings; the slurm executor (and the kubernetes executor's reclaim, which
+    maps a GPU to its pod) learn where Prometheus is."""
     out = {name: dict(settings) for name, settings in executors.items()}
     if "slurm" in out or any(
         out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "slurm" for n in LOGICAL_DEFAULTS
@@ -415,6 +416,13 @@ def with_logical_executors(
         out.setdefault("slurm", {})
         if prometheus_url:
             out["slurm"].setdefault("prometheus_url", prometheus_url)
+    if "kubernetes" in out or any(
+        out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "kubernetes" for n in LOGICAL_DEFAULTS
+    ):
+        kubernetes = out.setdefault("kubernetes", {})
+        reclaim = kubernetes.get("reclaim")
+        if prometheus_url and isinstance(kubernetes, dict) and isinstance(reclaim, dict | None):
+            kubernetes["reclaim"] = {"prometheus_url": prometheus_url, **(reclaim or {})}
     for name, default in LOGICAL_DEFAULTS.items():
         given = out.get(name)
         spec = dict(default) if given is None else dict(given)

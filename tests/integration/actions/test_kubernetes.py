@@ -5,8 +5,12 @@ conflicts, RBAC refusals, hostile labels."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -487,3 +491,61 @@ def test_a_job_is_suspended_where_kueue_is_not_installed(
     done = k.run(decision("reclaim", node="gpu-2", uuid="GPU-1", namespace="ml", pod="sweep-1"))
     assert done["owner"] == "Job ml/sweep"
     assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is True
+
+
+class _Query(BaseHTTPRequestHandler):
+    """Prometheus' /api/v1/query answering dcgm-exporter's series of GPU-1 (its pod mapping)."""
+
+    asked: list[str] = []
+
+    def do_GET(self) -> None:
+        query = parse_qs(urlsplit(self.path).query)["query"][0]
+        _Query.asked.append(query)
+        metric = {
+            "__name__": "DCGM_FI_DEV_GPU_UTIL",
+            "UUID": "GPU-1",
+            "gpu": "0",
+            "Hostname": "gpu-2",
+            "namespace": "ml",
+            "pod": "train-6d4f-x",
+        }
+        result = [{"metric": metric, "value": [0, "2"]}] if 'UUID="GPU-1"' in query else []
+        body = json.dumps(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_path: Path) -> None:
+    """The shipped reclaim-idle-gpus (target node, uuid): dcgm-exporter's series names the pod."""
+    api.put("apps", "deployments", deployment("train", 3))
+    api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
+    api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Query)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        k = executor(api, tmp_path, reclaim={"prometheus_url": url})
+        done = k.run(decision("reclaim", policy="reclaim-idle-gpus", node="gpu-2", uuid="GPU-1"))
+        assert done["owner"] == "Deployment ml/train" and done["reclaimed"] is True
+        assert _Query.asked[-1] == 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",pod!=""}'
+        hostile = 'GPU-2"} or vector(1) or x{a="'
+        with pytest.raises(PermanentError, match="is held by pods: none"):
+            k.run(decision("reclaim", did="d2", node="gpu-2", uuid=hostile))
+        assert _Query.asked[-1] == (
+            'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-2\\"} or vector(1) or x{a=\\"",pod!=""}'
+        )
+        with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
+            k.run(decision("reclaim", did="d3", node="gpu-1", uuid="GPU-1"))
+    finally:
+        server.shutdown()
+        server.server_close()

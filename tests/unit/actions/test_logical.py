@@ -81,6 +81,24 @@ def test_slurm_scheduler_gets_the_slurm_settings_and_prometheus_url() -> None:
     assert config.executors["gpu-control"]["use"] == "fleet"
 
 
+def test_kubernetes_reclaim_learns_where_prometheus_is() -> None:
+    config = EngineConfig.model_validate(
+        {
+            "prometheus": {"url": "http://prom:9090"},
+            "executors": {
+                "scheduler": {"use": "kubernetes"},
+                "kubernetes": {"node_selector": "gpu=true", "reclaim": {"uuid_label": "uuid"}},
+            },
+        }
+    )
+    kubernetes = {
+        "node_selector": "gpu=true",
+        "reclaim": {"prometheus_url": "http://prom:9090", "uuid_label": "uuid"},
+    }
+    assert config.executors["kubernetes"] == kubernetes
+    assert config.executors["scheduler"]["settings"] == {"kubernetes": kubernetes}
+
+
 @pytest.mark.parametrize(
     ("executors", "message"),
     [
