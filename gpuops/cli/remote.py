@@ -184,6 +184,26 @@ def list_quota(status: str | None, as_json: bool, **kw: Any) -> None:
     show(payload, as_json, payload["requests"], _QUOTA_COLUMNS)
 
 
+_PROJECT_COLUMNS = (
+    ("project", lambda p: p["name"]),
+    ("base", lambda p: "—" if p["base"] is None else p["base"]),
+    ("granted", lambda p: p["granted"]),
+    ("quota", lambda p: "—" if p["quota"] is None else p["quota"]),
+    ("in use", lambda p: "unknown" if p["usage"] is None else f"{p['usage']:g}"),
+    ("pending", lambda p: p["pending"]),
+)
+
+
+@quota.command("projects")
+@api_options
+def projects(as_json: bool, **kw: Any) -> None:
+    """Each project's base quota, GPUs granted now, quota now, GPUs in use and pending requests."""
+    payload = remote_call(kw, "GET", "/quota-projects")
+    show(payload, as_json, payload["projects"], _PROJECT_COLUMNS)
+    if payload.get("usage_error") and not as_json:
+        click.echo(payload["usage_error"], err=True)
+
+
 @quota.command("approve")
 @click.argument("request_id")
 @api_options

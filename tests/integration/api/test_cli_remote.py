@@ -86,6 +86,10 @@ def test_quota_request_list_approve(api: Harness) -> None:
     assert approved.exit_code == 0 and "active" in approved.stdout
     table = run(api, "auditor", "quota", "list", "--status", "active").stdout
     assert request_id in table and "nlp" in table
+    projects = run(api, "auditor", "quota", "projects")
+    assert projects.exit_code == 0, projects.output
+    assert projects.stdout.splitlines()[1].split() == ["nlp", "—", "3", "—", "unknown", "0"]
+    assert projects.stderr.splitlines()[-1].startswith("usage not known: ")
 
 
 def test_control_commands(api: Harness) -> None:
