@@ -225,6 +225,7 @@ class Engine:
         self.gate.on_outcome(self.alerts.fire_finished)
         self.health = HealthInbox(
             catalogue=load_catalogue(config.health.xid_overrides),
+            store=self.store,
             alerts=self.alerts,
             clock=clock,
             registry=self.metrics.registry,
@@ -429,6 +430,7 @@ class Engine:
         gone = self.store.prune(self.clock() - DECISION_MEMORY_S)
         memory = max(DECISION_MEMORY_S, EPISODE_MEMORY_S)
         gone += self.store.prune_alert_episodes(self.clock() - memory)
+        gone += self.store.prune_health_events(self.clock() - memory)
         if gone:
             log.info("pruned %d old decisions and approvals from the state file", gone)
 

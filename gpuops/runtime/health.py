@@ -15,16 +15,16 @@ the gate's outcome hook) never acts: a replayed old fault does not take a repair
 again. What it does with every event is logged and counted
 (``gpuops_health_events_total{kind,outcome}``).
 
-The XID counts of the threshold windows live in memory: an engine restarted within a window
-counts that window's XIDs again from its start (Prometheus' rules in ``rules/health`` count
-from the exporter's series, which survive it).
+Every event is kept in the state store by its id (``health_events``): a duplicate is known
+across restarts and replicas, and a GPU's XIDs within the longest threshold window are read
+back from there. The nodes' returns to service are known from the gate's outcomes since the
+engine started.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,15 +32,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.model.health.catalogue import XidCatalogue
-from gpuops.model.health.events import EventKind, Fault, HealthEvent, fault_alert
+from gpuops.model.health.events import FAULT_ALERT, EventKind, Fault, HealthEvent, fault_alert
 from gpuops.model.health.faults import XidEvent, xid_faults
 from gpuops.runtime.alerts import AlertInbox
+from gpuops.store.interface import HealthRepository
 
 log = logging.getLogger(__name__)
-
-REMEMBERED_IDS = 100_000
-"""Event ids remembered for deduplication (an agent resends what it has not seen answered:
-seconds to minutes of events, far fewer than this)."""
 
 
 @dataclass(frozen=True)
@@ -60,19 +57,17 @@ class HealthInbox:
         self,
         *,
         catalogue: XidCatalogue,
+        store: HealthRepository,
         alerts: AlertInbox,
         clock: Callable[[], float],
         registry: CollectorRegistry,
     ) -> None:
         self.catalogue = catalogue
+        self._store = store
         self._alerts = alerts
         self._clock = clock
         self._lock = threading.Lock()
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._xids: dict[tuple[str, str], deque[XidEvent]] = {}
         self._returned: dict[str, float] = {}
-        windows = [e.threshold.window_s for e in catalogue if e.threshold is not None]
-        self._window = max(windows, default=3600.0)
         self.events = Counter(
             "gpuops_health_events",
             "Health events pushed by node agents, by kind (xid, gpu_lost) and what became of "
@@ -81,9 +76,11 @@ class HealthInbox:
             registry=registry,
         )
 
-    def set_catalogue(self, catalogue: XidCatalogue) -> None:
-        with self._lock:
-            self.catalogue = catalogue
+    @property
+    def window_s(self) -> float:
+        """The longest threshold window of the catalogue: how far back XIDs are counted."""
+        windows = [e.threshold.window_s for e in self.catalogue if e.threshold is not None]
+        return max(windows, default=3600.0)
 
     def returned(self, node: str, at: float) -> None:
         """``node`` went back into service at ``at``: older events never act on it."""
@@ -98,36 +95,38 @@ class HealthInbox:
                 self.returned(node, self._clock())
 
     def submit(self, events: Sequence[HealthEvent]) -> HealthReceipt:
-        """Take one request's events; raise what the alert inbox raises (nothing is kept)."""
+        """Take one request's events; raise what the alert inbox or the store raises (then
+        nothing of the request is kept: the agent sends it again)."""
         with self._lock:
-            seen: set[str] = set()  # ids of this request
-            xids: dict[tuple[str, str], deque[XidEvent]] = {}  # the windows it touches, copied
-            faults: list[Fault] = []
+            known = self._store.health_events_known([e.id for e in events])
+            fresh: dict[str, HealthEvent] = {}
             outcomes: list[tuple[HealthEvent, str]] = []
             for event in events:
-                outcome = self._take(event, seen, xids, faults)
-                outcomes.append((event, outcome))
+                if event.id in known or event.id in fresh:
+                    outcomes.append((event, "duplicate"))
+                else:
+                    fresh[event.id] = event
+            faults: list[Fault] = []
+            windows: dict[tuple[str, str], list[XidEvent]] = {}
+            for event in fresh.values():
+                outcomes.append((event, self._take(event, windows, faults)))
             if faults:
                 self._alerts.submit([fault_alert(f) for f in faults])
-            for event, outcome in outcomes:  # stored: now they count as handled
-                self.events.labels(event.kind.value, outcome).inc()
-                if outcome != "duplicate":
-                    self._seen[event.id] = None
-            while len(self._seen) > REMEMBERED_IDS:
-                self._seen.popitem(last=False)
-            self._xids.update(xids)
+            self._store.health_events_add(list(fresh.values()), self._clock())
+        for event, outcome in outcomes:
+            self.events.labels(event.kind.value, outcome).inc()
         for fault in faults:
             log.warning(
                 "GPU %s on %s is faulty: %s; raised %s (remedy %s)",
                 fault.gpu,
                 fault.node,
                 fault.reason,
-                "GpuFault",
+                FAULT_ALERT,
                 fault.remedy.value,
             )
         counts = [o for _, o in outcomes]
         return HealthReceipt(
-            accepted=len(events) - counts.count("duplicate"),
+            accepted=len(fresh),
             duplicates=counts.count("duplicate"),
             faults=len(faults),
             skipped=counts.count("before_return") + counts.count("unknown_xid"),
@@ -136,13 +135,9 @@ class HealthInbox:
     def _take(
         self,
         event: HealthEvent,
-        seen: set[str],
-        xids: dict[tuple[str, str], deque[XidEvent]],
+        windows: dict[tuple[str, str], list[XidEvent]],
         faults: list[Fault],
     ) -> str:
-        if event.id in seen or event.id in self._seen:
-            return "duplicate"
-        seen.add(event.id)
         if event.at <= self._returned.get(event.node, float("-inf")):
             log.info(
                 "health event %s of GPU %s on %s is older than the node's return to service: "
@@ -156,8 +151,7 @@ class HealthInbox:
             faults.append(Fault.of_lost(event))
             return "fault"
         assert event.xid is not None
-        entry = self.catalogue.entry(event.xid)
-        if entry is None:
+        if self.catalogue.entry(event.xid) is None:
             log.info(
                 "XID %d of GPU %s on %s is not in the XID catalogue: recorded only",
                 event.xid,
@@ -166,16 +160,12 @@ class HealthInbox:
             )
             return "unknown_xid"
         key = (event.node, event.gpu)
-        window = xids.get(key)
-        if window is None:
-            window = xids[key] = deque(self._xids.get(key, ()))
+        window = windows.get(key)
+        if window is None:  # this GPU's XIDs kept before, within the longest window
+            kept = self._store.health_xids(event.node, event.gpu, event.at - self.window_s)
+            window = windows[key] = [XidEvent(e.node, e.gpu, e.xid or 0, e.at) for e in kept]
         window.append(XidEvent(event.node, event.gpu, event.xid, event.at))
-        if len(window) > 1 and event.at < window[-2].at:  # late: keep the window in order
-            window = xids[key] = deque(sorted(window, key=lambda e: e.at))
-        latest = window[-1].at
-        while window and window[0].at < latest - self._window:
-            window.popleft()
-        # at the GPU's latest event: one that arrives late still counts in its window
+        latest = max(e.at for e in window)  # a late event still counts in its window
         found = [f for f in xid_faults(self.catalogue, window, latest) if f.entry.code == event.xid]
         faults.extend(Fault.of_xid(f) for f in found)
         return "fault" if found else "counted"

@@ -27,6 +27,7 @@ from gpuops.model.alerts import Alert
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus
 from gpuops.model.evaluation.state import PolicyState
 from gpuops.model.guardrails import GuardrailState
+from gpuops.model.health.events import HealthEvent
 
 Transaction = Any
 """The handle of an open transaction (``Store.transaction()``); only its backend reads it."""
@@ -340,6 +341,21 @@ class ControlRepository(Protocol):
     def set_control(self, name: str, value: str | None) -> None: ...
 
 
+class HealthRepository(Protocol):
+    """The health events node agents pushed, by id (``gpuops.runtime.health``)."""
+
+    def health_events_add(self, events: Sequence[HealthEvent], now: float) -> set[str]:
+        """Keep ``events``; the ids of those not kept before."""
+        ...
+
+    def health_events_known(self, ids: Sequence[str]) -> set[str]: ...
+    def health_xids(self, node: str, gpu: str, since: float) -> list[HealthEvent]:
+        """One GPU's XIDs at or after ``since``, oldest first."""
+        ...
+
+    def prune_health_events(self, older_than: float) -> int: ...
+
+
 class Store(
     PolicyStateRepository,
     GuardrailRepository,
@@ -348,6 +364,7 @@ class Store(
     QuotaRepository,
     AlertRepository,
     ControlRepository,
+    HealthRepository,
     Protocol,
 ):
     """What the engine needs of its state backend. ``transaction()`` yields the backend's

@@ -60,6 +60,11 @@ MIGRATIONS: tuple[str, ...] = (
     # refresh them)
     "CREATE TABLE IF NOT EXISTS policy_seen (policy TEXT PRIMARY KEY,"
     " at DOUBLE PRECISION NOT NULL, data TEXT NOT NULL)",
+    # 3, 4: the health events node agents pushed, by id (SQLite's 8)
+    "CREATE TABLE IF NOT EXISTS health_events (id TEXT PRIMARY KEY, node TEXT NOT NULL,"
+    " gpu TEXT NOT NULL, kind TEXT NOT NULL, xid INTEGER, at DOUBLE PRECISION NOT NULL,"
+    " received_at DOUBLE PRECISION NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS health_events_gpu ON health_events (node, gpu, at)",
 )
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
 how many a database has had. Applied under an advisory lock, so two replicas starting at once

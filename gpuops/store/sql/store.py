@@ -11,6 +11,7 @@ from gpuops.store.sql.approvals import SqlApprovals
 from gpuops.store.sql.controls import SqlControls
 from gpuops.store.sql.decisions import SqlDecisions
 from gpuops.store.sql.guardrails import SqlGuardrails
+from gpuops.store.sql.health import SqlHealth
 from gpuops.store.sql.policy_states import SqlPolicyStates
 from gpuops.store.sql.quota import SqlQuotaRequests
 
@@ -23,6 +24,7 @@ class SqlStore(
     SqlQuotaRequests,
     SqlAlerts,
     SqlControls,
+    SqlHealth,
 ):
     """Every repository in the SQL both backends speak (``ON CONFLICT``, ``RETURNING``, ``?``
     placeholders); a backend adds ``close``, ``_atomic`` and ``_check_cache``."""

@@ -66,6 +66,13 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 7: each policy's latest ``last_seen``/``value`` of all its targets in one row, so a steady
     # cycle rewrites no target row to refresh them (``gpuops.store.sql.policy_seen``)
     SEEN_TABLE,
+    # 8: the health events node agents pushed, by id (``gpuops.store.sql.health``)
+    (
+        "CREATE TABLE IF NOT EXISTS health_events (id TEXT PRIMARY KEY, node TEXT NOT NULL,"
+        " gpu TEXT NOT NULL, kind TEXT NOT NULL, xid INTEGER, at REAL NOT NULL,"
+        " received_at REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS health_events_gpu ON health_events (node, gpu, at)",
+    ),
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""

@@ -115,3 +115,15 @@ def test_bad_senders_and_bodies_are_refused_naming_what(api: Harness) -> None:
     big = [event(api, f"b-{i}", "n6", "GPU-f", 79) for i in range(1000)]
     assert push(api, *big).status_code == 413
     assert quarantined(api) == []
+
+
+def test_counts_and_duplicates_survive_a_restart(tmp_path: Path) -> None:
+    with running_api(tmp_path, rules=HEALTH_RULES) as first:
+        nine = [event(first, f"r-{i}", "n8", "GPU-8", 45, ago=30.0 * (i + 1)) for i in range(9)]
+        assert push(first, *nine).json()["faults"] == 0
+    with running_api(tmp_path, rules=HEALTH_RULES) as second:
+        assert push(second, nine[0]).json()["duplicates"] == 1
+        assert quarantined(second) == []
+        tenth = event(second, "r-9", "n8", "GPU-8", 45)
+        assert push(second, tenth).json()["faults"] == 1
+        assert quarantined(second) == ["n8"]

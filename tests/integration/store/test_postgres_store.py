@@ -19,6 +19,7 @@ from gpuops.cli import cli
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, freeze
 from gpuops.model.evaluation.state import PolicyState, Status, TargetState
+from gpuops.model.health.events import EventKind, HealthEvent
 from gpuops.store.errors import DatabaseUnavailable, FencedError, StateError
 from gpuops.store.interface import (
     AlertKey,
@@ -203,6 +204,24 @@ def test_a_policy_seen_row_goes_when_the_state_empties_alike(store: Any) -> None
         assert db.execute("SELECT policy FROM policy_seen").fetchall() == []
         db.execute("INSERT INTO policy_seen (policy, at, data) VALUES ('q', 1.0, '[]')")
     assert store.policy_names() == ["q"]
+
+
+def test_health_events_are_kept_by_id_and_read_back_per_gpu_alike(store: Any) -> None:
+    xid = [
+        HealthEvent("a-1", "n1", "GPU-1", EventKind.XID, 100.0, 45),
+        HealthEvent("a-2", "n1", "GPU-1", EventKind.XID, 50.0, 13),
+        HealthEvent("a-3", "n1", "GPU-2", EventKind.XID, 100.0, 45),
+        HealthEvent("a-4", "n1", "GPU-1", EventKind.GPU_LOST, 120.0),
+    ]
+    assert store.health_events_add(xid, 1000.0) == {"a-1", "a-2", "a-3", "a-4"}
+    assert store.health_events_add(xid[:1], 1001.0) == set()  # sent again: a duplicate
+    assert store.health_events_known(["a-1", "a-4", "b-1"]) == {"a-1", "a-4"}
+    assert [(e.id, e.xid, e.at) for e in store.health_xids("n1", "GPU-1", 60.0)] == [
+        ("a-1", 45, 100.0)
+    ]
+    assert [e.id for e in store.health_xids("n1", "GPU-1", 0.0)] == ["a-2", "a-1"]
+    assert store.prune_health_events(1000.5) == 4
+    assert store.health_events_known(["a-1"]) == set()
 
 
 def test_a_replica_that_lost_its_lease_writes_nothing(url: str, credentials: Credentials) -> None:
