@@ -1,5 +1,6 @@
 """The demo's story on its own console, as a user walks it: sign in with the token the demo
-printed, find the downclock waiting for approval, grant it with a reason, see it run."""
+printed, find the downclock waiting for approval, grant it with a reason, see it run, then see
+it on the Fleet page (held on its GPU) and on the Timeline."""
 
 from __future__ import annotations
 
@@ -92,6 +93,22 @@ def test_the_demo_story_on_its_console(page: Page, demo: Demo) -> None:
 
     wait_for(ran, 60, "the granted downclock to run", interval=1.0)
     shot(page, "demo-decision")
+
+    # the fleet as it is now: every node up, and the downclock held on node-3 with its decision
+    page.goto("/fleet")
+    for name in ("node-0", "node-1", "node-2", "node-3"):
+        expect(page.locator(f"#node-{name} h3 .state")).to_have_text("up")
+    held = page.locator("#node-node-3").get_by_role("link", name="downclock-underused-gpus")
+    expect(held).to_have_attribute("href", f"/decisions/{approval}")
+    expect(page.locator("#node-node-3")).to_contain_text("downclocked")
+    shot(page, "demo-fleet")
+
+    # and over time: both charts, the decision a row and a marker linked to it
+    page.goto("/timeline?range=15m")
+    expect(page.locator("svg.chart")).to_have_count(2)
+    expect(page.locator("#events")).to_contain_text("downclock-underused-gpus")
+    expect(page.locator(f'svg.chart a[href="/decisions/{approval}"]').first).to_be_attached()
+    shot(page, "demo-timeline")
 
 
 def demo_approvals(demo: Demo) -> list[str]:
