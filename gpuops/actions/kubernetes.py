@@ -246,6 +246,11 @@ class KubernetesExecutor:
 
     # --- what the gate asks --------------------------------------------------------------
 
+    def lane(self, decision: Decision) -> str:
+        """The target's node (``""`` without one): a drain waiting on PodDisruptionBudgets
+        holds up only the actions on its own node (``gpuops.actions.base.lane``)."""
+        return str(decision.target.labels.get(self.settings.node_label) or "")
+
     def standing(self, decision: Decision) -> Standing:
         """The veto on the target's node or pod, and (for a node verb) the selected nodes
         already unschedulable or NotReady besides the target's: asked by the gate."""

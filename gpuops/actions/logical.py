@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from gpuops.actions.base import Executor, PermanentError, standing
+from gpuops.actions.base import Executor, PermanentError, lane, standing
 from gpuops.actions.config import settings_of
 from gpuops.actions.registry import LOGICAL_DEFAULTS, ExecutorRegistry
 from gpuops.actions.results import Routed
@@ -91,6 +91,11 @@ class LogicalExecutor:
 
     def executor_for(self, verb: str) -> Executor:
         return self._executors[self.by_verb.get(verb, self.use)]
+
+    def lane(self, decision: Decision) -> str:
+        """The lane the concrete executor of ``decision``'s verb gives it (``base.lane``)."""
+        verb = decision.action.type if decision.action else ""
+        return lane(self.executor_for(verb), decision)
 
     def standing(self, decision: Decision) -> Standing | None:
         """The standing the concrete executor of ``decision``'s verb reads (``base.standing``)."""

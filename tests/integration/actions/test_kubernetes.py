@@ -549,3 +549,9 @@ def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_p
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_each_node_is_a_lane_of_its_own(api: FakeApiServer, tmp_path: Path) -> None:
+    k = executor(api, tmp_path)
+    assert k.lane(decision("migrate", node="gpu-1")) == "gpu-1"
+    assert k.lane(decision("scale_out", pool="a100")) == ""
