@@ -34,18 +34,37 @@ class GpuModel:
     idle_power_watts: float
     speed: float = 1.0
     """Compute-bound work per second relative to an A100 (job durations are A100 time)."""
+    fp16_tflops: float = 312.0
+    """Peak dense FP16 Tensor Core TFLOPS (NVIDIA's datasheets: A100 312, H100 SXM 989, V100
+    SXM2 125, T4 65, RTX A6000 154.8): what the report weighs a GPU-hour of each model by
+    (utilization weighted by throughput: a busy T4-hour is a fifth of a busy A100-hour)."""
 
 
 GIB = 1024**3
 
 GPU_MODELS: dict[str, GpuModel] = {
-    "A100": GpuModel("A100", "NVIDIA A100-SXM4-80GB", 80 * GIB, 210, 1410, 1593, 400.0, 55.0),
-    "H100": GpuModel(
-        "H100", "NVIDIA H100 80GB HBM3", 80 * GIB, 345, 1980, 2619, 700.0, 70.0, speed=2.0
+    "A100": GpuModel(
+        "A100", "NVIDIA A100-SXM4-80GB", 80 * GIB, 210, 1410, 1593, 400.0, 55.0, fp16_tflops=312.0
     ),
-    "V100": GpuModel("V100", "Tesla V100-SXM2-32GB", 32 * GIB, 135, 1530, 877, 300.0, 40.0),
-    "T4": GpuModel("T4", "Tesla T4", 16 * GIB, 300, 1590, 5001, 70.0, 10.0),
-    "RTXA6000": GpuModel("RTXA6000", "NVIDIA RTX A6000", 48 * GIB, 210, 1800, 8001, 300.0, 22.0),
+    "H100": GpuModel(
+        "H100",
+        "NVIDIA H100 80GB HBM3",
+        80 * GIB,
+        345,
+        1980,
+        2619,
+        700.0,
+        70.0,
+        speed=2.0,
+        fp16_tflops=989.0,
+    ),
+    "V100": GpuModel(
+        "V100", "Tesla V100-SXM2-32GB", 32 * GIB, 135, 1530, 877, 300.0, 40.0, fp16_tflops=125.0
+    ),
+    "T4": GpuModel("T4", "Tesla T4", 16 * GIB, 300, 1590, 5001, 70.0, 10.0, fp16_tflops=65.0),
+    "RTXA6000": GpuModel(
+        "RTXA6000", "NVIDIA RTX A6000", 48 * GIB, 210, 1800, 8001, 300.0, 22.0, fp16_tflops=154.8
+    ),
 }
 """Known GPU models by short name (the ``model`` of a pool). Memory, maximum SM clock, memory
 clock and board power are NVIDIA's datasheet figures (A100 SXM4 80GB: 400 W, 1410 MHz; H100
@@ -94,6 +113,9 @@ class PoolSpec:
     host_peak_watts: float = 0.0
     """The host's draw at full load (its GPUs at 100 %); linear in between. At or below
     ``host_idle_watts`` (the default 0 included): a constant draw."""
+    price_per_gpu_hour: float = 0.0
+    """What one GPU-hour of the pool costs while powered, in the tariff's currency, besides
+    its energy (a cloud pool's rental price); 0: owned, its cost not counted."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuops.sim.fleet.report import RunReport, waste_rows
 from gpuops.sim.whatif.both import Whatif
+from gpuops.sim.whatif.conclusion import conclusion
 from gpuops.sim.whatif.runs import RunResult
 
 
@@ -111,6 +112,7 @@ Row = tuple[str, Callable[[RunReport], float | None], Callable[[float | None], s
 OVERALL: tuple[Row, ...] = (
     ("GPUs powered (mean)", lambda r: r.gpus_mean, number(".1f"), False),
     ("utilization over powered GPUs", lambda r: r.utilization_powered, _pct, True),
+    ("  weighted by GPU throughput", lambda r: r.utilization_weighted, _pct, True),
     ("  without work done again", lambda r: r.utilization_powered_net, _pct, True),
     ("  at most, jobs in their pools", lambda r: r.utilization_bound_pools, _pct, True),
     ("  at most, jobs in any pool", lambda r: r.utilization_bound_any_pool, _pct, True),
@@ -129,6 +131,8 @@ OVERALL: tuple[Row, ...] = (
     ("GPU-hours reclaimed", lambda r: r.reclaimed_gpu_hours, number(".1f"), False),
     ("energy (kWh)", lambda r: r.energy_kwh, number(".1f"), False),
     ("energy cost", lambda r: r.energy_cost, number(".2f"), False),
+    ("rental cost (cloud pools)", lambda r: r.rental_cost, number(".2f"), False),
+    ("total cost", lambda r: r.total_cost, number(".2f"), False),
     ("completed jobs' GPU-hours", lambda r: r.completed_gpu_hours, number(".1f"), False),
     ("kWh per completed GPU-hour", lambda r: r.kwh_per_completed_gpu_hour, number(".3f"), False),
     ("work (full-clock GPU-hours)", lambda r: r.work_gpu_hours, number(".1f"), False),
@@ -225,7 +229,7 @@ def table(w: Whatif) -> str:
         "  actions of the on run: "
         + (", ".join(f"{k} {v}" for k, v in sorted(w.on.outcomes.items())) or "none"),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + conclusion(w))
 
 
 def _waste_order(label: str) -> tuple[int, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuops.sim.fleet.report import RunReport
 from gpuops.sim.whatif.both import Whatif
+from gpuops.sim.whatif.conclusion import conclusion_over_seeds
 from gpuops.sim.whatif.report import OVERALL, Row, hours, number, to_json
 
 
@@ -132,17 +133,13 @@ def table(runs: Sequence[Whatif]) -> str:
         _line("", "off", "on", "change"),
     ]
     for f in figures(runs):
-        lines.append(
-            _line(
-                f.label,
-                _cell(f.off, f.fmt),
-                _cell(f.on, f.fmt),
-                _cell(f.change, _change_fmt(f.points)),
-            )
-        )
+        change = _cell(f.change, _change_fmt(f.points))
+        if f.change is not None and f.change.seeds < len(runs):  # off was 0 on some seeds
+            change += f" ({f.change.seeds} seeds)"
+        lines.append(_line(f.label, _cell(f.off, f.fmt), _cell(f.on, f.fmt), change))
     wall = sum(w.off.wall_s + w.on.wall_s for w in runs)
     lines += ["", f"  run time: {wall:.1f} s over {len(runs)} seeds (off and on runs together)"]
-    return "\n".join(lines)
+    return "\n".join(lines + conclusion_over_seeds(runs))
 
 
 def to_json_spread(runs: Sequence[Whatif]) -> dict[str, Any]:

@@ -81,3 +81,23 @@ def test_table_and_json_show_off_on_and_change() -> None:
     doc = to_json(w)
     assert doc["on"]["report"]["energy_kwh"] == 120.0
     assert [t["met"] for t in doc["targets"]] == [False, False, False, True]
+
+
+def test_conclusion_says_what_was_gained_what_it_cost_and_who_paid() -> None:
+    w = compare(
+        utilization_powered=0.60,
+        jct_mean_s=3 * 3600.0,
+        culled=4,
+        classes={"high": ClassFigures(50, 3.6 * 3600.0, 6 * 3600.0, 1800.0, 3600.0, culled=4)},
+    )
+    text = table(w).split("conclusion:")[1]
+    assert "raised utilization over powered GPUs from 40.0% to 60.0% (+20.0 points" in text
+    assert "Jobs took 25.0% less time" in text
+    assert "4 notebook sessions culled" in text
+    assert "priority class high (mean completion 3.00 h to 3.60 h, +20.0%; 4 sessions culled)" in (
+        " ".join(text.split())
+    )
+    calm = table(compare(utilization_powered=0.5)).split("conclusion:")[1]
+    assert "no priority class or project saw its mean completion time rise" in " ".join(
+        calm.split()
+    )

@@ -95,3 +95,19 @@ def test_seed_list_refuses(text: str, given: bool, message: str) -> None:
     with pytest.raises(click.BadParameter) as info:
         seed_list(text, 42, given)
     assert message in str(info.value)
+
+
+def test_conclusion_over_seeds_gives_each_claim_its_seeds() -> None:
+    text = " ".join(table(RUNS).split("conclusion:")[1].split())
+    assert (
+        "Utilization over powered GPUs: +20.0 pt (median; +10.0 pt to +30.0 pt), up on 3 of 3"
+        in text
+    )
+    assert "Mean completion time: -25.0% (median; -50.0% to +10.0%), up on 1 of 3 seeds." in text
+
+
+def test_a_change_over_fewer_seeds_says_how_many() -> None:
+    runs = [*RUNS[:2], seeded(3, 0.0, 0.70, 2.0)]
+    runs[2] = replace(runs[2], off=replace(runs[2].off, report=replace(OFF, jct_mean_s=0.0)))
+    line = next(x for x in table(runs).splitlines() if "JCT mean, culled sessions whole" in x)
+    assert line.endswith("(2 seeds)")

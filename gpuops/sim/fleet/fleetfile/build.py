@@ -57,6 +57,7 @@ def config(doc: _FleetFile) -> FleetConfig:
                 p.boot,
                 host_idle_watts=p.host.idle_watts if p.host else 0.0,
                 host_peak_watts=_host_peak(p.host),
+                price_per_gpu_hour=p.price_per_gpu_hour,
             )
             for p in doc.pools
         ),

@@ -63,6 +63,8 @@ class _Pool(_Model):
     """How long a machine powered up takes before it runs jobs."""
     host: _Host | None = None
     """The power of each node's host (``PoolSpec.host_idle_watts``); None: not modelled."""
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    """A powered GPU-hour's price besides energy (``PoolSpec.price_per_gpu_hour``)."""
 
     _s = field_validator("boot", mode="before")(seconds)
 

@@ -169,6 +169,15 @@ class RunReport:
     pools: dict[str, PoolFigures] = field(default_factory=dict)
     waste: WasteFigures = field(default_factory=WasteFigures)
     """Where the powered GPU-hours not busy went (``WasteFigures``)."""
+    rental_cost: float = 0.0
+    """Powered GPU-hours of pools with a ``price_per_gpu_hour`` at that price (a cloud pool's
+    rented instances), in the tariff's currency."""
+    total_cost: float = 0.0
+    """``energy_cost`` plus ``rental_cost``."""
+    utilization_weighted: float | None = None
+    """Utilization over powered GPUs with each GPU-hour weighted by its model's throughput
+    (``GpuModel.fp16_tflops``): a busy T4-hour counts a fifth of a busy A100-hour, a busy
+    H100-hour three times one."""
     utilization_bound_pools: float | None = None
     """The most utilization over powered GPUs this run's jobs allowed where they ran, each at
     the load it ran at: at every instant, each pool powering only the whole nodes its running

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.config import GPU_MODELS
 from gpuops.sim.fleet.energy import JOULES_PER_KWH
 from gpuops.sim.fleet.model import Gpu
 from gpuops.sim.fleet.report.bounds import Fewest
@@ -190,6 +191,7 @@ class Recorder:
             cost = cluster.energy_cost
             currency = cluster.config.tariff.currency
             name = cluster.config.name
+            specs = dict(cluster.pools)
         done = finished + culled_rows  # the completion times count culled sessions whole
         by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
         by_project: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -234,6 +236,16 @@ class Recorder:
             )
             for name, sums in sorted(self.pools.items())
         }
+        rental = sum(
+            sums.powered_s / 3600.0 * specs[p].price_per_gpu_hour
+            for p, sums in self.pools.items()
+            if p in specs
+        )
+        weight = {p: GPU_MODELS[spec.model].fp16_tflops for p, spec in specs.items()}
+        weighted_busy = sum(sums.busy_s * weight.get(p, 0.0) for p, sums in self.pools.items())
+        weighted_powered = sum(
+            sums.powered_s * weight.get(p, 0.0) for p, sums in self.pools.items()
+        )
         kinds: dict[str, dict[str, float]] = defaultdict(dict)
         for (kind, key), gpu_s in sorted(self.waste.items()):
             kinds[kind][key] = gpu_s / 3600.0
@@ -280,6 +292,9 @@ class Recorder:
             pools=pools,
             waste=waste,
             energy_split_kwh=energy_split,
+            rental_cost=rental,
+            total_cost=cost + rental,
+            utilization_weighted=_ratio(weighted_busy, weighted_powered),
         )
 
 

@@ -22,6 +22,7 @@ def table(r: RunReport) -> str:
     lines = [
         f"fleet {r.fleet}: {r.hours:.1f} virtual hours, {r.gpus_mean:.0f} GPUs on average",
         f"  utilization over powered GPUs    {_pct(r.utilization_powered)}",
+        f"    weighted by GPU throughput     {_pct(r.utilization_weighted)}",
         f"    without work done again        {_pct(r.utilization_powered_net)}",
         f"    at most, jobs in their pools   {_pct(r.utilization_bound_pools)}",
         f"    at most, jobs in any pool      {_pct(r.utilization_bound_any_pool)}",
@@ -35,6 +36,8 @@ def table(r: RunReport) -> str:
         f"({r.reclaimed_gpu_hours:.1f} GPU-h reclaimed, {r.culled} notebooks culled)",
         f"  energy                           {r.energy_kwh:.1f} kWh, "
         f"{r.energy_cost:.2f} {r.currency}",
+        f"  total cost (energy and rental)   {r.total_cost:.2f} {r.currency} "
+        f"(rental {r.rental_cost:.2f})",
         f"  work (full-clock GPU-hours)      {r.work_gpu_hours:.1f}",
         "  kWh per GPU-hour of work         "
         + ("-" if r.kwh_per_work_gpu_hour is None else f"{r.kwh_per_work_gpu_hour:.3f}"),

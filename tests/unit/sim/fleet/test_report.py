@@ -204,3 +204,23 @@ def test_the_bounds_are_never_below_what_the_run_reached() -> None:
     assert report.utilization_powered is not None and report.utilization_powered > 0.2
     assert report.utilization_bound_pools >= report.utilization_powered  # type: ignore[operator]
     assert report.utilization_bound_any_pool >= report.utilization_bound_pools  # type: ignore[operator]
+
+
+def test_rental_cost_and_utilization_weighted_by_throughput() -> None:
+    """A rented H100 node costs its price per powered GPU-hour on top of energy; a busy T4
+    weighs 65/989 of a busy H100 in the weighted utilization."""
+    t4 = PoolSpec("t4", 1, 1, "T4")
+    cloud = PoolSpec("c", 1, 1, "H100", cloud=True, price_per_gpu_hour=12.0)
+    config = FleetConfig(pools=(t4, cloud), arrival_rate_per_min=0.0, initial_jobs=())
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    fleet.cluster.submit(JobSpec("training", 1, "p", pool="t4", duration_s=7200))
+    fleet.run_until(3600.0)
+    report = recorder.report(fleet.cluster)
+    assert report.rental_cost == pytest.approx(12.0)  # one H100 powered for the hour
+    assert report.total_cost == pytest.approx(report.energy_cost + 12.0)
+    busy = report.pools["t4"].utilization_powered
+    assert busy is not None and busy > 0.8
+    assert report.utilization_powered == pytest.approx(busy / 2, rel=0.01)
+    assert report.utilization_weighted == pytest.approx(busy * 65 / (65 + 989), rel=0.01)
+    assert "rental 12.00" in table(report)
