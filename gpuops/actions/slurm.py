@@ -158,6 +158,9 @@ class Powered(Result):
     powered_down: list[str] | None = None
     already: bool | None = None
     """This decision's nodes were found marked: it ran before."""
+    why: str | None = None
+    """Why no node was powered down (none of the partition's idle nodes is one gpuops
+    powered up): the action ran and changed nothing."""
 
 
 class SlurmExecutor:
@@ -398,6 +401,9 @@ class SlurmExecutor:
             raise PermanentError(
                 f"partition {partition} has no powered-down (CLOUD) node left to power up"
             )
+        if not candidates:  # scale_in: said as what it is, not as a node powered down
+            why = f"no idle node of partition {partition} is one gpuops powered up"
+            return Powered.model_validate({"pool": partition, key: [], "why": why})
         chosen = [check_name("node", n) for n in candidates[:count]]
         by_name = {str(n["name"]): n for n in nodes}
         ours = f"{self.settings.reason_prefix}:"

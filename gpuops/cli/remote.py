@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,18 @@ _DECISION_COLUMNS = (
     ("policy", lambda d: d["policy"]),
     ("transition", lambda d: d["transition"]),
     ("target", lambda d: d["target"]["key"]),
+    ("action", lambda d: _action(d)),
     ("verdict", lambda d: d["verdict"]),
-    ("outcome", lambda d: (d.get("outcome") or {}).get("status", "-")),
+    ("state", lambda d: d.get("state") or (d.get("outcome") or {}).get("status", "-")),
+    ("effect", lambda d: d.get("effect") or "-"),
 )
+
+
+def _action(d: Mapping[str, Any]) -> str:
+    action = d.get("action")
+    if not action:
+        return "-"
+    return action["type"] if d.get("transition") == "fire" else f"undo: {action['type']}"
 
 
 @click.group(name="decisions")
@@ -77,8 +86,15 @@ def explain(decision_id: str, as_json: bool, **kw: Any) -> None:
     if as_json:
         show(payload, True)
         return
+    if payload.get("summary"):
+        click.echo(payload["summary"])
     for line in payload["explanation"]:
         click.echo(line)
+    click.echo("expression:")
+    for line in payload.get("expr_lines") or [payload["expr"]]:
+        click.echo(f"  {line}")
+    for line in payload.get("effect") or []:
+        click.echo(f"changed: {line}")
 
 
 @click.group(name="approvals")

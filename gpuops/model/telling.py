@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpuops.model.decisions import Outcome, OutcomeStatus, Transition, Verdict
+from gpuops.model.decisions import Outcome, OutcomeStatus, Suppression, Transition, Verdict
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
@@ -203,23 +203,36 @@ def _by_flag(did: str, undid: str, key: str, subject: str) -> _Teller:
     return tell
 
 
-_TELLERS: Mapping[str, _Teller] = {
-    "migrate": _migrate,
-    "resume": _resume,
-    "downclock": _clocks,
-    "restore_clocks": _clocks,
-    "reclaim": _reclaim,
-    "notify": _notify,
-    "scale_out": _power,
-    "scale_in": _power,
-    "pack": _pack,
-    "consolidate": _consolidate,
-    "hold_class": _by_flag("held", "released", "held", "priority_class"),
-    "release_class": _by_flag("held", "released", "held", "priority_class"),
-    "lend": _by_flag("lends its idle GPUs", "lends nothing", "lending", "pool"),
-    "unlend": _by_flag("lends its idle GPUs", "took its lent GPUs back", "lending", "pool"),
+_MIGRATED = frozenset({"moved", "requeued", "requeued_jobs"})
+_POWERED = frozenset({"added", "powered_up", "removed", "powered_down"})
+_RECLAIMED = frozenset({"reclaimed", "released_gpus", "requeued", "excluded", "already", "how"})
+_TELLERS: Mapping[str, tuple[_Teller, frozenset[str]]] = {
+    "migrate": (_migrate, _MIGRATED),
+    "resume": (_resume, frozenset({"resumed", "previous", "reason_was"})),
+    "downclock": (_clocks, frozenset({"max_clock_mhz"})),
+    "restore_clocks": (_clocks, frozenset({"max_clock_mhz"})),
+    "reclaim": (_reclaim, _RECLAIMED),
+    "notify": (_notify, frozenset({"warned"})),
+    "scale_out": (_power, _POWERED),
+    "scale_in": (_power, _POWERED),
+    "pack": (_pack, frozenset({"to", "left_whole"})),
+    "consolidate": (_consolidate, frozenset({"moved", "powered_down"})),
+    "hold_class": (_by_flag("held", "released", "held", "priority_class"), frozenset({"held"})),
+    "release_class": (
+        _by_flag("held", "released", "held", "priority_class"),
+        frozenset({"held"}),
+    ),
+    "lend": (
+        _by_flag("lends its idle GPUs", "lends nothing", "lending", "pool"),
+        frozenset({"lending"}),
+    ),
+    "unlend": (
+        _by_flag("lends its idle GPUs", "took its lent GPUs back", "lending", "pool"),
+        frozenset({"lending"}),
+    ),
 }
-"""The verbs whose results gpuops' executors make; any other result is told key by key."""
+"""The verbs whose results gpuops' executors make, each with the keys that say a result is
+of that shape; any other result (a webhook's answer, a third party's) is told key by key."""
 
 _BOOKKEEPING = frozenset({"executor", "agent"})
 """Keys that say who acted, not what changed."""
@@ -256,8 +269,8 @@ def effect(verb: str | None, changed: Mapping[str, Any]) -> Effect:
     shown = {k: v for k, v in changed.items() if k not in _BOOKKEEPING}
     if not shown:
         return Effect(("nothing changed: already so, or nothing to do",), False)
-    teller = _TELLERS.get(verb or "")
-    if teller is None:
+    teller, keys = _TELLERS.get(verb or "", (_generic, frozenset()))
+    if keys.isdisjoint(shown):
         return _generic(shown)
     try:
         return teller(shown)
@@ -325,11 +338,26 @@ def outcome_words(outcome: Outcome, verb: str | None) -> str:
     return f"{'done' if told.did else 'no effect'} after {tries}: {told.text}"
 
 
+_HELD: Mapping[Suppression, str] = {
+    Suppression.KILL_SWITCH: "held by the kill switch",
+    Suppression.PAUSED: "held: the engine is paused",
+    Suppression.COOLDOWN: "held by the cooldown",
+    Suppression.MAX_PER_HOUR: "held by max_per_hour",
+    Suppression.MAX_FRACTION: "held by max_fraction (blast radius)",
+    Suppression.GLOBAL_BUDGET: "held by the global budget",
+    Suppression.APPROVAL_CANCELLED: "cancelled: its target cleared before approval",
+    Suppression.APPROVAL_EXPIRED: "not approved in time",
+    Suppression.DENIED: "denied",
+    Suppression.POLICY_REMOVED: "held: its policy is no longer loaded",
+    Suppression.EXPIRED: "held: too old to run (guardrails.action_max_age)",
+}
+
+
 def verdict_words(verdict: Verdict, reason: str) -> str:
-    """A verdict as a reader says it: ``held by cooldown: …``."""
+    """A verdict as a reader says it: ``held by the cooldown: …``."""
     suppression = verdict.suppression
     if suppression is not None:
-        words = f"held by {suppression.value.replace('_', ' ')}"
+        words = _HELD.get(suppression, f"held: {suppression.value}")
     else:
         words = {
             Verdict.EXECUTE: "runs",

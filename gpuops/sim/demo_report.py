@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.telling import effect, plural
 
 WHY: Mapping[str, str] = {
     "max_fraction": "blast radius: a policy may act on only this share of its targets per hour; "
@@ -76,6 +77,9 @@ class DemoReport:
         self.repeats += decision.held_repeats
         if outcome is not None:
             self.outcomes[outcome.status.value] += 1
+            verb = decision.action.type if decision.action is not None else None
+            if outcome.ok and not effect(verb, outcome.changed).did:
+                self.outcomes["no effect"] += 1  # ran, and changed nothing its verb promises
         if decision.action is None:
             return
         held = Held(
@@ -128,14 +132,18 @@ class DemoReport:
 
     def _what_ran(self) -> list[str]:
         c = self.counters
-        ran = sum(self.outcomes.values())
+        ran = sum(n for status, n in self.outcomes.items() if status != "no effect")
         failed = self.outcomes.get("failure", 0)
+        idle = self.outcomes.get("no effect", 0)
+        said = [f"{failed} failed"] if failed else []
+        said += [f"{idle} changed nothing"] if idle else []
         return [
-            f"The engine ran {_count(ran, 'action')} through the fleet's control API"
-            + (f" ({failed} failed)" if failed else "")
+            f"The engine ran {plural(ran, 'action')} through the fleet's control API"
+            + (f" ({', '.join(said)})" if said else "")
             + ":",
             f"  GPUs reclaimed: {c.get('reclaimed', 0)}   nodes added: {c.get('nodes_added', 0)}   "
             f"jobs migrated: {c.get('migrated', 0)}   "
+            f"jobs requeued for want of a node: {c.get('requeued_by_migrate', 0)}   "
             f"GPUs downclocked: {c.get('downclocked', 0)}   "
             f"clocks restored: {c.get('restored', 0)}",
         ]
@@ -144,7 +152,7 @@ class DemoReport:
         if not self.held_back:
             return ["No guardrail had to hold anything back."]
         lines = [
-            f"The guardrails held back {_count(len(self.held_back), 'decision')} "
+            f"The guardrails held back {plural(len(self.held_back), 'decision')} "
             "(recorded and audited, not executed):"
         ]
         seen: set[str] = set()
@@ -159,7 +167,7 @@ class DemoReport:
         repeats = self.repeats
         if repeats > 0:
             lines.append(
-                f"  each is recorded once: the engine decided them again {_count(repeats, 'time')}"
+                f"  each is recorded once: the engine decided them again {plural(repeats, 'time')}"
                 " without new records (counted in gpuops_engine_suppressed_total; `gpuops "
                 "decisions explain ID` says whether one still holds and since when)"
             )
@@ -173,16 +181,12 @@ class DemoReport:
             return []
         policies = sorted({h.policy for h in self.dry_runs})
         lines = [
-            f"Policies in dry-run decided {_count(len(self.dry_runs), 'action')} and executed none "
+            f"Policies in dry-run decided {plural(len(self.dry_runs), 'action')} and executed none "
             "(a new policy runs in dry-run until its file says mode: enforce):"
         ]
         lines += [f"  {h.policy}: would {h.action} on {h.target}" for h in self.dry_runs]
         lines.append(f"  to let {', '.join(policies)} act: set mode: enforce in its rule file")
         return lines
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _get(doc: Mapping[str, Any], dotted: str) -> Any:

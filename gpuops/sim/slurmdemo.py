@@ -33,6 +33,7 @@ from gpuops.exporters.slurm.server import SlurmExporter
 from gpuops.integrations.slurm.client import SlurmClient
 from gpuops.integrations.slurm.gres import minor_numbers
 from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.telling import doing, effect, outcome_words, verdict_words
 from gpuops.runtime import Engine
 from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
 from gpuops.sim.slurmcluster import SlurmCluster
@@ -201,12 +202,17 @@ class SlurmDemo:
         self._started = time.monotonic()
 
     def _on_decision(self, decision: Decision, outcome: Outcome | None) -> None:
-        result = "" if outcome is None else (" ok" if outcome.ok else f" FAILED: {outcome.error}")
-        changed = "" if outcome is None or not outcome.changed else f" {dict(outcome.changed)}"
-        self.counts[(decision.policy, decision.verdict)] += 1
+        verb = decision.action.type if decision.action is not None else None
+        self.counts[(decision.policy, decision.verdict)] += 1  # once: its intent or its outcome
+        if outcome is None:
+            said = verdict_words(decision.verdict, decision.reason)
+        else:
+            said = outcome_words(outcome, verb)
+            if outcome.ok and not effect(verb, outcome.changed).did:
+                self.counts[(decision.policy, "no effect")] += 1
         self.echo(
-            f"{time.monotonic() - self._started:6.1f}s  {decision.policy} {decision.transition}"
-            f" {decision.target.key} -> {decision.verdict}{result}{changed}"
+            f"{time.monotonic() - self._started:6.1f}s  {decision.policy} on"
+            f" {decision.target.key}: {doing(decision.transition, verb)} {said}"
         )
 
     def run(self, stop: threading.Event) -> Counter[tuple[str, str]]:

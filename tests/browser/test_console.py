@@ -143,7 +143,7 @@ def test_admin_grants_an_approval_and_the_action_runs(page: Page, console: Harne
     console.engine.wait_idle(10)
     page.goto(f"/decisions/{decision_id}")
     expect(page.locator("#approval")).to_contain_text("granted by alice")
-    expect(page.locator("#outcome")).to_contain_text("success after 1 attempts")
+    expect(page.locator("#outcome")).to_contain_text("done after 1 attempt:")
     pending = console.engine.store.decision(decision_id).decision.evidence.pending_since  # type: ignore[union-attr]
     expected = when(pending) if pending is not None else "—"
     expect(page.locator("#pending-since")).to_have_text(expected)

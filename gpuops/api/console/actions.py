@@ -27,7 +27,7 @@ from gpuops.api.console.web import (
     render,
 )
 from gpuops.api.routes.control import pause_engine, resume_engine, set_kill_switch
-from gpuops.api.routes.decisions import deny_approval, grant_approval
+from gpuops.api.routes.decisions import deny_approval, grant_approval, retry_decision
 from gpuops.api.routes.quota import approve_quota_request, deny_quota_request, submit_quota_request
 from gpuops.api.routes.rules import _validate
 from gpuops.api.schemas import FILE_PATTERN, ID_PATTERN, QuotaRequestIn
@@ -137,6 +137,20 @@ def deny(
     doc = deny_approval(decision_id, c.context, viewer.principal)
     text = f"Denied: nothing runs on {doc.target.key}."
     return _done(request, viewer, "Approval denied", text, f"/decisions/{decision_id}")
+
+
+@router.post("/decisions/{decision_id}/retry", name="retry_decision", response_class=HTMLResponse)
+def retry(
+    request: Request, c: ConsoleDep, viewer: ViewerDep, decision_id: Id, csrf: Csrf = ""
+) -> Response:
+    check_csrf(viewer, csrf)
+    need(viewer, Permission.APPROVALS_DECIDE, "Retrying a failed action")
+    accepted = retry_decision(decision_id, c.context, viewer.principal)
+    text = (
+        f"Retry accepted: {accepted.policy} decides {accepted.target} again at its next "
+        "evaluation, through the guardrails; the decisions page shows the new decision."
+    )
+    return _done(request, viewer, "Retry accepted", text, f"/decisions/{decision_id}")
 
 
 @router.post("/quota", name="submit_quota_request", response_class=HTMLResponse)

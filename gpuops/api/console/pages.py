@@ -37,9 +37,11 @@ from gpuops.api.routes.quota import list_quota_projects, list_quota_requests
 from gpuops.api.routes.rules import list_rules, named, rule_targets
 from gpuops.api.schemas import ID_PATTERN
 from gpuops.api.tokens import Permission
+from gpuops.model.decisions import Outcome
 from gpuops.model.readiness import duration
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import RulesError
+from gpuops.model.telling import outcome_words, plural, value_in_words
 
 router = APIRouter(route_class=AuditedRoute, include_in_schema=False)
 
@@ -162,6 +164,7 @@ def decisions_page(
         "decisions.html",
         viewer,
         decisions=found.decisions,
+        caption=plural(len(found.decisions), "decision"),
         policies=sorted(p.name for p in c.context.engine.rules.policies()),
         verdicts=VERDICTS,
         filters={
@@ -201,6 +204,11 @@ def decision_page(
         grafana=grafana_link(c.settings, target["labels"]),
         kibana=kibana_link(c.settings, target["key"]),
         can_decide=viewer.can(Permission.APPROVALS_DECIDE),
+        outcome=None
+        if explained.outcome is None
+        else outcome_words(
+            Outcome(**dict(explained.outcome)), explained.action.type if explained.action else None
+        ),
     )
 
 
@@ -220,6 +228,10 @@ def approvals_page(
         "approvals.html",
         viewer,
         approvals=found.approvals,
+        values={
+            a.decision_id: value_in_words(a.decision.evidence.expr, a.decision.evidence.value)
+            for a in found.approvals
+        },
         status=status,
         statuses=APPROVAL_STATUSES,
         can_decide=viewer.can(Permission.APPROVALS_DECIDE),

@@ -136,6 +136,15 @@ class StoredDecisionOut(DecisionOut):
     retried_at: Number | SkipJsonSchema[None] = absent_when_none()
     """When an admin's retry of it was accepted."""
     approval: SettledApprovalOut | SkipJsonSchema[None] = absent_when_none()
+    state: str | SkipJsonSchema[None] = absent_when_none()
+    """Where it stands, in words: waiting for approval, held, dry run, running, done, no
+    effect (it ran and changed nothing its verb promises), failed, undone, recorded."""
+    effect: str | SkipJsonSchema[None] = absent_when_none()
+    """What its action changed, in words (or why it failed)."""
+    undo: str | SkipJsonSchema[None] = absent_when_none()
+    """The id of the decision that undid this one (its target cleared)."""
+    undoes: str | SkipJsonSchema[None] = absent_when_none()
+    """The id of the decision this one undoes."""
 
     @classmethod
     def stored(cls, stored: StoredDecision) -> StoredDecisionOut:
@@ -222,6 +231,15 @@ class ExplanationOut(Out):
     outcome: OutcomeOut | None
     approval: ApprovalOut | None
     explanation: list[str] = Field(description="The same, in sentences.")
+    summary: str = Field(description="The policy's summary (or description) for this target.")
+    value: str = Field(description="What the expression returned, in words (25%, down, 36).")
+    expr_lines: list[str] = Field(description="The expression, line by line.")
+    state: str = Field(description="Where the decision stands, in words.")
+    effect: list[str] = Field(description="What its action changed, one sentence each.")
+    undo: StoredDecisionOut | None = Field(
+        description="Its undo (for a fire), or the fire it undoes (for a clear)."
+    )
+    can_retry: bool = Field(description="Its action failed and may be retried once (POST retry).")
 
 
 class RetryOut(Out):

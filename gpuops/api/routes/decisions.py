@@ -28,10 +28,21 @@ from gpuops.api.responses.decisions import (
 from gpuops.api.responses.rules import PolicyDetailOut
 from gpuops.api.schemas import ID_PATTERN, NAME_PATTERN, STANDBY, SettleIn, refusal
 from gpuops.api.tokens import Permission, Principal
-from gpuops.model.decisions import Suppression, Verdict
+from gpuops.model.decisions import Outcome, Suppression, Transition, Verdict
+from gpuops.model.telling import (
+    State,
+    doing,
+    effect,
+    expr_lines,
+    outcome_words,
+    state,
+    summary,
+    value_in_words,
+    verdict_words,
+)
 from gpuops.runtime.approvals import ApprovalError
 from gpuops.runtime.gate import RetryError
-from gpuops.store.interface import Approval, ApprovalStatus
+from gpuops.store.interface import Approval, ApprovalStatus, DecisionStatus
 
 router = APIRouter(tags=["decisions"])
 
@@ -70,7 +81,7 @@ def list_decisions(
     settled = _settled_approvals(ctx)
     found: list[StoredDecisionOut] = []
     for s in stored:
-        row = _with_approval(StoredDecisionOut.stored(s), settled.get(s.id))
+        row = _in_words(_with_approval(StoredDecisionOut.stored(s), settled.get(s.id)))
         if verdict and not (row.verdict == verdict or row.verdict.startswith(verdict + ":")):
             continue
         if transition and row.transition != transition:
@@ -82,7 +93,77 @@ def list_decisions(
         found.append(row)
         if len(found) >= limit:
             break
-    return DecisionsOut(decisions=found)
+    return DecisionsOut(decisions=_paired(found))
+
+
+def _episode(row: StoredDecisionOut) -> tuple[str, str, float]:
+    return row.policy, row.target.key, row.episode_start
+
+
+def _paired(rows: list[StoredDecisionOut]) -> list[StoredDecisionOut]:
+    """``rows`` with each fire that acted and the undo of its episode naming each other (the
+    newest fire of the episode, when it repeated), and a fire whose undo ran ``undone``."""
+    fires: dict[tuple[str, str, float], StoredDecisionOut] = {}
+    undos: dict[tuple[str, str, float], StoredDecisionOut] = {}
+    for row in rows:
+        if row.action is not None:
+            into = fires if row.transition is Transition.FIRE else undos
+            into.setdefault(_episode(row), row)
+    out = []
+    for row in rows:
+        key = _episode(row)
+        if row.action is not None and row.transition is Transition.FIRE and key in undos:
+            undo = undos[key]
+            row = _in_words(row, undone=undo.state == State.DONE).model_copy(
+                update={"undo": undo.id}
+            )
+        elif row.action is not None and row.transition is not Transition.FIRE and key in fires:
+            row = row.model_copy(update={"undoes": fires[key].id})
+        out.append(row)
+    return out
+
+
+def _outcome(row: StoredDecisionOut) -> Outcome | None:
+    return None if row.outcome is None else Outcome(**dict(row.outcome))
+
+
+def _in_words(row: StoredDecisionOut, undone: bool = False) -> StoredDecisionOut:
+    """``row`` with where it stands and what its action changed, in words
+    (``gpuops.model.telling``)."""
+    verb = row.action.type if row.action is not None else None
+    outcome = _outcome(row)
+    stands = state(
+        row.verdict,
+        has_action=row.action is not None,
+        started=row.status is DecisionStatus.STARTED,
+        outcome=outcome,
+        verb=verb,
+        undone=undone,
+    )
+    told = ""
+    if outcome is not None:
+        told = effect(verb, outcome.changed).text if outcome.ok else (outcome.error or "")
+    return row.model_copy(update={"state": stands.value, "effect": told})
+
+
+def _pair_of(ctx: ApiContext, row: StoredDecisionOut) -> StoredDecisionOut | None:
+    """The undo of a fire that acted, or the fire an undo undoes (same policy, target and
+    episode), in words."""
+    if row.action is None:
+        return None
+    stored = ctx.engine.store.decisions(row.policy, row.episode_start, _SCAN)
+    fire = row.transition is Transition.FIRE
+    for s in stored:  # newest first
+        other = s.decision
+        if (
+            other.id != row.id
+            and other.action is not None
+            and other.target.key == row.target.key
+            and other.episode_start == row.episode_start
+            and (other.transition is Transition.FIRE) is not fire
+        ):
+            return _in_words(StoredDecisionOut.stored(s))
+    return None
 
 
 _SETTLED_VERDICTS = {
@@ -213,27 +294,43 @@ def explain_decision(
 ) -> ExplanationOut:
     """Why a decision was taken and what the guardrails made of it."""
     row = _decision(ctx, decision_id)
+    pair = _pair_of(ctx, row)
+    undone = row.transition is Transition.FIRE and pair is not None and pair.state == State.DONE
+    row = _in_words(row, undone=undone)
     policy = ctx.engine.rules.policy(row.policy)
     found = ctx.engine.store.approval(decision_id)
     approval = None if found is None else ApprovalOut.of(found)
     evidence, verdict = row.evidence, row.verdict
+    verb = row.action.type if row.action is not None else None
+    value = value_in_words(evidence.expr, evidence.value)
     lines = [
-        f"policy {row.policy} decided to {row.transition} on {row.target.key}",
-        f"because {evidence.expr!r} returned {evidence.value}"
+        f"policy {row.policy} decided to {doing(row.transition, verb)} on {row.target.key}",
+        (
+            f"because of {evidence.expr}"
+            if evidence.value is None
+            else f"because its expression returned {value} for this target"
+        )
         + (f" (pending since {_iso(evidence.pending_since)})" if evidence.pending_since else ""),
-        f"guardrails: {verdict}" + (f" — {row.reason}" if row.reason else ""),
+        f"guardrails: {verdict_words(verdict, row.reason)}",
     ]
     suppression = _suppression(ctx, row)
-    if suppression is not None:
-        lines.append(suppression.explanation)
     if approval is not None:
         lines.append(_approval_line(approval))
-    outcome = row.outcome
+    outcome = _outcome(row)
+    told: list[str] = []
     if outcome is not None:
+        lines.append(f"outcome: {outcome_words(outcome, verb)}")
+        if outcome.ok:
+            told = list(effect(verb, outcome.changed).sentences)
+    if pair is not None:
         lines.append(
-            f"outcome: {outcome.status} after {outcome.attempts} attempts"
-            + (f": {outcome.error}" if outcome.error else "")
+            f"undone by decision {pair.id}: {pair.state}"
+            if row.transition is Transition.FIRE
+            else f"undoes decision {pair.id}"
         )
+    if suppression is not None:
+        lines.append(suppression.explanation)
+    stored = ctx.engine.store.decision(decision_id)
     return ExplanationOut(
         id=decision_id,
         policy=PolicyDetailOut.of(policy) if policy else None,
@@ -249,9 +346,16 @@ def explain_decision(
         ),
         action=row.action,
         status=row.status,
-        outcome=outcome,
+        outcome=row.outcome,
         approval=approval,
         explanation=lines,
+        summary=summary(row.annotations),
+        value=value,
+        expr_lines=expr_lines(evidence.expr),
+        state=row.state or "",
+        effect=told,
+        undo=pair,
+        can_retry=stored is not None and stored.failed and stored.retried_at is None,
     )
 
 

@@ -37,6 +37,10 @@ from gpuops.integrations.slurm.nodes import node_state
 
 log = logging.getLogger(__name__)
 
+SCALED_OUT_MARK = "gpuops:scale_out:"
+"""How the slurm executor's ``scale_out`` marks a node it powers up (its node comment, with the
+default ``reason_prefix``); its ``scale_in`` powers down only nodes so marked."""
+
 COMPAT_NODE_STATES = ("alloc", "idle", "mix", "drain", "down")
 """prometheus-slurm-exporter's ``slurm_nodes_<state>`` gauges that gpuops exports too."""
 
@@ -141,6 +145,7 @@ class SlurmCollector:
             "gpuops_slurm_node_state", "1 for the node's state.", labels=["node", "state"]
         )
         per_pool: Counter[tuple[str, str]] = Counter()
+        scaled_out: Counter[tuple[str, str]] = Counter()
         compat: Counter[str] = Counter()
         gpus_total = gpus_alloc = 0
         node_gpus = GaugeMetricFamily(
@@ -150,8 +155,11 @@ class SlurmCollector:
             name = str(node.get("name", ""))
             state = node_state(node)
             per_node.add_metric([name, state], 1.0)
+            ours = str(node.get("comment") or "").startswith(SCALED_OUT_MARK)
             for partition in node.get("partitions") or []:
                 per_pool[(str(partition), state)] += 1
+                if ours:
+                    scaled_out[(str(partition), state)] += 1
             if (c := _compat(state)) is not None:
                 compat[c] += 1
             total = gres_gpus(str(node.get("gres") or ""))
@@ -167,6 +175,15 @@ class SlurmCollector:
         for (pool, state), count in sorted(per_pool.items()):
             pools.add_metric([pool, state], float(count))
         yield pools
+        powered = GaugeMetricFamily(
+            "gpuops_slurm_scaled_out_nodes",
+            f"Nodes of a partition that gpuops powered up (node comment {SCALED_OUT_MARK}...),"
+            " by state: the only ones its scale_in powers down.",
+            labels=["pool", "state"],
+        )
+        for (pool, state), count in sorted(scaled_out.items()):
+            powered.add_metric([pool, state], float(count))
+        yield powered
         for c in COMPAT_NODE_STATES:
             g = GaugeMetricFamily(f"slurm_nodes_{c}", f"Nodes in state {c}.")
             g.add_metric([], float(compat[c]))

@@ -67,6 +67,7 @@ class Cluster:
         self.counters = {
             "reclaimed": 0,
             "migrated": 0,
+            "requeued_by_migrate": 0,
             "nodes_added": 0,
             "downclocked": 0,
             "restored": 0,

@@ -199,7 +199,9 @@ class FleetCollector(Collector):
             running.add_metric([pool], n)
         yield running
         yield CounterMetricFamily(
-            "gpuops_jobs_migrated", "Jobs moved off nodes by migrate.", value=r.migrated
+            "gpuops_jobs_migrated",
+            "Jobs migrate moved to another node (not those it requeued).",
+            value=r.migrated,
         )
         yield CounterMetricFamily(
             "gpuops_gpus_reclaimed", "GPUs' jobs ended by reclaim.", value=r.reclaimed

@@ -310,7 +310,8 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
                 moved.append({"job": job.id, "from": node.name, "to": job.node})
             else:
                 requeued.append(job.id)
-        cluster.counters["migrated"] += len(job_ids)
+        cluster.counters["migrated"] += len(moved)  # a job requeued waits: not migrated
+        cluster.counters["requeued_by_migrate"] += len(requeued)
         state = node.state
     log.info("migrated off %s: moved %s, requeued %s", node_name, moved, requeued)
     cluster.notify_topology()

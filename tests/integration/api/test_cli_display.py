@@ -31,7 +31,7 @@ def waiting(api: Harness, uuid: str) -> str:
 
 def verdicts(api: Harness) -> dict[str, str]:
     table = run(api, "auditor", "decisions", "list").stdout.splitlines()
-    return {line.split()[2]: line.split()[6] for line in table[1:]}
+    return {line.split()[2]: line.split()[7] for line in table[1:]}
 
 
 def test_denied_and_expired_decisions_are_no_longer_awaiting_approval(api: Harness) -> None:
@@ -49,7 +49,7 @@ def test_denied_and_expired_decisions_are_no_longer_awaiting_approval(api: Harne
     )
     assert [d["id"] for d in only_waiting["decisions"]] == [pending]
     explained = run(api, "auditor", "decisions", "explain", denied).stdout
-    assert "guardrails: suppressed:denied — denied by alice" in explained
+    assert "guardrails: denied: denied by alice" in explained
     assert re.search(rf"^approval: denied by alice at {ISO}$", explained, re.M), explained
 
 
@@ -62,7 +62,7 @@ def test_explain_of_a_granted_decision_says_who_granted_it(api: Harness) -> None
     api.settle()
     after = run(api, "auditor", "decisions", "explain", decision_id).stdout
     assert "waiting for an admin" not in after
-    assert "guardrails: execute — granted by alice" in after
+    assert "guardrails: runs: granted by alice" in after
     assert re.search(rf"^approval: granted by alice at {ISO}$", after, re.M), after
 
 

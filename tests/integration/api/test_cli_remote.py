@@ -24,13 +24,17 @@ def test_decisions_list_and_explain(api: Harness) -> None:
     table = run(api, "auditor", "decisions", "list")
     assert table.exit_code == 0, table.output
     header, row = table.stdout.splitlines()
-    assert header.split() == ["AT", "ID", "POLICY", "TRANSITION", "TARGET", "VERDICT", "OUTCOME"]
-    assert "drain-on-gpu-fell-off-bus" in row and row.endswith("success")
+    assert header.split() == [
+        "AT", "ID", "POLICY", "TRANSITION", "TARGET", "ACTION", "VERDICT", "STATE", "EFFECT"
+    ]  # fmt: skip
+    assert "drain-on-gpu-fell-off-bus" in row
+    assert row.split()[5:9] == ["node=n1", "migrate", "execute", "done"]
+    assert row.endswith("recorded in the log only: nothing changed")
     listed = json.loads(run(api, "auditor", "decisions", "list", "--json", "--since", "1h").stdout)
     decision_id = listed["decisions"][0]["id"]
     explained = run(api, "auditor", "decisions", "explain", decision_id)
     assert explained.stdout.startswith(
-        "policy drain-on-gpu-fell-off-bus decided to fire on node=n1"
+        "policy drain-on-gpu-fell-off-bus decided to migrate on node=n1"
     )
 
 

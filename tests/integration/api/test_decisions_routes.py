@@ -49,8 +49,11 @@ def test_explain_names_policy_expr_evidence_and_guardrails(api: Harness) -> None
     assert explained["guardrails"]["executed"] is False
     assert explained["approval"]["status"] == "pending"
     assert explained["explanation"][0] == (
-        "policy reclaim-with-approval decided to fire on node=n2,uuid=GPU-2"
+        "policy reclaim-with-approval decided to reclaim on node=n2,uuid=GPU-2"
     )
+    # waiting for approval: stored as ``done`` (it runs nothing yet), never told so
+    assert explained["status"] == "done" and explained["state"] == "waiting for approval"
+    assert waiting["state"] == "waiting for approval" and waiting["effect"] == ""
     missing = api.call("auditor", "GET", "/api/v1/decisions/abc/explain")
     assert missing.status_code == 404 and missing.json() == {"detail": "no decision abc"}
 

@@ -46,8 +46,8 @@ def test_state_document_has_the_contract_shape(fleet: FleetSim) -> None:
     }  # fmt: skip
     assert set(doc["jobs"][0]) >= {"id", "project", "profile", "gpus", "state", "node"}
     assert doc["counters"] == {
-        "reclaimed": 0, "migrated": 0, "nodes_added": 0, "downclocked": 0, "restored": 0,
-        "packed": 0, "consolidated": 0, "moved": 0, "culled": 0,
+        "reclaimed": 0, "migrated": 0, "requeued_by_migrate": 0, "nodes_added": 0,
+        "downclocked": 0, "restored": 0, "packed": 0, "consolidated": 0, "moved": 0, "culled": 0,
     }  # fmt: skip
     assert doc["queue"] == {"default": 0}
 
@@ -121,6 +121,14 @@ def test_migrate_drains_and_reports_moves(fleet: FleetSim) -> None:
     assert r["moved"] == [{"job": "job-2", "from": "node-1", "to": "node-0"}]
     assert r["state"] == "drained" and r["requeued"] == []
     assert state(fleet)["counters"]["migrated"] == 1
+
+
+def test_a_migrate_that_moved_no_job_is_not_counted_as_one(fleet: FleetSim) -> None:
+    """Every GPU busy: node-1's job waits in the queue (requeued), it moved nowhere."""
+    r = api(fleet, "POST", "/nodes/node-1/migrate").json()["changed"]
+    assert r["moved"] == [] and r["requeued"] == ["job-2"], r
+    counters = state(fleet)["counters"]
+    assert (counters["migrated"], counters["requeued_by_migrate"]) == (0, 1)
 
 
 def test_scale_in_removes_the_target_from_file_sd(fleet: FleetSim) -> None:

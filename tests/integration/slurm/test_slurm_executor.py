@@ -13,6 +13,7 @@ from gpuops.actions.base import execute
 from gpuops.actions.retry import RetryPolicy
 from gpuops.actions.slurm import SlurmExecutor
 from gpuops.model.decisions import ActionSpec, Decision, Evidence, Outcome, Target, Transition
+from gpuops.model.telling import effect
 from gpuops.sim.slurmcluster import SlurmCluster
 from tests.waiting import wait_for
 
@@ -160,6 +161,11 @@ def test_scale_out_powers_up_a_cloud_node_and_scale_in_only_idle_ones_we_powered
     job_id = running(slurm, "--gres=gpu:2", "-w", "cloud-1")
     busy = run(ex, decision("scale_in", "s2", policy="scale-out-on-queue", pool="gpu"))
     assert busy.ok and busy.changed["powered_down"] == []  # cloud-1 runs a job; gpu-a/b not ours
+    assert busy.changed["why"] == "no idle node of partition gpu is one gpuops powered up"
+    told = effect("scale_in", busy.changed)
+    assert not told.did and told.text == (
+        "no node powered down in pool gpu: no idle node of partition gpu is one gpuops powered up"
+    )
     slurm.cmd("scancel", job_id)
     wait_for(lambda: node(slurm, "cloud-1")["state"] == "idle", 20, "cloud-1 to be idle")
     down = run(ex, decision("scale_in", "s3", policy="scale-out-on-queue", pool="gpu"))

@@ -136,7 +136,7 @@ def test_waiting_for_approval_and_held_are_told(
     world.prom.results["hot"] = [{"uuid": "GPU-1"}, {"uuid": "GPU-2"}]
     world.evaluate("capped")
     held = [line for line in lines(caplog, logging.WARNING) if "capped" in line]
-    assert len(held) == 1 and "downclock held by max per hour" in held[0], held
+    assert len(held) == 1 and "downclock held by max_per_hour" in held[0], held
     done = [line for line in lines(caplog) if "capped" in line and "done after" in line]
     assert done and "clocks of GPU-1 capped at 1100 MHz, were 1980" in done[0]
 
