@@ -350,6 +350,7 @@ _HELD: Mapping[Suppression, str] = {
     Suppression.DENIED: "denied",
     Suppression.POLICY_REMOVED: "held: its policy is no longer loaded",
     Suppression.EXPIRED: "held: too old to run (guardrails.action_max_age)",
+    Suppression.VETO: "held by a veto on the target",
 }
 
 
