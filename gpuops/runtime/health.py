@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.decisions import Decision, Outcome, Transition
 from gpuops.model.health.catalogue import XidCatalogue
 from gpuops.model.health.events import FAULT_ALERT, EventKind, Fault, HealthEvent, fault_alert
 from gpuops.model.health.faults import XidEvent, xid_faults
@@ -38,6 +38,10 @@ from gpuops.runtime.alerts import AlertInbox
 from gpuops.store.interface import HealthRepository
 
 log = logging.getLogger(__name__)
+
+FAULT_TRIGGER = f"alertmanager: {FAULT_ALERT}"
+"""The evidence of a decision the ``GpuFault`` alert triggered
+(``gpuops.model.evaluation.alertmanager``)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ class HealthInbox:
             ["kind", "outcome"],
             registry=registry,
         )
+        self.quarantine_seconds = Histogram(
+            "gpuops_health_time_to_quarantine_seconds",
+            "From a pushed fault (the event NVML reported) to its node's quarantine done: each "
+            "successful action of a policy the GpuFault alert triggers.",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900),
+            registry=registry,
+        )
 
     @property
     def window_s(self) -> float:
@@ -88,11 +99,17 @@ class HealthInbox:
             self._returned[node] = max(at, self._returned.get(node, 0.0))
 
     def outcome(self, decision: Decision, outcome: Outcome) -> None:
-        """The gate's outcome hook: a ``resume`` that succeeded returns its node."""
+        """The gate's outcome hook: a ``resume`` that succeeded returns its node; the first
+        action a ``GpuFault`` alert triggered is timed from the fault."""
+        if not outcome.ok or decision.action is None:
+            return
         node = decision.target.labels.get("node")
-        if outcome.ok and decision.action is not None and decision.action.type == "resume":
-            if node:
-                self.returned(node, self._clock())
+        if decision.action.type == "resume" and node:
+            self.returned(node, self._clock())
+        elif decision.evidence.expr == FAULT_TRIGGER and decision.transition is Transition.FIRE:
+            if decision.repeat == 0:
+                elapsed = self._clock() - decision.episode_start
+                self.quarantine_seconds.observe(max(0.0, elapsed))
 
     def submit(self, events: Sequence[HealthEvent]) -> HealthReceipt:
         """Take one request's events; raise what the alert inbox or the store raises (then

@@ -67,6 +67,7 @@ def test_a_fallen_off_gpu_quarantines_its_node_once_however_often_sent(api: Harn
     metrics = api.call(None, "GET", "/metrics").text
     assert 'gpuops_health_events_total{kind="xid",outcome="fault"} 2.0' in metrics
     assert 'gpuops_health_events_total{kind="xid",outcome="duplicate"} 1.0' in metrics
+    assert "gpuops_health_time_to_quarantine_seconds_count 1.0" in metrics
 
 
 def test_a_crashed_jobs_xid_45_on_80_nodes_quarantines_none_past_threshold_one(
