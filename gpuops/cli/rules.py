@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from gpuops.actions.registry import ExecutorRegistry
-from gpuops.cli.api_client import api_options, remote_call, show
+from gpuops.cli.api_client import api_options, remote_call, show, when
 from gpuops.model.rules.export import export_rules
 from gpuops.model.rules.loader import load_rules
 from gpuops.model.rules.model import RuleError, RulesError, RuleSet
@@ -166,6 +166,32 @@ def listremote_call(as_json: bool, **kw: Any) -> None:
 def showremote_call(name: str, as_json: bool, **kw: Any) -> None:
     """One policy of a running engine, every setting."""
     show(remote_call(kw, "GET", f"/rules/{name}"), as_json)
+
+
+@rules.command("targets")
+@click.argument("name")
+@click.option(
+    "--limit",
+    type=click.IntRange(0, 1000),
+    default=50,
+    show_default=True,
+    help="Targets shown (pending first).",
+)
+@api_options
+def targets_remote(name: str, limit: int, as_json: bool, **kw: Any) -> None:
+    """Why a policy of a running engine has not acted: its targets pending or firing now, and
+    when each may act next (its for, cooldown, max_per_hour, repeat_interval, a hold)."""
+    payload = remote_call(kw, "GET", f"/rules/{name}/targets", params={"limit": limit})
+    columns = (
+        ("target", lambda t: t["key"]),
+        ("state", lambda t: t["status"]),
+        ("since", lambda t: when(t["since"])),
+        ("may act", lambda t: "after it clears" if t["next_at"] is None else when(t["next_at"])),
+        ("waits for", lambda t: t["waits_for"]),
+    )
+    show(payload, as_json, payload["targets"], columns)
+    if not as_json and payload["total"] > len(payload["targets"]):
+        click.echo(f"{payload['total']} targets in all; --limit shows more", err=True)
 
 
 @rules.command("reload")

@@ -8,6 +8,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gpuops.cli import cli
+from gpuops.model.decisions import freeze
+from gpuops.model.evaluation.state import PolicyState, Status, TargetState
 from tests.integration.api.harness import Harness
 
 
@@ -110,6 +112,15 @@ def test_control_commands(api: Harness) -> None:
 def test_rules_remote_commands(api: Harness, tmp_path_factory: pytest.TempPathFactory) -> None:
     listed = run(api, "auditor", "rules", "list")
     assert "reclaim-with-approval" in listed.stdout
+    now = api.clock()
+    idle = TargetState(Status.FIRING, now - 60, now, 1.0, freeze({"node": "n2", "uuid": "G"}))
+    with api.engine.store.transaction() as db:  # what a fire leaves
+        api.engine.store.save_policy_state(
+            db, "reclaim-with-approval", PolicyState(freeze({"node=n2,uuid=G": idle}))
+        )
+    targets = run(api, "auditor", "rules", "targets", "reclaim-with-approval").stdout
+    row = targets.splitlines()[1]
+    assert row.startswith("node=n2,uuid=G  firing") and "after it clears  fired; acts" in row
     assert run(api, "admin", "rules", "reload").stdout == "ok: True\npolicies: 2\n"
     bad = tmp_path_factory.mktemp("r") / "bad.yaml"
     bad.write_text("groups:\n  - name: g\n    rules:\n      - policy: p\n")
