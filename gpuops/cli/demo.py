@@ -78,8 +78,10 @@ def demo(
     parent = click.get_current_context().parent
     source = parent.get_parameter_source("log_level") if parent is not None else None
     if source is click.core.ParameterSource.DEFAULT:
-        # the demo's own lines tell the story; components speak up only when it matters
+        # the demo's own lines tell the story; components speak up only when it matters, and
+        # the engine's decision lines (a held one is a warning there) would tell it twice
         logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("gpuops.runtime.gate.told").setLevel(logging.ERROR)
     settings = DemoSettings(
         duration_s=duration,
         workdir=workdir,
