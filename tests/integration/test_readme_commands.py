@@ -113,6 +113,9 @@ NOT_RUN_PREFIXES = {
     "python -m tests.benchmarks": "a benchmark: minutes each, run by make bench",
     "docker compose": "needs Docker",
     "kubectl ": "needs a Kubernetes cluster (the manifests: tests/integration/deploy)",
+    "TZ=UTC sacct ": (
+        "needs Slurm's accounting (tests/integration/slurm/test_slurm_accounting.py runs sacct)"
+    ),
 }
 REWRITES = {
     "runuser -u gpuops -- ": (

@@ -203,3 +203,22 @@ def test_history_figures_and_the_tolerance() -> None:
     far = Calibration(seen, Observed(0.70, 36.0, 90.0, 2))
     assert not far.allocation_ok() and not far.wait_ok()
     assert "OUTSIDE ±5 pt" in far.table()
+
+
+def test_the_shipped_history_calibrates_as_docs_whatif_shows() -> None:
+    """examples/history/slurm-sacct.txt (real sacct output) makes the fleet and the
+    calibration rows docs/whatif.md prints."""
+    from pathlib import Path
+
+    from gpuops.sim.fromhistory import calibrate
+
+    repo = Path(__file__).parents[3]
+    path = repo / "examples" / "history" / "slurm-sacct.txt"
+    records = read_history(path.read_text(), str(path))
+    pools = [parse_pool("gpu=A100:2x16")]
+    _config, calibration = calibrate(records, pools, derive(records, pools, "x", "h"), "h")
+    assert calibration.allocation_ok() and calibration.wait_ok()
+    doc = (repo / "docs" / "whatif.md").read_text()
+    rows = [line.strip() for line in calibration.table().splitlines()[1:3]]
+    for row in rows:
+        assert row in doc, row
