@@ -25,6 +25,7 @@ _COMMANDS = (
     ("gpuops.cli.exporter", "exporter"),
     ("gpuops.cli.rules", "rules"),
     ("gpuops.cli.health", "health"),
+    ("gpuops.cli.batch", "batch"),
     ("gpuops.cli.audit", "audit"),
     ("gpuops.cli.state", "state"),
     ("gpuops.cli.elk", "elk"),

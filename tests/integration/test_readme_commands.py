@@ -50,6 +50,7 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     ("docs/install.md", "docs/operations.md"),
     ("docs/whatif.md",),
     ("docs/health.md",),
+    ("docs/batch.md",),
 )
 """The documents whose commands run, in order; each tuple shares its background processes."""
 
