@@ -319,6 +319,12 @@ class HealthSettings(_Model):
     """Files that change codes of the shipped XID catalogue (class, action, threshold,
     cancels), applied in order and checked like rule files: an unknown code, class or action
     is refused with ``FILE:LINE`` (``gpuops health check``)."""
+    max_event_age: float = Field(default=3600.0, gt=0)
+    """Seconds: a pushed event older than this (by the engine's clock) is kept and counted in
+    its XID's window but never makes a GPU faulty by itself: a replayed old event does not
+    take a node out."""
+
+    _age = field_validator("max_event_age", mode="before")(_seconds)
 
 
 class EngineConfig(_Model):

@@ -229,6 +229,7 @@ class Engine:
             alerts=self.alerts,
             clock=clock,
             registry=self.metrics.registry,
+            max_event_age=config.health.max_event_age,
         )
         self.gate.on_outcome(self.health.outcome)
         self._jobs: Jobs | None = None

@@ -11,14 +11,13 @@ gate like any alert. The request is answered once the alerts are stored; when th
 handled in full.
 
 An event older than its node's last return to service (a ``resume`` that succeeded, told by
-the gate's outcome hook) never acts: a replayed old fault does not take a repaired node out
-again. What it does with every event is logged and counted
-(``gpuops_health_events_total{kind,outcome}``).
+the gate's outcome hook and kept in the store) or older than ``health.max_event_age`` never
+acts: a replayed old fault does not take a repaired node out again. What it does with every
+event is logged and counted (``gpuops_health_events_total{kind,outcome}``).
 
 Every event is kept in the state store by its id (``health_events``): a duplicate is known
 across restarts and replicas, and a GPU's XIDs within the longest threshold window are read
-back from there. The nodes' returns to service are known from the gate's outcomes since the
-engine started.
+back from there; so are the nodes' returns to service (``kind = returned``).
 """
 
 from __future__ import annotations
@@ -65,17 +64,19 @@ class HealthInbox:
         alerts: AlertInbox,
         clock: Callable[[], float],
         registry: CollectorRegistry,
+        max_event_age: float = 3600.0,
     ) -> None:
         self.catalogue = catalogue
+        self.max_event_age = max_event_age
         self._store = store
         self._alerts = alerts
         self._clock = clock
         self._lock = threading.Lock()
-        self._returned: dict[str, float] = {}
+        self._returned = store.health_returns()
         self.events = Counter(
             "gpuops_health_events",
             "Health events pushed by node agents, by kind (xid, gpu_lost) and what became of "
-            "them (fault, counted, duplicate, before_return, unknown_xid).",
+            "them (fault, counted, duplicate, before_return, stale, unknown_xid).",
             ["kind", "outcome"],
             registry=registry,
         )
@@ -94,8 +95,11 @@ class HealthInbox:
         return max(windows, default=3600.0)
 
     def returned(self, node: str, at: float) -> None:
-        """``node`` went back into service at ``at``: older events never act on it."""
+        """``node`` went back into service at ``at``: older events never act on it (kept in
+        the store: also after a restart, and on another replica)."""
         with self._lock:
+            record = HealthEvent(f"returned:{node}:{at!r}", node, "", EventKind.RETURNED, at)
+            self._store.health_events_add([record], self._clock())
             self._returned[node] = max(at, self._returned.get(node, 0.0))
 
     def outcome(self, decision: Decision, outcome: Outcome) -> None:
@@ -146,7 +150,7 @@ class HealthInbox:
             accepted=len(fresh),
             duplicates=counts.count("duplicate"),
             faults=len(faults),
-            skipped=counts.count("before_return") + counts.count("unknown_xid"),
+            skipped=sum(counts.count(o) for o in ("before_return", "stale", "unknown_xid")),
         )
 
     def _take(
@@ -164,6 +168,10 @@ class HealthInbox:
                 event.node,
             )
             return "before_return"
+        age = self._clock() - event.at
+        if age > self.max_event_age and event.kind is EventKind.GPU_LOST:
+            log.info("health event %s is %.0f s old: it does not act", event.id, age)
+            return "stale"
         if event.kind is EventKind.GPU_LOST:
             faults.append(Fault.of_lost(event))
             return "fault"
@@ -184,5 +192,8 @@ class HealthInbox:
         window.append(XidEvent(event.node, event.gpu, event.xid, event.at))
         latest = max(e.at for e in window)  # a late event still counts in its window
         found = [f for f in xid_faults(self.catalogue, window, latest) if f.entry.code == event.xid]
+        if found and age > self.max_event_age:  # counted in its window, acting on nothing
+            log.info("XID event %s is %.0f s old: counted, it does not act", event.id, age)
+            return "stale"
         faults.extend(Fault.of_xid(f) for f in found)
         return "fault" if found else "counted"

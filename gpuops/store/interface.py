@@ -353,6 +353,10 @@ class HealthRepository(Protocol):
         """One GPU's XIDs at or after ``since``, oldest first."""
         ...
 
+    def health_returns(self) -> dict[str, float]:
+        """Each node's last return to service kept."""
+        ...
+
     def prune_health_events(self, older_than: float) -> int: ...
 
 

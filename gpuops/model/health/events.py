@@ -29,6 +29,8 @@ class EventKind(StrEnum):
     """NVML reported an XID for the GPU (``xid`` says which)."""
     GPU_LOST = "gpu_lost"
     """The GPU stopped answering NVML (fell off the bus, ``NVML_ERROR_GPU_IS_LOST``)."""
+    RETURNED = "returned"
+    """The engine's own record: the node went back into service (no agent sends it)."""
 
 
 @dataclass(frozen=True)

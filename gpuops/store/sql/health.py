@@ -52,6 +52,15 @@ class SqlHealth(SqlBase):
             ).fetchall()
         return [HealthEvent(str(i), node, gpu, EventKind.XID, float(a), int(x)) for i, x, a in rows]
 
+    def health_returns(self) -> dict[str, float]:
+        """Each node's last return to service kept (``kind = returned``)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT node, MAX(at) FROM health_events WHERE kind = ? GROUP BY node",
+                (EventKind.RETURNED.value,),
+            ).fetchall()
+        return {str(node): float(at) for node, at in rows}
+
     def prune_health_events(self, older_than: float) -> int:
         """Forget events received before ``older_than``; returns how many went."""
         with self.transaction() as db:

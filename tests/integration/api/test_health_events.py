@@ -87,11 +87,35 @@ def test_a_lost_gpu_quarantines_its_node(api: Harness) -> None:
     assert quarantined(api) == ["n2"]
 
 
-def test_an_event_older_than_the_nodes_return_does_nothing(api: Harness) -> None:
-    api.engine.health.returned("n3", api.clock() - 10)
-    old = event(api, "old-1", "n3", "GPU-c", 79, ago=60.0)
+def test_an_event_older_than_the_nodes_return_does_nothing_also_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    with running_api(tmp_path, rules=HEALTH_RULES) as first:
+        first.engine.health.returned("n3", first.clock() - 10)
+        old = event(first, "old-1", "n3", "GPU-c", 79, ago=60.0)
+        assert push(first, old).json() == {
+            "accepted": 1,
+            "duplicates": 0,
+            "faults": 0,
+            "skipped": 1,
+        }
+    with running_api(tmp_path, rules=HEALTH_RULES) as second:
+        replayed = event(second, "old-1-replayed", "n3", "GPU-c", 79, ago=60.0)
+        assert push(second, replayed).json()["skipped"] == 1
+        assert quarantined(second) == []
+        new = event(second, "new-1", "n3", "GPU-c", 79, ago=1.0)
+        assert push(second, new).json()["faults"] == 1
+        assert quarantined(second) == ["n3"]
+
+
+def test_an_event_older_than_max_event_age_never_acts(api: Harness) -> None:
+    old = event(api, "stale-1", "n7", "GPU-g", 79, ago=2 * 3600.0)
     assert push(api, old).json() == {"accepted": 1, "duplicates": 0, "faults": 0, "skipped": 1}
+    lost = event(api, "stale-2", "n7", "GPU-g", None, ago=2 * 3600.0)
+    assert push(api, lost).json()["skipped"] == 1
     assert quarantined(api) == []
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_health_events_total{kind="xid",outcome="stale"} 1.0' in metrics
 
 
 def test_an_unknown_xid_is_recorded_only(api: Harness) -> None:

@@ -220,8 +220,16 @@ def test_health_events_are_kept_by_id_and_read_back_per_gpu_alike(store: Any) ->
         ("a-1", 45, 100.0)
     ]
     assert [e.id for e in store.health_xids("n1", "GPU-1", 0.0)] == ["a-2", "a-1"]
+    returns = [
+        HealthEvent("r-1", "n1", "", EventKind.RETURNED, 300.0),
+        HealthEvent("r-2", "n1", "", EventKind.RETURNED, 200.0),
+        HealthEvent("r-3", "n2", "", EventKind.RETURNED, 100.0),
+    ]
+    store.health_events_add(returns, 2000.0)
+    assert store.health_returns() == {"n1": 300.0, "n2": 100.0}
+    assert store.health_xids("n1", "", 0.0) == []  # returns are no XIDs
     assert store.prune_health_events(1000.5) == 4
-    assert store.health_events_known(["a-1"]) == set()
+    assert store.health_events_known(["a-1", "r-1"]) == {"r-1"}
 
 
 def test_a_replica_that_lost_its_lease_writes_nothing(url: str, credentials: Credentials) -> None:
