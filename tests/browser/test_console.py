@@ -153,13 +153,11 @@ def test_admin_grants_an_approval_and_the_action_runs(page: Page, console: Harne
     )
     kibana = page.get_by_role("link", name="Kibana search for this target")
     expect(kibana).to_have_attribute("href", re.compile(re.escape(KIBANA) + r"/app/discover#/"))
-    shot(page, "decision")
     granted = operations(console, "grant_approval")[-1]
     assert granted["user"]["name"] == "alice" and granted["user"]["roles"] == ["admin"]
     assert "user confirmed the notebook is idle" in str(granted["message"])
     page.goto("/decisions?policy=reclaim-with-approval&transition=fire")
     expect(page.locator("tbody tr").first).to_contain_text("reclaim-with-approval")
-    shot(page, "decisions")
 
 
 def test_admin_denies_an_approval_with_a_reason(page: Page, console: Harness) -> None:

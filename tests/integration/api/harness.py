@@ -22,6 +22,7 @@ from gpuops.audit.spool import read_spool
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.runtime import Engine
 from gpuops.settings import ApiSettings, GuardrailSettings, QuotaSettings
+from gpuops.sources.interface import MetricsSource
 from tests.builders import USERS, Clock, build_engine, write_tokens
 
 RULES = """\
@@ -134,9 +135,11 @@ def running_api(
     wrap: Callable[[ASGIApp], ASGIApp] | None = None,
     guardrails: GuardrailSettings | None = None,
     prometheus: str | None = None,
+    source: MetricsSource | None = None,
 ) -> Iterator[Harness]:
     """An engine with ``rules`` and its API on a free port; ``wrap`` puts ASGI middleware of
-    the test's own in front (fault injection); ``prometheus``: the URL its queries go to."""
+    the test's own in front (fault injection); ``prometheus``: the URL its queries go to, or
+    ``source``: what answers them (a scripted Prometheus)."""
     tmp.mkdir(parents=True, exist_ok=True)
     tokens = {role: f"{role}-{secrets.token_urlsafe(24)}" for role in USERS}
     write_tokens(tmp / "tokens.yaml", tokens)
@@ -156,6 +159,7 @@ def running_api(
         guardrails=guardrails,
         api=settings,
         **({"prometheus": prometheus} if prometheus else {}),
+        source=source,
     )
     try:
         engine.alerts.start()  # the engine's own thread (``Engine.start`` would schedule too)
