@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -278,8 +279,10 @@ def parse_overrides(text: str, file: str, catalogue: XidCatalogue) -> tuple[XidO
     return tuple(overrides)
 
 
+@cache
 def shipped_catalogue() -> XidCatalogue:
-    """The catalogue shipped with gpuops (a broken one is a bug of the package: it raises)."""
+    """The catalogue shipped with gpuops (a broken one is a bug of the package: it raises).
+    Read once per process (~0.1-0.3 s of YAML with line marks; the value is frozen)."""
     text = resources.files(__package__).joinpath(SHIPPED).read_text(encoding="utf-8")
     return parse_catalogue(text, f"gpuops/model/health/{SHIPPED}")
 
