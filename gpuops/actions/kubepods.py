@@ -148,8 +148,11 @@ def _to_zero(
         annotations = obj["metadata"].get("annotations") or {}
         scale = client.scale(*where)
         replicas = int(scale["spec"].get("replicas") or 0)
-        if annotations.get(names.DECISION) == d.id:
+        if annotations.get(names.DECISION) == d.id:  # ran before: finished if it was not
             previous = int(annotations.get(names.PREVIOUS_REPLICAS) or 0)
+            if replicas == previous != 0:  # a crash came between the mark and the scale
+                scale["spec"]["replicas"] = 0
+                client.replace_scale(*where, scale)
             return Reclaimed(
                 pod=key, reclaimed=True, owner=what, previous_replicas=previous, already=True
             )

@@ -33,17 +33,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable
 from gpuops.actions.kubedrain import Drainer, DrainSettings, node_unavailable
+from gpuops.actions.kubenodes import Cordons, Resumed
 from gpuops.actions.kubepods import Reclaimed, pods_of_gpu, reclaim
+from gpuops.actions.kubescale import PoolSettings, Scaled, scale_pool
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
@@ -90,18 +91,6 @@ class ReclaimSettings(_Model):
     uuid_label: str = "UUID"
     """Its label holding the GPU's UUID (dcgm-exporter: ``UUID``; gpuops' NVML exporter:
     ``uuid``)."""
-
-
-class PoolSettings(_Model):
-    """The scalable resource of one pool: any resource serving ``/scale``."""
-
-    namespace: str
-    name: str
-    group: str = "cluster.x-k8s.io"
-    version: str = "v1beta1"
-    plural: str = "machinedeployments"
-    max_replicas: int = Field(ge=0)
-    """Never scaled above this."""
 
 
 class KubernetesSettings(_Model):
@@ -168,26 +157,6 @@ class Migrated(Result):
     api_calls: int = 0
 
 
-class Resumed(Result):
-    node: str
-    uncordoned: bool
-    why: str | None = None
-
-
-class Scaled(Result):
-    pool: str
-    replicas: int
-    previous: int
-    scaled_out: int
-    """Replicas gpuops added and has not taken back, after this decision."""
-    already: bool | None = None
-    why: str | None = None
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class KubernetesExecutor:
     name = "kubernetes"
     verbs: frozenset[str] | None = implemented_by("kubernetes")
@@ -205,6 +174,7 @@ class KubernetesExecutor:
         self.veto = Selector.parse(s.veto)
         self._client = client
         self._drainer: Drainer | None = None
+        self._cordons: Cordons | None = None
         self._sleep = sleep
         self._clock = clock
 
@@ -223,6 +193,13 @@ class KubernetesExecutor:
                 timeout_s=s.timeout_s,
             )
         return self._client
+
+    @property
+    def cordons(self) -> Cordons:
+        if self._cordons is None:
+            s = self.settings
+            self._cordons = Cordons(self.client, s.taint, s.taint_effect, s.condition)
+        return self._cordons
 
     @property
     def drainer(self) -> Drainer:
@@ -298,11 +275,14 @@ class KubernetesExecutor:
             f"{self.settings.node_selector!r}: gpuops does not touch it"
         )
 
+    def _resume(self, d: Decision, _: NoParams) -> Resumed:
+        return self.cordons.resume(d, read=lambda: self._node(d))
+
     def _migrate(self, d: Decision, _: NoParams) -> Migrated:
         calls = self.client.calls
         node = self._node(d)
         name = node["metadata"]["name"]
-        cordoned, why = self._cordon(d, node)
+        cordoned, why = self.cordons.cordon(d, node, read=lambda: self._node(d))
         if d.target.labels.get("uuid"):  # a GPU-level fault: only the pods of that GPU
             pods = self._pods_of_gpu(d, name)
             only = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
@@ -320,131 +300,6 @@ class KubernetesExecutor:
             api_calls=self.client.calls - calls,
         )
         return done.model_copy(update={"why": why}) if why else done
-
-    def _cordon(self, d: Decision, node: dict[str, Any]) -> tuple[bool, str | None]:
-        """Cordon ``node`` for ``d`` (a re-read and retry on each 409); (cordoned by this
-        episode, why not)."""
-        for _ in range(CONFLICT_RETRIES):
-            meta = node["metadata"]
-            annotations = meta.get("annotations") or {}
-            name = meta["name"]
-            ours = annotations.get(names.CORDONED_BY) == d.policy and annotations.get(
-                names.EPISODE
-            ) == _episode(d)
-            unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-            if annotations.get(names.CANCELLED) == _episode(d):
-                return False, "someone else uncordoned it in this episode: not cordoned again"
-            if ours and not unschedulable:  # our cordon was lifted by someone else
-                self._forget(node, cancelled=_episode(d))
-                log.warning("node %s: gpuops' cordon was lifted by someone else", name)
-                return False, "someone else uncordoned it in this episode: not cordoned again"
-            if unschedulable and not ours:
-                log.info("node %s was cordoned before gpuops: its cordon stays unowned", name)
-                return False, "cordoned by someone else before gpuops: never uncordoned by gpuops"
-            if ours:
-                return True, None  # this decision (or this episode) ran before
-            spec: dict[str, Any] = {"unschedulable": True}
-            if self.settings.taint:
-                taints = [
-                    t
-                    for t in (node.get("spec") or {}).get("taints") or []
-                    if t.get("key") != names.TAINT_KEY
-                ]
-                taint = {
-                    "key": names.TAINT_KEY,
-                    "value": d.policy,
-                    "effect": self.settings.taint_effect,
-                }
-                spec["taints"] = [*taints, taint]
-            patch = {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "annotations": {
-                        names.CORDONED_BY: d.policy,
-                        names.DECISION: d.id,
-                        names.EPISODE: _episode(d),
-                        names.REASON: _reason(d),
-                        names.AT: _now(),
-                    },
-                },
-                "spec": spec,
-            }
-            try:
-                self.client.patch_node(name, patch)
-            except KubeConflict:
-                node = self._node(d)
-                continue
-            if self.settings.condition:
-                self._condition(name, "True", d)
-            return True, None
-        raise KubeConflict(f"node {node['metadata']['name']} kept changing")
-
-    def _condition(self, node: str, status: str, d: Decision) -> None:
-        now = _now()
-        self.client.patch_node_status(
-            node,
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": names.CONDITION_TYPE,
-                            "status": status,
-                            "reason": "GpuopsMigrate" if status == "True" else "GpuopsResume",
-                            "message": f"{d.policy}: {_reason(d)}"[:1024],
-                            "lastTransitionTime": now,
-                            "lastHeartbeatTime": now,
-                        }
-                    ]
-                }
-            },
-        )
-
-    def _forget(
-        self, node: dict[str, Any], cancelled: str | None = None, uncordon: bool = False
-    ) -> None:
-        """One patch: gpuops' annotations and taint removed (the episode marked cancelled; the
-        node uncordoned), on the condition that the node is as it was read."""
-        annotations: dict[str, Any] = {
-            key: None
-            for key in (names.CORDONED_BY, names.DECISION, names.EPISODE, names.REASON, names.AT)
-        }
-        if cancelled is not None:
-            annotations[names.CANCELLED] = cancelled
-        meta = node["metadata"]
-        spec: dict[str, Any] = {"unschedulable": None} if uncordon else {}
-        taints = (node.get("spec") or {}).get("taints") or []
-        if any(t.get("key") == names.TAINT_KEY for t in taints):
-            spec["taints"] = [t for t in taints if t.get("key") != names.TAINT_KEY] or None
-        patch: dict[str, Any] = {
-            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": annotations}
-        }
-        if spec:
-            patch["spec"] = spec
-        self.client.patch_node(meta["name"], patch)
-
-    def _resume(self, d: Decision, _: NoParams) -> Resumed:
-        for _attempt in range(CONFLICT_RETRIES):
-            node = self._node(d)
-            meta = node["metadata"]
-            name = meta["name"]
-            annotations = meta.get("annotations") or {}
-            if annotations.get(names.CORDONED_BY) != d.policy or annotations.get(
-                names.EPISODE
-            ) != _episode(d):
-                why = "not cordoned by gpuops in this episode: left as it is"
-                return Resumed(node=name, uncordoned=False, why=why)
-            lifted = not (node.get("spec") or {}).get("unschedulable")
-            try:
-                self._forget(node, cancelled=_episode(d) if lifted else None, uncordon=True)
-            except KubeConflict:
-                continue
-            if self.settings.condition:
-                self._condition(name, "False", d)
-            if lifted:
-                log.warning("node %s: gpuops' cordon was lifted by someone else", name)
-                return Resumed(node=name, uncordoned=False, why="uncordoned by someone else")
-            return Resumed(node=name, uncordoned=True)
-        raise KubeConflict(f"node {d.target.labels.get(self.settings.node_label)} kept changing")
 
     # --- workloads: reclaim --------------------------------------------------------------
 
@@ -487,85 +342,14 @@ class KubernetesExecutor:
     # --- capacity: scale_out / scale_in --------------------------------------------------
 
     def _scale_out(self, d: Decision, params: ScaleParams) -> Scaled:
-        return self._scale(d, params, +1)
+        return scale_pool(self.client, self.settings.pools, d, params, +1)
 
     def _scale_in(self, d: Decision, params: ScaleParams) -> Scaled:
-        return self._scale(d, params, -1)
-
-    def _scale(self, d: Decision, params: ScaleParams, sign: int) -> Scaled:
-        pool_name = d.target.labels.get("pool") or params.pool or ""
-        pool = self.settings.pools.get(pool_name)
-        if pool is None:
-            known = ", ".join(sorted(self.settings.pools)) or "none"
-            raise PermanentError(
-                f"pool {printable(pool_name)} has no scalable resource in "
-                f"executors.kubernetes.pools (configured: {known})"
-            )
-        where = (pool.group, pool.version, pool.plural, pool.namespace, pool.name)
-        for _ in range(CONFLICT_RETRIES):
-            obj = self.client.get(*where)
-            annotations = obj["metadata"].get("annotations") or {}
-            added = int(annotations.get(names.SCALED_OUT) or 0)
-            scale = self.client.scale(*where)
-            replicas = int(scale["spec"].get("replicas") or 0)
-            if annotations.get(names.DECISION) == d.id:
-                return Scaled(
-                    pool=pool_name,
-                    replicas=replicas,
-                    previous=replicas,
-                    scaled_out=added,
-                    already=True,
-                )
-            if sign > 0:
-                step = min(params.nodes, pool.max_replicas - replicas)
-                why = None if step > 0 else f"at its maximum ({pool.max_replicas} replicas)"
-            else:
-                step = -min(params.nodes, added, replicas)
-                why = None if step < 0 else "gpuops added no replica it has not taken back"
-            if step == 0:
-                return Scaled(
-                    pool=pool_name,
-                    replicas=replicas,
-                    previous=replicas,
-                    scaled_out=added,
-                    why=why,
-                )
-            try:  # the mark first, then the scale: a crash between leaves a mark, never a
-                # replica gpuops cannot take back
-                patch = {
-                    "metadata": {
-                        "resourceVersion": obj["metadata"]["resourceVersion"],
-                        "annotations": {
-                            names.SCALED_OUT: str(added + step),
-                            names.DECISION: d.id,
-                            names.AT: _now(),
-                        },
-                    }
-                }
-                marked = self.client.patch(*where, patch)
-                scale["metadata"]["resourceVersion"] = marked["metadata"]["resourceVersion"]
-                scale["spec"]["replicas"] = replicas + step
-                self.client.replace_scale(*where, scale)
-            except KubeConflict:
-                continue
-            return Scaled(
-                pool=pool_name, replicas=replicas + step, previous=replicas, scaled_out=added + step
-            )
-        raise KubeConflict(f"{pool.plural} {pool.namespace}/{pool.name} kept changing")
+        return scale_pool(self.client, self.settings.pools, d, params, -1)
 
 
 def _key(pod: Mapping[str, Any]) -> str:
     return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
-
-
-def _episode(d: Decision) -> str:
-    return f"{d.episode_start:.3f}"
-
-
-def _reason(d: Decision) -> str:
-    return str(
-        d.annotations.get("summary") or f"{d.action.type if d.action else ''} {d.target.key}"
-    )
 
 
 def _force(d: Decision) -> bool:

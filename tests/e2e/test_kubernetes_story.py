@@ -229,7 +229,8 @@ def test_idle_gpu_node_fault_and_queue_on_kubernetes(story: Story) -> None:
     evictions = [r.at for r in api.requests if r.path.endswith("/eviction") and r.status == 201]
     print(
         f"\nfault -> cordon {cordon - fault:.2f} s; cordon -> last eviction "
-        f"{max(evictions) - cordon:.2f} s ({len(evictions)} evictions)"
+        f"{max(evictions) - cordon:.2f} s ({len(evictions)} evictions); the drain ended at its "
+        f"deadline, the migrate taking {outcome.duration_s:.2f} s"
     )
 
     # a queue: the pool's MachineDeployment gets a node, and never more than its maximum

@@ -43,7 +43,11 @@ CONDITION_TYPE = "GpuopsCordoned"
 # --- workloads: reclaim ----------------------------------------------------------------------
 
 PREVIOUS_REPLICAS = f"{PREFIX}/previous-replicas"
-"""Deployment/StatefulSet annotation: the replicas before gpuops scaled it to zero."""
+"""Deployment/StatefulSet annotation: the replicas before gpuops scaled it to zero; on a pool's
+scalable resource, the replicas before gpuops' last scale."""
+REPLICAS = f"{PREFIX}/replicas"
+"""Pool's scalable resource annotation: the replicas gpuops' last scale set (a replayed decision
+makes its scale if a crash came between the mark and the scale)."""
 RECLAIMED_BY = f"{PREFIX}/reclaimed-by"
 """Workload annotation (Deployment, StatefulSet, Job, Kueue Workload): the policy that scaled,
 suspended or deactivated it."""

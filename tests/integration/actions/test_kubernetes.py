@@ -555,3 +555,52 @@ def test_each_node_is_a_lane_of_its_own(api: FakeApiServer, tmp_path: Path) -> N
     k = executor(api, tmp_path)
     assert k.lane(decision("migrate", node="gpu-1")) == "gpu-1"
     assert k.lane(decision("scale_out", pool="a100")) == ""
+
+
+def test_a_scale_a_crash_interrupted_after_its_mark_is_finished_once(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The mark was written, the /scale PUT never came (a crash): the replayed decision makes
+    it, once."""
+    api.put("cluster.x-k8s.io", "machinedeployments", machinedeployment("gpu-a100", 2))
+    api.edit(
+        "cluster.x-k8s.io",
+        "machinedeployments",
+        "gpu-a100",
+        "capi",
+        metadata={
+            "annotations": {
+                names.SCALED_OUT: "1",
+                names.PREVIOUS_REPLICAS: "2",
+                names.REPLICAS: "3",
+                names.DECISION: "o1",
+            }
+        },
+    )
+    k = executor(api, tmp_path)
+    done = k.run(decision("scale_out", did="o1", pool="a100"))
+    assert done == {"pool": "a100", "replicas": 3, "previous": 2, "scaled_out": 1, "already": True}
+    again = k.run(decision("scale_out", did="o1", pool="a100"))
+    assert again["replicas"] == 3
+    md = api.get("cluster.x-k8s.io", "machinedeployments", "gpu-a100", "capi")
+    assert md["spec"]["replicas"] == 3
+    assert len([r for r in api.requests if r.method == "PUT"]) == 1
+
+
+def test_a_reclaim_a_crash_interrupted_after_its_mark_is_finished(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("apps", "deployments", deployment("train", 3))
+    api.edit(
+        "apps",
+        "deployments",
+        "train",
+        "ml",
+        metadata={"annotations": {names.PREVIOUS_REPLICAS: "3", names.DECISION: "r1"}},
+    )
+    api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
+    api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
+    k = executor(api, tmp_path)
+    done = k.run(decision("reclaim", did="r1", namespace="ml", pod="train-6d4f-x"))
+    assert done["already"] is True and done["previous_replicas"] == 3
+    assert api.get("apps", "deployments", "train", "ml")["spec"]["replicas"] == 0

@@ -30,6 +30,7 @@ def test_every_name_gpuops_writes_is_under_its_prefix() -> None:
         names.CANCELLED,
         names.TAINT_KEY,
         names.PREVIOUS_REPLICAS,
+        names.REPLICAS,
         names.RECLAIMED_BY,
         names.SCALED_OUT,
         names.VETO_LABEL,
