@@ -24,7 +24,8 @@ from gpuops.api.responses.fleet import (
     NodeState,
     QueueOut,
 )
-from gpuops.model.decisions import Decision, Sample
+from gpuops.model.decisions import Decision, Outcome, Sample
+from gpuops.model.telling import effect
 
 NODES = 'up{job="gpu-nodes"}'
 LOOKBACK = "1h:15s"
@@ -96,9 +97,13 @@ class Held:
 
 
 def hold_of(
-    fire: Decision, dry_run: bool, undo: str | None, undo_decision_id: str | None
+    fire: Decision,
+    dry_run: bool,
+    undo: str | None,
+    undo_decision_id: str | None,
+    outcome: Outcome | None = None,
 ) -> HoldOut:
-    """The hold a policy's fire that ran leaves while its episode goes on."""
+    """The hold a policy's fire that ran (``outcome``) leaves while its episode goes on."""
     verb = fire.action.type if fire.action is not None else "none"
     what = HOLD_WORDS.get(verb, verb.replace("_", " "))
     if verb in DRAINING_VERBS and fire.policy.startswith("quarantine"):
@@ -113,6 +118,7 @@ def hold_of(
         undo=undo,
         undo_decision_id=undo_decision_id,
         target=fire.target.key,
+        effect="" if outcome is None else effect(verb, outcome.changed).text,
     )
 
 

@@ -267,8 +267,11 @@ def test_the_timeline_charts_utilization_and_queue_with_the_decisions(
     assert page.locator('meta[http-equiv="refresh"]').get_attribute("content") == "30"
     rows = page.locator("#events tbody tr")
     expect(rows).to_have_count(4)  # node-2 drained, GPU-1b downclocked, two idle GPUs (dry-run)
-    expect(page.locator("#events")).to_contain_text("downclock-hot-gpus")
-    expect(page.locator("#events")).to_contain_text("success")
+    hot = rows.filter(has_text="downclock-hot-gpus")
+    expect(hot.locator("td").nth(4)).to_have_text("done")
+    expect(rows.filter(has_text="reclaim-idle-gpus").first.locator("td").nth(4)).to_have_text(
+        "dry run"
+    )
     marker = charts.first.locator("a.mark-success").first
     href = marker.get_attribute("href")
     assert href is not None and href.startswith("/decisions/")

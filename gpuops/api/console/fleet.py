@@ -28,14 +28,18 @@ REFRESH = (0, 10, 30, 60)
 """The refresh intervals a page offers, in seconds (0: never)."""
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 """The timeline's time ranges."""
-KINDS = {
-    "success": "succeeded",
-    "failure": "failed",
-    "held": "held back or waiting",
-    "dryrun": "dry-run",
-    "other": "not run",
+KIND_OF_STATE = {
+    "done": "success",
+    "undone": "success",
+    "failed": "failure",
+    "held": "held",
+    "waiting for approval": "held",
+    "dry run": "dryrun",
 }
-"""What the timeline's markers stand for, by their class (``mark-<kind>``)."""
+"""The class of a decision's marker on the charts (``mark-<kind>``) by its state; any other
+state (running, no effect, recorded) is ``other``."""
+DRAWN_LAST = ("other", "dryrun", "held", "success", "failure")
+"""Markers at the same time overlap: failures are drawn over the rest, then what was done."""
 STATES: tuple[NodeState, ...] = (
     "up",
     "booting",
@@ -101,15 +105,8 @@ def _until(value: str, now: float) -> float:
 
 
 def _kind(e: EventOut) -> str:
-    if e.outcome == "success":
-        return "success"
-    if e.outcome == "failure":
-        return "failure"
-    if e.verdict == "dry_run":
-        return "dryrun"
-    if e.verdict.startswith("suppressed") or e.verdict == "awaiting_approval":
-        return "held"
-    return "other"
+    """The class of an event's marker, by where it stands."""
+    return KIND_OF_STATE.get(e.state, "other")
 
 
 def _lines(series: list[SeriesOut]) -> list[charts.Line]:
@@ -120,12 +117,12 @@ def _charts(t: TimelineOut) -> list[charts.Chart]:
     marks = [
         charts.Mark(
             e.at,
-            f"{e.policy} {e.transition} on {e.target}: {e.verdict}"
-            + (f", {e.outcome}" if e.outcome else ""),
+            f"{e.policy} {e.transition} on {e.target}: {e.state}"
+            + (f": {e.effect}" if e.effect else ""),
             f"/decisions/{e.id}",
             _kind(e),
         )
-        for e in t.events
+        for e in sorted(t.events, key=lambda e: DRAWN_LAST.index(_kind(e)))
     ]
     span = (t.since, t.until, t.step_s)
     return [
@@ -158,7 +155,7 @@ def timeline_page(
         viewer,
         t=found,
         charts=[(ch, charts.render(ch), charts.legend(ch)) for ch in _charts(found)],
-        outcomes=Counter(KINDS[_kind(e)] for e in found.events),
+        outcomes=Counter(e.state for e in found.events),
         range=range,
         ranges=list(RANGES),
         until=until,

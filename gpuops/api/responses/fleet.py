@@ -35,6 +35,7 @@ class HoldOut(Out):
         description="The undo's decision, while the guardrails hold it back."
     )
     target: str = Field(description="The target's key.")
+    effect: str = Field(description="What the action changed, in words (dry-run: nothing).")
 
 
 class GpuOut(Out):
@@ -107,6 +108,12 @@ class EventOut(Out):
     action: str | None
     outcome: str | None = Field(description="success, failure, skipped; None: not run (yet).")
     error: str | None
+    state: str = Field(
+        description="Where it stands: waiting for approval, held, dry run, running, done, no "
+        "effect (it ran and changed nothing its verb promises), failed, recorded."
+    )
+    effect: str = Field(description="What its action changed (or why it failed), in words.")
+    summary: str = Field(description="The policy's own summary of it.")
 
 
 class TimelineOut(Out):

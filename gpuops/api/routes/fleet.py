@@ -29,8 +29,9 @@ from gpuops.api.schemas import NAME_PATTERN
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.decisions import Decision, Sample, Transition, Verdict, decision_id
 from gpuops.model.evaluation.state import Status
+from gpuops.model.telling import effect, state, summary
 from gpuops.sources import QueryError
-from gpuops.store.interface import StoredDecision
+from gpuops.store.interface import DecisionStatus, StoredDecision
 
 router = APIRouter(tags=["fleet"])
 
@@ -104,7 +105,7 @@ def holds(ctx: ApiContext) -> list[Held]:
                     name, key, target.active_since, Transition.CLEAR.value, target.repeats
                 )
             dry_run = fire.decision.verdict is Verdict.DRY_RUN
-            hold = hold_of(fire.decision, dry_run, undo, clearing)
+            hold = hold_of(fire.decision, dry_run, undo, clearing, fire.outcome)
             found.append(Held(dict(target.labels), hold))
     return found + _alert_holds(ctx)
 
@@ -128,7 +129,8 @@ def _alert_holds(ctx: ApiContext) -> list[Held]:
             elif episode not in ended and _ran(stored):
                 ended.add(episode)  # its newest fire that ran
                 dry_run = d.verdict is Verdict.DRY_RUN
-                found.append(Held(dict(d.target.labels), hold_of(d, dry_run, undo, None)))
+                hold = hold_of(d, dry_run, undo, None, stored.outcome)
+                found.append(Held(dict(d.target.labels), hold))
     return found
 
 
@@ -208,6 +210,17 @@ def _series(answer: Mapping[float, tuple[Sample, ...]], pool: str | None) -> lis
 
 def _event(d: Decision, stored: StoredDecision) -> EventOut:
     outcome = stored.outcome
+    verb = d.action.type if d.action is not None else None
+    stands = state(
+        d.verdict,
+        has_action=verb is not None,
+        started=stored.status is DecisionStatus.STARTED,
+        outcome=outcome,
+        verb=verb,
+    )
+    told = ""
+    if outcome is not None:
+        told = effect(verb, outcome.changed).text if outcome.ok else (outcome.error or "")
     return EventOut(
         id=d.id,
         at=d.at,
@@ -218,4 +231,7 @@ def _event(d: Decision, stored: StoredDecision) -> EventOut:
         action=d.action.type if d.action is not None else None,
         outcome=outcome.status.value if outcome is not None else None,
         error=outcome.error if outcome is not None else None,
+        state=stands.value,
+        effect=told,
+        summary=summary(d.annotations),
     )

@@ -136,6 +136,8 @@ def test_a_down_node_queued_jobs_and_the_drain_are_on_the_fleet_and_timeline(
         "execute",
         "success",
     )
+    assert event["effect"].startswith("node-2 drained") and event["state"] in ("done", "no effect")
+    assert hold["effect"] == event["effect"]
     assert timeline["utilization"][0]["name"] == "default"
     assert not timeline["errors"]
 
