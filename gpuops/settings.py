@@ -348,7 +348,8 @@ class EngineConfig(_Model):
     executors: dict[str, dict[str, Any]] = {}
     """Settings per executor name, e.g. ``fleet: {url: http://127.0.0.1:9400}``. The logical
     executors the shipped policies name map to concrete ones here: ``scheduler: {use: slurm}``
-    (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default ``fleet``); optional
+    or ``{use: kubernetes}`` (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default
+    ``fleet``); optional
     ``by_verb: {notify: log}`` sends single verbs elsewhere (these mappings are checked with
     the file). Each executor's settings (docs/executors.md) are read when the engine first
     builds it, at its first action: a mistake in them fails that action, its outcome saying
