@@ -118,9 +118,18 @@ def test_a_long_queue_powers_up_a_cloud_node_and_powers_it_down_when_idle(
     )
     downs = [o for _, o in loop.executed("scale-in-idle-cloud-nodes") if o.changed["powered_down"]]
     assert [o.changed["powered_down"] for o in downs] == [["cloud-1"]]
-    # it fires only while a node gpuops powered up is idle (not for the idle static nodes of
-    # the test's start): at most one repeat of the same episode, before the scrape after the
-    # power-down, finds nothing left to power down — and says so
+    # it fires only while a node gpuops powered up is idle, not for the idle static nodes: five
+    # evaluations later (its repeat_interval is 2 s) at most one repeat, made before the scrape
+    # after the power-down, found nothing left to power down — and says so
+    registry = s.engine.metrics.registry
+    labels = {"group": "capacity", "policy": "scale-in-idle-cloud-nodes"}
+
+    def evaluations() -> float:
+        return registry.get_sample_value("gpuops_engine_evaluations_total", labels) or 0.0
+
+    since = evaluations()
+    wait_for(lambda: evaluations() >= since + 5, 30, "five more evaluations of scale-in")
+    s.engine.wait_idle(10)
     idle = [
         o for _, o in loop.executed("scale-in-idle-cloud-nodes") if not o.changed["powered_down"]
     ]
