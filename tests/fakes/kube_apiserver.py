@@ -182,9 +182,9 @@ class FakeApiServer:
         # path segments are percent-decoded one by one: an encoded "/" stays inside its name
         segments = [unquote(s) for s in path.strip("/").split("/")]
         if segments[:2] == ["api", "v1"]:
-            group, rest = "", segments[2:]
+            group, version, rest = "", "v1", segments[2:]
         elif segments[:1] == ["apis"] and len(segments) >= 3:
-            group, rest = segments[1], segments[3:]
+            group, version, rest = segments[1], segments[2], segments[3:]
         else:
             raise _Failure(404, _status(404, "NotFound", "the server could not find the request"))
         if self.serves_only is not None and group not in self.serves_only:
@@ -205,7 +205,7 @@ class FakeApiServer:
         if not name:
             if method != "GET":
                 raise _Failure(405, _status(405, "MethodNotAllowed", "method not allowed"))
-            return 200, self._list(group, plural, namespace, query)
+            return 200, self._list(group, version, plural, namespace, query)
         key = (group, plural, namespace, name)
         if method == "POST" and sub == "eviction" and plural == "pods":
             return self._evict(key, json.loads(body or b"{}"))
@@ -245,7 +245,7 @@ class FakeApiServer:
         )
 
     def _list(
-        self, group: str, plural: str, namespace: str, query: Mapping[str, str]
+        self, group: str, version: str, plural: str, namespace: str, query: Mapping[str, str]
     ) -> dict[str, Any]:
         selector = parse_selector(query.get("labelSelector", ""))
         fields = parse_fields(query.get("fieldSelector", ""))
@@ -261,7 +261,7 @@ class FakeApiServer:
         kind = (items[0].get("kind") if items else None) or "List"
         return {
             "kind": f"{kind}List" if kind != "List" else kind,
-            "apiVersion": "v1" if not group else f"{group}/v1",
+            "apiVersion": f"{group}/{version}" if group else version,
             "metadata": {"resourceVersion": str(self.version)},
             "items": items,
         }
