@@ -43,6 +43,14 @@ FAULT_TRIGGER = f"alertmanager: {FAULT_ALERT}"
 (``gpuops.model.evaluation.alertmanager``)."""
 
 
+_SKIPPED = {
+    "before_return": "older than the node's return to service",
+    "stale": "older than health.max_event_age",
+    "unknown_xid": "XID {xid} is not in the XID catalogue",
+}
+"""Why an event does not act, by its outcome."""
+
+
 @dataclass(frozen=True)
 class HealthReceipt:
     """What one request's events came to."""
@@ -51,6 +59,8 @@ class HealthReceipt:
     duplicates: int
     faults: int
     skipped: int
+    notes: tuple[str, ...] = ()
+    """What was raised and what was skipped, and why, one line each (audited with the call)."""
 
 
 class HealthInbox:
@@ -146,11 +156,18 @@ class HealthInbox:
                 fault.remedy.value,
             )
         counts = [o for _, o in outcomes]
+        notes = [f"{f.gpu} on {f.node}: {f.reason}: {FAULT_ALERT} raised" for f in faults]
+        notes += [
+            f"skipped {e.id} ({e.gpu} on {e.node}): {_SKIPPED[o].format(xid=e.xid)}"
+            for e, o in outcomes
+            if o in _SKIPPED
+        ]
         return HealthReceipt(
             accepted=len(fresh),
             duplicates=counts.count("duplicate"),
             faults=len(faults),
-            skipped=sum(counts.count(o) for o in ("before_return", "stale", "unknown_xid")),
+            skipped=sum(counts.count(o) for o in _SKIPPED),
+            notes=tuple(notes),
         )
 
     def _take(

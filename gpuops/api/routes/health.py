@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, HTTPException
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuops.api.auth import require
@@ -31,6 +31,10 @@ router = APIRouter(tags=["health"])
 MAX_EVENTS = 10_000
 """Events in one request (an agent sends what queued while the engine was away in batches of at
 most this many)."""
+
+
+NOTED = 20
+"""Faults and skips named in the call's audit document (the rest are counted)."""
 
 
 class EventIn(BaseModel):
@@ -99,6 +103,7 @@ def _problem(exc: ValidationError) -> str:
     | refusal(503, "The engine cannot store the faults now (or is a standby): send again."),
 )
 def receive_health_events(
+    request: Request,
     body: Annotated[Any, Body(description='`{"events": [...]}`, see EventsIn.')],
     ctx: Annotated[ApiContext, Depends(api_context)],
     _: Annotated[Principal, Depends(require(Permission.ALERTS_RECEIVE))],
@@ -115,6 +120,10 @@ def receive_health_events(
         raise HTTPException(503, str(exc)) from None
     except StateError as exc:
         raise HTTPException(503, f"the faults cannot be stored now: {exc}; send again") from None
+    if receipt.notes:  # the call's audit document says what was raised and skipped, and why
+        shown = "; ".join(receipt.notes[:NOTED])
+        more = len(receipt.notes) - NOTED
+        request.state.gpuops_note = shown + (f"; and {more} more" if more > 0 else "")
     return EventsTaken(
         accepted=receipt.accepted,
         duplicates=receipt.duplicates,

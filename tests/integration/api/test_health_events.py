@@ -118,9 +118,13 @@ def test_an_event_older_than_max_event_age_never_acts(api: Harness) -> None:
     assert 'gpuops_health_events_total{kind="xid",outcome="stale"} 1.0' in metrics
 
 
-def test_an_unknown_xid_is_recorded_only(api: Harness) -> None:
+def test_an_unknown_xid_is_recorded_only_and_the_skip_audited(api: Harness) -> None:
     assert push(api, event(api, "u-1", "n4", "GPU-d", 9999)).json()["skipped"] == 1
     assert quarantined(api) == []
+    [call] = [d for d in api.operations() if d["event"]["action"] == "receive_health_events"]
+    assert call["message"].endswith(
+        "(skipped u-1 (GPU-d on n4): XID 9999 is not in the XID catalogue)"
+    )
 
 
 def test_bad_senders_and_bodies_are_refused_naming_what(api: Harness) -> None:
