@@ -118,6 +118,10 @@ class Cluster:
         self.completed: list[Finished] = []
         """Finished jobs: their class, project, queue wait and completion time."""
         self.culled_sessions: list[Finished] = []
+        self.served_sessions: list[tuple[str, float, float, float]] = []
+        """(priority class, seconds served, seconds times slowdown, seconds over its class's
+        objective) of every session that left (``Job.served_s``; those still running are in
+        ``jobs``)."""
         """The same for notebook sessions ``cull`` ended: not finished jobs (the report shows
         them apart, and the completion time with and without them)."""
         for pool in config.pools:
@@ -391,7 +395,10 @@ class Cluster:
     def release(self, job: Job) -> list[str]:
         """Free the job's GPUs and drop it from the cluster; returns the freed uuids."""
         freed = self._unplace(job)
-        self.jobs.pop(job.id, None)
+        if self.jobs.pop(job.id, None) is not None and job.served_s > 0:
+            self.served_sessions.append(
+                (job.priority_class, job.served_s, job.slowed_s, job.over_objective_s)
+            )
         queue = self.queues.get(job.pool, [])
         if job.id in queue:
             queue.remove(job.id)

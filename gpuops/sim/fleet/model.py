@@ -219,6 +219,14 @@ class Job:
     busy_at: float | None = None
     """When its GPU load last exceeded ``SESSION_IDLE_UTILIZATION`` (None: not since it
     started); a session without checkpoints moves only when idle (``Scheduler.drain_plan``)."""
+    served_s: float = 0.0
+    """A session's seconds running (not relaunching): what its answer times are taken over."""
+    slowed_s: float = 0.0
+    """Those seconds, each times how much slower the session answered then than alone
+    (1 / its rate under clock locks and sharing): ``slowed_s / served_s`` is its mean
+    slowdown factor."""
+    over_objective_s: float = 0.0
+    """Seconds it answered slower than its job class's ``slowdown_objective``."""
     moved_at: float | None = None
     """When it was last stopped and started again (``Cluster.restart_cost``: packed onto
     another GPU, consolidated, reclaimed) or migrated off a node; None: never."""

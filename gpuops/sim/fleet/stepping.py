@@ -47,6 +47,8 @@ class Stepper:
         """job -> the part of the last step it ran (the rest it relaunched); absent: all."""
         self._redo: dict[str, float] = {}
         """job -> the part of its last step's progress that was work done again."""
+        self._objective_of: dict[str, float] | None = None
+        """job class -> its ``slowdown_objective`` (made at the first use)."""
 
     def reset_arrivals(self) -> None:
         c = self.cluster
@@ -184,6 +186,8 @@ class Stepper:
             joules += drawn
         for job_id, rate in rates.items():
             job = c.jobs[job_id]
+            if job.profile in SESSION_PROFILES:
+                self._serve(job, dt * self._active.get(job_id, 1.0), rate)
             speed = c.nodes[str(job.node)].model.speed
             # in A100-equivalent GPUs, for the part of the step it ran (not relaunching)
             gpus = job.gpus * speed * self._active.get(job_id, 1.0)
@@ -197,6 +201,27 @@ class Stepper:
         self._active = {}
         self._redo = {}
         c.energy_cost += joules / JOULES_PER_KWH * price
+
+    def _serve(self, job: Job, seconds: float, rate: float) -> None:
+        """A session answered for ``seconds`` at ``rate`` of its own GPU's speed: its
+        slowdown (``Job.slowed_s``) and its time over its class's objective."""
+        if seconds <= 0:
+            return
+        slowdown = 1.0 / rate if rate > 0 else math.inf
+        job.served_s += seconds
+        job.slowed_s += seconds * min(slowdown, 1e6)
+        objective = self._objectives().get(job.job_class)
+        if objective is not None and slowdown > objective + 1e-9:
+            job.over_objective_s += seconds
+
+    def _objectives(self) -> dict[str, float]:
+        if self._objective_of is None:
+            self._objective_of = {
+                jc.name: jc.slowdown_objective
+                for jc in self.cluster.config.job_classes
+                if jc.slowdown_objective is not None
+            }
+        return self._objective_of
 
     def _step_shared(self, pool: str, gpu: Gpu, dt: float, rates: dict[str, float]) -> None:
         """One step of a shared GPU: its jobs' demands, the GPU's load, each job's progress

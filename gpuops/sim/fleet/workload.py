@@ -67,6 +67,10 @@ class JobClass:
     """A preempted job loses the work since its last checkpoint; None: it starts over."""
     shareable: bool = False
     """Its jobs may run on slices of shared GPUs (light analysis, inference, notebooks)."""
+    slowdown_objective: float | None = None
+    """A session's (notebook, inference) answers may be at most this many times slower than
+    on a GPU of its own at full clock (e.g. 1.25); the report gives the share of its time
+    over it. None: no objective."""
 
     def mean_rate_per_s(self) -> float:
         return self.rate_per_hour / 3600.0

@@ -89,6 +89,17 @@ def _payers(off: RunReport, on: RunReport) -> str:
                 f"priority class {pc} (mean completion {_h(a.jct_mean_s)} to "
                 f"{_h(b.jct_mean_s)}, {change:+.1%}; {b.culled} sessions culled)"
             )
+    for pc in sorted(on.classes):
+        b = on.classes[pc]
+        before = off.classes[pc].slowdown_p95 if pc in off.classes else None
+        if b.slowdown_p95 is not None and b.slowdown_p95 > (before or 1.0) * (1 + HARM_MARGIN):
+            text = (
+                f"the sessions of priority class {pc} (answers {b.slowdown_p95:.2f}x as slow at "
+                f"the 95th percentile, from {before or 1.0:.2f}x"
+            )
+            if b.over_objective is not None:
+                text += f"; {b.over_objective:.1%} of their time over their objective"
+            paid.append(text + ")")
     for p in sorted(set(off.projects) & set(on.projects)):
         a2, b2 = off.projects[p], on.projects[p]
         change = _rel(a2.jct_mean_s, b2.jct_mean_s)

@@ -145,6 +145,19 @@ OVERALL: tuple[Row, ...] = (
 )
 
 
+def _times(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+_CLASS_FORMATS: dict[str, Callable[[float | None], str]] = {
+    "done": number("d"),
+    "culled": number("d"),
+    "slowdown p95": _times,
+    "over objective": _pct,
+}
+"""How the per-class rows other than times are shown."""
+
+
 def _line(label: str, off: str, on: str, change: str) -> str:
     return f"  {label:<34}{off:>12}{on:>12}{change:>12}"
 
@@ -169,10 +182,12 @@ def table(w: Whatif) -> str:
             ("JCT p95", lambda c: c.jct_p95_s),
             ("wait mean", lambda c: c.wait_mean_s),
             ("wait p95", lambda c: c.wait_p95_s),
+            ("slowdown p95", lambda c: c.slowdown_p95),
+            ("over objective", lambda c: c.over_objective),
         ):
             x = None if ca is None else get(ca)
             y = None if cb is None else get(cb)
-            fmt = number("d") if what in ("done", "culled") else hours
+            fmt = _CLASS_FORMATS.get(what, hours)
             lines.append(_line(f"{pc} {what}", fmt(x), fmt(y), _delta(x, y)))
     lines += ["", _line("project", "off", "on", "change")]
     for p in sorted(set(off.projects) | set(on.projects)):

@@ -81,6 +81,8 @@ def _class_rows(runs: Sequence[Whatif]) -> list[Row]:
             ("done", "completed", number("d")),
             ("JCT mean", "jct_mean_s", hours),
             ("wait mean", "wait_mean_s", hours),
+            ("slowdown p95", "slowdown_p95", number(".2f")),
+            ("over objective", "over_objective", number(".3f")),
         ):
             rows.append((f"{pc} {what}", _class_getter(pc, attr), fmt, False))
     return rows

@@ -97,6 +97,7 @@ def config(doc: _FleetFile) -> FleetConfig:
                 memory_gib=c.memory_gib,
                 checkpoint_interval_s=c.checkpoint_interval,
                 shareable=c.shareable,
+                slowdown_objective=c.slowdown_objective,
             )
             for c in doc.job_classes
         ),

@@ -112,6 +112,8 @@ class _JobClass(_Model):
     checkpoint_interval: float | None = Field(default=None, gt=0)
     shareable: bool = False
     """Its jobs may run on slices of shared GPUs (pools with ``sharing``)."""
+    slowdown_objective: float | None = Field(default=None, ge=1)
+    """A session's answers at most this many times slower than alone (``JobClass``)."""
 
     _s = field_validator("checkpoint_interval", mode="before")(seconds)
 

@@ -44,6 +44,13 @@ class ClassFigures:
     wait_p95_s: float | None
     culled: int = 0
     """Notebook sessions ``Cluster.cull`` ended."""
+    slowdown_p95: float | None = None
+    """Sessions (notebook, inference; finished, culled or still running): the 95th percentile
+    of their mean slowdown (how many times slower they answered than on a GPU of their own at
+    full clock: sharing and clock locks). None: the class has no session."""
+    over_objective: float | None = None
+    """Share of its sessions' time answered slower than their class's ``slowdown_objective``
+    (None: no objective, or no session)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from gpuops.sim.fleet.cluster import Cluster
 from gpuops.sim.fleet.config import GPU_MODELS
@@ -192,6 +193,16 @@ class Recorder:
             currency = cluster.config.tariff.currency
             name = cluster.config.name
             specs = dict(cluster.pools)
+            served = list(cluster.served_sessions) + [
+                (j.priority_class, j.served_s, j.slowed_s, j.over_objective_s)
+                for j in cluster.jobs.values()
+                if j.served_s > 0
+            ]
+            objectives = {
+                jc.priority_class
+                for jc in cluster.config.job_classes
+                if jc.slowdown_objective is not None
+            }
         done = finished + culled_rows  # the completion times count culled sessions whole
         by_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
         by_project: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -200,6 +211,9 @@ class Recorder:
             by_project[project].append((wait, jct))
         culled_in: Counter[str] = Counter(pc or "-" for pc, *_ in culled_rows)
         culled_of: Counter[str] = Counter(project for _, project, *_ in culled_rows)
+        sessions: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for pc, secs, slowed, over in served:
+            sessions[pc or "-"].append((secs, slowed, over))
         classes = {
             pc: ClassFigures(
                 completed=len(rows) - culled_in[pc],
@@ -208,8 +222,9 @@ class Recorder:
                 wait_mean_s=_mean([w for w, _ in rows]),
                 wait_p95_s=_p95([w for w, _ in rows]),
                 culled=culled_in[pc],
+                **_quality(sessions.get(pc, []), pc in objectives),
             )
-            for pc, rows in sorted(by_class.items())
+            for pc, rows in ((pc, by_class.get(pc, [])) for pc in sorted({*by_class, *sessions}))
         }
         names = sorted(set(self.projects) | set(by_project) | set(preemptions))
         projects = {
@@ -296,6 +311,19 @@ class Recorder:
             total_cost=cost + rental,
             utilization_weighted=_ratio(weighted_busy, weighted_powered),
         )
+
+
+def _quality(rows: list[tuple[float, float, float]], has_objective: bool) -> dict[str, Any]:
+    """``ClassFigures.slowdown_p95`` and ``over_objective`` of a class's sessions."""
+    if not rows:
+        return {}
+    served = sum(secs for secs, _, _ in rows)
+    return {
+        "slowdown_p95": _p95([slowed / secs for secs, slowed, _ in rows]),
+        "over_objective": (
+            sum(over for *_, over in rows) / served if has_objective and served > 0 else None
+        ),
+    }
 
 
 def _shared_limit(cluster: Cluster, pool: str, gpu: Gpu) -> str:

@@ -71,6 +71,10 @@ def test_good_file_parses_durations_and_defaults() -> None:
     [
         (GOOD.replace("model: A100", "model: A200"), "t.yaml:3: pools.0.model: 'A200' is unknown"),
         (
+            GOOD.replace("gpus_per_node: 4}", "gpus_per_node: 4, price_per_gpu_hour: -1}"),
+            "t.yaml:3: pools.0.price_per_gpu_hour: Input should be greater than or equal to 0",
+        ),
+        (
             GOOD.replace("reserved: {a: 4}", "reserved: {b: 4}"),
             "t.yaml:5: projects.0.reserved.b: no pool 'b'",
         ),
@@ -109,6 +113,11 @@ def test_good_file_parses_durations_and_defaults() -> None:
             ),
             "t.yaml:10: job_classes.0: job class 'train': no pool has nodes of 8 GPUs with 40 GiB "
             "each (priority class 'high')",
+        ),
+        (
+            GOOD.replace("rate_per_hour: 2", "rate_per_hour: 2\n    slowdown_objective: 0.5"),
+            "t.yaml:13: job_classes.0.slowdown_objective: Input should be greater than or equal "
+            "to 1",
         ),
         (
             GOOD.replace("rate_per_hour: 2", "rate_per_hour: 2\n    memory_gib: 100"),

@@ -224,3 +224,34 @@ def test_rental_cost_and_utilization_weighted_by_throughput() -> None:
     assert report.utilization_powered == pytest.approx(busy / 2, rel=0.01)
     assert report.utilization_weighted == pytest.approx(busy * 65 / (65 + 989), rel=0.01)
     assert "rental 12.00" in table(report)
+
+
+def test_sessions_slowed_by_a_clock_lock_report_slowdown_and_time_over_objective() -> None:
+    """A service on a GPU locked to a third of its clock answers slower (sessions run for
+    wall-clock time: they do not take longer, they answer slower), all of its time over an
+    objective of 1.05; a training beside it is not a session."""
+    from gpuops.sim.fleet.workload import JobClass, PriorityClass
+
+    classes = (PriorityClass("serve", 10), PriorityClass("batch", 0))
+    service = JobClass("svc", "p", "serve", "inference", rate_per_hour=0.0, slowdown_objective=1.05)
+    config = FleetConfig(
+        pools=(PoolSpec("a", 1, 2, "A100"),),
+        arrival_rate_per_min=0.0,
+        initial_jobs=(),
+        priority_classes=classes,
+        job_classes=(service,),
+    )
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    c = fleet.cluster
+    svc = c.submit(JobSpec("inference", 1, "p", "a", 1800, job_class="svc", priority_class="serve"))
+    c.submit(JobSpec("training", 1, "p", "a", 1800, priority_class="batch"))
+    gpu = c.find_gpu(svc.gpu_uuids[0])[1]
+    gpu.clock_locked_mhz = 470  # a third of the A100's 1410 MHz
+    fleet.run_until(3600.0)
+    report = recorder.report(c)
+    serve = report.classes["serve"]
+    assert serve.completed == 1
+    assert serve.slowdown_p95 is not None and serve.slowdown_p95 > 1.05
+    assert serve.over_objective == pytest.approx(1.0)
+    assert report.classes["batch"].slowdown_p95 is None  # training is no session
