@@ -70,7 +70,8 @@ class EngineMetrics:
             ),
             actions=Counter(
                 "gpuops_engine_actions",
-                "Executed actions by executor, action type and outcome.",
+                "Executed actions by executor, action type and outcome (success, no_effect: it"
+                " ran and changed nothing its verb promises, failure, skipped).",
                 ["executor", "action", "outcome"],
                 registry=r,
             ),

@@ -25,6 +25,7 @@ from gpuops.audit import AuditLog
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression
 from gpuops.model.guardrails import RETRY_S, Standing
 from gpuops.model.rules.model import Policy
+from gpuops.model.telling import effect
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.gate.feedback import Feedback
 from gpuops.runtime.gate.holds import Hold, Holds
@@ -339,7 +340,10 @@ class Gate:
                 self._retry,
                 interrupted=self._interrupted,
             )
-        self._metrics.actions.labels(name, decision.action.type, outcome.status.value).inc()
+        said = outcome.status.value
+        if outcome.ok and not effect(decision.action.type, outcome.changed).did:
+            said = "no_effect"  # it ran and changed nothing its verb promises
+        self._metrics.actions.labels(name, decision.action.type, said).inc()
         self._metrics.action_duration.labels(name).observe(outcome.duration_s)
         return outcome
 

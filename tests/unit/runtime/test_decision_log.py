@@ -111,6 +111,10 @@ def test_a_decision_that_runs_and_its_undo_are_told_with_their_outcome_in_words(
         "evacuate on node=node-3: migrate no effect after 1 attempt: node-3 drained; job-1 "
         f"requeued: no free node; no job moved [decision {decision.id}]",
     ]
+    actions = world.engine.metrics.registry.get_sample_value
+    counted = {"executor": "log", "action": "migrate"}
+    assert actions("gpuops_engine_actions_total", {**counted, "outcome": "no_effect"}) == 1
+    assert actions("gpuops_engine_actions_total", {**counted, "outcome": "success"}) is None
     world.prom.results["up == 0"] = []
     world.clock.advance(10)
     world.evaluate("evacuate")
