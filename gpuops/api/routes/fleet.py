@@ -28,7 +28,7 @@ from gpuops.api.responses.fleet import (
 from gpuops.api.schemas import NAME_PATTERN
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.decisions import Decision, Sample, Transition, Verdict, decision_id
-from gpuops.model.evaluation.state import Status
+from gpuops.model.evaluation.state import Status, TargetState
 from gpuops.model.telling import effect, state, summary
 from gpuops.sources import QueryError
 from gpuops.store.interface import DecisionStatus, StoredDecision
@@ -81,13 +81,12 @@ def show_fleet(
 
 def holds(ctx: ApiContext) -> list[Held]:
     """What gpuops holds now: per policy, each target still in the episode of a fire whose
-    action ran (or would have, in dry-run), with that fire's decision and the undo."""
+    action ran (or would have, in dry-run), with that fire's decision and the undo. The fires
+    of every acted target are read in one query."""
     engine = ctx.engine
     store = engine.store
-    found: list[Held] = []
+    acted: list[tuple[str, str, TargetState, list[str]]] = []
     for name in store.policy_names():
-        policy = engine.rules.policy(name)
-        undo = policy.on_clear.type if policy is not None and policy.on_clear else None
         for key, target in store.policy_state(name).targets.items():
             if target.status is Status.PENDING or not target.acted:
                 continue
@@ -95,18 +94,23 @@ def holds(ctx: ApiContext) -> list[Held]:
                 decision_id(name, key, target.active_since, Transition.FIRE.value, n)
                 for n in range(target.repeats, -1, -1)
             ]
-            stored = store.stored_decisions(ids)
-            fire = next((stored[i] for i in ids if i in stored and _ran(stored[i])), None)
-            if fire is None:
-                continue
-            clearing = None
-            if target.status is Status.CLEARING:
-                clearing = decision_id(
-                    name, key, target.active_since, Transition.CLEAR.value, target.repeats
-                )
-            dry_run = fire.decision.verdict is Verdict.DRY_RUN
-            hold = hold_of(fire.decision, dry_run, undo, clearing, fire.outcome)
-            found.append(Held(dict(target.labels), hold))
+            acted.append((name, key, target, ids))
+    stored = store.stored_decisions([i for *_, ids in acted for i in ids])
+    found: list[Held] = []
+    for name, key, target, ids in acted:
+        fire = next((stored[i] for i in ids if i in stored and _ran(stored[i])), None)
+        if fire is None:
+            continue
+        policy = engine.rules.policy(name)
+        undo = policy.on_clear.type if policy is not None and policy.on_clear else None
+        clearing = None
+        if target.status is Status.CLEARING:
+            clearing = decision_id(
+                name, key, target.active_since, Transition.CLEAR.value, target.repeats
+            )
+        dry_run = fire.decision.verdict is Verdict.DRY_RUN
+        hold = hold_of(fire.decision, dry_run, undo, clearing, fire.outcome)
+        found.append(Held(dict(target.labels), hold))
     return found + _alert_holds(ctx)
 
 
