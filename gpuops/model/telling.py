@@ -63,6 +63,15 @@ def _names(value: Any) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _jobs(value: Any) -> str:
+    """Job ids as text: Slurm's bare numbers as ``job 7`` / ``jobs 7 and 8``; named ones
+    (``job-1``) as they are."""
+    items = [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+    if items and all(v.isdigit() for v in items):
+        return f"job{'s' if len(items) > 1 else ''} {_names(items)}"
+    return _names(items)
+
+
 def _mhz(value: Any) -> str:
     return "not capped" if value is None else f"{value} MHz"
 
@@ -93,14 +102,14 @@ def _migrate(c: Mapping[str, Any]) -> Effect:
         else:
             out.append(f"{node} already drained by someone else ({c.get('reason')}): kept")
         jobs = c.get("requeued_jobs") or []
-        out.append(f"{_names(jobs)} requeued to run elsewhere" if jobs else "no job was running")
+        out.append(f"{_jobs(jobs)} requeued to run elsewhere" if jobs else "no job was running")
         return Effect(tuple(out), bool(c.get("drained")) or bool(jobs))
     moved = c.get("moved") or []
     requeued = c.get("requeued") or []
     out.append(f"{node} drained")
     out += [f"{m.get('job')} moved to {m.get('to')}" for m in moved if isinstance(m, Mapping)]
     if requeued:
-        out.append(f"{_names(requeued)} requeued: no free node")
+        out.append(f"{_jobs(requeued)} requeued: no free node")
     if not moved:
         out.append("no job moved" if requeued else "no job was running")
     return Effect(tuple(out), bool(moved))
@@ -110,7 +119,9 @@ def _resume(c: Mapping[str, Any]) -> Effect:
     node = c.get("node", "the node")
     if c.get("resumed") is False:
         return Effect((f"{node} not resumed: {c.get('why') or 'not drained by gpuops'}",), False)
-    was = c.get("previous") or c.get("reason_was")
+    if c.get("reason_was"):  # Slurm: the drain reason gpuops had set
+        return Effect((f"{node} resumed (drained as {c['reason_was']})",), True)
+    was = c.get("previous")
     return Effect((f"{node} back in service" + (f" (was {was})" if was else ""),), True)
 
 
@@ -125,7 +136,7 @@ def _clocks(c: Mapping[str, Any]) -> Effect:
 
 
 def _reclaim(c: Mapping[str, Any]) -> Effect:
-    job = c.get("job", "the job")
+    job = _jobs(c["job"]) if "job" in c else "the job"
     if c.get("excluded"):
         return Effect((f"{job} spared: {c['excluded']} is excluded",), False)
     if c.get("reclaimed") is False:
@@ -148,7 +159,7 @@ def _reclaim(c: Mapping[str, Any]) -> Effect:
 
 
 def _notify(c: Mapping[str, Any]) -> Effect:
-    job = c.get("job", "the job")
+    job = _jobs(c["job"]) if "job" in c else "the job"
     if c.get("excluded"):
         return Effect((f"{job} not warned: {c['excluded']} is excluded",), False)
     if c.get("already"):

@@ -60,7 +60,7 @@ def test_multi_line_promql_is_told_as_lines() -> None:
         (
             "migrate",
             {"node": "gpu-a", "drained": True, "reason": "gpuops:x:1", "requeued_jobs": ["7", "8"]},
-            "gpu-a drained; 7 and 8 requeued to run elsewhere",
+            "gpu-a drained; jobs 7 and 8 requeued to run elsewhere",
             True,
         ),
         (
@@ -116,6 +116,18 @@ def test_multi_line_promql_is_told_as_lines() -> None:
                 "restarted_on": ["G"],
             },
             "job-1 of p requeued; it started again on G",
+            False,
+        ),
+        (
+            "reclaim",
+            {"job": "22", "reclaimed": True, "how": "requeue", "user": "ann"},
+            "job 22 (user ann) requeued: its GPU is free",
+            True,
+        ),
+        (
+            "notify",
+            {"job": "22", "warned": True, "already": True},
+            "job 22 was warned before",
             False,
         ),
         ("hold_class", {"priority_class": "low", "held": True}, "low held", True),
