@@ -285,6 +285,10 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
                 stale=not fresh,
                 gpus=gpus,
                 holds=holds,
+                attention=state != "up"
+                or health != "ok"
+                or bool(holds)
+                or any(g.holds for g in gpus),
             )
         )
     queue = _queue(r.of("queue"))

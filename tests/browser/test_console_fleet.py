@@ -71,7 +71,8 @@ NODES: dict[str, tuple[str, str | None]] = {
     "node-3": ("a100", gpu(0, "GPU-3a", 0.02, 40, nvml_gpu_remapped_rows_failed=1)),
     "node-5": ("h100", ""),
     "node-6": ("h100", gpu(0, "GPU-6a", 0.0, 35)),
-    "node-7": ("h100", gpu(0, "GPU-7a", 0.5, 50)),
+    "node-8": ("h100", gpu(0, "GPU-8a", 0.4, 50)),
+    "node-7": ("h100", gpu(0, "GPU-7a", 0.5, 50)),  # last: its target is removed
 }
 CLUSTER = """\
 gpuops_slurm_up 1
@@ -80,6 +81,7 @@ gpuops_slurm_node_state{node="node-3",state="draining"} 1
 gpuops_slurm_node_state{node="node-4",state="powered_down"} 1
 gpuops_slurm_node_state{node="node-5",state="powering_up"} 1
 gpuops_slurm_node_state{node="node-6",state="drained"} 1
+gpuops_slurm_node_state{node="node-8",state="idle"} 1
 gpuops_gpu_allocated{node="node-1",uuid="GPU-1a",job="job-17",project="vision"} 1
 gpuops_gpu_allocated{node="node-1",uuid="GPU-1b",job="job-18",project="nlp"} 1
 gpuops_gpu_allocated{node="node-3",uuid="GPU-3a",job="job-20",project="vision"} 1
@@ -206,6 +208,7 @@ def test_the_fleet_page_shows_every_state_health_job_and_hold(
         "node-5": "booting",
         "node-6": "drained",
         "node-7": "unknown",
+        "node-8": "up",
     }
     for name, state in expected.items():
         expect(node(page, name).locator("h3 .state")).to_have_text(state)
@@ -241,9 +244,9 @@ def test_the_fleet_page_shows_every_state_health_job_and_hold(
 
     page.get_by_label("Pool", exact=True).select_option("h100")
     page.get_by_label("Refresh every", exact=True).select_option("10")
-    page.get_by_role("button", name="Show").click()
-    expect(page).to_have_url(re.compile(r"/fleet\?pool=h100&refresh=10$"))
-    expect(page.locator("article.node")).to_have_count(3)  # node-5, 6, 7
+    page.get_by_role("button", name="Apply").click()
+    expect(page).to_have_url(re.compile(r"/fleet\?pool=h100&show=all&refresh=10$"))
+    expect(page.locator("article.node")).to_have_count(4)  # node-5, 6, 7, 8
     expect(page.locator("#queue-length")).to_have_text("0")
     assert page.locator('meta[http-equiv="refresh"]').get_attribute("content") == "10"
 
@@ -278,3 +281,14 @@ def test_the_timeline_charts_utilization_and_queue_with_the_decisions(
     shot(page, "timeline")
     page.goto(href)
     expect(page).to_have_url(re.compile(re.escape(href) + "$"))
+
+
+def test_only_the_nodes_that_need_attention(page: Page, signed_in: Harness) -> None:
+    page.get_by_label("Show", exact=True).select_option("attention")
+    page.get_by_role("button", name="Apply").click()
+    expect(page).to_have_url(re.compile(r"show=attention"))
+    expect(page.locator("#nodes-h")).to_contain_text("(7 of 8)")
+    shown = {a.get_attribute("id") for a in page.locator("article.node").all()}
+    # node-1 is up and healthy, but gpuops downclocked one of its GPUs; node-8, up, healthy
+    # and held by nothing, is the one left out
+    assert shown == {f"node-node-{i}" for i in (1, 2, 3, 4, 5, 6, 7)}

@@ -26,6 +26,8 @@ router = APIRouter(route_class=AuditedRoute, include_in_schema=False)
 
 REFRESH = (0, 10, 30, 60)
 """The refresh intervals a page offers, in seconds (0: never)."""
+SHOW = {"all": "every node", "attention": "nodes that need attention"}
+"""The Fleet page's node filter: every node, or those not up, not healthy or held by gpuops."""
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 """The timeline's time ranges."""
 KIND_OF_STATE = {
@@ -71,10 +73,17 @@ def _pool(value: str) -> str | None:
 
 @router.get("/fleet", name="show_fleet", response_class=HTMLResponse)
 def fleet_page(
-    request: Request, c: ConsoleDep, viewer: ViewerDep, pool: Text = "", refresh: int = 0
+    request: Request,
+    c: ConsoleDep,
+    viewer: ViewerDep,
+    pool: Text = "",
+    show: Annotated[str, Query(max_length=20)] = "all",
+    refresh: int = 0,
 ) -> Response:
     need(viewer, Permission.ENGINE_READ, "The fleet page")
     seconds = _refresh(refresh)
+    if show not in SHOW:
+        raise Refused(422, f"show: {show!r} is not one of {', '.join(SHOW)}")
     found = show_fleet(c.context, viewer.principal, _pool(pool))
     states = Counter(n.state for n in found.nodes)
     gpus = [g for n in found.nodes for g in n.gpus]
@@ -90,6 +99,9 @@ def fleet_page(
         refresh=seconds,
         refreshes=REFRESH,
         pool=pool,
+        show=show,
+        shows=SHOW,
+        shown=[n for n in found.nodes if show == "all" or n.attention],
     )
 
 

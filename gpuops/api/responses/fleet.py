@@ -64,6 +64,9 @@ class NodeOut(Out):
     stale: bool
     gpus: list[GpuOut]
     holds: list[HoldOut] = Field(description="Holds on the node itself (drained, ...).")
+    attention: bool = Field(
+        description="Not up, not healthy, or gpuops holds something on it or on a GPU."
+    )
 
 
 class QueueOut(Out):

@@ -246,3 +246,15 @@ def test_a_quarantine_policy_s_drain_is_a_quarantine() -> None:
     assert hold("migrate", "node=n1").what == "drained"
     assert hold("lend", "pool=a").what == "lending"
     assert hold("restore_clocks", "uuid=x").what == "restore clocks"
+
+
+def test_the_nodes_that_need_attention() -> None:
+    r = readings(
+        node("ok"),
+        node("down", up=0),
+        node("held"),
+        gpu("ok", "GPU-o", 0.5),
+        gpu("held", "GPU-h", 0.5),
+    )
+    out = fleet(r, [Held({"uuid": "GPU-h"}, hold("downclock", "uuid=GPU-h"))], None)
+    assert {n.name: n.attention for n in out.nodes} == {"down": True, "held": True, "ok": False}
