@@ -19,13 +19,10 @@ from typing import Any
 
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import KubeClient, KubeConflict
+from gpuops.integrations.kubernetes.client import CONFLICT_RETRIES, KubeClient, KubeConflict
 from gpuops.model.decisions import Decision
 
 log = logging.getLogger(__name__)
-
-CONFLICT_RETRIES = 5
-"""Re-reads after a 409 before the action is given back to the retry policy."""
 
 
 class Resumed(Result):

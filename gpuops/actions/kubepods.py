@@ -24,7 +24,13 @@ from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.encoding import printable
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import KubeClient, KubeConflict, KubeNotFound, check_name
+from gpuops.integrations.kubernetes.client import (
+    CONFLICT_RETRIES,
+    KubeClient,
+    KubeConflict,
+    KubeNotFound,
+    check_name,
+)
 from gpuops.integrations.kubernetes.selectors import Selector
 from gpuops.model.decisions import Decision
 
@@ -142,7 +148,7 @@ def _to_zero(
 ) -> Reclaimed:
     """Scale ``obj`` (as read; read again after a conflict) to zero through ``/scale``."""
     where = (*OWNERS[kind], obj["metadata"]["namespace"], obj["metadata"]["name"])
-    for attempt in range(5):
+    for attempt in range(CONFLICT_RETRIES):
         if attempt:
             obj = client.get(*where)
         annotations = obj["metadata"].get("annotations") or {}

@@ -48,6 +48,7 @@ from gpuops.actions.kubescale import PoolSettings, Scaled, scale_pool
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
+    CONFLICT_RETRIES,
     KubeClient,
     KubeConflict,
     KubeForbidden,
@@ -72,9 +73,6 @@ from gpuops.model.verbs import (
 
 log = logging.getLogger(__name__)
 
-CONFLICT_RETRIES = 5
-"""Re-reads after a 409 before the action is given back to the retry policy."""
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,7 +83,7 @@ class ReclaimSettings(_Model):
     """A pod without owner: left alone (default), or deleted (nothing brings it back)."""
     prometheus_url: str | None = None
     """Where a GPU (``node``, ``uuid``) is mapped to its pod when the target has no ``pod``
-    label; None: the target must carry ``namespace`` and ``pod``."""
+    label; the engine configuration fills it with ``prometheus.url`` when not set."""
     gpu_series: str = "DCGM_FI_DEV_GPU_UTIL"
     """The series whose ``pod`` and ``namespace`` labels name the pod holding a GPU."""
     uuid_label: str = "UUID"

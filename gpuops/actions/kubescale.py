@@ -21,11 +21,9 @@ from gpuops.actions.base import PermanentError
 from gpuops.actions.encoding import printable
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import KubeClient, KubeConflict
+from gpuops.integrations.kubernetes.client import CONFLICT_RETRIES, KubeClient, KubeConflict
 from gpuops.model.decisions import Decision
 from gpuops.model.verbs import ScaleParams
-
-CONFLICT_RETRIES = 5
 
 
 class PoolSettings(BaseModel):

@@ -45,6 +45,9 @@ NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 """A DNS-1123 subdomain: what a node, pod or workload name may be (namespaces are stricter)."""
 NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
+CONFLICT_RETRIES = 5
+"""How often a caller reads an object again after a 409 before it gives up (a temporary error)."""
+
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
