@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_validator
 
-from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.base import ExecutorError, PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable
@@ -51,6 +51,7 @@ from gpuops.integrations.kubernetes.client import (
     CONFLICT_RETRIES,
     KubeClient,
     KubeConflict,
+    KubeError,
     KubeForbidden,
     KubeNotFound,
     KubeRejected,
@@ -227,8 +228,9 @@ class KubernetesExecutor:
         return str(decision.target.labels.get(self.settings.node_label) or "")
 
     def standing(self, decision: Decision) -> Standing:
-        """The veto on the target's node or pod, and (for a node verb) the selected nodes
-        already unschedulable or NotReady besides the target's: asked by the gate."""
+        """The veto on the target's node or pods, and for ``migrate`` (a cordon takes a node
+        out) the selected nodes already unschedulable or NotReady besides the target's, and
+        how many are selected: asked by the gate."""
         labels = decision.target.labels
         node = labels.get(self.settings.node_label)
         nodes = self.client.nodes(self.settings.node_selector) if node else []
@@ -237,15 +239,10 @@ class KubernetesExecutor:
             meta = item["metadata"]
             if meta["name"] == node and self.veto.matches(meta.get("labels") or {}):
                 veto = f"node {node} is labelled {self.settings.veto}"
-        pod = labels.get("pod")
-        if veto is None and pod and labels.get("namespace"):
-            try:
-                found = self.client.pod(labels["namespace"], pod)
-            except (KubeNotFound, KubeRejected):
-                found = None
-            if found and self.veto.matches(found["metadata"].get("labels") or {}):
-                veto = f"pod {labels['namespace']}/{pod} is labelled {self.settings.veto}"
-        if not node:
+        for found in self._pods_read(decision, node) if veto is None else []:
+            if self.veto.matches(found["metadata"].get("labels") or {}):
+                veto = f"pod {_key(found)} is labelled {self.settings.veto}"
+        if not node or decision.action is None or decision.action.type != MIGRATE.name:
             return Standing(veto=veto)
         down = frozenset(
             n["metadata"]["name"]
@@ -253,6 +250,19 @@ class KubernetesExecutor:
             if n["metadata"]["name"] != node and node_unavailable(n)
         )
         return Standing(veto=veto, unavailable=down, population=len(nodes))
+
+    def _pods_read(self, d: Decision, node: str | None) -> list[dict[str, Any]]:
+        """The target's pods (its ``namespace``/``pod``, or its GPU's on ``node``) as they are
+        now; none when they cannot be read (the action's run says why)."""
+        labels = d.target.labels
+        try:
+            if labels.get("pod") and labels.get("namespace"):
+                return [self.client.pod(labels["namespace"], labels["pod"])]
+            if node and labels.get("uuid") and "pod" not in labels:
+                return self._pods_of_gpu(d, node)
+        except (KubeError, ExecutorError):
+            return []
+        return []
 
     # --- nodes: migrate / resume ---------------------------------------------------------
 

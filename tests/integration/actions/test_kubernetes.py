@@ -546,6 +546,9 @@ def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_p
         )
         with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
             k.run(decision("reclaim", did="d3", node="gpu-1", uuid="GPU-1"))
+        api.edit("", "pods", "train-6d4f-x", "ml", metadata={"labels": {names.VETO_LABEL: "true"}})
+        standing = k.standing(decision("reclaim", did="d4", node="gpu-2", uuid="GPU-1"))
+        assert standing.veto == "pod ml/train-6d4f-x is labelled gpuops.io/do-not-touch=true"
     finally:
         server.shutdown()
         server.server_close()
@@ -604,3 +607,21 @@ def test_a_reclaim_a_crash_interrupted_after_its_mark_is_finished(
     done = k.run(decision("reclaim", did="r1", namespace="ml", pod="train-6d4f-x"))
     assert done["already"] is True and done["previous_replicas"] == 3
     assert api.get("apps", "deployments", "train", "ml")["spec"]["replicas"] == 0
+
+
+def test_standing_counts_nodes_for_migrate_only_and_reads_the_pods_veto(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("", "nodes", node("gpu-3", ready=False))
+    k = executor(api, tmp_path)
+    reclaim = k.standing(
+        decision("reclaim", node="gpu-1", uuid="GPU-1", namespace="ml", pod="train-a")
+    )
+    assert reclaim.unavailable is None and reclaim.population is None and reclaim.veto is None
+    api.edit("", "pods", "train-a", "ml", metadata={"labels": {names.VETO_LABEL: "true"}})
+    vetoed = k.standing(
+        decision("reclaim", node="gpu-1", uuid="GPU-1", namespace="ml", pod="train-a")
+    )
+    assert vetoed.veto == "pod ml/train-a is labelled gpuops.io/do-not-touch=true"
+    gone = k.standing(decision("reclaim", node="gpu-1", uuid="GPU-1", namespace="ml", pod="x"))
+    assert gone.veto is None
