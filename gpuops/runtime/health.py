@@ -82,7 +82,6 @@ class HealthInbox:
         self._alerts = alerts
         self._clock = clock
         self._lock = threading.Lock()
-        self._returned = store.health_returns()
         self.events = Counter(
             "gpuops_health_events",
             "Health events pushed by node agents, by kind (xid, gpu_lost) and what became of "
@@ -110,7 +109,6 @@ class HealthInbox:
         with self._lock:
             record = HealthEvent(f"returned:{node}:{at!r}", node, "", EventKind.RETURNED, at)
             self._store.health_events_add([record], self._clock())
-            self._returned[node] = max(at, self._returned.get(node, 0.0))
 
     def outcome(self, decision: Decision, outcome: Outcome) -> None:
         """The gate's outcome hook: a ``resume`` that succeeded returns its node; the first
@@ -139,7 +137,21 @@ class HealthInbox:
                     fresh[event.id] = event
             faults: list[Fault] = []
             windows: dict[tuple[str, str], list[XidEvent]] = {}
+            returns: dict[str, float | None] = {}  # each node's last return, read once
             for event in fresh.values():
+                if event.node not in returns:
+                    returns[event.node] = self._store.health_returned(event.node)
+                returned = returns[event.node]
+                if returned is not None and event.at <= returned:
+                    log.info(
+                        "health event %s of GPU %s on %s is older than the node's return to "
+                        "service: it does not act",
+                        event.id,
+                        event.gpu,
+                        event.node,
+                    )
+                    outcomes.append((event, "before_return"))
+                    continue
                 outcomes.append((event, self._take(event, windows, faults)))
             if faults:
                 self._alerts.submit([fault_alert(f) for f in faults])
@@ -176,15 +188,6 @@ class HealthInbox:
         windows: dict[tuple[str, str], list[XidEvent]],
         faults: list[Fault],
     ) -> str:
-        if event.at <= self._returned.get(event.node, float("-inf")):
-            log.info(
-                "health event %s of GPU %s on %s is older than the node's return to service: "
-                "it does not act",
-                event.id,
-                event.gpu,
-                event.node,
-            )
-            return "before_return"
         age = self._clock() - event.at
         if age > self.max_event_age and event.kind is EventKind.GPU_LOST:
             log.info("health event %s is %.0f s old: it does not act", event.id, age)

@@ -353,8 +353,8 @@ class HealthRepository(Protocol):
         """One GPU's XIDs at or after ``since``, oldest first."""
         ...
 
-    def health_returns(self) -> dict[str, float]:
-        """Each node's last return to service kept."""
+    def health_returned(self, node: str) -> float | None:
+        """``node``'s last return to service kept, or None."""
         ...
 
     def prune_health_events(self, older_than: float) -> int: ...

@@ -52,14 +52,14 @@ class SqlHealth(SqlBase):
             ).fetchall()
         return [HealthEvent(str(i), node, gpu, EventKind.XID, float(a), int(x)) for i, x, a in rows]
 
-    def health_returns(self) -> dict[str, float]:
-        """Each node's last return to service kept (``kind = returned``)."""
+    def health_returned(self, node: str) -> float | None:
+        """``node``'s last return to service kept (``kind = returned``), or None."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT node, MAX(at) FROM health_events WHERE kind = ? GROUP BY node",
-                (EventKind.RETURNED.value,),
-            ).fetchall()
-        return {str(node): float(at) for node, at in rows}
+            row = self._db.execute(
+                "SELECT MAX(at) FROM health_events WHERE node = ? AND gpu = '' AND kind = ?",
+                (node, EventKind.RETURNED.value),
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def prune_health_events(self, older_than: float) -> int:
         """Forget events received before ``older_than``; returns how many went."""

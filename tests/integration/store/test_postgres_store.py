@@ -226,7 +226,8 @@ def test_health_events_are_kept_by_id_and_read_back_per_gpu_alike(store: Any) ->
         HealthEvent("r-3", "n2", "", EventKind.RETURNED, 100.0),
     ]
     store.health_events_add(returns, 2000.0)
-    assert store.health_returns() == {"n1": 300.0, "n2": 100.0}
+    assert (store.health_returned("n1"), store.health_returned("n2")) == (300.0, 100.0)
+    assert store.health_returned("n3") is None
     assert store.health_xids("n1", "", 0.0) == []  # returns are no XIDs
     assert store.prune_health_events(1000.5) == 4
     assert store.health_events_known(["a-1", "r-1"]) == {"r-1"}
