@@ -110,3 +110,20 @@ def test_unreachable_slurm_is_reported_never_read_as_an_empty_queue(slurm: Slurm
         assert not [n for (n, _) in s if n.startswith(("gpuops_queue", "slurm_"))]
     finally:
         exporter.stop()
+
+
+def test_the_nodes_gpuops_powered_up_are_counted_apart(slurm: SlurmCluster) -> None:
+    """Only a node whose comment is the slurm executor's scale_out mark counts (its scale_in
+    powers down no other): the series scale-in-idle-cloud-nodes reads."""
+    exporter = SlurmExporter(SlurmClient(conf=str(slurm.conf)), host="127.0.0.1", port=0).start()
+    slurm.cmd("scontrol", "update", "nodename=gpu-a", "comment=gpuops:scale_out:d1")
+    try:
+        _, s = scrape(exporter.url)
+        assert value(s, "gpuops_slurm_nodes", pool="gpu", state="idle") == 2.0
+        scaled = {k: v for k, v in s.items() if k[0] == "gpuops_slurm_scaled_out_nodes"}
+        assert scaled == {
+            ("gpuops_slurm_scaled_out_nodes", frozenset({("pool", "gpu"), ("state", "idle")})): 1.0
+        }
+    finally:
+        slurm.cmd("scontrol", "update", "nodename=gpu-a", "comment=")
+        exporter.stop()
