@@ -38,6 +38,7 @@ groups:
     interval: 1h
     rules:
       - policy: cap-idle-gpus
+        description: A GPU idle while allocated for 30 minutes runs at 1100 MHz until it is used.
         expr: |
           max_over_time(nvml_gpu_utilization_ratio[30m]) < 0.20
             and on (uuid) gpuops_gpu_allocated == 1
@@ -231,6 +232,9 @@ def test_a_decision_and_its_undo_are_told_together(page: Page, story: Story) -> 
     sign_in(page, story.console, "auditor", f"/decisions/{story.ids['undone']}")
     expect(page.locator("#summary")).to_have_text(
         re.compile(r"^GPU GPU-\S+ idle while allocated: capping its clocks$")
+    )
+    expect(page.locator("#description")).to_have_text(
+        "A GPU idle while allocated for 30 minutes runs at 1100 MHz until it is used."
     )
     expect(page.locator("#state")).to_have_text("State: undone")
     expect(page.locator("#value")).to_contain_text("10%")
