@@ -40,12 +40,14 @@ class Told:
 
     def decision(self, d: Decision) -> None:
         """A decision as recorded and audited (before anything of it runs)."""
+        level = logging.WARNING if d.suppressed else logging.INFO
+        if not log.isEnabledFor(level):  # the words cost: made only for a line written
+            return
         verb = d.action.type if d.action is not None else None
         stands = state(
             d.verdict, has_action=d.action is not None, started=True, outcome=None, verb=verb
         )
         said = summary(d.annotations) if d.transition is Transition.FIRE else ""
-        level = logging.WARNING if d.suppressed else logging.INFO
         self._line(
             level,
             f"{_head(d)}: {doing(d.transition, verb)} {verdict_words(d.verdict, d.reason)}"
@@ -56,6 +58,8 @@ class Told:
 
     def outcome(self, d: Decision, o: Outcome) -> None:
         """The outcome of a decision's action (or its hold at the gate)."""
+        if not log.isEnabledFor(logging.INFO if o.ok else logging.WARNING):
+            return
         verb = d.action.type if d.action is not None else None
         if o.status is OutcomeStatus.SKIPPED:
             words = verdict_words(d.verdict, d.reason)
