@@ -268,10 +268,10 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
             name in booting,
             drained,
         )
-        gpus = [
-            _gpu(k, r, gpu_seen.get(k), on_gpu.get(k, []))
-            for k in sorted(k for k in gpu_keys if k[0] == name)
-        ]
+        gpus = sorted(
+            (_gpu(k, r, gpu_seen.get(k), on_gpu.get(k, [])) for k in gpu_keys if k[0] == name),
+            key=_by_index,
+        )
         health, problems = _node_health(state, fresh, name in slurm, gpus)
         nodes.append(
             NodeOut(
@@ -305,6 +305,11 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
         other_holds=other,
         errors=list(r.errors),
     )
+
+
+def _by_index(g: GpuOut) -> tuple[int, str]:
+    """GPUs in NVML index order (``gpu`` 0, 1, ... 10), then by UUID."""
+    return (int(g.index) if g.index.isdigit() else 1 << 30, g.uuid)
 
 
 def _node_health(

@@ -27,9 +27,14 @@ def node(
 
 
 def gpu(
-    name: str, uuid: str, util: float, seen: float = NOW - 5, pool: str = "default"
+    name: str,
+    uuid: str,
+    util: float,
+    seen: float = NOW - 5,
+    pool: str = "default",
+    index: str = "",
 ) -> dict[str, list[Sample]]:
-    labels = {"node": name, "uuid": uuid, "gpu": uuid[-1], "pool": pool}
+    labels = {"node": name, "uuid": uuid, "gpu": index or uuid[-1], "pool": pool}
     return {
         "gpu_seen": [s(seen, **labels)],
         "gpu_up": [s(1, **labels)],
@@ -258,3 +263,11 @@ def test_the_nodes_that_need_attention() -> None:
     )
     out = fleet(r, [Held({"uuid": "GPU-h"}, hold("downclock", "uuid=GPU-h"))], None)
     assert {n.name: n.attention for n in out.nodes} == {"down": True, "held": True, "ok": False}
+
+
+def test_gpus_in_index_order() -> None:
+    order = (("z", 2), ("a", 10), ("m", 0), ("b", 1))
+    parts = [gpu("n1", f"GPU-{u}{i}", 0.5, index=str(i)) for u, i in order]
+    r = readings(node("n1"), *parts)
+    (n1,) = fleet(r, [], None).nodes
+    assert [g.uuid for g in n1.gpus] == ["GPU-m0", "GPU-b1", "GPU-z2", "GPU-a10"]
