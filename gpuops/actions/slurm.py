@@ -57,6 +57,7 @@ from gpuops.integrations.slurm.client import (
 )
 from gpuops.integrations.slurm.nodes import node_state
 from gpuops.model.decisions import Decision
+from gpuops.model.guardrails import Standing
 from gpuops.model.verbs import (
     MIGRATE,
     NOTIFY,
@@ -109,6 +110,11 @@ class SlurmSettings(_Model):
     reason_prefix: str = Field(default="gpuops", pattern=r"^[A-Za-z0-9_.-]+$")
     """First word of every drain reason and comment gpuops writes: how it knows its own."""
     reclaim: ReclaimSettings = ReclaimSettings()
+    veto_feature: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """A Slurm node feature that vetoes every action on the node (``scontrol update
+    NodeName=N AvailableFeatures=...,gpuops_do_not_touch``): the gate holds them
+    (``suppressed:veto``) and decides them again later. None: no veto (one ``sinfo`` fewer
+    per action)."""
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -186,6 +192,22 @@ class SlurmExecutor:
         except SlurmRejected as exc:
             verb = decision.action.type if decision.action is not None else ""
             raise PermanentError(f"Slurm refused {verb}: {exc}") from exc
+
+    def standing(self, decision: Decision) -> Standing | None:
+        """The veto on the target's node (``veto_feature``), asked by the gate before the
+        action runs; None without a veto feature, a node label, or an answer from Slurm (the
+        run meets the same problem and its outcome says it)."""
+        feature = self.settings.veto_feature
+        name = decision.target.labels.get("node")
+        if not feature or not name:
+            return None
+        try:
+            node = self.client.node(name)
+        except (SlurmUnavailable, SlurmRejected):
+            return None
+        if feature in _features(node):
+            return Standing(veto=f"node {name} has the Slurm feature {feature}")
+        return Standing()
 
     def _mark(self, kind: str, decision: Decision) -> str:
         return f"{self.settings.reason_prefix}:{kind}:{decision.id}"
@@ -435,6 +457,17 @@ def _partition(d: Decision, pool: str | None) -> str:
     if not partition:
         raise PermanentError(f"{d.action.type if d.action else ''} needs a 'pool' label")
     return partition
+
+
+def _features(node: Mapping[str, Any]) -> set[str]:
+    """A node's available and active features (``sinfo --json``: text, comma-separated, in
+    22.05; a list in later releases)."""
+    found: set[str] = set()
+    for key in ("features", "active_features"):
+        value = node.get(key) or ()
+        items = value.split(",") if isinstance(value, str) else value
+        found.update(str(item).strip() for item in items if str(item).strip())
+    return found
 
 
 def _label(d: Decision, name: str) -> str:

@@ -187,3 +187,24 @@ def test_odd_node_names_fail_permanently_and_slurm_down_is_temporary(slurm: Slur
         ex.run(decision("migrate", "x2", node="gpu-a"))
     assert type(raised.value).__name__ == "TemporaryError"
     assert "slurmctld" in str(raised.value)
+
+
+def test_a_node_with_the_veto_feature_is_vetoed_for_the_gate(slurm: SlurmCluster) -> None:
+    fire = decision("migrate", "d9", node="gpu-a")
+    assert executor(slurm).standing(fire) is None  # no veto feature configured
+    ex = executor(slurm, veto_feature="gpuops_do_not_touch")
+    standing = ex.standing(fire)
+    assert standing is not None and standing.veto is None
+    slurm.cmd(
+        "scontrol",
+        "update",
+        "nodename=gpu-a",
+        "availablefeatures=fast,gpuops_do_not_touch",
+        "activefeatures=fast,gpuops_do_not_touch",
+    )
+    standing = ex.standing(fire)
+    assert standing is not None
+    assert standing.veto == "node gpu-a has the Slurm feature gpuops_do_not_touch"
+    other = ex.standing(decision("migrate", "d10", node="gpu-b"))
+    assert other is not None and other.veto is None
+    assert ex.standing(decision("migrate", "d11", node="no-such-node")) is None
