@@ -251,6 +251,13 @@ def test_the_fleet_page_shows_every_state_health_job_and_hold(
     assert page.locator('meta[http-equiv="refresh"]').get_attribute("content") == "10"
 
 
+def test_a_node_links_to_the_decisions_about_it(page: Page, signed_in: Harness) -> None:
+    node(page, "node-2").get_by_role("link", name="Decisions about node-2").click()
+    expect(page).to_have_url(re.compile(r"/decisions\?target=node%3Dnode-2$"))
+    expect(page.locator("main table")).to_contain_text("drain-down-nodes")
+    expect(page.locator("main table")).not_to_contain_text("downclock-hot-gpus")
+
+
 def test_a_refresh_interval_not_offered_is_refused_by_name(page: Page, signed_in: Harness) -> None:
     page.goto("/fleet?refresh=5")
     expect(page.locator("main")).to_contain_text("refresh: 5 is not one of 0, 10, 30, 60 (seconds)")

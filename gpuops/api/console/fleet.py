@@ -16,7 +16,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from gpuops.api.console import charts
-from gpuops.api.console.web import AuditedRoute, ConsoleDep, Refused, ViewerDep, need, render
+from gpuops.api.console.web import (
+    AuditedRoute,
+    ConsoleDep,
+    Refused,
+    ViewerDep,
+    grafana_link,
+    need,
+    render,
+)
 from gpuops.api.responses.fleet import EventOut, NodeState, SeriesOut, TimelineOut
 from gpuops.api.routes.fleet import show_fleet, show_timeline
 from gpuops.api.schemas import NAME_PATTERN
@@ -102,6 +110,7 @@ def fleet_page(
         show=show,
         shows=SHOW,
         shown=[n for n in found.nodes if show == "all" or n.attention],
+        grafana={n.name: grafana_link(c.settings, {"node": n.name}) for n in found.nodes},
     )
 
 

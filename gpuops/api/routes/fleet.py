@@ -177,11 +177,12 @@ def show_timeline(
             errors.append(str(exc))
             answer = {}
         charts[name] = _series(answer, pool)
+    pools = _pools(ctx, start, end, errors) if pool is not None else {}
     events: list[EventOut] = []
     truncated = False
     for stored in engine.store.decisions(None, start, _SCAN):
         d = stored.decision
-        if d.at > end or (pool is not None and d.target.labels.get("pool", pool) != pool):
+        if d.at > end or (pool is not None and not _in_pool(d.target.labels, pool, pools)):
             continue
         if len(events) >= EVENTS:
             truncated = True
@@ -199,6 +200,36 @@ def show_timeline(
         truncated=truncated,
         errors=errors,
     )
+
+
+def _pools(
+    ctx: ApiContext, start: float, end: float, errors: list[str]
+) -> dict[tuple[str, str], str]:
+    """The pool of each node and GPU seen from ``start`` to ``end``, by ``("node", name)`` and
+    ``("uuid", uuid)``: which pool a decision about a node or a GPU belongs to."""
+    window = f"{max(1, math.ceil(end - start))}s"
+    found: dict[tuple[str, str], str] = {}
+    for label, series in (("node", 'up{job="gpu-nodes"}'), ("uuid", "nvml_gpu_up")):
+        expr = f"group by ({label}, pool) (last_over_time({series}[{window}]))"
+        try:
+            samples = ctx.engine.prometheus.query(expr, at=end)
+        except QueryError as exc:
+            errors.append(str(exc))
+            continue
+        for s in samples:
+            if s.labels.get(label) and s.labels.get("pool"):
+                found[(label, s.labels[label])] = s.labels["pool"]
+    return found
+
+
+def _in_pool(labels: Mapping[str, str], pool: str, pools: Mapping[tuple[str, str], str]) -> bool:
+    """Whether a decision's target is in ``pool``: its own ``pool`` label, else the pool of its
+    node or GPU; a target of no known pool is shown in every pool."""
+    known = labels.get("pool") or next(
+        (pools[(k, labels[k])] for k in ("node", "uuid") if (k, labels.get(k, "")) in pools),
+        None,
+    )
+    return known is None or known == pool
 
 
 def _series(answer: Mapping[float, tuple[Sample, ...]], pool: str | None) -> list[SeriesOut]:

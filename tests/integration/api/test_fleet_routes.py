@@ -140,6 +140,11 @@ def test_a_down_node_queued_jobs_and_the_drain_are_on_the_fleet_and_timeline(
     assert hold["effect"] == event["effect"]
     assert timeline["utilization"][0]["name"] == "default"
     assert not timeline["errors"]
+    # a pool's timeline: node-2's decision is in pool default, not in another one
+    mine = get(h, "/api/v1/timeline", since=started - 60, pool="default")
+    assert hold["decision_id"] in {e["id"] for e in mine["events"]}
+    other = get(h, "/api/v1/timeline", since=started - 60, pool="gpu-b")
+    assert other["events"] == [] and other["queue"] == [] and not other["errors"]
 
 
 def test_bad_ranges_and_pools_are_refused_by_name(stack: tuple[FleetSim, Harness]) -> None:
