@@ -28,6 +28,7 @@ import requests
 from gpuops.api import ApiServer
 from gpuops.audit.spool import read_spool
 from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.telling import doing, outcome_words, verdict_words
 from gpuops.runtime import Engine
 from gpuops.settings import ApiSettings, AuditConfig, EngineConfig, PrometheusSettings
 from gpuops.sim.demo_console import ADMIN, ApprovalStory, admin_token, check_port, serve
@@ -117,17 +118,14 @@ class Demo:
     def on_decision(self, decision: Decision, outcome: Outcome | None) -> None:
         with self._lock:
             self.report.add(decision, outcome)
-        action = decision.action.type if decision.action else "(no on_clear action)"
-        result = "not executed" if outcome is None else outcome.status.value
-        if outcome is None and decision.action is None:
-            result = "nothing to do"
-        if outcome is not None and outcome.error:
-            result += f" ({outcome.error})"
-        if decision.verdict.startswith("suppressed:") and decision.reason:
-            result += f": {decision.reason}"
+        verb = decision.action.type if decision.action else None
+        if outcome is not None:
+            told = outcome_words(outcome, verb)
+        else:
+            told = verdict_words(decision.verdict, decision.reason or "")
         self.say(
-            f"{decision.policy}: {decision.transition.value} {action} on {decision.target.key} "
-            f"-> {decision.verdict}, {result}"
+            f"{decision.policy}: {doing(decision.transition, verb)} on {decision.target.key} "
+            f"-> {told} [{decision.verdict}]"
         )
         self.approvals.on_decision(decision, outcome)
 

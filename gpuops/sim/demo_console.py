@@ -20,6 +20,7 @@ from gpuops.api import ApiServer, create_app
 from gpuops.api.server import ApiServerError
 from gpuops.api.tokens import add_user, hash_token
 from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.telling import outcome_words
 from gpuops.runtime import Engine
 from gpuops.store.interface import Approval, ApprovalStatus
 
@@ -105,10 +106,9 @@ class ApprovalStory:
                     " --reason '...'"
                 )
             elif decision.id in self._waiting and outcome is not None:
-                self._outcomes[decision.id] = outcome.status.value
-                self._say(
-                    f"granted and run: {action} on {decision.target.key} -> {outcome.status.value}"
-                )
+                told = outcome_words(outcome, decision.action.type if decision.action else None)
+                self._outcomes[decision.id] = told
+                self._say(f"granted and run: {action} on {decision.target.key} -> {told}")
 
     def summary(self, approvals: list[Approval]) -> list[str]:
         """Lines for the end of the demo: each approval asked for, what became of it."""
