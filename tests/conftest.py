@@ -18,7 +18,7 @@ LONGEST = (
     "tests/e2e/test_loop.py",  # 137 s: 6 whole loops on 5 s policy groups
     "tests/integration/api/test_fuzz.py",  # 108 s, CPU: schemathesis over every operation, 4 roles
     "tests/browser/test_console.py",  # 77 s
-    "tests/e2e/test_demo_story.py",  # 85 s: the compressed 35 s timeline, then the 40 s command
+    "tests/e2e/test_demo_story.py",  # 95 s: the compressed 35 s timeline, then the 50 s command
     "tests/integration/runtime/test_gate_crash.py",  # 36 s
     "tests/integration/slurm/test_slurm_accounting.py",  # 35 s: 200 jobs through slurmdbd
     "tests/integration/slurm/test_slurm_executor.py",  # 31 s

@@ -76,7 +76,7 @@ def test_gpuops_demo_serves_the_console_asks_for_an_approval_and_ends_by_itself(
     """The command as a user runs it: the URL and an admin token printed at start, the
     downclock granted with `gpuops approvals grant ID --reason`, the summary at the end of
     --duration without Ctrl-C."""
-    args = ["--duration", "40", "--api-port", "0", "--workdir", str(tmp_path / "work")]
+    args = ["--duration", "50", "--api-port", "0", "--workdir", str(tmp_path / "work")]
     with demo_process(*args, "--audit-dir", str(tmp_path / "audit")) as (proc, lines):
         asked = wait_for(lambda: _found(lines, GRANT), 60, "the demo to ask for an approval")
         env = dict(os.environ, **_found(lines, ACCESS))  # type: ignore[arg-type]
@@ -91,7 +91,7 @@ def test_gpuops_demo_serves_the_console_asks_for_an_approval_and_ends_by_itself(
         assert proc.wait(timeout=90) == 0  # ends by itself
     output = "".join(lines)
     assert lines[0] == (
-        "The demo runs 40 s (--duration); Ctrl-C ends it early, with the summary.\n"
+        "The demo runs 50 s (--duration); Ctrl-C ends it early, with the summary.\n"
     )
     assert re.search(r"console: http://127\.0\.0\.1:\d+/ \(sign in with the admin token\)", output)
     assert "granted and run: downclock on node=node-3,uuid=GPU-" in output
