@@ -164,11 +164,18 @@ def sim(
         raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
     try:
         fleet_sim.start()
-    except OSError as exc:  # the control port (a node's port taken leaves that node down)
+    except OSError as exc:  # the control port
         raise click.ClickException(
             f"the fleet cannot listen on {host}:{control_port}: {exc.strerror}; choose another"
             " port with --control-port (0: a free port)"
         ) from None
+    if taken := fleet_sim.unopened_nodes():  # a node would read as down from the start
+        fleet_sim.stop()
+        ports = ", ".join(f"{port} ({node})" for node, port in sorted(taken.items()))
+        raise click.ClickException(
+            f"the fleet's nodes cannot listen on {host}: port {ports} in use; choose another"
+            " --first-node-port (node n listens on it + n; 0: free ports)"
+        )
     with fleet_sim:
         for node, port in sorted(fleet_sim.node_ports.items()):
             log.info("node %s: http://%s:%d/metrics", node, fleet_sim.host, port)

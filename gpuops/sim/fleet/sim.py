@@ -79,6 +79,17 @@ class FleetSim:
         with self._sync_lock:
             return {name: lst.port for name, lst in self._listeners.items()}
 
+    def unopened_nodes(self) -> dict[str, int]:
+        """Nodes not failed that do not listen, their port taken by another process: their
+        ports (Prometheus reads them as down)."""
+        with self._sync_lock, self.cluster.lock:
+            failed = {n.name for n in self.cluster.nodes.values() if n.failed}
+            return {
+                name: lst.port
+                for name, lst in self._listeners.items()
+                if not lst.is_open and name not in failed
+            }
+
     def node_url(self, node: str) -> str:
         return f"http://{self.host}:{self.node_ports[node]}/metrics"
 

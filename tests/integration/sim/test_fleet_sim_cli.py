@@ -1,5 +1,6 @@
 """`gpuops fleet sim` as a user starts it: its file_sd file in the state directory unless told
-(never in the folder it is started from), and a control port in use named with its flag."""
+(never in the folder it is started from), and a control or node port in use named with its
+flag."""
 
 from __future__ import annotations
 
@@ -49,4 +50,17 @@ def test_a_control_port_in_use_is_named_with_its_flag(tmp_path: Path) -> None:
     assert result.stderr == (
         f"Error: the fleet cannot listen on 127.0.0.1:{port}: Address already in use; choose"
         " another port with --control-port (0: a free port)\n"
+    )
+
+
+def test_a_node_port_in_use_is_named_with_its_flag(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        args = ["fleet", "sim", "--control-port", "0", "--first-node-port", str(port)]
+        args += ["--nodes", "1", "--sd-file", str(tmp_path / "sd.json")]
+        result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: the fleet's nodes cannot listen on 127.0.0.1: port {port} (node-0) in use;"
+        " choose another --first-node-port (node n listens on it + n; 0: free ports)"
     )
