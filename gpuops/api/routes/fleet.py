@@ -75,6 +75,9 @@ def show_fleet(
             samples[name] = engine.prometheus.query(expr, at=now)
         except QueryError as exc:
             errors.append(str(exc))
+            if not samples:  # the first, plainest one: Prometheus is away, ask no more
+                errors.append(f"the other {len(QUERIES) - 1} queries were not sent")
+                break
     readings = Readings(at=now, max_sample_age_s=max_age, samples=samples, errors=errors)
     return fleet(readings, holds(ctx), pool)
 
@@ -169,15 +172,15 @@ def show_timeline(
     step = max(MIN_STEP_S, math.ceil((end - start) / POINTS))
     errors: list[str] = []
     charts: dict[str, list[SeriesOut]] = {}
-    answer: Mapping[float, tuple[Sample, ...]]
     for name, expr in (("utilization", UTILIZATION), ("queue", QUEUE)):
-        try:
-            answer = engine.prometheus.query_range(expr, start, end, step)
-        except QueryError as exc:
-            errors.append(str(exc))
-            answer = {}
+        answer: Mapping[float, tuple[Sample, ...]] = {}
+        if not errors:  # after a failure Prometheus is likely away: ask no more
+            try:
+                answer = engine.prometheus.query_range(expr, start, end, step)
+            except QueryError as exc:
+                errors.append(str(exc))
         charts[name] = _series(answer, pool)
-    pools = _pools(ctx, start, end, errors) if pool is not None else {}
+    pools = _pools(ctx, start, end, errors) if pool is not None and not errors else {}
     events: list[EventOut] = []
     truncated = False
     for stored in engine.store.decisions(None, start, _SCAN):

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from gpuops.actions.base import PermanentError
-from gpuops.api.routes.fleet import holds
+from gpuops.api.fleetview import QUERIES
+from gpuops.api.routes.fleet import UTILIZATION, holds, show_fleet, show_timeline
 from gpuops.model.decisions import Decision
 from gpuops.runtime import Engine
 from tests.builders import Clock, build_engine
@@ -106,3 +107,19 @@ def test_a_fire_that_failed_holds_nothing(tmp_path: Path) -> None:
         assert holds(w.api) == []
     finally:
         w.engine.stop()
+
+
+def test_prometheus_away_is_said_once_and_not_asked_again(world: World) -> None:
+    world.prom.results[QUERIES["up"]] = ConnectionError("connection refused")
+    answer = show_fleet(world.api, None, None)  # type: ignore[arg-type]
+    assert answer.errors == [
+        "connection refused",
+        f"the other {len(QUERIES) - 1} queries were not sent",
+    ]
+    assert answer.nodes == [] and answer.pending_jobs is None
+    assert world.prom.queries == [QUERIES["up"]]
+    world.prom.results[UTILIZATION] = ConnectionError("connection refused")
+    timeline = show_timeline(world.api, None, since=None, until=None, pool="a100")  # type: ignore[arg-type]
+    assert timeline.errors == ["connection refused"]
+    assert timeline.utilization == timeline.queue == []
+    assert world.prom.queries[-1] == UTILIZATION  # neither the queue nor the pools asked
