@@ -31,6 +31,7 @@ from gpuops.model.rules.model import Group, Policy, RuleSet
 from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from gpuops.runtime.approvals import Approvals
 from gpuops.runtime.backend import open_store, previous_run
+from gpuops.runtime.batch import BatchRunner
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.cycle import Cycle
 from gpuops.runtime.gate import DecisionListener, Gate, Told
@@ -232,6 +233,9 @@ class Engine:
             max_event_age=config.health.max_event_age,
         )
         self.gate.on_outcome(self.health.outcome)
+        self.batches = BatchRunner(
+            store=self.store, gate=self.gate, clock=clock, stopped=self._batch_stopped
+        )
         self._jobs: Jobs | None = None
         self._stopped = False
 
@@ -282,6 +286,14 @@ class Engine:
 
     def paused(self) -> bool:
         return self.controls.paused()
+
+    def _batch_stopped(self) -> str | None:
+        """Why no batch step may start now (``gpuops.runtime.batch``), or None."""
+        if self.kill_switch_on():
+            return "the kill switch is on"
+        if self.paused():
+            return "the engine is paused"
+        return None
 
     def set_control(self, name: str, on: bool, user: str) -> None:
         """Turn ``kill_switch`` or ``paused`` on or off (persisted: survives a restart)."""

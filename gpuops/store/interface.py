@@ -360,6 +360,32 @@ class HealthRepository(Protocol):
     def prune_health_events(self, older_than: float) -> int: ...
 
 
+@dataclass(frozen=True)
+class StoredBatch:
+    """A batch operation as stored: its id, status and record (JSON text,
+    ``gpuops.runtime.batch``), and when it was created."""
+
+    id: str
+    status: str
+    data: str
+    created_at: float
+
+
+class BatchRepository(Protocol):
+    """Batch operations and where each of their nodes is (``gpuops.runtime.batch``)."""
+
+    def save_batch(self, batch: StoredBatch) -> None: ...
+    def batch(self, batch_id: str) -> StoredBatch | None: ...
+    def batches(self) -> list[StoredBatch]:
+        """Every operation, oldest first."""
+        ...
+
+    def save_batch_node(self, batch_id: str, node: str, data: str) -> None: ...
+    def batch_nodes(self, batch_id: str) -> dict[str, str]:
+        """Each node's record (JSON text) by name."""
+        ...
+
+
 class Store(
     PolicyStateRepository,
     GuardrailRepository,
@@ -369,6 +395,7 @@ class Store(
     AlertRepository,
     ControlRepository,
     HealthRepository,
+    BatchRepository,
     Protocol,
 ):
     """What the engine needs of its state backend. ``transaction()`` yields the backend's

@@ -125,7 +125,13 @@ class Operation:
     targets: Targets
     step: Step
     validate: Validation | None = None
-    reboot: bool = False
+    reboot: Step | None = None
+    """The reboot after the step (a playbook such as the shipped ``reboot.yml``, or a command);
+    None: no reboot."""
+    quarantine: str = "scheduler"
+    """The executor that drains a node and returns it (``migrate``, then ``resume``): the
+    logical ``scheduler`` (Slurm, Kubernetes or the simulated fleet, as configured), or one of
+    them by name; ``none``: the step runs on a node left in service."""
     canary: int = 1
     max_parallel: int = 1
     """The GPU Operator's ``maxParallelUpgrades`` default."""

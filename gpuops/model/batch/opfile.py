@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ _TOP = (
     "max_parallel",
     "max_unavailable",
     "operation",
+    "quarantine",
     "reboot",
     "skip_label",
     "step",
@@ -167,8 +169,8 @@ def _targets(reader: _Reader, data: Any) -> Targets:
     )
 
 
-def _step(reader: _Reader, data: Any, folder: Path | None) -> Step:
-    path: YamlPath = ("step",)
+def _step(reader: _Reader, data: Any, folder: Path | None, key: str = "step") -> Step:
+    path: YamlPath = (key,)
     if data is None:
         reader.fail(path, f"missing: the step each node runs ({' or '.join(_STEPS)})")
         return Step(StepKind.COMMAND)
@@ -206,6 +208,8 @@ def _step(reader: _Reader, data: Any, folder: Path | None) -> Step:
     inventory = None
     if "inventory" in data:
         inventory = _file(reader, data["inventory"], (*path, "inventory"), folder, "inventory")
+    elif key == "step":
+        reader.fail(path, "missing: inventory (the Ansible inventory that holds the targets)")
     extra = (
         reader.text_map(data["extra_vars"], (*path, "extra_vars")) if "extra_vars" in data else {}
     )
@@ -260,6 +264,19 @@ def parse_operation(text: str, file: str, folder: Path | None = None) -> Operati
         name = "operation"
     targets = _targets(reader, root.get("targets"))
     step = _step(reader, root.get("step"), folder)
+    reboot = None
+    if root.get("reboot", False) is not False:
+        reboot = _step(reader, root["reboot"], folder, "reboot")
+        if reboot.kind is StepKind.ANSIBLE and reboot.inventory is None:
+            reboot = replace(reboot, inventory=step.inventory)
+    quarantine = root.get("quarantine", "scheduler")
+    if not isinstance(quarantine, str) or not quarantine:
+        reader.fail(
+            ("quarantine",),
+            f"expected an executor name (scheduler, slurm, kubernetes, fleet) or none, found"
+            f" {describe(quarantine)}",
+        )
+        quarantine = "scheduler"
     validation = None
     if "validate" in root:
         given = reader.mapping(root["validate"], ("validate",), _VALIDATE)
@@ -292,7 +309,8 @@ def parse_operation(text: str, file: str, folder: Path | None = None) -> Operati
         targets=targets,
         step=step,
         validate=validation,
-        reboot=reader.flag(root, ("reboot",), False),
+        reboot=reboot,
+        quarantine=quarantine,
         canary=reader.whole(root, "canary", 1, 0),
         max_parallel=reader.whole(root, "max_parallel", 1, 1),
         max_unavailable=_budget(reader, root.get("max_unavailable", "25%")),

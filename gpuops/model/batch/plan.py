@@ -70,7 +70,7 @@ def per_node_s(operation: Operation) -> float:
     """How long one node is expected to take through the whole procedure."""
     t = operation.timing
     total = t.quarantine_s + t.step_s + t.return_s
-    if operation.reboot:
+    if operation.reboot is not None:
         total += t.reboot_s
     if operation.validate is not None:
         total += t.validate_s

@@ -22,7 +22,7 @@ from gpuops.actions.base import Executor, execute, lane, standing
 from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
-from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression, Verdict
 from gpuops.model.guardrails import RETRY_S, Standing
 from gpuops.model.rules.model import Policy
 from gpuops.model.telling import effect
@@ -40,6 +40,10 @@ from gpuops.store.errors import StateError
 from gpuops.store.interface import Audited, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
+
+DRY_RUN_PREFIX = "dry-run: "
+"""How the error of a batch step's outcome starts when it ran nothing for dry-run
+(``Gate.run_step``)."""
 
 OutcomeHook = Callable[[Decision, Outcome], None]
 """Called after every action's outcome is stored (``Gate.on_outcome``)."""
@@ -364,6 +368,35 @@ class Gate:
                 settings = self._executor_settings.get(name)
                 self._executors[name] = self._registry.create(name, settings)
             return self._executors[name]
+
+    # --- a batch operation's node steps ------------------------------------------------------
+    def run_step(self, decision: Decision, dry_run: bool = False) -> Outcome:
+        """Run one node step of a batch operation (``gpuops.runtime.batch``) now, in the
+        caller's thread: held by the kill switch or pause (audited with the hold, nothing
+        run: the operation stops between steps), audited as ``dry_run`` when ``dry_run`` or
+        the engine is in dry-run, else its intent written before it runs and its outcome
+        after. A replica that no longer leads runs nothing. The step is not a policy's: no
+        policy state or guardrail window is fed back; the operation keeps its own record."""
+        not_leading = self._not_leading(decision)
+        if not_leading is not None:
+            return not_leading
+        held = self._holds.controlled()
+        if held is not None:
+            outcome = Outcome(OutcomeStatus.SKIPPED, error=held.why)
+            self._trail.record(decision.with_verdict(held.verdict, held.why), outcome)
+            return outcome
+        if dry_run or self._holds.engine_dry_run():
+            why = "the operation is not enforced" if dry_run else "engine is in dry-run"
+            planned = decision.with_verdict(Verdict.DRY_RUN, f"{decision.reason}: {why}")
+            outcome = Outcome(OutcomeStatus.SKIPPED, error=f"{DRY_RUN_PREFIX}{why}")
+            self._trail.record(planned, outcome)
+            return outcome
+        if not self._trail.write_intents([decision]):  # audit before act
+            return Outcome(OutcomeStatus.SKIPPED, error=f"not run: {self._trail.problem}")
+        self._trail.wrote()
+        outcome = self._execute(decision)
+        self._trail.record(decision, outcome)
+        return outcome
 
     # --- what runs nothing -----------------------------------------------------------------
     def retry(self, decision_id: str) -> Decision:

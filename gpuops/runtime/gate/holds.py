@@ -85,6 +85,10 @@ class Holds:
             return Hold(Suppression.PAUSED.verdict, "the engine is paused")
         return None
 
+    def engine_dry_run(self) -> bool:
+        """Whether the engine runs in dry-run (``guardrails.dry_run``)."""
+        return self._settings.dry_run
+
     def check(self, decision: Decision) -> Hold | None:
         """What holds ``decision`` now (the module docstring lists the checks, in order), or
         None: it runs."""

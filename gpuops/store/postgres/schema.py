@@ -65,6 +65,11 @@ MIGRATIONS: tuple[str, ...] = (
     " gpu TEXT NOT NULL, kind TEXT NOT NULL, xid INTEGER, at DOUBLE PRECISION NOT NULL,"
     " received_at DOUBLE PRECISION NOT NULL)",
     "CREATE INDEX IF NOT EXISTS health_events_gpu ON health_events (node, gpu, at)",
+    # 5, 6: batch operations and where each of their nodes is (SQLite's 9)
+    "CREATE TABLE IF NOT EXISTS batch_operations (id TEXT PRIMARY KEY, status TEXT NOT NULL,"
+    " data TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS batch_nodes (operation TEXT NOT NULL, node TEXT NOT NULL,"
+    " data TEXT NOT NULL, PRIMARY KEY (operation, node))",
 )
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
 how many a database has had. Applied under an advisory lock, so two replicas starting at once

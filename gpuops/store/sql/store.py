@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gpuops.store.sql.alerts import SqlAlerts
 from gpuops.store.sql.approvals import SqlApprovals
+from gpuops.store.sql.batch import SqlBatch
 from gpuops.store.sql.controls import SqlControls
 from gpuops.store.sql.decisions import SqlDecisions
 from gpuops.store.sql.guardrails import SqlGuardrails
@@ -25,6 +26,7 @@ class SqlStore(
     SqlAlerts,
     SqlControls,
     SqlHealth,
+    SqlBatch,
 ):
     """Every repository in the SQL both backends speak (``ON CONFLICT``, ``RETURNING``, ``?``
     placeholders); a backend adds ``close``, ``_atomic`` and ``_check_cache``."""

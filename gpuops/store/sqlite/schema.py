@@ -73,6 +73,13 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
         " received_at REAL NOT NULL)",
         "CREATE INDEX IF NOT EXISTS health_events_gpu ON health_events (node, gpu, at)",
     ),
+    # 9: batch operations and where each of their nodes is (``gpuops.store.sql.batch``)
+    (
+        "CREATE TABLE IF NOT EXISTS batch_operations (id TEXT PRIMARY KEY, status TEXT NOT NULL,"
+        " data TEXT NOT NULL, created_at REAL NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS batch_nodes (operation TEXT NOT NULL, node TEXT NOT NULL,"
+        " data TEXT NOT NULL, PRIMARY KEY (operation, node))",
+    ),
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""

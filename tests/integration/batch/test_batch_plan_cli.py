@@ -52,7 +52,7 @@ def test_plan_as_json_never_exceeds_the_budget() -> None:
 
 
 def test_inventory_that_does_not_match_is_refused(tmp_path: Path) -> None:
-    for name in ("driver-upgrade.yml",):
+    for name in ("driver-upgrade.yml", "reboot.yml"):
         (tmp_path / name).write_text((EXAMPLES / name).read_text())
     (tmp_path / "inventory.yaml").write_text("all:\n  hosts:\n    gpu-001:\n")
     op = tmp_path / "op.yaml"

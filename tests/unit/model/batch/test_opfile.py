@@ -23,7 +23,8 @@ def test_the_shipped_example_reads() -> None:
     assert op.step.extra_vars == {"driver_version": "550.54.15"}
     assert op.max_unavailable == Budget(percent=10.0)
     assert (op.canary, op.max_parallel, op.failure_threshold) == (2, 5, 2)
-    assert op.reboot and not op.enforce
+    assert op.reboot is not None and op.reboot.inventory == op.step.inventory
+    assert not op.enforce and op.quarantine == "scheduler"
     assert op.validate is not None and op.validate.timeout_s == 600.0
 
 

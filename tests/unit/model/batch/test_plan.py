@@ -82,7 +82,7 @@ def test_reboot_and_validation_add_to_each_wave() -> None:
     from gpuops.model.batch.operation import Validation
 
     made = plan(
-        op(reboot=True, validate=Validation(("true",)), max_unavailable=Budget(count=1)), fleet(2)
+        op(reboot=STEP, validate=Validation(("true",)), max_unavailable=Budget(count=1)), fleet(2)
     )
     assert made.waves[0].duration_s == 1 + 2 + 3 + 4 + 5
 

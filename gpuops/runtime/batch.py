@@ -1,0 +1,452 @@
+"""The batch runner: rolls a batch operation (``gpuops.model.batch``) over its nodes, wave after
+wave, every node step through the one gate (``Gate.run_step``), its state in the store after
+each step.
+
+Before each wave it plans again over the fleet as it is then (``gpuops.model.batch.plan
+.remaining``): every node out of service, for any reason, and every node the operation holds
+counts against ``max_unavailable``. A node goes quarantine → step → reboot → validate → return;
+a failed step or validation leaves it quarantined and reported (``failed``) and the others go
+on, until ``failure_threshold`` failed nodes pause the operation. The kill switch and pause
+stop it between steps (``paused``). ``resume`` goes on where it stopped — a node in the middle
+of its procedure from its next step, never a finished node again —, ``cancel`` stops it
+(nodes it holds are returned), ``retry`` puts a failed node back in the queue. A node out of
+service before the operation is never returned to service by it.
+
+Built by ``gpuops.runtime.facade.Engine``; driven by ``gpuops batch`` (``gpuops.cli.batch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuops.model.batch.operation import FleetNode, Operation, Phase, Step, StepKind
+from gpuops.model.batch.opfile import parse_operation
+from gpuops.model.batch.plan import PlanError, matches, plan, remaining
+from gpuops.model.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    OutcomeStatus,
+    Target,
+    Transition,
+    decision_id,
+)
+from gpuops.runtime.gate import DRY_RUN_PREFIX, Gate
+from gpuops.store.interface import BatchRepository, StoredBatch
+
+log = logging.getLogger(__name__)
+
+
+class BatchStatus(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    """Stopped by the kill switch, pause, the failure threshold or no room: ``resume``."""
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class BatchError(ValueError):
+    """A batch request that cannot be done (an unknown operation or node, a bad state)."""
+
+
+class FleetView(Protocol):
+    """The fleet as it is now (Slurm, Kubernetes, a nodes file)."""
+
+    def nodes(self) -> Sequence[FleetNode]: ...
+
+
+@dataclass
+class NodeRecord:
+    """Where one node is in the procedure (stored as JSON after each step)."""
+
+    status: str = NodeStatus.PENDING.value
+    done: list[str] = field(default_factory=list)
+    """The phases it finished, in order."""
+    was_out: bool = False
+    """Out of service before the operation: never returned by it."""
+    wave: int = -1
+    attempt: int = 0
+    error: str = ""
+
+
+@dataclass
+class BatchRecord:
+    """An operation as stored: its file's text (read again at each resume), its progress."""
+
+    id: str
+    file: str
+    text: str
+    created_at: float
+    status: str = BatchStatus.RUNNING.value
+    why: str = ""
+    waves: int = 0
+    forgiven: int = 0
+    """Failed nodes an admin's ``resume`` let the operation go on past."""
+    order: list[str] = field(default_factory=list)
+    timeline: list[list[Any]] = field(default_factory=list)
+    """``[at, wave, unavailable]`` as each wave starts."""
+
+    def operation(self) -> Operation:
+        return parse_operation(self.text, self.file, Path(self.file).parent)
+
+
+def _phases(operation: Operation, was_out: bool) -> list[Phase]:
+    phases = [Phase.QUARANTINE] if operation.quarantine != "none" else []
+    phases.append(Phase.STEP)
+    if operation.reboot is not None:
+        phases.append(Phase.REBOOT)
+    if operation.validate is not None:
+        phases.append(Phase.VALIDATE)
+    if operation.quarantine != "none" and not was_out:
+        phases.append(Phase.RETURN)
+    return phases
+
+
+def _action(operation: Operation, phase: Phase) -> ActionSpec:
+    if phase is Phase.QUARANTINE:
+        return ActionSpec("migrate", operation.quarantine)
+    if phase is Phase.RETURN:
+        return ActionSpec("resume", operation.quarantine)
+    if phase is Phase.VALIDATE:
+        assert operation.validate is not None
+        params = {
+            "argv": list(operation.validate.command),
+            "timeout_s": operation.validate.timeout_s,
+        }
+        return ActionSpec("validate", "command", params)
+    step = operation.step if phase is Phase.STEP else operation.reboot
+    assert step is not None
+    return _step_action(step, phase)
+
+
+def _step_action(step: Step, phase: Phase) -> ActionSpec:
+    if step.kind is StepKind.ANSIBLE:
+        params = {
+            "playbook": step.playbook,
+            "inventory": step.inventory,
+            "extra_vars": dict(step.extra_vars),
+            "timeout_s": step.timeout_s,
+        }
+        return ActionSpec("run_playbook", "ansible", params)
+    return ActionSpec(
+        f"batch_{phase.value}", "command", {"argv": list(step.command), "timeout_s": step.timeout_s}
+    )
+
+
+class BatchRunner:
+    """Starts, drives, resumes, cancels operations; one operation's waves at a time per call."""
+
+    def __init__(
+        self,
+        *,
+        store: BatchRepository,
+        gate: Gate,
+        clock: Callable[[], float],
+        stopped: Callable[[], str | None],
+    ) -> None:
+        """``stopped``: why no step may start now (the kill switch, pause), or None."""
+        self._store = store
+        self._gate = gate
+        self._clock = clock
+        self._stopped = stopped
+
+    # --- records -----------------------------------------------------------------------------
+    def record(self, batch_id: str) -> BatchRecord:
+        stored = self._store.batch(batch_id)
+        if stored is None:
+            known = ", ".join(b.id for b in self._store.batches()) or "none"
+            raise BatchError(f"no batch operation {batch_id!r} (known: {known})")
+        return BatchRecord(**json.loads(stored.data))
+
+    def nodes(self, batch_id: str) -> dict[str, NodeRecord]:
+        return {
+            n: NodeRecord(**json.loads(d)) for n, d in self._store.batch_nodes(batch_id).items()
+        }
+
+    def _save(self, rec: BatchRecord) -> None:
+        self._store.save_batch(
+            StoredBatch(rec.id, rec.status, json.dumps(asdict(rec)), rec.created_at)
+        )
+
+    def _save_node(self, batch_id: str, name: str, node: NodeRecord) -> None:
+        self._store.save_batch_node(batch_id, name, json.dumps(asdict(node)))
+
+    def busy(self) -> dict[str, str]:
+        """Nodes held by an operation not finished (name → operation id)."""
+        held = {}
+        for stored in self._store.batches():
+            if stored.status == BatchStatus.CANCELLED:
+                continue  # a done one still holds its failed nodes, quarantined
+            for name, node in self.nodes(stored.id).items():
+                if node.status in (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.FAILED):
+                    held[name] = stored.id
+        return held
+
+    # --- the operation -----------------------------------------------------------------------
+    def start(
+        self, operation: Operation, text: str, fleet: FleetView, inventory: frozenset[str] | None
+    ) -> str:
+        """Store ``operation`` (``text``: its file's) with its nodes ``pending``; refused
+        (``PlanError``) as ``gpuops batch plan`` refuses it, and when a node is in another
+        operation. Returns its id."""
+        busy = self.busy()
+        now = self._clock()
+        seen = [n if n.name not in busy else _busy(n, busy[n.name]) for n in fleet.nodes()]
+        made = plan(operation, seen, inventory)
+        digest = hashlib.sha256(f"{operation.name}{now}{text}".encode()).hexdigest()[:6]
+        rec = BatchRecord(
+            id=f"{operation.name}-{digest}",
+            file=operation.file,
+            text=text,
+            created_at=now,
+            order=[n.name for n in seen if matches(operation.targets, n)],
+        )
+        for name in rec.order:
+            node = next(n for n in seen if n.name == name)
+            skipped = next((s for s in made.skipped if s.node == name), None)
+            status = NodeStatus.SKIPPED if skipped is not None else NodeStatus.PENDING
+            self._save_node(
+                rec.id,
+                name,
+                NodeRecord(
+                    status=status.value,
+                    was_out=node.unavailable,
+                    error=skipped.why if skipped else "",
+                ),
+            )
+        self._save(rec)
+        log.info("batch %s: %d nodes, %d skipped", rec.id, len(made.targets), len(made.skipped))
+        return rec.id
+
+    def run(self, batch_id: str, fleet: FleetView) -> BatchRecord:
+        """Drive the operation until it is done, paused or cancelled; returns its record."""
+        while True:
+            rec = self.record(batch_id)
+            if rec.status != BatchStatus.RUNNING:
+                return rec
+            operation = rec.operation()
+            nodes = self.nodes(batch_id)
+            failed = [n for n, r in nodes.items() if r.status == NodeStatus.FAILED]
+            if len(failed) - rec.forgiven >= operation.failure_threshold:
+                return self._pause(
+                    rec,
+                    f"failure threshold {operation.failure_threshold} reached:"
+                    f" {', '.join(failed)} failed",
+                )
+            stopped = self._stopped()
+            if stopped is not None:
+                return self._pause(rec, stopped)
+            wave = self._next_wave(rec, operation, nodes, fleet)
+            if wave is None:
+                return self.record(batch_id)
+            self._run_wave(rec, operation, wave)
+
+    def _next_wave(
+        self, rec: BatchRecord, operation: Operation, nodes: dict[str, NodeRecord], fleet: FleetView
+    ) -> list[str] | None:
+        """The nodes to go through next: those a stop left in the middle first; None when
+        the operation ended or paused (stored)."""
+        middle = [n for n in rec.order if nodes[n].status == NodeStatus.RUNNING]
+        if middle:
+            return middle
+        pending = [n for n in rec.order if nodes[n].status == NodeStatus.PENDING]
+        if not pending:
+            self._finish(rec, nodes)
+            return None
+        seen = list(fleet.nodes())
+        held = set()  # failed nodes stay quarantined: out of service, counted
+        if operation.quarantine != "none":
+            held = {n for n, r in nodes.items() if r.status == NodeStatus.FAILED and not r.was_out}
+        counted = [
+            n for n in seen if operation.targets.pool is None or n.pool == operation.targets.pool
+        ]
+        chosen = [n for n in seen if n.name in pending]
+        try:
+            made = remaining(
+                operation,
+                seen,
+                chosen,
+                counted,
+                operation.max_unavailable.nodes(len(counted)),
+                canary=rec.waves == 0,
+                extra_unavailable=held,
+            )
+        except PlanError as exc:
+            self._pause(rec, str(exc))
+            return None
+        for skipped in made.skipped:
+            self._save_node(
+                rec.id, skipped.node, NodeRecord(status=NodeStatus.SKIPPED.value, error=skipped.why)
+            )
+        if not made.waves:
+            return self._next_wave(rec, operation, self.nodes(rec.id), fleet)
+        wave = made.waves[0]
+        rec.timeline.append([self._clock(), rec.waves, wave.unavailable])
+        for name in wave.nodes:
+            node = nodes[name]
+            node.status, node.wave = NodeStatus.RUNNING.value, rec.waves
+            self._save_node(rec.id, name, node)
+        rec.waves += 1
+        self._save(rec)
+        log.info(
+            "batch %s: wave %d: %s (%d unavailable)",
+            rec.id,
+            rec.waves - 1,
+            ", ".join(wave.nodes),
+            wave.unavailable,
+        )
+        return list(wave.nodes)
+
+    def _run_wave(self, rec: BatchRecord, operation: Operation, names: list[str]) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="batch") as pool:
+            for future in [pool.submit(self._procedure, rec, operation, n) for n in names]:
+                future.result()
+
+    def _procedure(self, rec: BatchRecord, operation: Operation, name: str) -> None:
+        """The node's remaining steps, each stored once done."""
+        node = self.nodes(rec.id)[name]
+        for phase in _phases(operation, node.was_out):
+            if phase.value in node.done:
+                continue  # finished before a stop or a restart: never again
+            if self._stopped() is not None:
+                return  # the kill switch or pause: between steps
+            outcome = self._gate.run_step(
+                self._decision(rec, operation, name, node, phase), dry_run=not operation.enforce
+            )
+            if outcome.status is OutcomeStatus.SKIPPED and not (outcome.error or "").startswith(
+                DRY_RUN_PREFIX
+            ):
+                return  # held at the gate (kill switch, pause, not leading): resumed later
+            if not outcome.ok and outcome.status is not OutcomeStatus.SKIPPED:
+                node.status, node.error = NodeStatus.FAILED.value, f"{phase.value}: {outcome.error}"
+                self._save_node(rec.id, name, node)
+                log.warning(
+                    "batch %s: %s failed at %s: %s", rec.id, name, phase.value, outcome.error
+                )
+                return
+            node.done.append(phase.value)
+            self._save_node(rec.id, name, node)
+        node.status = NodeStatus.DONE.value
+        self._save_node(rec.id, name, node)
+
+    def _decision(
+        self, rec: BatchRecord, operation: Operation, name: str, node: NodeRecord, phase: Phase
+    ) -> Decision:
+        now = self._clock()
+        policy = f"batch/{rec.id}"
+        key = f"node={name}"
+        transition = Transition.CLEAR if phase is Phase.RETURN else Transition.FIRE
+        return Decision(
+            id=decision_id(policy, key, rec.created_at, phase.value, node.attempt),
+            policy=policy,
+            group="batch",
+            target=Target(key=key, labels={"node": name}),
+            transition=transition,
+            action=_action(operation, phase),
+            evidence=Evidence(
+                expr=f"batch {rec.id}: {phase.value}",
+                value=None,
+                pending_since=None,
+                observed_at=now,
+            ),
+            at=now,
+            episode_start=rec.created_at,
+            repeat=node.attempt,
+            reason=f"batch {rec.id}: {phase.value} of {name} (wave {node.wave})",
+            mode="enforce" if operation.enforce else "dry-run",
+        )
+
+    def _pause(self, rec: BatchRecord, why: str) -> BatchRecord:
+        rec.status, rec.why = BatchStatus.PAUSED.value, why
+        self._save(rec)
+        log.warning("batch %s paused: %s", rec.id, why)
+        return rec
+
+    def _finish(self, rec: BatchRecord, nodes: dict[str, NodeRecord]) -> None:
+        failed = sorted(n for n, r in nodes.items() if r.status == NodeStatus.FAILED)
+        rec.status = BatchStatus.DONE.value
+        rec.why = f"failed: {', '.join(failed)}" if failed else ""
+        self._save(rec)
+        log.info("batch %s done%s", rec.id, f" ({rec.why})" if failed else "")
+
+    # --- what an admin asks ------------------------------------------------------------------
+    def resume(self, batch_id: str) -> BatchRecord:
+        rec = self.record(batch_id)
+        if rec.status == BatchStatus.PAUSED:
+            failed = sum(1 for n in self.nodes(batch_id).values() if n.status == NodeStatus.FAILED)
+            rec.status, rec.why, rec.forgiven = BatchStatus.RUNNING.value, "", failed
+            self._save(rec)
+        elif rec.status != BatchStatus.RUNNING:
+            raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to resume")
+        return rec
+
+    def retry(self, batch_id: str, name: str) -> NodeRecord:
+        """Put a failed node back in the queue (its procedure from its quarantine, a new
+        attempt: new decision ids)."""
+        rec = self.record(batch_id)
+        node = self.nodes(batch_id).get(name)
+        if node is None or node.status != NodeStatus.FAILED:
+            state = "no node of it" if node is None else node.status
+            raise BatchError(
+                f"{name} of batch operation {batch_id} is {state}: only a failed node is retried"
+            )
+        node.status, node.error, node.done = NodeStatus.PENDING.value, "", []
+        node.attempt += 1
+        self._save_node(batch_id, name, node)
+        if rec.status == BatchStatus.DONE:
+            rec.status, rec.why = BatchStatus.PAUSED.value, f"{name} to retry"
+            self._save(rec)
+        return node
+
+    def cancel(self, batch_id: str) -> BatchRecord:
+        """No node starts again; a node in the middle of its procedure is returned to service
+        (unless it was out before), a pending one is marked cancelled, a failed one is let go
+        out of service (its step failed: an admin returns it)."""
+        rec = self.record(batch_id)
+        nodes = self.nodes(batch_id)
+        held = any(n.status == NodeStatus.FAILED for n in nodes.values())
+        if rec.status == BatchStatus.CANCELLED or (rec.status == BatchStatus.DONE and not held):
+            raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to cancel")
+        operation = rec.operation()
+        for name, node in nodes.items():
+            if node.status == NodeStatus.PENDING:
+                node.status = NodeStatus.CANCELLED.value
+            elif node.status == NodeStatus.FAILED:  # its step failed: not put back to work
+                node.status = NodeStatus.CANCELLED.value
+                node.error = f"left out of service: {node.error}"
+            elif node.status == NodeStatus.RUNNING:
+                quarantined = Phase.QUARANTINE.value in node.done
+                if quarantined and not node.was_out and operation.quarantine != "none":
+                    outcome = self._gate.run_step(
+                        self._decision(rec, operation, name, node, Phase.RETURN),
+                        dry_run=not operation.enforce,
+                    )
+                    node.error = f"cancelled; returned: {outcome.status.value}"
+                node.status = NodeStatus.CANCELLED.value
+            else:
+                continue
+            self._save_node(batch_id, name, node)
+        rec.status, rec.why = BatchStatus.CANCELLED.value, "cancelled"
+        self._save(rec)
+        return rec
+
+
+def _busy(node: FleetNode, batch_id: str) -> FleetNode:
+    return replace(node, busy=batch_id)
