@@ -315,36 +315,44 @@ class BatchRunner:
         return list(wave.nodes)
 
     def _run_wave(self, rec: BatchRecord, operation: Operation, names: list[str]) -> None:
+        """The wave's nodes in parallel; a step held at the gate (a veto, a lost lease, an
+        unwritable audit) pauses the operation, saying why."""
         with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="batch") as pool:
-            for future in [pool.submit(self._procedure, rec, operation, n) for n in names]:
-                future.result()
+            held = [
+                f.result() for f in [pool.submit(self._procedure, rec, operation, n) for n in names]
+            ]
+        why = [h for h in held if h is not None]
+        if why and self._stopped() is None:
+            self._pause(self.record(rec.id), "; ".join(why))
 
-    def _procedure(self, rec: BatchRecord, operation: Operation, name: str) -> None:
-        """The node's remaining steps, each stored once done."""
+    def _procedure(self, rec: BatchRecord, operation: Operation, name: str) -> str | None:
+        """The node's remaining steps, each stored once done; what held a step, or None."""
         node = self.nodes(rec.id)[name]
         for phase in _phases(operation, node.was_out):
             if phase.value in node.done:
                 continue  # finished before a stop or a restart: never again
-            if self._stopped() is not None:
-                return  # the kill switch or pause: between steps
+            stopped = self._stopped()
+            if stopped is not None:
+                return stopped  # the kill switch or pause: between steps
             outcome = self._gate.run_step(
                 self._decision(rec, operation, name, node, phase), dry_run=not operation.enforce
             )
             if outcome.status is OutcomeStatus.SKIPPED and not (outcome.error or "").startswith(
                 DRY_RUN_PREFIX
             ):
-                return  # held at the gate (kill switch, pause, not leading): resumed later
+                return f"{name}: {outcome.error}"  # held at the gate: resumed later
             if not outcome.ok and outcome.status is not OutcomeStatus.SKIPPED:
                 node.status, node.error = NodeStatus.FAILED.value, f"{phase.value}: {outcome.error}"
                 self._save_node(rec.id, name, node)
                 log.warning(
                     "batch %s: %s failed at %s: %s", rec.id, name, phase.value, outcome.error
                 )
-                return
+                return None
             node.done.append(phase.value)
             self._save_node(rec.id, name, node)
         node.status = NodeStatus.DONE.value
         self._save_node(rec.id, name, node)
+        return None
 
     def _decision(
         self, rec: BatchRecord, operation: Operation, name: str, node: NodeRecord, phase: Phase

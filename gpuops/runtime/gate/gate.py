@@ -373,7 +373,8 @@ class Gate:
     def run_step(self, decision: Decision, dry_run: bool = False) -> Outcome:
         """Run one node step of a batch operation (``gpuops.runtime.batch``) now, in the
         caller's thread: held by the kill switch or pause (audited with the hold, nothing
-        run: the operation stops between steps), audited as ``dry_run`` when ``dry_run`` or
+        run: the operation stops between steps) or a veto its executor reads on the node,
+        audited as ``dry_run`` when ``dry_run`` or
         the engine is in dry-run, else its intent written before it runs and its outcome
         after. A replica that no longer leads runs nothing. The step is not a policy's: no
         policy state or guardrail window is fed back; the operation keeps its own record."""
@@ -381,6 +382,9 @@ class Gate:
         if not_leading is not None:
             return not_leading
         held = self._holds.controlled()
+        standing = self._standing(decision) if held is None else None
+        if standing is not None and standing.veto:  # a node a site vetoes is never touched
+            held = Hold(Suppression.VETO.verdict, f"veto: {standing.veto}")
         if held is not None:
             outcome = Outcome(OutcomeStatus.SKIPPED, error=held.why)
             self._trail.record(decision.with_verdict(held.verdict, held.why), outcome)

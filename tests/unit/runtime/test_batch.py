@@ -14,6 +14,7 @@ from gpuops.actions.base import PermanentError
 from gpuops.model.batch.operation import Availability, FleetNode
 from gpuops.model.batch.opfile import parse_operation
 from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.guardrails import Standing
 from gpuops.runtime.batch import BatchError, BatchStatus, NodeStatus
 from gpuops.runtime.facade import Engine
 from tests.builders import build_engine
@@ -38,6 +39,11 @@ class Fleet:
         self.fail_step: set[str] = set()
         self.fail_validate: set[str] = set()
         self.after: Callable[[str, str], None] = lambda node, verb: None
+        self.vetoed: set[str] = set()
+
+    def standing(self, decision: Decision) -> Standing:
+        node = decision.target.labels["node"]
+        return Standing(veto="gpuops.io/do-not-touch=true" if node in self.vetoed else None)
 
     def out(self) -> int:
         return sum(1 for s in self.state.values() if s != "up")
@@ -237,3 +243,20 @@ def test_cancel_returns_the_nodes_it_holds(tmp_path: Path) -> None:
     assert rec.status == BatchStatus.CANCELLED
     assert all(s == "up" for s in fleet.state.values())
     assert {n.status for n in nodes.values()} == {NodeStatus.CANCELLED}
+
+
+def test_a_vetoed_node_is_never_touched_and_pauses_the_operation(tmp_path: Path) -> None:
+    fleet = Fleet(4)
+    fleet.vetoed = {"gpu-002"}
+    seen: list[tuple[Decision, Outcome | None]] = []
+    engine = engine_on(tmp_path, fleet, seen)
+    try:
+        batch = start(engine, fleet, OPERATION.replace("10%", "2"))
+        rec = engine.batches.run(batch, fleet)
+    finally:
+        engine.stop()
+    assert rec.status == BatchStatus.PAUSED
+    assert rec.why == "gpu-002: veto: gpuops.io/do-not-touch=true"
+    assert "gpu-002" not in {n for n, _, _ in fleet.calls}
+    held = [d for d, o in seen if d.target.labels.get("node") == "gpu-002" and o is not None]
+    assert [d.verdict.value for d in held] == ["suppressed:veto"]
