@@ -131,8 +131,20 @@ class Readings:
     samples: Mapping[str, Sequence[Sample]] = field(default_factory=dict)
     errors: Sequence[str] = ()
 
+    _gpus: dict[str, dict[tuple[str, str], Sample]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+    """Each answer's samples by (node, uuid), made once when first asked (``gpu``)."""
+
     def of(self, name: str) -> Sequence[Sample]:
         return self.samples.get(name, ())
+
+    def gpu(self, name: str, key: tuple[str, str]) -> Sample | None:
+        """The sample of answer ``name`` about the GPU ``key`` (node, uuid)."""
+        index = self._gpus.get(name)
+        if index is None:
+            index = self._gpus[name] = _by_gpu(self.of(name))
+        return index.get(key)
 
     def fresh(self, seen: float | None) -> bool:
         return seen is not None and self.at - seen <= self.max_sample_age_s
@@ -171,12 +183,12 @@ def node_state(
 def _gpu(key: tuple[str, str], r: Readings, seen: Sample | None, holds: list[HoldOut]) -> GpuOut:
     node, uuid = key
     last_seen = seen.value if seen is not None else None
-    now_up = _by_gpu(r.of("gpu_up")).get(key)
+    now_up = r.gpu("gpu_up", key)
     fresh = now_up is not None and r.fresh(last_seen)  # absent now: gone stale (a marker)
     ref = seen or now_up
 
     def value(name: str) -> float | None:
-        found = _by_gpu(r.of(name)).get(key) if fresh else None
+        found = r.gpu(name, key) if fresh else None
         return None if found is None else found.value
 
     up = value("gpu_up")
@@ -200,7 +212,7 @@ def _gpu(key: tuple[str, str], r: Readings, seen: Sample | None, holds: list[Hol
         if ecc is not None:
             health = "failed" if health == "failed" else "degraded"
             problems.append(f"{ecc:.0f} uncorrected ECC errors in the last hour")
-    allocated = _by_gpu(r.of("allocated")).get(key)
+    allocated = r.gpu("allocated", key)
     alloc_labels = allocated.labels if allocated is not None else {}
     return GpuOut(
         uuid=uuid,
@@ -250,6 +262,9 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
     gpu_keys |= set(on_gpu)
     names |= set(on_node) | {n for n, _ in on_gpu}
 
+    keys_of: dict[str, list[tuple[str, str]]] = {}
+    for key in gpu_keys:
+        keys_of.setdefault(key[0], []).append(key)
     nodes: list[NodeOut] = []
     for name in sorted(names):
         node_pool = pools.get(name, "")
@@ -269,7 +284,7 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
             drained,
         )
         gpus = sorted(
-            (_gpu(k, r, gpu_seen.get(k), on_gpu.get(k, [])) for k in gpu_keys if k[0] == name),
+            (_gpu(k, r, gpu_seen.get(k), on_gpu.get(k, [])) for k in keys_of.get(name, ())),
             key=_by_index,
         )
         health, problems = _node_health(state, fresh, name in slurm, gpus)
