@@ -324,6 +324,15 @@ class HealthSettings(_Model):
     its XID's window but never makes a GPU faulty by itself: a replayed old event does not
     take a node out."""
 
+    profiles: dict[str, Literal["observe", "quarantine"]] = {}
+    """Per pool (the ``pool`` an agent sends with its events), what a faulty GPU does:
+    ``quarantine`` raises ``GpuFault`` with ``profile: quarantine`` (the shipped
+    ``quarantine-faulty-gpu-node`` drains the node), ``observe`` raises it with ``profile:
+    observe`` (``observe-faulty-gpu-node`` records a dry run, nothing is done). A site rolls
+    remediation out pool by pool."""
+    default_profile: Literal["observe", "quarantine"] = "quarantine"
+    """The profile of a pool ``profiles`` does not name, and of events without a pool."""
+
     _age = field_validator("max_event_age", mode="before")(_seconds)
 
 

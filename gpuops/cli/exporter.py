@@ -109,6 +109,13 @@ def exporter() -> None:
     help="This node's name as the scheduler knows it, sent with each event "
     "(default: the host name up to its first dot).",
 )
+@click.option(
+    "--pool",
+    "pool_name",
+    default="",
+    help="This node's pool (Slurm: partition), sent with each pushed event: the engine "
+    "applies the pool's health profile (observe, quarantine).",
+)
 def nvml(
     host: str,
     port: int,
@@ -120,6 +127,7 @@ def nvml(
     push_url: str | None,
     push_token_file: Path | None,
     node_name: str | None,
+    pool_name: str,
 ) -> None:
     """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
     token = None
@@ -139,7 +147,7 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
-        push=_pusher(push_url, push_token_file, node_name),
+        push=_pusher(push_url, push_token_file, node_name, pool_name),
     )
     log.info(
         "NVML exporter on http://%s:%d/metrics%s",
@@ -153,7 +161,9 @@ def nvml(
         server.close()
 
 
-def _pusher(url: str | None, token_file: Path | None, node: str | None) -> object | None:
+def _pusher(
+    url: str | None, token_file: Path | None, node: str | None, pool: str = ""
+) -> object | None:
     """The health pusher of ``--push-url``, or None."""
     if url is None:
         if token_file is not None:
@@ -164,7 +174,8 @@ def _pusher(url: str | None, token_file: Path | None, node: str | None) -> objec
     token = _first_line(token_file, "--push-token-file")
     name = node or socket.gethostname().split(".")[0]
     log.info("pushing XIDs and lost GPUs of node %r to %s", name, url)
-    pusher: object = import_module("gpuops.exporters.nvml.push").HealthPusher(url, token, name)
+    push = import_module("gpuops.exporters.nvml.push")
+    pusher: object = push.HealthPusher(url, token, name, pool=pool)
     return pusher
 
 

@@ -231,6 +231,8 @@ class Engine:
             clock=clock,
             registry=self.metrics.registry,
             max_event_age=config.health.max_event_age,
+            profiles=config.health.profiles,
+            default_profile=config.health.default_profile,
         )
         self.gate.on_outcome(self.health.outcome)
         self.batches = BatchRunner(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -75,9 +75,13 @@ class HealthInbox:
         clock: Callable[[], float],
         registry: CollectorRegistry,
         max_event_age: float = 3600.0,
+        profiles: Mapping[str, str] | None = None,
+        default_profile: str = "quarantine",
     ) -> None:
         self.catalogue = catalogue
         self.max_event_age = max_event_age
+        self.profiles = dict(profiles or {})
+        self.default_profile = default_profile
         self._store = store
         self._alerts = alerts
         self._clock = clock
@@ -96,6 +100,10 @@ class HealthInbox:
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900),
             registry=registry,
         )
+
+    def profile(self, pool: str) -> str:
+        """What a faulty GPU of ``pool`` does: ``quarantine`` or ``observe``."""
+        return self.profiles.get(pool, self.default_profile)
 
     @property
     def window_s(self) -> float:
@@ -154,21 +162,25 @@ class HealthInbox:
                     continue
                 outcomes.append((event, self._take(event, windows, faults)))
             if faults:
-                self._alerts.submit([fault_alert(f) for f in faults])
+                self._alerts.submit([fault_alert(f, self.profile(f.pool)) for f in faults])
             self._store.health_events_add(list(fresh.values()), self._clock())
         for event, outcome in outcomes:
             self.events.labels(event.kind.value, outcome).inc()
         for fault in faults:
             log.warning(
-                "GPU %s on %s is faulty: %s; raised %s (remedy %s)",
+                "GPU %s on %s is faulty: %s; raised %s (remedy %s, profile %s)",
                 fault.gpu,
                 fault.node,
                 fault.reason,
                 FAULT_ALERT,
                 fault.remedy.value,
+                self.profile(fault.pool),
             )
         counts = [o for _, o in outcomes]
-        notes = [f"{f.gpu} on {f.node}: {f.reason}: {FAULT_ALERT} raised" for f in faults]
+        notes = [
+            f"{f.gpu} on {f.node}: {f.reason}: {FAULT_ALERT} raised ({self.profile(f.pool)})"
+            for f in faults
+        ]
         notes += [
             f"skipped {e.id} ({e.gpu} on {e.node}): {_SKIPPED[o].format(xid=e.xid)}"
             for e, o in outcomes
@@ -215,5 +227,5 @@ class HealthInbox:
         if found and age > self.max_event_age:  # counted in its window, acting on nothing
             log.info("XID event %s is %.0f s old: counted, it does not act", event.id, age)
             return "stale"
-        faults.extend(Fault.of_xid(f) for f in found)
+        faults.extend(Fault.of_xid(f, event.pool) for f in found)
         return "fault" if found else "counted"

@@ -53,6 +53,8 @@ class EventIn(BaseModel):
     """The XID code (``kind: xid`` only)."""
     at: float = Field(gt=0, lt=253402300800, allow_inf_nan=False)
     """When NVML reported it, Unix seconds."""
+    pool: str = Field(default="", max_length=256)
+    """The node's pool (Slurm: partition): its profile (``health.profiles``) applies."""
 
     @model_validator(mode="after")
     def _xid_with_kind(self) -> EventIn:
@@ -63,7 +65,9 @@ class EventIn(BaseModel):
         return self
 
     def value(self) -> HealthEvent:
-        return HealthEvent(self.id, self.node, self.gpu, EventKind(self.kind), self.at, self.xid)
+        return HealthEvent(
+            self.id, self.node, self.gpu, EventKind(self.kind), self.at, self.xid, self.pool
+        )
 
 
 class EventsIn(BaseModel):

@@ -36,6 +36,7 @@ class HealthPusher:
         token: str,
         node: str,
         *,
+        pool: str = "",
         clock: Callable[[], float] = time.time,
         batch: int = 500,
         queue_size: int = 100_000,
@@ -49,6 +50,8 @@ class HealthPusher:
             raise ValueError("pushing health events needs the node's name")
         self.url = url.rstrip("/") + PATH
         self.node = node
+        self.pool = pool
+        """Sent with each event: the engine applies the pool's profile (observe, quarantine)."""
         self._headers = {"Authorization": f"Bearer {token}"}
         self._clock = clock
         self._batch = batch
@@ -96,6 +99,8 @@ class HealthPusher:
         with self._cond:
             self._seq += 1
             event.update(id=f"{self.node}-{self._boot}-{self._seq}", node=self.node)
+            if self.pool:
+                event["pool"] = self.pool
             event["at"] = self._clock()
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1

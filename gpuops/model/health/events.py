@@ -45,6 +45,8 @@ class HealthEvent:
     kind: EventKind
     at: float
     xid: int | None = None
+    pool: str = ""
+    """The node's pool (Slurm: partition) as the agent knows it; empty: not sent."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class Fault:
     at: float
     xid: int | None = None
     xid_class: XidClass = XidClass.HARDWARE
+    pool: str = ""
 
     @staticmethod
-    def of_xid(fault: XidFault) -> Fault:
+    def of_xid(fault: XidFault, pool: str = "") -> Fault:
         entry, threshold = fault.entry, fault.entry.threshold
         window = f" in {threshold.window_s:g}s" if threshold and threshold.count > 1 else ""
         reason = f"XID {entry.code} ({entry.description}) x{fault.count}{window}"
@@ -72,20 +75,24 @@ class Fault:
             fault.last_at,
             entry.code,
             entry.xid_class,
+            pool,
         )
 
     @staticmethod
     def of_lost(event: HealthEvent) -> Fault:
-        return Fault(event.node, event.gpu, "GPU lost", Remedy.REBOOT_NODE, event.at)
+        return Fault(
+            event.node, event.gpu, "GPU lost", Remedy.REBOOT_NODE, event.at, pool=event.pool
+        )
 
 
 def rfc3339(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def fault_alert(fault: Fault) -> Alert:
+def fault_alert(fault: Fault, profile: str) -> Alert:
     """The firing alert ``GpuFault`` of ``fault``: labels ``node``, ``uuid``, ``xid`` (empty
-    for a lost GPU), ``class``, ``remedy``, ``reason``."""
+    for a lost GPU), ``class``, ``remedy``, ``reason``, ``pool`` and ``profile`` (what its
+    pool's profile says: ``quarantine`` or ``observe``)."""
     code = "" if fault.xid is None else str(fault.xid)
     identity = "\0".join(("gpuops-health", fault.node, fault.gpu, code or "lost"))
     labels = {
@@ -96,6 +103,8 @@ def fault_alert(fault: Fault) -> Alert:
         "class": fault.xid_class.value,
         "remedy": fault.remedy.value,
         "reason": fault.reason,
+        "pool": fault.pool,
+        "profile": profile,
     }
     summary = f"GPU {fault.gpu} on {fault.node}: {fault.reason}; remedy {fault.remedy.value}"
     return Alert(

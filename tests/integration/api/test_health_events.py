@@ -156,3 +156,42 @@ def test_counts_and_duplicates_survive_a_restart(tmp_path: Path) -> None:
         tenth = event(second, "r-9", "n8", "GPU-8", 45)
         assert push(second, tenth).json()["faults"] == 1
         assert quarantined(second) == ["n8"]
+
+
+PROFILE_RULES = (
+    RULES
+    + """\
+      - policy: quarantine-faulty-gpu-node
+        trigger: {alertmanager: {alertname: GpuFault, profile: quarantine}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        mode: enforce
+      - policy: observe-faulty-gpu-node
+        trigger: {alertmanager: {alertname: GpuFault, profile: observe}}
+        target: [node]
+        action: {type: migrate, executor: log}
+        mode: dry-run
+"""
+)
+
+
+def test_a_pool_that_observes_records_a_dry_run_and_quarantines_nothing(tmp_path: Path) -> None:
+    with running_api(tmp_path, rules=PROFILE_RULES) as api:
+        api.engine.health.profiles["canary"] = "observe"
+        canary = {**event(api, "c-1", "c1", "GPU-c1", 79), "pool": "canary"}
+        prod = {**event(api, "p-1", "p1", "GPU-p1", 79), "pool": "prod"}
+        answer = push(api, canary, prod)
+        assert answer.json()["faults"] == 2
+        assert quarantined(api) == ["p1"]
+        with api.lock:
+            observed = [
+                (d.target.labels["node"], d.verdict.value)
+                for d, _ in api.decisions
+                if d.policy == "observe-faulty-gpu-node"
+            ]
+        assert observed == [("c1", "dry_run")]
+        [call] = [d for d in api.operations() if d["event"]["action"] == "receive_health_events"]
+        assert (
+            "GPU-c1 on c1: XID 79 (GPU has fallen off the bus) x1: GpuFault raised (observe)"
+            in (call["message"])
+        )

@@ -15,7 +15,12 @@ from gpuops.exporters.nvml.scenarios import healthy_h100
 from gpuops.exporters.nvml.server import ExporterServer
 from gpuops.sources.promproc import free_port
 from tests.integration.api.harness import Harness, running_api
-from tests.integration.api.test_health_events import HEALTH_RULES, POLICY, quarantined
+from tests.integration.api.test_health_events import (
+    HEALTH_RULES,
+    POLICY,
+    PROFILE_RULES,
+    quarantined,
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -27,9 +32,9 @@ def api(tmp_path: Path) -> Iterator[Harness]:
         yield harness
 
 
-def agent(api: Harness, url: str, node: str) -> tuple[ExporterServer, HealthPusher]:
+def agent(api: Harness, url: str, node: str, pool: str = "") -> tuple[ExporterServer, HealthPusher]:
     fake = healthy_h100()
-    pusher = HealthPusher(url, api.tokens["alertmanager"], node, min_backoff_s=0.05)
+    pusher = HealthPusher(url, api.tokens["alertmanager"], node, pool=pool, min_backoff_s=0.05)
     server = ExporterServer(fake, host="127.0.0.1", port=0, xid_poll_ms=20, push=pusher)
     server.start()
     wait_for(lambda: server.xids is not None and server.xids.watching == 8, 10, "XID events")
@@ -64,6 +69,21 @@ def test_events_wait_while_the_engine_is_away(api: Harness) -> None:
         wait_for(lambda: quarantined(api) == ["node-9"], 30, "node-9 quarantined")
     finally:
         server.close()
+
+
+def test_the_agents_pool_chooses_the_profile(tmp_path: Path) -> None:
+    with running_api(tmp_path / "profiles", rules=PROFILE_RULES) as api:
+        api.engine.health.profiles["canary"] = "observe"
+        server, pusher = agent(api, api.url, "node-3", pool="canary")
+        try:
+            server.session.backend.inject_xid(0, 79)
+            wait_for(lambda: pusher.sent == 1, 10, "the event sent")
+            api.settle()
+            with api.lock:
+                done = [(d.policy, d.verdict.value) for d, _ in api.decisions]
+            assert done == [("observe-faulty-gpu-node", "dry_run")]
+        finally:
+            server.close()
 
 
 def test_a_refused_token_keeps_the_events(api: Harness) -> None:
