@@ -184,6 +184,11 @@ def test_the_list_shows_each_decision_s_action_state_and_effect(page: Page, stor
     expect(undone.get_by_role("link", name="its undo")).to_have_attribute(
         "href", f"/decisions/{story.ids['undo']}"
     )
+    page.goto("/decisions?policy=cap-idle-gpus&transition=fire")  # its undo filtered out
+    expect(row_of(page, story.ids["undone"]).locator("td.state")).to_have_text(
+        re.compile("^undone")
+    )
+    page.goto("/decisions")
     body = page.locator("tbody").inner_text()
     for raw in ("[]", "None", "{", "attempts"):
         assert raw not in body, raw

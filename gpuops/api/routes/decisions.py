@@ -93,22 +93,35 @@ def list_decisions(
         found.append(row)
         if len(found) >= limit:
             break
-    return DecisionsOut(decisions=_paired(found))
+    return DecisionsOut(decisions=_paired(ctx, found))
 
 
 def _episode(row: StoredDecisionOut) -> tuple[str, str, float]:
     return row.policy, row.target.key, row.episode_start
 
 
-def _paired(rows: list[StoredDecisionOut]) -> list[StoredDecisionOut]:
+def _paired(ctx: ApiContext, rows: list[StoredDecisionOut]) -> list[StoredDecisionOut]:
     """``rows`` with each fire that acted and the undo of its episode naming each other (the
-    newest fire of the episode, when it repeated), and a fire whose undo ran ``undone``."""
+    newest fire of the episode, when it repeated), and a fire whose undo ran ``undone``; the
+    other half of a pair not among ``rows`` (filtered out, or beyond the limit) is read from
+    the store, one query per policy."""
     fires: dict[tuple[str, str, float], StoredDecisionOut] = {}
     undos: dict[tuple[str, str, float], StoredDecisionOut] = {}
     for row in rows:
         if row.action is not None:
             into = fires if row.transition is Transition.FIRE else undos
             into.setdefault(_episode(row), row)
+    lacking: dict[str, float] = {}  # policy -> the earliest episode whose other half is unseen
+    for key in (fires.keys() - undos.keys()) | (undos.keys() - fires.keys()):
+        lacking[key[0]] = min(key[2], lacking.get(key[0], key[2]))
+    for policy, since in lacking.items():
+        for stored in ctx.engine.store.decisions(policy, since, _SCAN):
+            other = stored.decision
+            if other.action is not None:
+                into = fires if other.transition is Transition.FIRE else undos
+                key = (other.policy, other.target.key, other.episode_start)
+                if key not in into:
+                    into[key] = _in_words(StoredDecisionOut.stored(stored))
     out = []
     for row in rows:
         key = _episode(row)
