@@ -26,7 +26,7 @@ def run(*files: Path) -> tuple[int, str]:
     ("folder", "files", "cases"),
     [
         ("rules/tests", 2, 8),
-        ("rules/slurm/tests", 1, 2),
+        ("rules/slurm/tests", 1, 3),
         ("rules/demo/tests", 1, 2),
         ("rules/kubernetes/tests", 1, 8),
         ("rules/health/tests", 1, 3),
