@@ -106,7 +106,7 @@ def _select(
             problems.append(
                 f"targets: {targets.describe()} matches no node of the fleet ({len(fleet)} nodes)"
             )
-    elif len(chosen) == len(fleet) and len(fleet) > 1 and not targets.everything:
+    elif not targets.nodes and len(chosen) == len(fleet) > 1 and not targets.everything:
         problems.append(
             f"targets: {targets.describe()} matches every node of the fleet ({len(fleet)});"
             " say `all: true` under targets to mean it"
