@@ -2,15 +2,19 @@
 (``gpuops.actions.kubernetes``, its ``migrate``); and the label selectors its settings hold.
 
 One LIST of the node's pods (field selector ``spec.nodeName``); DaemonSet pods, mirror (static)
-pods, pods in the system namespaces, finished pods and pods already terminating are skipped.
+pods, pods in the system namespaces, pods carrying the veto label, finished pods and pods
+already terminating are skipped.
 Each other pod is evicted (``policy/v1`` Eviction) by its drain mode: ``immediate``;
 ``allow-completion`` (left to finish until the deadline, then evicted); ``delete-after-timeout``
-(evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 (a PDB allows
-no disruption now; the API server sends no Retry-After) is retried after ``backoff_s``, doubling
-up to ``max_backoff_s``, until ``timeout_s``; then the pods still held and the PDBs that hold
-them are named in the report (the outcome's ``held`` and ``budgets``; the node stays cordoned,
-and the undo uncordons it as any other). Nothing is deleted by force unless the policy asks
-(``params.force_delete: true``: every held pod is deleted at the deadline).
+(evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 with a
+``DisruptionBudget`` cause (a PDB allows no disruption now; the API server sends no
+Retry-After) is retried after ``backoff_s``, doubling up to ``max_backoff_s``, until
+``timeout_s``; any other 429 (API Priority and Fairness) after its ``Retry-After``, and an
+eviction that fails (500) is held and tried again the same way; then the pods still held and
+the PDBs that hold them are named in the report (the outcome's ``held`` and ``budgets``; the
+node stays cordoned, and the undo uncordons it as any other). Nothing is deleted by force
+unless the policy asks (``params.force_delete: true``: every held pod is deleted at the
+deadline).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import KubeClient, KubeNotFound, KubeTooManyRequests
+from gpuops.integrations.kubernetes.client import (
+    KubeClient,
+    KubeNotFound,
+    KubeTooManyRequests,
+    KubeUnavailable,
+)
 from gpuops.integrations.kubernetes.selectors import Selector
 
 log = logging.getLogger(__name__)
@@ -98,11 +107,13 @@ class Drainer:
         self,
         client: KubeClient,
         settings: DrainSettings,
+        veto: Selector | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.settings = settings
+        self.veto = veto
         self.sleep = sleep
         self.clock = clock
         self._rules = [
@@ -127,6 +138,8 @@ class Drainer:
         meta = pod["metadata"]
         if meta.get("namespace") in self.settings.system_namespaces:
             return "system namespace"
+        if self.veto is not None and self.veto.matches(meta.get("labels") or {}):
+            return "veto"
         if names.MIRROR_POD in (meta.get("annotations") or {}):
             return "mirror pod"
         if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
@@ -158,6 +171,8 @@ class Drainer:
         delay = self.settings.backoff_s
         held: dict[str, str] = {}
         while pending:
+            busy = 0.0
+            budgets = False
             for key, pod in list(pending.items()):
                 mode = self.mode(pod)
                 namespace, name = key.split("/", 1)
@@ -175,6 +190,14 @@ class Drainer:
                 try:
                     self.client.evict(namespace, name)
                 except KubeTooManyRequests as exc:
+                    if exc.budget is None:  # API Priority and Fairness: not a budget
+                        busy = max(busy, exc.retry_after or self.settings.backoff_s)
+                        held[key] = f"API server busy (429): {exc}"
+                    else:
+                        budgets = True
+                        held[key] = f"{exc} ({exc.budget})"
+                    continue
+                except KubeUnavailable as exc:  # this pod's eviction failed (500): held
                     held[key] = str(exc)
                     continue
                 except KubeNotFound:
@@ -185,7 +208,7 @@ class Drainer:
             now = self.clock()
             if not pending or now >= deadline:
                 break
-            wait = min(delay, deadline - now)
+            wait = min(delay if budgets or not busy else busy, deadline - now)
             log.info(
                 "drain of %s: %d pods held (%s); trying again in %.0f s",
                 node,
@@ -194,7 +217,8 @@ class Drainer:
                 wait,
             )
             self.sleep(wait)
-            delay = min(delay * 2, self.settings.max_backoff_s)
+            if budgets or not busy:  # a PodDisruptionBudget's backoff doubles
+                delay = min(delay * 2, self.settings.max_backoff_s)
         for key, pod in list(pending.items()):
             if force or self.mode(pod) == "delete-after-timeout":
                 namespace, name = key.split("/", 1)

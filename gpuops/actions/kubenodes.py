@@ -6,20 +6,31 @@ A cordon is one JSON merge patch of the node with its ``resourceVersion`` (a 409
 why and when (``gpuops.integrations.kubernetes.names``), and the opt-in taint; the
 ``GpuopsCordoned`` condition follows (a strategic merge patch of ``nodes/status``). A node
 cordoned by someone else is left cordoned and unowned; an owned cordon someone lifted ends the
-episode (``gpuops.io/cancelled``: not cordoned again in it). The undo removes gpuops' marks and
-the cordon in one patch, only while the marks name its episode.
+episode (``gpuops.io/cancelled``: not cordoned again in it). Every write carries the field
+manager ``gpuops``: the cordon is gpuops' only while the node's ``managedFields`` say gpuops owns
+``spec.unschedulable``; one set again by someone else (uncordoned, then cordoned for
+maintenance) keeps its cordon and loses gpuops' marks. The undo removes gpuops' marks and the
+cordon in one patch, only while the marks name this policy and its episode (or an earlier one
+whose cordon gpuops still owns: a migrate that failed after its cordon).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
-from gpuops.integrations.kubernetes.client import CONFLICT_RETRIES, KubeClient, KubeConflict
+from gpuops.integrations.kubernetes.client import (
+    CONFLICT_RETRIES,
+    FIELD_MANAGER,
+    KubeClient,
+    KubeConflict,
+    KubeError,
+)
 from gpuops.model.decisions import Decision
 
 log = logging.getLogger(__name__)
@@ -49,23 +60,32 @@ class Cordons:
             meta = node["metadata"]
             annotations = meta.get("annotations") or {}
             name = meta["name"]
-            ours = annotations.get(names.CORDONED_BY) == d.policy and annotations.get(
-                names.EPISODE
-            ) == episode(d)
+            mine = annotations.get(names.CORDONED_BY) == d.policy
+            ours = mine and annotations.get(names.EPISODE) == episode(d)
             unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
             if annotations.get(names.CANCELLED) == episode(d):
                 return False, "someone else uncordoned it in this episode: not cordoned again"
+            if mine and unschedulable and not owns_cordon(node):  # re-cordoned by someone else
+                try:
+                    self.forget(node, cancelled=annotations.get(names.EPISODE))
+                except KubeConflict:
+                    node = read()
+                    continue
+                log.warning("node %s: cordoned again by someone else: their cordon stays", name)
+                return False, "cordoned again by someone else: their cordon, never lifted by gpuops"
             if ours and not unschedulable:  # our cordon was lifted by someone else
                 self.forget(node, cancelled=episode(d))
                 if self.condition:
                     self.set_condition(name, "False", d)
                 log.warning("node %s: gpuops' cordon was lifted by someone else", name)
                 return False, "someone else uncordoned it in this episode: not cordoned again"
-            if unschedulable and not ours:
+            if unschedulable and not mine:
                 log.info("node %s was cordoned before gpuops: its cordon stays unowned", name)
                 return False, "cordoned by someone else before gpuops: never uncordoned by gpuops"
             if ours:
                 return True, None  # this decision (or this episode) ran before
+            # not cordoned, or gpuops' own cordon of an earlier episode (a migrate that failed
+            # after it): cordoned, and marked, for this episode
             spec: dict[str, Any] = {"unschedulable": True}
             if self.taint:
                 taints = [
@@ -75,7 +95,7 @@ class Cordons:
                 ]
                 taint = {
                     "key": names.TAINT_KEY,
-                    "value": d.policy,
+                    "value": taint_value(d.policy),
                     "effect": self.taint_effect,
                 }
                 spec["taints"] = [*taints, taint]
@@ -98,7 +118,11 @@ class Cordons:
                 node = read()
                 continue
             if self.condition:
-                self.set_condition(name, "True", d)
+                try:
+                    self.set_condition(name, "True", d)
+                except KubeError as exc:  # the cordon holds: say so, the undo lifts it
+                    log.warning("node %s: cordoned; condition not set: %s", name, exc)
+                    return True, f"cordoned; the {names.CONDITION_TYPE} condition: {exc}"
             return True, None
         raise KubeConflict(f"node {node['metadata']['name']} kept changing")
 
@@ -152,12 +176,22 @@ class Cordons:
             meta = node["metadata"]
             name = meta["name"]
             annotations = meta.get("annotations") or {}
-            if annotations.get(names.CORDONED_BY) != d.policy or annotations.get(
-                names.EPISODE
-            ) != episode(d):
+            marked = annotations.get(names.EPISODE)
+            lifted = not (node.get("spec") or {}).get("unschedulable")
+            if annotations.get(names.CORDONED_BY) != d.policy or not (
+                marked == episode(d)
+                or (not lifted and owns_cordon(node) and _older(marked, episode(d)))
+            ):
                 why = "not cordoned by gpuops in this episode: left as it is"
                 return Resumed(node=name, uncordoned=False, why=why)
-            lifted = not (node.get("spec") or {}).get("unschedulable")
+            if not lifted and not owns_cordon(node):  # uncordoned, then cordoned by someone
+                try:
+                    self.forget(node, cancelled=marked)
+                except KubeConflict:
+                    continue
+                why = "cordoned again by someone else: their cordon stays"
+                log.warning("node %s: %s", name, why)
+                return Resumed(node=name, uncordoned=False, why=why)
             try:
                 self.forget(node, cancelled=episode(d) if lifted else None, uncordon=True)
             except KubeConflict:
@@ -171,9 +205,35 @@ class Cordons:
         raise KubeConflict("the node kept changing")
 
 
+def owns_cordon(node: Mapping[str, Any]) -> bool:
+    """Whether gpuops' field manager owns the node's ``spec.unschedulable`` (its
+    ``managedFields``): a cordon someone else set again, even over gpuops' annotations
+    (``kubectl uncordon`` then ``kubectl cordon``), is theirs."""
+    for entry in (node.get("metadata") or {}).get("managedFields") or []:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:unschedulable" in spec:
+            return bool(entry.get("manager") == FIELD_MANAGER)
+    return False
+
+
+def _older(marked: str | None, mine: str) -> bool:
+    """Whether the episode ``marked`` began before ``mine`` (a cordon left by a migrate of an
+    earlier episode that failed after it)."""
+    try:
+        return marked is not None and float(marked) < float(mine)
+    except ValueError:
+        return False
+
+
+def taint_value(policy: str) -> str:
+    """The taint's value: the policy's name as a label value (at most 63 characters,
+    alphanumeric at both ends), which the API server requires of a taint value."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", policy)[:63].strip("-_.")
+
+
 def episode(d: Decision) -> str:
     """The episode a cordon belongs to (``gpuops.io/episode``): its start, epoch seconds."""
-    return f"{d.episode_start:.3f}"
+    return names.episode_mark(d.episode_start)
 
 
 def reason(d: Decision) -> str:

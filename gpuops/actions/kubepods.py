@@ -36,7 +36,8 @@ from gpuops.model.decisions import Decision
 
 log = logging.getLogger(__name__)
 
-KUEUE = ("kueue.x-k8s.io", "v1beta1", "workloads")
+KUEUE_GROUP = "kueue.x-k8s.io"
+WORKLOADS = "workloads"
 OWNERS: Mapping[str, tuple[str, str, str]] = {
     "ReplicaSet": ("apps", "v1", "replicasets"),
     "Deployment": ("apps", "v1", "deployments"),
@@ -167,12 +168,7 @@ def _to_zero(
         patch = {
             "metadata": {
                 "resourceVersion": obj["metadata"]["resourceVersion"],
-                "annotations": {
-                    names.PREVIOUS_REPLICAS: str(replicas),
-                    names.RECLAIMED_BY: d.policy,
-                    names.DECISION: d.id,
-                    names.AT: _now(),
-                },
+                "annotations": {names.PREVIOUS_REPLICAS: str(replicas), **_marks(d, key)},
             }
         }
         try:
@@ -187,47 +183,236 @@ def _to_zero(
 
 
 def _job(client: KubeClient, d: Decision, job: dict[str, Any], key: str, what: str) -> Reclaimed:
-    namespace, uid = job["metadata"]["namespace"], job["metadata"].get("uid")
-    stamp = {names.RECLAIMED_BY: d.policy, names.DECISION: d.id, names.AT: _now()}
-    try:
-        workloads = client.list_objects(*KUEUE, namespace)
-    except KubeNotFound:  # Kueue is not installed: no Workload manages the Job
-        workloads = []
-    for workload in workloads:
-        if any(o.get("uid") == uid for o in workload["metadata"].get("ownerReferences") or []):
-            wname = workload["metadata"]["name"]
-            if (workload.get("spec") or {}).get("active") is False:
-                return Reclaimed(
-                    pod=key, reclaimed=True, owner=f"Workload {namespace}/{wname}", already=True
-                )
-            client.patch(
-                *KUEUE,
-                namespace,
-                wname,
-                {
-                    "metadata": {
-                        "resourceVersion": workload["metadata"]["resourceVersion"],
-                        "annotations": stamp,
-                    },
-                    "spec": {"active": False},
-                },
-            )
-            return Reclaimed(pod=key, reclaimed=True, owner=f"Workload {namespace}/{wname}")
-    if (job.get("spec") or {}).get("suspend") is True:
-        return Reclaimed(pod=key, reclaimed=True, owner=what, already=True)
-    client.patch(
-        *OWNERS["Job"],
-        namespace,
-        job["metadata"]["name"],
-        {
-            "metadata": {
-                "resourceVersion": job["metadata"]["resourceVersion"],
-                "annotations": stamp,
-            },
-            "spec": {"suspend": True},
-        },
+    """Deactivate the Workload of a Job Kueue manages (its ``kueue.x-k8s.io/queue-name``), or
+    suspend a Job Kueue does not: a Kueue-managed Job is never suspended (Kueue owns it)."""
+    if kueue_managed(job):
+        return _deactivate(client, d, job, key, what)
+    where = (*OWNERS["Job"], job["metadata"]["namespace"], job["metadata"]["name"])
+    for attempt in range(CONFLICT_RETRIES):
+        if attempt:
+            job = client.get(*where)
+        if (job.get("spec") or {}).get("suspend") is True:
+            return Reclaimed(pod=key, reclaimed=True, owner=what, already=True)
+        try:
+            client.patch(*where, _stamped(d, job, key, {"suspend": True}))
+        except KubeConflict:
+            continue
+        return Reclaimed(pod=key, reclaimed=True, owner=what)
+    raise KubeConflict(f"{what} kept changing")
+
+
+def kueue_managed(job: Mapping[str, Any]) -> bool:
+    """A Job submitted to a Kueue queue (label, or the older annotation, ``queue-name``)."""
+    meta = job.get("metadata") or {}
+    return bool(
+        (meta.get("labels") or {}).get(names.KUEUE_QUEUE)
+        or (meta.get("annotations") or {}).get(names.KUEUE_QUEUE)
     )
-    return Reclaimed(pod=key, reclaimed=True, owner=what)
+
+
+def kueue_version(client: KubeClient, what: str) -> str:
+    """The version of ``kueue.x-k8s.io`` to call (discovery: v1beta2 where served, else the
+    preferred one); none served is a temporary error: the Job is not suspended instead."""
+    versions = client.served_versions(KUEUE_GROUP)
+    if not versions:
+        raise TemporaryError(
+            f"{what} is queued by Kueue ({names.KUEUE_QUEUE}) but the API server serves no "
+            f"{KUEUE_GROUP}: not suspended (Kueue owns suspend); tried again later"
+        )
+    return "v1beta2" if "v1beta2" in versions else versions[0]
+
+
+def _workload(
+    client: KubeClient, version: str, job: Mapping[str, Any], what: str
+) -> dict[str, Any]:
+    """The Workload Kueue made for ``job`` (label ``kueue.x-k8s.io/job-uid``, owned by it)."""
+    namespace, uid = job["metadata"]["namespace"], str(job["metadata"].get("uid") or "")
+    try:
+        found = client.list_objects(
+            KUEUE_GROUP, version, WORKLOADS, namespace, f"{names.KUEUE_JOB_UID}={uid}"
+        )
+    except KubeNotFound as exc:
+        raise TemporaryError(f"{what}: Kueue's Workloads cannot be listed now: {exc}") from exc
+    for workload in found:
+        if any(o.get("uid") == uid for o in workload["metadata"].get("ownerReferences") or []):
+            return workload
+    raise TemporaryError(f"{what} is queued by Kueue but has no Workload yet: tried again later")
+
+
+def _deactivate(
+    client: KubeClient, d: Decision, job: Mapping[str, Any], key: str, what: str
+) -> Reclaimed:
+    version = kueue_version(client, what)
+    for _ in range(CONFLICT_RETRIES):
+        workload = _workload(client, version, job, what)
+        wname = workload["metadata"]["name"]
+        owner = f"Workload {job['metadata']['namespace']}/{wname}"
+        if (workload.get("spec") or {}).get("active") is False:
+            return Reclaimed(pod=key, reclaimed=True, owner=owner, already=True)
+        try:
+            client.patch(
+                KUEUE_GROUP,
+                version,
+                WORKLOADS,
+                job["metadata"]["namespace"],
+                wname,
+                _stamped(d, workload, key, {"active": False}),
+            )
+        except KubeConflict:  # Kueue rewrites its Workloads often: read again
+            continue
+        return Reclaimed(pod=key, reclaimed=True, owner=owner)
+    raise KubeConflict(f"the Workload of {what} kept changing")
+
+
+def _stamped(
+    d: Decision, obj: Mapping[str, Any], key: str, spec: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A merge patch of ``spec`` with gpuops' reclaim marks (the undo's proof), conditional
+    on ``obj``'s ``resourceVersion``."""
+    return {
+        "metadata": {
+            "resourceVersion": obj["metadata"]["resourceVersion"],
+            "annotations": _marks(d, key),
+        },
+        "spec": dict(spec),
+    }
+
+
+def _marks(d: Decision, key: str) -> dict[str, str]:
+    return {
+        names.RECLAIMED_BY: d.policy,
+        names.RECLAIMED_POD: key.split("/", 1)[1],
+        names.DECISION: d.id,
+        names.EPISODE: names.episode_mark(d.episode_start),
+        names.AT: _now(),
+    }
+
+
+MARKS = (
+    names.RECLAIMED_BY,
+    names.RECLAIMED_POD,
+    names.PREVIOUS_REPLICAS,
+    names.DECISION,
+    names.EPISODE,
+    names.AT,
+)
+"""The annotations a reclaim writes and its undo removes."""
+
+
+class Restored(Result):
+    pod: str
+    restored: bool
+    owner: str | None = None
+    """What was scaled back, resumed or reactivated."""
+    replicas: int | None = None
+    why: str | None = None
+
+
+def restore(client: KubeClient, d: Decision, namespace: str, pod: str) -> Restored:
+    """The undo of ``reclaim``: the workload whose annotations say this policy reclaimed pod
+    ``pod`` of ``namespace`` in this episode (the pod itself is gone) is scaled back to its
+    previous replicas, its Job resumed, its Workload reactivated; nothing else is touched,
+    and a workload someone changed since (scaled up, resumed) keeps their change."""
+    key = f"{namespace}/{pod}"
+
+    def ours(obj: Mapping[str, Any]) -> bool:
+        a = obj["metadata"].get("annotations") or {}
+        return (
+            a.get(names.RECLAIMED_BY) == d.policy
+            and a.get(names.RECLAIMED_POD) == pod
+            and a.get(names.EPISODE) == names.episode_mark(d.episode_start)
+        )
+
+    for kind in ("Deployment", "StatefulSet"):
+        for obj in client.list_objects(*OWNERS[kind], namespace):
+            if ours(obj):
+                return _scale_back(client, kind, obj, key)
+    for obj in client.list_objects(*OWNERS["Job"], namespace):
+        if ours(obj):
+            done = _unmark(client, OWNERS["Job"], obj, {"suspend": False}, "suspend", True)
+            return Restored(pod=key, restored=done, owner=f"Job {namespace}/{_name(obj)}")
+    versions = client.served_versions(KUEUE_GROUP)
+    if versions:
+        version = "v1beta2" if "v1beta2" in versions else versions[0]
+        kueue = (KUEUE_GROUP, version, WORKLOADS)
+        for obj in client.list_objects(*kueue, namespace):
+            if ours(obj):
+                done = _unmark(client, kueue, obj, {"active": True}, "active", False)
+                return Restored(pod=key, restored=done, owner=f"Workload {namespace}/{_name(obj)}")
+    return Restored(
+        pod=key, restored=False, why="no workload marked as reclaimed by gpuops in this episode"
+    )
+
+
+def _scale_back(client: KubeClient, kind: str, obj: Any, key: str) -> Restored:
+    """Scale back to the previous replicas (first: a crash before the marks are removed
+    finds it done), then remove the marks; one scaled since by someone else keeps its scale."""
+    where = (*OWNERS[kind], obj["metadata"]["namespace"], obj["metadata"]["name"])
+    what = f"{kind} {where[3]}/{where[4]}"
+    for attempt in range(CONFLICT_RETRIES):
+        if attempt:
+            obj = client.get(*where)
+        previous = int((obj["metadata"].get("annotations") or {}).get(names.PREVIOUS_REPLICAS) or 0)
+        scale = client.scale(*where)
+        replicas = int(scale["spec"].get("replicas") or 0)
+        try:
+            if replicas == 0 and previous > 0:
+                scale["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+                scale["spec"]["replicas"] = previous
+                scaled = client.replace_scale(*where, scale)
+                obj["metadata"]["resourceVersion"] = scaled["metadata"]["resourceVersion"]
+            _forget(client, where[:3], obj)
+        except KubeConflict:
+            continue
+        if replicas != 0:
+            why = f"scaled to {replicas} by someone else since: left as it is"
+            return Restored(pod=key, restored=False, owner=what, replicas=replicas, why=why)
+        return Restored(pod=key, restored=True, owner=what, replicas=previous)
+    raise KubeConflict(f"{what} kept changing")
+
+
+def _unmark(
+    client: KubeClient,
+    kind: tuple[str, str, str],
+    obj: Any,
+    spec: Mapping[str, Any],
+    field: str,
+    reclaimed: bool,
+) -> bool:
+    """One patch: the marks removed and ``spec`` restored while ``field`` is still what the
+    reclaim set (``reclaimed``); otherwise the marks only. Whether ``spec`` was restored."""
+    where = (*kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+    for attempt in range(CONFLICT_RETRIES):
+        if attempt:
+            obj = client.get(*where)
+        still = (obj.get("spec") or {}).get(field) is reclaimed
+        try:
+            _forget(client, kind, obj, spec if still else None)
+        except KubeConflict:
+            continue
+        return still
+    raise KubeConflict(f"{where[2]} {where[3]}/{where[4]} kept changing")
+
+
+def _forget(
+    client: KubeClient,
+    kind: tuple[str, ...],
+    obj: Any,
+    spec: Mapping[str, Any] | None = None,
+) -> None:
+    patch: dict[str, Any] = {
+        "metadata": {
+            "resourceVersion": obj["metadata"]["resourceVersion"],
+            "annotations": dict.fromkeys(MARKS),
+        }
+    }
+    if spec is not None:
+        patch["spec"] = dict(spec)
+    client.patch(kind[0], kind[1], kind[2], obj["metadata"]["namespace"], _name(obj), patch)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
 
 
 def _controller(obj: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -19,7 +19,11 @@ and gpuops never undoes what it did not do:
 - ``reclaim`` (labels ``namespace`` + ``pod``, or ``node`` + ``uuid`` found through
   Prometheus): the pod's owner chain; a Deployment or StatefulSet scaled to zero through
   ``/scale`` (the replicas before kept in an annotation), a Job suspended, a Kueue Workload
-  deactivated (``spec.active=false``); a pod without owner left alone unless configured.
+  deactivated (``spec.active=false``) for a Job queued by Kueue (never suspended); a pod
+  without owner left alone unless configured.
+- ``restore_workload`` (labels ``namespace`` + ``pod``), the undo of ``reclaim``: the workload
+  whose annotations say this policy reclaimed that pod in this episode gets back its replicas,
+  its Job resumed, its Workload reactivated; one changed since by someone else is left as is.
 - ``scale_out`` / ``scale_in`` (label ``pool``): the ``/scale`` of the pool's configured
   resource, up to its maximum; scale-in takes back only replicas gpuops added.
 
@@ -31,6 +35,7 @@ the selector → ``PermanentError``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -41,9 +46,9 @@ from gpuops.actions.base import ExecutorError, PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable
-from gpuops.actions.kubedrain import Drainer, DrainSettings, node_unavailable
+from gpuops.actions.kubedrain import Drainer, DrainReport, DrainSettings, node_unavailable
 from gpuops.actions.kubenodes import Cordons, Resumed
-from gpuops.actions.kubepods import Reclaimed, pods_of_gpu, reclaim
+from gpuops.actions.kubepods import Reclaimed, Restored, pods_of_gpu, reclaim, restore
 from gpuops.actions.kubescale import PoolSettings, Scaled, scale_pool
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
@@ -55,6 +60,8 @@ from gpuops.integrations.kubernetes.client import (
     KubeForbidden,
     KubeNotFound,
     KubeRejected,
+    KubeTooManyRequests,
+    KubeUnauthorized,
     KubeUnavailable,
     check_name,
 )
@@ -64,6 +71,7 @@ from gpuops.model.guardrails import Standing
 from gpuops.model.verbs import (
     MIGRATE,
     RECLAIM,
+    RESTORE_WORKLOAD,
     RESUME,
     SCALE_IN,
     SCALE_OUT,
@@ -108,7 +116,9 @@ class KubernetesSettings(_Model):
     """A node or pod carrying this label (``key=value`` or ``key``) is never acted on."""
     taint: bool = False
     """Also taint a cordoned node (``gpuops.io/unhealthy``)."""
-    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule"] = "NoSchedule"
+    """Not ``NoExecute``: the taint manager would evict every pod, PodDisruptionBudgets
+    ignored, the node agent's DaemonSet included."""
     condition: bool = True
     """Set the ``GpuopsCordoned`` node condition while gpuops' cordon holds."""
     drain: DrainSettings = DrainSettings()
@@ -128,7 +138,11 @@ class KubernetesSettings(_Model):
                 "name the nodes gpuops may touch with a label selector "
                 "(e.g. nvidia.com/gpu.present=true): an empty one would select every node"
             )
-        Selector.parse(value)
+        if not any(op in ("=", "") for _, op, _ in Selector.parse(value).requirements):
+            raise ValueError(
+                f"{value!r} selects nodes only by what they lack (k!=v, !k): it would select "
+                "almost every node; name them with at least one key=value or key"
+            )
         return value
 
     @field_validator("veto")
@@ -174,6 +188,9 @@ class KubernetesExecutor:
         self._client = client
         self._drainer: Drainer | None = None
         self._cordons: Cordons | None = None
+        self._refused = False
+        """The last action got a 401: one more is permanent."""
+        self._build = threading.Lock()
         self._sleep = sleep
         self._clock = clock
 
@@ -181,17 +198,21 @@ class KubernetesExecutor:
     def client(self) -> KubeClient:
         """The API server's client, built at first use: a kubeconfig that cannot be loaded
         now (``KubeUnavailable``, naming the file) fails that action temporarily."""
-        if self._client is None:
-            s = self.settings
-            self._client = KubeClient(
-                kubeconfig=s.kubeconfig,
-                context=s.context,
-                in_cluster=s.in_cluster,
-                qps=s.qps,
-                burst=s.burst,
-                timeout_s=s.timeout_s,
-            )
-        return self._client
+        with self._build:  # lanes run in parallel: one client, one token bucket
+            if self._client is None:
+                self._client = self._new_client()
+            return self._client
+
+    def _new_client(self) -> KubeClient:
+        s = self.settings
+        return KubeClient(
+            kubeconfig=s.kubeconfig,
+            context=s.context,
+            in_cluster=s.in_cluster,
+            qps=s.qps,
+            burst=s.burst,
+            timeout_s=s.timeout_s,
+        )
 
     @property
     def cordons(self) -> Cordons:
@@ -204,21 +225,34 @@ class KubernetesExecutor:
     def drainer(self) -> Drainer:
         if self._drainer is None:
             self._drainer = Drainer(
-                self.client, self.settings.drain, sleep=self._sleep, clock=self._clock
+                self.client, self.settings.drain, self.veto, sleep=self._sleep, clock=self._clock
             )
         return self._drainer
 
     def run(self, decision: Decision) -> Result:
         try:
-            return DISPATCH.run(self, decision)
+            done = DISPATCH.run(self, decision)
+        except KubeUnauthorized as exc:
+            with self._build:  # built anew from the kubeconfig at the next call
+                self._client = self._cordons = self._drainer = None
+            if self._refused:  # refused again with fresh credentials: they are wrong
+                raise PermanentError(str(exc)) from exc
+            self._refused = True  # an exec plugin's token or certificate expired
+            raise TemporaryError(
+                f"{exc}; the client is built again with fresh credentials"
+            ) from exc
         except KubeUnavailable as exc:
             raise TemporaryError(str(exc)) from exc
+        except KubeTooManyRequests as exc:  # API Priority and Fairness: wait as it asks
+            raise TemporaryError(f"API server busy (429): {exc}", delay=exc.retry_after) from exc
         except KubeConflict as exc:
             raise TemporaryError(
                 f"still conflicting after {CONFLICT_RETRIES} re-reads: {exc}"
             ) from exc
         except (KubeForbidden, KubeRejected, KubeNotFound) as exc:
             raise PermanentError(str(exc)) from exc
+        self._refused = False
+        return done
 
     # --- what the gate asks --------------------------------------------------------------
 
@@ -242,7 +276,12 @@ class KubernetesExecutor:
         for found in self._pods_read(decision, node) if veto is None else []:
             if self.veto.matches(found["metadata"].get("labels") or {}):
                 veto = f"pod {_key(found)} is labelled {self.settings.veto}"
-        if not node or decision.action is None or decision.action.type != MIGRATE.name:
+        if (
+            not node
+            or labels.get("uuid")  # a GPU-level fault: its node is not cordoned
+            or decision.action is None
+            or decision.action.type != MIGRATE.name
+        ):
             return Standing(veto=veto)
         down = frozenset(
             n["metadata"]["name"]
@@ -290,24 +329,21 @@ class KubernetesExecutor:
         calls = self.client.calls
         node = self._node(d)
         name = node["metadata"]["name"]
-        cordoned, why = self.cordons.cordon(d, node, read=lambda: self._node(d))
         if d.target.labels.get("uuid"):  # a GPU-level fault: only the pods of that GPU
+            # not cordoned: the device plugin keeps new pods off the bad GPU, the node's
+            # other GPUs stay in service
             pods = self._pods_of_gpu(d, name)
             only = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
             report = self.drainer.drain(name, only=only, force=_force(d))
-        else:
+            return _migrated(name, False, "a GPU-level fault: not cordoned", report, calls, self)
+        cordoned, why = self.cordons.cordon(d, node, read=lambda: self._node(d))
+        try:
             report = self.drainer.drain(name, force=_force(d))
-        done = Migrated(
-            node=name,
-            cordoned=cordoned,
-            evicted=report.evicted,
-            deleted=report.deleted,
-            skipped=report.skipped,
-            held=report.held,
-            budgets=report.budgets,
-            api_calls=self.client.calls - calls,
-        )
-        return done.model_copy(update={"why": why}) if why else done
+        except (KubeError, ExecutorError) as exc:  # the cordon holds: the undo must lift it
+            log.warning("node %s: cordoned, then the drain failed: %s", name, exc)
+            failed = f"cordoned; the drain failed: {exc}"
+            return _migrated(name, cordoned, failed, DrainReport(), calls, self)
+        return _migrated(name, cordoned, why, report, calls, self)
 
     # --- workloads: reclaim --------------------------------------------------------------
 
@@ -347,6 +383,12 @@ class KubernetesExecutor:
             raise PermanentError(f"GPU {d.target.labels.get('uuid')} is held by pods: {held}")
         return reclaim(self.client, d, pods[0], self.veto, self.settings.reclaim.bare_pods)
 
+    def _restore_workload(self, d: Decision, _: NoParams) -> Restored:
+        namespace, pod = _label(d, "namespace"), _label(d, "pod")
+        check_name("namespace", namespace)
+        check_name("pod", pod)
+        return restore(self.client, d, namespace, pod)
+
     # --- capacity: scale_out / scale_in --------------------------------------------------
 
     def _scale_out(self, d: Decision, params: ScaleParams) -> Scaled:
@@ -354,6 +396,27 @@ class KubernetesExecutor:
 
     def _scale_in(self, d: Decision, params: ScaleParams) -> Scaled:
         return scale_pool(self.client, self.settings.pools, d, params, -1)
+
+
+def _migrated(
+    node: str,
+    cordoned: bool,
+    why: str | None,
+    report: DrainReport,
+    calls: int,
+    k: KubernetesExecutor,
+) -> Migrated:
+    done = Migrated(
+        node=node,
+        cordoned=cordoned,
+        evicted=report.evicted,
+        deleted=report.deleted,
+        skipped=report.skipped,
+        held=report.held,
+        budgets=report.budgets,
+        api_calls=k.client.calls - calls,
+    )
+    return done.model_copy(update={"why": why}) if why else done
 
 
 def _key(pod: Mapping[str, Any]) -> str:
@@ -381,6 +444,7 @@ DISPATCH: Dispatch[KubernetesExecutor, Result] = Dispatch(
         on(MIGRATE, KubernetesExecutor._migrate),
         on(RESUME, KubernetesExecutor._resume),
         on(RECLAIM, KubernetesExecutor._reclaim),
+        on(RESTORE_WORKLOAD, KubernetesExecutor._restore_workload),
         on(SCALE_OUT, KubernetesExecutor._scale_out),
         on(SCALE_IN, KubernetesExecutor._scale_in),
     ),

@@ -34,7 +34,9 @@ class PoolSettings(BaseModel):
     namespace: str
     name: str
     group: str = "cluster.x-k8s.io"
-    version: str = "v1beta1"
+    version: str = "v1beta2"
+    """The version the API server serves the resource at (Cluster API 1.11 and later store
+    ``v1beta2``; ``v1beta1`` is served only through its conversion webhook)."""
     plural: str = "machinedeployments"
     max_replicas: int = Field(ge=0)
     """Never scaled above this."""
@@ -70,7 +72,7 @@ def scale_pool(
     for _ in range(CONFLICT_RETRIES):
         obj = client.get(*where)
         annotations = obj["metadata"].get("annotations") or {}
-        added = int(annotations.get(names.SCALED_OUT) or 0)
+        added = max(0, int(annotations.get(names.SCALED_OUT) or 0))
         scale = client.scale(*where)
         replicas = int(scale["spec"].get("replicas") or 0)
         if annotations.get(names.DECISION) == d.id:  # ran before: finished if it was not
@@ -84,10 +86,10 @@ def scale_pool(
                 pool=pool_name, replicas=replicas, previous=before, scaled_out=added, already=True
             )
         if sign > 0:
-            step = min(params.nodes, pool.max_replicas - replicas)
+            step = max(0, min(params.nodes, pool.max_replicas - replicas))  # never down
             why = None if step > 0 else f"at its maximum ({pool.max_replicas} replicas)"
         else:
-            step = -min(params.nodes, added, replicas)
+            step = -max(0, min(params.nodes, added, replicas))  # never up
             why = None if step < 0 else "gpuops added no replica it has not taken back"
         if step == 0:
             return Scaled(

@@ -230,6 +230,14 @@ RECLAIM = Verb(
     labels=("uuid",),
     executors=frozenset({FLEET, SLURM, KUBERNETES}),
 )
+RESTORE_WORKLOAD = Verb(
+    "restore_workload",
+    NoParams,
+    "Give back what reclaim took on Kubernetes (previous replicas, Job resumed, Workload "
+    "reactivated), only while its marks say gpuops took it in this episode.",
+    labels=("namespace", "pod"),
+    executors=frozenset({KUBERNETES}),
+)
 PACK = Verb(
     "pack",
     NoParams,
@@ -363,6 +371,7 @@ def _table(verbs: Iterable[Verb[Any]]) -> Mapping[str, Verb[Any]]:
 VERBS: Mapping[str, Verb[Any]] = _table(
     (
         RECLAIM,
+        RESTORE_WORKLOAD,
         PACK,
         CONSOLIDATE,
         MIGRATE,

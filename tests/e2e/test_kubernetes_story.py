@@ -211,7 +211,8 @@ def test_idle_gpu_node_fault_and_queue_on_kubernetes(story: Story) -> None:
     outcome = story.outcome("migrate-off-not-ready-gpu-nodes")
     assert outcome is not None and outcome.status.value == "success"
     assert outcome.changed["held"] == [
-        "ml/serve-0: Cannot evict pod as it would violate the pod's disruption budget."
+        "ml/serve-0: Cannot evict pod as it would violate the pod's disruption budget. "
+        "(The disruption budget serve needs 1 healthy pods and has 1 currently)"
     ]
     assert outcome.changed["budgets"] == ["ml/serve (disruptionsAllowed 0)"]
     gpu1 = api.get("", "nodes", "gpu-1")

@@ -12,9 +12,13 @@ built-in groups, 415 for custom resources) and the ``/scale`` subresource (``aut
 Scale over ``spec.replicas``, PUT with a ``resourceVersion`` precondition). Every write bumps
 a cluster-wide ``resourceVersion``; a patch or PUT naming a stale one is a 409 Conflict.
 Bearer tokens: none or unknown is a 401, a call outside ``allowed`` (RBAC rules) a 403 with the
-API server's message. Not served: watches, JSON patch, server-side apply, field managers,
-admission, controllers (a Deployment's pods are not created; a PDB's status is what the test
-sets), generateName.
+API server's message. ``GET /apis`` is discovery; a version a group does not serve is a 404.
+Writes record ``metadata.managedFields`` (the ``fieldManager`` query, else the user agent) for
+``spec``, labels and annotations; a label or taint value that is no label value is a 422; an
+eviction of a Pending, finished or terminating pod ignores PodDisruptionBudgets. ``throttle``
+answers the next requests 429 with ``Retry-After`` (API Priority and Fairness). Not served:
+watches, JSON patch, server-side apply, admission, controllers (a Deployment's pods are not
+created; a PDB's status is what the test sets), generateName, CRD conversion webhooks.
 """
 
 from __future__ import annotations
@@ -32,9 +36,24 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 BUILT_IN_GROUPS = frozenset({"", "apps", "batch", "policy"})
-MERGE_KEYS: Mapping[str, str] = {"taints": "key", "conditions": "type"}
-"""The lists strategic merge patch merges by a key (Node ``spec.taints``, ``status.conditions``:
-``patchMergeKey`` in the API reference); every other list is replaced."""
+MERGE_KEYS: Mapping[str, str] = {"conditions": "type"}
+"""The lists strategic merge patch merges by a key (Node ``status.conditions``: ``patchMergeKey``
+in the API reference); every other list is replaced, ``spec.taints`` included (it has no
+``patchStrategy`` in k8s.io/api core/v1)."""
+SERVED: Mapping[str, tuple[str, ...]] = {
+    "apps": ("v1",),
+    "batch": ("v1",),
+    "policy": ("v1",),
+    "kueue.x-k8s.io": ("v1beta2",),
+    "cluster.x-k8s.io": ("v1beta2", "v1beta1"),
+}
+"""The versions each API group serves, the preferred first (Kueue 0.16 and later serve
+v1beta2; Cluster API serves v1beta1 through its conversion webhook)."""
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+"""``validation.IsValidLabelValue``: at most 63 characters, alphanumeric at both ends."""
+DEFAULT_MANAGER = "OpenAPI-Generator"
+"""The field manager of a write without ``fieldManager``: the client's user agent, cut at
+its first ``/`` (as kube-apiserver does)."""
 
 Key = tuple[str, str, str, str]
 """(group, plural, namespace, name); namespace ``""`` for cluster-scoped objects."""
@@ -62,11 +81,18 @@ class FakeApiServer:
     version: int = 100
     serves_only: set[str] | None = None
     """The API groups served (None: any): a group not served is a 404, as a CRD not installed."""
+    served: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(SERVED))
+    """The versions each group serves (discovery; any other version is a 404)."""
+    throttle: int = 0
+    """The next so many requests are answered 429 by API Priority and Fairness
+    (``Retry-After: 1``), as a busy API server sheds load."""
     before: Callable[[str, str], None] | None = None
     """Called with (method, path) before each request is served: a test's concurrent writer."""
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
+        self._manager = DEFAULT_MANAGER
+        """The field manager of the request being served."""
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -134,11 +160,24 @@ class FakeApiServer:
         with self._lock:
             return (group, plural, namespace, name) in self.objects
 
-    def edit(self, group: str, plural: str, name: str, namespace: str = "", **merge: Any) -> None:
-        """A change by someone else: ``merge`` merge-patched into the object."""
+    def edit(
+        self,
+        group: str,
+        plural: str,
+        name: str,
+        namespace: str = "",
+        *,
+        manager: str = "kubectl",
+        **merge: Any,
+    ) -> None:
+        """A change by someone else (field manager ``manager``: ``kubectl``, as ``kubectl
+        cordon``, ``uncordon`` or ``edit``): ``merge`` merge-patched into the object."""
         with self._lock:
             key = (group, plural, namespace, name)
-            self.objects[key] = _merge(self.objects[key], merge)
+            current = self.objects[key]
+            merged = _merge(current, merge)
+            _manage(merged, current, merge, manager)
+            self.objects[key] = merged
             self.objects[key]["metadata"]["resourceVersion"] = self._bump()
 
     def writes(self) -> list[Request]:
@@ -161,9 +200,24 @@ class FakeApiServer:
             self.requests.append(request)
             if self.before is not None:
                 self.before(method, parts.path)
+            headers = {}
             if h.headers.get("Authorization") != f"Bearer {self.token}":
                 code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
+            elif self.throttle > 0:
+                self.throttle -= 1
+                code, doc = (
+                    429,
+                    _status(
+                        429,
+                        "TooManyRequests",
+                        "Too many requests, please try again later.",
+                        {"retryAfterSeconds": 1},
+                    ),
+                )
+                headers["Retry-After"] = "1"
             else:
+                agent = (h.headers.get("User-Agent") or DEFAULT_MANAGER).split("/")[0]
+                self._manager = query.get("fieldManager") or agent
                 try:
                     code, doc = self._route(method, parts.path, query, body, content_type)
                 except _Failure as failure:
@@ -171,6 +225,8 @@ class FakeApiServer:
             request.status = code
         payload = json.dumps(doc).encode()
         h.send_response(code)
+        for name, value in headers.items():
+            h.send_header(name, value)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(payload)))
         h.end_headers()
@@ -181,13 +237,15 @@ class FakeApiServer:
     ) -> tuple[int, dict[str, Any]]:
         # path segments are percent-decoded one by one: an encoded "/" stays inside its name
         segments = [unquote(s) for s in path.strip("/").split("/")]
+        if segments == ["apis"] and method == "GET":
+            return 200, self._discovery()
         if segments[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", segments[2:]
         elif segments[:1] == ["apis"] and len(segments) >= 3:
             group, version, rest = segments[1], segments[2], segments[3:]
         else:
             raise _Failure(404, _status(404, "NotFound", "the server could not find the request"))
-        if self.serves_only is not None and group not in self.serves_only:
+        if group and (not self._serves(group) or version not in self.served.get(group, ())):
             raise _Failure(404, _status(404, "NotFound", "the server could not find the request"))
         namespace = ""
         if rest[:1] == ["namespaces"] and len(rest) >= 3:
@@ -223,6 +281,19 @@ class FakeApiServer:
         if method == "DELETE":
             return 200, self._delete(key)
         raise _Failure(405, _status(405, "MethodNotAllowed", "method not allowed"))
+
+    def _serves(self, group: str) -> bool:
+        return group in self.served and (self.serves_only is None or group in self.serves_only)
+
+    def _discovery(self) -> dict[str, Any]:
+        """``GET /apis``: an ``APIGroupList`` of the groups served."""
+        groups = []
+        for name, versions in sorted(self.served.items()):
+            if not self._serves(name):
+                continue
+            listed = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+            groups.append({"name": name, "versions": listed, "preferredVersion": listed[0]})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
     def _authorize(self, verb: str, group: str, resource: str, name: str, namespace: str) -> None:
         if self.allowed is None or (verb, group, resource) in self.allowed:
@@ -296,6 +367,8 @@ class FakeApiServer:
         else:
             patch = {k: v for k, v in patch.items() if k != "status"}
         merged = _merge(current, patch, strategic)
+        _validate(plural, name, merged)
+        _manage(merged, current, patch, self._manager)
         merged["metadata"]["resourceVersion"] = self._bump()
         merged["metadata"]["uid"] = current["metadata"]["uid"]
         self.objects[key] = merged
@@ -326,6 +399,9 @@ class FakeApiServer:
             raise _Failure(404, _not_found("pods", name, ""))
         if pod["metadata"].get("deletionTimestamp"):
             return 201, _status(201, "", "", status="Success")
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Pending"):
+            self._delete(key)  # canIgnorePDB: no budget counts a pod not running
+            return 201, _status(201, "", "", status="Success")
         labels = pod["metadata"].get("labels") or {}
         pdbs = [
             (k, obj)
@@ -343,8 +419,7 @@ class FakeApiServer:
                     "which the eviction subresource does not support.",
                 ),
             )
-        phase = (pod.get("status") or {}).get("phase")
-        if pdbs and phase not in ("Succeeded", "Failed", "Pending"):
+        if pdbs:
             pdb_key, pdb = pdbs[0]
             status = pdb.setdefault("status", {})
             if int(status.get("disruptionsAllowed") or 0) <= 0:
@@ -501,6 +576,109 @@ def _merge_list(current: list[Any], patch: Iterable[Any], key: str) -> list[Any]
             out.append(copy.deepcopy(item))
         else:
             out[index] = _merge(out[index], item, True)
+    return out
+
+
+# --- validation and field managers -----------------------------------------------------------
+
+
+def _validate(plural: str, name: str, obj: Mapping[str, Any]) -> None:
+    """422 for a label value or a node taint value that is no label value, as kube-apiserver's
+    validation (``IsValidLabelValue``) refuses it."""
+    found = [
+        (f"metadata.labels: {key}", value)
+        for key, value in ((obj.get("metadata") or {}).get("labels") or {}).items()
+    ]
+    if plural == "nodes":
+        taints = (obj.get("spec") or {}).get("taints") or []
+        found += [(f"spec.taints[{i}].value", t.get("value") or "") for i, t in enumerate(taints)]
+    for where, value in found:
+        if len(str(value)) > 63 or not LABEL_VALUE.fullmatch(str(value)):
+            kind = {"nodes": "Node", "pods": "Pod"}.get(plural, plural)
+            raise _Failure(
+                422,
+                _status(
+                    422,
+                    "Invalid",
+                    f'{kind} "{name}" is invalid: {where}: Invalid value: "{value}": a valid '
+                    "label must be an empty string or consist of alphanumeric characters, '-', "
+                    "'_' or '.', and must start and end with an alphanumeric character, at most "
+                    "63 characters",
+                    {"name": name, "kind": plural},
+                ),
+            )
+
+
+def _manage(
+    merged: dict[str, Any], current: Mapping[str, Any], patch: Mapping[str, Any], manager: str
+) -> None:
+    """``metadata.managedFields`` after an update by ``manager``: it owns every field the
+    update changed (taken from the others); a field removed is owned by no one."""
+    changed = {p for p in _leaves(merged) if _at(merged, p) != _at(current, p)}
+    removed = {p for p in _leaves(current) if _at(merged, p) is _MISSING}
+    owned: dict[str, set[tuple[str, ...]]] = {}
+    for entry in (current.get("metadata") or {}).get("managedFields") or []:
+        owned[entry["manager"]] = _paths(entry.get("fieldsV1") or {})
+    for paths in owned.values():
+        paths -= changed | removed
+    owned.setdefault(manager, set()).update(changed)
+    merged["metadata"]["managedFields"] = [
+        {
+            "manager": who,
+            "operation": "Update",
+            "apiVersion": str(merged.get("apiVersion") or "v1"),
+            "time": _now(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": _fields(paths),
+        }
+        for who, paths in sorted(owned.items())
+        if paths
+    ]
+
+
+_MISSING = object()
+
+
+def _leaves(obj: Mapping[str, Any]) -> set[tuple[str, ...]]:
+    """The fields managers own: ``spec``'s leaves (a list is one leaf), labels, annotations."""
+    out: set[tuple[str, ...]] = set()
+
+    def walk(value: Any, path: tuple[str, ...]) -> None:
+        if isinstance(value, Mapping) and value:
+            for k, v in value.items():
+                walk(v, (*path, str(k)))
+        else:
+            out.add(path)
+
+    walk(obj.get("spec") or {}, ("spec",))
+    meta = obj.get("metadata") or {}
+    for part in ("labels", "annotations"):
+        walk(meta.get(part) or {}, ("metadata", part))
+    return {p for p in out if len(p) > 1 and not (len(p) == 2 and p[0] == "metadata")}
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        if not isinstance(obj, Mapping) or part not in obj:
+            return _MISSING
+        obj = obj[part]
+    return obj
+
+
+def _paths(fields: Mapping[str, Any], path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    for k, v in fields.items():
+        here = (*path, k.removeprefix("f:"))
+        out |= _paths(v, here) if v else {here}
+    return out
+
+
+def _fields(paths: Iterable[tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(paths):
+        level = out
+        for part in path:
+            level = level.setdefault(f"f:{part}", {})
     return out
 
 

@@ -11,9 +11,11 @@ included) and only after ``check_name``: a name that is no Kubernetes name (``..
 
 - ``KubeUnavailable`` (try again): the API server does not answer, answers 5xx, or the
   kubeconfig cannot be read; the message names the address (or the file);
-- ``KubeForbidden`` (permanent): 401/403; the message names the RBAC verb and resource missing;
+- ``KubeForbidden`` (permanent): 403; the message names the RBAC verb and resource missing;
+  ``KubeUnauthorized`` (401): the credentials refused (the executor rebuilds the client once);
 - ``KubeConflict`` (409: re-read and retry), ``KubeTooManyRequests`` (429: an eviction a
-  PodDisruptionBudget refuses; the caller backs off), ``KubeNotFound`` (404),
+  PodDisruptionBudget refuses, with the cause naming it; or API Priority and Fairness, with
+  ``Retry-After``), ``KubeNotFound`` (404),
   ``KubeRejected`` (any other refusal, with the Status message).
 """
 
@@ -45,6 +47,10 @@ NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 """A DNS-1123 subdomain: what a node, pod or workload name may be (namespaces are stricter)."""
 NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
+FIELD_MANAGER = "gpuops"
+"""The ``fieldManager`` of every write: the node's ``managedFields`` then prove which fields
+gpuops set (its cordon is gpuops' only while ``spec.unschedulable`` is owned by it)."""
+
 CONFLICT_RETRIES = 5
 """How often a caller reads an object again after a 409 before it gives up (a temporary error)."""
 
@@ -68,8 +74,21 @@ class KubeConflict(KubeError):
     """409: the object changed since it was read (or already exists)."""
 
 
+class KubeUnauthorized(KubeForbidden):
+    """401: the credentials were refused (an expired exec-plugin token or certificate)."""
+
+
 class KubeTooManyRequests(KubeError):
-    """429: the API server refused for now (an eviction a PodDisruptionBudget does not allow)."""
+    """429: the API server refused for now: an eviction a PodDisruptionBudget does not allow
+    (``budget``: the cause's message naming it), or API Priority and Fairness shedding load
+    (``retry_after``: the seconds it asked to wait, from ``Retry-After`` or the Status)."""
+
+    def __init__(
+        self, message: str, retry_after: float | None = None, budget: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.budget = budget
 
 
 class KubeNotFound(KubeError):
@@ -91,18 +110,29 @@ def check_name(kind: str, value: str) -> str:
 
 def check_kubeconfig(path: str | None) -> str | None:
     """What is wrong with the kubeconfig at ``path`` (None: nothing, or none given): missing,
-    unreadable, or no current context (for ``gpuops rules check --config``)."""
+    unreadable, no current context, or no credentials once loaded (an exec plugin that failed:
+    the client only logs it) (for ``gpuops rules check --config``)."""
     if path is None:
         return None
     file = Path(path).expanduser()
     if not file.is_file():
         return f"kubeconfig {path} does not exist"
+    configuration = type.__call__(k8s.Configuration)
     try:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(file), client_configuration=type.__call__(k8s.Configuration)
+            config_file=str(file), client_configuration=configuration
         )
     except (OSError, ConfigException, ValueError, TypeError, yaml.YAMLError) as exc:
         return f"kubeconfig {path} cannot be read: {exc}"
+    if not (
+        any(configuration.api_key.values())  # "BearerToken" (or "authorization" before)
+        or configuration.cert_file
+        or configuration.username
+    ):
+        return (
+            f"kubeconfig {path} gives no credentials (no token, no client certificate): "
+            "its exec plugin or auth provider failed, or its user has none"
+        )
     return None
 
 
@@ -194,6 +224,22 @@ class KubeClient:
     def _plain(self, value: Any) -> Any:
         return self._api.sanitize_for_serialization(value)  # type: ignore[no-untyped-call]
 
+    def served_versions(self, group: str) -> tuple[str, ...]:
+        """The versions of API group ``group`` the API server serves, its preferred one first
+        (discovery, ``GET /apis``); empty when the group is not served (not installed)."""
+        answer = self._call(
+            "GET",
+            "apis",
+            "",
+            lambda: k8s.ApisApi(self._api).get_api_versions(_request_timeout=self.timeout_s),
+        )
+        for item in self._plain(answer).get("groups") or []:
+            if item.get("name") == group:
+                preferred = (item.get("preferredVersion") or {}).get("version")
+                versions = [str(v.get("version")) for v in item.get("versions") or []]
+                return tuple(sorted(versions, key=lambda v: v != preferred))
+        return ()
+
     # --- core/v1: nodes and pods ----------------------------------------------------------
 
     def nodes(self, selector: str) -> list[dict[str, Any]]:
@@ -215,7 +261,11 @@ class KubeClient:
             "nodes",
             "",
             lambda: self.core.patch_node(
-                name, dict(patch), _content_type=MERGE_PATCH, _request_timeout=self.timeout_s
+                name,
+                dict(patch),
+                field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.timeout_s,
             ),
         )
         return dict(self._plain(answer))
@@ -230,6 +280,7 @@ class KubeClient:
             lambda: self.core.patch_node_status(
                 name,
                 dict(patch),
+                field_manager=FIELD_MANAGER,
                 _content_type=STRATEGIC_MERGE_PATCH,
                 _request_timeout=self.timeout_s,
             ),
@@ -347,6 +398,7 @@ class KubeClient:
                 plural,
                 name,
                 dict(patch),
+                field_manager=FIELD_MANAGER,
                 _content_type=MERGE_PATCH,
                 _request_timeout=self.timeout_s,
             ),
@@ -389,6 +441,7 @@ class KubeClient:
                 plural,
                 name,
                 dict(scale),
+                field_manager=FIELD_MANAGER,
                 _request_timeout=self.timeout_s,
             ),
         )
@@ -403,7 +456,7 @@ def _mapped(exc: ApiException, method: str, resource: str, group: str, address: 
     if status == 0:
         return KubeUnavailable(f"API server {address} unreachable: {exc.reason}")
     if status == 401:
-        return KubeForbidden(
+        return KubeUnauthorized(
             f"API server {address} refused the credentials (401 Unauthorized): {message}"
         )
     if status == 403:
@@ -415,10 +468,41 @@ def _mapped(exc: ApiException, method: str, resource: str, group: str, address: 
     if status == 409:
         return KubeConflict(message)
     if status == 429:
-        return KubeTooManyRequests(message)
+        return KubeTooManyRequests(message, _retry_after(exc), _budget_cause(exc.body))
     if status >= 500:
         return KubeUnavailable(f"API server {address}: {status} {message}")
     return KubeRejected(f"{method} {where}: {status} {message}")
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    """The seconds a 429 asks to wait: its ``Retry-After`` header, or the Status's
+    ``details.retryAfterSeconds``; None when it says nothing."""
+    header = (exc.headers or {}).get("Retry-After")
+    try:
+        if header is not None:
+            return max(0.0, float(header))
+    except (TypeError, ValueError):
+        pass
+    seconds = _details(exc.body).get("retryAfterSeconds")
+    return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else None
+
+
+def _budget_cause(body: Any) -> str | None:
+    """The message of a ``DisruptionBudget`` cause (an eviction a PodDisruptionBudget holds):
+    ``The disruption budget <name> needs ...``; None for any other 429."""
+    for cause in _details(body).get("causes") or []:
+        if isinstance(cause, Mapping) and cause.get("reason") == "DisruptionBudget":
+            return str(cause.get("message") or "a PodDisruptionBudget")[:256]
+    return None
+
+
+def _details(body: Any) -> Mapping[str, Any]:
+    try:
+        document = json.loads(body) if body else {}
+    except (TypeError, ValueError):
+        return {}
+    details = document.get("details") if isinstance(document, Mapping) else None
+    return details if isinstance(details, Mapping) else {}
 
 
 def _status_message(body: Any) -> str:

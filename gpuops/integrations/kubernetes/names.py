@@ -52,6 +52,10 @@ RECLAIMED_BY = f"{PREFIX}/reclaimed-by"
 """Workload annotation (Deployment, StatefulSet, Job, Kueue Workload): the policy that scaled,
 suspended or deactivated it."""
 
+RECLAIMED_POD = f"{PREFIX}/reclaimed-pod"
+"""Workload annotation: the pod whose idle GPU the reclaim took (the undo finds the workload by
+it, the policy and the episode: the pod itself is gone)."""
+
 # --- capacity: scale_out / scale_in ----------------------------------------------------------
 
 SCALED_OUT = f"{PREFIX}/scaled-out"
@@ -66,6 +70,11 @@ VETO_VALUE = "true"
 DRAIN_MODE_LABEL = f"{PREFIX}/drain-mode"
 """Pod label choosing its drain mode (``immediate``, ``allow-completion``,
 ``delete-after-timeout``) over the configured ones."""
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+"""Job label (or older annotation): Kueue manages the Job; reclaim deactivates its Workload and
+never suspends the Job."""
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+"""Workload label: the uid of the Job Kueue made the Workload for."""
 MIRROR_POD = "kubernetes.io/config.mirror"
 """The annotation of a static (mirror) pod: never evicted."""
 
@@ -97,9 +106,9 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule("", ("pods/eviction",), ("create",), "drain through the Eviction API"),
     Rule("policy", ("poddisruptionbudgets",), ("list",), "name the PDBs that hold a drain"),
     Rule("apps", ("replicasets",), ("get",), "a pod's owner chain"),
-    Rule("apps", ("deployments", "statefulsets"), ("get", "patch"), "previous-replicas"),
+    Rule("apps", ("deployments", "statefulsets"), ("get", "list", "patch"), "previous-replicas"),
     Rule("apps", ("deployments/scale", "statefulsets/scale"), ("get", "update"), "reclaim"),
-    Rule("batch", ("jobs",), ("get", "patch"), "suspend a Job"),
+    Rule("batch", ("jobs",), ("get", "list", "patch"), "suspend a Job; its undo"),
     Rule("kueue.x-k8s.io", ("workloads",), ("list", "patch"), "spec.active=false"),
     Rule("cluster.x-k8s.io", ("machinedeployments",), ("get", "patch"), "scaled-out"),
     Rule("cluster.x-k8s.io", ("machinedeployments/scale",), ("get", "update"), "scale a pool"),
@@ -120,6 +129,11 @@ def rules_for_scalable(api_group: str, plural: str) -> tuple[Rule, ...]:
 def cluster_role_rules() -> list[dict[str, Any]]:
     """``RBAC_RULES`` as a ClusterRole's ``rules``."""
     return [rule.as_policy_rule() for rule in RBAC_RULES]
+
+
+def episode_mark(episode_start: float) -> str:
+    """The value of ``gpuops.io/episode``: the episode's start, epoch seconds."""
+    return f"{episode_start:.3f}"
 
 
 def verb_of(method: str) -> str:

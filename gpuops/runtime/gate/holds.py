@@ -135,7 +135,11 @@ class Holds:
         population = None
         unavailable = None if standing is None else standing.unavailable
         if policy.max_fraction is not None:
-            if standing is not None and standing.population is not None:
+            if (
+                policy.population is None  # the policy's own population wins
+                and standing is not None
+                and standing.population is not None
+            ):
                 population = standing.population
             else:
                 population = self._population(policy, decision)  # a query: before the lock

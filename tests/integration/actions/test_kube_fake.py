@@ -142,3 +142,63 @@ def test_no_token_401_and_rbac_403_as_the_api_server_words_them(api: FakeApiServ
 def test_an_encoded_slash_stays_in_its_name(api: FakeApiServer) -> None:
     answer = call(api, "GET", "/api/v1/nodes/gpu-1%2F..%2Fgpu-2")
     assert answer.status_code == 404 and answer.json()["details"]["name"] == "gpu-1/../gpu-2"
+
+
+def test_taints_are_replaced_whole_even_by_a_strategic_merge_patch(api: FakeApiServer) -> None:
+    """``spec.taints`` has no patch merge key: a strategic merge patch replaces the list."""
+    first = {"spec": {"taints": [{"key": "a", "value": "1", "effect": "NoSchedule"}]}}
+    call(api, "PATCH", "/api/v1/nodes/gpu-1", first, STRATEGIC)
+    second = {"spec": {"taints": [{"key": "b", "value": "2", "effect": "NoSchedule"}]}}
+    answer = call(api, "PATCH", "/api/v1/nodes/gpu-1", second, STRATEGIC).json()
+    assert [t["key"] for t in answer["spec"]["taints"]] == ["b"]
+
+
+def test_discovery_lists_the_served_versions_and_others_are_404(api: FakeApiServer) -> None:
+    groups = {g["name"]: g for g in call(api, "GET", "/apis").json()["groups"]}
+    assert groups["kueue.x-k8s.io"]["preferredVersion"]["version"] == "v1beta2"
+    served = call(api, "GET", "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads")
+    assert served.status_code == 200
+    for gone in ("v1beta1", "v0nonsense"):
+        path = f"/apis/kueue.x-k8s.io/{gone}/namespaces/ml/workloads"
+        assert call(api, "GET", path).status_code == 404
+    api.serves_only = {"", "apps"}
+    assert "kueue.x-k8s.io" not in {g["name"] for g in call(api, "GET", "/apis").json()["groups"]}
+
+
+def test_a_pod_not_running_is_evicted_whatever_its_budgets(api: FakeApiServer) -> None:
+    """``canIgnorePDB`` comes before the budgets are counted: a Pending pod with two PDBs goes."""
+    api.put("", "pods", pod("p", "gpu-1", labels={"app": "x"}, phase="Pending"))
+    api.put("policy", "poddisruptionbudgets", pdb("one", "x", allowed=0))
+    api.put("policy", "poddisruptionbudgets", pdb("two", "x", allowed=0))
+    evict = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}}
+    assert call(api, "POST", "/api/v1/namespaces/ml/pods/p/eviction", evict).status_code == 201
+    assert api.get("", "pods", "p", "ml")["metadata"]["deletionTimestamp"]
+
+
+def test_a_label_or_taint_value_that_is_no_label_value_is_422(api: FakeApiServer) -> None:
+    taint = {"spec": {"taints": [{"key": "k", "value": "ends-", "effect": "NoSchedule"}]}}
+    bad = call(api, "PATCH", "/api/v1/nodes/gpu-1", taint, MERGE)
+    assert bad.status_code == 422 and "spec.taints[0].value" in bad.json()["message"]
+    long = {"metadata": {"labels": {"k": "x" * 64}}}
+    assert call(api, "PATCH", "/api/v1/nodes/gpu-1", long, MERGE).status_code == 422
+    assert "taints" not in api.get("", "nodes", "gpu-1")["spec"]
+
+
+def test_managed_fields_follow_the_field_manager_that_changed_each_field(
+    api: FakeApiServer,
+) -> None:
+    def owner() -> list[str]:
+        fields = api.get("", "nodes", "gpu-1")["metadata"].get("managedFields") or []
+        return [
+            e["manager"] for e in fields if "f:unschedulable" in e["fieldsV1"].get("f:spec", {})
+        ]
+
+    cordon = {"spec": {"unschedulable": True}}
+    call(api, "PATCH", "/api/v1/nodes/gpu-1?fieldManager=gpuops", cordon, MERGE)
+    assert owner() == ["gpuops"]
+    call(api, "PATCH", "/api/v1/nodes/gpu-1?fieldManager=kubectl", cordon, MERGE)
+    assert owner() == ["gpuops"]  # unchanged: not taken
+    call(api, "PATCH", "/api/v1/nodes/gpu-1", {"spec": {"unschedulable": None}}, MERGE)
+    assert owner() == []
+    call(api, "PATCH", "/api/v1/nodes/gpu-1?fieldManager=kubectl", cordon, MERGE)
+    assert owner() == ["kubectl"]

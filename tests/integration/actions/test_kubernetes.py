@@ -93,7 +93,8 @@ def test_a_pdb_holds_a_pod_backoff_doubles_to_two_minutes_then_the_outcome_names
     done = k.run(decision("migrate", node="gpu-1"))
     assert sleeps.slept == [10, 20, 40, 80, 120, 120, 10]
     assert done["held"] == [
-        "ml/train-a: Cannot evict pod as it would violate the pod's disruption budget."
+        "ml/train-a: Cannot evict pod as it would violate the pod's disruption budget. "
+        "(The disruption budget train-pdb needs 1 healthy pods and has 1 currently)"
     ]
     assert done["budgets"] == ["ml/train-pdb (disruptionsAllowed 0)"]
     assert done["evicted"] == ["ml/serve-b"] and done["cordoned"] is True
@@ -214,13 +215,18 @@ def test_a_conflict_is_read_again_and_retried(api: FakeApiServer, tmp_path: Path
 def test_a_gpu_level_fault_evicts_only_the_pods_of_that_gpu(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
+    """The node is not cordoned (its other GPUs stay in service; the device plugin keeps new
+    pods off the bad one), so nothing is left for an undo the policy does not have."""
     k = executor(api, tmp_path)
     done = k.run(decision("migrate", node="gpu-1", uuid="GPU-7", namespace="ml", pod="train-a"))
-    assert done["cordoned"] is True and done["evicted"] == ["ml/train-a"]
-    assert _node(api)["spec"]["unschedulable"] is True
+    assert done["cordoned"] is False and done["evicted"] == ["ml/train-a"]
+    assert done["why"] == "a GPU-level fault: not cordoned"
+    assert "unschedulable" not in _node(api)["spec"]
+    assert not (_node(api)["metadata"].get("annotations") or {})
     assert not api.get("", "pods", "serve-b", "ml")["metadata"].get("deletionTimestamp")
     free = k.run(decision("migrate", did="d2", node="gpu-2", uuid="GPU-9", namespace="", pod=""))
-    assert free["cordoned"] is True and free["evicted"] == []
+    assert free["cordoned"] is False and free["evicted"] == []
+    assert "unschedulable" not in _node(api, "gpu-2")["spec"]
     with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
         k.run(
             decision("migrate", did="d3", node="gpu-1", uuid="GPU-8", namespace="ml", pod="other")
@@ -277,7 +283,12 @@ def test_reclaim_suspends_a_job_deactivates_a_kueue_workload_and_leaves_a_bare_p
         {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": "queued", "namespace": "ml", "uid": "uid-queued"},
+            "metadata": {
+                "name": "queued",
+                "namespace": "ml",
+                "uid": "uid-queued",
+                "labels": {names.KUEUE_QUEUE: "gpus"},
+            },
             "spec": {"suspend": False},
         },
     )
@@ -285,11 +296,12 @@ def test_reclaim_suspends_a_job_deactivates_a_kueue_workload_and_leaves_a_bare_p
         "kueue.x-k8s.io",
         "workloads",
         {
-            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "Workload",
             "metadata": {
                 "name": "job-queued-1",
                 "namespace": "ml",
+                "labels": {names.KUEUE_JOB_UID: "uid-queued"},
                 "ownerReferences": [
                     {
                         "apiVersion": "batch/v1",
@@ -320,6 +332,8 @@ def test_reclaim_suspends_a_job_deactivates_a_kueue_workload_and_leaves_a_bare_p
     assert reclaim("queued-1")["owner"] == "Workload ml/job-queued-1"
     assert api.get("kueue.x-k8s.io", "workloads", "job-queued-1", "ml")["spec"]["active"] is False
     assert api.get("batch", "jobs", "queued", "ml")["spec"]["suspend"] is False  # Kueue's
+    workloads = [r.path for r in api.requests if "workloads" in r.path]
+    assert workloads[0] == "/apis/kueue.x-k8s.io/v1beta2/namespaces/ml/workloads"
     assert reclaim("bare") == {
         "pod": "ml/bare",
         "reclaimed": False,
@@ -398,17 +412,29 @@ def test_rbac_refusals_name_the_verb_and_resource(api: FakeApiServer, tmp_path: 
         ("patch", "", "nodes/status"),
         ("list", "", "pods"),
     }
-    with pytest.raises(PermanentError, match=r"RBAC: gpuops needs verb 'create' on pods/eviction"):
-        executor(api, tmp_path).run(decision("migrate", node="gpu-1"))
+    k = executor(api, tmp_path)
+    done = k.run(decision("migrate", node="gpu-1"))  # cordoned: the outcome says the rest
+    assert done["cordoned"] is True
+    assert "the drain failed: RBAC: gpuops needs verb 'create' on pods/eviction" in done["why"]
+    api.allowed = {("list", "", "nodes")}
+    with pytest.raises(PermanentError, match=r"RBAC: gpuops needs verb 'patch' on nodes"):
+        k.run(decision("migrate", did="d2", node="gpu-2"))
 
 
 def test_bad_credentials_are_permanent_and_an_absent_server_temporary(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
+    """A 401 is first temporary (an exec plugin's credentials expired: the client is built
+    again from the kubeconfig), then permanent when the fresh credentials are refused too."""
     k = executor(api, tmp_path)
     api.token = "rotated"
+    with pytest.raises(TemporaryError, match=r"refused the credentials .*built again"):
+        k.run(decision("migrate", node="gpu-1"))
     with pytest.raises(PermanentError, match=r"refused the credentials \(401 Unauthorized\)"):
         k.run(decision("migrate", node="gpu-1"))
+    (tmp_path / "kubeconfig").write_text(api.kubeconfig("rotated"), encoding="utf-8")
+    undo = k.run(decision("resume", did="u", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo["uncordoned"] is False  # answered: the client was built again
     api.close()
     with pytest.raises(TemporaryError, match=f"API server {api.url} unreachable"):
         k.run(decision("migrate", node="gpu-1"))
@@ -491,6 +517,57 @@ def test_a_job_is_suspended_where_kueue_is_not_installed(
     done = k.run(decision("reclaim", node="gpu-2", uuid="GPU-1", namespace="ml", pod="sweep-1"))
     assert done["owner"] == "Job ml/sweep"
     assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is True
+    queued = {"name": "queued", "namespace": "ml", "labels": {names.KUEUE_QUEUE: "gpus"}}
+    api.put("batch", "jobs", {"kind": "Job", "metadata": queued, "spec": {"suspend": False}})
+    api.put("", "pods", pod("queued-1", "gpu-2", owner=("Job", "queued")))
+    with pytest.raises(TemporaryError, match="queued by Kueue .* serves no kueue.x-k8s.io"):
+        k.run(
+            decision("reclaim", did="q", node="gpu-2", uuid="GPU-1", namespace="ml", pod="queued-1")
+        )
+    assert api.get("batch", "jobs", "queued", "ml")["spec"]["suspend"] is False  # never
+
+
+def test_kueue_is_called_at_the_version_discovery_finds_and_its_job_never_suspended(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """An older Kueue serving only v1beta1: found through discovery; a Kueue Job whose
+    Workload does not exist yet is a temporary error, never a suspended Job."""
+    api.served["kueue.x-k8s.io"] = ("v1beta1",)
+    job = api.put(
+        "batch",
+        "jobs",
+        {
+            "kind": "Job",
+            "metadata": {"name": "q", "namespace": "ml", "labels": {names.KUEUE_QUEUE: "gpus"}},
+            "spec": {"suspend": False},
+        },
+    )
+    api.put("", "pods", pod("q-1", "gpu-2", owner=("Job", "q")))
+    k = executor(api, tmp_path)
+    d = decision("reclaim", did="r1", node="gpu-2", uuid="GPU-1", namespace="ml", pod="q-1")
+    with pytest.raises(TemporaryError, match="has no Workload yet"):
+        k.run(d)
+    owner = {"kind": "Job", "name": "q", "uid": job["metadata"]["uid"], "controller": True}
+    api.put(
+        "kueue.x-k8s.io",
+        "workloads",
+        {
+            "kind": "Workload",
+            "metadata": {
+                "name": "job-q",
+                "namespace": "ml",
+                "labels": {names.KUEUE_JOB_UID: job["metadata"]["uid"]},
+                "ownerReferences": [owner],
+            },
+            "spec": {"active": True},
+        },
+    )
+    assert k.run(d)["owner"] == "Workload ml/job-q"
+    assert api.get("kueue.x-k8s.io", "workloads", "job-q", "ml")["spec"]["active"] is False
+    assert api.get("batch", "jobs", "q", "ml")["spec"]["suspend"] is False
+    assert any(
+        r.path == "/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads" for r in api.requests
+    )
 
 
 class _Query(BaseHTTPRequestHandler):
@@ -625,3 +702,170 @@ def test_standing_counts_nodes_for_migrate_only_and_reads_the_pods_veto(
     assert vetoed.veto == "pod ml/train-a is labelled gpuops.io/do-not-touch=true"
     gone = k.standing(decision("reclaim", node="gpu-1", uuid="GPU-1", namespace="ml", pod="x"))
     assert gone.veto is None
+
+
+def test_scale_out_above_the_maximum_never_scales_down_nor_scale_in_up(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A pool someone grew past gpuops' maximum keeps its replicas; a scale-in whose mark
+    says gpuops added a negative count adds none."""
+    api.put("cluster.x-k8s.io", "machinedeployments", machinedeployment("gpu-a100", 6))
+    k = executor(api, tmp_path)
+    out = k.run(decision("scale_out", did="o1", params={"nodes": 1}, pool="a100"))
+    assert out["replicas"] == 6 and out["why"] == "at its maximum (4 replicas)"
+    api.edit(
+        "cluster.x-k8s.io",
+        "machinedeployments",
+        "gpu-a100",
+        "capi",
+        metadata={"annotations": {names.SCALED_OUT: "-2"}},
+    )
+    down = k.run(decision("scale_in", did="i1", params={"nodes": 1}, pool="a100"))
+    assert down["replicas"] == 6
+    md = api.get("cluster.x-k8s.io", "machinedeployments", "gpu-a100", "capi")
+    assert md["spec"]["replicas"] == 6
+    assert not [r for r in api.requests if r.method == "PUT"]
+
+
+def test_a_busy_api_server_is_a_temporary_error_waiting_as_it_asks(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """429 from API Priority and Fairness: on a LIST, a temporary error with its Retry-After;
+    inside a drain, waited for as it asks, not taken for a PodDisruptionBudget."""
+    k = executor(api, tmp_path)
+    api.throttle = 1
+    with pytest.raises(TemporaryError, match=r"API server busy \(429\)") as busy:
+        k.run(decision("migrate", node="gpu-1"))
+    assert busy.value.delay == 1.0
+    sleeps = Sleeps()
+    k = executor(api, tmp_path, sleeps)
+
+    def shed(method: str, path: str) -> None:
+        if path.endswith("/eviction") and not shed.done:  # type: ignore[attr-defined]
+            shed.done = True  # type: ignore[attr-defined]
+            api.throttle = 1
+
+    shed.done = False  # type: ignore[attr-defined]
+    api.before = shed
+    done = k.run(decision("migrate", did="m2", node="gpu-1"))
+    assert sorted(done["evicted"]) == ["ml/serve-b", "ml/train-a"]
+    assert sleeps.slept == [1.0] and done["budgets"] == []
+
+
+def test_a_vetoed_pod_is_not_evicted_by_a_drain(api: FakeApiServer, tmp_path: Path) -> None:
+    api.put(
+        "", "pods", pod("keep", "gpu-1", labels={names.VETO_LABEL: names.VETO_VALUE, "app": "x"})
+    )
+    done = executor(api, tmp_path).run(decision("migrate", node="gpu-1"))
+    assert "ml/keep (veto)" in done["skipped"]
+    assert "ml/keep" not in done["evicted"]
+    assert not api.get("", "pods", "keep", "ml")["metadata"].get("deletionTimestamp")
+
+
+def test_an_admins_cordon_over_gpuops_marks_is_never_lifted(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """gpuops cordons; an admin uncordons then cordons again for maintenance (kubectl leaves
+    gpuops' annotations): managedFields say the cordon is the admin's, so the undo removes
+    gpuops' marks only."""
+    k = executor(api, tmp_path)
+    k.run(decision("migrate", node="gpu-1"))
+    owners = [
+        e["manager"]
+        for e in _node(api)["metadata"]["managedFields"]
+        if "f:unschedulable" in e["fieldsV1"].get("f:spec", {})
+    ]
+    assert owners == ["gpuops"]
+    api.edit("", "nodes", "gpu-1", spec={"unschedulable": None})
+    api.edit("", "nodes", "gpu-1", spec={"unschedulable": True})
+    undo = k.run(decision("resume", did="u1", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo["uncordoned"] is False and "cordoned again by someone else" in undo["why"]
+    n = _node(api)
+    assert n["spec"]["unschedulable"] is True
+    assert names.CORDONED_BY not in (n["metadata"].get("annotations") or {})
+    again = k.run(decision("migrate", did="m2", episode=2000.0, node="gpu-1"))
+    assert again["cordoned"] is False and "before gpuops" in again["why"]
+
+
+def test_a_migrate_failing_after_its_cordon_leaks_no_cordon(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The drain fails after the cordon (the node's pods cannot be listed): the outcome says
+    so and counts as acted, so the policy's resume lifts the cordon; a cordon left by an
+    earlier episode is gpuops' still (its field manager owns it) and a later undo lifts it."""
+    api.allowed = {("list", "", "nodes"), ("patch", "", "nodes"), ("patch", "", "nodes/status")}
+    k = executor(api, tmp_path)
+    done = k.run(decision("migrate", node="gpu-1"))
+    assert done["cordoned"] is True and "the drain failed: RBAC" in done["why"]
+    api.allowed = None
+    later = k.run(
+        decision("resume", did="u2", transition=Transition.CLEAR, episode=3000.0, node="gpu-1")
+    )
+    assert later == {"node": "gpu-1", "uncordoned": True}
+    assert "unschedulable" not in _node(api)["spec"]
+
+
+def test_a_taint_value_is_a_label_value_whatever_the_policy_name(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    k = executor(api, tmp_path, taint=True)
+    done = k.run(decision("migrate", policy="gpu_fault." + "x" * 70 + "-", node="gpu-1"))
+    assert done["cordoned"] is True
+    (taint,) = _node(api)["spec"]["taints"]
+    assert len(taint["value"]) <= 63 and taint["value"][-1].isalnum()
+
+
+def test_reclaims_undo_gives_back_only_what_gpuops_took(api: FakeApiServer, tmp_path: Path) -> None:
+    """restore_workload: the Deployment back to its replicas, the Job resumed, the Kueue
+    Workload reactivated; a Deployment someone scaled since keeps their scale."""
+    api.put("apps", "deployments", deployment("train", 3))
+    api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
+    api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
+    api.put("batch", "jobs", {"kind": "Job", "metadata": {"name": "sweep", "namespace": "ml"}})
+    api.put("", "pods", pod("sweep-1", "gpu-2", owner=("Job", "sweep")))
+    k = executor(api, tmp_path)
+
+    def act(verb: str, name: str, did: str) -> dict:  # type: ignore[type-arg]
+        transition = Transition.FIRE if verb == "reclaim" else Transition.CLEAR
+        d = decision(
+            verb, did=did, policy="reclaim-idle", transition=transition, namespace="ml", pod=name
+        )
+        return dict(k.run(d))
+
+    assert act("reclaim", "train-6d4f-x", "r1")["reclaimed"] is True
+    assert act("reclaim", "sweep-1", "r2")["reclaimed"] is True
+    back = act("restore_workload", "train-6d4f-x", "u1")
+    assert back == {
+        "pod": "ml/train-6d4f-x",
+        "restored": True,
+        "owner": "Deployment ml/train",
+        "replicas": 3,
+    }
+    dep = api.get("apps", "deployments", "train", "ml")
+    assert dep["spec"]["replicas"] == 3
+    assert not any(a.startswith("gpuops.io/") for a in dep["metadata"].get("annotations") or {})
+    assert act("restore_workload", "train-6d4f-x", "u1")["restored"] is False  # nothing twice
+    assert act("restore_workload", "sweep-1", "u2")["restored"] is True
+    assert api.get("batch", "jobs", "sweep", "ml")["spec"]["suspend"] is False
+    act("reclaim", "train-6d4f-x", "r3")
+    api.edit("apps", "deployments", "train", "ml", spec={"replicas": 5})  # someone scaled it
+    left = act("restore_workload", "train-6d4f-x", "u3")
+    assert left["restored"] is False and left["replicas"] == 5
+    assert api.get("apps", "deployments", "train", "ml")["spec"]["replicas"] == 5
+
+
+def test_a_kubeconfig_whose_exec_plugin_fails_is_reported_before_the_engine_starts(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    from gpuops.integrations.kubernetes.client import check_kubeconfig
+
+    good = tmp_path / "good"
+    good.write_text(api.kubeconfig(), encoding="utf-8")
+    assert check_kubeconfig(str(good)) is None
+    config = json.loads(api.kubeconfig())
+    config["users"][0]["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "false"}
+    }
+    broken = tmp_path / "broken"
+    broken.write_text(json.dumps(config), encoding="utf-8")
+    assert "gives no credentials" in str(check_kubeconfig(str(broken)))

@@ -717,10 +717,11 @@ def test_max_fraction_counts_the_targets_already_out_whoever_took_them_out(
     world: World,
 ) -> None:
     """4 nodes, max_fraction 0.5 (2 allowed), 2 already cordoned by an admin: the executor
-    says so and the gate holds the evacuation that would take a third out."""
+    says so and the gate holds the evacuation that would take a third out. The policy's own
+    ``limits.population`` (4) wins over the executor's count (400 selected nodes)."""
     engine = world.engine(workers=1)
     world.log.standing = lambda decision: Standing(  # type: ignore[attr-defined]
-        unavailable=frozenset({"n3", "n4"}), population=4
+        unavailable=frozenset({"n3", "n4"}), population=400
     )
     world.prom.results["fleet"] = uuids(4)
     world.prom.results["down"] = uuids(1)
