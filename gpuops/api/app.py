@@ -25,7 +25,17 @@ from gpuops.api.context import ApiContext
 from gpuops.api.docs import mount_docs
 from gpuops.api.middleware import ApiMiddleware
 from gpuops.api.responses.engine import HealthOut, LeadershipOut, LeaseOut
-from gpuops.api.routes import alertmanager, audit, control, decisions, fleet, health, quota, rules
+from gpuops.api.routes import (
+    alertmanager,
+    audit,
+    batch,
+    control,
+    decisions,
+    fleet,
+    health,
+    quota,
+    rules,
+)
 from gpuops.api.schemas import InvalidRequestOut, ProblemOut, Responses, refusal
 from gpuops.api.tokens import TokenStore
 from gpuops.runtime import Engine
@@ -72,7 +82,7 @@ def create_app(
         | refusal(413, "The body is too large.")
         | refusal(422, "The request does not validate.", InvalidRequestOut)
     )
-    for module in (rules, decisions, quota, control, alertmanager, health, audit, fleet):
+    for module in (rules, decisions, quota, control, alertmanager, health, audit, fleet, batch):
         app.include_router(module.router, prefix=PREFIX, responses=errors)
     mount_docs(app, f"{PREFIX}/openapi.json", f"{PREFIX}/docs", f"{PREFIX}/redoc")
     if settings.console.enabled:

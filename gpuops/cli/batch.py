@@ -299,7 +299,7 @@ def run_cmd(
     """Run OPERATION_FILE: store it in the engine's state, then its waves, every step through
     the engine's gate (dry-run unless the operation says enforce: true). Exit 0 when it is
     done, 1 when it paused (the kill switch, pause, the failure threshold, no room)."""
-    operation = _operation(operation_file)
+    operation = _operation(operation_file.resolve())  # resumed from any folder
     inventory = _inventory(operation)
     fleet = _fleet(nodes_file, slurm, slurm_conf)
     with _engine(config_path) as engine:

@@ -1,0 +1,61 @@
+"""``/api/v1/batch``: operations and their nodes as stored, cancel, retry of a failed node,
+with the engine's permissions (reading: engine:read; cancel and retry: engine:control)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuops.model.batch.operation import FleetNode
+from gpuops.model.batch.opfile import parse_operation
+from tests.integration.api.harness import Harness
+
+OPERATION = """\
+operation: restart
+targets: {nodes: [n1, n2, n3]}
+quarantine: none
+step: {command: [sh, -c, 'test "$1" != n2', step, '{{ $labels.node }}']}
+canary: 1
+max_parallel: 2
+max_unavailable: 2
+failure_threshold: 2
+enforce: true
+"""
+
+
+class Fleet:
+    def nodes(self) -> list[FleetNode]:
+        return [FleetNode(f"n{i}", pool="p", gpus=8) for i in range(1, 5)]
+
+
+def test_batch_routes(api: Harness, tmp_path: Path) -> None:
+    runner = api.engine.batches
+    batch = runner.start(parse_operation(OPERATION, "op.yaml"), OPERATION, Fleet(), None)
+    runner.run(batch, Fleet())
+
+    listed = api.call("developer", "GET", "/api/v1/batch")
+    assert listed.status_code == 200
+    [one] = listed.json()
+    assert (one["id"], one["status"], one["why"]) == (batch, "done", "failed: n2")
+    nodes = {n["name"]: n for n in one["nodes"]}
+    assert nodes["n1"] == {
+        "name": "n1",
+        "status": "done",
+        "wave": 0,
+        "done": ["step"],
+        "error": "",
+        "was_out": False,
+    }
+    assert nodes["n2"]["status"] == "failed" and nodes["n2"]["error"].startswith("step: ")
+
+    assert api.call("developer", "POST", f"/api/v1/batch/{batch}/retry/n2").status_code == 403
+    retried = api.call("admin", "POST", f"/api/v1/batch/{batch}/retry/n2")
+    assert retried.status_code == 200 and retried.json()["status"] == "paused"
+    refused = api.call("admin", "POST", f"/api/v1/batch/{batch}/retry/n1")
+    assert refused.status_code == 409
+    assert "only a failed node is retried" in refused.text
+
+    cancelled = api.call("admin", "POST", f"/api/v1/batch/{batch}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert api.call("admin", "POST", f"/api/v1/batch/{batch}/cancel").status_code == 409
+    missing = api.call("developer", "GET", "/api/v1/batch/nope")
+    assert missing.status_code == 404 and "no batch operation 'nope'" in missing.text
