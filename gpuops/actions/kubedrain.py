@@ -20,6 +20,7 @@ deadline).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validato
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
     KubeClient,
+    KubeConflict,
     KubeNotFound,
     KubeTooManyRequests,
     KubeUnavailable,
@@ -75,8 +77,8 @@ class DrainSettings(_Model):
     mode: DrainMode = "immediate"
     """The drain mode of a pod no rule and no ``gpuops.io/drain-mode`` label names."""
     modes: tuple[ModeRule, ...] = ()
-    system_namespaces: frozenset[str] = Field(default=frozenset({"kube-system"}))
-    """Pods here are never evicted."""
+    system_namespaces: frozenset[str] = Field(default=frozenset({"kube-system", "gpuops"}))
+    """Pods here are never evicted (``gpuops``: the engine's own, deploy/kubernetes)."""
 
 
 def node_unavailable(node: Mapping[str, Any]) -> bool:
@@ -170,16 +172,24 @@ class Drainer:
         deadline = self.clock() + self.settings.timeout_s
         delay = self.settings.backoff_s
         held: dict[str, str] = {}
+        named: set[tuple[str, str]] = set()
+        """The PodDisruptionBudgets the 429s named, (namespace, name)."""
         while pending:
             busy = 0.0
             budgets = False
             for key, pod in list(pending.items()):
                 mode = self.mode(pod)
                 namespace, name = key.split("/", 1)
+                uid = pod["metadata"].get("uid")
                 if mode == "allow-completion" and self.clock() < deadline:
                     try:
-                        phase = (self.client.pod(namespace, name).get("status") or {}).get("phase")
+                        now_pod = self.client.pod(namespace, name)
                     except KubeNotFound:
+                        now_pod = {}
+                    phase = (now_pod.get("status") or {}).get("phase")
+                    if now_pod.get("metadata", {}).get("uid") != uid or (
+                        (now_pod.get("spec") or {}).get("nodeName") != node
+                    ):  # gone, or a new pod of that name elsewhere: not this drain's
                         phase = "Succeeded"
                     if phase in FINISHED:
                         del pending[key]
@@ -188,7 +198,12 @@ class Drainer:
                         held[key] = "allow-completion: still running"
                     continue
                 try:
-                    self.client.evict(namespace, name)
+                    self.client.evict(namespace, name, uid)
+                except KubeConflict:  # a new pod of that name (recreated): this one is gone
+                    del pending[key]
+                    held.pop(key, None)
+                    report.skipped.append(f"{key} (gone: recreated)")
+                    continue
                 except KubeTooManyRequests as exc:
                     if exc.budget is None:  # API Priority and Fairness: not a budget
                         busy = max(busy, exc.retry_after or self.settings.backoff_s)
@@ -196,6 +211,8 @@ class Drainer:
                     else:
                         budgets = True
                         held[key] = f"{exc} ({exc.budget})"
+                        if m := _BUDGET_NAMED.match(exc.budget):
+                            named.add((namespace, m.group(1)))
                     continue
                 except KubeUnavailable as exc:  # this pod's eviction failed (500): held
                     held[key] = str(exc)
@@ -223,14 +240,15 @@ class Drainer:
             if force or self.mode(pod) == "delete-after-timeout":
                 namespace, name = key.split("/", 1)
                 try:
-                    self.client.delete_pod(namespace, name)
-                except KubeNotFound:
-                    pass
+                    self.client.delete_pod(namespace, name, pod["metadata"].get("uid"))
+                except (KubeNotFound, KubeConflict):  # gone, or recreated: not deleted
+                    del pending[key]
+                    continue
                 del pending[key]
                 report.deleted.append(key)
         if pending:
             report.held = [f"{k}: {held.get(k, 'not evicted')}" for k in sorted(pending)]
-            report.budgets = self._budgets(pending)
+            report.budgets = self._budgets(pending, named)
             log.warning(
                 "drain of %s stopped at its deadline (%g s) with %d pods held: %s; "
                 "PodDisruptionBudgets: %s; the node stays cordoned",
@@ -242,13 +260,15 @@ class Drainer:
             )
         return report
 
-    def _budgets(self, pending: Mapping[str, Mapping[str, Any]]) -> list[str]:
-        """The PDBs whose selector matches a pod still held."""
+    def _budgets(
+        self, pending: Mapping[str, Mapping[str, Any]], named: set[tuple[str, str]]
+    ) -> list[str]:
+        """The PDBs a 429 named, or whose selector matches a pod still held."""
         budgets = []
         for namespace in sorted({k.split("/", 1)[0] for k in pending}):
             for pdb in self.client.list_objects("policy", "v1", "poddisruptionbudgets", namespace):
                 match = _pdb_selector(pdb)
-                if any(
+                if (namespace, pdb["metadata"]["name"]) in named or any(
                     k.startswith(f"{namespace}/")
                     and match.matches(p["metadata"].get("labels") or {})
                     for k, p in pending.items()
@@ -258,6 +278,10 @@ class Drainer:
                         f"{namespace}/{pdb['metadata']['name']} (disruptionsAllowed {allowed})"
                     )
         return budgets
+
+
+_BUDGET_NAMED = re.compile(r"The disruption budget (\S+) ")
+"""How kube-apiserver's ``DisruptionBudget`` cause names the PodDisruptionBudget."""
 
 
 def _pdb_selector(pdb: Mapping[str, Any]) -> Selector:

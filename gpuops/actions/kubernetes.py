@@ -262,6 +262,25 @@ class KubernetesExecutor:
         return str(decision.target.labels.get(self.settings.node_label) or "")
 
     def standing(self, decision: Decision) -> Standing:
+        """What ``_standing`` reads; for a node-level ``migrate`` (which ``max_fraction``
+        counts), an API server that cannot answer holds the action rather than letting it
+        pass uncounted."""
+        try:
+            return self._standing(decision)
+        except (KubeError, ExecutorError) as exc:
+            labels = decision.target.labels
+            if (
+                decision.action is not None
+                and decision.action.type == MIGRATE.name
+                and labels.get(self.settings.node_label)
+                and not labels.get("uuid")
+            ):
+                return Standing(
+                    veto=f"the nodes max_fraction counts cannot be read now, so not cordoned: {exc}"
+                )
+            raise
+
+    def _standing(self, decision: Decision) -> Standing:
         """The veto on the target's node or pods, and for ``migrate`` (a cordon takes a node
         out) the selected nodes already unschedulable or NotReady besides the target's, and
         how many are selected: asked by the gate."""
@@ -310,9 +329,10 @@ class KubernetesExecutor:
         return self._selected(_label(d, self.settings.node_label))
 
     def _selected(self, name: str) -> dict[str, Any]:
-        """Node ``name`` when ``node_selector`` selects it and it carries no veto."""
+        """Node ``name`` when ``node_selector`` selects it and it carries no veto (one LIST by
+        the selector and ``metadata.name``: that node alone comes back)."""
         check_name("node", name)
-        for node in self.client.nodes(self.settings.node_selector):
+        for node in self.client.nodes(self.settings.node_selector, name=name):
             if node["metadata"]["name"] == name:
                 if self.veto.matches(node["metadata"].get("labels") or {}):
                     raise PermanentError(f"node {name} is labelled {self.settings.veto}")

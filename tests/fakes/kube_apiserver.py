@@ -15,7 +15,9 @@ Bearer tokens: none or unknown is a 401, a call outside ``allowed`` (RBAC rules)
 API server's message. ``GET /apis`` is discovery; a version a group does not serve is a 404.
 Writes record ``metadata.managedFields`` (the ``fieldManager`` query, else the user agent) for
 ``spec``, labels and annotations; a label or taint value that is no label value is a 422; an
-eviction of a Pending, finished or terminating pod ignores PodDisruptionBudgets. ``throttle``
+eviction of a Pending, finished or terminating pod ignores PodDisruptionBudgets, and a PDB
+whose ``status.observedGeneration`` is behind its ``generation`` answers 429 (``retryAfterSeconds``
+10). ``throttle``
 answers the next requests 429 with ``Retry-After`` (API Priority and Fairness). Not served:
 watches, JSON patch, server-side apply, admission, controllers (a Deployment's pods are not
 created; a PDB's status is what the test sets), generateName, CRD conversion webhooks.
@@ -222,6 +224,9 @@ class FakeApiServer:
                     code, doc = self._route(method, parts.path, query, body, content_type)
                 except _Failure as failure:
                     code, doc = failure.code, failure.doc
+            after = (doc.get("details") or {}).get("retryAfterSeconds")
+            if after:  # as kube-apiserver's responsewriters write it
+                headers["Retry-After"] = str(after)
             request.status = code
         payload = json.dumps(doc).encode()
         h.send_response(code)
@@ -279,6 +284,7 @@ class FakeApiServer:
         if method == "PATCH":
             return 200, self._patch(key, json.loads(body), content_type, sub)
         if method == "DELETE":
+            _precondition(obj, json.loads(body or b"{}"))
             return 200, self._delete(key)
         raise _Failure(405, _status(405, "MethodNotAllowed", "method not allowed"))
 
@@ -397,6 +403,7 @@ class FakeApiServer:
         pod = self.objects.get(key)
         if pod is None:
             raise _Failure(404, _not_found("pods", name, ""))
+        _precondition(pod, body.get("deleteOptions") or {})
         if pod["metadata"].get("deletionTimestamp"):
             return 201, _status(201, "", "", status="Success")
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Pending"):
@@ -422,6 +429,26 @@ class FakeApiServer:
         if pdbs:
             pdb_key, pdb = pdbs[0]
             status = pdb.setdefault("status", {})
+            generation = int(pdb["metadata"].get("generation") or 0)
+            if int(status.get("observedGeneration") or generation) < generation:
+                raise _Failure(
+                    429,
+                    _status(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                        {
+                            "retryAfterSeconds": 10,
+                            "causes": [
+                                {
+                                    "reason": "DisruptionBudget",
+                                    "message": f"The disruption budget {pdb_key[3]} is still "
+                                    "being processed by the server.",
+                                }
+                            ],
+                        },
+                    ),
+                )
             if int(status.get("disruptionsAllowed") or 0) <= 0:
                 raise _Failure(
                     429,
@@ -580,6 +607,21 @@ def _merge_list(current: list[Any], patch: Iterable[Any], key: str) -> list[Any]
 
 
 # --- validation and field managers -----------------------------------------------------------
+
+
+def _precondition(obj: Mapping[str, Any], options: Mapping[str, Any]) -> None:
+    """409 when ``options.preconditions.uid`` names another object than ``obj``."""
+    uid = (options.get("preconditions") or {}).get("uid")
+    if uid is not None and uid != obj["metadata"]["uid"]:
+        raise _Failure(
+            409,
+            _status(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                f"{obj['metadata']['uid']}",
+            ),
+        )
 
 
 def _validate(plural: str, name: str, obj: Mapping[str, Any]) -> None:

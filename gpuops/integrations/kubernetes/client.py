@@ -199,6 +199,7 @@ class KubeClient:
         self.bucket = bucket or TokenBucket(qps, burst)
         self.calls = 0
         """API calls made (for the calls-per-decision count)."""
+        self._count = threading.Lock()
         api = k8s.ApiClient(configuration)
         self._api = api
         self.core = k8s.CoreV1Api(api)
@@ -211,7 +212,8 @@ class KubeClient:
 
     def _call(self, method: str, resource: str, group: str, fn: Callable[[], T]) -> T:
         self.bucket.take()
-        self.calls += 1
+        with self._count:
+            self.calls += 1
         try:
             return fn()
         except ApiException as exc:
@@ -242,13 +244,17 @@ class KubeClient:
 
     # --- core/v1: nodes and pods ----------------------------------------------------------
 
-    def nodes(self, selector: str) -> list[dict[str, Any]]:
-        """The nodes ``selector`` (a label selector) matches: one LIST."""
+    def nodes(self, selector: str, name: str | None = None) -> list[dict[str, Any]]:
+        """The nodes ``selector`` (a label selector) matches (only node ``name``, if given: field
+        selector ``metadata.name``): one LIST."""
+        fields = f"metadata.name={check_name('node', name)}" if name is not None else None
         answer = self._call(
             "LIST",
             "nodes",
             "",
-            lambda: self.core.list_node(label_selector=selector, _request_timeout=self.timeout_s),
+            lambda: self.core.list_node(
+                label_selector=selector, field_selector=fields, _request_timeout=self.timeout_s
+            ),
         )
         return list(self._plain(answer).get("items") or [])
 
@@ -311,14 +317,16 @@ class KubeClient:
         )
         return dict(self._plain(answer))
 
-    def evict(self, namespace: str, name: str) -> None:
-        """POST an ``policy/v1`` Eviction of the pod: a 429 when a PodDisruptionBudget holds it."""
+    def evict(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """POST an ``policy/v1`` Eviction of the pod: a 429 when a PodDisruptionBudget holds it;
+        with ``uid``, a 409 when the pod of that name is another one now (recreated)."""
         check_name("namespace", namespace)
         check_name("pod", name)
         body = k8s.V1Eviction(
             api_version="policy/v1",
             kind="Eviction",
             metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=_only(uid),
         )
         self._call(
             "POST",
@@ -329,7 +337,8 @@ class KubeClient:
             ),
         )
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """DELETE the pod (with ``uid``: only that pod, a 409 when it was recreated)."""
         check_name("namespace", namespace)
         check_name("pod", name)
         self._call(
@@ -337,7 +346,7 @@ class KubeClient:
             "pods",
             "",
             lambda: self.core.delete_namespaced_pod(
-                name, namespace, _request_timeout=self.timeout_s
+                name, namespace, body=_only(uid), _request_timeout=self.timeout_s
             ),
         )
 
@@ -445,6 +454,13 @@ class KubeClient:
                 _request_timeout=self.timeout_s,
             ),
         )
+
+
+def _only(uid: str | None) -> k8s.V1DeleteOptions | None:
+    """Delete options whose precondition is the pod's ``uid`` (None: no precondition)."""
+    if uid is None:
+        return None
+    return k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid))
 
 
 def _mapped(exc: ApiException, method: str, resource: str, group: str, address: str) -> KubeError:

@@ -202,3 +202,20 @@ def test_managed_fields_follow_the_field_manager_that_changed_each_field(
     assert owner() == []
     call(api, "PATCH", "/api/v1/nodes/gpu-1?fieldManager=kubectl", cordon, MERGE)
     assert owner() == ["kubectl"]
+
+
+def test_a_budget_not_yet_observed_is_429_with_retry_after(api: FakeApiServer) -> None:
+    api.put("", "pods", pod("a", "gpu-1", labels={"app": "x"}))
+    budget = pdb("one", "x", allowed=1)
+    budget["metadata"]["generation"] = 2
+    budget["status"]["observedGeneration"] = 1
+    api.put("policy", "poddisruptionbudgets", budget)
+    evict = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "a"}}
+    held = call(api, "POST", "/api/v1/namespaces/ml/pods/a/eviction", evict)
+    assert held.status_code == 429 and held.headers["Retry-After"] == "10"
+    assert "still being processed" in held.json()["details"]["causes"][0]["message"]
+    other = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "a"}}
+    other["deleteOptions"] = {"preconditions": {"uid": "not-its-uid"}}
+    api.edit("policy", "poddisruptionbudgets", "one", "ml", status={"observedGeneration": 2})
+    stale = call(api, "POST", "/api/v1/namespaces/ml/pods/a/eviction", other)
+    assert stale.status_code == 409 and "Precondition failed" in stale.json()["message"]

@@ -869,3 +869,43 @@ def test_a_kubeconfig_whose_exec_plugin_fails_is_reported_before_the_engine_star
     broken = tmp_path / "broken"
     broken.write_text(json.dumps(config), encoding="utf-8")
     assert "gives no credentials" in str(check_kubeconfig(str(broken)))
+
+
+def test_a_pod_recreated_under_its_name_is_neither_evicted_nor_deleted(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Evictions and deletes carry the pod's uid as a precondition: a StatefulSet pod
+    recreated under the same name (a 409) is not this drain's to evict."""
+
+    def recreate(method: str, path: str) -> None:
+        if method == "POST" and path.endswith("/pods/train-a/eviction"):
+            api.put("", "pods", pod("train-a", "gpu-2", labels={"app": "train"}))  # a new uid
+
+    api.before = recreate
+    done = executor(api, tmp_path).run(decision("migrate", node="gpu-1"))
+    assert "ml/train-a (gone: recreated)" in done["skipped"]
+    assert done["evicted"] == ["ml/serve-b"]
+    assert not api.get("", "pods", "train-a", "ml")["metadata"].get("deletionTimestamp")
+
+
+def test_standing_holds_a_node_migrate_when_the_nodes_cannot_be_read(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """max_fraction cannot count the nodes: the cordon waits (held as a veto saying why)."""
+    k = executor(api, tmp_path)
+    api.allowed = set()
+    held = k.standing(decision("migrate", node="gpu-1"))
+    assert held.veto is not None and "cannot be read now, so not cordoned" in held.veto
+
+
+def test_the_outcome_names_the_budget_the_api_server_named(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A set-based PDB selector (``In``) holds the pod: the 429's cause names it."""
+    budget = pdb("train-set", "train", allowed=0)
+    budget["spec"]["selector"] = {
+        "matchExpressions": [{"key": "app", "operator": "In", "values": ["train", "eval"]}]
+    }
+    api.put("policy", "poddisruptionbudgets", budget)
+    done = executor(api, tmp_path, drain={"timeout_s": 5}).run(decision("migrate", node="gpu-1"))
+    assert done["budgets"] == ["ml/train-set (disruptionsAllowed 0)"]
