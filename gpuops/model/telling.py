@@ -18,9 +18,11 @@ from typing import Any
 from gpuops.model.decisions import Outcome, OutcomeStatus, Suppression, Transition, Verdict
 
 
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """``1 attempt``, ``2 attempts`` (``nouns``: an irregular plural)."""
-    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
+def plural(n: float, noun: str, nouns: str | None = None) -> str:
+    """``1 attempt``, ``2 attempts``, ``0.5 GPUs`` (``nouns``: an irregular plural); a whole
+    float reads as an integer (``3.0`` as ``3``)."""
+    count = f"{int(n)}" if n == int(n) else f"{n:g}"
+    return f"{count} {noun if n == 1 else (nouns or noun + 's')}"
 
 
 # --- values --------------------------------------------------------------------------------
@@ -297,6 +299,12 @@ class State(StrEnum):
 
     WAITING = "waiting for approval"
     HELD = "held"
+    DENIED = "denied"
+    """An admin denied its approval: it never ran."""
+    EXPIRED = "expired"
+    """Nobody approved it in time: it never ran."""
+    CANCELLED = "cancelled"
+    """Its target cleared while it waited for approval: it never ran."""
     DRY_RUN = "dry run"
     RUNNING = "running"
     DONE = "done"
@@ -305,6 +313,14 @@ class State(StrEnum):
     UNDONE = "undone"
     RECORDED = "recorded"
     """A decision without an action (a clear with nothing to undo)."""
+
+
+_SETTLED = {
+    Suppression.DENIED: State.DENIED,
+    Suppression.APPROVAL_EXPIRED: State.EXPIRED,
+    Suppression.APPROVAL_CANCELLED: State.CANCELLED,
+}
+"""The states of a decision whose approval was settled without running it."""
 
 
 def state(
@@ -323,7 +339,7 @@ def state(
     if verdict is Verdict.DRY_RUN:
         return State.DRY_RUN
     if verdict.suppression is not None:
-        return State.HELD
+        return _SETTLED.get(verdict.suppression, State.HELD)
     if not has_action:
         return State.RECORDED
     if outcome is None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, FileSystemLoader
 
 from gpuops.api.console import actions, fleet, pages, signin
 from gpuops.api.console.sessions import SessionStore, SignInLimiter
-from gpuops.api.console.web import STATIC, TEMPLATES, Console
+from gpuops.api.console.web import STATIC, Console, environment
 from gpuops.api.context import ApiContext
 
 __all__ = ["mount_console"]
@@ -25,8 +24,7 @@ __all__ = ["mount_console"]
 def mount_console(app: FastAPI, context: ApiContext) -> Console:
     """Add the console's routes and its static files to ``app``."""
     settings = context.settings.console
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True)
-    templates = Jinja2Templates(env=env)
+    templates = Jinja2Templates(env=environment())
     console = Console(
         context=context,
         sessions=SessionStore(context.tokens, settings.session_ttl, context.engine.clock),

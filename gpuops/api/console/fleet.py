@@ -44,6 +44,9 @@ KIND_OF_STATE = {
     "failed": "failure",
     "held": "held",
     "waiting for approval": "held",
+    "denied": "held",
+    "expired": "held",
+    "cancelled": "held",
     "dry run": "dryrun",
 }
 """The class of a decision's marker on the charts (``mark-<kind>``) by its state; any other

@@ -23,10 +23,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader
 
 from gpuops.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
 from gpuops.api.context import ApiContext, NotLeaderError  # a write sent to a standby
 from gpuops.api.tokens import Permission, Principal
+from gpuops.model.telling import plural
 from gpuops.settings import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,14 @@ PAGES: tuple[tuple[str, str, Permission], ...] = (
     ("/audit", "Audit", Permission.AUDIT_READ),
 )
 """The navigation: path, title and the permission a page needs (the same as its API route)."""
+
+
+def environment() -> Environment:
+    """The templates' environment: autoescaped, with ``plural`` as a filter
+    (``{{ n | plural("policy", "policies") }}``: ``1 policy``, ``2 policies``)."""
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True)
+    env.filters["plural"] = plural
+    return env
 
 
 @dataclass(frozen=True)

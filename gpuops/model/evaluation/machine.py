@@ -27,6 +27,7 @@ from gpuops.model.decisions import (
 from gpuops.model.evaluation.state import Status, TargetState
 from gpuops.model.rules.model import Policy
 from gpuops.model.rules.templating import PLACEHOLDER
+from gpuops.model.telling import value_in_words
 
 
 def index_targets(policy: Policy, samples: Iterable[Sample]) -> dict[str, tuple[Target, Sample]]:
@@ -159,6 +160,8 @@ def decide(
     # undo only what was done: a fire held back, denied or awaiting approval has nothing to undo
     action = policy.action if fire else (policy.on_clear if state.acted else None)
     repeat = state.repeats
+    expr = (policy.expr or "") if fire else (policy.clear_expr or policy.expr or "")
+    told = "" if value is None or not policy.annotations else value_in_words(expr, value)
     return Decision(
         id=decision_id(policy.name, target.key, state.active_since, transition.value, repeat),
         policy=policy.name,
@@ -167,7 +170,7 @@ def decide(
         transition=transition,
         action=action,
         evidence=Evidence(
-            expr=(policy.expr or "") if fire else (policy.clear_expr or policy.expr or ""),
+            expr=expr,
             value=value,
             pending_since=state.active_since,
             observed_at=now,
@@ -178,7 +181,7 @@ def decide(
         mode=policy.mode,
         labels=policy.labels,
         annotations=MappingProxyType(  # ``freeze``: the dict is this one's
-            {k: render_annotation(v, target.labels, value) for k, v in policy.annotations.items()}
+            {k: render_annotation(v, target.labels, told) for k, v in policy.annotations.items()}
         ),
         reason=_reason(policy, transition, state, now),
     )
@@ -191,10 +194,12 @@ def _pieces(template: str) -> tuple[str, ...]:
     return tuple(PLACEHOLDER.split(template))
 
 
-def render_annotation(template: str, labels: Mapping[str, str], value: float | None) -> str:
+def render_annotation(template: str, labels: Mapping[str, str], value: str) -> str:
     """``gpuops.model.rules.templating.render(template, labels, value)``, the template cut
     once (``_pieces``), not matched again by a regular expression at every decision (each
-    decision renders its policy's annotations)."""
+    decision renders its policy's annotations). ``value``: the decision's value as words
+    (``gpuops.model.telling.value_in_words``: ``25%``, ``down``, ``36``; empty: no value), as
+    annotations are read by people; executor params keep the number."""
     pieces = _pieces(template)
     if len(pieces) == 1:
         return template
@@ -202,7 +207,7 @@ def render_annotation(template: str, labels: Mapping[str, str], value: float | N
     for n in range(1, len(pieces), 3):
         name = pieces[n + 1]
         if name is None:  # $value
-            out.append("" if value is None else f"{value:g}")
+            out.append(value)
         else:
             out.append(labels.get(name, ""))
         out.append(pieces[n + 2])

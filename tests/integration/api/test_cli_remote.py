@@ -152,3 +152,8 @@ def test_a_user_added_with_token_new_is_let_in_without_a_reload(api: Harness) ->
     listed = CliRunner().invoke(cli, ["decisions", "list", "--json"], env=env)
     assert listed.exit_code == 0, listed.output  # 401 until the file is read again
     assert json.loads(listed.stdout)["decisions"] == []
+    # the read is audited as the design says (docs/audit.md): counted under the new user's name
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_audit_reads_total{route="list_decisions",user="newcomer",via="api"} 1.0' in (
+        metrics
+    )

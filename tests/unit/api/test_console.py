@@ -10,10 +10,13 @@ import io
 from pathlib import Path
 from urllib.parse import unquote
 
+import pytest
+
 from gpuops.api.console.pages import _csv
 from gpuops.api.console.sessions import SessionStore, SignInLimiter
-from gpuops.api.console.web import grafana_link, kibana_link
+from gpuops.api.console.web import environment, grafana_link, kibana_link
 from gpuops.api.tokens import TokenStore
+from gpuops.model.telling import plural
 from gpuops.settings import ConsoleSettings
 from tests.builders import write_tokens
 
@@ -113,3 +116,33 @@ def test_the_sign_in_limiter_forgets_old_addresses() -> None:
     assert limiter.retry_after("192.0.2.1") is None
     limiter.failed("192.0.2.1")
     assert limiter.retry_after("192.0.2.1") == 60
+
+
+def test_the_pages_say_one_policy_one_error_and_one_gpu() -> None:
+    env = environment()
+    valid = env.get_template("validated.html").render(result={"ok": True, "policies": 1})
+    assert "Valid: 1 policy." in valid
+    invalid = env.get_template("validated.html").render(
+        result={"ok": False, "errors": [{"file": "a.yaml", "line": 3, "message": "bad"}]}
+    )
+    assert "1 error:" in invalid and "errors" not in invalid.split("1 error:")[0][-20:]
+    quota = env.get_template("quota.html").render(
+        settings={"max_gpus": 8},
+        active=[{"project": "p", "gpus": 1, "nodes": 1, "pool": "a", "ends_at": 0}],
+        projects=[{"name": "p", "base": 1, "granted": 1, "quota": 2, "usage": 1.0, "pending": 0}],
+        when=str,
+        duration=str,
+    )
+    assert "p: 1 GPU (1 node in pool a)" in quota
+    assert "1 GPUs" not in quota and "2 GPUs" in quota
+
+
+@pytest.mark.parametrize(
+    ("n", "noun", "nouns", "told"),
+    [(1, "policy", "policies", "1 policy"), (2, "policy", "policies", "2 policies")]
+    + [(1.0, "GPU", None, "1 GPU"), (0.5, "GPU", None, "0.5 GPUs"), (3.0, "GPU", None, "3 GPUs")],
+)
+def test_plural_counts_whole_floats_as_integers(
+    n: float, noun: str, nouns: str | None, told: str
+) -> None:
+    assert plural(n, noun, nouns) == told

@@ -1,6 +1,6 @@
 """A decision's annotations rendered from templates cut once
 (``gpuops.model.evaluation.machine.render_annotation``) read as ``render`` makes them: every
-placeholder, a missing label, no value."""
+placeholder, a missing label, no value; the value as the words it is given."""
 
 from __future__ import annotations
 
@@ -22,5 +22,6 @@ LABELS = {"node": "n-01", "uuid": "GPU-é/1"}
 def test_rendered_as_render_renders() -> None:
     for template in TEMPLATES:
         for value in (None, 0.0, 0.123456789, 1e-9, 12345678.0, float("nan")):
-            assert _render(template, LABELS, value) == render(template, LABELS, value), template
-    assert _render(TEMPLATES[3], LABELS, 0.5) == "GPU GPU-é/1 on n-01 idle at 0.5 ()"
+            told = "" if value is None else f"{value:g}"
+            assert _render(template, LABELS, told) == render(template, LABELS, value), template
+    assert _render(TEMPLATES[3], LABELS, "50%") == "GPU GPU-é/1 on n-01 idle at 50% ()"

@@ -185,6 +185,22 @@ def test_decisions_carry_action_evidence_and_rendered_annotations() -> None:
     assert "held for 60s" in fire.reason
 
 
+def test_a_summary_tells_its_value_as_what_it_is() -> None:
+    """``{{ $value }}`` in a summary reads as a person would say it: a utilization as a
+    percentage, a target that is down as ``down``, a count whole; never ``0.249809``."""
+    told = {
+        "avg_over_time(gpu_utilization_ratio[30m]) < 0.3": (0.24980943717528903, "at 25%"),
+        'up{job="gpu-nodes"} == 0': (0.0, "at down"),
+        "sum by (pool) (gpuops_queue_pending_jobs) > 10": (36.0, "at 36"),
+        "some_metric > 1": (1.23456789, "at 1.235"),
+    }
+    for expr, (value, words) in told.items():
+        policy = replace(POLICY, expr=expr, for_s=0)
+        [fire] = run_decisions(policy, [(0, QueryResult((s("a", value),)))])
+        assert fire.annotations["summary"] == f"GPU a {words}", expr
+        assert fire.evidence.value == value  # the number itself stays in the evidence
+
+
 def test_pending_and_firing_states_are_visible() -> None:
     step = evaluate(POLICY, A, PolicyState(), 0)
     assert step.state.targets["uuid=a"].status is Status.PENDING

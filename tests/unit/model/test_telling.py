@@ -161,6 +161,12 @@ def test_states_are_true() -> None:
         is State.HELD
     )
     assert state(Verdict.EXECUTE, has_action=True, started=True, outcome=None) is State.RUNNING
+    for verdict, settled in (
+        (Verdict.SUPPRESSED_DENIED, "denied"),
+        (Verdict.SUPPRESSED_APPROVAL_EXPIRED, "expired"),
+        (Verdict.SUPPRESSED_APPROVAL_CANCELLED, "cancelled"),
+    ):
+        assert state(verdict, has_action=True, started=False, outcome=None) == settled
     assert (
         state(Verdict.EXECUTE, has_action=True, started=False, outcome=ok, verb="migrate")
         is State.NO_EFFECT
