@@ -370,6 +370,25 @@ def cancel_cmd(batch_id: str, config_path: Path) -> None:
             raise click.ClickException(str(exc)) from None
 
 
+@batch.command("approve")
+@click.argument("batch_id")
+@_CONFIG
+@click.option("--user", default=None, help="Who approves (default: the user running this).")
+def approve_cmd(batch_id: str, config_path: Path, user: str | None) -> None:
+    """Let an operation that says approval: true run (audited with the approver); `resume`
+    runs it."""
+    import getpass
+
+    from gpuops.runtime.batch import BatchError
+
+    with _engine(config_path) as engine:
+        try:
+            engine.batches.approve(batch_id, user or getpass.getuser())
+        except BatchError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"batch {batch_id} approved: gpuops batch resume {batch_id}")
+
+
 @batch.command("retry")
 @click.argument("batch_id")
 @click.argument("node")

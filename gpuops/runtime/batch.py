@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class BatchStatus(StrEnum):
+    AWAITING_APPROVAL = "awaiting_approval"
+    """``approval: true``: nothing runs until a user with approvals:decide approves it."""
     RUNNING = "running"
     PAUSED = "paused"
     """Stopped by the kill switch, pause, the failure threshold or no room: ``resume``."""
@@ -218,6 +220,9 @@ class BatchRunner:
             created_at=now,
             order=[n.name for n in seen if matches(operation.targets, n)],
         )
+        if operation.approval:
+            rec.status = BatchStatus.AWAITING_APPROVAL.value
+            rec.why = "waits for an approval"
         for name in rec.order:
             node = next(n for n in seen if n.name == name)
             skipped = next((s for s in made.skipped if s.node == name), None)
@@ -403,6 +408,33 @@ class BatchRunner:
             self._save(rec)
         elif rec.status != BatchStatus.RUNNING:
             raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to resume")
+        return rec
+
+    def approve(self, batch_id: str, user: str) -> BatchRecord:
+        """Let an operation that waits for an approval run (its approver kept in ``why``
+        until it ends, and in the engine's log)."""
+        rec = self.record(batch_id)
+        if rec.status != BatchStatus.AWAITING_APPROVAL:
+            raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to approve")
+        rec.status, rec.why = BatchStatus.RUNNING.value, f"approved by {user}"
+        now = self._clock()
+        policy = f"batch/{rec.id}"
+        self._gate.record(  # audited: who let it run, under the operation's id
+            Decision(
+                id=decision_id(policy, "operation", rec.created_at, "approve"),
+                policy=policy,
+                group="batch",
+                target=Target(key=f"operation={rec.id}", labels={"operation": rec.id}),
+                transition=Transition.FIRE,
+                action=None,
+                evidence=Evidence(f"batch {rec.id}: approve", None, None, now),
+                at=now,
+                episode_start=rec.created_at,
+                reason=f"batch {rec.id} approved by {user}",
+            )
+        )
+        self._save(rec)
+        log.warning("batch %s approved by %s", batch_id, user)
         return rec
 
     def retry(self, batch_id: str, name: str) -> NodeRecord:

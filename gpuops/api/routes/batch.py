@@ -21,7 +21,9 @@ Ctx = Annotated[ApiContext, Depends(api_context)]
 Read = Annotated[Principal, Depends(require(Permission.ENGINE_READ))]
 Control = Annotated[Principal, Depends(require(Permission.ENGINE_CONTROL))]
 _UNKNOWN = refusal(404, "No such batch operation.")
-_CHANGED = _UNKNOWN | refusal(409, "Nothing to cancel, or the node did not fail.") | STANDBY
+_CHANGED = (
+    _UNKNOWN | refusal(409, "Nothing to cancel or approve, or the node did not fail.") | STANDBY
+)
 
 
 def _out(ctx: ApiContext, batch_id: str) -> BatchOut:
@@ -72,6 +74,22 @@ def cancel_batch(batch_id: str, ctx: Ctx, _: Control) -> BatchOut:
     ctx.engine.leadership.require()
     try:
         ctx.engine.batches.cancel(batch_id)
+    except BatchError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return _out(ctx, batch_id)
+
+
+@router.post("/batch/{batch_id}/approve", tags=["batch"], responses=_CHANGED)
+def approve_batch(
+    batch_id: str,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Permission.APPROVALS_DECIDE))],
+) -> BatchOut:
+    """Let an operation that says ``approval: true`` run (audited with the approver);
+    ``gpuops batch resume`` runs it."""
+    ctx.engine.leadership.require()
+    try:
+        ctx.engine.batches.approve(batch_id, principal.name)
     except BatchError as exc:
         raise HTTPException(409, str(exc)) from None
     return _out(ctx, batch_id)

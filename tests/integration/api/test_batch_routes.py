@@ -57,5 +57,24 @@ def test_batch_routes(api: Harness, tmp_path: Path) -> None:
     cancelled = api.call("admin", "POST", f"/api/v1/batch/{batch}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert api.call("admin", "POST", f"/api/v1/batch/{batch}/cancel").status_code == 409
+    waiting = runner.start(
+        parse_operation(OPERATION + "approval: true\n", "op.yaml"),
+        OPERATION,
+        Fleet(),
+        None,
+    )
+    assert api.call("developer", "GET", f"/api/v1/batch/{waiting}").json()["status"] == (
+        "awaiting_approval"
+    )
+    assert runner.run(waiting, Fleet()).status == "awaiting_approval"  # nothing ran
+    assert api.call("developer", "POST", f"/api/v1/batch/{waiting}/approve").status_code == 403
+    approved = api.call("admin", "POST", f"/api/v1/batch/{waiting}/approve")
+    assert approved.status_code == 200 and approved.json()["why"] == "approved by alice"
+    assert api.call("admin", "POST", f"/api/v1/batch/{waiting}/approve").status_code == 409
+    assert any(
+        d.policy == f"batch/{waiting}" and d.reason == f"batch {waiting} approved by alice"
+        for d, _ in api.decisions
+    )
+
     missing = api.call("developer", "GET", "/api/v1/batch/nope")
     assert missing.status_code == 404 and "no batch operation 'nope'" in missing.text
