@@ -17,7 +17,9 @@ Writes record ``metadata.managedFields`` (the ``fieldManager`` query, else the u
 ``spec``, labels and annotations; a label or taint value that is no label value is a 422; an
 eviction of a Pending, finished or terminating pod ignores PodDisruptionBudgets, and a PDB
 whose ``status.observedGeneration`` is behind its ``generation`` answers 429 (``retryAfterSeconds``
-10). ``throttle``
+10), an unready pod goes without using a disruption when the budget is met (or with
+``unhealthyPodEvictionPolicy: AlwaysAllow``), and an evicted pod gets the ``DisruptionTarget``
+condition. ``throttle``
 answers the next requests 429 with ``Retry-After`` (API Priority and Fairness). Not served:
 watches, JSON patch, server-side apply, admission, controllers (a Deployment's pods are not
 created; a PDB's status is what the test sets), generateName, CRD conversion webhooks.
@@ -380,8 +382,19 @@ class FakeApiServer:
         self.objects[key] = merged
         return copy.deepcopy(merged)
 
-    def _delete(self, key: Key) -> dict[str, Any]:
+    def _delete(self, key: Key, disrupted: bool = False) -> dict[str, Any]:
         obj = self.objects[key]
+        if disrupted:  # an eviction marks the pod first (the DisruptionTarget condition)
+            conditions = obj.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "EvictionByEvictionAPI",
+                    "message": "Eviction API: evicting",
+                    "lastTransitionTime": _now(),
+                }
+            )
         if key[1] == "pods":  # graceful: the kubelet would remove it; without one it stays
             if not obj["metadata"].get("deletionTimestamp"):
                 obj["metadata"]["deletionTimestamp"] = _now()
@@ -407,7 +420,7 @@ class FakeApiServer:
         if pod["metadata"].get("deletionTimestamp"):
             return 201, _status(201, "", "", status="Success")
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Pending"):
-            self._delete(key)  # canIgnorePDB: no budget counts a pod not running
+            self._delete(key, disrupted=True)  # canIgnorePDB: no budget counts it
             return 201, _status(201, "", "", status="Success")
         labels = pod["metadata"].get("labels") or {}
         pdbs = [
@@ -429,6 +442,14 @@ class FakeApiServer:
         if pdbs:
             pdb_key, pdb = pdbs[0]
             status = pdb.setdefault("status", {})
+            if not _ready(pod) and (
+                pdb["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+                or int(status.get("currentHealthy") or 0)
+                >= int(status.get("desiredHealthy") or 0)
+                > 0
+            ):  # an unready pod the budget does not count: evicted, nothing decremented
+                self._delete(key, disrupted=True)
+                return 201, _status(201, "", "", status="Success")
             generation = int(pdb["metadata"].get("generation") or 0)
             if int(status.get("observedGeneration") or generation) < generation:
                 raise _Failure(
@@ -470,7 +491,7 @@ class FakeApiServer:
                 )
             status["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1
             pdb["metadata"]["resourceVersion"] = self._bump()
-        self._delete(key)
+        self._delete(key, disrupted=True)
         return 201, _status(201, "", "", status="Success")
 
     def _scale(self, method: str, key: Key, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -607,6 +628,13 @@ def _merge_list(current: list[Any], patch: Iterable[Any], key: str) -> list[Any]
 
 
 # --- validation and field managers -----------------------------------------------------------
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True (none: not ready, as the disruption controller reads
+    it)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _precondition(obj: Mapping[str, Any], options: Mapping[str, Any]) -> None:

@@ -51,7 +51,10 @@ def pod(
         "kind": "Pod",
         "metadata": meta,
         "spec": {"nodeName": on, "containers": [{"name": "main", "image": "train:1"}]},
-        "status": {"phase": phase},
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}],
+        },
     }
 
 

@@ -219,3 +219,22 @@ def test_a_budget_not_yet_observed_is_429_with_retry_after(api: FakeApiServer) -
     api.edit("policy", "poddisruptionbudgets", "one", "ml", status={"observedGeneration": 2})
     stale = call(api, "POST", "/api/v1/namespaces/ml/pods/a/eviction", other)
     assert stale.status_code == 409 and "Precondition failed" in stale.json()["message"]
+
+
+def test_an_unready_pod_goes_when_its_budget_is_met_and_is_marked_disrupted(
+    api: FakeApiServer,
+) -> None:
+    unready = pod("u", "gpu-1", labels={"app": "x"})
+    unready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    api.put("", "pods", unready)
+    api.put("policy", "poddisruptionbudgets", pdb("one", "x", allowed=0))
+    evict = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "u"}}
+    assert call(api, "POST", "/api/v1/namespaces/ml/pods/u/eviction", evict).status_code == 201
+    gone = api.get("", "pods", "u", "ml")
+    assert [c["type"] for c in gone["status"]["conditions"]] == ["Ready", "DisruptionTarget"]
+    assert (
+        api.get("policy", "poddisruptionbudgets", "one", "ml")["status"]["disruptionsAllowed"] == 0
+    )
+    api.put("", "pods", pod("r", "gpu-1", labels={"app": "x"}))  # ready: held
+    ready = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "r"}}
+    assert call(api, "POST", "/api/v1/namespaces/ml/pods/r/eviction", ready).status_code == 429
