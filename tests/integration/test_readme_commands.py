@@ -114,6 +114,10 @@ NOT_RUN_PREFIXES = {
     "python -m tests.benchmarks": "a benchmark: minutes each, run by make bench",
     "docker compose": "needs Docker",
     "kubectl ": "needs a Kubernetes cluster (the manifests: tests/integration/deploy)",
+    "gpuops whatif --fleet examples/fleets/case-study.yaml --rules rules/gpu-efficiency.yaml "
+    "--rules rules/energy --rules rules/case-study --hours 24 --seeds 5": (
+        "five 24-hour what-ifs (~10 minutes); the same command for half an hour runs above"
+    ),
     "TZ=UTC sacct ": (
         "needs Slurm's accounting (tests/integration/slurm/test_slurm_accounting.py runs sacct)"
     ),

@@ -121,7 +121,7 @@ def _change_fmt(points: bool) -> Callable[[float | None], str]:
 
 
 def _line(label: str, off: str, on: str, change: str) -> str:
-    return f"  {label:<34}{off:>24}{on:>24}{change:>24}"
+    return f"  {label:<34}{off:>25} {on:>25} {change:>25}"
 
 
 def table(runs: Sequence[Whatif]) -> str:
