@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, SkippedEvaluation, Verdict
+from gpuops.model.telling import effect, state
 
 ECS_VERSION = "9.4.0"
 _EXECUTE = Verdict.EXECUTE.value
@@ -140,6 +141,24 @@ def outcome_fields(verdict: str, outcome: Outcome | None) -> tuple[str, str, boo
     return outcome_status._value_, "unknown", False
 
 
+def outcome_told(decision: Decision, outcome: Outcome) -> tuple[str, str]:
+    """An outcome in words for ``gpuops.outcome``: where the decision stands (``done``,
+    ``no effect`` for an action that ran and changed nothing its verb promises — a migrate
+    that moved no job, a scale-in that powered nothing down —, ``failed``, ``held``) and what
+    its action changed (empty when it did not succeed: ``error.message`` says why).
+    ``event.outcome`` stays ECS's ``success``, ``failure`` or ``unknown``."""
+    verb = decision.action.type if decision.action is not None else None
+    told = effect(verb, outcome.changed)
+    stands = state(
+        Verdict(decision.verdict),
+        has_action=decision.action is not None,
+        started=False,
+        outcome=outcome,
+        verb=verb,
+    )
+    return stands.value, told.text if outcome.ok else ""
+
+
 def decision_message(
     decision: Decision,
     labels: Mapping[str, str],
@@ -237,6 +256,10 @@ def decision_document(
             "attempts": outcome.attempts,
             "changed": _plain(outcome.changed),
         }
+        stands, told = outcome_told(decision, outcome)
+        gpuops["outcome"]["state"] = stands
+        if told:
+            gpuops["outcome"]["effect"] = told
         if outcome.error:
             doc["error"] = {"message": outcome.error}
     doc["gpuops"] = gpuops

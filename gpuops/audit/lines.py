@@ -32,6 +32,7 @@ from gpuops.audit.documents import (
     decision_document,
     iso_json,
     outcome_fields,
+    outcome_told,
     stream_of,
 )
 from gpuops.model.decisions import ActionSpec, Decision, Outcome
@@ -245,8 +246,15 @@ def _decision_entry(
         + _dumps(outcome.attempts)
         + b',"changed":'
         + _dumps(_plain(outcome.changed))
+        + _told(decision, outcome)
         + b"}",
     )
+
+
+def _told(decision: Decision, outcome: Outcome) -> bytes:
+    """``gpuops.outcome``'s ``state`` and ``effect`` (``outcome_told``) as JSON members."""
+    stands, told = outcome_told(decision, outcome)
+    return b',"state":' + _dumps(stands) + (b',"effect":' + _dumps(told) if told else b"")
 
 
 @functools.lru_cache(maxsize=4096)

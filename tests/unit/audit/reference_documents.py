@@ -17,6 +17,7 @@ from gpuops.audit.documents import (
     iso,
 )
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Verdict
+from gpuops.model.telling import effect, state
 
 
 def _base(dataset: str, namespace: str, at: float, now: float) -> dict[str, Any]:
@@ -105,6 +106,16 @@ def decision_document(
             "attempts": outcome.attempts,
             "changed": _plain(outcome.changed),
         }
+        verb = decision.action.type if decision.action is not None else None
+        gpuops["outcome"]["state"] = state(
+            Verdict(decision.verdict),
+            has_action=decision.action is not None,
+            started=False,
+            outcome=outcome,
+            verb=verb,
+        ).value
+        if outcome.ok:
+            gpuops["outcome"]["effect"] = effect(verb, outcome.changed).text
         if outcome.error:
             doc["error"] = {"message": outcome.error}
     doc["gpuops"] = gpuops

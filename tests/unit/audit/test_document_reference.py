@@ -60,6 +60,9 @@ OUTCOMES: dict[str, Outcome | None] = {
     "failure": Outcome(OutcomeStatus.FAILURE, 3, 2.0, "HTTP 503"),
     "skipped": Outcome(OutcomeStatus.SKIPPED, 0, math.inf),
     "success, nothing changed": Outcome(OutcomeStatus.SUCCESS, 1, 0.0),
+    "success, no job moved": Outcome(
+        OutcomeStatus.SUCCESS, 1, 0.1, None, {"node": "n1", "moved": [], "requeued": ["j-1"]}
+    ),
 }
 
 

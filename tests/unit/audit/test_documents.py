@@ -57,6 +57,15 @@ SHAPES: dict[str, dict[str, Any]] = {
         "default",
         NOW,
     ),
+    "decision without effect": decision_document(
+        make_decision(action="migrate"),
+        Outcome(
+            OutcomeStatus.SUCCESS, 1, 0.5, None, {"node": "n1", "moved": [], "requeued": ["j"]}
+        ),
+        "h",
+        "default",
+        NOW,
+    ),
     "decision failed": decision_document(
         make_decision(), Outcome(OutcomeStatus.FAILURE, 3, 2.0, "HTTP 503"), "h", "default", NOW
     ),
@@ -163,11 +172,28 @@ def test_decision_fields_say_what_why_and_how_it_went() -> None:
     assert doc["rule"] == {"name": "reclaim-idle-gpus", "ruleset": "gpu-efficiency"}
     assert doc["labels"] == {"node": "n1", "uuid": "GPU-1"}
     assert doc["gpuops"]["target"]["key"] == "node=n1,uuid=GPU-1"
-    assert doc["gpuops"]["outcome"] == {"status": "failure", "attempts": 3, "changed": {}}
+    assert doc["gpuops"]["outcome"] == {
+        "status": "failure",
+        "attempts": 3,
+        "changed": {},
+        "state": "failed",
+    }  # what failed is in error.message, not an effect
     assert doc["message"] == (
         "reclaim-idle-gpus fire on node=n1, uuid=GPU-1: execute, failure: HTTP 503"
     )
     assert stream_of(doc) == "logs-gpuops.decision-default"
+
+
+def test_an_action_that_changed_nothing_its_verb_promises_says_so() -> None:
+    """A migrate that moved no job ran (ECS: a change, ``success``) but is ``no effect``."""
+    doc = SHAPES["decision without effect"]
+    assert doc["event"]["outcome"] == "success" and doc["event"]["type"] == ["change"]
+    assert doc["gpuops"]["outcome"]["state"] == "no effect"
+    assert (
+        doc["gpuops"]["outcome"]["effect"] == "n1 drained; j requeued: no free node; no job moved"
+    )
+    done = SHAPES["decision executed ok"]["gpuops"]["outcome"]
+    assert (done["state"], done["effect"]) == ("done", "released: GPU-1")
 
 
 def test_not_executed_decisions_have_unknown_outcome_and_their_reason() -> None:
