@@ -54,6 +54,7 @@ from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
     CONFLICT_RETRIES,
+    NAME_RE,
     KubeClient,
     KubeConflict,
     KubeError,
@@ -286,7 +287,18 @@ class KubernetesExecutor:
         how many are selected: asked by the gate."""
         labels = decision.target.labels
         node = labels.get(self.settings.node_label)
-        nodes = self.client.nodes(self.settings.node_selector) if node else []
+        counted = bool(
+            node
+            and not labels.get("uuid")  # a GPU-level fault: its node is not cordoned
+            and decision.action is not None
+            and decision.action.type == MIGRATE.name
+        )
+        if counted:  # every selected node: max_fraction counts them
+            nodes = self.client.nodes(self.settings.node_selector)
+        elif node and NAME_RE.fullmatch(node):  # the target's node alone
+            nodes = self.client.nodes(self.settings.node_selector, name=node)
+        else:  # none, or no node name: the run refuses it
+            nodes = []
         veto = None
         for item in nodes:
             meta = item["metadata"]
@@ -295,12 +307,7 @@ class KubernetesExecutor:
         for found in self._pods_read(decision, node) if veto is None else []:
             if self.veto.matches(found["metadata"].get("labels") or {}):
                 veto = f"pod {_key(found)} is labelled {self.settings.veto}"
-        if (
-            not node
-            or labels.get("uuid")  # a GPU-level fault: its node is not cordoned
-            or decision.action is None
-            or decision.action.type != MIGRATE.name
-        ):
+        if not counted:
             return Standing(veto=veto)
         down = frozenset(
             n["metadata"]["name"]
