@@ -68,6 +68,13 @@ class BatchError(ValueError):
     """A batch request that cannot be done (an unknown operation or node, a bad state)."""
 
 
+class Executors(Protocol):
+    """What the runner asks of the executor registry (``gpuops.actions.registry``)."""
+
+    def names(self) -> list[str]: ...
+    def verbs(self, name: str) -> frozenset[str] | None: ...
+
+
 class FleetView(Protocol):
     """The fleet as it is now (Slurm, Kubernetes, a nodes file)."""
 
@@ -162,8 +169,11 @@ class BatchRunner:
         gate: Gate,
         clock: Callable[[], float],
         stopped: Callable[[], str | None],
+        registry: Executors | None = None,
     ) -> None:
-        """``stopped``: why no step may start now (the kill switch, pause), or None."""
+        """``stopped``: why no step may start now (the kill switch, pause), or None;
+        ``registry``: the executors, to refuse a ``quarantine`` that cannot drain and return."""
+        self._registry = registry
         self._store = store
         self._gate = gate
         self._clock = clock
@@ -208,6 +218,7 @@ class BatchRunner:
         """Store ``operation`` (``text``: its file's) with its nodes ``pending``; refused
         (``PlanError``) as ``gpuops batch plan`` refuses it, and when a node is in another
         operation. Returns its id."""
+        self._check_quarantine(operation)
         busy = self.busy()
         now = self._clock()
         seen = [n if n.name not in busy else _busy(n, busy[n.name]) for n in fleet.nodes()]
@@ -239,6 +250,22 @@ class BatchRunner:
         self._save(rec)
         log.info("batch %s: %d nodes, %d skipped", rec.id, len(made.targets), len(made.skipped))
         return rec.id
+
+    def _check_quarantine(self, operation: Operation) -> None:
+        name = operation.quarantine
+        if self._registry is None or name == "none":
+            return
+        if name not in self._registry.names():
+            known = ", ".join(self._registry.names())
+            raise PlanError([f"quarantine: unknown executor {name!r} (known: {known})"])
+        verbs = self._registry.verbs(name)
+        if verbs is not None and not {"migrate", "resume"} <= verbs:
+            raise PlanError(
+                [
+                    f"quarantine: executor {name!r} does not drain and return a node (migrate,"
+                    f" resume); its verbs: {', '.join(sorted(verbs))}"
+                ]
+            )
 
     def run(self, batch_id: str, fleet: FleetView) -> BatchRecord:
         """Drive the operation until it is done, paused or cancelled; returns its record."""

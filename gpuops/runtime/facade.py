@@ -236,7 +236,11 @@ class Engine:
         )
         self.gate.on_outcome(self.health.outcome)
         self.batches = BatchRunner(
-            store=self.store, gate=self.gate, clock=clock, stopped=self._batch_stopped
+            store=self.store,
+            gate=self.gate,
+            clock=clock,
+            stopped=self._batch_stopped,
+            registry=self.registry,
         )
         self._jobs: Jobs | None = None
         self._stopped = False

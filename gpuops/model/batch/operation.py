@@ -130,8 +130,8 @@ class Operation:
     None: no reboot."""
     quarantine: str = "scheduler"
     """The executor that drains a node and returns it (``migrate``, then ``resume``): the
-    logical ``scheduler`` (Slurm, Kubernetes or the simulated fleet, as configured), or one of
-    them by name; ``none``: the step runs on a node left in service."""
+    logical ``scheduler`` (Slurm or Kubernetes, as the engine maps it), ``slurm`` or
+    ``kubernetes``; ``none``: the step runs on a node left in service."""
     canary: int = 1
     max_parallel: int = 1
     """The GPU Operator's ``maxParallelUpgrades`` default."""

@@ -273,7 +273,7 @@ def parse_operation(text: str, file: str, folder: Path | None = None) -> Operati
     if not isinstance(quarantine, str) or not quarantine:
         reader.fail(
             ("quarantine",),
-            f"expected an executor name (scheduler, slurm, kubernetes, fleet) or none, found"
+            f"expected an executor name (scheduler, slurm, kubernetes) or none, found"
             f" {describe(quarantine)}",
         )
         quarantine = "scheduler"

@@ -260,3 +260,20 @@ def test_a_vetoed_node_is_never_touched_and_pauses_the_operation(tmp_path: Path)
     assert "gpu-002" not in {n for n, _, _ in fleet.calls}
     held = [d for d, o in seen if d.target.labels.get("node") == "gpu-002" and o is not None]
     assert [d.verdict.value for d in held] == ["suppressed:veto"]
+
+
+def test_a_quarantine_executor_that_cannot_return_a_node_is_refused(tmp_path: Path) -> None:
+    from gpuops.actions.fleet import FleetExecutor
+    from gpuops.model.batch.plan import PlanError
+
+    fleet = Fleet(4)
+    engine = build_engine(
+        tmp_path, {}, reload=False, executors={"fleet": FleetExecutor, "command": fleet}
+    )
+    try:
+        with pytest.raises(PlanError, match="quarantine: executor 'fleet' does not drain and"):
+            start(engine, fleet, OPERATION.replace("testfleet", "fleet").replace("10%", "2"))
+        with pytest.raises(PlanError, match=r"quarantine: unknown executor 'slurm' \(known: "):
+            start(engine, fleet, OPERATION.replace("testfleet", "slurm").replace("10%", "2"))
+    finally:
+        engine.stop()
