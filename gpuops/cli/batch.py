@@ -246,6 +246,7 @@ def plan_cmd(
 def _engine(config_path: Path) -> Iterator[Engine]:
     """An engine of the configuration, not started: its store, audit spool, gate and
     executors, for the batch runner; stopped (its audit flushed) on the way out."""
+    from gpuops.audit.errors import SpoolLockedError
     from gpuops.runtime.facade import Engine
     from gpuops.settings import ConfigError, load_config
     from gpuops.store.errors import StateError
@@ -254,6 +255,11 @@ def _engine(config_path: Path) -> Iterator[Engine]:
         engine = Engine(load_config(config_path))
     except (ConfigError, StateError) as exc:
         raise click.ClickException(str(exc)) from None
+    except SpoolLockedError as exc:
+        raise click.ClickException(
+            f"{exc}: an engine of {config_path} is running; gpuops batch runs the operation"
+            " with the engine's state and audit itself, so stop the engine first"
+        ) from None
     try:
         yield engine
     finally:

@@ -80,6 +80,8 @@ def test_killed_mid_rollout_resumes_without_redoing_a_finished_step(tmp_path: Pa
             what="four nodes stepped",
         )
         assert run.poll() is None, "the run ended before it was killed"
+        code, said = gpuops("status", "--config", str(config))  # while it runs: refused
+        assert code == 1 and "is in use by another gpuops process: an engine of" in said
     finally:
         run.send_signal(signal.SIGKILL)
         out, _ = run.communicate(timeout=10)
