@@ -37,6 +37,7 @@ QUERIES: Mapping[str, str] = {
     "up_seen": f"timestamp({NODES}) or max_over_time(timestamp({NODES})[{LOOKBACK}])",
     "slurm_state": "gpuops_slurm_node_state == 1",
     "booting": "gpuops_node_booting == 1",
+    "powered_down": "gpuops_node_powered_down == 1",
     "gpu_up": "nvml_gpu_up",
     "gpu_seen": f"timestamp(nvml_gpu_up) or max_over_time(timestamp(nvml_gpu_up)[{LOOKBACK}])",
     "utilization": "nvml_gpu_utilization_ratio",
@@ -163,14 +164,22 @@ def _by_gpu(samples: Iterable[Sample]) -> dict[tuple[str, str], Sample]:
 
 
 def node_state(
-    slurm: str | None, up: float | None, fresh: bool, booting: bool, drained_by_gpuops: bool
+    slurm: str | None,
+    up: float | None,
+    fresh: bool,
+    booting: bool,
+    drained_by_gpuops: bool,
+    powered_down: bool = False,
 ) -> tuple[NodeState, str]:
     """A node's state and the series it was read from: Slurm's when served, else the
-    booting flag, the scrape's ``up`` (only a fresh one) and gpuops' own drain."""
+    booting flag, the fleet's powered-down flag (unless a fresh scrape answers), the scrape's
+    ``up`` (only a fresh one) and gpuops' own drain."""
     if slurm is not None:
         return SLURM_STATES.get(slurm, "unknown"), f"gpuops_slurm_node_state ({slurm})"
     if booting:
         return "booting", "gpuops_node_booting"
+    if powered_down and not (fresh and up is not None):
+        return "powered_down", "gpuops_node_powered_down"
     if up is None or not fresh:
         return "unknown", f"{NODES}: no fresh sample"
     if up == 0:
@@ -237,14 +246,16 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
     up_now = _by_node(r.of("up"))
     slurm = {n: s.labels.get("state", "") for n, s in _by_node(r.of("slurm_state")).items()}
     booting = _by_node(r.of("booting"))
+    powered_down = _by_node(r.of("powered_down"))
     gpu_seen = _by_gpu(r.of("gpu_seen"))
     allocated = _by_gpu(r.of("allocated"))
     pools: dict[str, str] = {}
-    for answer in (r.of("up_seen"), r.of("booting"), r.of("gpu_seen")):
+    for answer in (r.of("up_seen"), r.of("booting"), r.of("powered_down"), r.of("gpu_seen")):
         for s in answer:
             if s.labels.get("node") and s.labels.get("pool"):
                 pools.setdefault(s.labels["node"], s.labels["pool"])
-    names = set(up_seen) | set(slurm) | set(booting) | {n for n, _ in gpu_seen if n}
+    names = set(up_seen) | set(slurm) | set(booting) | set(powered_down)
+    names |= {n for n, _ in gpu_seen if n}
     gpu_keys = set(gpu_seen) | {k for k in allocated if k[0] in names}
 
     on_gpu: dict[tuple[str, str], list[HoldOut]] = {}
@@ -282,12 +293,14 @@ def fleet(r: Readings, held: Sequence[Held], pool: str | None) -> FleetOut:
             fresh,
             name in booting,
             drained,
+            name in powered_down,
         )
         gpus = sorted(
             (_gpu(k, r, gpu_seen.get(k), on_gpu.get(k, [])) for k in keys_of.get(name, ())),
             key=_by_index,
         )
-        health, problems = _node_health(state, fresh, name in slurm, gpus)
+        stated = name in slurm or source == "gpuops_node_powered_down"
+        health, problems = _node_health(state, fresh, stated, gpus)
         nodes.append(
             NodeOut(
                 name=name,
@@ -328,16 +341,18 @@ def _by_index(g: GpuOut) -> tuple[int, str]:
 
 
 def _node_health(
-    state: NodeState, fresh: bool, slurm: bool, gpus: Sequence[GpuOut]
+    state: NodeState, fresh: bool, stated: bool, gpus: Sequence[GpuOut]
 ) -> tuple[Health, list[str]]:
+    """``stated``: a series other than the node's scrape says its state (Slurm, the fleet's
+    powered-down flag); a node in a quiet state is not faulted for GPUs that do not answer."""
     problems: list[str] = []
-    if not fresh and not slurm:
+    if not fresh and not stated:
         return "no_data", ["its exporter has no fresh sample"]
     if state == "down":
         return "failed", ["down"]
     if not fresh and state not in QUIET_STATES:
         problems.append("its exporter has no fresh sample")
-    bad = [g for g in gpus if g.health != "ok"]
+    bad = [g for g in gpus if g.health != "ok" and not (g.stale and state in QUIET_STATES)]
     for g in bad:
         problems.append(f"GPU {g.index or g.uuid}: {', '.join(g.problems)}")
     if any(g.health == "failed" for g in bad):

@@ -15,8 +15,8 @@ from gpuops.api.responses import Number, Out
 
 NodeState = Literal["up", "down", "draining", "drained", "powered_down", "booting", "unknown"]
 """A node's state: Slurm's node state when the Slurm exporter serves it, else the scrape of the
-node (``up``) and the simulated fleet's ``gpuops_node_booting``; ``unknown`` when no series
-about the node is fresh."""
+node (``up``) and the simulated fleet's ``gpuops_node_booting`` and
+``gpuops_node_powered_down``; ``unknown`` when no series about the node is fresh."""
 
 Health = Literal["ok", "degraded", "failed", "no_data"]
 

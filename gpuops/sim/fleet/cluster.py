@@ -32,6 +32,7 @@ from gpuops.sim.fleet.config import (
 )
 from gpuops.sim.fleet.errors import BadRequest, Conflict, NotFound
 from gpuops.sim.fleet.model import (
+    POWERED_DOWN_KEPT_S,
     SESSION_PROFILES,
     Finished,
     FleetReading,
@@ -92,6 +93,10 @@ class Cluster:
         )
         if self.arrivals is not None:
             self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
+        self.powered_down: dict[str, tuple[str, float]] = {}
+        """Nodes powered down (removed) in the last ``POWERED_DOWN_KEPT_S``: name -> (pool,
+        when), exported as ``gpuops_node_powered_down`` so a console tells a machine switched
+        off from one that stopped answering."""
         self.energy_joules: dict[str, float] = {p.name: 0.0 for p in config.pools}
         """Energy of every node per pool since start, its GPUs and its host (removed nodes'
         included)."""
@@ -156,6 +161,16 @@ class Cluster:
         if boot and pool.boot_s > 0:
             node.booting_until = self.time + pool.boot_s
         self.nodes[node.name] = node
+        return node
+
+    def power_down(self, name: str) -> Node:
+        """Remove node ``name``, powered down (``scale_in``, ``consolidate``); it is
+        remembered as powered down for ``POWERED_DOWN_KEPT_S``."""
+        node = self.nodes.pop(name)
+        kept_since = self.time - POWERED_DOWN_KEPT_S
+        for old in [n for n, (_, at) in self.powered_down.items() if at < kept_since]:
+            del self.powered_down[old]
+        self.powered_down[name] = (node.pool, self.time)
         return node
 
     def _new_uuid(self) -> str:

@@ -270,6 +270,15 @@ def _sharing_families(r: FleetReading) -> Iterator[Metric]:
     for node, pool, boots in r.booting:
         booting.add_metric([node, pool], boots)
     yield booting
+    powered_down = GaugeMetricFamily(
+        "gpuops_node_powered_down",
+        "1 for a node powered down (scale_in, consolidate) in the last hour: switched off, "
+        "not failed; its exporter is gone with it.",
+        labels=["node", "pool"],
+    )
+    for node, pool in r.powered_down:
+        powered_down.add_metric([node, pool], 1.0)
+    yield powered_down
 
 
 _ONE_LABEL: tuple[tuple[str, str, str, str, str], ...] = (

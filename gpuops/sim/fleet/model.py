@@ -61,6 +61,11 @@ def profile_memory_fraction(profile: str) -> float:
     return _PROFILE_MEMORY.get(profile, 0.5)
 
 
+POWERED_DOWN_KEPT_S = 3600.0
+"""How long a powered-down node is still exported as such: the console lists a node that
+stopped reporting for an hour (``gpuops.api.fleetview.LOOKBACK``)."""
+
+
 @dataclass
 class Gpu:
     index: int
@@ -371,3 +376,6 @@ class FleetReading:
     booting: tuple[tuple[str, str, int], ...] = ()
     """(node, pool, 1 while it boots, else 0) per node that has not failed: a power-down
     policy counts a node's idle time from when it can run jobs, not from its power-up."""
+    powered_down: tuple[tuple[str, str], ...] = ()
+    """(node, pool) of each node powered down in the last hour
+    (``POWERED_DOWN_KEPT_S``)."""

@@ -283,7 +283,7 @@ def scale_in(cluster: Cluster, pool: str, nodes: int, node: str | None = None) -
         idle.sort(key=lambda n: (n.state == "up", -n.seq))
         removed = [n.name for n in idle[: _node_count(nodes)]]
         for name in removed:
-            del cluster.nodes[name]
+            cluster.power_down(name)
     if not removed:
         return {}
     log.info("pool %s scaled in: removed %s", pool, removed)
@@ -350,7 +350,7 @@ def consolidate(cluster: Cluster, node_name: str) -> Changed:
             )
         if not node.idle():  # cannot happen: every job moved above; never power down a job
             raise Conflict(f"node {node_name} still runs {sorted(node.job_ids())}")
-        del cluster.nodes[node_name]
+        cluster.power_down(node_name)
         cluster.counters["consolidated"] += 1
         cluster.counters["moved"] += len(moves)
         cluster.schedule()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpuops.sim.fleet.consolidation import Claim
 from gpuops.sim.fleet.errors import Conflict
-from gpuops.sim.fleet.model import FleetReading, GpuReading, Job, Node
+from gpuops.sim.fleet.model import POWERED_DOWN_KEPT_S, FleetReading, GpuReading, Job, Node
 
 if TYPE_CHECKING:
     from gpuops.sim.fleet.cluster import Cluster
@@ -124,6 +124,10 @@ def fleet_reading(cluster: Cluster) -> FleetReading:
                 if not n.failed
             )
         )
+        kept_since = c.time - POWERED_DOWN_KEPT_S
+        powered_down = tuple(
+            sorted((n, pool) for n, (pool, at) in c.powered_down.items() if at >= kept_since)
+        )
         # energy and scheduling
         tariff = c.config.tariff
         power = dict.fromkeys(c.pools, 0.0)
@@ -152,6 +156,7 @@ def fleet_reading(cluster: Cluster) -> FleetReading:
             borrowed=tuple(borrowed),
             drainable=drainable_now,
             booting=booting,
+            powered_down=powered_down,
             power_watts=power,
             energy_joules=dict(c.energy_joules),
             energy_cost=c.energy_cost,

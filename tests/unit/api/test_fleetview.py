@@ -271,3 +271,30 @@ def test_gpus_in_index_order() -> None:
     r = readings(node("n1"), *parts)
     (n1,) = fleet(r, [], None).nodes
     assert [g.uuid for g in n1.gpus] == ["GPU-m0", "GPU-b1", "GPU-z2", "GPU-a10"]
+
+
+def test_a_node_the_fleet_powered_down_is_powered_down_not_no_data() -> None:
+    """The scrape stopped when the machine was switched off: its last samples are stale, and
+    the fleet's ``gpuops_node_powered_down`` says why; its GPUs keep no values."""
+    gone = NOW - 600
+    r = readings(
+        {"up_seen": [s(gone, node="n2", pool="default")]},
+        gpu("n2", "GPU-b0", 0.9, seen=gone),
+        {"powered_down": [s(1, node="n2", pool="default")]},
+        node("n1"),
+    )
+    n2 = only(fleet(r, [], None).nodes, "n2")
+    assert (n2.state, n2.state_source) == ("powered_down", "gpuops_node_powered_down")
+    assert n2.health == "ok" and n2.problems == [] and n2.stale
+    assert n2.pool == "default"
+    [g] = n2.gpus
+    assert g.stale and g.utilization is None  # its old values are not shown as now
+    # without the fleet's flag, the same node is one that stopped answering
+    r = readings({"up_seen": [s(gone, node="n2")]}, gpu("n2", "GPU-b0", 0.9, seen=gone))
+    n2 = only(fleet(r, [], None).nodes, "n2")
+    assert (n2.state, n2.health) == ("unknown", "no_data")
+
+
+def test_a_fresh_scrape_wins_over_a_powered_down_flag() -> None:
+    r = readings(node("n1"), {"powered_down": [s(1, node="n1", pool="default")]})
+    assert only(fleet(r, [], None).nodes, "n1").state == "up"

@@ -8,7 +8,9 @@ import pytest
 
 from gpuops.sim.fleet import Cluster, Conflict, FleetConfig, JobSpec, PoolSpec
 from gpuops.sim.fleet import operations as ops
+from gpuops.sim.fleet.collectors import FleetCollector
 from gpuops.sim.fleet.config import ProjectSpec, SchedulerSettings
+from gpuops.sim.fleet.model import POWERED_DOWN_KEPT_S
 from gpuops.sim.fleet.workload import Arrivals, JobClass, PriorityClass
 
 ROUTINE = PriorityClass("routine", 50, models=("T4",))
@@ -199,3 +201,16 @@ def test_arrivals_are_the_same_however_finely_time_is_stepped() -> None:
     fine, coarse = drawn(15.0), drawn(3600.0)
     assert len(fine) > 20
     assert fine == coarse
+
+
+def test_a_powered_down_node_is_exported_as_such_for_an_hour() -> None:
+    c = cluster(nodes=3)
+    ops.scale_in(c, "t4", 1, node="node-1")
+    assert c.fleet_reading().powered_down == (("node-1", "t4"),)
+    families = {f.name: f for f in FleetCollector(c).collect()}
+    [sample] = families["gpuops_node_powered_down"].samples
+    assert (sample.labels, sample.value) == ({"node": "node-1", "pool": "t4"}, 1.0)
+    c.advance(POWERED_DOWN_KEPT_S + 1)
+    assert c.fleet_reading().powered_down == ()  # gone from the page's hour as well
+    ops.scale_in(c, "t4", 1, node="node-2")  # and forgotten: what is kept stays bounded
+    assert list(c.powered_down) == ["node-2"]
