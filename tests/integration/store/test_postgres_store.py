@@ -383,3 +383,21 @@ def test_state_check_reads_every_row_of_the_database(
     result = CliRunner().invoke(cli, ["state", "check", "--config", str(config)])
     assert result.exit_code == 1
     assert "cannot be decoded" in result.output, result.output
+
+
+def test_batch_operations_and_their_nodes_in_both_backends(store: Any) -> None:
+    from gpuops.store.interface import StoredBatch
+
+    store.save_batch(StoredBatch("op-1", "running", '{"a": 1}', 10.0))
+    store.save_batch(StoredBatch("op-0", "done", "{}", 5.0))
+    store.save_batch_node("op-1", "gpu-1", '{"status": "pending"}')
+    store.save_batch_node("op-1", "gpu-1", '{"status": "done"}')  # replaced, not added
+    store.save_batch_node("op-1", "gpu-2", '{"status": "failed"}')
+    store.save_batch(StoredBatch("op-1", "paused", '{"a": 2}', 99.0))  # created_at kept
+    assert store.batch("op-1") == StoredBatch("op-1", "paused", '{"a": 2}', 10.0)
+    assert [b.id for b in store.batches()] == ["op-0", "op-1"]
+    assert store.batch_nodes("op-1") == {
+        "gpu-1": '{"status": "done"}',
+        "gpu-2": '{"status": "failed"}',
+    }
+    assert store.batch("nope") is None and store.batch_nodes("nope") == {}
