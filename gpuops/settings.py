@@ -362,7 +362,9 @@ class EngineConfig(_Model):
     ``by_verb: {notify: log}`` sends single verbs elsewhere (these mappings are checked with
     the file). Each executor's settings (docs/executors.md) are read when the engine first
     builds it, at its first action: a mistake in them fails that action, its outcome saying
-    ``executors.NAME settings: key: what``; it does not stop the engine."""
+    ``executors.NAME settings: key: what``; it does not stop the engine. ``gpuops rules check
+    --config`` builds each configured executor and names such mistakes before the engine
+    starts."""
     metrics_listen: str | None = "127.0.0.1:9842"
     """host:port of the engine's own /metrics; None: not served."""
     reload_check_interval: float = 2.0

@@ -86,6 +86,12 @@ def check(paths: tuple[Path, ...], no_promql: bool, config_path: Path | None) ->
         raise click.UsageError("give rule files or directories, or --config ENGINE_YAML")
     # the engine's registry: the executors installed (entry points), as `engine run` builds it
     registry = ExecutorRegistry.from_entry_points()
+    if config_path is not None:
+        # each configured executor built as the engine builds it at its first action (nothing
+        # is run), so that a mistake in its settings is found before the engine starts
+        problems = _executor_problems(registry, config.executors)
+        if problems:
+            raise click.ClickException("\n".join(f"{config_path}: {why}" for why in problems))
     try:
         ruleset = load_checked(targets, registry, check_promql=not no_promql)
     except RulesError as exc:
@@ -221,6 +227,29 @@ def validateremote_call(file: Path, promql: bool, as_json: bool, **kw: Any) -> N
             click.echo(error["text"])
         click.echo("OK" if payload["ok"] else f"{_count(len(payload['errors']), 'error')}")
     sys.exit(0 if payload["ok"] else 1)
+
+
+def _executor_problems(
+    registry: ExecutorRegistry, executors: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """Why each configured executor that cannot be built from its settings cannot, once each
+    (a logical executor fails with the concrete one it maps to), naming ``executors.NAME``."""
+    problems: list[str] = []
+    for name, settings in executors.items():
+        try:
+            registry.create(name, settings)
+        except OSError as exc:  # a file only the engine's host has (a token): said, not refused
+            click.echo(
+                f"note: executors.{name}: {exc} (not readable here; the engine reads it "
+                "where it runs)",
+                err=True,
+            )
+        except Exception as exc:  # any executor's own settings error, as its action would say
+            why = str(exc).strip() or type(exc).__name__
+            why = why if why.startswith("executors.") else f"executors.{name}: {why}"
+            if why not in problems:
+                problems.append(why)
+    return problems
 
 
 def _kubeconfig_problem(executors: Mapping[str, Mapping[str, Any]]) -> str | None:

@@ -127,3 +127,45 @@ def test_check_with_config_names_a_missing_or_unreadable_kubeconfig(tmp_path: Pa
     code, _, err = run("check", "--no-promql", "--config", str(config))
     assert code == 1
     assert f"executors.kubernetes: kubeconfig {kubeconfig} cannot be read: " in err
+
+
+def test_check_with_config_refuses_an_executor_its_settings_cannot_build(tmp_path: Path) -> None:
+    # the kubernetes executor without the node selector that names the nodes it may touch, and
+    # a fleet executor with a timeout that is no number: found before the engine starts
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("groups: []\n")
+    config = tmp_path / "engine.yaml"
+    config.write_text(
+        f"rules: [{rules}]\n"
+        "executors:\n"
+        "  scheduler: {use: kubernetes}\n"
+        "  kubernetes: {in_cluster: true}\n"
+        "  fleet: {url: http://127.0.0.1:9400, timeout_s: soon}\n"
+    )
+    code, _, err = run("check", "--no-promql", "--config", str(config))
+    assert code == 1
+    lines = err.removeprefix("Error: ").splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith(f"{config}: executors.kubernetes settings: node_selector")
+    assert lines[1].startswith(f"{config}: executors.fleet settings: timeout_s")
+    config.write_text(
+        f"rules: [{rules}]\n"
+        "executors:\n"
+        "  scheduler: {use: kubernetes}\n"
+        "  kubernetes: {in_cluster: true, node_selector: nvidia.com/gpu.present=true}\n"
+    )
+    code, out, err = run("check", "--no-promql", "--config", str(config))
+    assert code == 0, err
+    assert out.startswith("OK: 0 policies")
+    # a file only the engine's host has (the node agent's token in its pod) is said, not refused
+    token = tmp_path / "absent" / "token"
+    config.write_text(
+        f"rules: [{rules}]\n"
+        "executors:\n"
+        "  gpu-control: {use: nvml-agent}\n"
+        f"  nvml-agent: {{token_file: {token}}}\n"
+    )
+    code, out, err = run("check", "--no-promql", "--config", str(config))
+    assert code == 0, err
+    assert "note: executors.nvml-agent: " in err and str(token) in err
+    assert "not readable here" in err
