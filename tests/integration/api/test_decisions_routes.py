@@ -82,6 +82,9 @@ def test_deny_and_unknown_approvals(api: Harness) -> None:
     denied = api.call("admin", "POST", f"/api/v1/approvals/{pending['decision_id']}/deny")
     assert denied.json()["verdict"] == "suppressed:denied"
     assert api.executed("reclaim-with-approval") == []
+    # not "held": no guardrail held it, an admin said no
+    [shown] = api.call("auditor", "GET", "/api/v1/decisions").json()["decisions"]
+    assert (shown["id"], shown["state"]) == (pending["decision_id"], "denied")
     for verb in ("grant", "deny"):
         resp = api.call("admin", "POST", f"/api/v1/approvals/feedbeef/{verb}")
         assert resp.status_code == 404, resp.text
@@ -92,6 +95,8 @@ def test_approvals_expire(api: Harness) -> None:
     api.clock.advance(api.engine.config.guardrails.approval_ttl + 1)
     [expired] = api.call("auditor", "GET", "/api/v1/approvals").json()["approvals"]
     assert expired["status"] == "expired"
+    [shown] = api.call("auditor", "GET", "/api/v1/decisions").json()["decisions"]
+    assert (shown["id"], shown["state"]) == (expired["decision_id"], "expired")
     late = api.call("admin", "POST", f"/api/v1/approvals/{expired['decision_id']}/grant")
     assert late.status_code == 409 and "expired" in late.json()["detail"]
 
