@@ -113,7 +113,7 @@ def test_kubernetes_reclaim_learns_where_prometheus_is() -> None:
         ),
         (
             "scheduler: {use: slrum}",
-            "executors: scheduler: unknown executor 'slrum' (known: command, fleet, kubernetes, "
+            "executors: scheduler: unknown executor 'slrum' (known: ansible, command, fleet, kubernetes, "
             "log, nvml-agent, slurm, webhook)",
         ),
         (
