@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,30 @@ def test_the_shipped_policies_load_in_enforce_mode() -> None:
     assert {p.mode for p in ruleset.policies()} == {"enforce"}
     # Logical executors: the engine configuration maps them to the fleet or to Slurm.
     assert {p.action.executor for p in ruleset.policies()} == {"scheduler", "gpu-control"}
+
+
+@pytest.mark.parametrize(
+    "folder",
+    [
+        "rules",
+        "rules/slurm",
+        "rules/demo",
+        "rules/demo-slurm",
+        "rules/kubernetes",
+        "rules/case-study",
+    ],
+)
+def test_the_shipped_summaries_name_only_labels_their_decisions_keep(folder: str) -> None:
+    # a policy's decision keeps its target's labels: an annotation naming any other label of
+    # the series would always be told empty ("Node node-0 in pool  is down"); an alert's
+    # policy renders with the alert's labels
+    for policy in load_rules([ROOT / folder]).policies():
+        if policy.expr is None:
+            continue
+        kept = set(policy.target or ())
+        for key, text in policy.annotations.items():
+            named = set(re.findall(r"\$labels\.(\w+)", text))
+            assert named <= kept, f"{folder}: {policy.name}.annotations.{key}: {named - kept}"
 
 
 def test_the_slurm_additions_load_in_dry_run() -> None:
