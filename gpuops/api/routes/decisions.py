@@ -295,8 +295,15 @@ def show_decision(
     ctx: Ctx,
     _: Annotated[Principal, Depends(require(Permission.DECISIONS_READ))],
 ) -> StoredDecisionOut:
-    """One decision as stored, with its outcome."""
-    return _decision(ctx, decision_id)
+    """One decision as stored, with its outcome, its state and what it changed in words."""
+    row = _decision(ctx, decision_id)
+    pair = _pair_of(ctx, row)
+    fire = row.transition is Transition.FIRE
+    undone = fire and pair is not None and pair.state == State.DONE
+    row = _in_words(row, undone=undone)
+    if pair is None:
+        return row
+    return row.model_copy(update={"undo": pair.id} if fire else {"undoes": pair.id})
 
 
 @router.get("/decisions/{decision_id}/explain", responses=_UNKNOWN)

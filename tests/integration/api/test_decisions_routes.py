@@ -54,6 +54,9 @@ def test_explain_names_policy_expr_evidence_and_guardrails(api: Harness) -> None
     # waiting for approval: stored as ``done`` (it runs nothing yet), never told so
     assert explained["status"] == "done" and explained["state"] == "waiting for approval"
     assert waiting["state"] == "waiting for approval" and waiting["effect"] == ""
+    # one decision read alone is told as the list tells it
+    shown = api.call("auditor", "GET", f"/api/v1/decisions/{waiting['id']}").json()
+    assert shown["state"] == "waiting for approval" and shown["effect"] == ""
     missing = api.call("auditor", "GET", "/api/v1/decisions/abc/explain")
     assert missing.status_code == 404 and missing.json() == {"detail": "no decision abc"}
 
