@@ -54,7 +54,8 @@ class ApiClient:
             )
         except requests.RequestException as exc:
             raise click.ClickException(
-                f"cannot reach the engine API at {self.url}: {exc}"
+                f"cannot reach the engine API at {self.url}: {_why(exc)} "
+                "(is the engine running? GPUOPS_URL or --url names it)"
             ) from None
         try:
             payload = resp.json()
@@ -150,3 +151,18 @@ def show(
         click.echo("  ".join(c.ljust(w) for c, w in zip(row_cells, widths, strict=True)).rstrip())
     if not cells:
         click.echo("(none)", err=True)
+
+
+def _why(exc: requests.RequestException) -> str:
+    """What went wrong with a request, in a few words rather than urllib3's nested repr."""
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS failed (a certificate the client does not trust? --ca-file)"
+    if isinstance(exc, requests.exceptions.ConnectTimeout | requests.exceptions.ReadTimeout):
+        return "it did not answer in time"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        text = str(exc)
+        for errno_text in ("Connection refused", "Name or service not known", "No route to host"):
+            if errno_text in text:
+                return errno_text.lower()
+        return "the connection failed"
+    return type(exc).__name__

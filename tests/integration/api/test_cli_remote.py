@@ -137,7 +137,10 @@ def test_errors_are_messages_with_exit_1(api: Harness) -> None:
         cli, ["control", "status", "--url", "http://127.0.0.1:9"], env={"GPUOPS_TOKEN": "x"}
     )
     assert unreachable.exit_code == 1
-    assert "cannot reach the engine API at http://127.0.0.1:9" in unreachable.stderr
+    assert unreachable.stderr == (
+        "Error: cannot reach the engine API at http://127.0.0.1:9: connection refused "
+        "(is the engine running? GPUOPS_URL or --url names it)\n"
+    )
 
 
 def test_a_user_added_with_token_new_is_let_in_without_a_reload(api: Harness) -> None:
