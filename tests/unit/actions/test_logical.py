@@ -113,8 +113,8 @@ def test_kubernetes_reclaim_learns_where_prometheus_is() -> None:
         ),
         (
             "scheduler: {use: slrum}",
-            "executors: scheduler: unknown executor 'slrum' (known: ansible, command, fleet, kubernetes, "
-            "log, nvml-agent, slurm, webhook)",
+            "executors: scheduler: unknown executor 'slrum' (known: ansible, command, fleet, "
+            "kubernetes, log, nvml-agent, slurm, webhook)",
         ),
         (
             "gpu-control: {}",
