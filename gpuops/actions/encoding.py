@@ -22,10 +22,23 @@ from collections.abc import Callable, Mapping
 from urllib.parse import quote, urlsplit
 
 from gpuops.actions.base import PermanentError
+from gpuops.model.decisions import Decision
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 _HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def target_label(d: Decision, name: str) -> str:
+    """The value of the target's label ``name``, as it was scraped (encode it where it goes); a
+    target without it, or with it empty, cannot be acted on."""
+    value = d.target.labels.get(name)
+    if not value:
+        raise PermanentError(
+            f"{d.action.type if d.action is not None else ''} needs the target label {name!r}; "
+            f"the target has {dict(d.target.labels)}"
+        )
+    return value
 
 
 def path_segment(value: str, label: str) -> str:

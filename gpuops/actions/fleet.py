@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.config import as_text, null_is_default, settings_of
 from gpuops.actions.dispatch import Dispatch, on
-from gpuops.actions.encoding import path_segment
+from gpuops.actions.encoding import path_segment, target_label
 from gpuops.actions.results import Answer
 from gpuops.model.decisions import Decision
 from gpuops.model.verbs import (
@@ -214,12 +214,7 @@ def _class_path(d: Decision, params: ClassParams) -> str:
 
 
 def _need(d: Decision, name: str) -> str:
-    value = d.target.labels.get(name)
-    if not value:
-        raise PermanentError(
-            f"{_verb(d)} needs the target label {name!r}; the target has {dict(d.target.labels)}"
-        )
-    return path_segment(value, name)
+    return path_segment(target_label(d, name), name)
 
 
 DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, field_va
 from gpuops.actions.base import ExecutorError, PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
-from gpuops.actions.encoding import printable
+from gpuops.actions.encoding import printable, target_label
 from gpuops.actions.kubedrain import Drainer, DrainReport, DrainSettings, node_unavailable
 from gpuops.actions.kubenodes import Cordons, Resumed
 from gpuops.actions.kubepods import Reclaimed, Restored, pods_of_gpu, reclaim, restore
@@ -333,7 +333,7 @@ class KubernetesExecutor:
 
     def _node(self, d: Decision) -> dict[str, Any]:
         """The target's node, among the selected ones (one LIST); vetoed: refused."""
-        return self._selected(_label(d, self.settings.node_label))
+        return self._selected(target_label(d, self.settings.node_label))
 
     def _selected(self, name: str) -> dict[str, Any]:
         """Node ``name`` when ``node_selector`` selects it and it carries no veto (one LIST by
@@ -398,7 +398,7 @@ class KubernetesExecutor:
         if labels.get(self.settings.node_label):
             node = self._node(d)["metadata"]["name"]
         else:  # a pod-level target (namespace, pod): the node it runs on
-            namespace, name = _label(d, "namespace"), _label(d, "pod")
+            namespace, name = target_label(d, "namespace"), target_label(d, "pod")
             check_name("namespace", namespace)
             check_name("pod", name)
             known[(namespace, name)] = self.client.pod(namespace, name)
@@ -411,7 +411,7 @@ class KubernetesExecutor:
         return reclaim(self.client, d, pods[0], self.veto, self.settings.reclaim.bare_pods)
 
     def _restore_workload(self, d: Decision, _: NoParams) -> Restored:
-        namespace, pod = _label(d, "namespace"), _label(d, "pod")
+        namespace, pod = target_label(d, "namespace"), target_label(d, "pod")
         check_name("namespace", namespace)
         check_name("pod", pod)
         return restore(self.client, d, namespace, pod)
@@ -453,16 +453,6 @@ def _key(pod: Mapping[str, Any]) -> str:
 def _force(d: Decision) -> bool:
     """The policy asks held pods to be deleted at the drain's deadline (``params.force_delete``)."""
     return bool(d.action is not None and d.action.params.get("force_delete") is True)
-
-
-def _label(d: Decision, name: str) -> str:
-    value = d.target.labels.get(name)
-    if not value:
-        raise PermanentError(
-            f"{d.action.type if d.action else ''} needs the target label {name!r}; "
-            f"the target has {dict(d.target.labels)}"
-        )
-    return value
 
 
 DISPATCH: Dispatch[KubernetesExecutor, Result] = Dispatch(

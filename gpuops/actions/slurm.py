@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
-from gpuops.actions.encoding import printable
+from gpuops.actions.encoding import printable, target_label
 from gpuops.actions.results import Result
 from gpuops.integrations.slurm.client import (
     SlurmClient,
@@ -471,12 +471,7 @@ def _features(node: Mapping[str, Any]) -> set[str]:
 
 
 def _label(d: Decision, name: str) -> str:
-    value = d.target.labels.get(name)
-    if not value:
-        raise PermanentError(
-            f"{d.action.type if d.action else ''} needs the target label {name!r}; "
-            f"the target has {dict(d.target.labels)}"
-        )
+    value = target_label(d, name)
     if name == "node":
         try:
             return check_name("node", value)
