@@ -2,8 +2,8 @@
 failed a task or were unreachable, and the last task that failed, in a frozen value.
 
 ansible-runner starts ``ansible-playbook`` in its own process (its artifacts, with every event,
-under ``private_dir``), enforces the timeout and stops the run when ``cancelled`` says so. The
-``ansible`` executor (``gpuops.actions.ansible``) calls it for one node's step.
+under ``private_dir/artifacts``), enforces the timeout and stops the run when ``cancelled``
+says so. The ``ansible`` executor (``gpuops.actions.ansible``) calls it for one node's step.
 """
 
 from __future__ import annotations
@@ -74,7 +74,11 @@ def run_playbook(
     cancelled: Callable[[], bool] = lambda: False,
 ) -> PlaybookRun:
     """Run ``playbook`` over the hosts of ``inventory`` that ``limit`` names; ``ident``: the
-    run's folder under ``private_dir/artifacts`` (a decision id: a run again replaces it)."""
+    run's folder under ``private_dir/artifacts`` (a decision id: a run again replaces it).
+
+    ansible-runner writes the run's inputs (``env/``, behind a lock file it removes when done)
+    into its private data folder, so each run gets its own, ``private_dir/runs/<ident>``: runs
+    of several nodes at once never share one."""
     import ansible_runner
 
     first: list[str] = []
@@ -85,9 +89,11 @@ def run_playbook(
             first.append(said)
         return True
 
-    private_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_dir / "runs" / ident
+    data_dir.mkdir(parents=True, exist_ok=True)
     runner = ansible_runner.run(
-        private_data_dir=str(private_dir),
+        private_data_dir=str(data_dir),
+        artifact_dir=str(private_dir / "artifacts"),
         playbook=str(playbook.resolve()),
         inventory=str(inventory.resolve()),
         limit=limit,
