@@ -16,6 +16,7 @@ import logging
 import math
 import random
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 
 from gpuops.sim.fleet import readings
@@ -115,6 +116,9 @@ class Cluster:
         self.restart_lost_gpu_s = 0.0
         """GPU-seconds a restart costs jobs stopped and started again (reclaim, pack,
         consolidate): their relaunch (GPUs held, idle) and the work they do again."""
+        self.restarts: dict[str, int] = defaultdict(int)
+        """Per priority class (``-``: a job of none), jobs ``restart_cost`` stopped to start
+        again: reclaimed and requeued, packed elsewhere, moved by consolidation."""
         self.redo_busy_gpu_s = 0.0
         """GPU-seconds of utilization spent doing lost work again (counted as busy in
         utilization over powered GPUs; the report shows the figure without it too)."""
@@ -363,6 +367,7 @@ class Cluster:
         (every restart — packed elsewhere, consolidated, reclaimed — goes through here, so
         ``scheduler.move_interval`` holds whichever verb moved it). Returns the GPU-seconds
         charged."""
+        self.restarts[job.priority_class or "-"] += 1
         if job.remaining_s is None or job.duration_s is None:
             return 0.0
         done = job.duration_s - job.remaining_s

@@ -64,6 +64,8 @@ class Preemption:
         self.cluster = cluster
         self.settings = cluster.config.scheduler
         self.preemptions: dict[str, int] = defaultdict(int)
+        self.by_class: dict[str, int] = defaultdict(int)
+        """Preemptions per priority class (``-``: a job of none)."""
         self.credit_gpu_s: dict[str, float] = defaultdict(float)
 
     def stoppable(self, job: Job) -> bool:
@@ -164,6 +166,7 @@ class Preemption:
         job.lost_gpu_s += lost * job.gpus
         job.moved_at = c.time  # restarted: ``pack`` and ``consolidate`` leave it for a while
         self.preemptions[job.project] += 1
+        self.by_class[job.priority_class or "-"] += 1
         self.credit_gpu_s[job.project] += lost * job.gpus
         log.debug("%s preempted by %s; %.0f GPU-s lost", job.id, by.id if by else "-", lost)
         c.requeue(job)

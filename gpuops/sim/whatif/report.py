@@ -152,6 +152,8 @@ def _times(v: float | None) -> str:
 _CLASS_FORMATS: dict[str, Callable[[float | None], str]] = {
     "done": number("d"),
     "culled": number("d"),
+    "preemptions": number("d"),
+    "restarts": number("d"),
     "slowdown p95": _times,
     "over objective": _pct,
 }
@@ -178,6 +180,8 @@ def table(w: Whatif) -> str:
         for what, get in (
             ("done", lambda c: c.completed),
             ("culled", lambda c: c.culled),
+            ("preemptions", lambda c: c.preemptions),
+            ("restarts", lambda c: c.restarts),
             ("JCT mean", lambda c: c.jct_mean_s),
             ("JCT p95", lambda c: c.jct_p95_s),
             ("wait mean", lambda c: c.wait_mean_s),

@@ -79,6 +79,9 @@ def _class_rows(runs: Sequence[Whatif]) -> list[Row]:
     for pc in names:
         for what, attr, fmt in (
             ("done", "completed", number("d")),
+            ("culled", "culled", number("d")),
+            ("preemptions", "preemptions", number("d")),
+            ("restarts", "restarts", number("d")),
             ("JCT mean", "jct_mean_s", hours),
             ("wait mean", "wait_mean_s", hours),
             ("slowdown p95", "slowdown_p95", number(".2f")),
@@ -97,8 +100,8 @@ def _class_getter(pc: str, attr: str) -> Callable[[RunReport], float | None]:
 
 
 def figures(runs: Sequence[Whatif]) -> list[Figure]:
-    """Every overall row of the one-seed report, then JCT, wait and completions per priority
-    class, each over ``runs``."""
+    """Every overall row of the one-seed report, then per priority class its completions,
+    culls, preemptions, restarts, JCT, wait and serving quality, each over ``runs``."""
     return [_figure(runs, *row) for row in (*OVERALL, *_class_rows(runs))]
 
 

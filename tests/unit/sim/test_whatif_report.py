@@ -101,3 +101,21 @@ def test_conclusion_says_what_was_gained_what_it_cost_and_who_paid() -> None:
     assert "no priority class or project saw its mean completion time rise" in " ".join(
         calm.split()
     )
+
+
+def test_table_and_json_show_culls_preemptions_and_restarts_per_class() -> None:
+    w = compare(
+        classes={
+            "high": ClassFigures(
+                48, 3 * 3600.0, 6 * 3600.0, 1800.0, 3600.0, culled=2, preemptions=5, restarts=7
+            )
+        }
+    )
+    text = table(w)
+    assert "  high culled                                  0           2           -" in text
+    assert "  high preemptions                             0           5           -" in text
+    assert "  high restarts                                0           7           -" in text
+    doc = to_json(w)
+    assert doc["on"]["report"]["classes"]["high"]["preemptions"] == 5
+    assert doc["on"]["report"]["classes"]["high"]["restarts"] == 7
+    assert doc["off"]["report"]["classes"]["high"]["restarts"] == 0

@@ -111,3 +111,33 @@ def test_a_change_over_fewer_seeds_says_how_many() -> None:
     runs[2] = replace(runs[2], off=replace(runs[2].off, report=replace(OFF, jct_mean_s=0.0)))
     line = next(x for x in table(runs).splitlines() if "JCT mean, culled sessions whole" in x)
     assert line.endswith("(2 seeds)")
+
+
+def test_culls_preemptions_and_restarts_per_class_are_spread_over_the_seeds() -> None:
+    runs = [
+        replace(
+            w,
+            on=replace(
+                w.on,
+                report=replace(
+                    w.on.report,
+                    classes={
+                        "high": replace(
+                            OFF.classes["high"], culled=n, preemptions=2 * n, restarts=n + 1
+                        )
+                    },
+                ),
+            ),
+        )
+        for w, n in zip(RUNS, (1, 4, 2), strict=True)
+    ]
+    by_name = {f.label: f for f in figures(runs)}
+    assert by_name["high culled"].on == Spread(2, 1, 4, 3)
+    assert by_name["high preemptions"].on == Spread(4, 2, 8, 3)
+    assert by_name["high restarts"].off == Spread(0, 0, 0, 3)
+    assert by_name["high restarts"].on == Spread(3, 2, 5, 3)
+    line = next(x for x in table(runs).splitlines() if "high preemptions" in x)
+    assert line.split() == ["high", "preemptions", "0", "4", "[2,", "8]", "-"]
+    doc = to_json_spread(runs)
+    restarts = next(f for f in doc["figures"] if f["name"] == "high restarts")
+    assert restarts["on"] == {"median": 3, "min": 2, "max": 5, "seeds": 3}

@@ -51,6 +51,13 @@ class ClassFigures:
     over_objective: float | None = None
     """Share of its sessions' time answered slower than their class's ``slowdown_objective``
     (None: no objective, or no session)."""
+    preemptions: int = 0
+    """Its jobs stopped by the scheduler for others (the owner taking back what they
+    borrowed, a class that ``preempts``, a grant's end) and requeued."""
+    restarts: int = 0
+    """Its jobs the policies' verbs stopped to start again (``Cluster.restart_cost``):
+    reclaimed and requeued, packed elsewhere, moved by consolidation; culls and preemptions
+    are not among them."""
 
 
 @dataclass(frozen=True)

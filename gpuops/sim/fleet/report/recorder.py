@@ -174,6 +174,8 @@ class Recorder:
             culled_rows = list(cluster.culled_sessions)
             queued = sum(len(q) for q in cluster.queues.values())
             preemptions = dict(cluster.scheduler.preemptions)
+            preempted_in = dict(cluster.scheduler.preemption.by_class)
+            restarts_in = dict(cluster.restarts)
             credit = dict(cluster.scheduler.credit_gpu_s)
             energy_kwh = sum(cluster.energy_joules.values()) / JOULES_PER_KWH
             work_h = cluster.work_gpu_s / 3600.0
@@ -222,9 +224,14 @@ class Recorder:
                 wait_mean_s=_mean([w for w, _ in rows]),
                 wait_p95_s=_p95([w for w, _ in rows]),
                 culled=culled_in[pc],
+                preemptions=preempted_in.get(pc, 0),
+                restarts=restarts_in.get(pc, 0),
                 **_quality(sessions.get(pc, []), pc in objectives),
             )
-            for pc, rows in ((pc, by_class.get(pc, [])) for pc in sorted({*by_class, *sessions}))
+            for pc, rows in (
+                (pc, by_class.get(pc, []))
+                for pc in sorted({*by_class, *sessions, *preempted_in, *restarts_in})
+            )
         }
         names = sorted(set(self.projects) | set(by_project) | set(preemptions))
         projects = {

@@ -255,3 +255,42 @@ def test_sessions_slowed_by_a_clock_lock_report_slowdown_and_time_over_objective
     assert serve.slowdown_p95 is not None and serve.slowdown_p95 > 1.05
     assert serve.over_objective == pytest.approx(1.0)
     assert report.classes["batch"].slowdown_p95 is None  # training is no session
+
+
+def test_preemptions_and_restarts_are_counted_per_priority_class() -> None:
+    """A job of a class that preempts stops a lower, preemptible one (a preemption of the
+    lower class); a reclaimed training is requeued (a restart of its class); a culled notebook
+    is neither."""
+    from gpuops.sim.fleet.config import SchedulerSettings
+    from gpuops.sim.fleet.workload import PriorityClass
+
+    classes = (
+        PriorityClass("high", 100, preempts=True, preemptible=False),
+        PriorityClass("batch", 10),
+        PriorityClass("dev", 50),
+    )
+    config = FleetConfig(
+        pools=(PoolSpec("a", 1, 4, "A100"), PoolSpec("b", 1, 2, "A100")),
+        arrival_rate_per_min=0.0,
+        initial_jobs=(),
+        priority_classes=classes,
+        scheduler=SchedulerSettings(min_runtime_s=0.0),
+    )
+    recorder = Recorder()
+    fleet = VirtualFleet(config, 0, None, scrape_interval_s=30.0, recorder=recorder)
+    c = fleet.cluster
+    low = c.submit(JobSpec("training", 4, "p", "a", 7200, priority_class="batch"))
+    fleet.run_until(600.0)
+    high = c.submit(JobSpec("training", 4, "q", "a", 1800, priority_class="high"))
+    assert high.state == "running" and low.state == "queued" and low.preemptions == 1
+    dev = c.submit(JobSpec("training", 1, "p", "b", 7200, priority_class="dev"))
+    notebook = c.submit(JobSpec("notebook", 1, "p", "b", 7200, priority_class="dev"))
+    fleet.run_until(1200.0)
+    ops.reclaim(c, dev.gpu_uuids[0])
+    ops.reclaim(c, notebook.gpu_uuids[0])
+    fleet.run_until(1800.0)
+    report = recorder.report(c)
+    batch, dev_figures = report.classes["batch"], report.classes["dev"]
+    assert (batch.preemptions, batch.restarts) == (1, 0)
+    assert (dev_figures.preemptions, dev_figures.restarts, dev_figures.culled) == (0, 1, 1)
+    assert report.to_json()["classes"]["dev"]["restarts"] == 1
