@@ -316,6 +316,13 @@ def run(
     "node_num, state, submit_time, start_time, end_time); fields: job_id, user, project, gpus, "
     "nodes, state, submit, start, end, pool.",
 )
+@click.option(
+    "--prometheus",
+    metavar="URL",
+    help="A Prometheus holding the NVML exporter's nvml_gpu_utilization_ratio and the "
+    "allocation series gpuops_gpu_allocated{project, partition} over the history's window: "
+    "each job class takes the utilization profile nearest its GPUs' (default: training).",
+)
 @click.option("--name", default="from-history", show_default=True, help="The fleet's name.")
 @click.option(
     "--out",
@@ -327,6 +334,7 @@ def from_history(
     history: tuple[Path, ...],
     pools: tuple[str, ...],
     columns: tuple[str, ...],
+    prometheus: str | None,
     name: str,
     out: Path,
 ) -> None:
@@ -334,7 +342,14 @@ def from_history(
     (with --format=JobID,User,Account,Partition,AllocTRES,NNodes,State,Submit,Start,End) or a
     job trace in CSV — and print how closely its policies-off run reproduces the history's
     allocation, queue wait and completion time over the same window (docs/whatif.md)."""
-    from gpuops.sim.fromhistory import calibrate, derive, fleet_yaml, parse_pool
+    from gpuops.sim.fromhistory import (
+        calibrate,
+        derive,
+        fleet_yaml,
+        measured_profiles,
+        parse_pool,
+        profile_table,
+    )
     from gpuops.sim.history import HistoryError, column_map, read_history
 
     try:
@@ -344,11 +359,15 @@ def from_history(
             r for path in history for r in read_history(path.read_text(), str(path), mapping)
         ]
         source = ", ".join(map(str, history))
-        doc = derive(records, shapes, name, source)
+        measured = measured_profiles(prometheus, records, shapes) if prometheus else {}
+        doc = derive(records, shapes, name, source, measured)
         _config, calibration = calibrate(records, shapes, doc, source)
     except (HistoryError, FleetFileError) as exc:
         raise click.ClickException(str(exc)) from None
     out.write_text(fleet_yaml(doc))
     click.echo(f"fleet file: {out} ({len(records)} jobs, {len(doc['job_classes'])} job classes)")
+    if prometheus:
+        click.echo(f"utilization of the jobs' GPUs ({prometheus}, the history's window):")
+        click.echo(profile_table(measured, doc))
     click.echo("calibration (policies off, the history's window):")
     click.echo(calibration.table())

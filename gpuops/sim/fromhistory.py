@@ -14,7 +14,7 @@ import math
 import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +26,7 @@ from gpuops.sim.fleet.fleetfile import parse_fleet
 from gpuops.sim.fleet.report import Recorder
 from gpuops.sim.fleet.virtual import VirtualFleet
 from gpuops.sim.history import HistoryError, JobRecord
+from gpuops.sim.profiles import Measured, measure
 
 BURST_JOBS = 5
 """Jobs of one class submitted within the same second from which they are a burst (a sweep,
@@ -127,13 +128,53 @@ def _durations(runs: list[float]) -> dict[str, float]:
     return {"median": round(median, 3), "sigma": round(sigma, 3), "max": max(runs)}
 
 
+def measured_profiles(
+    url: str, records: Sequence[JobRecord], pools: Sequence[PoolShape]
+) -> dict[tuple[str, str], Measured]:
+    """The job classes' utilization over the history's window from the Prometheus at ``url``
+    (``gpuops.sim.profiles``); ``HistoryError`` when its series name none of the history's
+    projects and pools."""
+    t0, t1 = window(records)
+    measured = measure(url, t0, t1, [p.name for p in pools])
+    wanted = {(r.project, r.pool) for r in records}
+    if not wanted & set(measured):
+        found = ", ".join(sorted(f"{p}/{q}" for p, q in measured)) or "none"
+        raise HistoryError(
+            f"--prometheus {url}: its jobs' GPUs are of projects/partitions {found}, none of "
+            f"the history's ({', '.join(sorted(f'{p}/{q}' for p, q in wanted))}): the "
+            "allocation series' project and partition labels must be the accounts and "
+            "partitions of the history"
+        )
+    return measured
+
+
+def profile_table(measured: Mapping[tuple[str, str], Measured], doc: Mapping[str, Any]) -> str:
+    """Each job class's measured utilization and the profile it took."""
+    lines = [f"  {'job class':<24}{'GPU-hours':>10}{'mean':>8}{'swing':>8}   profile"]
+    for jc in doc["job_classes"]:
+        m = measured.get((jc["project"], jc["priority_class"]))
+        if m is None:
+            lines.append(f"  {jc['name']:<24}{'-':>10}{'-':>8}{'-':>8}   training (no series)")
+        else:
+            lines.append(
+                f"  {jc['name']:<24}{m.gpu_hours:>10.1f}{m.mean:>8.1%}{m.swing:>8.1%}   {m.profile}"
+            )
+    return "\n".join(lines)
+
+
 def derive(
-    records: Sequence[JobRecord], pools: Sequence[PoolShape], name: str, source: str
+    records: Sequence[JobRecord],
+    pools: Sequence[PoolShape],
+    name: str,
+    source: str,
+    measured: Mapping[tuple[str, str], Measured] | None = None,
 ) -> dict[str, Any]:
     """The fleet file (as data) whose workload is the history's: one job class per project
     and pool, its rate over the span of the submissions; bursts for the seconds in which a
     class submitted ``BURST_JOBS`` or more (when the history spans under a day: a burst recurs
-    daily), Poisson arrivals for the rest."""
+    daily), Poisson arrivals for the rest; the profile ``measured`` gives the class (from
+    Prometheus: ``measured_profiles``), else ``training``."""
+    measured = measured or {}
     if not records:
         raise HistoryError(f"{source}: no job with GPUs in the history")
     shapes = {p.name: p for p in pools}
@@ -165,7 +206,7 @@ def derive(
                 "name": f"{project}-{pool}",
                 "project": project,
                 "priority_class": pool,
-                "profile": "training",
+                "profile": (m.profile if (m := measured.get((project, pool))) else "training"),
                 "rate_per_hour": round(len(spread) / submitted_h, 4),
                 "bursts": [
                     {"hour": round(_hour(s), 6) % 24, "jobs": per_second[s]}
@@ -176,10 +217,19 @@ def derive(
             }
         )
     first, last = (datetime.fromtimestamp(t, UTC).isoformat() for t in (t0, t1))
+    calibration = f"{source}: {len(records)} jobs submitted from {first} to {last}"
+    if measured:
+        calibration += "; utilization profiles from the GPUs' series over that window: " + (
+            ", ".join(
+                f"{p}-{q} {m.mean:.0%} mean, {m.swing:.0%} swing: {m.profile}"
+                for (p, q), m in sorted(measured.items())
+                if (p, q) in classes
+            )
+        )
     return {
         "name": name,
         "description": f"derived by gpuops fleet from-history from {len(records)} GPU jobs",
-        "calibration": f"{source}: {len(records)} jobs submitted from {first} to {last}",
+        "calibration": calibration,
         "seed": 42,
         # a second before the first submission: a burst at the very start still fires
         "start_hour": round(_hour(t0 - 1.0), 6) % 24,
