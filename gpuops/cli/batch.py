@@ -11,6 +11,7 @@ file, ``field: message`` for the plan); exit 0 when the operation can run (or ra
 
 from __future__ import annotations
 
+import getpass
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -311,7 +312,11 @@ def run_cmd(
     with _engine(config_path) as engine:
         try:
             batch_id = engine.batches.start(
-                operation, operation_file.read_text(encoding="utf-8"), fleet, inventory
+                operation,
+                operation_file.read_text(encoding="utf-8"),
+                fleet,
+                inventory,
+                by=getpass.getuser(),
             )
         except PlanError as exc:
             _refuse([f"{operation.file}: {p}" for p in exc.problems])
@@ -383,8 +388,6 @@ def cancel_cmd(batch_id: str, config_path: Path) -> None:
 def approve_cmd(batch_id: str, config_path: Path, user: str | None) -> None:
     """Let an operation that says approval: true run (audited with the approver); `resume`
     runs it."""
-    import getpass
-
     from gpuops.runtime.batch import BatchError
 
     with _engine(config_path) as engine:

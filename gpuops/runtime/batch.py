@@ -111,21 +111,11 @@ class BatchRecord:
     order: list[str] = field(default_factory=list)
     timeline: list[list[Any]] = field(default_factory=list)
     """``[at, wave, unavailable]`` as each wave starts."""
+    started_by: str = ""
+    """Who started it (empty: not known)."""
 
     def operation(self) -> Operation:
         return parse_operation(self.text, self.file, Path(self.file).parent)
-
-
-def _phases(operation: Operation, was_out: bool) -> list[Phase]:
-    phases = [Phase.QUARANTINE] if operation.quarantine != "none" else []
-    phases.append(Phase.STEP)
-    if operation.reboot is not None:
-        phases.append(Phase.REBOOT)
-    if operation.validate is not None:
-        phases.append(Phase.VALIDATE)
-    if operation.quarantine != "none" and not was_out:
-        phases.append(Phase.RETURN)
-    return phases
 
 
 def _action(operation: Operation, phase: Phase) -> ActionSpec:
@@ -213,11 +203,16 @@ class BatchRunner:
 
     # --- the operation -----------------------------------------------------------------------
     def start(
-        self, operation: Operation, text: str, fleet: FleetView, inventory: frozenset[str] | None
+        self,
+        operation: Operation,
+        text: str,
+        fleet: FleetView,
+        inventory: frozenset[str] | None,
+        by: str = "",
     ) -> str:
-        """Store ``operation`` (``text``: its file's) with its nodes ``pending``; refused
-        (``PlanError``) as ``gpuops batch plan`` refuses it, and when a node is in another
-        operation. Returns its id."""
+        """Store ``operation`` (``text``: its file's; ``by``: who starts it) with its nodes
+        ``pending``; refused (``PlanError``) as ``gpuops batch plan`` refuses it, and when a
+        node is in another operation. Returns its id."""
         self._check_quarantine(operation)
         busy = self.busy()
         now = self._clock()
@@ -230,6 +225,7 @@ class BatchRunner:
             text=text,
             created_at=now,
             order=[n.name for n in seen if matches(operation.targets, n)],
+            started_by=by,
         )
         if operation.approval:
             rec.status = BatchStatus.AWAITING_APPROVAL.value
@@ -360,7 +356,7 @@ class BatchRunner:
     def _procedure(self, rec: BatchRecord, operation: Operation, name: str) -> str | None:
         """The node's remaining steps, each stored once done; what held a step, or None."""
         node = self.nodes(rec.id)[name]
-        for phase in _phases(operation, node.was_out):
+        for phase in operation.phases(node.was_out):
             if phase.value in node.done:
                 continue  # finished before a stop or a restart: never again
             stopped = self._stopped()

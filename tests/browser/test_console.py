@@ -19,6 +19,7 @@ from tests.waiting import wait_for
 PAGES = {
     "Overview": "/",
     "Fleet": "/fleet",
+    "Batch": "/batch",
     "Timeline": "/timeline",
     "Decisions": "/decisions",
     "Approvals": "/approvals",

@@ -39,6 +39,7 @@ STATIC = Path(__file__).parent / "static"
 PAGES: tuple[tuple[str, str, Permission], ...] = (
     ("/", "Overview", Permission.ENGINE_READ),
     ("/fleet", "Fleet", Permission.ENGINE_READ),
+    ("/batch", "Batch", Permission.ENGINE_READ),
     ("/timeline", "Timeline", Permission.DECISIONS_READ),
     ("/decisions", "Decisions", Permission.DECISIONS_READ),
     ("/approvals", "Approvals", Permission.APPROVALS_READ),

@@ -20,7 +20,8 @@ class BatchNodeOut(Out):
 
 class BatchOut(Out):
     id: str
-    status: str = Field(description="running, paused, done or cancelled.")
+    status: str = Field(description="awaiting_approval, running, paused, done or cancelled.")
+    started_by: str = Field(description="Who started it (empty: not known).")
     why: str = Field(description="Why it paused, or its failed nodes once done.")
     waves: int
     created_at: float

@@ -36,6 +36,7 @@ def _out(ctx: ApiContext, batch_id: str) -> BatchOut:
     return BatchOut(
         id=rec.id,
         status=rec.status,
+        started_by=rec.started_by,
         why=rec.why,
         waves=rec.waves,
         created_at=rec.created_at,

@@ -375,7 +375,10 @@ def explain_decision(
         state=row.state or "",
         effect=told,
         undo=pair,
-        can_retry=stored is not None and stored.failed and stored.retried_at is None,
+        can_retry=stored is not None
+        and stored.failed
+        and stored.retried_at is None
+        and stored.decision.group != "batch",  # a batch step: its operation retries the node
     )
 
 

@@ -147,6 +147,19 @@ class Operation:
     timing: Timing = Timing()
     file: str = ""
 
+    def phases(self, was_out: bool) -> list[Phase]:
+        """A node's procedure, in order; ``was_out``: out of service before the operation
+        (never returned to service by it)."""
+        phases = [Phase.QUARANTINE] if self.quarantine != "none" else []
+        phases.append(Phase.STEP)
+        if self.reboot is not None:
+            phases.append(Phase.REBOOT)
+        if self.validate is not None:
+            phases.append(Phase.VALIDATE)
+        if self.quarantine != "none" and not was_out:
+            phases.append(Phase.RETURN)
+        return phases
+
 
 class Availability(StrEnum):
     """A node as the fleet reports it before the operation."""

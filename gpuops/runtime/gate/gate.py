@@ -387,20 +387,33 @@ class Gate:
             held = Hold(Suppression.VETO.verdict, f"veto: {standing.veto}")
         if held is not None:
             outcome = Outcome(OutcomeStatus.SKIPPED, error=held.why)
-            self._trail.record(decision.with_verdict(held.verdict, held.why), outcome)
+            self._step_done(decision.with_verdict(held.verdict, held.why), outcome)
             return outcome
         if dry_run or self._holds.engine_dry_run():
             why = "the operation is not enforced" if dry_run else "engine is in dry-run"
             planned = decision.with_verdict(Verdict.DRY_RUN, f"{decision.reason}: {why}")
             outcome = Outcome(OutcomeStatus.SKIPPED, error=f"{DRY_RUN_PREFIX}{why}")
-            self._trail.record(planned, outcome)
+            self._step_done(planned, outcome)
             return outcome
         if not self._trail.write_intents([decision]):  # audit before act
             return Outcome(OutcomeStatus.SKIPPED, error=f"not run: {self._trail.problem}")
         self._trail.wrote()
         outcome = self._execute(decision)
-        self._trail.record(decision, outcome)
+        self._step_done(decision, outcome)
         return outcome
+
+    def _step_done(self, decision: Decision, outcome: Outcome) -> None:
+        """Audit a batch step with its outcome, then keep it with the decisions (``done``:
+        nothing resumes or reconciles it; the decision pages show it). The same id again (a
+        step held, then run) keeps its latest verdict and outcome."""
+        self._trail.record(decision, outcome)
+        try:
+            with self._store.transaction() as db:
+                self._store.record_decision(db, decision, DecisionStatus.DONE)
+            self._store.finish_decision(decision.id, outcome, decision)
+            self._store.mark_audited([decision.id], Audited.OUTCOME)
+        except StateError:  # audited all the same; the operation's own record goes on
+            log.exception("batch step %s not kept with the decisions", decision.id)
 
     # --- what runs nothing -----------------------------------------------------------------
     def retry(self, decision_id: str) -> Decision:

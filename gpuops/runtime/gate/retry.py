@@ -34,6 +34,11 @@ def retry(store: Store, locks: Locks, clock: Callable[[], float], decision_id: s
     if not stored.failed:
         raise RetryError(f"decision {decision_id} did not fail: nothing to retry")
     decision = stored.decision
+    if decision.group == "batch":
+        raise RetryError(
+            f"decision {decision_id} is a step of {decision.policy}: retry its node in the"
+            " operation (gpuops batch retry, or the batch operation's page)"
+        )
     now = clock()
     with locks.policy(decision.policy), locks.engine:
         state = store.policy_state(decision.policy)

@@ -29,13 +29,16 @@ class Fleet:
 
 def test_batch_routes(api: Harness, tmp_path: Path) -> None:
     runner = api.engine.batches
-    batch = runner.start(parse_operation(OPERATION, "op.yaml"), OPERATION, Fleet(), None)
+    batch = runner.start(
+        parse_operation(OPERATION, "op.yaml"), OPERATION, Fleet(), None, by="carol"
+    )
     runner.run(batch, Fleet())
 
     listed = api.call("developer", "GET", "/api/v1/batch")
     assert listed.status_code == 200
     [one] = listed.json()
     assert (one["id"], one["status"], one["why"]) == (batch, "done", "failed: n2")
+    assert one["started_by"] == "carol"
     nodes = {n["name"]: n for n in one["nodes"]}
     assert nodes["n1"] == {
         "name": "n1",
