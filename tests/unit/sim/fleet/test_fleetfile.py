@@ -30,7 +30,7 @@ job_classes:
 """
 
 
-@pytest.mark.parametrize("name", ["case-study", "helios-earth", "demo"])
+@pytest.mark.parametrize("name", ["case-study", "helios-earth", "demo", "hpc", "inference"])
 def test_shipped_fleets_load_and_run(name: str) -> None:
     config = load_fleet(EXAMPLES / f"{name}.yaml")
     cluster = Cluster(config)
