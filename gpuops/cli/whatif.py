@@ -9,22 +9,30 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import click
 
 from gpuops.cli.fleet import FLEET_FILE
 from gpuops.model.rules.model import RulesError
+from gpuops.sim.fleet.config import HarmLimits
 from gpuops.sim.fleet.errors import FleetError
 from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
 from gpuops.sim.fleet.remotewrite import RemoteWriteError
 from gpuops.sim.whatif import SCRAPE_INTERVAL_S, Whatif, WhatifError
 from gpuops.sim.whatif import whatif as run_whatif
+from gpuops.sim.whatif.harm import flags
 from gpuops.sim.whatif.report import table, to_json
 from gpuops.sim.whatif.spread import table as spread_table
 from gpuops.sim.whatif.spread import to_json_spread as spread_json
 
 log = logging.getLogger(__name__)
+
+HARM_EXIT = 3
+"""Exit status of ``--fail-on-harm`` when a policy passed a harm limit (1: an error, 2: a
+usage error)."""
 
 
 @click.command(name="whatif")
@@ -80,6 +88,21 @@ log = logging.getLogger(__name__)
     help="Write every series of the fleet to Prometheus (for dashboards on the kept data, "
     "with --workdir or --prometheus-url); default: only the metrics the rules read.",
 )
+@click.option(
+    "--harm-limit",
+    "harm_limit",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one of the fleet file's harm_limits (repeat for several): jct_increase "
+    "(a share, 0.10: a class's mean completion 10 % longer), over_objective (a share of "
+    "sessions' time over their objective) or non_preemptible_stops (jobs).",
+)
+@click.option(
+    "--fail-on-harm",
+    is_flag=True,
+    help=f"Exit with status {HARM_EXIT} after the report when a policy passed a harm limit "
+    "(on any seed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option(
     "--plots",
@@ -97,6 +120,8 @@ def whatif(
     prometheus_url: str | None,
     workdir: Path | None,
     all_series: bool,
+    harm_limit: tuple[str, ...],
+    fail_on_harm: bool,
     as_json: bool,
     plots: Path | None,
 ) -> None:
@@ -108,6 +133,7 @@ def whatif(
         config = load_fleet(fleet_file)
     except FleetFileError as exc:
         raise click.ClickException(str(exc)) from None
+    config = replace(config, harm_limits=harm_limits(config.harm_limits, harm_limit))
     chosen = seed_list(seeds, config.seed if seed is None else seed, seed is not None)
     if prometheus_url is not None and len(chosen) > 1:
         raise click.BadParameter(
@@ -149,6 +175,37 @@ def whatif(
         click.echo(json.dumps(to_json(runs[0]), indent=2) if as_json else table(runs[0]))
     else:
         click.echo(json.dumps(spread_json(runs), indent=2) if as_json else spread_table(runs))
+    if fail_on_harm and any(flags(w) for w in runs):
+        raise SystemExit(HARM_EXIT)
+
+
+def harm_limits(base: HarmLimits, pairs: tuple[str, ...]) -> HarmLimits:
+    """``base`` with the ``--harm-limit KEY=VALUE`` overrides, each checked as the fleet
+    file's ``harm_limits`` is."""
+    kinds = {f.name: f.type for f in fields(HarmLimits)}
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in kinds:
+            raise click.BadParameter(
+                f"{pair!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}",
+                param_hint="--harm-limit",
+            )
+        whole = kinds[key] in (int, "int")
+        try:
+            value: float | int = int(text) if whole else float(text)
+        except ValueError:
+            raise click.BadParameter(
+                f"{pair!r}: {key} must be {'a whole number' if whole else 'a number'}",
+                param_hint="--harm-limit",
+            ) from None
+        high = 1.0 if key == "over_objective" else (None if whole else 100.0)
+        if value < 0 or (high is not None and value > high) or value != value:
+            bounds = f"within [0, {high:g}]" if high is not None else ">= 0"
+            raise click.BadParameter(f"{pair!r}: {key} must be {bounds}", param_hint="--harm-limit")
+        changes[key] = value
+    return replace(base, **changes)
 
 
 def _per_seed(folder: Path | None, seed: int, seeds: int) -> Path | None:

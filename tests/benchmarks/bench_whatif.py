@@ -29,7 +29,7 @@ FLEET = REPO / "examples" / "fleets" / "case-study.yaml"
 RULES = [
     REPO / "rules" / "gpu-efficiency.yaml",
     REPO / "rules" / "energy",
-    REPO / "rules" / "case-study",
+    REPO / "rules" / "fleet",
 ]
 TARGET_S = 600.0
 

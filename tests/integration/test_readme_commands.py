@@ -119,7 +119,7 @@ NOT_RUN_PREFIXES = {
     "docker compose": "needs Docker",
     "kubectl ": "needs a Kubernetes cluster (the manifests: tests/integration/deploy)",
     "gpuops whatif --fleet examples/fleets/case-study.yaml --rules rules/gpu-efficiency.yaml "
-    "--rules rules/energy --rules rules/case-study --hours 24 --seeds 5": (
+    "--rules rules/energy --rules rules/fleet --hours 24 --seeds 5": (
         "five 24-hour what-ifs (~10 minutes); the same command for half an hour runs above"
     ),
     "TZ=UTC sacct ": (

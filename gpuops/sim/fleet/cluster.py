@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from gpuops.sim.fleet import readings
+from gpuops.sim.fleet.causes import Causes
 from gpuops.sim.fleet.config import (
     GIB,
     GPU_MODELS,
@@ -94,6 +95,11 @@ class Cluster:
         )
         if self.arrivals is not None:
             self.arrival_rate_per_min = sum(jc.rate_per_hour for jc in config.job_classes) / 60
+        self.causes = Causes()
+        """Which decision stopped or acted on which jobs (for the what-if's harm limits)."""
+        self.most_nodes: dict[str, int] = dict.fromkeys(self.pools, 0)
+        """Pool -> the most nodes it has had at once, a quota grant's left out: its machines,
+        where it has no ``max_nodes`` (``machines``)."""
         self.powered_down: dict[str, tuple[str, float]] = {}
         """Nodes powered down (removed) in the last ``POWERED_DOWN_KEPT_S``: name -> (pool,
         when), exported as ``gpuops_node_powered_down`` so a console tells a machine switched
@@ -144,9 +150,10 @@ class Cluster:
 
     # --- building blocks (callers hold the lock) -------------------------------------------
 
-    def add_node(self, pool_name: str, boot: bool = False) -> Node:
+    def add_node(self, pool_name: str, boot: bool = False, granted: bool = False) -> Node:
         """A new node of ``pool_name``; with ``boot``, a machine powered up now, schedulable
-        after the pool's ``boot_s``."""
+        after the pool's ``boot_s``; ``granted``: a quota grant's, not one of the pool's
+        machines (``machines``)."""
         pool = self.pools[pool_name]
         model = GPU_MODELS[pool.model]
         seq = self._node_seq
@@ -164,13 +171,34 @@ class Cluster:
         node.host_idle_power = node.host_power = pool.host_idle_watts
         if boot and pool.boot_s > 0:
             node.booting_until = self.time + pool.boot_s
+        if boot:
+            self.causes.powered_up(pool.name, self.time, self._oldest_wait())
         self.nodes[node.name] = node
+        if not granted:
+            present = sum(1 for n in self.nodes.values() if n.pool == pool.name)
+            self.most_nodes[pool.name] = max(self.most_nodes[pool.name], present)
         return node
+
+    def _oldest_wait(self) -> float:
+        """When the longest wait of a queued job began (now, with none queued)."""
+        queued = (self.jobs[j] for q in self.queues.values() for j in q)
+        return min(
+            (j.waiting_since if j.waiting_since is not None else j.submitted_at for j in queued),
+            default=self.time,
+        )
+
+    def machines(self, pool_name: str) -> int:
+        """The machines of ``pool_name``, powered or not, that a power-up can bring back: its
+        ``max_nodes``, or without one the most nodes it has had at once (those of the fleet
+        file and any ``scale_out`` added): a node powered down is a machine still there."""
+        spec = self.pools[pool_name]
+        return spec.max_nodes if spec.max_nodes is not None else self.most_nodes[pool_name]
 
     def power_down(self, name: str) -> Node:
         """Remove node ``name``, powered down (``scale_in``, ``consolidate``); it is
         remembered as powered down for ``POWERED_DOWN_KEPT_S``."""
         node = self.nodes.pop(name)
+        self.causes.powered_down(node.pool)
         kept_since = self.time - POWERED_DOWN_KEPT_S
         for old in [n for n, (_, at) in self.powered_down.items() if at < kept_since]:
             del self.powered_down[old]
@@ -325,6 +353,9 @@ class Cluster:
 
     def start(self, job: Job, node: Node, gpus: list[Gpu]) -> None:
         """Run ``job`` on ``gpus`` of ``node`` (the scheduler picked them)."""
+        since = job.waiting_since if job.waiting_since is not None else job.submitted_at
+        waited = job.state == "queued" and self.time > since
+        self.causes.started(job.priority_class, job.pools or (job.pool,), since if waited else None)
         for gpu in gpus:
             gpu.job = job.id
         job.state = "running"
@@ -343,6 +374,7 @@ class Cluster:
         """Run ``job`` on one slice of each of ``gpus`` (shared GPUs of ``node``)."""
         for gpu in gpus:
             gpu.tenants.append(job.id)
+        self.causes.started_on_slices(job.priority_class, (g.uuid for g in gpus))
         self.start(job, node, [])
         job.gpu_uuids = [g.uuid for g in gpus]
         job.shared = True
@@ -378,6 +410,7 @@ class Cluster:
         else:
             lost = done
         charged = lost + self.config.scheduler.restart_s
+        self.causes.stopped("restarted", job.priority_class)
         job.remaining_s += lost
         job.redo_s += lost
         job.relaunch_s = self.config.scheduler.restart_s
@@ -410,6 +443,7 @@ class Cluster:
             )
         )
         self.counters["culled"] += 1
+        self.causes.stopped("culled", job.priority_class)
         return self.release(job)
 
     def release(self, job: Job) -> list[str]:

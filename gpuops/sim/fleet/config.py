@@ -94,8 +94,9 @@ class PoolSpec:
     idle; its GPUs count towards power only while they exist."""
     max_nodes: int | None = None
     """Most nodes scale_out may bring the pool to (the machines a physical pool has, powered
-    up again after a scale_in; a cloud pool's limit); None: no limit. Quota grants are not
-    capped by it."""
+    up again after a scale_in; a cloud pool's limit); None: no limit, and the machines a
+    power-up brings back for the queue are the most nodes the pool has had
+    (``Cluster.machines``). Quota grants are not capped by it."""
     sharing: str | None = None
     """How a GPU of the pool can be shared by several jobs once a ``pack`` makes it shared:
     ``mig`` (A100/H100: isolated slices, each ``1/slices`` of the SMs and memory) or
@@ -184,6 +185,25 @@ class SchedulerSettings:
 
 
 @dataclass(frozen=True)
+class HarmLimits:
+    """What a policy may cost before ``gpuops whatif`` flags it (a fleet file's
+    ``harm_limits``, or ``--harm-limit``; docs/whatif.md, "Harm limits")."""
+
+    jct_increase: float = 0.10
+    """A priority class's mean completion time may be at most this share longer with the
+    policies than without: a tenth is a delay a class's users notice, and above the day-to-day
+    noise of a class's mean on the shipped fleets' seeds only for the larger classes."""
+    over_objective: float = 0.05
+    """A class's sessions may spend at most this share of their time answering slower than
+    their job class's ``slowdown_objective`` (and no more than without the policies): a 95 %
+    objective, as a serving SLO is usually written."""
+    non_preemptible_stops: int = 0
+    """Jobs of a priority class marked ``preemptible: false`` that one policy may stop (cull,
+    restart elsewhere, preempt off GPUs it lent): none, since the fleet file says they must
+    not be stopped."""
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The whole simulated fleet. The no-argument default is sized for ``gpuops demo``."""
 
@@ -235,6 +255,8 @@ class FleetConfig:
     """Arrivals by class; when given they replace the background arrivals above."""
     scheduler: SchedulerSettings = SchedulerSettings()
     tariff: Tariff = Tariff()
+    harm_limits: HarmLimits = HarmLimits()
+    """What a policy may cost before the what-if flags it."""
     start_hour: float = 0.0
     """Local hour of day at simulated time 0 (for the tariff and diurnal arrivals)."""
 

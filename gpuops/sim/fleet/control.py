@@ -270,7 +270,8 @@ def dispatch(
                 if seen is not None:
                     log.debug("decision %s seen before: replaying its response", key)
                     return seen
-                response = route(cluster, args, body)
+                with cluster.causes.acting(key):
+                    response = route(cluster, args, body)
                 idem.put(key, 200, response)
                 return 200, response
         except FleetError as exc:

@@ -69,7 +69,7 @@ class Grants:
         nodes = math.ceil(gpus / spec.gpus_per_node)
         ends_at = None if duration_s is None else c.time + duration_s
         grant = Grant(grant_id, project, pool, gpus, ends_at)
-        grant.nodes = [c.add_node(pool).name for _ in range(nodes)]
+        grant.nodes = [c.add_node(pool, granted=True).name for _ in range(nodes)]
         c.counters["nodes_added"] += nodes
         grants[grant_id] = grant
         log.info("grant %s: %d GPUs for %s in %s on %s", grant_id, gpus, project, pool, grant.nodes)

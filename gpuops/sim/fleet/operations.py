@@ -45,6 +45,7 @@ def reclaim(cluster: Cluster, uuid: str) -> Changed:
         held_s = job.remaining_s if job.remaining_s is not None else 0.0
         cluster.counters["reclaimed"] += 1
         if job.duration_s is None:
+            cluster.causes.stopped("culled", job.priority_class)  # it ends
             freed = cluster.release(job)
             requeued = False
         elif job.profile in CULLED_PROFILES:
@@ -170,6 +171,7 @@ def pack(cluster: Cluster, uuid: str) -> Changed:
             )  # fmt: skip
         for g in mine:
             g.job = None
+        cluster.causes.made_shared(g.uuid for g in mine)
         job.borrowed = in_place == "borrowed"
         started = job.started_at
         cluster.start_shared(job, node, mine)
@@ -215,6 +217,9 @@ def lock_clocks(cluster: Cluster, uuid: str, max_clock_mhz: int) -> Changed:
             return {}
         gpu.clock_locked_mhz = max_clock_mhz
         cluster.counters["downclocked"] += 1
+        holders = ([gpu.job] if gpu.job is not None else []) + gpu.tenants
+        for job_id in holders:
+            cluster.causes.touched(cluster.jobs[job_id].priority_class, slowed=True)
         return {
             "uuid": uuid,
             "node": node.name,
@@ -449,6 +454,7 @@ def hold_class(cluster: Cluster, priority_class: str) -> Changed:
     with cluster.lock:
         if not cluster.scheduler.hold(priority_class):
             return {}
+        cluster.causes.touched(priority_class)
         return {"priority_class": priority_class, "held": True}
 
 
@@ -467,6 +473,7 @@ def lend(cluster: Cluster, pool: str) -> Changed:
     with cluster.lock:
         if not cluster.scheduler.lend(pool):
             return {}
+        cluster.causes.lending(pool)
         cluster.schedule()
         return {"pool": pool, "lending": True}
 

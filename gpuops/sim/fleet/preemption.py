@@ -20,6 +20,7 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from gpuops.sim.fleet.causes import SCHEDULER
 from gpuops.sim.fleet.model import SESSION_PROFILES, Job, Node
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Preemption:
         job on a lent slice: it has waited less than two boot times (the power-up policy's
         delay, then the boot) since it last entered the queue (``Job.waiting_since``: a job
         preempted off another pool waits afresh, not since its submit hours ago), and a
-        machine of the pool boots or one more can be powered up (``max_nodes``)."""
+        machine of the pool boots or one more can be powered up (``Cluster.machines``)."""
         c = self.cluster
         spec = c.pools[pool]
         since = job.waiting_since if job.waiting_since is not None else job.submitted_at
@@ -88,7 +89,7 @@ class Preemption:
         nodes = [n for n in c.nodes.values() if n.pool == pool]
         if any(n.booting_until is not None for n in nodes):
             return True
-        return spec.max_nodes is not None and len(nodes) < spec.max_nodes
+        return len(nodes) < c.machines(pool)
 
     def victims(self, job: Job, pool: str, reclaim: bool) -> tuple[Node, list[Job]] | None:
         """The node of ``pool`` where preempting the least work makes room for ``job``: jobs
@@ -157,6 +158,13 @@ class Preemption:
         the GPU-seconds lost (credited to its project)."""
         c = self.cluster
         lost = lost_work(job)
+        # a borrower on GPUs only a decision lent is stopped by that decision; any other
+        # preemption is the fleet's own scheduler's, whatever decision's call led to it
+        node = c.nodes.get(job.node or "")
+        lender = None
+        if node is not None and job.borrowed and not self.settings.borrowing:
+            lender = c.causes.lent_by(node.pool)
+        c.causes.stopped("preempted", job.priority_class, lender or SCHEDULER)
         if job.remaining_s is not None and job.duration_s is not None:
             job.remaining_s = min(job.remaining_s + lost, job.duration_s)
         job.since_checkpoint_s = 0.0

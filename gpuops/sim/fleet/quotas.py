@@ -104,13 +104,19 @@ class QuotaLedger:
         return self.full_size(), self.reserved_in()
 
     def full_size(self) -> dict[str, int]:
-        """Pool -> its GPUs with all its machines up (``max_nodes``; without it, those it has)."""
+        """Pool -> its GPUs with all its machines up (``Cluster.machines``: its
+        ``max_nodes``; without it, the most nodes it has had, or those it has while a quota
+        grant's nodes are among them)."""
         c = self.cluster
         present: dict[str, int] = dict.fromkeys(c.pools, 0)
         for n in c.nodes.values():
             present[n.pool] += 1
         return {
-            name: (spec.max_nodes if spec.max_nodes is not None else present[name])
+            name: (
+                spec.max_nodes
+                if spec.max_nodes is not None
+                else max(c.machines(name), present[name])
+            )
             * spec.gpus_per_node
             for name, spec in c.pools.items()
         }

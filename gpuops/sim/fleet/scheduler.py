@@ -127,7 +127,8 @@ class Scheduler:
 
     def demand(self) -> dict[str, int]:
         """Queued jobs (not held) that one more node could place, by the first of their pools
-        that has machines left to power up (``max_nodes``) and would admit them there (their
+        that has machines left to power up (``Cluster.machines``: its ``max_nodes``, or the
+        nodes it had that are powered down) and would admit them there (their
         project's quota, or unreserved GPUs of the pool at full size): the signal a power-up or
         scale-out policy acts on, as a cluster autoscaler's expander picks a node group. Jobs
         that the GPUs of nodes still booting in any of their pools will take, in the order
@@ -172,8 +173,8 @@ class Scheduler:
                     # the job that machine is for)
                     booting[pool] -= job.gpus
                     break
-                if spec.max_nodes is None or present[pool] >= spec.max_nodes:
-                    continue
+                if present[pool] >= c.machines(pool):
+                    continue  # no machine of the pool left to power up
                 if own and spec.model not in models and c.time - since < spec.boot_s:
                     # a fallback pool's machine for a job that has waited less than it takes
                     # to boot: GPUs of its own models free up as often as not before it is

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuops.sim.fleet.config import FleetConfig
+from gpuops.sim.fleet.config import FleetConfig, HarmLimits
 from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.prometheus import prometheus
 from gpuops.sim.whatif.runs import SCRAPE_INTERVAL_S, RunResult, run_off, run_on
@@ -91,6 +91,10 @@ class Whatif:
     rules: tuple[str, ...]
     off: RunResult
     on: RunResult
+    limits: HarmLimits = HarmLimits()
+    """What a policy may cost before the report flags it (``gpuops.sim.whatif.harm``)."""
+    non_preemptible: tuple[str, ...] = ()
+    """The priority classes the fleet file marks ``preemptible: false``."""
 
 
 def whatif(
@@ -129,4 +133,13 @@ def whatif(
             off = baseline()
         if progress is not None:
             progress("off", hours * 3600.0)
-    return Whatif(config.name, hours, config.seed, tuple(map(str, rules)), off, on)
+    return Whatif(
+        config.name,
+        hours,
+        config.seed,
+        tuple(map(str, rules)),
+        off,
+        on,
+        config.harm_limits,
+        tuple(pc.name for pc in config.priority_classes if not pc.preemptible),
+    )

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from gpuops.sim.fleet.report import RunReport
+from gpuops.sim.whatif import harm
 from gpuops.sim.whatif.both import Whatif
 
 HARM_MARGIN = 0.05
@@ -119,7 +120,9 @@ def _payers(off: RunReport, on: RunReport) -> str:
 def conclusion(w: Whatif) -> list[str]:
     """The lines that end the one-seed table."""
     off, on = w.off.report, w.on.report
-    return _wrap([_gains(off, on), _costs(off, on), _payers(off, on)])
+    return _wrap(
+        [_gains(off, on), _costs(off, on), _payers(off, on), harm.sentence(harm.flags(w), w.limits)]
+    )
 
 
 def _over(
@@ -183,7 +186,27 @@ def conclusion_over_seeds(runs: Sequence[Whatif]) -> list[str]:
         else f"Who paid: no priority class's mean completion time rose by more than "
         f"{HARM_MARGIN:.0%} (median over the seeds)."
     )
+    sentences.append(_harm_over_seeds(runs))
     return _wrap(sentences)
+
+
+def _harm_over_seeds(runs: Sequence[Whatif]) -> str:
+    """Each policy past a harm limit, with the seeds it passed it on."""
+    seeds: dict[tuple[str, str, str], list[int]] = {}
+    for w in runs:
+        for f in {(f.policy, f.priority_class, f.limit) for f in harm.flags(w)}:
+            seeds.setdefault(f, []).append(w.seed)
+    if not seeds:
+        return harm.sentence([], runs[0].limits)
+    parts = []
+    for (policy, pc, limit), found in sorted(seeds.items()):
+        who = policy or "no policy acted on its jobs"
+        listed = ", ".join(map(str, found))
+        parts.append(
+            f"{who}: priority class {pc}, {harm.LIMITS[limit]}, on {len(found)} of "
+            f"{len(runs)} seeds ({listed})"
+        )
+    return "Harm limits passed: " + "; ".join(parts) + "."
 
 
 def _class_jct(pc: str) -> Callable[[RunReport], float | None]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.sim.fleet.report import RunReport, waste_rows
+from gpuops.sim.whatif import harm
 from gpuops.sim.whatif.both import Whatif
 from gpuops.sim.whatif.conclusion import conclusion
 from gpuops.sim.whatif.runs import RunResult
@@ -242,6 +243,7 @@ def table(w: Whatif) -> str:
             f"  {'met    ' if t.met else 'NOT met'} {t.name} {t.wanted}: "
             f"off {fmt(t.off)}, on {fmt(t.on)}"
         )
+    lines += harm.lines(harm.flags(w))
     lines += [
         "",
         f"  run time: off {w.off.wall_s:.1f} s, on {w.on.wall_s:.1f} s",
@@ -262,6 +264,7 @@ def _run_json(r: RunResult) -> dict[str, Any]:
         "wall_s": r.wall_s,
         "decisions": r.decisions,
         "outcomes": r.outcomes,
+        "attribution": r.attribution.to_json(),
     }
 
 
@@ -274,4 +277,6 @@ def to_json(w: Whatif) -> dict[str, Any]:
         "off": _run_json(w.off),
         "on": _run_json(w.on),
         "targets": [t.__dict__ for t in targets(w)],
+        "harm_limits": w.limits.__dict__,
+        "harm": [f.to_json() for f in harm.flags(w)],
     }

@@ -27,6 +27,7 @@ from gpuops.sim.fleet.config import FleetConfig
 from gpuops.sim.fleet.remotewrite import RemoteWriter
 from gpuops.sim.fleet.report import Point, Recorder, RunReport
 from gpuops.sim.fleet.virtual import VirtualFleet
+from gpuops.sim.whatif.attribution import Attribution, attribute
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
 from gpuops.sim.whatif.loop import ACTION_WORKERS, PolicyLoop, VirtualClock
 from gpuops.sim.whatif.queries import check_windows, metric_names
@@ -69,6 +70,8 @@ class RunResult:
     (or a prefetch) at the same instant (``LockstepPrometheus``)."""
     series: tuple[int, int] = (0, 0)
     """Series written to Prometheus over the run, and samples written ("on" run)."""
+    attribution: Attribution = Attribution()
+    """Which policy stopped or acted on which jobs ("on" run)."""
 
 
 PARTS = (
@@ -133,8 +136,11 @@ class _Tally:
     def __init__(self) -> None:
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
+        self.policies: dict[str, str] = {}
+        """Decision id -> its policy."""
 
     def __call__(self, decision: Decision, outcome: Outcome | None) -> None:
+        self.policies[decision.id] = decision.policy
         if outcome is None:
             self.decisions[f"{decision.policy} {decision.verdict}"] += 1
         elif decision.action is not None:
@@ -241,4 +247,5 @@ def run_on(
         parts,
         (client.asked, client.answered),
         (len(writer.series.labels), writer.samples_sent),
+        attribute(fleet.cluster.causes, tally.policies),
     )

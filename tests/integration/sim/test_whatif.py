@@ -67,6 +67,15 @@ def test_whatif_runs_the_engine_at_the_virtual_clock(prom_url: str, tmp_path: Pa
     assert 0.0 < on["downclock_loss"] < 0.03
     assert on["utilization_allocated"] > off["utilization_allocated"]
     assert [t["name"] for t in doc["targets"]][0] == "utilization over powered GPUs"
+    # what the fleet saw each decision do, named by its policy (the demo's jobs have no class)
+    assert doc["on"]["attribution"] == {
+        "stops": [
+            {"policy": "reclaim-idle-gpus", "priority_class": "", "kind": "culled", "jobs": 1}
+        ],
+        "acted": {"": ["downclock-underused-gpus", "reclaim-idle-gpus"]},
+        "slowed": {"": ["downclock-underused-gpus"]},
+    }
+    assert doc["off"]["attribution"] == {"stops": [], "acted": {}, "slowed": {}}
 
     start = start_time(HOURS, 0.0)
     docs = list(read_spool(workdir / "engine" / "audit"))

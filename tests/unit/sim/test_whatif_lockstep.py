@@ -131,7 +131,7 @@ groups:
 
 def test_prefetched_queries_are_those_a_real_cycle_asks(tmp_path: Path) -> None:
     (tmp_path / "cron.yaml").write_text(CRON)
-    rules = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "case-study"]
+    rules = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "fleet"]
     rules.append(tmp_path / "cron.yaml")
     recording = _Recording()
     engine = build_engine(
@@ -213,11 +213,11 @@ def test_the_run_writes_the_metrics_its_rules_read(tmp_path: Path) -> None:
     from gpuops.sim.whatif.queries import metric_names
 
     shipped = [REPO / "rules" / "gpu-efficiency.yaml", REPO / "rules" / "energy"]
-    loaded = load_rules([*shipped, REPO / "rules" / "case-study"])
+    loaded = load_rules([*shipped, REPO / "rules" / "fleet"])
     written = metric_names(loaded)
     assert written is not None
     # every metric name a query of the loaded policies reads, whatever rules the directories
-    # hold (a new case-study rule adds its own): expr, clear_expr and the population query
+    # hold (a new fleet rule adds its own): expr, clear_expr and the population query
     assert written == _read_names(loaded)
     assert written >= {  # the shipped rules' metrics, known to be among them
         "nvml_gpu_utilization_ratio",

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuops.sim.fleet.config import (
     FleetConfig,
+    HarmLimits,
     JobSpec,
     PoolSpec,
     ProjectSpec,
@@ -117,6 +118,11 @@ def config(doc: _FleetFile) -> FleetConfig:
                 for p in doc.tariff.periods
             ),
             doc.tariff.currency,
+        ),
+        harm_limits=HarmLimits(
+            doc.harm_limits.jct_increase,
+            doc.harm_limits.over_objective,
+            doc.harm_limits.non_preemptible_stops,
         ),
     )
     return config

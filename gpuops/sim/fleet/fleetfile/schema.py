@@ -170,6 +170,13 @@ class _Scheduler(_Model):
     _s = field_validator("min_runtime", "restart", "move_interval", mode="before")(seconds)
 
 
+class _HarmLimits(_Model):
+    jct_increase: float = Field(default=0.10, ge=0, le=100)
+    """A class's mean completion time at most this share longer (``HarmLimits``)."""
+    over_objective: float = Field(default=0.05, ge=0, le=1)
+    non_preemptible_stops: int = Field(default=0, ge=0)
+
+
 class _Job(_Model):
     profile: str = "training"
     gpus: int = Field(default=1, ge=1)
@@ -195,6 +202,8 @@ class _FleetFile(_Model):
     job_classes: list[_JobClass] = []
     scheduler: _Scheduler = _Scheduler()
     tariff: _Tariff = _Tariff()
+    harm_limits: _HarmLimits = _HarmLimits()
+    """What a policy may cost before ``gpuops whatif`` flags it."""
     initial_jobs: list[_Job] | None = None
     arrival_rate_per_min: float = Field(default=0.0, ge=0)
     """Background arrivals of the plain model (when there are no job classes)."""

@@ -110,7 +110,7 @@ def test_the_shipped_policies_load_in_enforce_mode() -> None:
         "rules/demo",
         "rules/demo-slurm",
         "rules/kubernetes",
-        "rules/case-study",
+        "rules/fleet",
     ],
 )
 def test_the_shipped_summaries_name_only_labels_their_decisions_keep(folder: str) -> None:

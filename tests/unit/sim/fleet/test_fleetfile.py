@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from gpuops.cli import cli
 from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.config import HarmLimits
 from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, parse_fleet
 
 EXAMPLES = Path(__file__).parents[4] / "examples" / "fleets"
@@ -187,6 +188,19 @@ def test_good_file_parses_durations_and_defaults() -> None:
             GOOD + "scheduler: {restart: 5m, move_interval: -1h}\n",
             "t.yaml:14: scheduler.move_interval: '-1h' is not a duration",
         ),
+        (
+            GOOD + "harm_limits: {jct_increase: 0.2, over_objective: 1.5}\n",
+            "t.yaml:14: harm_limits.over_objective: Input should be less than or equal to 1",
+        ),
+        (
+            GOOD + "harm_limits:\n  non_preemptible_stops: -1\n",
+            "t.yaml:15: harm_limits.non_preemptible_stops: Input should be greater than or "
+            "equal to 0",
+        ),
+        (
+            GOOD + "harm_limits: {jct: 0.2}\n",
+            "t.yaml:14: harm_limits.jct: unknown key",
+        ),
         ("pools: [", "t.yaml:1: YAML syntax error"),
         (
             GOOD + "initial_jobs:\n  - {gpus: 4, node: node-1}\n  - {gpus: 1, node: node-1}\n",
@@ -222,3 +236,9 @@ def test_commands_refuse_a_class_no_pool_takes_at_load(command: list[str], tmp_p
         f"{bad}:11: job_classes.0.priority_class: job class 'train': priority class 'high' "
         "takes only T4 (fallback: false)"
     ) in result.output
+
+
+def test_harm_limits_are_read_with_their_defaults() -> None:
+    assert parse_fleet(GOOD, "t.yaml").harm_limits == HarmLimits(0.10, 0.05, 0)
+    given = parse_fleet(GOOD + "harm_limits: {jct_increase: 0.25, non_preemptible_stops: 2}\n")
+    assert given.harm_limits == HarmLimits(0.25, 0.05, 2)

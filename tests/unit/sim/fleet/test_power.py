@@ -76,6 +76,41 @@ def test_demand_leaves_out_jobs_the_pool_would_not_admit() -> None:
     assert c.fleet_reading().demand == {"t4": 1}
 
 
+def test_a_pool_without_max_nodes_counts_demand_for_its_powered_down_machines() -> None:
+    # its machines are the nodes it had: one powered down is there to power up again for
+    # the queue (a pool with no demand would stay powered down with jobs waiting for it)
+    c = cluster(nodes=2, max_nodes=None)
+    assert ops.scale_in(c, "t4", 1, node="node-1") == {"pool": "t4", "removed": ["node-1"]}
+    c.submit(job("a"))
+    c.submit(job("b"))  # waits: the pool's other machine is powered down
+    assert c.fleet_reading().demand == {"t4": 1}
+    ops.scale_out(c, "t4", 1)
+    assert c.jobs["job-2"].state == "running"
+    c.submit(job("c"))  # waits, and both machines are up: nothing to power up for it
+    assert c.fleet_reading().demand == {"t4": 0}
+
+
+def test_a_quota_grants_nodes_are_not_machines_of_the_pool() -> None:
+    c = cluster(nodes=1, max_nodes=None)
+    c.scheduler.grant("g1", "a", "t4", 4, None)
+    c.scheduler.release("g1")  # its node goes: no machine of the pool was powered down
+    c.submit(job("a"))
+    c.submit(job("b"))
+    assert c.fleet_reading().demand == {"t4": 0}
+
+
+def test_a_fully_reserved_pool_without_max_nodes_admits_its_owner_at_full_size() -> None:
+    # every GPU reserved by "owner", half the machines powered down: the owner's job waits
+    # for a machine of its own reservation, another project's would not be placed
+    c = cluster(nodes=2, max_nodes=None, reserved=8)
+    ops.scale_in(c, "t4", 1, node="node-1")
+    c.submit(job("owner"))
+    c.submit(job("other"))
+    assert c.fleet_reading().demand == {"t4": 0}
+    c.submit(job("owner"))
+    assert c.fleet_reading().demand == {"t4": 1}
+
+
 HIGH = PriorityClass("high", 100, models=("A100", "H100"))
 
 
