@@ -188,12 +188,10 @@ def decision_page(
     need(viewer, Permission.DECISIONS_READ, "A decision")
     explained = explain_decision(decision_id, c.context, viewer.principal)
     stored = c.context.engine.store.decision(decision_id)
-    row: Any = {} if stored is None else stored.decision
-    target: dict[str, Any] = (
-        {"key": "", "labels": {}}
-        if stored is None
-        else {"key": row.target.key, "labels": dict(row.target.labels)}
-    )
+    if stored is None:  # pruned between the two reads
+        raise Refused(404, f"decision {decision_id} is no longer stored")
+    row = stored.decision
+    target: dict[str, Any] = {"key": row.target.key, "labels": dict(row.target.labels)}
     return render(
         request,
         "decision.html",

@@ -32,7 +32,7 @@ def _local(path: str | None) -> str:
 @router.get("/login", name="console_sign_in_page", response_class=HTMLResponse)
 def sign_in_page(request: Request, c: ConsoleDep, next: str = "/") -> Response:
     csrf = secrets.token_urlsafe(32)
-    response = render(request, "login.html", None, login_csrf=csrf, next=_local(next))
+    response = render(request, "login.html", None, login_csrf=csrf, next=_local(next), error=None)
     response.set_cookie(
         LOGIN_COOKIE, csrf, max_age=600, httponly=True, secure=c.tls, samesite="strict"
     )

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, FileSystemLoader
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from gpuops.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
 from gpuops.api.context import ApiContext, NotLeaderError  # a write sent to a standby
@@ -52,8 +52,12 @@ PAGES: tuple[tuple[str, str, Permission], ...] = (
 
 def environment() -> Environment:
     """The templates' environment: autoescaped, with ``plural`` as a filter
-    (``{{ n | plural("policy", "policies") }}``: ``1 policy``, ``2 policies``)."""
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True)
+    (``{{ n | plural("policy", "policies") }}``: ``1 policy``, ``2 policies``). A name a
+    template uses and its route does not give is an error (``StrictUndefined``), never an
+    empty cell; ``x is defined`` and ``x | default(...)`` still test for one."""
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined
+    )
     env.filters["plural"] = plural
     return env
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from jinja2 import UndefinedError
 
 from gpuops.api.console.pages import _csv
 from gpuops.api.console.sessions import SessionStore, SignInLimiter
@@ -118,19 +119,47 @@ def test_the_sign_in_limiter_forgets_old_addresses() -> None:
     assert limiter.retry_after("192.0.2.1") == 60
 
 
+PAGE = {"viewer": None, "standby": None, "nav": [], "csrf": "c", "when": str, "path": "/"}
+"""What ``gpuops.api.console.web.render`` gives every page."""
+
+
+def test_a_name_the_route_does_not_give_is_an_error_not_an_empty_cell() -> None:
+    env = environment()
+    with pytest.raises(UndefinedError, match="'filename' is undefined"):
+        env.get_template("validated.html").render(
+            **PAGE, result={"ok": True, "policies": 1, "note": None}, text=""
+        )
+    # a template may still ask whether it was given one
+    assert (
+        env.from_string("{{ x | default('-') }}{% if y is defined %}y{% endif %}").render() == "-"
+    )
+
+
 def test_the_pages_say_one_policy_one_error_and_one_gpu() -> None:
     env = environment()
-    valid = env.get_template("validated.html").render(result={"ok": True, "policies": 1})
+    validated = env.get_template("validated.html")
+    page = {**PAGE, "filename": "a.yaml", "text": ""}
+    valid = validated.render(**page, result={"ok": True, "policies": 1, "note": None})
     assert "Valid: 1 policy." in valid
-    invalid = env.get_template("validated.html").render(
-        result={"ok": False, "errors": [{"file": "a.yaml", "line": 3, "message": "bad"}]}
+    invalid = validated.render(
+        **page,
+        result={
+            "ok": False,
+            "errors": [{"file": "a.yaml", "line": 3, "message": "bad"}],
+            "note": None,
+        },
     )
     assert "1 error:" in invalid and "errors" not in invalid.split("1 error:")[0][-20:]
     quota = env.get_template("quota.html").render(
+        **PAGE,
         settings={"max_gpus": 8},
+        requests=[],
         active=[{"project": "p", "gpus": 1, "nodes": 1, "pool": "a", "ends_at": 0}],
         projects=[{"name": "p", "base": 1, "granted": 1, "quota": 2, "usage": 1.0, "pending": 0}],
-        when=str,
+        usage_asked=True,
+        usage_error=None,
+        can_request=False,
+        can_decide=False,
         duration=str,
     )
     assert "p: 1 GPU (1 node in pool a)" in quota
