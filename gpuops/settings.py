@@ -336,6 +336,31 @@ class HealthSettings(_Model):
     _age = field_validator("max_event_age", mode="before")(_seconds)
 
 
+class BatchSettings(_Model):
+    """The fleet the engine's batch operations are planned over, wave after wave
+    (docs/batch.md): a nodes file, or Slurm. Neither: the engine hosts no operation (the
+    API refuses to start one, saying so)."""
+
+    nodes: Path | None = None
+    """A nodes file (``name``, ``pool``, ``gpus``, ``features``, ``labels``, ``state``), read
+    again before each wave: whoever keeps it keeps it current."""
+    slurm: bool = False
+    """The fleet as Slurm says it is before each wave (``sinfo --json``)."""
+    slurm_conf: Path | None = None
+    """slurm.conf for ``slurm`` (default: Slurm's own)."""
+    folder: Path | None = None
+    """Where the paths of an operation posted without its own folder (the playbook, the
+    inventory) are relative to; default: the folder of this configuration file."""
+
+    @model_validator(mode="after")
+    def _one_fleet(self) -> BatchSettings:
+        if self.nodes is not None and self.slurm:
+            raise ValueError("give the fleet once: nodes (a nodes file) or slurm: true, not both")
+        if self.slurm_conf is not None and not self.slurm:
+            raise ValueError("slurm_conf is for slurm: true")
+        return self
+
+
 class EngineConfig(_Model):
     """The file ``gpuops engine run --config FILE`` reads. Relative paths are resolved against
     the file's directory; unknown keys are errors (``FILE:LINE: key: unknown key``)."""
@@ -375,6 +400,8 @@ class EngineConfig(_Model):
     """GPU health events and their remediation (docs/health.md)."""
     log: LogSettings = LogSettings()
     """The engine's log lines: their format and the level of those that tell nothing new."""
+    batch: BatchSettings = BatchSettings()
+    """The fleet the engine's batch operations run over (docs/batch.md)."""
 
     _t = field_validator("reload_check_interval", mode="before")(_seconds)
 
@@ -402,6 +429,14 @@ class EngineConfig(_Model):
                 "audit": self.audit.model_copy(update={"spool_dir": fix(self.audit.spool_dir)}),
                 "health": self.health.model_copy(
                     update={"xid_overrides": [fix(p) for p in self.health.xid_overrides]}
+                ),
+                "batch": self.batch.model_copy(
+                    update={
+                        key: fix(value)
+                        for key in ("nodes", "slurm_conf")
+                        if (value := getattr(self.batch, key)) is not None
+                    }
+                    | {"folder": fix(self.batch.folder) if self.batch.folder else base}
                 ),
                 "api": self.api.model_copy(
                     update={

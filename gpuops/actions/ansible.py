@@ -7,7 +7,9 @@ of a batch operation (``gpuops.runtime.batch``).
 or ``[`` is refused, so a node's name cannot widen the run to other hosts. A task that fails is
 a ``PermanentError`` naming the host, task and message; an unreachable host too (the operation
 reports the node and goes on: trying again is an admin's ``retry``); a run past its timeout is
-a ``TemporaryError``. ``GPUOPS_DECISION_ID`` names the run's artifacts folder.
+a ``TemporaryError``; a run ``run_cancellable`` is told to stop is cancelled through
+ansible-runner's ``cancel_callback`` (``Cancelled``). The decision id names the run's
+artifacts folder.
 
 Settings (``executors.ansible``): ``private_dir``, where ansible-runner keeps each run's
 artifacts (events, stdout, status). Params: ``playbook``, ``inventory`` (paths), ``extra_vars``,
@@ -23,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
-from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.base import Cancel, Cancelled, PermanentError, TemporaryError
 from gpuops.actions.config import problems, settings_of
 from gpuops.actions.results import Result
 from gpuops.integrations.ansible.runner import run_playbook
@@ -82,6 +84,20 @@ class AnsibleExecutor:
         return []
 
     def run(self, decision: Decision) -> PlaybookRan:
+        return self.run_cancellable(decision, lambda: None)
+
+    def run_cancellable(self, decision: Decision, cancelled: Cancel) -> PlaybookRan:
+        """``run``, with ansible-runner's ``cancel_callback`` asking ``cancelled``: a run it
+        stops (ansible-runner ends ``ansible-playbook``) is ``Cancelled``."""
+        why: list[str] = []
+
+        def stop() -> bool:
+            if not why:
+                reason = cancelled()
+                if reason is not None:
+                    why.append(reason)
+            return bool(why)
+
         try:
             params = PlaybookParams.model_validate(
                 dict(decision.action.params) if decision.action else {}
@@ -102,7 +118,10 @@ class AnsibleExecutor:
             private_dir=self.settings.private_dir,
             ident=decision.id,
             timeout_s=params.timeout_s,
+            cancelled=stop,
         )
+        if ran.status == "canceled" and why:
+            raise Cancelled(f"{why[0]}; playbook {params.playbook} on {node} was cancelled")
         if ran.status == "timeout":
             raise TemporaryError(
                 f"playbook {params.playbook} on {node}: past {params.timeout_s:.0f}s"

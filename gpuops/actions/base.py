@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RETRY = RetryPolicy()
 
+CANCELLED_PREFIX = "cancelled: "
+"""How the error of an action's outcome starts when its run was cancelled (``Cancelled``)."""
+
 
 class ExecutorError(Exception):
     """Base of what executors raise."""
@@ -39,6 +42,16 @@ class TemporaryError(ExecutorError):
 
 class PermanentError(ExecutorError):
     """Trying again will not help (4xx, bad parameters, no permission)."""
+
+
+class Cancelled(ExecutorError):
+    """The run was stopped before its end because ``cancelled`` said why (``run_cancellable``):
+    what it did so far stays; it runs again, whole, with the same decision id."""
+
+
+Cancel = Callable[[], "str | None"]
+"""Why a running action must stop now (the kill switch, pause, the operation stopped), or
+None: asked by an executor's ``run_cancellable`` while it waits on what it started."""
 
 
 @runtime_checkable
@@ -61,7 +74,13 @@ class Executor(Protocol):
 
     Optionally ``lane(decision) -> str``: what a slow or failing action of ``decision`` holds
     up (the ``webhook`` executor: the receiver's origin). The gate gives each lane workers of
-    its own; see ``lane``."""
+    its own; see ``lane``.
+
+    Optionally ``run_cancellable(decision, cancelled: Cancel)``: ``run`` that asks
+    ``cancelled`` while it waits and stops what it started when it names a reason, raising
+    ``Cancelled`` (the ``command`` executor kills the program's process group, the ``ansible``
+    executor cancels the playbook run through ansible-runner). A batch step configured with
+    ``on_stop: cancel`` runs through it (``execute``'s ``cancelled``)."""
 
     name: str
     verbs: frozenset[str] | None
@@ -111,12 +130,15 @@ def execute(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     interrupted: Callable[[], str | None] = lambda: None,
+    cancelled: Cancel | None = None,
 ) -> Outcome:
     """Run ``decision`` on ``executor``; never raises. The one place failures become Outcomes.
 
     ``interrupted`` is asked before every try after the first (the gate's kill switch and
     pause): when it names a reason, no further try starts and the outcome is ``skipped`` with
-    that reason."""
+    that reason. ``cancelled``: asked during the run by an executor that can stop what it
+    started (``run_cancellable``); a run it stops is ``skipped``, ``cancelled: <why>``."""
+    cancellable = getattr(executor, "run_cancellable", None)
     verb = decision.action.type if decision.action else ""
     if executor.verbs is not None and verb not in executor.verbs:
         supported = ", ".join(sorted(executor.verbs))
@@ -132,7 +154,18 @@ def execute(
     while True:
         attempt += 1
         try:
-            changed = executor.run(decision)
+            if cancelled is not None and cancellable is not None:
+                changed = cancellable(decision, cancelled)
+            else:
+                changed = executor.run(decision)
+        except Cancelled as exc:
+            log.warning("%s %s on %s: cancelled: %s", executor.name, verb, decision.target.key, exc)
+            return Outcome(
+                OutcomeStatus.SKIPPED,
+                attempts=attempt,
+                duration_s=clock() - started,
+                error=f"{CANCELLED_PREFIX}{exc}",
+            )
         except TemporaryError as exc:
             if attempt >= retry.attempts:
                 log.warning(

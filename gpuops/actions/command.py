@@ -6,7 +6,8 @@ for actions a site scripts itself (``kubectl cordon``, a Slurm drain).
 the
 label holds; an argument that comes from a label and would start with ``-`` (read as an option)
 is refused unless ``--`` precedes it. The process runs in its own session; on timeout its whole
-process group is killed and the run is a ``TemporaryError``. Exit 0 is success; another exit is a
+process group is killed and the run is a ``TemporaryError``; ``run_cancellable`` kills it
+too when it is cancelled (``Cancelled``). Exit 0 is success; another exit is a
 ``PermanentError`` (``TemporaryError`` for the codes in ``retry_exit_codes``). The program gets
 ``GPUOPS_DECISION_ID`` to make itself idempotent: a retried decision has the same id.
 
@@ -23,13 +24,14 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
-from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.base import Cancel, Cancelled, PermanentError, TemporaryError
 from gpuops.actions.config import problems, settings_of
 from gpuops.actions.encoding import printable
 from gpuops.actions.results import Result
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 OUTPUT_CAP = 4096
 """Bytes kept of stdout and of stderr (the last ones: where programs say how they ended)."""
 INHERITED_ENV = ("PATH", "HOME", "LANG")
+POLL_S = 0.2
+"""How often a running program's action asks whether it is cancelled (``run_cancellable``)."""
 """The only variables taken from the engine's own environment (secrets there stay there)."""
 
 
@@ -109,6 +113,11 @@ class CommandExecutor:
         return []
 
     def run(self, decision: Decision) -> Ran:
+        return self.run_cancellable(decision, lambda: None)
+
+    def run_cancellable(self, decision: Decision, cancelled: Cancel) -> Ran:
+        """``run``, asking ``cancelled`` every ``POLL_S`` while the program runs: when it
+        names a reason, the program's process group is killed and ``Cancelled`` raised."""
         try:
             params = CommandParams.model_validate(
                 dict(decision.action.params) if decision.action else {}
@@ -147,12 +156,17 @@ class CommandExecutor:
                 raise PermanentError(f"command {program!r} could not start: {exc}") from None
             log.debug("command %s for decision %s: pid %d", argv, decision.id, proc.pid)
             try:
-                code = proc.wait(timeout=timeout)
+                code = _wait(proc, timeout, cancelled)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 raise TemporaryError(
                     f"command {program!r} ran past {timeout:g} s; its process group was killed"
                     f"{_stderr_note(_tail(err))}"
+                ) from None
+            except Cancelled as exc:
+                _kill_group(proc)
+                raise Cancelled(
+                    f"{exc}; command {program!r}: its process group was killed"
                 ) from None
             except BaseException:  # interrupted: leave no orphan behind
                 _kill_group(proc)
@@ -220,6 +234,22 @@ def render_argv(
         options_ended = options_ended or (index > 0 and arg == "--")
         argv.append(arg)
     return argv
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, cancelled: Cancel) -> int:
+    """The program's exit code; ``TimeoutExpired`` past ``timeout``, ``Cancelled`` as soon
+    as ``cancelled`` names a reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return proc.wait(timeout=max(0.0, min(POLL_S, left)))
+        except subprocess.TimeoutExpired:
+            if left <= POLL_S:
+                raise
+        why = cancelled()
+        if why is not None:
+            raise Cancelled(why)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -14,19 +14,26 @@ from __future__ import annotations
 import getpass
 import json
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from gpuops.cli.api_client import api_options, client, remote_call
 from gpuops.model.batch.nodefile import load_nodes
-from gpuops.model.batch.operation import Availability, FleetNode, Operation
+from gpuops.model.batch.operation import FleetNode, Operation
 from gpuops.model.batch.opfile import load_operation
 from gpuops.model.batch.plan import Plan, PlanError, plan
 from gpuops.model.rules.durations import format_duration
 from gpuops.model.rules.model import RulesError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+FOLLOW_S = 1.0
+"""How often ``--wait`` asks the engine how the operation goes."""
 
 if TYPE_CHECKING:
     from gpuops.runtime.batch import BatchRecord, FleetView
@@ -70,68 +77,36 @@ def _plan_of(operation_file: Path, fleet: FleetView) -> Plan:
     raise AssertionError("unreachable")  # _refuse exits
 
 
-class NodesFile:
-    """The fleet as a nodes file says it is."""
-
-    def __init__(self, path: Path) -> None:
-        try:
-            self._nodes = load_nodes(path)
-        except RulesError as exc:
-            _refuse([str(e) for e in exc.errors])
-
-    def nodes(self) -> Sequence[FleetNode]:
-        return self._nodes
-
-
-class SlurmFleet:
-    """The fleet as Slurm says it is now (``sinfo --json``): a node's first partition is its
-    pool, its features and GPUs (gres) as configured; drained or draining is out of service
-    (by its reason's hand), down or powered down is down."""
-
-    def __init__(self, conf: str | None) -> None:
-        from gpuops.integrations.slurm.client import SlurmClient
-
-        self._client = SlurmClient(conf=conf)
-
-    def nodes(self) -> Sequence[FleetNode]:
-        from gpuops.integrations.slurm.client import SlurmError, gres_gpus
-        from gpuops.integrations.slurm.nodes import node_state
-
-        try:
-            found = self._client.nodes()
-        except SlurmError as exc:
-            raise click.ClickException(f"--slurm: {exc}") from None
-        nodes = []
-        for node in found:
-            state = node_state(node)
-            availability = Availability.UP
-            if state in ("drained", "draining"):
-                availability = Availability.DRAINED
-            elif state in ("down", "powered_down", "powering_down"):
-                availability = Availability.DOWN
-            features = node.get("features") or node.get("active_features") or []
-            if isinstance(features, str):
-                features = [f for f in features.split(",") if f]
-            partitions = node.get("partitions") or [""]
-            nodes.append(
-                FleetNode(
-                    name=str(node.get("name")),
-                    pool=str(partitions[0]),
-                    gpus=gres_gpus(str(node.get("gres") or "")),
-                    features=frozenset(str(f) for f in features),
-                    availability=availability,
-                    reason=str(node.get("reason") or ""),
-                )
-            )
-        return nodes
-
-
 def _fleet(nodes_file: Path | None, slurm: bool, slurm_conf: str | None) -> FleetView:
+    """The fleet ``--nodes`` or ``--slurm`` names, read once here so that a bad nodes file is
+    refused (every problem with its line) before anything runs."""
+    from gpuops.runtime.fleets import FleetError, NodesFile, SlurmFleet
+
     if (nodes_file is None) == (not slurm and slurm_conf is None):
         raise click.UsageError("give the fleet: --nodes FILE or --slurm")
     if nodes_file is not None:
-        return NodesFile(nodes_file)
-    return SlurmFleet(slurm_conf)
+        try:
+            nodes = load_nodes(nodes_file)
+        except RulesError as exc:
+            _refuse([str(e) for e in exc.errors])
+        return _Read(NodesFile(nodes_file), nodes)
+    fleet = SlurmFleet(slurm_conf)
+    try:
+        return _Read(fleet, fleet.nodes())
+    except FleetError as exc:
+        raise click.ClickException(f"--slurm: {exc}") from None
+
+
+class _Read:
+    """A fleet as first read (the plan's), then as it is at each later reading (each wave's)."""
+
+    def __init__(self, fleet: FleetView, first: Sequence[FleetNode]) -> None:
+        self._fleet = fleet
+        self._first: Sequence[FleetNode] | None = first
+
+    def nodes(self) -> Sequence[FleetNode]:
+        first, self._first = self._first, None
+        return first if first is not None else self._fleet.nodes()
 
 
 def plan_document(made: Plan) -> dict[str, Any]:
@@ -214,10 +189,16 @@ _SLURM_CONF = click.option(
 _CONFIG = click.option(
     "--config",
     "config_path",
-    required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The engine configuration: its state store, audit spool, executors and dry-run.",
+    default=None,
+    help="Run it in this process, with this engine configuration's state store, audit spool,"
+    " executors and dry-run, no engine running (default: ask the engine's API).",
 )
+
+
+def _remote(func: F) -> F:
+    """The engine API's options (``--url``, ``--token``...: ``gpuops.cli.api_client``)."""
+    return api_options(func)
 
 
 @batch.command("plan")
@@ -243,51 +224,109 @@ def plan_cmd(
         _print(made)
 
 
-@contextmanager
-def _engine(config_path: Path) -> Iterator[Engine]:
-    """An engine of the configuration, not started: its store, audit spool, gate and
-    executors, for the batch runner; stopped (its audit flushed) on the way out."""
-    from gpuops.audit.errors import SpoolLockedError
-    from gpuops.runtime.facade import Engine
-    from gpuops.settings import ConfigError, load_config
-    from gpuops.store.errors import StateError
+class _Local:
+    """An engine of the configuration, not started, in this process: its store, audit spool,
+    gate and executors, for the batch runner; stopped (its audit flushed) on the way out."""
 
-    try:
-        engine = Engine(load_config(config_path))
-    except (ConfigError, StateError) as exc:
-        raise click.ClickException(str(exc)) from None
-    except SpoolLockedError as exc:
-        raise click.ClickException(
-            f"{exc}: an engine of {config_path} is running; gpuops batch runs the operation"
-            " with the engine's state and audit itself, so stop the engine first"
-        ) from None
-    try:
-        yield engine
-    finally:
-        engine.stop()
+    def __init__(self, config_path: Path, changes: bool = True) -> None:
+        """``changes``: the command changes an operation (all but ``status``): refused on a
+        PostgreSQL state, whose replicas elect the one that acts."""
+        from gpuops.audit.errors import SpoolLockedError
+        from gpuops.runtime.facade import Engine
+        from gpuops.settings import ConfigError, load_config
+        from gpuops.store.errors import StateError
+
+        try:
+            self.engine = Engine(load_config(config_path))
+        except (ConfigError, StateError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except SpoolLockedError as exc:
+            raise click.ClickException(
+                f"{exc}: an engine of {config_path} is running; ask it (--url, GPUOPS_URL)"
+                " instead of --config, or stop it first"
+            ) from None
+        if changes and not self.engine.leadership.solo:
+            self.engine.stop()
+            raise click.ClickException(
+                f"{config_path}: its state is PostgreSQL, shared by replicas that elect the one"
+                " that acts: ask the engine (--url, GPUOPS_URL) instead of --config"
+            )
+
+    def __enter__(self) -> Engine:
+        return self.engine
+
+    def __exit__(self, *_: object) -> None:
+        self.engine.stop()
 
 
-def _report(engine: Engine, rec: BatchRecord) -> None:
-    nodes = engine.batches.nodes(rec.id)
+def _say(batch: Mapping[str, Any]) -> None:
+    """An operation as the API tells it (``BatchOut``): its status, why, its nodes counted by
+    status, and each node's error."""
     counts: dict[str, int] = {}
-    for node in nodes.values():
-        counts[node.status] = counts.get(node.status, 0) + 1
+    for node in batch["nodes"]:
+        counts[node["status"]] = counts.get(node["status"], 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    why = f" ({rec.why})" if rec.why else ""
-    click.echo(f"batch {rec.id}: {rec.status}{why}; {rec.waves} waves; {summary}")
-    for name in rec.order:
-        node = nodes[name]
-        if node.error:
-            click.echo(f"  {name}: {node.status}: {node.error}")
+    why = f" ({batch['why']})" if batch["why"] else ""
+    click.echo(f"batch {batch['id']}: {batch['status']}{why}; {batch['waves']} waves; {summary}")
+    for node in batch["nodes"]:
+        if node["error"]:
+            click.echo(f"  {node['name']}: {node['status']}: {node['error']}")
 
 
-def _drive(engine: Engine, batch_id: str, fleet: FleetView) -> None:
-    from gpuops.runtime.batch import BatchStatus
+def _told(engine: Engine, rec: BatchRecord) -> dict[str, Any]:
+    """A stored operation as the API tells it."""
+    nodes = engine.batches.nodes(rec.id)
+    return {
+        "id": rec.id,
+        "status": rec.status,
+        "why": rec.why,
+        "waves": rec.waves,
+        "nodes": [
+            {"name": name, "status": nodes[name].status, "error": nodes[name].error}
+            for name in rec.order
+            if name in nodes
+        ],
+    }
 
-    rec = engine.batches.run(batch_id, fleet)
-    _report(engine, rec)
-    if rec.status != BatchStatus.DONE:
+
+def _ended(batch: Mapping[str, Any]) -> None:
+    """Exit 0 when the operation is done, 1 when it paused or was cancelled."""
+    if batch["status"] != "done":
         sys.exit(1)
+
+
+def _follow(kw: dict[str, Any], batch_id: str, as_json: bool) -> None:
+    """Wait until the engine stops running the operation (done, paused, cancelled), then
+    tell it."""
+    api = client(kw.pop("url"), kw.pop("token"), kw.pop("ca_file"), kw.pop("insecure"))
+    try:
+        while True:
+            batch = api.call("GET", f"/batch/{batch_id}")
+            if batch["status"] != "running":
+                break
+            time.sleep(FOLLOW_S)
+    finally:
+        api.close()
+    click.echo(json.dumps(batch)) if as_json else _say(batch)
+    _ended(batch)
+
+
+def _local_only(nodes_file: Path | None, slurm: bool, slurm_conf: str | None) -> None:
+    if nodes_file is not None or slurm or slurm_conf is not None:
+        raise click.UsageError(
+            "--nodes and --slurm name the fleet of a run in this process (--config); the"
+            " engine plans over the fleet its configuration names (batch.nodes, batch.slurm)"
+        )
+
+
+def _asked(what: Callable[[], BatchRecord]) -> BatchRecord:
+    """``what`` done, or its ``BatchError`` (an unknown operation, a bad state) said."""
+    from gpuops.runtime.batch import BatchError
+
+    try:
+        return what()
+    except BatchError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @batch.command("run")
@@ -296,20 +335,43 @@ def _drive(engine: Engine, batch_id: str, fleet: FleetView) -> None:
 @_NODES
 @_SLURM
 @_SLURM_CONF
+@click.option("--wait", is_flag=True, help="Ask the engine, then wait until it is done or paused.")
+@_remote
 def run_cmd(
     operation_file: Path,
-    config_path: Path,
+    config_path: Path | None,
     nodes_file: Path | None,
     slurm: bool,
     slurm_conf: str | None,
+    wait: bool,
+    as_json: bool,
+    **kw: Any,
 ) -> None:
-    """Run OPERATION_FILE: store it in the engine's state, then its waves, every step through
-    the engine's gate (dry-run unless the operation says enforce: true). Exit 0 when it is
-    done, 1 when it paused (the kill switch, pause, the failure threshold, no room)."""
+    """Run OPERATION_FILE: the engine's leader stores it and runs its waves, every step
+    through its gate (dry-run unless the operation says enforce: true); --wait follows it.
+    With --config, this process runs it instead, with no engine running. Exit 0 when it is
+    started (or done), 1 when it paused (the kill switch, pause, the failure threshold, no
+    room) or cannot run."""
     operation = _operation(operation_file.resolve())  # resumed from any folder
     inventory = _inventory(operation)
+    if config_path is None:
+        _local_only(nodes_file, slurm, slurm_conf)
+        body = {
+            "operation": operation_file.read_text(encoding="utf-8"),
+            "file": str(operation_file),
+            "folder": str(operation_file.resolve().parent),
+        }
+        api = client(kw["url"], kw["token"], kw["ca_file"], kw["insecure"])
+        try:
+            started = api.call("POST", "/batch", json_body=body)
+        finally:
+            api.close()
+        click.echo(f"batch {started['id']} started: the engine runs it")
+        if wait:
+            _follow(kw, started["id"], as_json)
+        return
     fleet = _fleet(nodes_file, slurm, slurm_conf)
-    with _engine(config_path) as engine:
+    with _Local(config_path) as engine:
         try:
             batch_id = engine.batches.start(
                 operation,
@@ -321,23 +383,44 @@ def run_cmd(
         except PlanError as exc:
             _refuse([f"{operation.file}: {p}" for p in exc.problems])
         click.echo(f"batch {batch_id} started")
-        _drive(engine, batch_id, fleet)
+        told = _told(engine, engine.batches.run(batch_id, fleet))
+    click.echo(json.dumps(told)) if as_json else _say(told)
+    _ended(told)
 
 
 @batch.command("status")
 @click.argument("batch_id", required=False)
 @_CONFIG
-def status_cmd(batch_id: str | None, config_path: Path) -> None:
+@_remote
+def status_cmd(batch_id: str | None, config_path: Path | None, as_json: bool, **kw: Any) -> None:
     """Print each operation (or BATCH_ID's), its nodes that failed or were skipped and why."""
-    from gpuops.runtime.batch import BatchError
+    if config_path is None:
+        found = remote_call(kw, "GET", f"/batch/{batch_id}" if batch_id else "/batch")
+        told = [found] if batch_id else found
+    else:
+        with _Local(config_path, changes=False) as engine:
+            ids = [batch_id] if batch_id else [b.id for b in engine.batches.stored()]
+            told = [_told(engine, _asked(partial(engine.batches.record, i))) for i in ids]
+    if as_json:
+        click.echo(json.dumps(told))
+        return
+    for one in told:
+        _say(one)
 
-    with _engine(config_path) as engine:
-        try:
-            ids = [batch_id] if batch_id else [b.id for b in engine.store.batches()]
-            for one in ids:
-                _report(engine, engine.batches.record(one))
-        except BatchError as exc:
-            raise click.ClickException(str(exc)) from None
+
+def _act(
+    config_path: Path | None,
+    kw: dict[str, Any],
+    path: str,
+    local: Callable[[Engine], BatchRecord],
+) -> dict[str, Any]:
+    """One change of an operation: through the engine's API (POST ``path``), or in this
+    process with --config; the operation as it is after it."""
+    if config_path is None:
+        answer: dict[str, Any] = remote_call(kw, "POST", path)
+        return answer
+    with _Local(config_path) as engine:
+        return _told(engine, _asked(partial(local, engine)))
 
 
 @batch.command("resume")
@@ -346,55 +429,69 @@ def status_cmd(batch_id: str | None, config_path: Path) -> None:
 @_NODES
 @_SLURM
 @_SLURM_CONF
+@click.option("--wait", is_flag=True, help="Ask the engine, then wait until it is done or paused.")
+@_remote
 def resume_cmd(
     batch_id: str,
-    config_path: Path,
+    config_path: Path | None,
     nodes_file: Path | None,
     slurm: bool,
     slurm_conf: str | None,
+    wait: bool,
+    as_json: bool,
+    **kw: Any,
 ) -> None:
-    """Go on with a paused (or interrupted) operation: a node in the middle of its procedure
-    from its next step, never a finished step again."""
-    from gpuops.runtime.batch import BatchError
-
+    """Go on with a paused (or interrupted) operation, past the nodes failed so far: a node
+    in the middle of its procedure from its next step, never a finished step again."""
+    if config_path is None:
+        _local_only(nodes_file, slurm, slurm_conf)
+        told = remote_call(dict(kw), "POST", f"/batch/{batch_id}/resume")
+        click.echo(f"batch {batch_id} resumed: the engine runs it")
+        if wait:
+            _follow(kw, batch_id, as_json)
+        elif as_json:
+            click.echo(json.dumps(told))
+        return
     fleet = _fleet(nodes_file, slurm, slurm_conf)
-    with _engine(config_path) as engine:
-        try:
-            engine.batches.resume(batch_id)
-        except BatchError as exc:
-            raise click.ClickException(str(exc)) from None
-        _drive(engine, batch_id, fleet)
+    with _Local(config_path) as engine:
+        _asked(partial(engine.batches.resume, batch_id))
+        told = _told(engine, engine.batches.run(batch_id, fleet))
+    click.echo(json.dumps(told)) if as_json else _say(told)
+    _ended(told)
 
 
 @batch.command("cancel")
 @click.argument("batch_id")
 @_CONFIG
-def cancel_cmd(batch_id: str, config_path: Path) -> None:
+@_remote
+def cancel_cmd(batch_id: str, config_path: Path | None, as_json: bool, **kw: Any) -> None:
     """Stop an operation: no node starts again, a node in the middle of its procedure is
     returned to service, a failed one is left out of service."""
-    from gpuops.runtime.batch import BatchError
-
-    with _engine(config_path) as engine:
-        try:
-            _report(engine, engine.batches.cancel(batch_id))
-        except BatchError as exc:
-            raise click.ClickException(str(exc)) from None
+    told = _act(config_path, kw, f"/batch/{batch_id}/cancel", lambda e: e.batches.cancel(batch_id))
+    click.echo(json.dumps(told)) if as_json else _say(told)
 
 
 @batch.command("approve")
 @click.argument("batch_id")
 @_CONFIG
-@click.option("--user", default=None, help="Who approves (default: the user running this).")
-def approve_cmd(batch_id: str, config_path: Path, user: str | None) -> None:
-    """Let an operation that says approval: true run (audited with the approver); `resume`
-    runs it."""
-    from gpuops.runtime.batch import BatchError
-
-    with _engine(config_path) as engine:
-        try:
-            engine.batches.approve(batch_id, user or getpass.getuser())
-        except BatchError as exc:
-            raise click.ClickException(str(exc)) from None
+@click.option("--user", default=None, help="Who approves, with --config (default: you).")
+@_remote
+def approve_cmd(
+    batch_id: str, config_path: Path | None, user: str | None, as_json: bool, **kw: Any
+) -> None:
+    """Let an operation that says approval: true run (audited with the approver): the engine
+    runs it (with --config: `resume` runs it)."""
+    told = _act(
+        config_path,
+        kw,
+        f"/batch/{batch_id}/approve",
+        lambda e: e.batches.approve(batch_id, user or getpass.getuser()),
+    )
+    if as_json:
+        click.echo(json.dumps(told))
+    elif config_path is None:
+        click.echo(f"batch {batch_id} approved: the engine runs it")
+    else:
         click.echo(f"batch {batch_id} approved: gpuops batch resume {batch_id}")
 
 
@@ -402,14 +499,17 @@ def approve_cmd(batch_id: str, config_path: Path, user: str | None) -> None:
 @click.argument("batch_id")
 @click.argument("node")
 @_CONFIG
-def retry_cmd(batch_id: str, node: str, config_path: Path) -> None:
+@_remote
+def retry_cmd(batch_id: str, node: str, config_path: Path | None, as_json: bool, **kw: Any) -> None:
     """Put a failed NODE back in BATCH_ID's queue (its procedure from the start); `resume`
     runs it."""
-    from gpuops.runtime.batch import BatchError
 
-    with _engine(config_path) as engine:
-        try:
-            engine.batches.retry(batch_id, node)
-        except BatchError as exc:
-            raise click.ClickException(str(exc)) from None
+    def local(engine: Engine) -> BatchRecord:
+        engine.batches.retry(batch_id, node)
+        return engine.batches.record(batch_id)
+
+    told = _act(config_path, kw, f"/batch/{batch_id}/retry/{node}", local)
+    if as_json:
+        click.echo(json.dumps(told))
+    else:
         click.echo(f"{node} of batch {batch_id} queued again: gpuops batch resume {batch_id}")

@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuops.model.batch.operation import FleetNode, Operation, Phase, Step, StepKind
+from gpuops.model.batch.operation import FleetNode, OnStop, Operation, Phase, Step, StepKind
 from gpuops.model.batch.opfile import parse_operation
 from gpuops.model.batch.plan import PlanError, matches, plan, remaining
 from gpuops.model.decisions import (
@@ -39,7 +39,8 @@ from gpuops.model.decisions import (
     Transition,
     decision_id,
 )
-from gpuops.runtime.gate import DRY_RUN_PREFIX, Gate
+from gpuops.runtime.fleets import FleetError
+from gpuops.runtime.gate import DRY_RUN_PREFIX, NOT_LEADING, Gate
 from gpuops.store.interface import BatchRepository, StoredBatch
 
 log = logging.getLogger(__name__)
@@ -160,9 +161,13 @@ class BatchRunner:
         clock: Callable[[], float],
         stopped: Callable[[], str | None],
         registry: Executors | None = None,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
-        """``stopped``: why no step may start now (the kill switch, pause), or None;
-        ``registry``: the executors, to refuse a ``quarantine`` that cannot drain and return."""
+        """``stopped``: why no step may start now (the kill switch, pause: the operation
+        pauses), or None; ``registry``: the executors, to refuse a ``quarantine`` that cannot
+        drain and return; ``leading``: whether this replica leads (a standby runs no step and
+        writes nothing: the leader goes on)."""
+        self._leading = leading
         self._registry = registry
         self._store = store
         self._gate = gate
@@ -263,11 +268,18 @@ class BatchRunner:
                 ]
             )
 
-    def run(self, batch_id: str, fleet: FleetView) -> BatchRecord:
-        """Drive the operation until it is done, paused or cancelled; returns its record."""
+    def run(
+        self, batch_id: str, fleet: FleetView, halted: Callable[[], str | None] = lambda: None
+    ) -> BatchRecord:
+        """Drive the operation until it is done, paused or cancelled; returns its record.
+        ``halted``: why it must stop now and stay ``running`` (the engine stops, an admin
+        cancels it), or None; it stops so too when this replica stops leading: the one that
+        runs it next goes on where it stopped."""
         while True:
             rec = self.record(batch_id)
             if rec.status != BatchStatus.RUNNING:
+                return rec
+            if halted() is not None or not self._leading():
                 return rec
             operation = rec.operation()
             nodes = self.nodes(batch_id)
@@ -281,10 +293,13 @@ class BatchRunner:
             stopped = self._stopped()
             if stopped is not None:
                 return self._pause(rec, stopped)
-            wave = self._next_wave(rec, operation, nodes, fleet)
+            try:
+                wave = self._next_wave(rec, operation, nodes, fleet)
+            except FleetError as exc:
+                return self._pause(rec, f"the fleet cannot be read: {exc}")
             if wave is None:
                 return self.record(batch_id)
-            self._run_wave(rec, operation, wave)
+            self._run_wave(rec, operation, wave, halted)
 
     def _next_wave(
         self, rec: BatchRecord, operation: Operation, nodes: dict[str, NodeRecord], fleet: FleetView
@@ -342,33 +357,53 @@ class BatchRunner:
         )
         return list(wave.nodes)
 
-    def _run_wave(self, rec: BatchRecord, operation: Operation, names: list[str]) -> None:
-        """The wave's nodes in parallel; a step held at the gate (a veto, a lost lease, an
-        unwritable audit) pauses the operation, saying why."""
+    def _run_wave(
+        self,
+        rec: BatchRecord,
+        operation: Operation,
+        names: list[str],
+        halted: Callable[[], str | None],
+    ) -> None:
+        """The wave's nodes in parallel; a step held at the gate (a veto, an unwritable
+        audit) pauses the operation, saying why; one a halt or a lost lead stopped does not."""
         with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="batch") as pool:
-            held = [
-                f.result() for f in [pool.submit(self._procedure, rec, operation, n) for n in names]
-            ]
+            futures = [pool.submit(self._procedure, rec, operation, n, halted) for n in names]
+            held = [f.result() for f in futures]
         why = [h for h in held if h is not None]
-        if why and self._stopped() is None:
+        if why and self._stopped() is None and halted() is None and self._leading():
             self._pause(self.record(rec.id), "; ".join(why))
 
-    def _procedure(self, rec: BatchRecord, operation: Operation, name: str) -> str | None:
-        """The node's remaining steps, each stored once done; what held a step, or None."""
+    def _procedure(
+        self,
+        rec: BatchRecord,
+        operation: Operation,
+        name: str,
+        halted: Callable[[], str | None],
+    ) -> str | None:
+        """The node's remaining steps, each stored once done; what held a step, or None.
+        With ``on_stop: cancel`` a running step is cancelled as soon as the operation must
+        stop; it stays not done, to run again, whole, when the operation goes on."""
         node = self.nodes(rec.id)[name]
+
+        def stop() -> str | None:
+            return self._stopped() or halted() or (None if self._leading() else NOT_LEADING)
+
+        cancelled = stop if operation.on_stop is OnStop.CANCEL else None
         for phase in operation.phases(node.was_out):
             if phase.value in node.done:
                 continue  # finished before a stop or a restart: never again
-            stopped = self._stopped()
+            stopped = stop()
             if stopped is not None:
-                return stopped  # the kill switch or pause: between steps
+                return stopped  # the kill switch, pause, a halt: between steps
             outcome = self._gate.run_step(
-                self._decision(rec, operation, name, node, phase), dry_run=not operation.enforce
+                self._decision(rec, operation, name, node, phase),
+                dry_run=not operation.enforce,
+                cancelled=cancelled,
             )
             if outcome.status is OutcomeStatus.SKIPPED and not (outcome.error or "").startswith(
                 DRY_RUN_PREFIX
             ):
-                return f"{name}: {outcome.error}"  # held at the gate: resumed later
+                return f"{name}: {outcome.error}"  # held or cancelled: resumed later
             if not outcome.ok and outcome.status is not OutcomeStatus.SKIPPED:
                 node.status, node.error = NodeStatus.FAILED.value, f"{phase.value}: {outcome.error}"
                 self._save_node(rec.id, name, node)
@@ -408,6 +443,14 @@ class BatchRunner:
             reason=f"batch {rec.id}: {phase.value} of {name} (wave {node.wave})",
             mode="enforce" if operation.enforce else "dry-run",
         )
+
+    def stored(self) -> list[StoredBatch]:
+        """Every operation of the store, oldest first."""
+        return self._store.batches()
+
+    def pause(self, batch_id: str, why: str) -> BatchRecord:
+        """Pause the operation, saying why (``resume`` lets it go on)."""
+        return self._pause(self.record(batch_id), why)
 
     def _pause(self, rec: BatchRecord, why: str) -> BatchRecord:
         rec.status, rec.why = BatchStatus.PAUSED.value, why

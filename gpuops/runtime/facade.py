@@ -16,6 +16,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,9 +32,10 @@ from gpuops.model.rules.model import Group, Policy, RuleSet
 from gpuops.runtime.alerts import EPISODE_MEMORY_S, AlertInbox
 from gpuops.runtime.approvals import Approvals
 from gpuops.runtime.backend import open_store, previous_run
-from gpuops.runtime.batch import BatchRunner
+from gpuops.runtime.batch import BatchRunner, FleetView
 from gpuops.runtime.controls import Controls, Locks
 from gpuops.runtime.cycle import Cycle
+from gpuops.runtime.fleets import configured_fleet
 from gpuops.runtime.gate import DecisionListener, Gate, Told
 from gpuops.runtime.health import HealthInbox
 from gpuops.runtime.jobs import Jobs
@@ -42,6 +44,7 @@ from gpuops.runtime.metrics import EngineMetrics
 from gpuops.runtime.quota import POLICY as QUOTA_POLICY
 from gpuops.runtime.quota import QuotaManager
 from gpuops.runtime.reloaded import expire_held_fires
+from gpuops.runtime.rollouts import BatchHost
 from gpuops.runtime.rulebook import ReloadResult, Rulebook
 from gpuops.settings import EngineConfig
 from gpuops.sources import MetricsSource
@@ -53,6 +56,10 @@ log = logging.getLogger(__name__)
 
 DECISION_MEMORY_S = 30 * 86400.0
 """How long finished decisions stay in the state file (for the API's queries and explain)."""
+
+BATCH_KICK_S = 5.0
+"""How often the leader looks for batch operations stored ``running`` that it does not drive
+(``gpuops.runtime.rollouts``): one another replica drove before it lost its lease."""
 
 RECONCILE_S = 5.0
 """How often an audit spool that could not be written is tried again (while it cannot, no
@@ -116,11 +123,13 @@ class Engine:
         listener: DecisionListener | None = None,
         action_workers: int = 4,
         action_retry: RetryPolicy | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         """``action_workers``: concurrent actions per executor; ``action_retry``: how often
         and how fast ``execute`` tries a temporarily failing action within one decision;
         ``clock``: the wall clock (evaluation times, audit); ``monotonic``: what intervals are
-        timed by (docs/policies.md, "Clock")."""
+        timed by (docs/policies.md, "Clock"); ``fleet``: what the batch operations it hosts
+        are planned over (None: the configuration's ``batch``)."""
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
@@ -241,6 +250,13 @@ class Engine:
             clock=clock,
             stopped=self._batch_stopped,
             registry=self.registry,
+            leading=self.leadership.leading,
+        )
+        self.rollouts = BatchHost(
+            self.batches,
+            fleet=fleet if fleet is not None else configured_fleet(config.batch),
+            folder=config.batch.folder or Path.cwd(),
+            leading=self.leadership.leading,
         )
         self._jobs: Jobs | None = None
         self._stopped = False
@@ -376,6 +392,7 @@ class Engine:
         if self.leadership.solo:
             self.gate.resume()
             self._start_alerts()
+            self.rollouts.kick()  # the operations a stop or a kill left running
         self._jobs = jobs = Jobs(
             wall=self.clock,
             monotonic=self.monotonic,
@@ -395,6 +412,7 @@ class Engine:
         for func, interval_s, job_id in periodic:
             jobs.every(job_id, func, interval_s, first_in=interval_s)
         jobs.every("gpuops-prune", self.prune, 6 * 3600.0)
+        jobs.every("gpuops-batch", self.rollouts.kick, BATCH_KICK_S, first_in=BATCH_KICK_S)
         jobs.start()
         self.leadership.start()  # one renewal now: a sole replica leads from its start
 
@@ -416,6 +434,7 @@ class Engine:
             self._expire_held_fires(self._loaded)
             self.gate.resume()
             self._start_alerts()
+            self.rollouts.kick()  # the operations the previous leader was driving
 
     def _start_alerts(self) -> None:
         """Start the inbox's worker once; at a later election adopt what the inbox holds (what
@@ -463,6 +482,7 @@ class Engine:
             self._jobs.shutdown()
             self._jobs = None
         self.alerts.stop()
+        self.rollouts.stop()  # between two steps; they stay running for the next leader
         self.gate.stop()
         self.leadership.stop()  # after the last action: a standby then resumes nothing twice
         self.audit.close()

@@ -18,9 +18,21 @@ class BatchNodeOut(Out):
     was_out: bool = Field(description="Out of service before the operation: it stays so.")
 
 
+class BatchRefusedOut(Out):
+    """422: the operation cannot run; nothing was stored."""
+
+    detail: str
+    errors: list[str] = Field(
+        description="Each problem: FILE:LINE: field: what (the file), or FILE: field: what"
+        " (the plan over the fleet)."
+    )
+
+
 class BatchOut(Out):
     id: str
-    status: str = Field(description="awaiting_approval, running, paused, done or cancelled.")
+    status: str = Field(
+        description="awaiting_approval, running, paused (why says why), done or cancelled."
+    )
     started_by: str = Field(description="Who started it (empty: not known).")
     why: str = Field(description="Why it paused, or its failed nodes once done.")
     waves: int

@@ -117,6 +117,17 @@ class Budget:
         return str(self.count) if self.count is not None else f"{self.percent:g}%"
 
 
+class OnStop(StrEnum):
+    """What a step that is running does when the kill switch or pause turns on, the engine
+    stops or loses its lead, or an admin cancels the operation."""
+
+    FINISH = "finish"
+    """It runs to its end; no next step starts."""
+    CANCEL = "cancel"
+    """It is stopped (an Ansible run cancelled, a command's process group killed) and runs
+    again, whole, when the operation goes on."""
+
+
 @dataclass(frozen=True)
 class Operation:
     """One batch operation as its file says it."""
@@ -145,6 +156,7 @@ class Operation:
     """True: the operation waits for an approval before its first node."""
     skip_label: str = SKIP_LABEL
     timing: Timing = Timing()
+    on_stop: OnStop = OnStop.FINISH
     file: str = ""
 
     def phases(self, was_out: bool) -> list[Phase]:

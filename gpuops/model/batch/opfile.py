@@ -18,6 +18,7 @@ from typing import Any
 from gpuops.model.batch.operation import (
     SKIP_LABEL,
     Budget,
+    OnStop,
     Operation,
     Step,
     StepKind,
@@ -38,6 +39,7 @@ _TOP = (
     "failure_threshold",
     "max_parallel",
     "max_unavailable",
+    "on_stop",
     "operation",
     "quarantine",
     "reboot",
@@ -304,6 +306,14 @@ def parse_operation(text: str, file: str, folder: Path | None = None) -> Operati
     if not isinstance(skip_label, str) or not skip_label:
         reader.fail(("skip_label",), f"expected a label name, found {describe(skip_label)}")
         skip_label = SKIP_LABEL
+    on_stop = root.get("on_stop", OnStop.FINISH.value)
+    if on_stop not in tuple(OnStop):
+        reader.fail(
+            ("on_stop",),
+            f"expected what a running step does when the operation stops: finish or cancel,"
+            f" found {describe(on_stop)}",
+        )
+        on_stop = OnStop.FINISH.value
     operation = Operation(
         name=name,
         targets=targets,
@@ -319,6 +329,7 @@ def parse_operation(text: str, file: str, folder: Path | None = None) -> Operati
         approval=reader.flag(root, ("approval",), False),
         skip_label=skip_label,
         timing=timing,
+        on_stop=OnStop(on_stop),
         file=file,
     )
     if reader.errors:

@@ -28,13 +28,20 @@ Only this package runs executors (the "One gate" import-linter contract in pypro
 """
 
 from gpuops.runtime.gate.feedback import MAX_RETRY_S
-from gpuops.runtime.gate.gate import DRY_RUN_PREFIX, NOT_LEADING, Gate, OutcomeHook
+from gpuops.runtime.gate.gate import (
+    CANCELLED_PREFIX,
+    DRY_RUN_PREFIX,
+    NOT_LEADING,
+    Gate,
+    OutcomeHook,
+)
 from gpuops.runtime.gate.lanes import LANES_PER_EXECUTOR
 from gpuops.runtime.gate.retry import RetryError
 from gpuops.runtime.gate.told import FIELDS, Told
 from gpuops.runtime.gate.trail import DecisionListener
 
 __all__ = [
+    "CANCELLED_PREFIX",
     "DRY_RUN_PREFIX",
     "LANES_PER_EXECUTOR",
     "MAX_RETRY_S",

@@ -18,7 +18,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from gpuops.actions.base import Executor, execute, lane, standing
+from gpuops.actions.base import CANCELLED_PREFIX as CANCELLED_PREFIX
+from gpuops.actions.base import Cancel, Executor, execute, lane, standing
 from gpuops.actions.registry import ExecutorRegistry
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
@@ -324,7 +325,7 @@ class Gate:
         self._trail.write_outcome(held, outcome)
         return outcome
 
-    def _execute(self, decision: Decision) -> Outcome:
+    def _execute(self, decision: Decision, cancelled: Cancel | None = None) -> Outcome:
         assert decision.action is not None
         name = decision.action.executor
         try:
@@ -343,6 +344,7 @@ class Gate:
                 decision,
                 self._retry,
                 interrupted=self._interrupted,
+                cancelled=cancelled,
             )
         said = outcome.status.value
         if outcome.ok and not effect(decision.action.type, outcome.changed).did:
@@ -370,14 +372,18 @@ class Gate:
             return self._executors[name]
 
     # --- a batch operation's node steps ------------------------------------------------------
-    def run_step(self, decision: Decision, dry_run: bool = False) -> Outcome:
+    def run_step(
+        self, decision: Decision, dry_run: bool = False, cancelled: Cancel | None = None
+    ) -> Outcome:
         """Run one node step of a batch operation (``gpuops.runtime.batch``) now, in the
         caller's thread: held by the kill switch or pause (audited with the hold, nothing
         run: the operation stops between steps) or a veto its executor reads on the node,
         audited as ``dry_run`` when ``dry_run`` or
         the engine is in dry-run, else its intent written before it runs and its outcome
         after. A replica that no longer leads runs nothing. The step is not a policy's: no
-        policy state or guardrail window is fed back; the operation keeps its own record."""
+        policy state or guardrail window is fed back; the operation keeps its own record.
+        ``cancelled``: asked while the step runs, by an executor that can stop it
+        (``gpuops.actions.base.execute``): a step it stops is ``skipped``, ``cancelled: why``."""
         not_leading = self._not_leading(decision)
         if not_leading is not None:
             return not_leading
@@ -398,7 +404,7 @@ class Gate:
         if not self._trail.write_intents([decision]):  # audit before act
             return Outcome(OutcomeStatus.SKIPPED, error=f"not run: {self._trail.problem}")
         self._trail.wrote()
-        outcome = self._execute(decision)
+        outcome = self._execute(decision, cancelled)
         self._step_done(decision, outcome)
         return outcome
 

@@ -81,3 +81,32 @@ def test_batch_routes(api: Harness, tmp_path: Path) -> None:
 
     missing = api.call("developer", "GET", "/api/v1/batch/nope")
     assert missing.status_code == 404 and "no batch operation 'nope'" in missing.text
+
+
+def test_start_refused_naming_the_field_and_without_a_fleet(api: Harness) -> None:
+    body = {"operation": OPERATION, "file": "restart.yaml", "folder": "/"}
+    assert api.call("developer", "POST", "/api/v1/batch", json=body).status_code == 403
+    bad = OPERATION.replace("max_parallel: 2", "max_parallel: 0").replace("step:", "stepp:")
+    refused = api.call("admin", "POST", "/api/v1/batch", json={**body, "operation": bad})
+    assert refused.status_code == 422
+    assert refused.json() == {
+        "detail": "3 problems: nothing runs",
+        "errors": [
+            'restart.yaml:4: stepp: unknown key "stepp", did you mean "step"? (allowed: approval,'
+            " canary, enforce, failure_threshold, max_parallel, max_unavailable, on_stop,"
+            " operation, quarantine, reboot, skip_label, step, targets, timing, validate)",
+            "restart.yaml:1: step: missing: the step each node runs (ansible or command)",
+            "restart.yaml:6: max_parallel: expected a whole number of at least 1, found 0"
+            " (integer)",
+        ],
+    }
+    no_fleet = api.call("admin", "POST", "/api/v1/batch", json=body)
+    assert no_fleet.status_code == 409
+    assert no_fleet.json()["detail"] == (
+        "the engine has no fleet for batch operations: set batch.nodes (a nodes file) or"
+        " batch.slurm: true in its configuration (docs/batch.md)"
+    )
+    relative = api.call("admin", "POST", "/api/v1/batch", json={**body, "folder": "ops"})
+    assert relative.status_code == 422
+    assert relative.json()["errors"] == ["restart.yaml:1: folder: 'ops' is not an absolute path"]
+    assert api.call("admin", "POST", "/api/v1/batch/nope/resume").status_code == 404

@@ -12,9 +12,9 @@ import pytest
 
 from gpuops.actions.command import CommandExecutor
 from gpuops.actions.slurm import SlurmExecutor
-from gpuops.cli.batch import SlurmFleet
 from gpuops.model.batch.opfile import load_operation
 from gpuops.runtime.batch import BatchStatus, NodeStatus
+from gpuops.runtime.fleets import SlurmFleet
 from gpuops.sim.slurmcluster import NodeSpec, SlurmCluster
 from tests.builders import build_engine
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuops.model.batch.nodefile import parse_nodes
-from gpuops.model.batch.operation import Availability, Budget, StepKind
+from gpuops.model.batch.operation import Availability, Budget, OnStop, StepKind
 from gpuops.model.batch.opfile import load_operation, parse_operation
 from gpuops.model.rules.model import RulesError
 
@@ -67,6 +67,16 @@ def test_bad_fields_are_each_named() -> None:
         "op.yaml:5: canary: expected a whole number of at least 0, found -1 (integer)",
         "op.yaml:4: max_unavailable: expected a number of nodes (at least 1) or a percentage such"
         " as 10%, found 0 (integer)",
+    ]
+
+
+def test_on_stop_finish_by_default_cancel_when_asked_anything_else_refused() -> None:
+    text = "operation: x\ntargets: {nodes: [a]}\nstep: {command: [up]}\n"
+    assert parse_operation(text, "op.yaml").on_stop is OnStop.FINISH
+    assert parse_operation(text + "on_stop: cancel\n", "op.yaml").on_stop is OnStop.CANCEL
+    assert problems(text + "on_stop: kill\n") == [
+        "op.yaml:4: on_stop: expected what a running step does when the operation stops:"
+        ' finish or cancel, found "kill"'
     ]
 
 

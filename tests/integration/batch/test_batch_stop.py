@@ -1,0 +1,156 @@
+"""An operation the engine runs, stopped: the kill switch between two waves pauses it with no
+node started after (``resume`` goes on, redoing nothing); with ``on_stop: cancel`` the kill
+switch kills the running step's process group, the node stays in the middle of its procedure
+and its step runs again, whole, when the operation goes on."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from gpuops.actions.command import CommandExecutor
+from gpuops.model.decisions import Decision, Outcome
+from gpuops.runtime.batch import BatchStatus, NodeStatus
+from gpuops.runtime.facade import Engine
+from gpuops.settings import BatchSettings
+from tests.builders import build_engine
+from tests.fakes.rollout_fleet import FileFleet, FileFleetExecutor
+from tests.waiting import wait_for
+
+STEP = """\
+import os, subprocess, sys, time
+node, folder = sys.argv[1], sys.argv[2]
+with open(os.path.join(folder, "calls", node), "a") as out:
+    out.write("step " + os.environ["GPUOPS_DECISION_ID"] + "\\n")
+slow = os.path.join(folder, "slow")
+if os.path.exists(slow):
+    child = subprocess.Popen(["sleep", "60"])
+    with open(os.path.join(folder, "pids"), "w") as pids:
+        pids.write(f"{os.getpid()} {child.pid}")
+    os.remove(slow)
+    child.wait()
+"""
+
+
+class Hooked(FileFleetExecutor):
+    """The file fleet's executor, calling ``after(node, verb)`` after each change."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__({"dir": folder})
+        self.after = lambda node, verb: None
+
+    def run(self, decision: Decision) -> dict[str, str]:
+        changed = super().run(decision)
+        assert decision.action is not None
+        self.after(decision.target.labels["node"], decision.action.type)
+        return changed
+
+
+def engine_on(
+    tmp: Path, count: int, seen: list[tuple[Decision, Outcome | None]]
+) -> tuple[Engine, FileFleet, Hooked]:
+    fleet = FileFleet(tmp / "fleet")
+    fleet.create([f"gpu-{i:03d}" for i in range(1, count + 1)])
+    executor = Hooked(fleet.folder)
+    (tmp / "step.py").write_text(STEP)
+    engine = build_engine(
+        tmp,
+        {"none.yaml": "groups: []\n"},
+        reload=False,
+        executors={"rollout-fleet": executor, "command": CommandExecutor},
+        listener=lambda d, o: seen.append((d, o)),
+        batch=BatchSettings(nodes=fleet.folder / "nodes.yaml", folder=tmp),
+    )
+    engine.start()
+    return engine, fleet, executor
+
+
+def operation(tmp: Path, extra: str = "") -> str:
+    return (
+        "operation: reboot\n"
+        "targets: {pool: a100, all: true}\n"
+        "quarantine: rollout-fleet\n"
+        f"step: {{command: [{sys.executable}, {tmp / 'step.py'}, '{{{{ $labels.node }}}}',"
+        f" {tmp / 'fleet'}]}}\n"
+        "canary: 1\nmax_parallel: 2\nmax_unavailable: 2\nfailure_threshold: 1\n"
+        f"enforce: true\n{extra}"
+    )
+
+
+def status(engine: Engine, batch: str) -> str:
+    return engine.batches.record(batch).status
+
+
+def test_kill_switch_between_two_waves_stops_the_rollout(tmp_path: Path) -> None:
+    seen: list[tuple[Decision, Outcome | None]] = []
+    engine, fleet, executor = engine_on(tmp_path, 6, seen)
+
+    def kill_after_canary(node: str, verb: str) -> None:
+        if (node, verb) == ("gpu-001", "resume"):
+            engine.set_control("kill_switch", True, "admin")
+
+    executor.after = kill_after_canary
+    try:
+        batch = engine.rollouts.start(operation(tmp_path), "op.yaml")
+        wait_for(lambda: status(engine, batch) == BatchStatus.PAUSED, 30, "the pause")
+        rec = engine.batches.record(batch)
+        assert rec.why == "the kill switch is on" and rec.waves == 1
+        assert sorted(fleet.calls()) == ["gpu-001"]  # no node of the next wave started
+        assert all(s["state"] == "up" for s in fleet.state().values())
+
+        executor.after = lambda node, verb: None
+        engine.set_control("kill_switch", False, "admin")
+        engine.rollouts.resume(batch)
+        wait_for(lambda: status(engine, batch) == BatchStatus.DONE, 30, "the end")
+    finally:
+        engine.stop()
+    calls = fleet.calls()
+    assert sorted(calls) == [f"gpu-{i:03d}" for i in range(1, 7)]
+    for node, made in calls.items():
+        assert [what for what, _ in made] == ["migrate", "step", "resume"], node
+    assert max(e["out"] for e in fleet.events()) <= 2
+
+
+def test_on_stop_cancel_kills_the_running_step_and_runs_it_again(tmp_path: Path) -> None:
+    seen: list[tuple[Decision, Outcome | None]] = []
+    engine, fleet, _ = engine_on(tmp_path, 2, seen)
+    (fleet.folder / "slow").touch()  # the first step waits on a child for a minute
+    pids = fleet.folder / "pids"
+    try:
+        batch = engine.rollouts.start(operation(tmp_path, "on_stop: cancel\n"), "op.yaml")
+        wait_for(pids.exists, 30, "the step running")
+        step, child = (int(p) for p in pids.read_text().split())
+        engine.set_control("kill_switch", True, "admin")
+        wait_for(lambda: status(engine, batch) == BatchStatus.PAUSED, 10, "the pause")
+        assert engine.batches.record(batch).why == "the kill switch is on"
+        for pid in (step, child):  # the whole process group, the child too
+            wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} killed")
+        node = engine.batches.nodes(batch)["gpu-001"]
+        assert (node.status, node.done) == (NodeStatus.RUNNING, ["quarantine"])
+        assert fleet.state()["gpu-001"]["state"] == "drained"
+        [cancelled] = [
+            o for d, o in seen if o is not None and d.action and d.action.type == "batch_step"
+        ]
+        assert cancelled.status.value == "skipped"
+        assert (cancelled.error or "").startswith(
+            "cancelled: the kill switch is on; command "
+        ) and (cancelled.error or "").endswith(": its process group was killed")
+
+        engine.set_control("kill_switch", False, "admin")
+        engine.rollouts.resume(batch)
+        wait_for(lambda: status(engine, batch) == BatchStatus.DONE, 30, "the end")
+    finally:
+        engine.stop()
+    first = fleet.calls()["gpu-001"]
+    assert [what for what, _ in first] == ["migrate", "step", "step", "resume"]
+    assert first[1][1] == first[2][1]  # the same decision id, run again whole
+    assert all(s["state"] == "up" for s in fleet.state().values())
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie: dead
