@@ -312,6 +312,94 @@ class StateSettings(_Model):
         return self
 
 
+Profile = Literal["observe", "quarantine", "full"]
+"""What a faulty GPU does in a pool: observe (a dry run), quarantine, or quarantine and
+climb the remediation ladder."""
+
+
+class LadderAction(_Model):
+    """An action the remediation ladder runs through the gate: its executor and params."""
+
+    executor: str = ""
+    """An executor's name (``executors``; the logical ``scheduler`` maps to Slurm's); empty:
+    the step's own (``reset_gpu``: ``command``, ``reboot``: ``scheduler``, ``webhook``:
+    ``webhook``)."""
+    params: dict[str, Any] = {}
+    """The action's params, as a policy's (``{{ $labels.node }}``, ``{{ $labels.uuid }}``
+    are the node's and the faulty GPU's)."""
+
+
+class ValidationSettings(_Model):
+    """The health check a remediated node passes before it returns to service."""
+
+    command: list[str] = Field(
+        default=["dcgmi", "diag", "--host", "{{ $labels.node }}", "-r", "1"], min_length=1
+    )
+    """Program and arguments (each a template, one argument whatever a label holds); exit 0
+    passes. The default runs DCGM's quick diagnostic against the node's host engine."""
+    timeout: float = Field(default=300.0, gt=0)
+    """Seconds the check may run: a check still running then is killed (its process group)
+    and counts as failed."""
+    executor: str = Field(default="command", min_length=1)
+    """The executor that runs ``command`` (``command``: on the engine's host)."""
+
+    _t = field_validator("timeout", mode="before")(_seconds)
+
+
+class LadderSettings(_Model):
+    """The remediation ladder of pools whose profile is ``full`` (docs/health.md,
+    "Remediation")."""
+
+    steps: list[Literal["reset_gpu", "reboot"]] = Field(
+        default=["reset_gpu", "reboot"], min_length=1
+    )
+    """The remediation steps, tried in this order until the health check passes (a fault
+    that calls for a reboot skips ``reset_gpu``; after a reboot no reset is done)."""
+    reset_gpu: LadderAction = LadderAction(
+        executor="command",
+        params={
+            "argv": [
+                "ssh",
+                "{{ $labels.node }}",
+                "nvidia-smi",
+                "--gpu-reset",
+                "-i",
+                "{{ $labels.uuid }}",
+            ],
+            "timeout_s": 120,
+        },
+    )
+    """How the faulty GPU is reset. Default: ``{executor: command, params: {argv: [ssh,
+    "{{ $labels.node }}", nvidia-smi, --gpu-reset, -i, "{{ $labels.uuid }}"], timeout_s:
+    120}}``."""
+    reboot: LadderAction = LadderAction()
+    """How the node is rebooted. Default: ``{executor: scheduler}``, the scheduler's
+    ``reboot`` (Slurm's ``scontrol reboot``, the node kept drained; docs/executors.md)."""
+    validation: ValidationSettings = ValidationSettings()
+    """The health check before a node returns to service."""
+    max_remediations: int = Field(default=1, ge=1)
+    """Remediations of one node within ``window`` after which its next fault goes to a human
+    instead (1: a second remediation within the window is a human's)."""
+    window: float = Field(default=7 * 86400.0, gt=0)
+    """The window of ``max_remediations`` (a duration: ``7d``)."""
+    webhook: LadderAction | None = None
+    """Told when a node needs a human (``{params: {url: https://...}}``: the ``webhook``
+    executor); None: the log and the audit only."""
+    interval: float = Field(default=10.0, gt=0)
+    """Seconds between two looks at the nodes on the ladder (a step that ended moves its node
+    on at once; this picks up what the kill switch or pause held)."""
+
+    _t = field_validator("window", "interval", mode="before")(_seconds)
+
+    @field_validator("steps", mode="after")
+    @classmethod
+    def _once(cls, value: list[str]) -> list[str]:
+        twice = sorted({s for s in value if value.count(s) > 1})
+        if twice:
+            raise ValueError(f"a step is named twice: {', '.join(twice)}")
+        return value
+
+
 class HealthSettings(_Model):
     """GPU health: the XID catalogue's site overrides (docs/health.md)."""
 
@@ -324,14 +412,18 @@ class HealthSettings(_Model):
     its XID's window but never makes a GPU faulty by itself: a replayed old event does not
     take a node out."""
 
-    profiles: dict[str, Literal["observe", "quarantine"]] = {}
+    profiles: dict[str, Profile] = {}
     """Per pool (the ``pool`` an agent sends with its events), what a faulty GPU does:
     ``quarantine`` raises ``GpuFault`` with ``profile: quarantine`` (the shipped
     ``quarantine-faulty-gpu-node`` drains the node), ``observe`` raises it with ``profile:
-    observe`` (``observe-faulty-gpu-node`` records a dry run, nothing is done). A site rolls
-    remediation out pool by pool."""
-    default_profile: Literal["observe", "quarantine"] = "quarantine"
+    observe`` (``observe-faulty-gpu-node`` records a dry run, nothing is done), ``full``
+    raises it with ``profile: full`` (``quarantine-and-repair-faulty-gpu-node`` drains the
+    node, then the remediation ladder heals and returns it). A site rolls remediation out
+    pool by pool."""
+    default_profile: Profile = "quarantine"
     """The profile of a pool ``profiles`` does not name, and of events without a pool."""
+    ladder: LadderSettings = LadderSettings()
+    """The remediation ladder of the pools whose profile is ``full``."""
 
     _age = field_validator("max_event_age", mode="before")(_seconds)
 

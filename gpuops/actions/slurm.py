@@ -11,6 +11,12 @@ never undoes what it did not do:
   requeue its running jobs. A node already drained by someone else keeps their reason.
 - ``resume`` (the undo of migrate, ``on_clear``): resume the node only while its drain reason
   is still ``gpuops:<policy>:…``; a node an admin drained (another reason) is left alone.
+- ``reboot`` (label ``node``, a remediation step of the health ladder): ``scontrol reboot
+  reason=gpuops:<policy>:<decision id> <node>`` of a node drained with ``gpuops:<policy>:…``
+  only (never a node in service or one someone else drained); without ``nextstate`` Slurm keeps
+  its drain, so it comes back drained with gpuops' reason and returns only through ``resume``.
+  It waits until the node registered again (its ``RebootProgram`` ran; ``reboot_timeout_s``);
+  a node whose reason names this decision and is no longer rebooting was rebooted by it.
 - ``notify`` (labels ``job``, or ``node`` + ``uuid``): the warning step before a reclaim:
   ``scontrol notify`` writes it to the job's stderr, and the job's AdminComment records
   ``gpuops:warned:<decision id>@<epoch>``.
@@ -61,11 +67,13 @@ from gpuops.model.guardrails import Standing
 from gpuops.model.verbs import (
     MIGRATE,
     NOTIFY,
+    REBOOT,
     RECLAIM,
     RESUME,
     SCALE_IN,
     SCALE_OUT,
     NoParams,
+    RebootParams,
     ScaleParams,
     implemented_by,
 )
@@ -110,6 +118,11 @@ class SlurmSettings(_Model):
     reason_prefix: str = Field(default="gpuops", pattern=r"^[A-Za-z0-9_.-]+$")
     """First word of every drain reason and comment gpuops writes: how it knows its own."""
     reclaim: ReclaimSettings = ReclaimSettings()
+    reboot_timeout_s: PositiveFloat = 900.0
+    """Seconds a ``reboot`` waits for the node to register again (Slurm marks it down after
+    its own ``ResumeTimeout``)."""
+    reboot_poll_s: PositiveFloat = 1.0
+    """Seconds between two looks at a rebooting node."""
     veto_feature: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     """A Slurm node feature that vetoes every action on the node (``scontrol update
     NodeName=N AvailableFeatures=...,gpuops_do_not_touch``): the gate holds them
@@ -135,6 +148,15 @@ class Resumed(Result):
     why: str | None = None
     """Why not (not drained; drained by someone else)."""
     reason_was: str | None = None
+
+
+class Rebooted(Result):
+    node: str
+    rebooted: bool
+    already: bool | None = None
+    """This decision's reboot was found done: it ran before."""
+    reason: str
+    """The node's drain reason now (gpuops' own: it stays drained)."""
 
 
 class Warned(Result):
@@ -264,6 +286,47 @@ class SlurmExecutor:
             return Resumed(node=node_name, resumed=False, why=f"drained by someone else: {reason}")
         self.client.scontrol("update", f"nodename={node_name}", "state=resume")
         return Resumed(node=node_name, resumed=True, reason_was=reason)
+
+    def _reboot(self, d: Decision, params: RebootParams) -> Rebooted:
+        node_name = _label(d, "node")
+        mark = self._mark(d.policy, d)
+        node = self.client.node(node_name)
+        reason = str(node.get("reason") or "")
+        flags = _flags(node)
+        if "DRAIN" not in flags or not reason.startswith(
+            f"{self.settings.reason_prefix}:{d.policy}:"
+        ):
+            raise PermanentError(
+                f"node {node_name} is not drained by gpuops ({d.policy}): state"
+                f" {node.get('state')} {sorted(flags)}, reason {reason!r}; a node in service or"
+                f" drained by someone else is never rebooted"
+            )
+        rebooting = flags & REBOOTING
+        if reason.startswith(mark) and not rebooting:
+            return Rebooted(node=node_name, rebooted=True, already=True, reason=reason)
+        if not rebooting:
+            self.client.scontrol("reboot", f"reason={mark}", node_name)
+            log.info("node %s: reboot issued (%s)", node_name, mark)
+        timeout_s = params.timeout_s or self.settings.reboot_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            node = self.client.node(node_name)
+            flags, reason = _flags(node), str(node.get("reason") or "")
+            if not flags & REBOOTING:
+                break
+            if time.monotonic() > deadline:
+                raise TemporaryError(
+                    f"node {node_name} did not come back within {timeout_s:g} s of its reboot"
+                    f" ({sorted(flags)}, reason {reason!r})"
+                )
+            time.sleep(self.settings.reboot_poll_s)
+        state = str(node.get("state", "")).lower()
+        if state == "down" or "DRAIN" not in flags or "reboot timed out" in reason:
+            raise PermanentError(
+                f"node {node_name} did not come back drained from its reboot: state {state}"
+                f" {sorted(flags)}, reason {reason!r}"
+            )
+        return Rebooted(node=node_name, rebooted=True, reason=reason)
 
     # --- jobs: notify / reclaim -----------------------------------------------------------
 
@@ -459,6 +522,14 @@ def _partition(d: Decision, pool: str | None) -> str:
     return partition
 
 
+REBOOTING = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
+"""A node's state flags while a reboot is pending or under way."""
+
+
+def _flags(node: Mapping[str, Any]) -> set[str]:
+    return {str(f).upper() for f in node.get("state_flags") or []}
+
+
 def _features(node: Mapping[str, Any]) -> set[str]:
     """A node's available and active features (``sinfo --json``: text, comma-separated, in
     22.05; a list in later releases)."""
@@ -490,6 +561,7 @@ DISPATCH: Dispatch[SlurmExecutor, Result] = Dispatch(
     (
         on(MIGRATE, SlurmExecutor._migrate),
         on(RESUME, SlurmExecutor._resume),
+        on(REBOOT, SlurmExecutor._reboot),
         on(NOTIFY, SlurmExecutor._notify),
         on(RECLAIM, SlurmExecutor._reclaim),
         on(SCALE_OUT, SlurmExecutor._scale_out, first=_pool_first),

@@ -1,8 +1,10 @@
-"""``gpuops health check|xids``: check XID override files and show the XID catalogue in force.
+"""``gpuops health check|xids|nodes|clear``: check XID override files, show the XID catalogue
+in force, list the remediation ladder's nodes and clear one that needs a human (the last two
+through the engine's API: ``gpuops.cli.api_client``).
 
-A thin front over ``gpuops.model.health.catalogue_file``. Problems are printed one per line as
-``FILE:LINE: message``, as ``gpuops rules check`` prints them; exit 0 when all is well, 1 when
-not.
+The first two are a thin front over ``gpuops.model.health.catalogue_file``. Problems are
+printed one per line as ``FILE:LINE: message``, as ``gpuops rules check`` prints them; exit 0
+when all is well, 1 when not.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import click
 
+from gpuops.cli.api_client import api_options, remote_call, show, when
 from gpuops.model.health.catalogue import XidCatalogue
 from gpuops.model.health.catalogue_file import load_catalogue
 from gpuops.model.rules.durations import format_duration
@@ -107,3 +112,33 @@ def xids(files: tuple[Path, ...], config_path: Path | None, as_json: bool) -> No
     if not as_json:
         applied = ", ".join(catalogue.overridden_by) or "no overrides"
         click.echo(f"{len(catalogue)} codes from {catalogue.source}; {applied}", err=True)
+
+
+_NODE_COLUMNS = (
+    ("node", lambda r: r["node"]),
+    ("stage", lambda r: r["stage"]),
+    ("since", lambda r: when(r["since"])),
+    ("gpu", lambda r: r["gpu"] or "-"),
+    ("fault", lambda r: r["fault"] or "-"),
+    ("done", lambda r: ", ".join(r["done"]) or "-"),
+    ("why", lambda r: r["why"] or "-"),
+)
+
+
+@health.command("nodes")
+@api_options
+def nodes(as_json: bool, **kw: Any) -> None:
+    """The nodes on the remediation ladder and their stage (quarantined, remediating,
+    validating, returned, needs_human)."""
+    payload = remote_call(kw, "GET", "/health/nodes")
+    show(payload, as_json, payload, _NODE_COLUMNS)
+
+
+@health.command("clear")
+@click.argument("node")
+@api_options
+def clear(node: str, as_json: bool, **kw: Any) -> None:
+    """Clear NODE, which needs a human: its next fault may be remediated again (admin). It
+    stays drained: return it to service yourself."""
+    payload = remote_call(kw, "POST", f"/health/nodes/{quote(node, safe='')}/clear")
+    show(payload, as_json, [payload], _NODE_COLUMNS)

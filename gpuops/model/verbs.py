@@ -140,6 +140,12 @@ class DownclockParams(VerbParams):
     """The lowest graphics clock, MHz (``nvml-agent``; the fleet locks the highest only)."""
 
 
+class RebootParams(VerbParams):
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds the node may take to reboot and register again (default: the executor's,
+    Slurm's ``reboot_timeout_s``)."""
+
+
 class ScaleParams(VerbParams):
     nodes: Annotated[int, BeforeValidator(_nodes)] = 1
     """How many nodes to power up (down)."""
@@ -290,6 +296,13 @@ RESTORE_CLOCKS = Verb(
     labels=("uuid",),
     executors=frozenset({FLEET, NVML_AGENT}),
 )
+REBOOT = Verb(
+    "reboot",
+    RebootParams,
+    "Reboot a node gpuops drained, keeping it drained (Slurm: scontrol reboot).",
+    labels=("node",),
+    executors=frozenset({SLURM}),
+)
 SCALE_OUT = Verb(
     "scale_out",
     ScaleParams,
@@ -379,6 +392,7 @@ VERBS: Mapping[str, Verb[Any]] = _table(
         NOTIFY,
         DOWNCLOCK,
         RESTORE_CLOCKS,
+        REBOOT,
         SCALE_OUT,
         SCALE_IN,
         GRANT_QUOTA,

@@ -39,6 +39,7 @@ from gpuops.runtime.fleets import configured_fleet
 from gpuops.runtime.gate import DecisionListener, Gate, Told
 from gpuops.runtime.health import HealthInbox
 from gpuops.runtime.jobs import Jobs
+from gpuops.runtime.ladder import RepairLadder
 from gpuops.runtime.leadership import Change, Leadership
 from gpuops.runtime.metrics import EngineMetrics
 from gpuops.runtime.quota import POLICY as QUOTA_POLICY
@@ -244,6 +245,16 @@ class Engine:
             default_profile=config.health.default_profile,
         )
         self.gate.on_outcome(self.health.outcome)
+        self.ladder = RepairLadder(
+            settings=config.health.ladder,
+            store=self.store,
+            gate=self.gate,
+            clock=clock,
+            stopped=self._batch_stopped,
+            returned=self.health.returned,
+            registry=self.metrics.registry,
+        )
+        self.gate.on_outcome(self.ladder.outcome)
         self.batches = BatchRunner(
             store=self.store,
             gate=self.gate,
@@ -377,8 +388,9 @@ class Engine:
         self.audit.skipped(skipped)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Wait until no action is running (tests and shutdown)."""
-        return self.gate.wait_idle(timeout)
+        """Wait until no action is running and no node climbs the remediation ladder (tests
+        and shutdown)."""
+        return self.gate.wait_idle(timeout) and self.ladder.wait_idle(timeout)
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -408,6 +420,7 @@ class Engine:
             (self._quota_tick, self.config.api.quota.check_interval, "gpuops-quota"),
             (self._reconcile, RECONCILE_S, "gpuops-audit-reconcile"),
             (self.check_reload, self.config.reload_check_interval, "gpuops-rules-watch"),
+            (self.ladder.tick, self.config.health.ladder.interval, "gpuops-health-ladder"),
         )
         for func, interval_s, job_id in periodic:
             jobs.every(job_id, func, interval_s, first_in=interval_s)
@@ -483,6 +496,7 @@ class Engine:
             self._jobs = None
         self.alerts.stop()
         self.rollouts.stop()  # between two steps; they stay running for the next leader
+        self.ladder.stop()
         self.gate.stop()
         self.leadership.stop()  # after the last action: a standby then resumes nothing twice
         self.audit.close()

@@ -203,6 +203,7 @@ class SlurmCluster:
             "InactiveLimit=0",
             "Waittime=0",
             f"ResumeProgram={resume}",
+            f"RebootProgram={r / 'reboot.sh'}",
             f"SuspendProgram={suspend}",
             "SuspendTime=3600",
             f"SuspendExcNodes={static_names}",
@@ -253,6 +254,43 @@ class SlurmCluster:
         )
         resume.chmod(0o755)
         suspend.chmod(0o755)
+        self._write_reboot()
+
+    def _write_reboot(self) -> None:
+        """The ``RebootProgram``: slurmd runs it with no arguments. It finds its slurmd among
+        its ancestors, notes the node in ``log/reboots.log``, and has a detached helper stop
+        that slurmd and start a new one with ``-b`` (which reports a fresh boot), so that the
+        node registers as rebooted."""
+        r, q = self.root, shlex.quote
+        reboot, restart = r / "reboot.sh", r / "restart.sh"
+        reboot.write_text(
+            "#!/bin/sh\n"
+            "p=$$\n"
+            'while [ "$p" -gt 1 ] && [ "$(cat /proc/$p/comm)" != slurmd ]; do\n'
+            "  p=$(cut -d' ' -f4 /proc/$p/stat)\n"
+            "done\n"
+            "node=$(tr '\\0' '\\n' </proc/$p/cmdline | sed -n '/^-N$/{n;p}')\n"
+            f'echo "$node" >>{q(str(r / "log" / "reboots.log"))}\n'
+            f'setsid {q(str(restart))} "$node" "$p" </dev/null >/dev/null 2>&1 &\n'
+            "exit 0\n"
+        )
+        restart.write_text(
+            "#!/bin/sh\n"
+            'kill "$2"\n'
+            "while [ -e /proc/$2 ] && [ \"$(cut -d' ' -f3 /proc/$2/stat)\" != Z ]; do\n"
+            "  sleep 0.05\n"
+            "done\n"
+            f"export SLURM_CONF={q(str(self.conf))}\n"
+            f'exec slurmd -b -N "$1" -f {q(str(self.conf))} '
+            f"</dev/null >>{q(str(r / 'log'))}/reboot.log 2>&1\n"
+        )
+        reboot.chmod(0o755)
+        restart.chmod(0o755)
+
+    def reboots(self) -> list[str]:
+        """The nodes the ``RebootProgram`` rebooted, in order."""
+        path = self.root / "log" / "reboots.log"
+        return path.read_text().split() if path.exists() else []
 
     def _accounting_config(self) -> list[str]:
         if not self.accounting:
@@ -403,8 +441,9 @@ class SlurmCluster:
         # slurmd started by the ResumeProgram: stopped by the pid files they wrote.
         for pidfile in (self.root / "log").glob("slurmd-*.pid"):
             node = pidfile.name[len("slurmd-") : -len(".pid")]
-            if f"slurmd-{node}" in self.procs:
-                continue
+            proc = self.procs.get(f"slurmd-{node}")
+            if proc is not None and proc.poll() is None:
+                continue  # ours, stopped below; one that exited was rebooted by a new one
             try:
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
             except (ValueError, ProcessLookupError, OSError):

@@ -386,6 +386,19 @@ class BatchRepository(Protocol):
         ...
 
 
+class RepairRepository(Protocol):
+    """Each node's place on the remediation ladder (``gpuops.runtime.ladder``)."""
+
+    def save_repair(self, node: str, stage: str, data: str, now: float) -> None:
+        """Keep ``node``'s record (JSON text) and its stage."""
+        ...
+
+    def repair(self, node: str) -> str | None: ...
+    def repairs(self) -> dict[str, str]:
+        """Every node's record (JSON text) by name."""
+        ...
+
+
 class Store(
     PolicyStateRepository,
     GuardrailRepository,
@@ -396,6 +409,7 @@ class Store(
     ControlRepository,
     HealthRepository,
     BatchRepository,
+    RepairRepository,
     Protocol,
 ):
     """What the engine needs of its state backend. ``transaction()`` yields the backend's

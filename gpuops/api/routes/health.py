@@ -1,5 +1,6 @@
 """``POST /api/v1/health/events``: node agents push XIDs and lost GPUs the moment NVML reports
-them.
+them; ``GET /api/v1/health/nodes`` and ``POST /api/v1/health/nodes/{node}/clear``: the
+remediation ladder's nodes, and an admin's clear of one that needs a human.
 
 Authenticated like the Alertmanager receiver (a bearer token whose role has
 ``alerts:receive``: the ``alertmanager`` role), bounded by ``api.max_body_bytes`` (413 before it
@@ -23,6 +24,7 @@ from gpuops.api.context import ApiContext, api_context
 from gpuops.api.schemas import refusal
 from gpuops.api.tokens import Permission, Principal
 from gpuops.model.health.events import EventKind, HealthEvent
+from gpuops.model.health.ladder import Repair
 from gpuops.runtime.alerts import InboxFull
 from gpuops.store.errors import StateError
 
@@ -134,3 +136,70 @@ def receive_health_events(
         faults=receipt.faults,
         skipped=receipt.skipped,
     )
+
+
+class RepairOut(BaseModel):
+    """One node's place on the remediation ladder (docs/health.md, "Remediation")."""
+
+    node: str
+    stage: str
+    """healthy, quarantined, remediating, validating, returned or needs_human."""
+    since: float
+    """When it entered ``stage``, Unix seconds."""
+    gpu: str
+    """The faulty GPU's UUID."""
+    fault: str
+    """The fault's reason (``XID 48 (...) x1``)."""
+    step: str
+    """The remediation step due or running, or the last one."""
+    done: list[str]
+    """The steps done in this climb."""
+    why: str
+    """Why the node is where it is (a failed step, why it needs a human, who cleared it)."""
+    quarantined_by: str
+    """The decision id of the quarantine."""
+    returned_at: float | None
+
+    @staticmethod
+    def of(repair: Repair) -> RepairOut:
+        return RepairOut(
+            node=repair.node,
+            stage=repair.stage.value,
+            since=repair.since,
+            gpu=repair.gpu,
+            fault=repair.reason,
+            step=repair.step,
+            done=list(repair.done),
+            why=repair.why,
+            quarantined_by=repair.quarantined_by,
+            returned_at=repair.returned_at,
+        )
+
+
+@router.get("/health/nodes")
+def health_nodes(
+    ctx: Annotated[ApiContext, Depends(api_context)],
+    _: Annotated[Principal, Depends(require(Permission.ENGINE_READ))],
+) -> list[RepairOut]:
+    """Every node the remediation ladder knows, with its stage."""
+    return [RepairOut.of(r) for r in ctx.engine.ladder.repairs()]
+
+
+@router.post(
+    "/health/nodes/{node}/clear",
+    responses=refusal(409, "The node does not need a human (or is not on the ladder)."),
+)
+def clear_health_node(
+    node: str,
+    request: Request,
+    ctx: Annotated[ApiContext, Depends(api_context)],
+    user: Annotated[Principal, Depends(require(Permission.ENGINE_CONTROL))],
+) -> RepairOut:
+    """Clear a node that needs a human: its next fault may be remediated again. The node
+    stays drained: return it to service yourself (``scontrol update state=resume``)."""
+    try:
+        repair = ctx.engine.ladder.clear(node, user.name)
+    except ValueError as exc:
+        raise HTTPException(409, str(exc)) from None
+    request.state.gpuops_note = f"node {node} cleared: it may be remediated again"
+    return RepairOut.of(repair)

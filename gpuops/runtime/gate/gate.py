@@ -42,6 +42,9 @@ from gpuops.store.interface import Audited, DecisionStatus, Store
 
 log = logging.getLogger(__name__)
 
+ONCE = RetryPolicy(attempts=1)
+"""One try: what a step run with ``once`` gets."""
+
 DRY_RUN_PREFIX = "dry-run: "
 """How the error of a batch step's outcome starts when it ran nothing for dry-run
 (``Gate.run_step``)."""
@@ -325,7 +328,12 @@ class Gate:
         self._trail.write_outcome(held, outcome)
         return outcome
 
-    def _execute(self, decision: Decision, cancelled: Cancel | None = None) -> Outcome:
+    def _execute(
+        self,
+        decision: Decision,
+        cancelled: Cancel | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> Outcome:
         assert decision.action is not None
         name = decision.action.executor
         try:
@@ -342,7 +350,7 @@ class Gate:
             outcome = execute(
                 executor,
                 decision,
-                self._retry,
+                retry or self._retry,
                 interrupted=self._interrupted,
                 cancelled=cancelled,
             )
@@ -373,7 +381,11 @@ class Gate:
 
     # --- a batch operation's node steps ------------------------------------------------------
     def run_step(
-        self, decision: Decision, dry_run: bool = False, cancelled: Cancel | None = None
+        self,
+        decision: Decision,
+        dry_run: bool = False,
+        cancelled: Cancel | None = None,
+        once: bool = False,
     ) -> Outcome:
         """Run one node step of a batch operation (``gpuops.runtime.batch``) now, in the
         caller's thread: held by the kill switch or pause (audited with the hold, nothing
@@ -383,7 +395,9 @@ class Gate:
         after. A replica that no longer leads runs nothing. The step is not a policy's: no
         policy state or guardrail window is fed back; the operation keeps its own record.
         ``cancelled``: asked while the step runs, by an executor that can stop it
-        (``gpuops.actions.base.execute``): a step it stops is ``skipped``, ``cancelled: why``."""
+        (``gpuops.actions.base.execute``): a step it stops is ``skipped``, ``cancelled: why``.
+        ``once``: a temporary failure is not tried again (a health check that timed out has
+        failed). Also the remediation ladder's steps (``gpuops.runtime.ladder``)."""
         not_leading = self._not_leading(decision)
         if not_leading is not None:
             return not_leading
@@ -404,7 +418,7 @@ class Gate:
         if not self._trail.write_intents([decision]):  # audit before act
             return Outcome(OutcomeStatus.SKIPPED, error=f"not run: {self._trail.problem}")
         self._trail.wrote()
-        outcome = self._execute(decision, cancelled)
+        outcome = self._execute(decision, cancelled, ONCE if once else None)
         self._step_done(decision, outcome)
         return outcome
 

@@ -70,6 +70,9 @@ MIGRATIONS: tuple[str, ...] = (
     " data TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)",
     "CREATE TABLE IF NOT EXISTS batch_nodes (operation TEXT NOT NULL, node TEXT NOT NULL,"
     " data TEXT NOT NULL, PRIMARY KEY (operation, node))",
+    # 7: each node's place on the remediation ladder (SQLite's 10)
+    "CREATE TABLE IF NOT EXISTS health_repairs (node TEXT PRIMARY KEY, stage TEXT NOT NULL,"
+    " data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
 )
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
 how many a database has had. Applied under an advisory lock, so two replicas starting at once

@@ -15,6 +15,7 @@ from gpuops.store.sql.guardrails import SqlGuardrails
 from gpuops.store.sql.health import SqlHealth
 from gpuops.store.sql.policy_states import SqlPolicyStates
 from gpuops.store.sql.quota import SqlQuotaRequests
+from gpuops.store.sql.repairs import SqlRepairs
 
 
 class SqlStore(
@@ -27,6 +28,7 @@ class SqlStore(
     SqlControls,
     SqlHealth,
     SqlBatch,
+    SqlRepairs,
 ):
     """Every repository in the SQL both backends speak (``ON CONFLICT``, ``RETURNING``, ``?``
     placeholders); a backend adds ``close``, ``_atomic`` and ``_check_cache``."""

@@ -80,6 +80,9 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
         "CREATE TABLE IF NOT EXISTS batch_nodes (operation TEXT NOT NULL, node TEXT NOT NULL,"
         " data TEXT NOT NULL, PRIMARY KEY (operation, node))",
     ),
+    # 10: each node's place on the remediation ladder (``gpuops.store.sql.repairs``)
+    "CREATE TABLE IF NOT EXISTS health_repairs (node TEXT PRIMARY KEY, stage TEXT NOT NULL,"
+    " data TEXT NOT NULL, updated_at REAL NOT NULL)",
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""

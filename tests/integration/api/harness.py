@@ -136,10 +136,12 @@ def running_api(
     guardrails: GuardrailSettings | None = None,
     prometheus: str | None = None,
     source: MetricsSource | None = None,
+    health: dict[str, Any] | None = None,
 ) -> Iterator[Harness]:
     """An engine with ``rules`` and its API on a free port; ``wrap`` puts ASGI middleware of
     the test's own in front (fault injection); ``prometheus``: the URL its queries go to, or
-    ``source``: what answers them (a scripted Prometheus)."""
+    ``source``: what answers them (a scripted Prometheus); ``health``: the configuration's
+    ``health`` section."""
     tmp.mkdir(parents=True, exist_ok=True)
     tokens = {role: f"{role}-{secrets.token_urlsafe(24)}" for role in USERS}
     write_tokens(tmp / "tokens.yaml", tokens)
@@ -159,6 +161,7 @@ def running_api(
         guardrails=guardrails,
         api=settings,
         **({"prometheus": prometheus} if prometheus else {}),
+        **({"health": health} if health else {}),
         source=source,
     )
     try:

@@ -1,0 +1,373 @@
+"""The remediation ladder: heals the nodes gpuops quarantined for a faulty GPU in pools whose
+profile is ``full``, and gives them back only after a health check passed.
+
+The gate tells it of every outcome (``outcome``): a ``migrate`` that a ``GpuFault`` alert of
+profile ``full`` triggered and that succeeded puts the node on the ladder (``quarantined``).
+Each node then climbs in a worker thread of its own (``_climb``): the pure state machine
+(``gpuops.model.health.ladder``) says what is due — reset the GPU, reboot the node, the health
+check, the return, or telling a human — and each move runs through the one gate
+(``Gate.run_step``: the kill switch, pause, a veto, dry-run and a lost leadership hold it, its
+intent is audited before it runs). The node's record is stored after every move, so a
+restarted engine or a new leader goes on from where it was; a move's decision id comes from
+the node, the fault's episode and the step, so a move interrupted by a crash runs again under
+the same id and its executor does it once. Every ``interval`` (``tick``) the nodes a hold left
+are looked at again.
+
+Built by ``gpuops.runtime.facade.Engine``; read by the API (``GET /api/v1/health/nodes``) and
+cleared by an admin (``clear``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpuops.model.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    Outcome,
+    OutcomeStatus,
+    Target,
+    Transition,
+    decision_id,
+)
+from gpuops.model.health.catalogue import Remedy
+from gpuops.model.health.ladder import (
+    ACTIVE,
+    LadderRules,
+    Move,
+    Quarantine,
+    Repair,
+    Stage,
+    after,
+    clear,
+    due,
+    quarantined,
+    start,
+)
+from gpuops.runtime.gate import Gate
+from gpuops.runtime.health import FAULT_TRIGGER
+from gpuops.settings import LadderSettings
+from gpuops.store.interface import RepairRepository
+
+log = logging.getLogger(__name__)
+
+FULL = "full"
+"""The profile whose quarantines climb the ladder."""
+GROUP = "health-ladder"
+"""The group the ladder's decisions are recorded under."""
+
+
+def rules_of(settings: LadderSettings) -> LadderRules:
+    return LadderRules(
+        steps=tuple(Move(s) for s in settings.steps),
+        max_remediations=settings.max_remediations,
+        window_s=settings.window,
+    )
+
+
+class RepairLadder:
+    """Every node's climb; thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        settings: LadderSettings,
+        store: RepairRepository,
+        gate: Gate,
+        clock: Callable[[], float],
+        stopped: Callable[[], str | None],
+        returned: Callable[[str, float], None],
+        registry: CollectorRegistry,
+        workers: int = 8,
+    ) -> None:
+        """``stopped``: why no move may start now (the kill switch, pause), or None;
+        ``returned``: told of a node given back to service (the health inbox: a fault that
+        began before never acts)."""
+        self.settings = settings
+        self.rules = rules_of(settings)
+        self._store = store
+        self._gate = gate
+        self._clock = clock
+        self._stopped = stopped
+        self._returned = returned
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ladder")
+        self.moves = Counter(
+            "gpuops_health_ladder_moves",
+            "Moves of the remediation ladder (reset_gpu, reboot, validate, return, hand_over) by "
+            "result (ok, failed, held).",
+            ["move", "result"],
+            registry=registry,
+        )
+        self.nodes = Gauge(
+            "gpuops_health_ladder_nodes",
+            "Nodes on the remediation ladder by stage (quarantined, remediating, validating, "
+            "returned, needs_human).",
+            ["stage"],
+            registry=registry,
+        )
+        self._count()
+
+    # --- records -----------------------------------------------------------------------------
+    def repair(self, node: str) -> Repair | None:
+        data = self._store.repair(node)
+        return None if data is None else Repair.from_dict(json.loads(data))
+
+    def repairs(self) -> list[Repair]:
+        return [Repair.from_dict(json.loads(d)) for d in self._store.repairs().values()]
+
+    def _save(self, repair: Repair) -> None:
+        data = json.dumps(repair.as_dict())
+        self._store.save_repair(repair.node, repair.stage.value, data, self._clock())
+        self._count()
+
+    def _count(self) -> None:
+        stages = [r.stage for r in self.repairs()]
+        for stage in Stage:
+            if stage is not Stage.HEALTHY:
+                self.nodes.labels(stage.value).set(stages.count(stage))
+
+    # --- what starts a climb -----------------------------------------------------------------
+    def outcome(self, decision: Decision, outcome: Outcome) -> None:
+        """The gate's outcome hook: a successful quarantine of a faulty GPU's node in a pool
+        whose profile is ``full`` puts the node on the ladder."""
+        action = decision.action
+        if not outcome.ok or action is None or action.type != "migrate":
+            return
+        if decision.evidence.expr != FAULT_TRIGGER or decision.transition is not Transition.FIRE:
+            return
+        labels = decision.target.labels
+        node = labels.get("node")
+        if labels.get("profile") != FULL or not node:
+            return
+        if outcome.changed.get("drained") is False:
+            log.info("node %s was drained by someone else: not on the remediation ladder", node)
+            return
+        remedy = labels.get("remedy", "")
+        q = Quarantine(
+            node=node,
+            gpu=labels.get("uuid", ""),
+            remedy=Remedy(remedy) if remedy in Remedy.__members__.values() else Remedy.RESET_GPU,
+            reason=labels.get("reason", ""),
+            policy=decision.policy,
+            executor=action.executor,
+            decision_id=decision.id,
+            episode=decision.episode_start,
+            pool=labels.get("pool", ""),
+        )
+        if self.quarantined(q):
+            self.kick(node)
+
+    def quarantined(self, q: Quarantine) -> bool:
+        """Put ``q``'s node on the ladder; False (logged) when it changes nothing."""
+        with self._lock:
+            repair, note = quarantined(self.repair(q.node), q, self._clock())
+            if note:
+                log.info("node %s quarantined for %s: %s", q.node, q.reason, note)
+                return False
+            self._save(repair)
+        log.warning(
+            "node %s quarantined for GPU %s (%s): on the remediation ladder",
+            q.node,
+            q.gpu or "?",
+            q.reason,
+        )
+        return True
+
+    # --- the climbs --------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Look again at every node with something due (a hold may have let go)."""
+        for repair in self.repairs():
+            if repair.stage in ACTIVE or due(repair) is not None:
+                self.kick(repair.node)
+
+    def kick(self, node: str) -> None:
+        """Climb ``node``'s ladder in a worker, unless one is at it already."""
+        with self._lock:
+            if node in self._busy or self._closed:
+                return
+            self._busy.add(node)
+        self._pool.submit(self._climb_safely, node)
+
+    def _climb_safely(self, node: str) -> None:
+        try:
+            self._climb(node)
+        except Exception:  # the next tick tries again; the record says where it stopped
+            log.exception("remediation ladder of %s stopped by an error", node)
+        finally:
+            with self._lock:
+                self._busy.discard(node)
+
+    def _climb(self, node: str) -> None:
+        while True:
+            repair = self.repair(node)
+            if repair is None or self._closed:
+                return
+            if repair.stage is Stage.QUARANTINED:
+                if self._stopped() is not None:
+                    return
+                repair = start(repair, self.rules, self._clock())
+                self._save(repair)
+                self._said(repair)
+                continue
+            move = due(repair)
+            if move is None:
+                return
+            stopped = self._stopped()
+            if stopped is not None and move is not Move.HAND_OVER:
+                log.info("node %s: %s waits: %s", node, move.value, stopped)
+                return
+            ran = self._run(repair, move)
+            if ran is None:
+                self.moves.labels(move.value, "held").inc()
+                return  # held at the gate: the next tick tries again, under the same id
+            ok, note = ran
+            self.moves.labels(move.value, "ok" if ok else "failed").inc()
+            now = self._clock()
+            moved = after(repair, move, ok, note, self.rules, now)
+            self._save(moved)
+            if move is Move.RETURN and ok:
+                self._returned(node, now)
+            self._said(moved, move, ok, note)
+
+    def _run(self, repair: Repair, move: Move) -> tuple[bool, str] | None:
+        """Run ``move`` through the gate: (ok, what its outcome said), or None when held."""
+        decision = self._decision(repair, move)
+        if decision.action is None:  # a hand-over without a webhook: audited, nothing run
+            self._gate.record(decision)
+            return True, ""
+        outcome = self._gate.run_step(decision, once=move is Move.VALIDATE)
+        if outcome.status is OutcomeStatus.SKIPPED:
+            log.info("node %s: %s held: %s", repair.node, move.value, outcome.error)
+            return None
+        if outcome.ok:
+            return True, _said(outcome.changed)
+        return False, outcome.error or "failed"
+
+    def _decision(self, repair: Repair, move: Move) -> Decision:
+        now = self._clock()
+        key = f"node={repair.node}"
+        labels = {"node": repair.node}
+        if repair.gpu:
+            labels["uuid"] = repair.gpu
+        if repair.pool:
+            labels["pool"] = repair.pool
+        if move is Move.HAND_OVER:
+            reason = f"node {repair.node} needs a human: {repair.why}"
+        else:
+            reason = f"remediation ladder: {move.value} of {repair.node} ({repair.reason})"
+        return Decision(
+            id=decision_id(
+                repair.policy, key, repair.episode, f"ladder:{move.value}", len(repair.done)
+            ),
+            policy=repair.policy,
+            group=GROUP,
+            target=Target(key=key, labels=labels),
+            transition=Transition.CLEAR if move is Move.RETURN else Transition.FIRE,
+            action=self._action(repair, move),
+            evidence=Evidence(
+                expr=f"health ladder: {move.value}",
+                value=None,
+                pending_since=repair.episode,
+                observed_at=now,
+            ),
+            at=now,
+            episode_start=repair.episode,
+            repeat=len(repair.done),
+            reason=reason,
+        )
+
+    def _action(self, repair: Repair, move: Move) -> ActionSpec | None:
+        s = self.settings
+        if move is Move.RESET_GPU:
+            return ActionSpec("reset_gpu", s.reset_gpu.executor or "command", s.reset_gpu.params)
+        if move is Move.REBOOT:
+            return ActionSpec("reboot", s.reboot.executor or "scheduler", s.reboot.params)
+        if move is Move.VALIDATE:
+            params = {"argv": list(s.validation.command), "timeout_s": s.validation.timeout}
+            return ActionSpec("validate", s.validation.executor, params)
+        if move is Move.RETURN:
+            return ActionSpec("resume", repair.executor)
+        if s.webhook is None:
+            return None
+        return ActionSpec("needs_human", s.webhook.executor or "webhook", s.webhook.params)
+
+    def _said(
+        self, repair: Repair, move: Move | None = None, ok: bool = True, note: str = ""
+    ) -> None:
+        node, what = repair.node, f"{move.value} {'done' if ok else 'failed'}" if move else ""
+        if repair.stage is Stage.NEEDS_HUMAN and move is not Move.HAND_OVER:
+            log.warning(
+                "node %s NEEDS A HUMAN: %s; it stays drained and is not remediated again until"
+                " an admin clears it (gpuops health clear %s)",
+                node,
+                repair.why,
+                node,
+            )
+        elif repair.stage is Stage.RETURNED:
+            log.warning("node %s returned to service after %s", node, ", ".join(repair.done))
+        elif repair.stage is Stage.REMEDIATING:
+            log.warning("node %s: %s; next: %s", node, what or "remediation begins", repair.step)
+        elif move is not None and move is not Move.HAND_OVER:
+            log.info("node %s: %s%s", node, what, f": {note}" if note else "")
+
+    # --- what an admin asks ------------------------------------------------------------------
+    def clear(self, node: str, by: str) -> Repair:
+        """An admin clears a node that needed a human: it may climb again at its next fault
+        (it stays drained: the admin returns it). ``ValueError`` when it needs none."""
+        with self._lock:
+            repair = self.repair(node)
+            if repair is None:
+                raise ValueError(f"node {node} is not on the remediation ladder")
+            cleared = clear(repair, by, self._clock())
+            self._save(cleared)
+        self._gate.record(
+            Decision(
+                id=decision_id(repair.policy, f"node={node}", repair.episode, "ladder:clear"),
+                policy=repair.policy,
+                group=GROUP,
+                target=Target(key=f"node={node}", labels={"node": node}),
+                transition=Transition.CLEAR,
+                action=None,
+                evidence=Evidence("health ladder: clear", None, None, self._clock()),
+                at=self._clock(),
+                episode_start=repair.episode,
+                reason=f"node {node} cleared by {by} (it needed a human: {repair.why})",
+            )
+        )
+        log.warning("node %s cleared by %s: it may be remediated again", node, by)
+        return cleared
+
+    def stop(self) -> None:
+        """Start no move; wait for the running ones."""
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=True)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no node is climbing (tests)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._busy:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _said(changed: Any) -> str:
+    if isinstance(changed, dict):
+        return ", ".join(f"{k}={v}" for k, v in changed.items() if v not in (None, "", []))[:256]
+    return ""
