@@ -149,15 +149,19 @@ def measured_profiles(
 
 
 def profile_table(measured: Mapping[tuple[str, str], Measured], doc: Mapping[str, Any]) -> str:
-    """Each job class's measured utilization and the profile it took."""
-    lines = [f"  {'job class':<24}{'GPU-hours':>10}{'mean':>8}{'swing':>8}   profile"]
+    """Each job class's measured utilization and memory, and the profile it took."""
+    lines = [f"  {'job class':<24}{'GPU-hours':>10}{'mean':>8}{'swing':>8}{'memory':>10}   profile"]
     for jc in doc["job_classes"]:
         m = measured.get((jc["project"], jc["priority_class"]))
         if m is None:
-            lines.append(f"  {jc['name']:<24}{'-':>10}{'-':>8}{'-':>8}   training (no series)")
-        else:
             lines.append(
-                f"  {jc['name']:<24}{m.gpu_hours:>10.1f}{m.mean:>8.1%}{m.swing:>8.1%}   {m.profile}"
+                f"  {jc['name']:<24}{'-':>10}{'-':>8}{'-':>8}{'-':>10}   training (no series)"
+            )
+        else:
+            memory = "-" if m.memory_gib is None else f"{m.memory_gib:g} GiB"
+            lines.append(
+                f"  {jc['name']:<24}{m.gpu_hours:>10.1f}{m.mean:>8.1%}{m.swing:>8.1%}"
+                f"{memory:>10}   {m.profile}"
             )
     return "\n".join(lines)
 
@@ -172,8 +176,8 @@ def derive(
     """The fleet file (as data) whose workload is the history's: one job class per project
     and pool, its rate over the span of the submissions; bursts for the seconds in which a
     class submitted ``BURST_JOBS`` or more (when the history spans under a day: a burst recurs
-    daily), Poisson arrivals for the rest; the profile ``measured`` gives the class (from
-    Prometheus: ``measured_profiles``), else ``training``."""
+    daily), Poisson arrivals for the rest; the profile and memory ``measured`` gives the class
+    (from Prometheus: ``measured_profiles``), else ``training`` and the profile's memory."""
     measured = measured or {}
     if not records:
         raise HistoryError(f"{source}: no job with GPUs in the history")
@@ -201,12 +205,13 @@ def derive(
         per_second = Counter(int(r.submit) for r in jobs)
         in_burst = {s for s, n in per_second.items() if n >= BURST_JOBS} if hours < 24 else set()
         spread = [r for r in jobs if int(r.submit) not in in_burst]
+        m = measured.get((project, pool))
         job_classes.append(
             {
                 "name": f"{project}-{pool}",
                 "project": project,
                 "priority_class": pool,
-                "profile": (m.profile if (m := measured.get((project, pool))) else "training"),
+                "profile": m.profile if m else "training",
                 "rate_per_hour": round(len(spread) / submitted_h, 4),
                 "bursts": [
                     {"hour": round(_hour(s), 6) % 24, "jobs": per_second[s]}
@@ -216,6 +221,8 @@ def derive(
                 "duration": _durations([run for j in jobs if (run := j.run_s) is not None]),
             }
         )
+        if m is not None and m.memory_gib is not None:
+            job_classes[-1]["memory_gib"] = m.memory_gib
     first, last = (datetime.fromtimestamp(t, UTC).isoformat() for t in (t0, t1))
     calibration = f"{source}: {len(records)} jobs submitted from {first} to {last}"
     if measured:

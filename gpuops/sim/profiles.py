@@ -1,6 +1,7 @@
 """The job classes' utilization profiles from a Prometheus holding the NVML exporter's series:
-each class's GPUs' utilization over the history's window, and the fleet file's profile
-(``training``, ``inference``, ``light``, ``notebook``) nearest to it.
+each class's GPUs' utilization over the history's window, the fleet file's profile
+(``training``, ``inference``, ``light``, ``notebook``) nearest to it, and the GPU memory its
+jobs used.
 
 Called by ``gpuops fleet from-history --prometheus`` (``gpuops.cli.fleet``) before
 ``gpuops.sim.fromhistory.derive`` writes the file. What a job's GPUs did is
@@ -13,6 +14,7 @@ pool, as ``derive`` makes them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +24,19 @@ from gpuops.sim.history import HistoryError
 from gpuops.sources.errors import QueryError
 from gpuops.sources.prometheus import PrometheusClient
 
-HELD = (
-    "max by (node, uuid) (nvml_gpu_utilization_ratio) * on (node, uuid) group_right "
-    "max by (node, uuid, job, project, partition) (gpuops_gpu_allocated == 1)"
-)
-"""Each GPU's utilization while a job holds it, with the job's labels: one series per job and
-GPU (a GPU shared by two jobs is in both)."""
+
+def _held(metric: str) -> str:
+    """``metric`` of each GPU while a job holds it, with the job's labels: one series per job
+    and GPU (a GPU shared by two jobs is in both)."""
+    return (
+        f"max by (node, uuid) ({metric}) * on (node, uuid) group_right "
+        "max by (node, uuid, job, project, partition) (gpuops_gpu_allocated == 1)"
+    )
+
+
+HELD = _held("nvml_gpu_utilization_ratio")
+MEMORY = _held("nvml_gpu_memory_used_bytes")
+GIB = 1024**3
 
 CHUNK_S = 86_400.0
 """The window is read a day at a time: one query's subquery stays a day's points long."""
@@ -48,11 +57,14 @@ class _Sums:
     n: float = 0.0
     total: float = 0.0
     squares: float = 0.0
+    peak: float = 0.0
+    """The most GPU memory (bytes) the job used on the GPU; 0: not reported."""
 
-    def add(self, n: float, total: float, squares: float) -> None:
+    def add(self, n: float, total: float, squares: float, peak: float) -> None:
         self.n += n
         self.total += total
         self.squares += squares
+        self.peak = max(self.peak, peak)
 
     def swing(self) -> float | None:
         if self.n < 2:
@@ -72,6 +84,10 @@ class Measured:
     gpu_hours: float
     """GPU-hours of samples seen."""
     profile: str
+    memory_gib: float | None = None
+    """The median over its jobs' GPUs of the most memory the job used on each (None: the
+    exporter reported none): what the fleet file's ``memory_gib`` says of every job of the
+    class, as the case study's median footprint does."""
 
 
 def profile_of(mean: float, swing: float) -> str:
@@ -83,20 +99,23 @@ def profile_of(mean: float, swing: float) -> str:
     return "light" if mean >= LIGHT_FROM else "notebook"
 
 
+Row = tuple[Mapping[str, str], float, float, float, float]
+"""A job-GPU series' labels, and over a part of the window its utilization's samples, sum and
+sum of squares, and its memory's peak (bytes; 0: none reported)."""
+
+
 def classes_of(
-    rows: Iterable[tuple[Mapping[str, str], float, float, float]],
-    pools: Sequence[str],
-    step_s: float,
+    rows: Iterable[Row], pools: Sequence[str], step_s: float
 ) -> dict[tuple[str, str], Measured]:
-    """(project, pool) -> ``Measured`` from each job-GPU series' (labels, samples, sum, sum of
-    squares). With one pool every series is its; otherwise a series' ``partition`` names it."""
+    """(project, pool) -> ``Measured`` from the job-GPU series' ``Row``s. With one pool every
+    series is its; otherwise a series' ``partition`` names it."""
     per_series: dict[tuple[str, ...], _Sums] = defaultdict(_Sums)
-    for labels, n, total, squares in rows:
+    for labels, n, total, squares, peak in rows:
         pool = pools[0] if len(pools) == 1 else labels.get("partition", "")
         if pool not in pools:
             continue
         key = (labels.get("project", ""), pool, labels.get("job", ""), labels.get("uuid", ""))
-        per_series[key].add(n, total, squares)
+        per_series[key].add(n, total, squares, peak)
     by_class: dict[tuple[str, str], list[_Sums]] = defaultdict(list)
     for (project, pool, *_), sums in per_series.items():
         by_class[(project, pool)].append(sums)
@@ -108,7 +127,9 @@ def classes_of(
         swings = [w for s in series if (w := s.swing()) is not None]
         mean = sum(s.total for s in series) / n
         swing = sum(swings) / len(swings) if swings else 0.0
-        out[cls] = Measured(mean, swing, n * step_s / 3600.0, profile_of(mean, swing))
+        peaks = [s.peak / GIB for s in series if s.peak > 0]
+        memory = round(statistics.median(peaks), 1) if peaks else None
+        out[cls] = Measured(mean, swing, n * step_s / 3600.0, profile_of(mean, swing), memory)
     return out
 
 
@@ -122,18 +143,24 @@ def measure(
         raise HistoryError(f"--prometheus {url!r}: not a URL; use http://HOST:PORT")
     client = PrometheusClient(url, timeout_s=timeout_s)
     step = min(60, max(1, round((end - start) / 1000)))  # whole seconds: PromQL's durations
-    rows: list[tuple[Mapping[str, str], float, float, float]] = []
+    rows: list[Row] = []
     at = start
     try:
         while at < end:
             stop = min(end, at + CHUNK_S)
             window = f"[{max(math.ceil(stop - at), step)}s:{step}s]"
-            sums: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(lambda: [0.0] * 3)
-            for i, fn in enumerate(("count_over_time", "sum_over_time", "sum_over_time")):
-                expr = f"({HELD}){window}" if i < 2 else f"(({HELD}) ^ 2){window}"
-                for sample in client.query(f"{fn}({expr})", at=stop):
+            sums: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(lambda: [0.0] * 4)
+            for i, expr in enumerate(
+                (
+                    f"count_over_time(({HELD}){window})",
+                    f"sum_over_time(({HELD}){window})",
+                    f"sum_over_time((({HELD}) ^ 2){window})",
+                    f"max_over_time(({MEMORY}){window})",
+                )
+            ):
+                for sample in client.query(expr, at=stop):
                     sums[tuple(sorted(sample.labels.items()))][i] = sample.value
-            rows += [(dict(k), n, total, sq) for k, (n, total, sq) in sums.items()]
+            rows += [(dict(k), n, total, sq, peak) for k, (n, total, sq, peak) in sums.items()]
             at = stop
     except QueryError as exc:
         raise HistoryError(f"--prometheus {url}: {exc}") from None
