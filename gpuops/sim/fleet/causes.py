@@ -87,12 +87,16 @@ class Causes:
             self.acted[priority_class].add(cause)
 
     def touched(
-        self, priority_class: str, decisions: Iterable[str] = (), slowed: bool = False
+        self,
+        priority_class: str,
+        decisions: Iterable[str] = (),
+        slowed: bool = False,
+        acting: bool = True,
     ) -> None:
-        """Jobs of ``priority_class`` acted on by ``decisions`` and the decision acting now;
-        ``slowed``: made to run slower."""
+        """Jobs of ``priority_class`` acted on by ``decisions`` and, with ``acting``, by the
+        decision acting now; ``slowed``: made to run slower."""
         found = set(decisions)
-        if self.decision is not None:
+        if acting and self.decision is not None:
             found.add(self.decision)
         if found:
             self.acted[priority_class].update(found)
@@ -105,20 +109,19 @@ class Causes:
         down during that wait acted on it."""
         if since is None:
             return
-        self.touched(
-            priority_class,
-            (
-                d.decision
-                for p in pools
-                for d in self._down.get(p, ())
-                if d.up_at is None or d.up_at > since
-            ),
+        down = self._down
+        kept = (
+            d.decision for p in pools for d in down.get(p, ()) if d.up_at is None or d.up_at > since
         )
+        # a job the scheduler places during another decision's call (the pass every call
+        # ends with) is not that decision's doing
+        self.touched(priority_class, kept, acting=False)
 
     def started_on_slices(self, priority_class: str, uuids: Iterable[str]) -> None:
-        """A job of ``priority_class`` starts on slices of GPUs a decision made shared."""
+        """A job of ``priority_class`` starts on slices of GPUs: the decisions that made them
+        shared slow it."""
         shared = (self._shared[u] for u in uuids if u in self._shared)
-        self.touched(priority_class, shared, slowed=True)
+        self.touched(priority_class, shared, slowed=True, acting=False)
 
     def made_shared(self, uuids: Iterable[str]) -> None:
         if self.decision is not None:

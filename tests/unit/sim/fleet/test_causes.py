@@ -118,3 +118,14 @@ def test_calls_without_a_decision_and_the_clock_are_no_ones() -> None:
     ops.reclaim(c, notebook.gpu_uuids[0])  # in-process, no control call
     assert c.causes.stops == {Stop("culled", "serving", SCHEDULER): 1}
     assert not c.causes.acted
+
+
+def test_jobs_the_scheduler_starts_during_a_call_are_not_that_decisions() -> None:
+    c = cluster()
+    training = c.submit(job("routine", gpus=4))
+    waiting = c.submit(job("serving", gpus=4))
+    c.advance(60.0)
+    # the reclaim stops the training; the pass that ends the call starts the waiting job
+    call(c, f"/api/v1/gpus/{training.gpu_uuids[0]}/reclaim", "d-reclaim")
+    assert waiting.state == "running"
+    assert c.causes.acted == {"routine": {"d-reclaim"}}
