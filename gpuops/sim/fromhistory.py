@@ -175,8 +175,9 @@ def derive(
 ) -> dict[str, Any]:
     """The fleet file (as data) whose workload is the history's: one job class per project
     and pool, its rate over the span of the submissions; bursts for the seconds in which a
-    class submitted ``BURST_JOBS`` or more (when the history spans under a day: a burst recurs
-    daily), Poisson arrivals for the rest; the profile and memory ``measured`` gives the class
+    class submitted ``BURST_JOBS`` or more, or any when the whole history was submitted within
+    one second (when the history spans under a day: a burst recurs daily), Poisson arrivals
+    for the rest; the profile and memory ``measured`` gives the class
     (from Prometheus: ``measured_profiles``), else ``training`` and the profile's memory."""
     measured = measured or {}
     if not records:
@@ -191,6 +192,8 @@ def derive(
     t0, t1 = window(records)
     hours = (t1 - t0) / 3600.0
     submitted_h = max(max(r.submit for r in records) - t0, 1.0) / 3600.0
+    # every job submitted within one second: no span to take a rate over, each class a burst
+    at_once = max(int(r.submit) for r in records) == int(t0)
     classes: dict[tuple[str, str], list[JobRecord]] = defaultdict(list)
     for r in records:
         classes[(r.project, r.pool)].append(r)
@@ -203,7 +206,11 @@ def derive(
                 f"{pool} gives their nodes"
             )
         per_second = Counter(int(r.submit) for r in jobs)
-        in_burst = {s for s, n in per_second.items() if n >= BURST_JOBS} if hours < 24 else set()
+        in_burst = (
+            {s for s, n in per_second.items() if n >= BURST_JOBS or at_once}
+            if hours < 24
+            else set()
+        )
         spread = [r for r in jobs if int(r.submit) not in in_burst]
         m = measured.get((project, pool))
         job_classes.append(

@@ -192,6 +192,18 @@ def test_derived_fleet_loads_with_bursts_rates_sizes_and_durations() -> None:
         derive([*burst, replace(burst[0], pool="cpu")], pools, "site", "h.csv")
 
 
+def test_a_history_submitted_in_one_second_is_bursts_not_a_rate() -> None:
+    """Two and three jobs submitted in the same second (fewer than a burst's five) have no span
+    to take a rate over: a rate over the one second would be thousands an hour."""
+    t0 = 1796551200.0
+    jobs = [_job(i, "a", 1, t0 + 0.2, t0 + 5, 600.0) for i in range(2)]
+    jobs += [_job(10 + i, "b", 2, t0 + 0.7, t0 + 5, 600.0) for i in range(3)]
+    doc = derive(jobs, [PoolShape("gpu", "A100", 1, 8)], "site", "h.txt")
+    classes = {c.project: c for c in parse_fleet(fleet_yaml(doc), "d.yaml").job_classes}
+    assert classes["a"].rate_per_hour == 0 and [b.jobs for b in classes["a"].bursts] == [2]
+    assert classes["b"].rate_per_hour == 0 and [b.jobs for b in classes["b"].bursts] == [3]
+
+
 def test_history_figures_and_the_tolerance() -> None:
     t0 = 1796551200.0
     jobs = [_job(1, "a", 4, t0, t0 + 10, 90.0), _job(2, "a", 4, t0, t0 + 30, 70.0)]
