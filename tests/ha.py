@@ -251,8 +251,15 @@ class Pair:
     """Two replicas, the recorder and the database they share."""
 
     def __init__(
-        self, root: Path, pg: PostgresServer, prometheus_url: str, lease: float, renew: float
+        self,
+        root: Path,
+        pg: PostgresServer,
+        prometheus_url: str,
+        lease: float,
+        renew: float,
+        extra: dict[str, Any] | None = None,
     ) -> None:
+        """``extra``: more of both replicas' configuration (``batch``...)."""
         self.pg = pg
         self.recorder = Recorder()
         threading.Thread(target=self.recorder.serve_forever, daemon=True).start()
@@ -270,6 +277,7 @@ class Pair:
                 "lease": lease,
                 "renew_interval": renew,
             },
+            **(extra or {}),
         }
         self.replicas = [Replica(n, root, pg, db, **json.loads(json.dumps(common))) for n in "ab"]
 

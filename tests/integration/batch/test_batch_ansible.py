@@ -9,7 +9,11 @@ after the step.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,11 @@ from gpuops.actions.ansible import AnsibleExecutor
 from gpuops.actions.command import CommandExecutor
 from gpuops.model.batch.operation import FleetNode
 from gpuops.model.batch.opfile import load_operation
-from gpuops.runtime.batch import BatchStatus, NodeStatus
+from gpuops.runtime.batch import BatchRecord, BatchStatus, NodeStatus
 from gpuops.runtime.facade import Engine
 from tests.builders import build_engine
+from tests.integration.batch.test_batch_stop import gone
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +188,53 @@ def test_firmware_playbook_checks_writes_and_reads_back(tmp_path: Path) -> None:
     assert (tmp_path / "f1" / "fw" / "gpu-firmware.bin").read_bytes() == image.read_bytes()
     assert rec.status == BatchStatus.DONE and rec.why == "failed: f2"
     assert nodes["f2"].error.startswith("step: f2: The firmware folder exists: ")
+
+
+SLOW = """\
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: a long step
+      ansible.builtin.shell: "echo $$ > {{ pid_file }}; exec sleep 60"
+"""
+
+
+def test_on_stop_cancel_cancels_the_running_playbook(tmp_path: Path) -> None:
+    (tmp_path / "slow.yml").write_text(SLOW)
+    (tmp_path / "inventory.yaml").write_text(
+        f"all:\n  vars: {{ansible_connection: local, ansible_python_interpreter:"
+        f" {sys.executable}}}\n  hosts: {{n1: {{}}}}\n"
+    )
+    pid_file = tmp_path / "pid"
+    op_file = tmp_path / "op.yaml"
+    op_file.write_text(
+        "operation: slow\ntargets: {nodes: [n1]}\nquarantine: none\n"
+        f"step: {{ansible: slow.yml, inventory: inventory.yaml,"
+        f" extra_vars: {{pid_file: '{pid_file}'}}}}\n"
+        "max_unavailable: 1\nenforce: true\non_stop: cancel\n"
+    )
+    fleet = Fleet([FleetNode("n1", pool="a100", gpus=8)])
+    engine = ansible_engine(tmp_path)
+    try:
+        batch = engine.batches.start(load_operation(op_file), op_file.read_text(), fleet, None)
+        ran: list[BatchRecord] = []
+        runner = threading.Thread(target=lambda: ran.append(engine.batches.run(batch, fleet)))
+        runner.start()
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 60, "the step")
+        sleeping = int(pid_file.read_text())
+        engine.set_control("kill_switch", True, "admin")
+        asked = time.monotonic()
+        runner.join(30)
+        took = time.monotonic() - asked
+        assert not runner.is_alive(), "the playbook run was not cancelled"
+        node = engine.batches.nodes(batch)["n1"]
+    finally:
+        engine.stop()
+        if pid_file.exists() and not gone(int(pid_file.read_text())):
+            # ansible-playbook is killed; the task it started on the host runs on, as when
+            # Ansible itself is interrupted (its worker's own session)
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert took < 10  # not the task's minute
+    assert ran[0].status == BatchStatus.PAUSED and ran[0].why == "the kill switch is on"
+    assert (node.status, node.done) == (NodeStatus.RUNNING, [])  # its step runs again
+    assert sleeping > 0

@@ -224,7 +224,7 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
     after = fleet.calls()
     again = 0
     for node, calls in after.items():
-        ids = {}
+        ids: dict[str, str] = {}
         for what, ident in calls:
             assert ids.setdefault(what, ident) == ident, f"{node}: {what} as two decisions"
         kinds = [what for what, _ in calls]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from gpuops.actions.command import CommandExecutor
@@ -38,7 +40,7 @@ class Hooked(FileFleetExecutor):
 
     def __init__(self, folder: Path) -> None:
         super().__init__({"dir": folder})
-        self.after = lambda node, verb: None
+        self.after: Callable[[str, str], None] = lambda node, verb: None
 
     def run(self, decision: Decision) -> dict[str, str]:
         changed = super().run(decision)
@@ -125,7 +127,7 @@ def test_on_stop_cancel_kills_the_running_step_and_runs_it_again(tmp_path: Path)
         wait_for(lambda: status(engine, batch) == BatchStatus.PAUSED, 10, "the pause")
         assert engine.batches.record(batch).why == "the kill switch is on"
         for pid in (step, child):  # the whole process group, the child too
-            wait_for(lambda pid=pid: gone(pid), 10, f"process {pid} killed")
+            wait_for(partial(gone, pid), 10, f"process {pid} killed")
         node = engine.batches.nodes(batch)["gpu-001"]
         assert (node.status, node.done) == (NodeStatus.RUNNING, ["quarantine"])
         assert fleet.state()["gpu-001"]["state"] == "drained"
