@@ -168,6 +168,7 @@ class Cluster:
             for i in range(pool.gpus_per_node)
         ]
         node = Node(name=f"node-{seq}", pool=pool.name, model=model, gpus=gpus, seq=seq)
+        node.driver_version = self.config.driver_version
         node.host_idle_power = node.host_power = pool.host_idle_watts
         if boot and pool.boot_s > 0:
             node.booting_until = self.time + pool.boot_s

@@ -116,6 +116,7 @@ class NodeCollector(Collector):
     """The ``nvml_*`` series of every GPU of one node."""
 
     def __init__(self, cluster: Cluster, node: str, driver_version: str) -> None:
+        """``driver_version``: what a node no longer in the cluster reports."""
         self.cluster = cluster
         self.node = node
         self.driver_version = driver_version
@@ -131,9 +132,12 @@ class NodeCollector(Collector):
         for name, kind, text, extra in GPU_SERIES:
             family_type = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
             families[name] = family_type(name, text, labels=[*_GPU, *extra])
+        with self.cluster.lock:
+            node = self.cluster.nodes.get(self.node)
+            driver = node.driver_version if node is not None else self.driver_version
         for r in readings:
             labels = _gpu_labels(r)
-            for name, extra_values, value in gpu_samples(r, self.driver_version):
+            for name, extra_values, value in gpu_samples(r, driver):
                 families[name].add_metric([*labels, *extra_values], value)
         return list(families.values())
 

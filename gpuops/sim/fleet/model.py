@@ -141,6 +141,9 @@ class Node:
     set at every cluster step)."""
     host_idle_power: float = 0.0
     """Its host's draw at no load (the part of ``host_power`` any powered node pays)."""
+    driver_version: str = ""
+    """The NVIDIA driver it runs (``nvml_gpu_info``); a rollout's step changes it
+    (``gpuops.sim.fleet.rollout``)."""
 
     @property
     def state(self) -> str:

@@ -229,6 +229,7 @@ def state(cluster: Cluster) -> dict[str, object]:
                     "state": node.state,
                     "port": node.port,
                     "model": node.model.short,
+                    "driver_version": node.driver_version,
                     "gpus": gpus,
                 }
             )

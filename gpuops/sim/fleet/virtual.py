@@ -27,6 +27,7 @@ from gpuops.sim.fleet.listener import Listener
 from gpuops.sim.fleet.model import GpuReading
 from gpuops.sim.fleet.remotewrite import Labels, RemoteWriter, SeriesTable
 from gpuops.sim.fleet.report import Recorder
+from gpuops.sim.fleet.rollout import Rollout, RolloutSpec
 from gpuops.sim.fleet.sd import FLEET_JOB, NODES_JOB
 
 
@@ -67,8 +68,13 @@ class VirtualFleet:
         recorder: Recorder | None = None,
         record_interval_s: float | None = None,
         names: frozenset[str] | None = None,
+        rollout: RolloutSpec | None = None,
     ) -> None:
         self.cluster = Cluster(config)
+        self.rollout = None if rollout is None else Rollout(rollout, self.cluster)
+        """A batch operation rolled over the cluster, moved on after each cluster step."""
+        if self.rollout is not None:
+            self.rollout.step(self.cluster)  # one that starts at once starts now
         self.names = names
         """The series names written (None: every series): a what-if writes only what its
         rules read (``gpuops.sim.whatif.queries.metric_names``), Prometheus' ingest being its
@@ -86,7 +92,6 @@ class VirtualFleet:
         self.flush_every = flush_every
         """Scrapes buffered per remote-write request."""
         self._fleet = FleetCollector(self.cluster)
-        self._driver = config.driver_version
         self._scrape_n = 0
         self._record_n = 0
         self._buffered = 0
@@ -153,7 +158,7 @@ class VirtualFleet:
                 break
             with self.step_time():
                 while self.cluster.time < at:
-                    self.cluster.advance(min(self.step_s, at - self.cluster.time))
+                    self._advance(min(self.step_s, at - self.cluster.time))
             if at == next_record:
                 self._observe()
                 self._record_n += 1
@@ -162,8 +167,13 @@ class VirtualFleet:
                 self._scrape_n += 1
         with self.step_time():
             while self.cluster.time < t:
-                self.cluster.advance(min(self.step_s, t - self.cluster.time))
+                self._advance(min(self.step_s, t - self.cluster.time))
         self.flush()
+
+    def _advance(self, dt: float) -> None:
+        self.cluster.advance(dt)
+        if self.rollout is not None:
+            self.rollout.step(self.cluster)
 
     def _observe(self) -> None:
         if self.recorder is not None:
@@ -205,10 +215,12 @@ class VirtualFleet:
         ids: list[int] = []
         values: list[float] = []
         with self.cluster.lock:
-            nodes = [(n.name, n.pool, n.failed) for n in self.cluster.nodes.values()]
+            nodes = [
+                (n.name, n.pool, n.failed, n.driver_version) for n in self.cluster.nodes.values()
+            ]
         names = self.names
         node_up = names is None or "up" in names
-        for name, pool, failed in nodes:
+        for name, pool, failed, driver in nodes:
             target = (("instance", name), ("job", NODES_JOB), ("node", name), ("pool", pool))
             if node_up:
                 ids.append(self._id(target, (("__name__", "up"), *target)))
@@ -216,7 +228,7 @@ class VirtualFleet:
             if failed:
                 continue
             for r in self.cluster.gpu_readings(name):
-                gpu_ids, places = self._gpu_ids(r, target)
+                gpu_ids, places = self._gpu_ids(r, target, driver)
                 ids += gpu_ids
                 if places is _ALL:
                     values += gpu_values(r)
@@ -249,14 +261,16 @@ class VirtualFleet:
             found = self._keys[cache_key] = self.series.id(labels)
         return found
 
-    def _gpu_ids(self, r: GpuReading, target: Labels) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _gpu_ids(
+        self, r: GpuReading, target: Labels, driver: str
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The series numbers of a GPU's written samples and their places in ``gpu_values``
-        (``_ALL``: every sample, in ``gpu_series`` order), built once per GPU identity and
-        target."""
-        identity = (r.uuid, r.index, r.name, r.model, r.pci_bus_id, target)
+        (``_ALL``: every sample, in ``gpu_series`` order), built once per GPU identity, its
+        driver version and target."""
+        identity = (r.uuid, r.index, r.name, r.model, r.pci_bus_id, driver, target)
         found = self._gpu_series.get(identity)
         if found is None:
-            keys = [_gpu_key(name, r, extra, target) for name, extra in gpu_series(r, self._driver)]
+            keys = [_gpu_key(name, r, extra, target) for name, extra in gpu_series(r, driver)]
             places = tuple(
                 i for i, key in enumerate(keys) if self.names is None or _name(key) in self.names
             )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuops.sim.fleet.config import FleetConfig, HarmLimits
+from gpuops.sim.fleet.rollout import RolloutSpec
 from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.prometheus import prometheus
 from gpuops.sim.whatif.runs import SCRAPE_INTERVAL_S, RunResult, run_off, run_on
@@ -106,9 +107,11 @@ def whatif(
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     progress: Callable[[str, float], None] | None = None,
     all_series: bool = False,
+    rollout: RolloutSpec | None = None,
 ) -> Whatif:
     """Run ``config`` for ``hours`` without and with the policies of ``rules`` (writing
-    every series to Prometheus with ``all_series``, else only those the rules read)."""
+    every series to Prometheus with ``all_series``, else only those the rules read);
+    ``rollout``: a batch operation rolled over the cluster of the policies-on run."""
     with (
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-", dir=_scratch()) as tmp,
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-prometheus-") as tmp_prom,
@@ -129,6 +132,7 @@ def whatif(
                     None if progress is None else (lambda t: progress("on", t)),
                     served.cpu_s,
                     all_series,
+                    rollout,
                 )
             off = baseline()
         if progress is not None:

@@ -244,6 +244,9 @@ def table(w: Whatif) -> str:
             f"off {fmt(t.off)}, on {fmt(t.on)}"
         )
     lines += harm.lines(harm.flags(w))
+    if w.on.rollout is not None:
+        lines += ["", *(f"  {line}" for line in w.on.rollout.lines())]
+        lines.append("  (the on run's figures hold the rollout's cost with the policies' effect)")
     lines += [
         "",
         f"  run time: off {w.off.wall_s:.1f} s, on {w.on.wall_s:.1f} s",
@@ -265,6 +268,7 @@ def _run_json(r: RunResult) -> dict[str, Any]:
         "decisions": r.decisions,
         "outcomes": r.outcomes,
         "attribution": r.attribution.to_json(),
+        **({} if r.rollout is None else {"rollout": r.rollout.to_json()}),
     }
 
 

@@ -26,6 +26,7 @@ from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
 from gpuops.sim.fleet.config import FleetConfig
 from gpuops.sim.fleet.remotewrite import RemoteWriter
 from gpuops.sim.fleet.report import Point, Recorder, RunReport
+from gpuops.sim.fleet.rollout import RolloutReport, RolloutSpec
 from gpuops.sim.fleet.virtual import VirtualFleet
 from gpuops.sim.whatif.attribution import Attribution, attribute
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
@@ -72,6 +73,8 @@ class RunResult:
     """Series written to Prometheus over the run, and samples written ("on" run)."""
     attribution: Attribution = Attribution()
     """Which policy stopped or acted on which jobs ("on" run)."""
+    rollout: RolloutReport | None = None
+    """What a batch operation rolled over the cluster cost ("on" run with ``--batch``)."""
 
 
 PARTS = (
@@ -158,6 +161,7 @@ def run_on(
     progress: Callable[[float], None] | None = None,
     prometheus_cpu: Callable[[], float] = lambda: math.nan,
     all_series: bool = False,
+    rollout: RolloutSpec | None = None,
 ) -> RunResult:
     """The same workload with the policies of ``rules`` evaluated by the engine at the
     virtual clock against ``prometheus_url`` (a fresh Prometheus with the remote-write
@@ -165,7 +169,8 @@ def run_on(
     engine's state file and audit spool (``workdir/audit``: every decision of the run).
     ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``).
     Only the series the rules read are written (``metric_names``), unless ``all_series``
-    (for dashboards on the run's Prometheus data)."""
+    (for dashboards on the run's Prometheus data). ``rollout``: a batch operation rolled
+    over the cluster meanwhile (``gpuops.sim.fleet.rollout``)."""
     clock = VirtualClock(start_time(hours, config.start_hour))
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url)
@@ -179,6 +184,7 @@ def run_on(
         recorder=recorder,
         record_interval_s=record_interval(scrape_interval_s),
         names=names,
+        rollout=rollout,
     )
     tally = _Tally()
     started = time.monotonic()
@@ -248,4 +254,5 @@ def run_on(
         (client.asked, client.answered),
         (len(writer.series.labels), writer.samples_sent),
         attribute(fleet.cluster.causes, tally.policies),
+        None if fleet.rollout is None else fleet.rollout.report,
     )

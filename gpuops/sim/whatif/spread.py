@@ -142,6 +142,9 @@ def table(runs: Sequence[Whatif]) -> str:
         if f.change is not None and f.change.seeds < len(runs):  # off was 0 on some seeds
             change += f" ({f.change.seeds} seeds)"
         lines.append(_line(f.label, _cell(f.off, f.fmt), _cell(f.on, f.fmt), change))
+    for w in runs:
+        if w.on.rollout is not None:
+            lines += ["", f"  seed {w.seed}:", *(f"  {line}" for line in w.on.rollout.lines())]
     wall = sum(w.off.wall_s + w.on.wall_s for w in runs)
     lines += ["", f"  run time: {wall:.1f} s over {len(runs)} seeds (off and on runs together)"]
     return "\n".join(lines + conclusion_over_seeds(runs))

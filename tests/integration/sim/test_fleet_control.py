@@ -38,7 +38,8 @@ def test_state_document_has_the_contract_shape(fleet: FleetSim) -> None:
     assert set(doc) >= {"time", "nodes", "queue", "jobs", "counters"}
     assert isinstance(doc["time"], float)
     node = doc["nodes"][0]
-    assert set(node) == {"name", "pool", "state", "port", "model", "gpus"}
+    assert set(node) == {"name", "pool", "state", "port", "model", "driver_version", "gpus"}
+    assert node["driver_version"] == "550.54.15"
     assert node["port"] == fleet.node_ports["node-0"]
     assert set(node["gpus"][0]) == {
         "index", "uuid", "job", "project", "tenants", "utilization", "clock_locked_mhz",

@@ -6,6 +6,7 @@ instant they were decided, every one audited before it ran."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -106,3 +107,41 @@ def test_whatif_over_seeds_reports_spreads(tmp_path: Path) -> None:
     shared = CliRunner().invoke(cli, [*args, "--seeds=2", "--prometheus-url=http://x:9090"])
     assert shared.exit_code == 2
     assert "several seeds need a fresh Prometheus each" in shared.output
+
+
+ROLLOUT = """\
+operation: reboot-all
+targets: {pool: default, all: true}
+step: {command: ["true"]}
+reboot: {command: ["true"]}
+validate: {command: ["true"]}
+canary: 1
+max_parallel: 2
+max_unavailable: 2
+timing: {quarantine: 30s, step: 2m, reboot: 1m, validate: 30s, return: 10s}
+"""
+
+
+def test_whatif_rolls_a_batch_operation_over_the_on_run_and_says_what_it_cost(
+    tmp_path: Path,
+) -> None:
+    operation = tmp_path / "reboot.yaml"
+    operation.write_text(ROLLOUT, encoding="utf-8")
+    args = ["--log-level=warning", "whatif", "--fleet", str(REPO / "examples/fleets/demo.yaml")]
+    args += ["--rules", str(REPO / "rules" / "gpu-efficiency.yaml"), f"--hours={HOURS}"]
+    args += [f"--batch={operation}"]  # a Prometheus of its own: the other test wrote this time
+    late = CliRunner().invoke(cli, [*args, "--batch-at=0.25"])
+    assert late.exit_code == 2 and "not within the run's 0.25 virtual hours" in late.output
+    result = CliRunner().invoke(cli, [*args, "--batch-at=0"])
+    assert result.exit_code == 0, result.output
+    # four nodes of 250 s each, at most two out at once: the canary, two, then the last
+    assert "rollout reboot-all from +0s: 4 nodes, 4 done in 3 waves, ended at +12m45s" in (
+        result.output
+    )
+    hours_out = re.search(r"GPU-hours out of service: ([0-9.]+)", result.output)
+    assert hours_out and float(hours_out.group(1)) == pytest.approx(4 * 4 * 255 / 3600, abs=0.05)
+    drained = re.search(
+        r"jobs its drains requeued: (\d+) .*; moved to other nodes: (\d+)", result.output
+    )
+    assert drained and int(drained.group(1)) + int(drained.group(2)) > 0
+    assert "most nodes out of service at once: 2 (budget 2)" in result.output
