@@ -41,7 +41,7 @@ from gpuops.model.telling import (
     verdict_words,
 )
 from gpuops.runtime.approvals import ApprovalError
-from gpuops.runtime.gate import RetryError
+from gpuops.runtime.gate import STEPS_RETRIED_ELSEWHERE, RetryError
 from gpuops.store.interface import Approval, ApprovalStatus, DecisionStatus
 
 router = APIRouter(tags=["decisions"])
@@ -378,7 +378,7 @@ def explain_decision(
         can_retry=stored is not None
         and stored.failed
         and stored.retried_at is None
-        and stored.decision.group != "batch",  # a batch step: its operation retries the node
+        and stored.decision.group not in STEPS_RETRIED_ELSEWHERE,  # a runner's step
     )
 
 

@@ -36,7 +36,7 @@ from gpuops.runtime.gate.gate import (
     OutcomeHook,
 )
 from gpuops.runtime.gate.lanes import LANES_PER_EXECUTOR
-from gpuops.runtime.gate.retry import RetryError
+from gpuops.runtime.gate.retry import STEPS_RETRIED_ELSEWHERE, RetryError
 from gpuops.runtime.gate.told import FIELDS, Told
 from gpuops.runtime.gate.trail import DecisionListener
 
@@ -51,5 +51,6 @@ __all__ = [
     "Gate",
     "OutcomeHook",
     "RetryError",
+    "STEPS_RETRIED_ELSEWHERE",
     "Told",
 ]

@@ -423,8 +423,9 @@ class Gate:
         return outcome
 
     def _step_done(self, decision: Decision, outcome: Outcome) -> None:
-        """Audit a batch step with its outcome, then keep it with the decisions (``done``:
-        nothing resumes or reconciles it; the decision pages show it). The same id again (a
+        """Audit a runner's step with its outcome, then keep it with the decisions (``done``:
+        nothing resumes or reconciles it; the decision pages show it, and an admin's retry
+        names the runner's own way: ``retry.STEPS_RETRIED_ELSEWHERE``). The same id again (a
         step held, then run) keeps its latest verdict and outcome."""
         self._trail.record(decision, outcome)
         try:
@@ -433,7 +434,7 @@ class Gate:
             self._store.finish_decision(decision.id, outcome, decision)
             self._store.mark_audited([decision.id], Audited.OUTCOME)
         except StateError:  # audited all the same; the operation's own record goes on
-            log.exception("batch step %s not kept with the decisions", decision.id)
+            log.exception("step %s not kept with the decisions", decision.id)
 
     # --- what runs nothing -----------------------------------------------------------------
     def retry(self, decision_id: str) -> Decision:

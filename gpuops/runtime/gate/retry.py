@@ -24,6 +24,14 @@ class RetryError(Exception):
     """An action that cannot be retried now (it did not fail, or its target moved on)."""
 
 
+STEPS_RETRIED_ELSEWHERE = {
+    "batch": "retry its node in the operation (gpuops batch retry, or the batch operation's page)",
+    "health-ladder": "its remediation ladder takes its next step itself (docs/health.md)",
+}
+"""Groups of the steps a runner (not a policy) runs through ``Gate.run_step``, and how their
+failure is dealt with instead of this retry."""
+
+
 def retry(store: Store, locks: Locks, clock: Callable[[], float], decision_id: str) -> Decision:
     """Set the failed decision ``decision_id``'s target to be decided again now (a fire
     whose target still fires; an undo whose target has not fired again) and mark the decision
@@ -34,11 +42,9 @@ def retry(store: Store, locks: Locks, clock: Callable[[], float], decision_id: s
     if not stored.failed:
         raise RetryError(f"decision {decision_id} did not fail: nothing to retry")
     decision = stored.decision
-    if decision.group == "batch":
-        raise RetryError(
-            f"decision {decision_id} is a step of {decision.policy}: retry its node in the"
-            " operation (gpuops batch retry, or the batch operation's page)"
-        )
+    instead = STEPS_RETRIED_ELSEWHERE.get(decision.group)
+    if instead is not None:
+        raise RetryError(f"decision {decision_id} is a step of {decision.policy}: {instead}")
     now = clock()
     with locks.policy(decision.policy), locks.engine:
         state = store.policy_state(decision.policy)
