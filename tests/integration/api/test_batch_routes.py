@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from gpuops.cli import cli
 from gpuops.model.batch.operation import FleetNode
 from gpuops.model.batch.opfile import parse_operation
 from tests.integration.api.harness import Harness
@@ -110,3 +113,32 @@ def test_start_refused_naming_the_field_and_without_a_fleet(api: Harness) -> Non
     assert relative.status_code == 422
     assert relative.json()["errors"] == ["restart.yaml:1: folder: 'ops' is not an absolute path"]
     assert api.call("admin", "POST", "/api/v1/batch/nope/resume").status_code == 404
+
+
+def test_the_command_line_asks_the_engine(api: Harness, tmp_path: Path) -> None:
+    runner = api.engine.batches
+    batch = runner.start(parse_operation(OPERATION, "op.yaml"), OPERATION, Fleet(), None)
+    runner.run(batch, Fleet())
+
+    def gpuops(*args: str, role: str = "admin") -> tuple[int, str]:
+        options = ["--url", api.url, "--token", api.tokens[role]]
+        result = CliRunner().invoke(cli, ["batch", *args, *options])
+        return result.exit_code, result.output
+
+    code, said = gpuops("status", role="developer")
+    assert code == 0 and said.splitlines() == [
+        f"batch {batch}: done (failed: n2); 2 waves; 2 done, 1 failed",
+        "  n2: failed: step: command 'sh' exited 1",
+    ]
+    code, said = gpuops("retry", batch, "n2", role="developer")
+    assert code == 1 and "403" in said
+    code, said = gpuops("retry", batch, "n2")
+    assert code == 0 and said == f"n2 of batch {batch} queued again: gpuops batch resume {batch}\n"
+    code, said = gpuops("cancel", batch)
+    assert code == 0 and said.startswith(f"batch {batch}: cancelled (cancelled); 2 waves;")
+    code, said = gpuops("resume", batch)
+    assert code == 1 and f"409 Conflict: batch operation {batch} is cancelled" in said
+    (tmp_path / "op.yaml").write_text(OPERATION)
+    (tmp_path / "nodes.yaml").write_text("nodes: [{name: n1}]\n")
+    code, said = gpuops("run", str(tmp_path / "op.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
+    assert code == 2 and "--nodes and --slurm name the fleet of a run in this process" in said

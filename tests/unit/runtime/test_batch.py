@@ -17,7 +17,9 @@ from gpuops.model.decisions import Decision, Outcome
 from gpuops.model.guardrails import Standing
 from gpuops.runtime.batch import BatchError, BatchStatus, NodeStatus
 from gpuops.runtime.facade import Engine
+from gpuops.runtime.rollouts import BatchHost
 from tests.builders import build_engine
+from tests.waiting import wait_for
 
 
 class Fleet:
@@ -277,3 +279,49 @@ def test_a_quarantine_executor_that_cannot_return_a_node_is_refused(tmp_path: Pa
             start(engine, fleet, OPERATION.replace("testfleet", "slurm").replace("10%", "2"))
     finally:
         engine.stop()
+
+
+def test_the_leader_drives_it_and_a_stop_leaves_it_running_between_two_steps(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(4)
+    engine = engine_on(tmp_path, fleet, [])
+    leading = [False]
+    host = BatchHost(engine.batches, fleet=fleet, folder=tmp_path, leading=lambda: leading[0])
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_the_first_step(node: str, verb: str) -> None:
+        if (node, verb) == ("gpu-001", "batch_step"):
+            reached.set()
+            release.wait(10)
+
+    fleet.after = hold_the_first_step
+    try:
+        batch = start(engine, fleet, OPERATION.replace("10%", "2"))
+        host.kick()  # a standby drives nothing
+        assert host.driven() == [] and fleet.calls == []
+
+        leading[0] = True
+        host.kick()
+        assert reached.wait(10) and host.driven() == [batch]
+        stopping = threading.Thread(target=host.stop)
+        stopping.start()
+        host.kick()  # a stopping engine starts nothing more
+        release.set()
+        stopping.join(10)
+        assert not stopping.is_alive() and host.driven() == []
+        rec = engine.batches.record(batch)
+        node = engine.batches.nodes(batch)["gpu-001"]
+        assert rec.status == BatchStatus.RUNNING  # for the next start, not paused
+        assert (node.status, node.done) == (NodeStatus.RUNNING, ["quarantine", "step"])
+
+        fleet.after = lambda node, verb: None
+        again = BatchHost(engine.batches, fleet=fleet, folder=tmp_path, leading=lambda: True)
+        again.kick()  # the next start goes on: the validation of gpu-001 next
+        wait_for(lambda: engine.batches.record(batch).status == BatchStatus.DONE, 30, "done")
+        again.stop()
+    finally:
+        release.set()
+        engine.stop()
+    steps = [(n, v) for n, v, _ in fleet.calls]
+    assert len(steps) == len(set(steps)) == 4 * 4  # no step twice
