@@ -35,6 +35,7 @@ from gpuops.model.verbs import (
     RELEASE_CLASS,
     RELEASE_QUOTA,
     RESTORE_CLOCKS,
+    RESUME,
     SCALE_IN,
     SCALE_OUT,
     UNLEND,
@@ -98,6 +99,9 @@ class FleetExecutor:
 
     def _migrate(self, d: Decision, _: NoParams) -> Call:
         return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/migrate")
+
+    def _resume(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/resume")
 
     def _lend(self, d: Decision, _: NoParams) -> Call:
         return Call("POST", f"/api/v1/pools/{_need(d, 'pool')}/lend")
@@ -224,6 +228,7 @@ DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(
         on(PACK, FleetExecutor._pack),
         on(CONSOLIDATE, FleetExecutor._consolidate),
         on(MIGRATE, FleetExecutor._migrate),
+        on(RESUME, FleetExecutor._resume),
         on(LEND, FleetExecutor._lend),
         on(UNLEND, FleetExecutor._unlend),
         on(DOWNCLOCK, FleetExecutor._downclock, first=lambda d: _need(d, "uuid")),

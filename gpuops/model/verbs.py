@@ -271,7 +271,7 @@ RESUME = Verb(
     NoParams,
     "Give a node gpuops drained back to the scheduler (never one someone else drained).",
     labels=("node",),
-    executors=frozenset({SLURM, KUBERNETES}),
+    executors=frozenset({FLEET, SLURM, KUBERNETES}),
 )
 NOTIFY = Verb(
     "notify",

@@ -229,6 +229,11 @@ ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ),
     (
         "POST",
+        re.compile(r"/api/v1/nodes/([^/]+)/resume"),
+        _changed(lambda c, a, b: ops.resume(c, a[0])),
+    ),
+    (
+        "POST",
         re.compile(r"/api/v1/nodes/([^/]+)/consolidate"),
         _changed(lambda c, a, b: ops.consolidate(c, a[0])),
     ),

@@ -323,6 +323,21 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
     return {"node": node_name, "state": state, "moved": moved, "requeued": requeued}
 
 
+def resume(cluster: Cluster, node_name: str) -> Changed:
+    """Give the drained ``node_name`` back to the scheduler (``migrate``'s undo); a failed
+    node stays failed (``restore`` brings it back). Nothing when it is not drained."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        if not node.drained:
+            return {}
+        node.drained = False
+        cluster.schedule()
+        state = node.state
+    log.info("node %s resumed (%s)", node_name, state)
+    cluster.notify_topology()
+    return {"node": node_name, "state": state}
+
+
 def consolidate(cluster: Cluster, node_name: str) -> Changed:
     """Empty the partly used node ``node_name`` and power it down, as Kubernetes' cluster
     autoscaler scales down an underused node whose pods fit elsewhere (or Karpenter's

@@ -36,6 +36,7 @@ FLEET_CALLS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "pack": ("POST", "/api/v1/gpus/GPU-1/pack", {}, {}),
     "consolidate": ("POST", "/api/v1/nodes/n1/consolidate", {}, {}),
     "migrate": ("POST", "/api/v1/nodes/n1/migrate", {}, {}),
+    "resume": ("POST", "/api/v1/nodes/n1/resume", {}, {}),
     "lend": ("POST", "/api/v1/pools/gpu/lend", {}, {}),
     "unlend": ("DELETE", "/api/v1/pools/gpu/lend", {}, {}),
     "downclock": (
