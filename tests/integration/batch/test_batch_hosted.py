@@ -184,6 +184,7 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
         untouched = [n["name"] for n in paused["nodes"] if n["status"] == "pending"]
         assert untouched, "the threshold paused it before every node went"
 
+        marks = {"paused": time.time()}
         code, said = gpuops("resume", batch, url=url)
         assert code == 0 and said == f"batch {batch} resumed: the engine runs it\n"
         returned = len(returned_nodes(fleet))
@@ -191,6 +192,7 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
             lambda: len(returned_nodes(fleet)) >= returned + 6, timeout=60, what="6 more nodes"
         )
         engine.kill()
+        marks["killed"] = time.time()
         before_kill = fleet.calls()
         assert len(returned_nodes(fleet)) < 46, "the rollout ended before the kill"
         # what the killed engine had stored: read in this process, as no engine runs
@@ -202,6 +204,7 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
         assert engine.proc.returncode == -signal.SIGKILL
 
         engine = EngineProcess(tmp, config, url)  # goes on by itself
+        marks["restarted"] = time.time()
         wait_for(lambda: engine.batch(batch)["status"] != "running", timeout=60, what="the end")
         done = engine.batch(batch)
     finally:
@@ -245,8 +248,16 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
     assert max(u for _, _, u in timeline) <= 5
 
     first = events[0]["t"]
+    waves: dict[int, int] = {}
+    for node in done["nodes"]:
+        waves[node["wave"]] = waves.get(node["wave"], 0) + 1
     print(f"\n50-node rollout: {len(timeline)} waves, wall {wall:.1f}s (two engine starts)")
+    for name, at in marks.items():
+        print(f"  {name} at +{at - first:.1f}s")
     for at, wave, unavailable in timeline:
-        print(f"  wave {int(wave):2d} at +{at - first:5.1f}s: {int(unavailable)} unavailable")
-    print("  out of service over time (fleet record):")
-    print("  " + " ".join(f"{e['t'] - first:.1f}s:{e['out']}" for e in events[::10]))
+        print(
+            f"  wave {int(wave):2d} at +{at - first:5.1f}s: {waves.get(int(wave), 0)} nodes,"
+            f" {int(unavailable)} unavailable"
+        )
+    print("  out of service over time (fleet record, each change):")
+    print("  " + " ".join(f"{e['t'] - first:.1f}s:{e['out']}" for e in events))
