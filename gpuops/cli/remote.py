@@ -18,7 +18,9 @@ import yaml
 
 from gpuops.api.tokens import ROLE_PERMISSIONS, TokensError, add_user, hash_token
 from gpuops.cli.api_client import api_options, remote_call, show, when
+from gpuops.model.decisions import Verdict
 from gpuops.model.rules.durations import format_duration, parse_duration
+from gpuops.model.telling import verdict_words
 
 _DECISION_COLUMNS = (
     ("at", lambda d: when(d.get("at"))),
@@ -27,10 +29,19 @@ _DECISION_COLUMNS = (
     ("transition", lambda d: d["transition"]),
     ("target", lambda d: d["target"]["key"]),
     ("action", lambda d: _action(d)),
-    ("verdict", lambda d: d["verdict"]),
+    ("verdict", lambda d: _verdict(d)),
     ("state", lambda d: d.get("state") or (d.get("outcome") or {}).get("status", "-")),
     ("effect", lambda d: d.get("effect") or "-"),
 )
+
+
+def _verdict(d: Mapping[str, Any]) -> str:
+    """The guardrails' verdict as the console and ``explain`` say it (``runs``, ``held by the
+    cooldown``); ``--json`` keeps the token (``execute``, ``suppressed:cooldown``)."""
+    try:
+        return verdict_words(Verdict(d["verdict"]), "")
+    except ValueError:  # a verdict of an engine newer than this CLI: as it came
+        return str(d["verdict"])
 
 
 def _action(d: Mapping[str, Any]) -> str:

@@ -30,7 +30,7 @@ def test_decisions_list_and_explain(api: Harness) -> None:
         "AT", "ID", "POLICY", "TRANSITION", "TARGET", "ACTION", "VERDICT", "STATE", "EFFECT"
     ]  # fmt: skip
     assert "drain-on-gpu-fell-off-bus" in row
-    assert row.split()[5:9] == ["node=n1", "migrate", "execute", "done"]
+    assert row.split()[5:9] == ["node=n1", "migrate", "runs", "done"]
     assert row.endswith("recorded in the log only: nothing changed")
     listed = json.loads(run(api, "auditor", "decisions", "list", "--json", "--since", "1h").stdout)
     decision_id = listed["decisions"][0]["id"]
@@ -54,7 +54,7 @@ def test_approvals_grant_as_admin_only(api: Harness) -> None:
     assert blank.exit_code == 2
     assert "Invalid value for '--reason': say why: the reason is audited" in blank.stderr
     granted = run(api, "admin", "approvals", "grant", decision_id, "--reason", "notebook idle")
-    assert granted.exit_code == 0 and "execute" in granted.stdout
+    assert granted.exit_code == 0 and " reclaim  runs " in granted.stdout, granted.stdout
     (audited,) = [d for d in api.operations() if d["event"]["action"] == "grant_approval"][-1:]
     assert audited["user"]["name"] == "alice"
     assert audited["message"].endswith("-> 200 (notebook idle)")

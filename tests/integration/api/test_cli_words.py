@@ -48,7 +48,9 @@ def test_list_and_explain_say_the_decision_in_words(tmp_path: Path) -> None:
         token = api.tokens["auditor"]
         header, row = run(api.url, token, "decisions", "list").splitlines()
         assert header.split()[-4:] == ["ACTION", "VERDICT", "STATE", "EFFECT"]
-        assert "  scale_out  execute  done  " in row
+        assert "  scale_out  runs     done  " in row  # the verdict in words, as explain says
+        listed = run(api.url, token, "decisions", "list", "--json")
+        assert '"verdict": "execute"' in listed  # machine output keeps the token
         assert row.endswith("recorded in the log only: nothing changed")
         explained = run(api.url, token, "decisions", "explain", decision.id).splitlines()
     assert explained[0] == "0.1 jobs waiting in pool a: adding a node"
