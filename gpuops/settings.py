@@ -477,9 +477,9 @@ class EngineConfig(_Model):
     or ``{use: kubernetes}`` (default ``fleet``), ``gpu-control: {use: nvml-agent}`` (default
     ``fleet``); optional
     ``by_verb: {notify: log}`` sends single verbs elsewhere (these mappings are checked with
-    the file). Each executor's settings (docs/executors.md) are read when the engine first
-    builds it, at its first action: a mistake in them fails that action, its outcome saying
-    ``executors.NAME settings: key: what``; it does not stop the engine. ``gpuops rules check
+    the file). Each executor's settings (docs/executors.md) are read when the engine starts,
+    which builds every executor named here: a mistake in them, or a token file that cannot be
+    read, stops the start with ``executors.NAME settings: key: what``. ``gpuops rules check
     --config`` builds each configured executor and names such mistakes before the engine
     starts."""
     metrics_listen: str | None = "127.0.0.1:9842"

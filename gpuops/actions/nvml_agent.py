@@ -20,7 +20,7 @@ import requests
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, model_validator
 
 from gpuops.actions.base import PermanentError, TemporaryError
-from gpuops.actions.config import as_text, null_is_default, settings_of
+from gpuops.actions.config import as_text, null_is_default, read_secret, settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import fill_url, origin, path_segment
 from gpuops.actions.results import Result
@@ -100,8 +100,7 @@ class NvmlAgentExecutor:
         secret = self.settings.token
         token = None if secret is None else secret.get_secret_value()
         if token is None and self.settings.token_file is not None:
-            lines = self.settings.token_file.read_text(encoding="utf-8").splitlines()
-            token = lines[0].strip() if lines else ""
+            token = read_secret(self.name, "token_file", self.settings.token_file)
         self._token = token or None
         self._http = requests.Session()
 

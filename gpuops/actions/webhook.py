@@ -43,7 +43,7 @@ from pydantic import (
 )
 
 from gpuops.actions.base import PermanentError, TemporaryError
-from gpuops.actions.config import problems, settings_of
+from gpuops.actions.config import SecretFileError, problems, read_secret, settings_of
 from gpuops.actions.encoding import fill_url, header_value, origin
 from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
@@ -118,6 +118,10 @@ class WebhookExecutor:
 
     def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
         self.settings = settings_of(WebhookSettings, self.name, settings)
+        for key in ("token_file", "hmac_secret_file"):  # readable now; read again per request
+            path = getattr(self.settings, key)
+            if path is not None:
+                read_secret(self.name, key, path)
 
     @staticmethod
     def check_params(verb: str, params: Mapping[str, Any]) -> list[str]:
@@ -294,12 +298,9 @@ def _secret(value: SecretStr | None, path: Path | None, key: str) -> str | None:
     if path is None:
         return None
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise PermanentError(
-            f"webhook {key} {str(path)!r} cannot be read: {exc.strerror}"
-        ) from None
-    return lines[0].strip() if lines else None
+        return read_secret("webhook", key, path) or None
+    except SecretFileError as exc:
+        raise PermanentError(str(exc)) from None
 
 
 def _render_all(value: Any, labels: Mapping[str, str], number: float | None) -> Any:

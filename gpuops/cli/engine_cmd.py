@@ -17,7 +17,7 @@ from gpuops.api.server import ApiServerError
 from gpuops.api.tokens import TokenStore
 from gpuops.cli import use_json_logs
 from gpuops.model.rules.model import RulesError
-from gpuops.runtime import Engine, collect_less
+from gpuops.runtime import Engine, ExecutorsRefused, collect_less
 from gpuops.settings import ConfigError, load_config
 from gpuops.store.errors import DatabaseUnavailable, StateError, StateFileMissing
 
@@ -68,7 +68,7 @@ def run(config_path: Path, dry_run: bool, log_format: str | None) -> None:
     server = _metrics_server(eng, api, config_path) if config.metrics_listen else None
     try:
         eng.start()
-    except (RulesError, StateError) as exc:
+    except (RulesError, StateError, ExecutorsRefused) as exc:
         eng.stop()
         if api is not None:
             api.stop()
@@ -76,6 +76,10 @@ def run(config_path: Path, dry_run: bool, log_format: str | None) -> None:
             server.shutdown()
         if isinstance(exc, StateError):
             raise _state_refused(exc, config_path) from None
+        if isinstance(exc, ExecutorsRefused):
+            raise click.ClickException(
+                f"{config_path}: an executor cannot be built, engine not started:\n{exc}"
+            ) from None
         raise click.ClickException(f"invalid rules, engine not started:\n{exc}") from None
     if api is not None:
         _serve(eng, api)

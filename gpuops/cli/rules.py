@@ -87,7 +87,7 @@ def check(paths: tuple[Path, ...], no_promql: bool, config_path: Path | None) ->
     # the engine's registry: the executors installed (entry points), as `engine run` builds it
     registry = ExecutorRegistry.from_entry_points()
     if config_path is not None:
-        # each configured executor built as the engine builds it at its first action (nothing
+        # each configured executor built as the engine builds it at its start (nothing
         # is run), so that a mistake in its settings is found before the engine starts
         problems = _executor_problems(registry, config.executors)
         if problems:
@@ -239,9 +239,10 @@ def _executor_problems(
         try:
             registry.create(name, settings)
         except OSError as exc:  # a file only the engine's host has (a token): said, not refused
+            said = str(exc) if str(exc).startswith("executors.") else f"executors.{name}: {exc}"
             click.echo(
-                f"note: executors.{name}: {exc} (not readable here; the engine reads it "
-                "where it runs)",
+                f"note: {said} (not readable here; the engine refuses to start where it cannot "
+                "read it)",
                 err=True,
             )
         except Exception as exc:  # any executor's own settings error, as its action would say

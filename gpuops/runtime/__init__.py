@@ -13,8 +13,8 @@ among these modules are an import-linter contract in pyproject.toml.
 """
 
 from gpuops.runtime.facade import Engine
-from gpuops.runtime.gate import DecisionListener
+from gpuops.runtime.gate import DecisionListener, ExecutorsRefused
 from gpuops.runtime.process import collect_less
 from gpuops.runtime.rulebook import ReloadResult
 
-__all__ = ["DecisionListener", "Engine", "ReloadResult", "collect_less"]
+__all__ = ["DecisionListener", "Engine", "ExecutorsRefused", "ReloadResult", "collect_less"]

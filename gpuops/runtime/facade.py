@@ -397,7 +397,9 @@ class Engine:
         """Check the guardrail windows decode (``StateError`` when not), load rules (a bad
         rule set at start is fatal), start audit, reconcile the audit with
         the state file and resume interrupted actions, start the alert inbox and the scheduler
-        (groups, approvals expiry, quota ends, pruning, rule watch, audit retry)."""
+        (groups, approvals expiry, quota ends, pruning, rule watch, audit retry). Every
+        configured executor is built first: ``ExecutorsRefused`` when one cannot be."""
+        self.gate.build_executors()
         self.store.guardrail_state()  # engine-wide rows decode, or StateError (docs/state.md)
         self.reload(strict=True)
         self.audit.start()

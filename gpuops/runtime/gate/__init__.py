@@ -32,6 +32,7 @@ from gpuops.runtime.gate.gate import (
     CANCELLED_PREFIX,
     DRY_RUN_PREFIX,
     NOT_LEADING,
+    ExecutorsRefused,
     Gate,
     OutcomeHook,
 )
@@ -43,6 +44,7 @@ from gpuops.runtime.gate.trail import DecisionListener
 __all__ = [
     "CANCELLED_PREFIX",
     "DRY_RUN_PREFIX",
+    "ExecutorsRefused",
     "LANES_PER_EXECUTOR",
     "MAX_RETRY_S",
     "NOT_LEADING",

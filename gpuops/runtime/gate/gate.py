@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuops.actions.base import CANCELLED_PREFIX as CANCELLED_PREFIX
 from gpuops.actions.base import Cancel, Executor, execute, lane, standing
-from gpuops.actions.registry import ExecutorRegistry
+from gpuops.actions.registry import LOGICAL_DEFAULTS, ExecutorRegistry
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit import AuditLog
 from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Suppression, Verdict
@@ -55,6 +55,11 @@ OutcomeHook = Callable[[Decision, Outcome], None]
 NOT_LEADING = "not the leader any more"
 """The error of an action this replica did not run, or stopped trying, because it lost its
 lease (``gpuops.runtime.leadership``): nothing is stored, the new leader resumes it."""
+
+
+class ExecutorsRefused(Exception):
+    """A configured executor cannot be built from its settings (one line per executor, each
+    ``executors.NAME ...: what``): the engine does not start on them."""
 
 
 class Gate:
@@ -371,6 +376,25 @@ class Gate:
         except Exception:  # not built (unknown, bad settings): ``_execute`` says so
             return None
         return standing(executor, decision)
+
+    def build_executors(self) -> None:
+        """Build every executor the configuration names (``executors:``) now, as its first
+        action would, running nothing: ``ExecutorsRefused`` names each one whose settings are
+        wrong or whose file of secrets cannot be read, so that the engine does not start on
+        an executor that cannot act."""
+        problems: list[str] = []
+        known = set(self._registry.names())
+        for name in self._executor_settings:
+            if name in LOGICAL_DEFAULTS and name not in known:
+                continue  # completed by the settings; a registry without them routes nothing there
+            try:
+                self._executor(name)
+            except Exception as exc:  # any executor's own settings error, as its action says it
+                text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+                why = str(text).strip() or type(exc).__name__
+                problems.append(why if why.startswith("executors.") else f"executors.{name}: {why}")
+        if problems:
+            raise ExecutorsRefused("\n".join(dict.fromkeys(problems)))
 
     def _executor(self, name: str) -> Executor:
         with self._lock:

@@ -99,7 +99,8 @@ def test_token_file_is_read_for_each_request(receiver: Serve, tmp_path: Path) ->
     ex.run(make_decision())
     assert [g.headers["Authorization"] for g in r.received] == ["Bearer first", "Bearer rotated"]
     path.unlink()
-    with pytest.raises(PermanentError, match=r"webhook token_file '.*token' cannot be read: No"):
+    unreadable = r"executors.webhook settings: token_file: '.*token' cannot be read: No"
+    with pytest.raises(PermanentError, match=unreadable):
         ex.run(make_decision())
 
 

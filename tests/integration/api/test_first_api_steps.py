@@ -130,3 +130,24 @@ def test_a_metrics_port_in_use_stops_the_engine_before_it_evaluates(
         f" another port in metrics_listen of {config} (null: no metrics listener)"
     )
     assert nothing_evaluated(tmp_path, caplog)
+
+
+def test_an_executor_that_cannot_be_built_stops_the_engine_before_it_evaluates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = engine_dir(tmp_path, {"listen": None})
+    settings = yaml.safe_load(config.read_text())
+    token = tmp_path / "absent" / "agent-token"
+    settings["executors"] = {
+        "gpu-control": {"use": "nvml-agent"},
+        "nvml-agent": {"token_file": str(token)},
+    }
+    config.write_text(yaml.safe_dump(settings))
+    result = run_engine(config, caplog)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {config}: an executor cannot be built, engine not started:\n"
+        f"executors.nvml-agent settings: token_file: '{token}' cannot be read: "
+        "No such file or directory\n"
+    )
+    assert nothing_evaluated(tmp_path, caplog)

@@ -167,5 +167,5 @@ def test_check_with_config_refuses_an_executor_its_settings_cannot_build(tmp_pat
     )
     code, out, err = run("check", "--no-promql", "--config", str(config))
     assert code == 0, err
-    assert "note: executors.nvml-agent: " in err and str(token) in err
+    assert "note: executors.nvml-agent settings: token_file: " in err and str(token) in err
     assert "not readable here" in err

@@ -32,7 +32,7 @@ from gpuops.audit.spool import read_spool
 from gpuops.model.alerts import Alert, AlertStatus
 from gpuops.model.decisions import Decision
 from gpuops.model.guardrails import Standing
-from gpuops.runtime import Engine
+from gpuops.runtime import Engine, ExecutorsRefused
 from gpuops.settings import ApiSettings, GuardrailSettings, QuotaSettings
 from gpuops.store.errors import StateError
 from gpuops.store.interface import Audited, DecisionStatus
@@ -522,6 +522,39 @@ def test_an_executor_that_cannot_be_built_fails_its_action_for_good(
     assert audited["gpuops"]["outcome"]["status"] == "failure"
     assert audited["error"]["message"] == stored.outcome.error
     assert any(decision.id in r.getMessage() and said in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("configured", "said"),
+    [
+        ({"fleet": {"timeout_s": "soon"}}, r"^executors\.fleet settings: timeout_s: "),
+        (
+            {"nvml-agent": {"token_file": "TMP/absent/token"}},
+            r"^executors\.nvml-agent settings: token_file: '.*/absent/token' cannot be read: "
+            "No such file or directory$",
+        ),
+        (
+            {"webhook": {"url": "http://h/", "hmac_secret_file": "TMP"}},
+            r"^executors\.webhook settings: hmac_secret_file: '.*' cannot be read: Is a directory$",
+        ),
+        ({"flet": {}}, r"^executors\.flet: unknown executor 'flet' \(known: .*fleet"),
+    ],
+)
+def test_the_engine_does_not_start_on_an_executor_it_cannot_build(
+    world: World, configured: dict[str, dict[str, str]], said: str
+) -> None:
+    """Every configured executor is built at start, not at its first action: a mistake in its
+    settings or a file of secrets it cannot read stops the start, naming executor and key."""
+    settings = {
+        name: {k: v.replace("TMP", str(world.tmp)) for k, v in s.items()}
+        for name, s in configured.items()
+    }
+    engine = build_engine(world.tmp, source=world.prom, clock=world.clock, executors=None,
+                          executor_settings=settings)  # fmt: skip
+    world.engines.append(engine)
+    with pytest.raises(ExecutorsRefused, match=said):
+        engine.start()
+    assert not engine.store.decisions(None, None, 10)  # nothing was evaluated
 
 
 def test_temporary_failures_back_off_exponentially(world: World) -> None:
