@@ -1,7 +1,7 @@
 """The batch operations pages in a real browser: the list (state, waves, nodes by state, the
 failed node and why, who started it), one operation (each node in words, its steps linked to
-the decision page), and the buttons: none for an auditor, approve, retry a failed node and
-cancel (confirmed) for an admin, each through the API route behind it. Screenshot
+the decision page), and the buttons: none for an auditor, approve, retry a failed node,
+resume and cancel (confirmed) for an admin, each through the API route behind it. Screenshot
 ``batch.png`` (``var/console-screenshots/``)."""
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ def test_batch_pages_tell_the_nodes_and_only_an_admin_acts(
     page.goto(f"/batch/{batch}")
     expect(page.locator("#batch-summary")).to_contain_text("paused (bt-2 to retry)")
     expect(page.locator("#node-bt-2")).to_contain_text("bt-2 waits for its wave")
+    page.get_by_role("button", name="Resume the operation").click()
+    expect(page.get_by_role("status")).to_contain_text("the engine goes on from where it stopped")
+    page.goto(f"/batch/{batch}")
     page.get_by_label("I confirm: no node starts again").check()
     page.get_by_role("button", name="Cancel the operation").click()
     expect(page.get_by_role("status")).to_contain_text(f"{batch} is cancelled")

@@ -1,7 +1,7 @@
 """The console's batch operations: the list (``/batch``: each operation's state, waves, nodes
 by state, failed nodes and why, who started it), one operation (``/batch/{id}``: each node's
 state and step, its decisions linked to the decision page) and the forms that approve, cancel
-an operation or retry a failed node.
+an operation, resume a paused one or retry a failed node.
 
 Each reads or acts through the API route's function (``gpuops.api.routes.batch``) with that
 route's permission, and is audited under its name (``AuditedRoute``). Every state is said in
@@ -33,6 +33,7 @@ from gpuops.api.routes.batch import (
     cancel_batch,
     get_batch,
     list_batches,
+    resume_batch,
     retry_batch_node,
 )
 from gpuops.api.tokens import Permission
@@ -216,11 +217,24 @@ def approve(
     check_csrf(viewer, csrf)
     need(viewer, Permission.APPROVALS_DECIDE, "Approving a batch operation")
     op = approve_batch(batch_id, c.context, viewer.principal)
-    text = (
-        f"Batch operation {op.id} {op.why}: its first wave starts when it is resumed"
-        f" (gpuops batch resume {op.id})."
-    )
+    text = f"Batch operation {op.id} {op.why}: the engine runs it, its canary first."
     return _done(request, viewer, "Batch operation approved", text, op.id)
+
+
+@router.post("/batch/{batch_id}/resume", name="resume_batch", response_class=HTMLResponse)
+def resume(
+    request: Request, c: ConsoleDep, viewer: ViewerDep, batch_id: Id, csrf: Csrf = ""
+) -> Response:
+    check_csrf(viewer, csrf)
+    need(viewer, Permission.ENGINE_CONTROL, "Resuming a batch operation")
+    op = resume_batch(batch_id, c.context, viewer.principal)
+    failed = sum(1 for n in op.nodes if n.status == "failed")
+    past = f", past the {plural(failed, 'node')} failed so far" if failed else ""
+    text = (
+        f"Batch operation {op.id} is {STATUS_WORDS.get(op.status, op.status)}: the engine goes"
+        f" on from where it stopped{past}, never a finished step again."
+    )
+    return _done(request, viewer, "Batch operation resumed", text, op.id)
 
 
 @router.post("/batch/{batch_id}/cancel", name="cancel_batch", response_class=HTMLResponse)
@@ -259,7 +273,6 @@ def retry(
     op = retry_batch_node(batch_id, node, c.context, viewer.principal)
     text = (
         f"{node} is back in the queue of {op.id}, its procedure from the start; the operation"
-        f" is {STATUS_WORDS.get(op.status, op.status)}: it goes on when it is resumed"
-        f" (gpuops batch resume {op.id})."
+        f" is {STATUS_WORDS.get(op.status, op.status)}: resume it to run the node."
     )
     return _done(request, viewer, "Node queued again", text, op.id)

@@ -78,6 +78,7 @@ def test_batch_pages_tell_each_node_and_only_admins_act(tmp_path: Path) -> None:
         not_here = api.call("admin", "POST", f"/api/v1/decisions/{failed.group(1)}/retry")
         assert not_here.status_code == 409 and "retry its node in the operation" in not_here.text
         assert "Retry n2" not in one.text and "Cancel the operation" not in one.text
+        assert "Resume the operation" not in one.text
         assert "needs the permission engine:control" in one.text
         refused = auditor.post(
             f"{api.url}/batch/{batch}/retry/n2", data={"csrf": auditor_csrf}, timeout=10
@@ -93,15 +94,21 @@ def test_batch_pages_tell_each_node_and_only_admins_act(tmp_path: Path) -> None:
         assert forged.status_code == 403 and "CSRF" in forged.text
         retried = admin.post(f"{api.url}/batch/{batch}/retry/n2", data={"csrf": csrf}, timeout=10)
         assert retried.status_code == 200, retried.text
-        assert "n2 is back in the queue of" in retried.text and "is paused" in retried.text
+        assert "n2 is back in the queue of" in retried.text
+        assert "is paused: resume it to run the node" in retried.text
         again = admin.post(f"{api.url}/batch/{batch}/retry/n2", data={"csrf": csrf}, timeout=10)
         assert again.status_code == 409 and "only a failed node is retried" in again.text
+        assert "Resume the operation" in admin.get(f"{api.url}/batch/{batch}", timeout=10).text
         unconfirmed = admin.post(f"{api.url}/batch/{batch}/cancel", data={"csrf": csrf}, timeout=10)
         assert unconfirmed.status_code == 422 and runner.record(batch).status == "paused"
+        resumed = admin.post(f"{api.url}/batch/{batch}/resume", data={"csrf": csrf}, timeout=10)
+        assert resumed.status_code == 200, resumed.text
+        assert f"{batch} is running: the engine goes on from where it stopped" in resumed.text
+        assert runner.record(batch).status == "running"
         cancelled = admin.post(
             f"{api.url}/batch/{batch}/cancel", data={"csrf": csrf, "confirm": "yes"}, timeout=10
         )
         assert cancelled.status_code == 200 and "is cancelled" in cancelled.text
         assert runner.record(batch).status == "cancelled"
         audit = [d.get("event", {}).get("action") for d in api.operations()]
-        assert {"retry_batch_node", "cancel_batch"} <= set(audit)
+        assert {"retry_batch_node", "resume_batch", "cancel_batch"} <= set(audit)
