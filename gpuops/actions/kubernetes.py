@@ -54,6 +54,7 @@ from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
     CONFLICT_RETRIES,
+    EXEC_TIMEOUT_S,
     NAME_RE,
     KubeClient,
     KubeConflict,
@@ -130,6 +131,10 @@ class KubernetesSettings(_Model):
     burst: PositiveInt = 10
     timeout_s: PositiveFloat = 10.0
     """Seconds per API call."""
+    exec_timeout_s: PositiveFloat = EXEC_TIMEOUT_S
+    """Seconds the kubeconfig's exec credential plugin may run (when the client is built, and
+    at each token refresh) before it is killed with its process group: the action then fails
+    temporarily, saying so, instead of hanging the executor."""
 
     @field_validator("node_selector")
     @classmethod
@@ -213,6 +218,7 @@ class KubernetesExecutor:
             qps=s.qps,
             burst=s.burst,
             timeout_s=s.timeout_s,
+            exec_timeout_s=s.exec_timeout_s,
         )
 
     @property

@@ -263,4 +263,7 @@ def _kubeconfig_problem(executors: Mapping[str, Mapping[str, Any]]) -> str | Non
         check_kubeconfig,
     )  # the client is slow to import
 
+    timeout = settings.get("exec_timeout_s")
+    if isinstance(timeout, int | float) and timeout > 0:
+        return check_kubeconfig(str(settings["kubeconfig"]), float(timeout))
     return check_kubeconfig(str(settings["kubeconfig"]))

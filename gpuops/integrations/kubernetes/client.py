@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +38,11 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.kube_config import (
+    KUBE_CONFIG_DEFAULT_LOCATION,
+    KubeConfigLoader,
+    KubeConfigMerger,
+)
 
 from gpuops.integrations.kubernetes.names import verb_of
 
@@ -53,6 +60,15 @@ gpuops set (its cordon is gpuops' only while ``spec.unschedulable`` is owned by 
 
 CONFLICT_RETRIES = 5
 """How often a caller reads an object again after a 409 before it gives up (a temporary error)."""
+
+EXEC_TIMEOUT_S = 30.0
+"""Seconds a kubeconfig's exec credential plugin may run before it is killed (default of
+``executors.kubernetes.exec_timeout_s``): long enough for one that fetches a token over the
+network (aws eks get-token, gke-gcloud-auth-plugin, kubelogin), short enough that a hung one
+fails its action instead of holding the executor."""
+
+EXEC_RUNNER = Path(__file__).with_name("execplugin.py")
+"""What runs the plugin with its deadline (``gpuops.integrations.kubernetes.execplugin``)."""
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -108,10 +124,11 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def check_kubeconfig(path: str | None) -> str | None:
+def check_kubeconfig(path: str | None, exec_timeout_s: float = EXEC_TIMEOUT_S) -> str | None:
     """What is wrong with the kubeconfig at ``path`` (None: nothing, or none given): missing,
-    unreadable, no current context, or no credentials once loaded (an exec plugin that failed:
-    the client only logs it) (for ``gpuops rules check --config``)."""
+    unreadable, no current context, or no credentials once loaded (an exec plugin that failed
+    or ran past ``exec_timeout_s``: the client only logs it) (for ``gpuops rules check
+    --config``)."""
     if path is None:
         return None
     file = Path(path).expanduser()
@@ -119,21 +136,87 @@ def check_kubeconfig(path: str | None) -> str | None:
         return f"kubeconfig {path} does not exist"
     configuration = type.__call__(k8s.Configuration)
     try:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(file), client_configuration=configuration
-        )
+        failed = load_kubeconfig(str(file), None, configuration, exec_timeout_s)
     except (OSError, ConfigException, ValueError, TypeError, yaml.YAMLError) as exc:
         return f"kubeconfig {path} cannot be read: {exc}"
-    if not (
+    if not _credentials(configuration):
+        return f"kubeconfig {path} gives no credentials (no token, no client certificate): " + (
+            f"its exec plugin failed: {failed}"
+            if failed
+            else "its exec plugin or auth provider failed, or its user has none"
+        )
+    return None
+
+
+def load_kubeconfig(
+    path: str | None, context: str | None, configuration: Any, exec_timeout_s: float
+) -> str | None:
+    """Load the kubeconfig at ``path`` (the client's default when None; several joined by
+    ``:`` as ``KUBECONFIG``) into ``configuration``, as ``kubernetes.config.load_kube_config``
+    does, but with every user's ``exec:`` plugin run through ``EXEC_RUNNER``: killed after
+    ``exec_timeout_s``, at this load and at each token refresh the client makes later. What the
+    plugin's failure was, when it failed here (the client logs it and goes on without
+    credentials), else None. Raises what the client raises for a kubeconfig it cannot read."""
+    merged = KubeConfigMerger(path or KUBE_CONFIG_DEFAULT_LOCATION)  # type: ignore[no-untyped-call]
+    if merged.config is None:
+        raise ConfigException("no configuration found")  # type: ignore[no-untyped-call]
+    for user in merged.config.value.get("users") or []:
+        spec = user.value.get("user") if isinstance(user.value, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        plugin = spec.get("exec")
+        if isinstance(plugin, Mapping) and plugin.get("command"):
+            bounded = {
+                **plugin,
+                "command": sys.executable,
+                "args": [
+                    "-I",
+                    str(EXEC_RUNNER),
+                    f"{exec_timeout_s:g}",
+                    str(plugin["command"]),
+                    *[str(a) for a in plugin.get("args") or []],
+                ],
+            }
+            user.value = {**user.value, "user": {**spec, "exec": bounded}}
+    loader = KubeConfigLoader(  # type: ignore[no-untyped-call]
+        config_dict=merged.config,
+        active_context=context,
+        config_base_path=None,
+        config_persister=merged.save_changes,
+    )
+    with _exec_errors() as errors:
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    return "; ".join(errors) or None
+
+
+@contextmanager
+def _exec_errors() -> Iterator[list[str]]:
+    """The errors the client logs in this thread meanwhile: it logs an exec plugin's failure
+    (``exec: process returned 124. exec plugin 'x' gave no credentials within...``) on the root
+    logger and goes on without credentials."""
+    found: list[str] = []
+    thread = threading.get_ident()
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.thread == thread and record.getMessage().startswith("exec:"):
+                found.append(record.getMessage())
+
+    handler = Catch(logging.ERROR)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield found
+    finally:
+        root.removeHandler(handler)
+
+
+def _credentials(configuration: Any) -> bool:
+    return bool(
         any(configuration.api_key.values())  # "BearerToken" (or "authorization" before)
         or configuration.cert_file
         or configuration.username
-    ):
-        return (
-            f"kubeconfig {path} gives no credentials (no token, no client certificate): "
-            "its exec plugin or auth provider failed, or its user has none"
-        )
-    return None
+    )
 
 
 class TokenBucket:
@@ -179,20 +262,25 @@ class KubeClient:
         burst: int = 10,
         timeout_s: float = 10.0,
         bucket: TokenBucket | None = None,
+        exec_timeout_s: float = EXEC_TIMEOUT_S,
     ) -> None:
+        """``exec_timeout_s``: how long the kubeconfig's exec credential plugin may run, at
+        this build and at each token refresh (``load_kubeconfig``); a plugin that failed or
+        ran past it is ``KubeUnavailable`` saying so."""
         configuration = type.__call__(k8s.Configuration)
         where = "the in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig}"
+        failed = None
         try:
             if in_cluster:
                 k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
                     client_configuration=configuration
                 )
             else:
-                k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=kubeconfig, context=context, client_configuration=configuration
-                )
+                failed = load_kubeconfig(kubeconfig, context, configuration, exec_timeout_s)
         except (OSError, ConfigException, ValueError, TypeError, yaml.YAMLError) as exc:
             raise KubeUnavailable(f"{where} cannot be loaded: {exc}") from exc
+        if failed and not _credentials(configuration):
+            raise KubeUnavailable(f"{where}: its exec plugin gave no credentials: {failed}")
         configuration.retries = 0  # the executor's retry policy decides, not urllib3
         self.address = str(configuration.host)
         self.timeout_s = timeout_s

@@ -6,7 +6,9 @@ conflicts, RBAC refusals, hostile labels."""
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,7 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.kubernetes import KubernetesExecutor
 from gpuops.integrations.kubernetes import names
+from gpuops.integrations.kubernetes.client import check_kubeconfig
 from gpuops.model.decisions import Decision, Transition
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.integration.actions.kube import (
@@ -28,7 +32,9 @@ from tests.integration.actions.kube import (
     pdb,
     pod,
     replicaset,
+    settings,
 )
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -869,6 +875,73 @@ def test_a_kubeconfig_whose_exec_plugin_fails_is_reported_before_the_engine_star
     broken = tmp_path / "broken"
     broken.write_text(json.dumps(config), encoding="utf-8")
     assert "gives no credentials" in str(check_kubeconfig(str(broken)))
+
+
+def _exec_kubeconfig(api: FakeApiServer, tmp: Path, plugin: str) -> Path:
+    """A kubeconfig whose user's credentials come from the exec plugin ``plugin`` (sh)."""
+    script = tmp / "plugin"
+    script.write_text(f"#!/bin/sh\n{plugin}\n", encoding="utf-8")
+    script.chmod(0o755)
+    config = json.loads(api.kubeconfig())
+    config["users"][0]["user"] = {
+        "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(script)}
+    }
+    path = tmp / "kubeconfig-exec"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is gone
+
+
+def test_an_exec_plugin_that_hangs_is_killed_and_its_action_says_so(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The client runs a kubeconfig's exec plugin with no deadline: gpuops gives it
+    ``exec_timeout_s``, then kills it and whatever it started, and the action fails
+    temporarily saying so, instead of hanging the executor."""
+    pids = tmp_path / "pids"
+    hung = _exec_kubeconfig(api, tmp_path, f"echo $$ > {pids}; sleep 300 & echo $! >> {pids}; wait")
+    k = KubernetesExecutor(settings(hung, exec_timeout_s=1))
+    started = time.monotonic()
+    with pytest.raises(TemporaryError) as failed:
+        k.run(decision("migrate", node="gpu-1"))
+    assert time.monotonic() - started < 10
+    assert f"kubeconfig {hung}: its exec plugin gave no credentials: " in str(failed.value)
+    assert "gave no credentials within 1 s (executors.kubernetes.exec_timeout_s): killed" in str(
+        failed.value
+    )
+    plugin, child = (int(pid) for pid in pids.read_text().split())
+    wait_for(lambda: not _alive(plugin) and not _alive(child), 5, "the plugin and its child gone")
+    assert not _node(api)["spec"].get("unschedulable")  # nothing was done
+    assert check_kubeconfig(str(hung), 1) == (
+        f"kubeconfig {hung} gives no credentials (no token, no client certificate): its exec "
+        "plugin failed: exec: process returned 124. exec plugin "
+        f"'{tmp_path}/plugin' gave no credentials within 1 s "
+        "(executors.kubernetes.exec_timeout_s): killed"
+    )
+
+
+def test_an_exec_plugin_that_answers_in_time_gives_the_token(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    credential = json.dumps(
+        {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "kind": "ExecCredential",
+            "status": {"token": api.token},
+        }
+    )
+    quick = _exec_kubeconfig(api, tmp_path, f"echo '{credential}'")
+    done = KubernetesExecutor(settings(quick, exec_timeout_s=5)).run(
+        decision("migrate", node="gpu-1")
+    )
+    assert done["cordoned"] is True and _node(api)["spec"]["unschedulable"] is True
 
 
 def test_a_pod_recreated_under_its_name_is_neither_evicted_nor_deleted(
