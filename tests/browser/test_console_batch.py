@@ -68,7 +68,8 @@ def test_batch_pages_tell_the_nodes_and_only_an_admin_acts(
     row.get_by_role("link", name=batch).click()
     expect(page.locator("#batch-summary")).to_have_text("done in 2 waves: 2 done, 1 failed.")
     expect(page.locator("#node-bt-1")).to_contain_text("bt-1 done in wave 0: step")
-    expect(page.get_by_role("button")).to_have_count(1)  # sign out: the auditor only looks
+    acting = page.get_by_role("button", name=re.compile("Approve|Retry|Resume|Cancel"))
+    expect(acting).to_have_count(0)  # the auditor only looks
     page.locator("#node-bt-1").get_by_role("link", name="step").click()
     expect(page.get_by_role("heading", level=1)).to_contain_text("Decision")
     expect(page.locator("main")).to_contain_text(f"policy batch/{batch} decided")

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import HTMLResponse, Response
 
 from gpuops.api.console.web import (
+    REFRESH,
     AuditedRoute,
     Console,
     ConsoleDep,
@@ -25,6 +26,7 @@ from gpuops.api.console.web import (
     ViewerDep,
     check_csrf,
     need,
+    refresh_every,
     render,
 )
 from gpuops.api.responses.batch import BatchNodeOut, BatchOut
@@ -158,20 +160,26 @@ def _held_as(c: Console, operation: Operation | None) -> str:
 
 
 @router.get("/batch", name="list_batches", response_class=HTMLResponse)
-def batches_page(request: Request, c: ConsoleDep, viewer: ViewerDep) -> Response:
+def batches_page(request: Request, c: ConsoleDep, viewer: ViewerDep, refresh: int = 0) -> Response:
     need(viewer, Permission.ENGINE_READ, "The batch operations page")
+    seconds = refresh_every(refresh)
     found = list_batches(c.context, viewer.principal)
     return render(
         request,
         "batches.html",
         viewer,
         operations=[_tell(c, op) for op in reversed(found)],  # newest first
+        refresh=seconds,
+        refreshes=REFRESH,
     )
 
 
 @router.get("/batch/{batch_id}", name="get_batch", response_class=HTMLResponse)
-def batch_page(request: Request, c: ConsoleDep, viewer: ViewerDep, batch_id: Id) -> Response:
+def batch_page(
+    request: Request, c: ConsoleDep, viewer: ViewerDep, batch_id: Id, refresh: int = 0
+) -> Response:
     need(viewer, Permission.ENGINE_READ, "A batch operation")
+    seconds = refresh_every(refresh)
     told = _tell(c, get_batch(batch_id, c.context, viewer.principal))
     decisions: dict[str, list[dict[str, Any]]] = {}
     approval = None
@@ -201,6 +209,8 @@ def batch_page(request: Request, c: ConsoleDep, viewer: ViewerDep, batch_id: Id)
         approval=approval,
         can_control=viewer.can(Permission.ENGINE_CONTROL),
         can_approve=viewer.can(Permission.APPROVALS_DECIDE),
+        refresh=seconds,
+        refreshes=REFRESH,
     )
 
 

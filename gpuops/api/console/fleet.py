@@ -17,12 +17,14 @@ from fastapi.responses import HTMLResponse, Response
 
 from gpuops.api.console import charts
 from gpuops.api.console.web import (
+    REFRESH,
     AuditedRoute,
     ConsoleDep,
     Refused,
     ViewerDep,
     grafana_link,
     need,
+    refresh_every,
     render,
 )
 from gpuops.api.responses.fleet import EventOut, NodeState, SeriesOut, TimelineOut
@@ -32,8 +34,6 @@ from gpuops.api.tokens import Permission
 
 router = APIRouter(route_class=AuditedRoute, include_in_schema=False)
 
-REFRESH = (0, 10, 30, 60)
-"""The refresh intervals a page offers, in seconds (0: never)."""
 SHOW = {"all": "every node", "attention": "nodes that need attention"}
 """The Fleet page's node filter: every node, or those not up, not healthy or held by gpuops."""
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
@@ -66,14 +66,6 @@ STATES: tuple[NodeState, ...] = (
 Text = Annotated[str, Query(max_length=200)]
 
 
-def _refresh(value: int) -> int:
-    if value not in REFRESH:
-        raise Refused(
-            422, f"refresh: {value} is not one of {', '.join(str(r) for r in REFRESH)} (seconds)"
-        )
-    return value
-
-
 def _pool(value: str) -> str | None:
     if value and not re.fullmatch(NAME_PATTERN, value):
         raise Refused(
@@ -92,7 +84,7 @@ def fleet_page(
     refresh: int = 0,
 ) -> Response:
     need(viewer, Permission.ENGINE_READ, "The fleet page")
-    seconds = _refresh(refresh)
+    seconds = refresh_every(refresh)
     if show not in SHOW:
         raise Refused(422, f"show: {show!r} is not one of {', '.join(SHOW)}")
     found = show_fleet(c.context, viewer.principal, _pool(pool))
@@ -166,7 +158,7 @@ def timeline_page(
     refresh: int = 0,
 ) -> Response:
     need(viewer, Permission.DECISIONS_READ, "The timeline")
-    seconds = _refresh(refresh)
+    seconds = refresh_every(refresh)
     if range not in RANGES:
         raise Refused(422, f"range: {range!r} is not one of {', '.join(RANGES)}")
     end = _until(until, c.context.engine.clock())

@@ -99,6 +99,19 @@ class Refused(Exception):
         self.reason = reason
 
 
+REFRESH = (0, 10, 30, 60)
+"""The intervals a page that can reload itself offers, in seconds (0: never)."""
+
+
+def refresh_every(value: int) -> int:
+    """A page's ``refresh`` query parameter, refused (422) unless one of ``REFRESH``."""
+    if value not in REFRESH:
+        raise Refused(
+            422, f"refresh: {value} is not one of {', '.join(str(r) for r in REFRESH)} (seconds)"
+        )
+    return value
+
+
 def console(request: Request) -> Console:
     found: Console = request.app.state.console
     return found

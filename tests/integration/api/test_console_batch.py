@@ -65,7 +65,11 @@ def test_batch_pages_tell_each_node_and_only_admins_act(tmp_path: Path) -> None:
         assert "2 done, 1 failed" in listed
         assert "n2 failed at step: " in listed and "left in service" in listed
         one = auditor.get(f"{api.url}/batch/{batch}", timeout=10)
-        assert one.status_code == 200
+        assert one.status_code == 200 and 'http-equiv="refresh"' not in one.text
+        watched = auditor.get(f"{api.url}/batch/{batch}?refresh=10", timeout=10)
+        assert '<meta http-equiv="refresh" content="10">' in watched.text
+        odd = auditor.get(f"{api.url}/batch?refresh=7", timeout=10)
+        assert odd.status_code == 422 and "refresh: 7 is not one of 0, 10, 30, 60" in odd.text
         assert "done in 2 waves: 2 done, 1 failed." in one.text
         assert "n1 done in wave 0: step" in one.text
         assert "no driver for n2" in one.text
