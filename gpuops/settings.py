@@ -346,6 +346,35 @@ class ValidationSettings(_Model):
     _t = field_validator("timeout", mode="before")(_seconds)
 
 
+class PacingSettings(_Model):
+    """Paced repair: per failure domain (the node's pool), how many unproven repairs run at
+    once — a width that starts at 1, grows by one for each repair that stays healthy for
+    ``dwell`` (so it doubles each time all the repairs it let run hold: 1, 2, 4, ...) and
+    drops to 1 after a failed repair, which also starts a cooldown (docs/health.md, "Paced
+    repair")."""
+
+    dwell: float = Field(default=300.0, gt=0)
+    """How long a returned node stays healthy before its repair counts as proven."""
+    cooldown: float = Field(default=60.0, gt=0)
+    """The wait after a failed repair before the domain's next one (never zero), doubled for
+    each failure in a row up to ``max_cooldown``."""
+    max_cooldown: float = Field(default=600.0, gt=0)
+    """The longest cooldown, however many repairs failed in a row."""
+    jitter: float = Field(default=0.2, ge=0, lt=1)
+    """A cooldown is drawn within ± this fraction of itself, so domains that failed together
+    do not start again together."""
+
+    _t = field_validator("dwell", "cooldown", "max_cooldown", mode="before")(_seconds)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PacingSettings:
+        if self.cooldown > self.max_cooldown:
+            raise ValueError(
+                f"cooldown ({self.cooldown:g}s) is above max_cooldown ({self.max_cooldown:g}s)"
+            )
+        return self
+
+
 class LadderSettings(_Model):
     """The remediation ladder of pools whose profile is ``full`` (docs/health.md,
     "Remediation")."""
@@ -385,6 +414,8 @@ class LadderSettings(_Model):
     webhook: LadderAction | None = None
     """Told when a node needs a human (``{params: {url: https://...}}``: the ``webhook``
     executor); None: the log and the audit only."""
+    pacing: PacingSettings = PacingSettings()
+    """How fast repairs start in one pool."""
     interval: float = Field(default=10.0, gt=0)
     """Seconds between two looks at the nodes on the ladder (a step that ended moves its node
     on at once; this picks up what the kill switch or pause held)."""

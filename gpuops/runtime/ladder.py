@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -42,6 +44,7 @@ from gpuops.model.decisions import (
 from gpuops.model.health.catalogue import Remedy
 from gpuops.model.health.ladder import (
     ACTIVE,
+    REPAIRING,
     LadderRules,
     Move,
     Quarantine,
@@ -52,7 +55,9 @@ from gpuops.model.health.ladder import (
     due,
     quarantined,
     start,
+    unproven,
 )
+from gpuops.model.health.pacing import Domain, Pace, deferred, failed, proved
 from gpuops.runtime.gate import Gate
 from gpuops.runtime.health import FAULT_TRIGGER
 from gpuops.settings import LadderSettings
@@ -64,6 +69,23 @@ FULL = "full"
 """The profile whose quarantines climb the ladder."""
 GROUP = "health-ladder"
 """The group the ladder's decisions are recorded under."""
+
+
+DEFAULT_DOMAIN = "default"
+"""The failure domain of a node whose faults came without a pool."""
+DEFERRED = "deferred: "
+"""How the reason of a node waiting for its domain's pace begins."""
+
+
+def pace_of(settings: LadderSettings) -> Pace:
+    p = settings.pacing
+    return Pace(
+        dwell_s=p.dwell, cooldown_s=p.cooldown, max_cooldown_s=p.max_cooldown, jitter=p.jitter
+    )
+
+
+def domain_of(repair: Repair) -> str:
+    return repair.pool or DEFAULT_DOMAIN
 
 
 def rules_of(settings: LadderSettings) -> LadderRules:
@@ -88,12 +110,17 @@ class RepairLadder:
         returned: Callable[[str, float], None],
         registry: CollectorRegistry,
         workers: int = 8,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         """``stopped``: why no move may start now (the kill switch, pause), or None;
         ``returned``: told of a node given back to service (the health inbox: a fault that
-        began before never acts)."""
+        began before never acts); ``draw``: a number in [0, 1) for a cooldown's jitter."""
         self.settings = settings
         self.rules = rules_of(settings)
+        self.pace = pace_of(settings)
+        self._draw = draw
+        self._pacing = threading.Lock()
+        """One node at a time decides whether its domain lets its repair start."""
         self._store = store
         self._gate = gate
         self._clock = clock
@@ -117,7 +144,22 @@ class RepairLadder:
             ["stage"],
             registry=registry,
         )
+        self.width = Gauge(
+            "gpuops_health_ladder_width",
+            "Paced repair: the repairs a failure domain (pool) may have unproven at once.",
+            ["domain"],
+            registry=registry,
+        )
+        self.deferrals = Counter(
+            "gpuops_health_ladder_deferrals",
+            "Paced repair: nodes whose repair waited for their failure domain (pool): its "
+            "width was taken, or it cooled down after a failed repair.",
+            ["domain"],
+            registry=registry,
+        )
         self._count()
+        for name, data in self._store.domains().items():
+            self.width.labels(name).set(Domain.from_dict(json.loads(data)).width)
 
     # --- records -----------------------------------------------------------------------------
     def repair(self, node: str) -> Repair | None:
@@ -131,6 +173,27 @@ class RepairLadder:
         data = json.dumps(repair.as_dict())
         self._store.save_repair(repair.node, repair.stage.value, data, self._clock())
         self._count()
+
+    def domain(self, name: str) -> Domain:
+        data = self._store.domains().get(name)
+        return Domain(name) if data is None else Domain.from_dict(json.loads(data))
+
+    def _save_domain(self, domain: Domain) -> None:
+        self._store.save_domain(domain.name, json.dumps(domain.as_dict()))
+        self.width.labels(domain.name).set(domain.width)
+
+    def _failed(self, repair: Repair, why: str) -> None:
+        """A repair of ``repair``'s domain failed: its width drops to 1, a cooldown begins."""
+        with self._pacing:
+            domain = failed(self.domain(domain_of(repair)), self.pace, self._clock(), self._draw())
+            self._save_domain(domain)
+        log.warning(
+            "paced repair in %s: the repair of %s failed (%s): width 1, next repair in %.0f s",
+            domain.name,
+            repair.node,
+            why,
+            max(0.0, domain.cooldown_until - self._clock()),
+        )
 
     def _count(self) -> None:
         stages = [r.stage for r in self.repairs()]
@@ -172,11 +235,14 @@ class RepairLadder:
     def quarantined(self, q: Quarantine) -> bool:
         """Put ``q``'s node on the ladder; False (logged) when it changes nothing."""
         with self._lock:
-            repair, note = quarantined(self.repair(q.node), q, self._clock())
+            before = self.repair(q.node)
+            repair, note = quarantined(before, q, self._clock())
             if note:
                 log.info("node %s quarantined for %s: %s", q.node, q.reason, note)
                 return False
             self._save(repair)
+        if before is not None and before.stage is Stage.RETURNED and not before.proven:
+            self._failed(before, f"faulty again within {self.pace.dwell_s:g} s of its return")
         log.warning(
             "node %s quarantined for GPU %s (%s): on the remediation ladder",
             q.node,
@@ -187,10 +253,36 @@ class RepairLadder:
 
     # --- the climbs --------------------------------------------------------------------------
     def tick(self) -> None:
-        """Look again at every node with something due (a hold may have let go)."""
-        for repair in self.repairs():
+        """Prove the repairs that stayed healthy for the dwell, then look again at every node
+        with something due (a hold may have let go, a domain may have room), the longest
+        waiting first."""
+        self._prove()
+        for repair in sorted(self.repairs(), key=lambda r: (r.since, r.node)):
             if repair.stage in ACTIVE or due(repair) is not None:
                 self.kick(repair.node)
+
+    def _prove(self) -> None:
+        now = self._clock()
+        for repair in self.repairs():
+            if repair.stage is not Stage.RETURNED or repair.proven:
+                continue
+            if repair.returned_at is None or now < repair.returned_at + self.pace.dwell_s:
+                continue
+            with self._lock:
+                current = self.repair(repair.node)
+                if current != repair:
+                    continue  # it moved meanwhile (faulty again)
+                self._save(replace(repair, proven=True))
+            with self._pacing:
+                domain = proved(self.domain(domain_of(repair)))
+                self._save_domain(domain)
+            log.info(
+                "paced repair in %s: the repair of %s held for %g s: width %d",
+                domain.name,
+                repair.node,
+                self.pace.dwell_s,
+                domain.width,
+            )
 
     def kick(self, node: str) -> None:
         """Climb ``node``'s ladder in a worker, unless one is at it already."""
@@ -215,11 +307,8 @@ class RepairLadder:
             if repair is None or self._closed:
                 return
             if repair.stage is Stage.QUARANTINED:
-                if self._stopped() is not None:
+                if self._stopped() is not None or not self._start(repair):
                     return
-                repair = start(repair, self.rules, self._clock())
-                self._save(repair)
-                self._said(repair)
                 continue
             move = due(repair)
             if move is None:
@@ -237,9 +326,32 @@ class RepairLadder:
             now = self._clock()
             moved = after(repair, move, ok, note, self.rules, now)
             self._save(moved)
+            if moved.stage is Stage.NEEDS_HUMAN and repair.stage in REPAIRING:
+                self._failed(moved, moved.why)
             if move is Move.RETURN and ok:
                 self._returned(node, now)
             self._said(moved, move, ok, note)
+
+    def _start(self, repair: Repair) -> bool:
+        """Start ``repair`` if its domain's pace lets it (False: it waits, the deferral in
+        its reason, naming the domain)."""
+        name = domain_of(repair)
+        with self._pacing:
+            others = [r for r in self.repairs() if domain_of(r) == name and r.node != repair.node]
+            why = deferred(
+                self.domain(name), sum(1 for r in others if unproven(r)), self.pace, self._clock()
+            )
+            if why is not None:
+                if not repair.why.startswith(DEFERRED):
+                    self.deferrals.labels(name).inc()
+                    log.info("node %s waits: %s", repair.node, why)
+                if repair.why != DEFERRED + why:
+                    self._save(replace(repair, why=DEFERRED + why))
+                return False
+            started = start(repair, self.rules, self._clock())
+            self._save(started)
+        self._said(started)
+        return True
 
     def _run(self, repair: Repair, move: Move) -> tuple[bool, str] | None:
         """Run ``move`` through the gate: (ok, what its outcome said), or None when held."""

@@ -387,7 +387,8 @@ class BatchRepository(Protocol):
 
 
 class RepairRepository(Protocol):
-    """Each node's place on the remediation ladder (``gpuops.runtime.ladder``)."""
+    """Each node's place on the remediation ladder and each failure domain's pace of repairs
+    (``gpuops.runtime.ladder``)."""
 
     def save_repair(self, node: str, stage: str, data: str, now: float) -> None:
         """Keep ``node``'s record (JSON text) and its stage."""
@@ -397,6 +398,12 @@ class RepairRepository(Protocol):
     def repairs(self) -> dict[str, str]:
         """Every node's record (JSON text) by name."""
         ...
+
+    def save_domain(self, domain: str, data: str) -> None:
+        """Keep a failure domain's pace (JSON text)."""
+        ...
+
+    def domains(self) -> dict[str, str]: ...
 
 
 class Store(

@@ -41,6 +41,8 @@ class Stage(StrEnum):
 
 ACTIVE = frozenset({Stage.QUARANTINED, Stage.REMEDIATING, Stage.VALIDATING})
 """The stages of a node the ladder is working on."""
+REPAIRING = frozenset({Stage.REMEDIATING, Stage.VALIDATING})
+"""The stages of a node whose repair has begun and not ended."""
 
 
 class Move(StrEnum):
@@ -127,6 +129,8 @@ class Repair:
     """Its last return to service: a fault that began before it never acts."""
     remediated: tuple[float, ...] = ()
     """When each remediated climb of the node began, within the window, oldest first."""
+    proven: bool = False
+    """Returned, and healthy for the pacing's dwell since: its repair held."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,6 +172,7 @@ def quarantined(repair: Repair | None, q: Quarantine, now: float) -> tuple[Repai
         passed=False,
         told=False,
         why="",
+        proven=False,
     )
     return started, ""
 
@@ -205,7 +210,14 @@ def start(repair: Repair, rules: LadderRules, now: float) -> Repair:
         since=now,
         step=steps[0].value,
         remediated=(*recent, now),
+        why="",
     )
+
+
+def unproven(repair: Repair) -> bool:
+    """Whether ``repair`` is a repair begun and not yet proven: climbing, or returned and not
+    healthy for the dwell yet."""
+    return repair.stage in REPAIRING or (repair.stage is Stage.RETURNED and not repair.proven)
 
 
 def due(repair: Repair) -> Move | None:

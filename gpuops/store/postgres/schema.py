@@ -73,6 +73,8 @@ MIGRATIONS: tuple[str, ...] = (
     # 7: each node's place on the remediation ladder (SQLite's 10)
     "CREATE TABLE IF NOT EXISTS health_repairs (node TEXT PRIMARY KEY, stage TEXT NOT NULL,"
     " data TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+    # 8: each failure domain's pace of repairs (SQLite's 11)
+    "CREATE TABLE IF NOT EXISTS health_domains (domain TEXT PRIMARY KEY, data TEXT NOT NULL)",
 )
 """Schema changes after ``SCHEMA`` (version 1), in order; ``gpuops_schema.version`` records
 how many a database has had. Applied under an advisory lock, so two replicas starting at once

@@ -83,6 +83,8 @@ MIGRATIONS: tuple[str | tuple[str, ...], ...] = (
     # 10: each node's place on the remediation ladder (``gpuops.store.sql.repairs``)
     "CREATE TABLE IF NOT EXISTS health_repairs (node TEXT PRIMARY KEY, stage TEXT NOT NULL,"
     " data TEXT NOT NULL, updated_at REAL NOT NULL)",
+    # 11: each failure domain's pace of repairs (``gpuops.store.sql.repairs``)
+    "CREATE TABLE IF NOT EXISTS health_domains (domain TEXT PRIMARY KEY, data TEXT NOT NULL)",
 )
 """Schema changes after ``SCHEMA``, in order (one statement, or several run in one
 transaction); a state file records how many it has had."""

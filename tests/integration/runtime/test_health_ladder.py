@@ -158,6 +158,12 @@ def test_a_fault_nothing_heals_needs_a_human_and_is_never_remediated_again(
     assert answer.json()["stage"] == "healthy"
     faults(tmp_path, n4="reset")
     assert push(api, event(api, "n4-3", "n4", "GPU-d", 64)).json()["faults"] == 1
+    api.settle()  # its pool cools down after the failed repair (1 min, jittered)
+    waiting = api.engine.ladder.repair("n4")
+    assert waiting is not None and waiting.stage is Stage.QUARANTINED
+    assert waiting.why.startswith("deferred: paced repair in default: cooling down")
+    api.clock.advance(120)
+    api.engine.ladder.tick()
     settled(api, "n4", Stage.RETURNED)
     assert done(tmp_path, "n4") == ["reset_gpu", "validate"]
 
@@ -185,3 +191,48 @@ def test_a_restart_mid_ladder_goes_on_without_redoing_a_step(tmp_path: Path) -> 
         second.engine.ladder.tick()
         settled(second, "n5", Stage.RETURNED)
     assert done(tmp_path, "n5") == ["reset_gpu", "validate"]
+
+
+def test_fifty_faults_in_one_pool_are_repaired_in_widths_1_2_4_and_another_pool_at_once(
+    tmp_path: Path,
+) -> None:
+    logged = {"executor": "log"}
+    settings = {
+        "default_profile": "full",
+        "ladder": {
+            "reset_gpu": logged,
+            "reboot": logged,
+            "validation": {"command": ["true"], "executor": "log"},
+            "interval": 3600,
+        },
+    }
+    with running_api(tmp_path, rules=LADDER_RULES, health=settings) as api:
+        flood = [{**event(api, f"a{n}", f"a{n:02d}", "GPU-0", 48), "pool": "a"} for n in range(50)]
+        other = {**event(api, "b1", "b01", "GPU-0", 48), "pool": "b"}
+        assert push(api, *flood, other).json()["faults"] == 51
+        api.settle()
+
+        def returned() -> set[str]:
+            return {r.node for r in api.engine.ladder.repairs() if r.stage is Stage.RETURNED}
+
+        seen = returned()
+        assert "b01" in seen  # the quiet pool's fault is repaired at once
+        waiting = api.engine.ladder.repair("a49")
+        assert waiting is not None and waiting.stage is Stage.QUARANTINED
+        assert waiting.why == (
+            "deferred: paced repair in a: 1 unproven repair(s) at width 1 (it grows as repairs"
+            " stay healthy 5m)"
+        )
+        widths = [len(seen - {"b01"})]
+        while len(seen) < 51:
+            api.clock.advance(300)  # the dwell: every repair returned so far held
+            api.engine.ladder.tick()
+            api.settle()
+            now = returned()
+            widths.append(len(now - seen))
+            seen = now
+        assert widths == [1, 2, 4, 8, 16, 19]
+        metrics = api.call(None, "GET", "/metrics").text
+        assert 'gpuops_health_ladder_deferrals_total{domain="a"} 49.0' in metrics
+        assert 'gpuops_health_ladder_width{domain="b"} 2.0' in metrics  # its repair held
+        assert 'gpuops_health_ladder_width{domain="a"} 32.0' in metrics

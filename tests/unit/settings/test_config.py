@@ -99,3 +99,37 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
     assert settings.spool_dir == tmp_path / "a"
     default = load_config(write(tmp_path, "{}\n")).audit.settings()
     assert (default.max_spool_bytes, default.full_policy) == (280 * 1024 * 1024, "fail_closed")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "health:\n  ladder:\n    steps: [reboot, reboot]\n",
+            "engine.yaml:3: health.ladder.steps: a step is named twice: reboot",
+        ),
+        (
+            "health:\n  ladder:\n    steps: [reset_gpu, replace]\n",
+            "engine.yaml:3: health.ladder.steps.1: Input should be 'reset_gpu' or 'reboot'",
+        ),
+        (
+            "health:\n  ladder:\n    validation: {command: [], timeout: 5m}\n",
+            "engine.yaml:3: health.ladder.validation.command: List should have at least 1 item"
+            " after validation, not 0",
+        ),
+        (
+            "health:\n  ladder:\n    pacing:\n      cooldown: 20m\n",
+            "engine.yaml:3: health.ladder.pacing: cooldown (1200s) is above max_cooldown (600s)",
+        ),
+        (
+            "health:\n  profiles: {a100: repair}\n",
+            "engine.yaml:2: health.profiles.a100: Input should be 'observe', 'quarantine' or"
+            " 'full'",
+        ),
+    ],
+    ids=["step-twice", "unknown-step", "no-check", "cooldown-above-max", "unknown-profile"],
+)
+def test_ladder_mistakes_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert str(caught.value) == f"{tmp_path}/{expected}"
