@@ -39,6 +39,7 @@ from gpuops.model.decisions import (
     Transition,
     decision_id,
 )
+from gpuops.model.rules.model import RulesError
 from gpuops.runtime.fleets import FleetError
 from gpuops.runtime.gate import DRY_RUN_PREFIX, NOT_LEADING, Gate
 from gpuops.store.interface import BatchRepository, StoredBatch
@@ -114,9 +115,14 @@ class BatchRecord:
     """``[at, wave, unavailable]`` as each wave starts."""
     started_by: str = ""
     """Who started it (empty: not known)."""
+    folder: str = ""
+    """Where its paths are relative to (empty: its file's folder)."""
 
-    def operation(self) -> Operation:
-        return parse_operation(self.text, self.file, Path(self.file).parent)
+    def operation(self, checked: bool = True) -> Operation:
+        """Its file read again: ``RulesError`` when a path it names is gone (unless not
+        ``checked``: its paths as they were)."""
+        folder = Path(self.folder) if self.folder else Path(self.file).parent
+        return parse_operation(self.text, self.file, folder if checked else None)
 
 
 def _action(operation: Operation, phase: Phase) -> ActionSpec:
@@ -214,10 +220,12 @@ class BatchRunner:
         fleet: FleetView,
         inventory: frozenset[str] | None,
         by: str = "",
+        folder: Path | None = None,
     ) -> str:
-        """Store ``operation`` (``text``: its file's; ``by``: who starts it) with its nodes
-        ``pending``; refused (``PlanError``) as ``gpuops batch plan`` refuses it, and when a
-        node is in another operation. Returns its id."""
+        """Store ``operation`` (``text``: its file's; ``by``: who starts it; ``folder``: where
+        its paths are relative to, None: its file's folder) with its nodes ``pending``;
+        refused (``PlanError``) as ``gpuops batch plan`` refuses it, and when a node is in
+        another operation. Returns its id."""
         self._check_quarantine(operation)
         busy = self.busy()
         now = self._clock()
@@ -231,6 +239,7 @@ class BatchRunner:
             created_at=now,
             order=[n.name for n in seen if matches(operation.targets, n)],
             started_by=by,
+            folder=str(folder) if folder is not None else "",
         )
         if operation.approval:
             rec.status = BatchStatus.AWAITING_APPROVAL.value
@@ -281,7 +290,10 @@ class BatchRunner:
                 return rec
             if halted() is not None or not self._leading():
                 return rec
-            operation = rec.operation()
+            try:
+                operation = rec.operation()
+            except RulesError as exc:
+                return self._pause(rec, f"its file no longer reads: {exc}")
             nodes = self.nodes(batch_id)
             failed = [n for n, r in nodes.items() if r.status == NodeStatus.FAILED]
             if len(failed) - rec.forgiven >= operation.failure_threshold:
@@ -530,7 +542,7 @@ class BatchRunner:
         held = any(n.status == NodeStatus.FAILED for n in nodes.values())
         if rec.status == BatchStatus.CANCELLED or (rec.status == BatchStatus.DONE and not held):
             raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to cancel")
-        operation = rec.operation()
+        operation = rec.operation(checked=False)  # returns nodes, runs no playbook
         for name, node in nodes.items():
             if node.status == NodeStatus.PENDING:
                 node.status = NodeStatus.CANCELLED.value

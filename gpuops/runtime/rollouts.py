@@ -75,7 +75,7 @@ class BatchHost:
                 inventory = inventory_hosts(Path(operation.step.inventory))
             except InventoryError as exc:
                 raise PlanError([f"step.inventory: {exc}"]) from None
-        batch_id = self._runner.start(operation, text, self._fleet, inventory, by=by)
+        batch_id = self._runner.start(operation, text, self._fleet, inventory, by=by, folder=base)
         log.warning("batch %s of %s started by %s", batch_id, file, by or "an unknown user")
         self.kick()
         return batch_id
@@ -158,13 +158,22 @@ class BatchHost:
                 self._runner.cancel(batch_id)
         except (BatchError, StateError) as exc:  # fenced, the state unreachable: the next
             log.warning("batch %s stopped: %s", batch_id, exc)  # kick (or leader) goes on
-        except Exception:  # a bug must not end the engine: the operation stays running
+        except Exception as exc:  # a bug must not end the engine: the operation pauses
             log.exception("batch %s: its driver failed", batch_id)
+            self._pause(batch_id, f"the engine's driver failed: {type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self._cancelling.discard(batch_id)
                 if self._threads.get(batch_id) is threading.current_thread():
                     del self._threads[batch_id]
+
+    def _pause(self, batch_id: str, why: str) -> None:
+        if not self._leading():
+            return
+        try:
+            self._runner.pause(batch_id, why)
+        except (BatchError, StateError) as exc:
+            log.warning("batch %s not paused: %s", batch_id, exc)
 
     def stop(self, timeout: float = 60.0) -> None:
         """Halt every driven operation between two steps and wait (at most ``timeout``

@@ -15,8 +15,11 @@ from gpuops.actions.command import CommandExecutor
 from gpuops.model.decisions import Decision, Outcome
 from gpuops.runtime.batch import BatchStatus, NodeStatus
 from gpuops.runtime.facade import Engine
+from gpuops.runtime.fleets import NodesFile
+from gpuops.runtime.rollouts import BatchHost
 from gpuops.settings import BatchSettings
 from tests.builders import build_engine
+from tests.fakes.executors import Recorder
 from tests.fakes.rollout_fleet import FileFleet, FileFleetExecutor
 from tests.waiting import wait_for
 
@@ -156,3 +159,47 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie: dead
+
+
+def test_a_posted_operation_reads_its_paths_from_its_folder_at_each_resume(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "ops"
+    folder.mkdir()
+    (folder / "upgrade.yml").write_text("- hosts: all\n  tasks: []\n")
+    (folder / "inventory.yaml").write_text("all:\n  hosts: {gpu-001: {}, gpu-002: {}}\n")
+    fleet = FileFleet(tmp_path / "fleet")
+    fleet.create(["gpu-001", "gpu-002"])
+    ansible = Recorder("ansible")
+    engine = build_engine(
+        tmp_path,
+        {},
+        reload=False,
+        executors={"rollout-fleet": FileFleetExecutor, "ansible": ansible},
+        executor_settings={"rollout-fleet": {"dir": str(fleet.folder)}},
+    )
+    nodes = NodesFile(fleet.folder / "nodes.yaml")
+    host = BatchHost(engine.batches, fleet=nodes, folder=tmp_path, leading=lambda: False)
+    text = (
+        "operation: upgrade\ntargets: {pool: a100, all: true}\nquarantine: rollout-fleet\n"
+        "step: {ansible: upgrade.yml, inventory: inventory.yaml}\nmax_unavailable: 1\n"
+        "enforce: true\n"
+    )
+    try:
+        batch = host.start(text, "upgrade.yaml", str(folder))  # a standby here: it waits
+        rec = engine.batches.run(batch, nodes)  # the file read again from the record
+        assert rec.status == BatchStatus.DONE, rec.why
+        assert [d.action.params["playbook"] for d in ansible.ran if d.action] == [
+            str(folder / "upgrade.yml")
+        ] * 2
+        second = host.start(text, "upgrade.yaml", str(folder))
+        (folder / "upgrade.yml").unlink()  # gone before it runs: it pauses, saying why
+        rec = engine.batches.run(second, nodes)
+        assert (rec.status, rec.why) == (
+            BatchStatus.PAUSED,
+            "its file no longer reads: upgrade.yaml:4: step.ansible: playbook upgrade.yml not"
+            f" found (looked for {folder}/upgrade.yml)",
+        )
+        assert engine.batches.cancel(second).status == BatchStatus.CANCELLED
+    finally:
+        engine.stop()
