@@ -264,17 +264,31 @@ def test_a_vetoed_node_is_never_touched_and_pauses_the_operation(tmp_path: Path)
     assert [d.verdict.value for d in held] == ["suppressed:veto"]
 
 
+class DrainsOnly:
+    """An executor that drains a node and cannot return it."""
+
+    name = "drains-only"
+    verbs: frozenset[str] | None = frozenset({"migrate"})
+
+    def __init__(self, settings: object = None) -> None:
+        self.settings = settings
+
+    def run(self, decision: Decision) -> dict[str, str]:
+        raise AssertionError("Must not be called!")
+
+
 def test_a_quarantine_executor_that_cannot_return_a_node_is_refused(tmp_path: Path) -> None:
-    from gpuops.actions.fleet import FleetExecutor
     from gpuops.model.batch.plan import PlanError
 
     fleet = Fleet(4)
     engine = build_engine(
-        tmp_path, {}, reload=False, executors={"fleet": FleetExecutor, "command": fleet}
+        tmp_path, {}, reload=False, executors={"drains-only": DrainsOnly, "command": fleet}
     )
     try:
-        with pytest.raises(PlanError, match="quarantine: executor 'fleet' does not drain and"):
-            start(engine, fleet, OPERATION.replace("testfleet", "fleet").replace("10%", "2"))
+        with pytest.raises(
+            PlanError, match="quarantine: executor 'drains-only' does not drain and return"
+        ):
+            start(engine, fleet, OPERATION.replace("testfleet", "drains-only").replace("10%", "2"))
         with pytest.raises(PlanError, match=r"quarantine: unknown executor 'slurm' \(known: "):
             start(engine, fleet, OPERATION.replace("testfleet", "slurm").replace("10%", "2"))
     finally:
