@@ -74,11 +74,16 @@ class PrometheusSettings(_Model):
         "timeout", "scrape_interval", "max_sample_age", "max_pending_gap", mode="before"
     )(_seconds)
 
+    @property
+    def sample_age_bound(self) -> float:
+        """Seconds: ``max_sample_age``, or its default, 2 x ``scrape_interval``."""
+        return self.max_sample_age or 2 * self.scrape_interval
+
     def freshness(self, interval_s: float, max_sample_age_s: float | None = None) -> Freshness:
         """The freshness bounds for a group evaluated every ``interval_s`` seconds (with its
         own ``max_sample_age``, if it has one)."""
         return Freshness(
-            max_sample_age_s=max_sample_age_s or self.max_sample_age or 2 * self.scrape_interval,
+            max_sample_age_s=max_sample_age_s or self.sample_age_bound,
             max_gap_s=self.max_pending_gap or 2 * interval_s,
         )
 
@@ -534,7 +539,9 @@ class EngineConfig(_Model):
         cls, value: dict[str, dict[str, Any]], info: ValidationInfo
     ) -> dict[str, dict[str, Any]]:
         prometheus = info.data.get("prometheus")
-        return with_logical_executors(value, prometheus.url if prometheus else None)
+        if prometheus is None:
+            return with_logical_executors(value, None)
+        return with_logical_executors(value, prometheus.url, prometheus.sample_age_bound)
 
     def resolved(self, base: Path) -> EngineConfig:
         def fix(p: Path) -> Path:
@@ -580,11 +587,14 @@ class EngineConfig(_Model):
 
 
 def with_logical_executors(
-    executors: dict[str, dict[str, Any]], prometheus_url: str | None
+    executors: dict[str, dict[str, Any]],
+    prometheus_url: str | None,
+    max_sample_age_s: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``executors`` with each logical executor's full settings: the concrete executor(s) it
     maps to and their settings; the slurm executor (and the kubernetes executor's reclaim, which
-    maps a GPU to its pod) learn where Prometheus is."""
+    maps a GPU to its pod) learn where Prometheus is, the kubernetes executor's reclaim also
+    how old a sample may be (``max_sample_age_s``: the engine's bound)."""
     out = {name: dict(settings) for name, settings in executors.items()}
     if "slurm" in out or any(
         out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "slurm" for n in LOGICAL_DEFAULTS
@@ -597,8 +607,14 @@ def with_logical_executors(
     ):
         kubernetes = out.setdefault("kubernetes", {})
         reclaim = kubernetes.get("reclaim")
-        if prometheus_url and isinstance(kubernetes, dict) and isinstance(reclaim, dict | None):
-            kubernetes["reclaim"] = {"prometheus_url": prometheus_url, **(reclaim or {})}
+        if isinstance(kubernetes, dict) and isinstance(reclaim, dict | None):
+            engine: dict[str, Any] = {
+                "prometheus_url": prometheus_url,
+                "max_sample_age_s": max_sample_age_s,
+            }
+            filled = {k: v for k, v in engine.items() if v}
+            if filled:
+                kubernetes["reclaim"] = {**filled, **(reclaim or {})}
     for name, default in LOGICAL_DEFAULTS.items():
         given = out.get(name)
         spec = dict(default) if given is None else dict(given)

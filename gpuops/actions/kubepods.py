@@ -7,8 +7,11 @@ without owner left alone unless ``reclaim.bare_pods: delete``.
 
 A GPU names its pods by the target's ``namespace`` and ``pod`` labels (dcgm-exporter's, or gpuops'
 NVML exporter's pod attribution), or, when the target has only ``node`` and ``uuid``, by the
-series ``reclaim.gpu_series`` in Prometheus, asked at the moment of acting. Either way a pod
-that does not run on the target's node is refused: a label cannot name a pod elsewhere.
+series ``reclaim.gpu_series`` in Prometheus, asked at the moment of acting: only a series with a
+sample newer than ``reclaim.max_sample_age_s`` names a pod (fresh data only: Prometheus answers
+an instant query with a series' last sample for 5 minutes, so a pod gone or moved would still
+be named). Either way a pod that does not run on the target's node is refused: a label cannot
+name a pod elsewhere.
 """
 
 from __future__ import annotations
@@ -64,16 +67,20 @@ def pods_of_gpu(
     series: str,
     uuid_label: str,
     timeout_s: float,
+    max_age_s: float,
     known: Mapping[tuple[str, str], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The pods holding the target's GPU, each read (``known``: those already read) and checked
-    to run on ``node``."""
+    to run on ``node``; asked of Prometheus, only those of a series whose newest sample is at
+    most ``max_age_s`` old."""
     if "pod" in target and not target["pod"]:
         return []  # the target names no pod: a free GPU
     if target.get("pod") and target.get("namespace"):
         found = [(target["namespace"], target["pod"])]
     elif prometheus_url and target.get("uuid"):
-        found = _ask_prometheus(prometheus_url, series, uuid_label, target["uuid"], timeout_s)
+        found = _ask_prometheus(
+            prometheus_url, series, uuid_label, target["uuid"], timeout_s, max_age_s
+        )
     else:
         raise PermanentError(
             "no pod named: the target needs the labels 'namespace' and 'pod' (dcgm-exporter's), "
@@ -95,21 +102,40 @@ def pods_of_gpu(
 
 
 def _ask_prometheus(
-    url: str, series: str, uuid_label: str, uuid: str, timeout_s: float
+    url: str, series: str, uuid_label: str, uuid: str, timeout_s: float, max_age_s: float
 ) -> list[tuple[str, str]]:
+    """(namespace, pod) of each series of ``series`` for GPU ``uuid`` whose newest sample is at
+    most ``max_age_s`` old when Prometheus answers: the query asks ``timestamp()`` of the
+    selector, the time of each series' newest sample, beside the evaluation time. When every
+    series naming a pod is older, nothing is named and the action waits
+    (``TemporaryError``): a GPU whose pod attribution went stale is not a free GPU."""
     value = uuid.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    expr = f'{series}{{{uuid_label}="{value}",pod!=""}}'
+    selector = f'{series}{{{uuid_label}="{value}",pod!=""}}'
     try:
         resp = requests.get(
-            f"{url.rstrip('/')}/api/v1/query", params={"query": expr}, timeout=timeout_s
+            f"{url.rstrip('/')}/api/v1/query",
+            params={"query": f"timestamp({selector})"},
+            timeout=timeout_s,
         )
         resp.raise_for_status()
-        result = resp.json()["data"]["result"]
-    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        answered = [
+            (
+                (str(r["metric"].get("namespace", "")), str(r["metric"]["pod"])),
+                float(r["value"][0]) - float(r["value"][1]),
+            )
+            for r in resp.json()["data"]["result"]
+        ]
+    except (requests.RequestException, ValueError, KeyError, TypeError, IndexError) as exc:
         raise TemporaryError(f"Prometheus {url}: cannot ask which pod holds {uuid}: {exc}") from exc
-    return sorted(
-        {(str(r["metric"].get("namespace", "")), str(r["metric"]["pod"])) for r in result}
-    )
+    fresh = sorted({pod for pod, age in answered if age <= max_age_s})
+    if not fresh and answered:
+        (namespace, name), age = min(answered, key=lambda a: a[1])
+        raise TemporaryError(
+            f"Prometheus names the pod of GPU {printable(uuid)} only in series older than "
+            f"reclaim.max_sample_age_s ({max_age_s:g} s): {printable(f'{namespace}/{name}')} "
+            f"last seen {age:.0f} s ago ({selector}); nothing acted on, tried again later"
+        )
+    return fresh
 
 
 def reclaim(

@@ -100,6 +100,10 @@ class ReclaimSettings(_Model):
     uuid_label: str = "UUID"
     """Its label holding the GPU's UUID (dcgm-exporter: ``UUID``; gpuops' NVML exporter:
     ``uuid``)."""
+    max_sample_age_s: PositiveFloat = 30.0
+    """Seconds: a series of ``gpu_series`` whose newest sample is older names no pod (fresh
+    data only); the engine configuration fills it with the engine's bound,
+    ``prometheus.max_sample_age`` (default 2 x ``prometheus.scrape_interval``)."""
 
 
 class KubernetesSettings(_Model):
@@ -395,6 +399,7 @@ class KubernetesExecutor:
             r.gpu_series,
             r.uuid_label,
             self.settings.timeout_s,
+            r.max_sample_age_s,
             known,
         )
 

@@ -21,6 +21,8 @@ from gpuops.actions.kubernetes import KubernetesExecutor
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import check_kubeconfig
 from gpuops.model.decisions import Decision, Transition
+from gpuops.sim.fleet.remotewrite import RemoteWriter
+from gpuops.sources.promproc import PrometheusServer
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.integration.actions.kube import (
     Sleeps,
@@ -592,7 +594,8 @@ class _Query(BaseHTTPRequestHandler):
             "namespace": "ml",
             "pod": "train-6d4f-x",
         }
-        result = [{"metric": metric, "value": [0, "2"]}] if 'UUID="GPU-1"' in query else []
+        # timestamp(): the evaluation time, then the time of the series' newest sample
+        result = [{"metric": metric, "value": [100, "98"]}] if 'UUID="GPU-1"' in query else []
         body = json.dumps(
             {"status": "success", "data": {"resultType": "vector", "result": result}}
         ).encode()
@@ -620,12 +623,12 @@ def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_p
         k = executor(api, tmp_path, reclaim={"prometheus_url": url})
         done = k.run(decision("reclaim", policy="reclaim-idle-gpus", node="gpu-2", uuid="GPU-1"))
         assert done["owner"] == "Deployment ml/train" and done["reclaimed"] is True
-        assert _Query.asked[-1] == 'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",pod!=""}'
+        assert _Query.asked[-1] == 'timestamp(DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",pod!=""})'
         hostile = 'GPU-2"} or vector(1) or x{a="'
         with pytest.raises(PermanentError, match="is held by pods: none"):
             k.run(decision("reclaim", did="d2", node="gpu-2", uuid=hostile))
         assert _Query.asked[-1] == (
-            'DCGM_FI_DEV_GPU_UTIL{UUID="GPU-2\\"} or vector(1) or x{a=\\"",pod!=""}'
+            'timestamp(DCGM_FI_DEV_GPU_UTIL{UUID="GPU-2\\"} or vector(1) or x{a=\\"",pod!=""})'
         )
         with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
             k.run(decision("reclaim", did="d3", node="gpu-1", uuid="GPU-1"))
@@ -635,6 +638,40 @@ def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_p
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stale_series_never_names_a_pod_to_evict(api: FakeApiServer, tmp_path: Path) -> None:
+    """A GPU-level migrate (target node, uuid) asks a real Prometheus which pod holds the GPU:
+    a series whose newest sample is older than the engine's bound (its exporter moved on, no
+    staleness marker: Prometheus still answers it for 5 minutes) names no pod; the action
+    waits, evicting nothing, and a fresh series names the pod evicted."""
+    config = "global:\n  scrape_interval: 15s\nscrape_configs: []\n"
+    remote = ["--web.enable-remote-write-receiver"]
+    with PrometheusServer(tmp_path / "prometheus", config, extra_args=remote) as prometheus:
+        writer = RemoteWriter(prometheus.url)
+
+        def gpu_series(pod_name: str, age_s: float) -> None:
+            at = time.time() - age_s
+            labels = (("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("UUID", "GPU-1"))
+            labels += (("namespace", "ml"), ("pod", pod_name), ("Hostname", "gpu-1"))
+            writer.add(int(at * 1000), {labels: 90.0})
+            writer.flush()
+
+        gpu_series("serve-b", 120)  # the GPU's pod two minutes ago
+        reclaim = {"prometheus_url": prometheus.url, "max_sample_age_s": 30}
+        k = executor(api, tmp_path, reclaim=reclaim)
+        gpu_fault = decision("migrate", node="gpu-1", uuid="GPU-1")
+        with pytest.raises(TemporaryError) as waiting:
+            k.run(gpu_fault)
+        said = (
+            "only in series older than reclaim.max_sample_age_s (30 s): 'ml/serve-b' last seen 12"
+        )
+        assert said in str(waiting.value), waiting.value
+        assert not [r for r in api.requests if r.path.endswith("/eviction")]
+        gpu_series("train-a", 1)  # now
+        done = k.run(gpu_fault)
+    assert done["evicted"] == ["ml/train-a"], done
+    assert api.get("", "pods", "serve-b", "ml")  # the stale series' pod was never touched
 
 
 def test_each_node_is_a_lane_of_its_own(api: FakeApiServer, tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_slurm_scheduler_gets_the_slurm_settings_and_prometheus_url() -> None:
 def test_kubernetes_reclaim_learns_where_prometheus_is() -> None:
     config = EngineConfig.model_validate(
         {
-            "prometheus": {"url": "http://prom:9090"},
+            "prometheus": {"url": "http://prom:9090", "scrape_interval": "20s"},
             "executors": {
                 "scheduler": {"use": "kubernetes"},
                 "kubernetes": {"node_selector": "gpu=true", "reclaim": {"uuid_label": "uuid"}},
@@ -93,10 +93,21 @@ def test_kubernetes_reclaim_learns_where_prometheus_is() -> None:
     )
     kubernetes = {
         "node_selector": "gpu=true",
-        "reclaim": {"prometheus_url": "http://prom:9090", "uuid_label": "uuid"},
+        "reclaim": {
+            "prometheus_url": "http://prom:9090",
+            "max_sample_age_s": 40.0,  # the engine's bound: 2 x scrape_interval
+            "uuid_label": "uuid",
+        },
     }
     assert config.executors["kubernetes"] == kubernetes
     assert config.executors["scheduler"]["settings"] == {"kubernetes": kubernetes}
+    bounded = EngineConfig.model_validate(
+        {
+            "prometheus": {"url": "http://prom:9090", "max_sample_age": "1m"},
+            "executors": {"kubernetes": {"node_selector": "gpu=true"}},
+        }
+    )
+    assert bounded.executors["kubernetes"]["reclaim"]["max_sample_age_s"] == 60.0
 
 
 @pytest.mark.parametrize(
