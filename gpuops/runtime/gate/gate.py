@@ -448,15 +448,17 @@ class Gate:
 
     def _step_done(self, decision: Decision, outcome: Outcome) -> None:
         """Audit a runner's step with its outcome, then keep it with the decisions (``done``:
-        nothing resumes or reconciles it; the decision pages show it, and an admin's retry
-        names the runner's own way: ``retry.STEPS_RETRIED_ELSEWHERE``). The same id again (a
-        step held, then run) keeps its latest verdict and outcome."""
-        self._trail.record(decision, outcome)
+        nothing runs it again; reconciliation audits it if the spool refused it; the decision
+        pages show it, and an admin's retry names the runner's own way:
+        ``retry.STEPS_RETRIED_ELSEWHERE``). The same id again (a step held, then run) keeps
+        its latest verdict and outcome."""
+        written = self._trail.record(decision, outcome)
         try:
             with self._store.transaction() as db:
                 self._store.record_decision(db, decision, DecisionStatus.DONE)
             self._store.finish_decision(decision.id, outcome, decision)
-            self._store.mark_audited([decision.id], Audited.OUTCOME)
+            if written:  # else reconciliation audits it once the spool takes documents again
+                self._store.mark_audited([decision.id], Audited.OUTCOME)
         except StateError:  # audited all the same; the operation's own record goes on
             log.exception("step %s not kept with the decisions", decision.id)
 

@@ -124,11 +124,14 @@ class Trail:
         if self.listener is not None:
             self.listener(decision, outcome)
 
-    def record(self, decision: Decision, outcome: Outcome | None = None) -> None:
-        """Audit a decision that runs nothing (a cancelled, denied or expired approval)."""
-        if self.write("decision", [(decision, outcome)]):
+    def record(self, decision: Decision, outcome: Outcome | None = None) -> bool:
+        """Audit a decision that runs nothing (a cancelled, denied or expired approval), or a
+        runner's step with its outcome; False when the spool refused it (``problem``)."""
+        written = self.write("decision", [(decision, outcome)])
+        if written:
             if outcome is None:
                 self.told.decision(decision)
             else:
                 self.told.outcome(decision, outcome)
         self.notify(decision, outcome)
+        return written
