@@ -27,8 +27,10 @@ from gpuops.sim.fleet import (
 from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, with_listeners
 from gpuops.sim.fleet.remotewrite import RemoteWriteError, RemoteWriter
 from gpuops.sim.fleet.report import Recorder, table
+from gpuops.sim.fleet.rollout import RolloutSpec
 from gpuops.sim.fleet.virtual import VirtualFleet
-from gpuops.sim.whatif import CLUSTER_STEP_S, record_interval
+from gpuops.sim.whatif import CLUSTER_STEP_S, WhatifError, record_interval
+from gpuops.sim.whatif.batch import rollout_spec
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +227,40 @@ FLEET_FILE = click.option(
 )
 """``--fleet FILE``: the fleet file of ``gpuops fleet run`` and ``gpuops whatif``."""
 
+BATCH_FILE = click.option(
+    "--batch",
+    "batch_file",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A batch operation file (docs/batch.md) rolled over the fleet: its nodes out of "
+    "service for its timing's phases, wave after wave; the report says what it cost.",
+)
+BATCH_AT = click.option(
+    "--batch-at",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Virtual hours into the run the --batch operation starts.",
+)
+
+
+def rollout_of(
+    batch_file: Path | None, batch_at: float, config: FleetConfig, hours: float
+) -> RolloutSpec | None:
+    """The rollout of ``--batch`` (None without it), refused as ``gpuops batch plan``
+    refuses the operation, and when it would start after the run."""
+    if batch_file is None:
+        return None
+    if batch_at >= hours:
+        raise click.BadParameter(
+            f"{batch_at:g} h is not within the run's {hours:g} virtual hours",
+            param_hint="--batch-at",
+        )
+    try:
+        return rollout_spec(batch_file, config, batch_at)
+    except WhatifError as exc:
+        raise click.ClickException(str(exc)) from None
+
 
 @fleet.command(name="run")
 @FLEET_FILE
@@ -250,6 +286,8 @@ FLEET_FILE = click.option(
     "timestamped so that the run ends now.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@BATCH_FILE
+@BATCH_AT
 def run(
     fleet_file: Path,
     hours: float,
@@ -257,16 +295,20 @@ def run(
     scrape_interval: float,
     prometheus_url: str | None,
     as_json: bool,
+    batch_file: Path | None,
+    batch_at: float,
 ) -> None:
     """Run a fleet file in virtual time, without policies, and report what it achieved:
     utilization, allocation, job completion and queue wait per class, energy and its cost.
-    The baseline half of `gpuops whatif` (docs/whatif.md)."""
+    The baseline half of `gpuops whatif` (docs/whatif.md); with --batch, what a rollout
+    costs the same workload."""
     try:
         config = load_fleet(fleet_file)
     except FleetFileError as exc:
         raise click.ClickException(str(exc)) from None
     if seed is not None:
         config = with_listeners(config, seed=seed)
+    rollout = rollout_of(batch_file, batch_at, config, hours)
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url) if prometheus_url else None
     start_ms = int((time.time() - hours * 3600) * 1000)
@@ -281,6 +323,7 @@ def run(
             step_s=CLUSTER_STEP_S,
             recorder=recorder,
             record_interval_s=record_interval(scrape_interval),
+            rollout=rollout,
         )
     except FleetError as exc:
         raise click.ClickException(f"the fleet cannot start: {exc.message}") from None
@@ -292,7 +335,15 @@ def run(
         raise click.ClickException(str(exc)) from None
     report = recorder.report(virtual.cluster)
     log.info("%.1f virtual hours in %.1f s", hours, time.monotonic() - started)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else table(report))
+    rolled = None if virtual.rollout is None else virtual.rollout.report
+    if as_json:
+        doc = report.to_json()
+        if rolled is not None:
+            doc["rollout"] = rolled.to_json()
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        lines = [] if rolled is None else ["", *(f"  {line}" for line in rolled.lines())]
+        click.echo("\n".join([table(report), *lines]))
 
 
 @fleet.command(name="from-history")

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gpuops.cli.fleet import FLEET_FILE
+from gpuops.cli.fleet import BATCH_AT, BATCH_FILE, FLEET_FILE, rollout_of
 from gpuops.model.rules.model import RulesError
 from gpuops.sim.fleet.config import HarmLimits
 from gpuops.sim.fleet.errors import FleetError
@@ -23,7 +23,6 @@ from gpuops.sim.fleet.fleetfile import FleetFileError, load_fleet, with_listener
 from gpuops.sim.fleet.remotewrite import RemoteWriteError
 from gpuops.sim.whatif import SCRAPE_INTERVAL_S, Whatif, WhatifError
 from gpuops.sim.whatif import whatif as run_whatif
-from gpuops.sim.whatif.batch import rollout_spec
 from gpuops.sim.whatif.harm import flags
 from gpuops.sim.whatif.report import table, to_json
 from gpuops.sim.whatif.spread import table as spread_table
@@ -111,22 +110,8 @@ usage error)."""
     type=click.Path(file_okay=False, path_type=Path),
     help="Write utilization.png, queue.png and power.png (off vs on) into this directory.",
 )
-@click.option(
-    "--batch",
-    "batch_file",
-    default=None,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A batch operation file (docs/batch.md) rolled over the fleet in the policies-on "
-    "run: its nodes out of service for its timing's phases, wave after wave; the report says "
-    "what it cost.",
-)
-@click.option(
-    "--batch-at",
-    default=1.0,
-    show_default=True,
-    type=click.FloatRange(min=0),
-    help="Virtual hours into the run the --batch operation starts.",
-)
+@BATCH_FILE
+@BATCH_AT
 def whatif(
     fleet_file: Path,
     rules: tuple[Path, ...],
@@ -153,17 +138,7 @@ def whatif(
     except FleetFileError as exc:
         raise click.ClickException(str(exc)) from None
     config = replace(config, harm_limits=harm_limits(config.harm_limits, harm_limit))
-    rollout = None
-    if batch_file is not None:
-        if batch_at >= hours:
-            raise click.BadParameter(
-                f"{batch_at:g} h is not within the run's {hours:g} virtual hours",
-                param_hint="--batch-at",
-            )
-        try:
-            rollout = rollout_spec(batch_file, config, batch_at)
-        except WhatifError as exc:
-            raise click.ClickException(str(exc)) from None
+    rollout = rollout_of(batch_file, batch_at, config, hours)
     chosen = seed_list(seeds, config.seed if seed is None else seed, seed is not None)
     if prometheus_url is not None and len(chosen) > 1:
         raise click.BadParameter(
