@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -177,9 +178,11 @@ class BatchHost:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Halt every driven operation between two steps and wait (at most ``timeout``
-        seconds) for its threads; the operations stay ``running`` for the next start."""
+        seconds in all) for their threads; the operations stay ``running`` for the next
+        start."""
         with self._lock:
             self._stopping = True
             threads = list(self._threads.values())
+        deadline = time.monotonic() + timeout
         for thread in threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
