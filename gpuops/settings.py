@@ -327,7 +327,7 @@ class LadderAction(_Model):
 
     executor: str = ""
     """An executor's name (``executors``; the logical ``scheduler`` maps to Slurm's); empty:
-    the step's own (``reset_gpu``: ``command``, ``reboot``: ``scheduler``, ``webhook``:
+    the step's own (``reset_gpu``: ``nvml-agent``, ``reboot``: ``scheduler``, ``webhook``:
     ``webhook``)."""
     params: dict[str, Any] = {}
     """The action's params, as a policy's (``{{ $labels.node }}``, ``{{ $labels.uuid }}``
@@ -346,7 +346,10 @@ class ValidationSettings(_Model):
     """Seconds the check may run: a check still running then is killed (its process group)
     and counts as failed."""
     executor: str = Field(default="command", min_length=1)
-    """The executor that runs ``command`` (``command``: on the engine's host)."""
+    """The executor that checks: ``command`` runs ``command`` on the engine's host;
+    ``nvml-agent`` asks the node agent instead, which checks the faulty GPU by NVML (lost, a
+    row remapping pending or failed, uncorrected ECC errors since the driver loaded) — for
+    nodes without DCGM."""
 
     _t = field_validator("timeout", mode="before")(_seconds)
 
@@ -389,23 +392,11 @@ class LadderSettings(_Model):
     )
     """The remediation steps, tried in this order until the health check passes (a fault
     that calls for a reboot skips ``reset_gpu``; after a reboot no reset is done)."""
-    reset_gpu: LadderAction = LadderAction(
-        executor="command",
-        params={
-            "argv": [
-                "ssh",
-                "{{ $labels.node }}",
-                "nvidia-smi",
-                "--gpu-reset",
-                "-i",
-                "{{ $labels.uuid }}",
-            ],
-            "timeout_s": 120,
-        },
-    )
-    """How the faulty GPU is reset. Default: ``{executor: command, params: {argv: [ssh,
-    "{{ $labels.node }}", nvidia-smi, --gpu-reset, -i, "{{ $labels.uuid }}"], timeout_s:
-    120}}``."""
+    reset_gpu: LadderAction = LadderAction()
+    """How the faulty GPU is reset. Default: ``{executor: nvml-agent}``, the node agent on the
+    node (``nvidia-smi --gpu-reset``; ``executors.nvml-agent`` says where it listens). A site
+    without the agent runs a command, e.g. ``{executor: command, params: {argv: [ssh, "{{
+    $labels.node }}", nvidia-smi, --gpu-reset, -i, "{{ $labels.uuid }}"]}}``."""
     reboot: LadderAction = LadderAction()
     """How the node is rebooted. Default: ``{executor: scheduler}``, the scheduler's
     ``reboot`` (Slurm's ``scontrol reboot``, the node kept drained; docs/executors.md)."""

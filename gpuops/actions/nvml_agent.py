@@ -1,5 +1,7 @@
-"""The ``nvml-agent`` executor: ``downclock`` and ``restore_clocks`` through the node agent of
-the NVML exporter on the target's node (``gpuops exporter nvml --agent``).
+"""The ``nvml-agent`` executor: ``downclock`` and ``restore_clocks``, and the remediation
+ladder's ``reset_gpu`` and ``validate`` (a health check by NVML: a GPU found unhealthy fails it),
+through the node agent of the NVML exporter on the target's node (``gpuops exporter nvml
+--agent``).
 
 ``gpuops.actions.base.execute`` calls ``run``; its dispatch table (``gpuops.actions.dispatch``)
 routes each verb to the agent's endpoint. This module raises ``TemporaryError`` for what may
@@ -25,11 +27,21 @@ from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import fill_url, origin, path_segment
 from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
-from gpuops.model.verbs import DOWNCLOCK, RESTORE_CLOCKS, DownclockParams, NoParams, implemented_by
+from gpuops.model.verbs import (
+    DOWNCLOCK,
+    RESET_GPU,
+    RESTORE_CLOCKS,
+    VALIDATE,
+    DownclockParams,
+    NoParams,
+    implemented_by,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://{node}:9835"
+RESET_TIMEOUT_S = 150.0
+"""Seconds a reset request may take (the agent gives ``nvidia-smi --gpu-reset`` 120)."""
 
 
 def _token(value: Any) -> Any:
@@ -84,6 +96,8 @@ class Call:
 
     path: str
     body: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+    """Seconds this request may take, when longer than the settings' (a GPU reset)."""
 
 
 class NvmlAgentExecutor:
@@ -124,7 +138,11 @@ class NvmlAgentExecutor:
         gpu = path_segment(gpu, self.gpu_label)
         call = DISPATCH.run(self, decision)
         path = f"/api/v1/gpus/{gpu}{call.path}"
-        answer = self._post(base + path, {"decision_id": decision.id, **call.body}, decision.id)
+        body = {"decision_id": decision.id, **call.body}
+        answer = self._post(base + path, body, decision.id, call.timeout_s)
+        if answer.get("healthy") is False:  # a health check that found problems
+            problems = "; ".join(str(p) for p in answer.get("problems") or ())
+            raise PermanentError(f"GPU {gpu} on {base} is not healthy: {problems}"[:512])
         return AgentAnswer(agent=base, document=answer)
 
     # --- the calls, by verb (under /api/v1/gpus/{gpu}) -----------------------------------
@@ -138,6 +156,12 @@ class NvmlAgentExecutor:
     def _restore_clocks(self, d: Decision, _: NoParams) -> Call:
         return Call("/clocks/reset")
 
+    def _reset_gpu(self, d: Decision, _: NoParams) -> Call:
+        return Call("/reset", timeout_s=RESET_TIMEOUT_S)
+
+    def _validate(self, d: Decision, _: NoParams) -> Call:
+        return Call("/check")
+
     def _base_url(self, decision: Decision) -> str:
         try:
             url = fill_url(self.url_template, decision.target.labels, _format)
@@ -148,14 +172,17 @@ class NvmlAgentExecutor:
             ) from None
         return url.rstrip("/")
 
-    def _post(self, url: str, body: Mapping[str, Any], decision_id: str) -> dict[str, Any]:
+    def _post(
+        self, url: str, body: Mapping[str, Any], decision_id: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         headers = {"Idempotency-Key": decision_id}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
+        timeout = max(self.timeout_s, timeout_s or 0.0)
         try:
-            resp = self._http.post(url, json=body, headers=headers, timeout=self.timeout_s)
+            resp = self._http.post(url, json=body, headers=headers, timeout=timeout)
         except requests.Timeout as exc:
-            raise TemporaryError(f"nvml-agent {url} timed out after {self.timeout_s:g} s") from exc
+            raise TemporaryError(f"nvml-agent {url} timed out after {timeout:g} s") from exc
         except requests.ConnectionError as exc:
             raise TemporaryError(f"nvml-agent {url} unreachable: {exc}"[:512]) from exc
         except requests.RequestException as exc:
@@ -177,6 +204,8 @@ DISPATCH: Dispatch[NvmlAgentExecutor, Call] = Dispatch(
     (
         on(DOWNCLOCK, NvmlAgentExecutor._downclock),
         on(RESTORE_CLOCKS, NvmlAgentExecutor._restore_clocks),
+        on(RESET_GPU, NvmlAgentExecutor._reset_gpu),
+        on(VALIDATE, NvmlAgentExecutor._validate),
     ),
 )
 """The agent's verbs, each to its endpoint."""

@@ -12,6 +12,7 @@ import socket
 import threading
 from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -135,8 +136,11 @@ def nvml(
         if agent_token_file is None:
             raise click.UsageError("--agent needs --agent-token-file (the bearer token)")
         token = _first_line(agent_token_file, "--agent-token-file")
+    reset: dict[str, Any] = {}
     if fake_nvml is not None:
-        backend = import_module("gpuops.exporters.nvml.scenarios").SCENARIOS[fake_nvml]()
+        scenarios = import_module("gpuops.exporters.nvml.scenarios")
+        backend = scenarios.SCENARIOS[fake_nvml]()
+        reset["reset"] = scenarios.fake_reset(backend)
         log.info("serving the simulated NVML scenario %r", fake_nvml)
     else:
         backend = import_module("gpuops.exporters.nvml.nvml").real_backend()
@@ -148,6 +152,7 @@ def nvml(
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
         push=_pusher(push_url, push_token_file, node_name, pool_name),
+        **reset,
     )
     log.info(
         "NVML exporter on http://%s:%d/metrics%s",

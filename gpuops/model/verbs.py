@@ -296,6 +296,20 @@ RESTORE_CLOCKS = Verb(
     labels=("uuid",),
     executors=frozenset({FLEET, NVML_AGENT}),
 )
+RESET_GPU = Verb(
+    "reset_gpu",
+    NoParams,
+    "Reset a GPU (the node agent: nvidia-smi --gpu-reset): a remediation step.",
+    labels=("uuid",),
+    executors=frozenset({NVML_AGENT}),
+)
+VALIDATE = Verb(
+    "validate",
+    NoParams,
+    "Check a GPU's health before its node returns (the node agent: NVML's view of it).",
+    labels=("uuid",),
+    executors=frozenset({NVML_AGENT}),
+)
 REBOOT = Verb(
     "reboot",
     RebootParams,
@@ -392,6 +406,8 @@ VERBS: Mapping[str, Verb[Any]] = _table(
         NOTIFY,
         DOWNCLOCK,
         RESTORE_CLOCKS,
+        RESET_GPU,
+        VALIDATE,
         REBOOT,
         SCALE_OUT,
         SCALE_IN,

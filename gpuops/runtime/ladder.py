@@ -403,7 +403,8 @@ class RepairLadder:
     def _action(self, repair: Repair, move: Move) -> ActionSpec | None:
         s = self.settings
         if move is Move.RESET_GPU:
-            return ActionSpec("reset_gpu", s.reset_gpu.executor or "command", s.reset_gpu.params)
+            executor = s.reset_gpu.executor or "nvml-agent"
+            return ActionSpec("reset_gpu", executor, s.reset_gpu.params)
         if move is Move.REBOOT:
             return ActionSpec("reboot", s.reboot.executor or "scheduler", s.reboot.params)
         if move is Move.VALIDATE:

@@ -1,5 +1,6 @@
-"""The node agent: locks and resets GPU clocks and sets power limits through NVML, for the
-engine's ``nvml-agent`` executor.
+"""The node agent: locks and resets GPU clocks and sets power limits through NVML, resets a
+GPU (``nvidia-smi --gpu-reset``: NVML has no reset of its own) and checks a GPU's health, for
+the engine's ``nvml-agent`` executor.
 
 ``gpuops.exporters.nvml.server`` exposes it over authenticated HTTP when the exporter runs with
 ``--agent``. Every request is validated against what the GPU supports before NVML is called,
@@ -11,6 +12,7 @@ without touching NVML a second time (idempotency).
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -34,11 +36,39 @@ class AgentError(Exception):
         self.message = message
 
 
-class ClockAgent:
-    """Clock and power-limit control of one session's GPUs; thread-safe."""
+RESET_TIMEOUT_S = 120.0
+"""Seconds ``nvidia-smi --gpu-reset`` may take."""
 
-    def __init__(self, session: NvmlSession, remember: int = 4096) -> None:
+GpuReset = Callable[[str], None]
+"""Resets the GPU of a UUID; raises ``AgentError`` saying why it could not."""
+
+
+def nvidia_smi_reset(uuid: str) -> None:
+    """``nvidia-smi --gpu-reset -i UUID`` (the GPU must run nothing; root)."""
+    argv = ["nvidia-smi", "--gpu-reset", "-i", uuid]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RESET_TIMEOUT_S, check=False
+        )
+    except FileNotFoundError:
+        raise AgentError(501, "nvidia-smi is not on this node's PATH: no GPU reset") from None
+    except subprocess.TimeoutExpired:
+        raise AgentError(504, f"nvidia-smi --gpu-reset took over {RESET_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()[-256:]
+        raise AgentError(409, f"nvidia-smi --gpu-reset exited {done.returncode}: {said}")
+
+
+class ClockAgent:
+    """Clock and power-limit control, reset and health checks of one session's GPUs;
+    thread-safe."""
+
+    def __init__(
+        self, session: NvmlSession, remember: int = 4096, reset: GpuReset = nvidia_smi_reset
+    ) -> None:
+        """``reset``: how a GPU is reset (a fake NVML's own in tests and demos)."""
         self.session = session
+        self._reset = reset
         self.remember = remember
         """How many decision ids are remembered for idempotent replays."""
         self._locked: dict[tuple[str, str], tuple[int, int]] = {}
@@ -120,6 +150,53 @@ class ClockAgent:
             return {"power_limit_watts": milliwatts / 1000}
 
         return self._apply("set_power_limit", ref, decision_id, change, f"{watts:g} W")
+
+    def reset_gpu(self, ref: str, decision_id: str | None = None) -> dict[str, Any]:
+        """Reset GPU ``ref`` (a remediation step): its volatile ECC counts clear and pending
+        row remappings are applied."""
+
+        def change(dev: Device) -> dict[str, Any]:
+            self._reset(dev.uuid)
+            return {"reset": True}
+
+        return self._apply("reset_gpu", ref, decision_id, change)
+
+    def check(self, ref: str) -> dict[str, Any]:
+        """GPU ``ref``'s health by NVML: lost, a row remapping pending or failed, uncorrected
+        ECC errors since the driver loaded. ``healthy`` is True when none of these is found
+        (what NVML cannot tell on this GPU is not a problem)."""
+        devices = self._devices()
+        dev = next((d for d in devices if ref in (d.uuid, str(d.index))), None)
+        if dev is None:  # a GPU the engine knows and NVML does not: gone from the bus
+            log.info("health check of GPU %s: not found on this node", ref)
+            return {"uuid": ref, "healthy": False, "problems": ["not found on this node"]}
+        problems: list[str] = []
+        if dev.handle is None:
+            problems.append("lost (fell off the bus?)")
+        else:
+            problems += self._problems(dev)
+        healthy = not problems
+        log.info("health check of GPU %d (%s): %s", dev.index, dev.uuid, problems or "healthy")
+        return {"gpu": dev.index, "uuid": dev.uuid, "healthy": healthy, "problems": problems}
+
+    def _problems(self, dev: Device) -> list[str]:
+        backend, problems = self.session.backend, []
+        try:
+            rows = backend.nvmlDeviceGetRemappedRows(dev.handle)
+            if rows[2]:
+                problems.append("a row remapping is pending (a reset applies it)")
+            if rows[3]:
+                problems.append("a row remapping failed (the GPU needs replacing)")
+            ecc = backend.nvmlDeviceGetTotalEccErrors(
+                dev.handle, nvml.ECC_ERRORS["uncorrected"], nvml.ECC_COUNTERS["volatile"]
+            )
+            if ecc:
+                problems.append(f"{ecc} uncorrected ECC error(s) since the driver loaded")
+        except nvml.GpuIsLost:
+            problems.append("lost (fell off the bus?)")
+        except nvml.UNSUPPORTED:
+            pass  # not a problem: NVML cannot tell on this GPU
+        return problems
 
     # --- metrics ----------------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:

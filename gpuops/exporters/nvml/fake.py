@@ -77,6 +77,8 @@ class FakeGpu:
     unsupported: set[str] = field(default_factory=set)
     locked_clocks: tuple[int, int] | None = None
     lost: bool = False
+    resets: int = 0
+    """How often the node agent reset it."""
     lose_after_reads: int | None = None
     reads: int = 0
 
@@ -284,6 +286,21 @@ class FakeNvml:
     def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int, counterType: int) -> int:  # noqa: N802, N803
         gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors", whole_gpu=True)
         return gpu.ecc.get((errorType, counterType), 0)
+
+    def reset_gpu(self, uuid: str) -> bool:
+        """What ``nvidia-smi --gpu-reset`` does to the GPU of ``uuid`` (not an NVML function:
+        ``scenarios.fake_reset`` hands it to the node agent): volatile ECC counts clear, a
+        pending row remapping is applied. False: no such GPU, or a lost one (not reachable)."""
+        with self._lock:
+            gpu = next((g for g in self.gpus if g.uuid == uuid), None)
+            if gpu is None or gpu.lost:
+                return False
+            volatile = nvml.ECC_COUNTERS["volatile"]
+            gpu.ecc = {k: v for k, v in gpu.ecc.items() if k[1] != volatile}
+            corrected, uncorrected, _, failure = gpu.remapped_rows
+            gpu.remapped_rows = (corrected, uncorrected, 0, failure)
+            gpu.resets += 1
+            return True
 
     def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:  # noqa: N802
         return self._gpu(handle, "nvmlDeviceGetRemappedRows", whole_gpu=True).remapped_rows

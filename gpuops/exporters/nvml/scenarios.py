@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuops.exporters.nvml import nvml
+from gpuops.exporters.nvml.agent import AgentError, GpuReset
 from gpuops.exporters.nvml.fake import FakeGpu, FakeMig, FakeNvml, FakeProcess
 
 GIB = 2**30
@@ -45,6 +46,17 @@ def h100(index: int) -> FakeGpu:
         processes=[FakeProcess(pid=4100 + index, usedGpuMemory=60 * GIB)] if busy else [],
         mig_enabled=False,
     )
+
+
+def fake_reset(fake: FakeNvml) -> GpuReset:
+    """The node agent's GPU reset on ``fake`` (``FakeNvml.reset_gpu``), refused as
+    ``nvidia-smi --gpu-reset`` refuses a GPU it cannot reach."""
+
+    def reset(uuid: str) -> None:
+        if not fake.reset_gpu(uuid):
+            raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is not reachable")
+
+    return reset
 
 
 def healthy_h100(count: int = 8) -> FakeNvml:

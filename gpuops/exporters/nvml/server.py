@@ -9,6 +9,8 @@ header makes a repeated request a no-op):
 - ``POST /api/v1/gpus/{uuid|index}/clocks``  ``{"max_clock_mhz": int, "min_clock_mhz": int?}``
 - ``POST /api/v1/gpus/{uuid|index}/clocks/reset``
 - ``POST /api/v1/gpus/{uuid|index}/power-limit``  ``{"watts": number}``
+- ``POST /api/v1/gpus/{uuid|index}/reset``  reset the GPU (``nvidia-smi --gpu-reset``)
+- ``POST /api/v1/gpus/{uuid|index}/check``  ``{"healthy": bool, "problems": [...]}`` by NVML
 
 Errors are JSON ``{"error": message}`` with 400 (bad value), 401 (token), 403 (NVML needs
 root), 404, 409 (unsupported), 410 (GPU lost), 503 (NVML unavailable).
@@ -29,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from gpuops.exporters.nvml import nvml
-from gpuops.exporters.nvml.agent import AgentError, ClockAgent
+from gpuops.exporters.nvml.agent import AgentError, ClockAgent, GpuReset, nvidia_smi_reset
 from gpuops.exporters.nvml.collector import NvmlCollector
 from gpuops.exporters.nvml.events import XidWatcher
 from gpuops.exporters.nvml.push import HealthPusher
@@ -52,7 +54,9 @@ class ExporterServer:
         xid_events: bool = True,
         xid_poll_ms: int = 500,
         push: HealthPusher | None = None,
+        reset: GpuReset = nvidia_smi_reset,
     ) -> None:
+        """``reset``: how the agent resets a GPU (a fake NVML's own in tests and demos)."""
         self.session = NvmlSession(backend)
         self.push = push
         on_xid = push.xid if push is not None else None
@@ -68,7 +72,7 @@ class ExporterServer:
         if agent_token is not None:
             if not agent_token:
                 raise ValueError("the node agent needs a non-empty bearer token")
-            self.agent = ClockAgent(self.session)
+            self.agent = ClockAgent(self.session, reset=reset)
             self.registry.register(self.agent)
         self.httpd = _HTTPServer((host, port), _Handler, self)
         self._thread: threading.Thread | None = None
@@ -169,6 +173,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(lock)
         elif action == "clocks/reset":
             self._answer(lambda: agent.reset_clocks(ref, decision))
+        elif action == "reset":
+            self._answer(lambda: agent.reset_gpu(ref, decision))
+        elif action == "check":
+            self._answer(lambda: agent.check(ref))
         elif action == "power-limit":
 
             def power() -> dict[str, Any]:

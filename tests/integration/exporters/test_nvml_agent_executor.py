@@ -12,7 +12,7 @@ import pytest
 from gpuops.actions.base import PermanentError, TemporaryError, execute
 from gpuops.actions.nvml_agent import NvmlAgentExecutor
 from gpuops.actions.retry import RetryPolicy
-from gpuops.exporters.nvml import scenarios
+from gpuops.exporters.nvml import nvml, scenarios
 from gpuops.exporters.nvml.server import ExporterServer
 from gpuops.model.decisions import OutcomeStatus
 from tests.unit.actions.support import UUID0, agent_decision
@@ -100,3 +100,39 @@ def test_gpu_label_can_name_the_index(serve: Callable[..., ExporterServer]) -> N
         agent_decision("downclock", {"max_clock_mhz": 1500}, gpu="1")
     )
     assert fake.gpus[1].locked_clocks == (345, 1500)
+
+
+def test_a_reset_applies_a_pending_row_remap_and_the_check_then_passes(
+    serve: Callable[..., ExporterServer],
+) -> None:
+    fake = scenarios.healthy_h100(2)
+    volatile = (nvml.ECC_ERRORS["uncorrected"], nvml.ECC_COUNTERS["volatile"])
+    fake.gpus[0].remapped_rows = (0, 1, 1, 0)
+    fake.gpus[0].ecc = {volatile: 2}
+    ex = executor(serve(fake, TOKEN))
+    with pytest.raises(PermanentError) as caught:
+        ex.run(agent_decision("validate", did="check-1"))
+    assert str(caught.value).endswith(
+        "is not healthy: a row remapping is pending (a reset applies it); 2 uncorrected ECC"
+        " error(s) since the driver loaded"
+    )
+    reset = ex.run(agent_decision("reset_gpu", did="reset-1"))
+    assert (reset["action"], reset["reset"], reset["replayed"]) == ("reset_gpu", True, False)
+    assert ex.run(agent_decision("reset_gpu", did="reset-1"))["replayed"] is True
+    assert fake.gpus[0].resets == 1  # the same decision resets once
+    checked = ex.run(agent_decision("validate", did="check-2"))
+    assert (checked["healthy"], checked["problems"]) == (True, [])
+
+
+def test_a_lost_gpu_cannot_be_reset_and_fails_its_check(
+    serve: Callable[..., ExporterServer],
+) -> None:
+    fake = scenarios.healthy_h100(1)
+    ex = executor(serve(fake, TOKEN))
+    assert ex.run(agent_decision("validate", did="check-1"))["healthy"] is True
+    fake.gpus[0].lost = True  # falls off the bus
+    with pytest.raises(PermanentError, match="answered 409: nvidia-smi --gpu-reset: GPU .* is not"):
+        ex.run(agent_decision("reset_gpu"))
+    with pytest.raises(PermanentError, match="is not healthy: lost"):
+        ex.run(agent_decision("validate", did="check-2"))
+    assert fake.gpus[0].resets == 0

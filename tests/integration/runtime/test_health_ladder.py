@@ -2,7 +2,9 @@
 quarantine their nodes (profile ``full``), and the ladder's steps run as programs through the
 command executor against a fleet of nodes with scripted GPU faults (``tests.fakes.gpufaults``):
 a fault a reset heals, one only a reboot heals, one nothing heals (needs a human, told by
-webhook, never remediated again), a replayed event after the return, a restart mid-ladder."""
+webhook, never remediated again), a replayed event after the return, a restart mid-ladder;
+50 faults in one pool paced 1, 2, 4, ... while another pool's is repaired at once; and the
+node agent (over the fake NVML) resetting a GPU and checking it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from gpuops.exporters.nvml import scenarios
+from gpuops.exporters.nvml.scenarios import fake_reset
+from gpuops.exporters.nvml.server import ExporterServer
 from gpuops.model.health.ladder import Stage
 from gpuops.settings import GuardrailSettings
 from tests.fakes.receiver import Receiver
@@ -236,3 +241,24 @@ def test_fifty_faults_in_one_pool_are_repaired_in_widths_1_2_4_and_another_pool_
         assert 'gpuops_health_ladder_deferrals_total{domain="a"} 49.0' in metrics
         assert 'gpuops_health_ladder_width{domain="b"} 2.0' in metrics  # its repair held
         assert 'gpuops_health_ladder_width{domain="a"} 32.0' in metrics
+
+
+def test_the_node_agent_resets_the_gpu_and_checks_it_by_nvml(tmp_path: Path) -> None:
+    fake = scenarios.healthy_h100(1)
+    fake.gpus[0].remapped_rows = (0, 1, 1, 0)  # a row remapping a reset applies
+    agent = ExporterServer(
+        fake, host="127.0.0.1", port=0, agent_token="t", xid_events=False, reset=fake_reset(fake)
+    )
+    agent.start()
+    settings = {"default_profile": "full", "ladder": {"validation": {"executor": "nvml-agent"}}}
+    executors = {"nvml-agent": {"url": f"http://127.0.0.1:{agent.port}", "token": "t"}}
+    try:
+        with running_api(tmp_path, rules=LADDER_RULES, health=settings, executors=executors) as api:
+            uuid = fake.gpus[0].uuid
+            assert push(api, event(api, "n6-1", "n6", uuid, 48)).json()["faults"] == 1
+            settled(api, "n6", Stage.RETURNED)
+            assert api.engine.ladder.repair("n6").done == ("reset_gpu",)  # type: ignore[union-attr]
+    finally:
+        agent.close()
+    assert fake.gpus[0].resets == 1
+    assert fake.gpus[0].remapped_rows == (0, 1, 0, 0)

@@ -71,7 +71,9 @@ def test_every_verb_names_a_known_undo_and_an_executor() -> None:
 def test_the_executors_do_the_verbs_the_table_says() -> None:
     assert FleetExecutor.verbs == implemented_by("fleet") == frozenset(FLEET_CALLS)
     assert SlurmExecutor.verbs == implemented_by("slurm")
-    assert NvmlAgentExecutor.verbs == frozenset({"downclock", "restore_clocks"})
+    assert NvmlAgentExecutor.verbs == frozenset(
+        {"downclock", "restore_clocks", "reset_gpu", "validate"}
+    )
 
 
 def test_a_dispatch_table_that_disagrees_with_the_verb_table_is_refused() -> None:
