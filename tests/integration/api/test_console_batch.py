@@ -77,6 +77,8 @@ def test_batch_pages_tell_each_node_and_only_admins_act(tmp_path: Path) -> None:
         assert decision, one.text
         explained = auditor.get(f"{api.url}/decisions/{decision.group(1)}", timeout=10)
         assert explained.status_code == 200 and "batch_step" in explained.text
+        assert f'a step of batch operation <a href="/batch/{batch}">' in explained.text
+        assert "no longer loaded" not in explained.text
         failed = re.search(r'href="/decisions/([^"]+)">step</a>: failed for good', one.text)
         assert failed, one.text
         not_here = api.call("admin", "POST", f"/api/v1/decisions/{failed.group(1)}/retry")
