@@ -167,7 +167,15 @@ class RepairLadder:
         return None if data is None else Repair.from_dict(json.loads(data))
 
     def repairs(self) -> list[Repair]:
-        return [Repair.from_dict(json.loads(d)) for d in self._store.repairs().values()]
+        """Every node's record; one that cannot be read is skipped (logged), so that it holds
+        no other node back (``gpuops state check`` names it)."""
+        found = []
+        for node, data in self._store.repairs().items():
+            try:
+                found.append(Repair.from_dict(json.loads(data)))
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("remediation ladder: the record of %s cannot be read: %s", node, exc)
+        return found
 
     def _save(self, repair: Repair) -> None:
         data = json.dumps(repair.as_dict())

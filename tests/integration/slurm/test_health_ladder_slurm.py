@@ -1,7 +1,8 @@
 """The remediation ladder on a real Slurm: a faulty GPU's node is drained with a reason gpuops
 owns, rebooted by ``scontrol reboot`` (the cluster's ``RebootProgram`` restarts its slurmd as
 a fresh boot) and comes back still drained with gpuops' reason, is checked while drained, and
-only then resumed; a node an admin drained is neither rebooted nor resumed."""
+only then resumed; a node an admin drained is neither rebooted nor resumed; the executor's
+``reboot`` refuses a node gpuops did not drain and reboots once per decision id."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from gpuops.actions.base import PermanentError
+from gpuops.actions.slurm import SlurmExecutor
 from gpuops.model.health.ladder import Stage
 from gpuops.sim.slurmcluster import SlurmCluster
 from tests.integration.api.harness import running_api
 from tests.integration.api.test_health_events import event, push
 from tests.integration.runtime.test_health_ladder import LADDER_RULES as RULES
 from tests.integration.runtime.test_health_ladder import POLICY
+from tests.unit.actions.support import make_decision
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -82,3 +86,22 @@ def test_a_node_is_rebooted_kept_drained_checked_and_resumed_and_an_admins_drain
         assert stage("gpu-b") is None
         state, flags, reason = node(slurm, "gpu-b")
         assert "DRAIN" in flags and reason == "admin: loose fan"
+
+
+def test_reboot_refuses_a_node_gpuops_did_not_drain_and_reboots_once_per_decision(
+    slurm: SlurmCluster,
+) -> None:
+    ex = SlurmExecutor({"slurm_conf": str(slurm.conf), "timeout_s": 5, "reboot_poll_s": 0.2})
+    in_service = make_decision("reboot", "slurm", {"timeout_s": 20}, node="gpu-b")
+    with pytest.raises(PermanentError, match="node gpu-b is not drained by gpuops"):
+        ex.run(in_service)
+    mine = f"gpuops:{in_service.policy}:0123"
+    slurm.cmd("scontrol", "update", "nodename=gpu-a", "state=drain", f"reason={mine}")
+    reboot = make_decision("reboot", "slurm", {"timeout_s": 20}, did="reboot-1", node="gpu-a")
+    first = ex.run(reboot)
+    assert (first.rebooted, first.already) == (True, None)
+    again = ex.run(reboot)  # the same decision, run again (a restart mid-step): done already
+    assert (again.rebooted, again.already) == (True, True)
+    assert slurm.reboots() == ["gpu-a"]
+    state, flags, reason = node(slurm, "gpu-a")
+    assert "DRAIN" in flags and reason.startswith(f"gpuops:{in_service.policy}:reboot-1")

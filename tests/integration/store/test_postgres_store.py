@@ -401,3 +401,15 @@ def test_batch_operations_and_their_nodes_in_both_backends(store: Any) -> None:
         "gpu-2": '{"status": "failed"}',
     }
     assert store.batch("nope") is None and store.batch_nodes("nope") == {}
+
+
+def test_ladder_repairs_and_domains_in_both_backends(store: Any) -> None:
+    store.save_repair("gpu-1", "remediating", '{"node": "gpu-1"}', 10.0)
+    store.save_repair("gpu-1", "returned", '{"node": "gpu-1", "x": 1}', 20.0)  # replaced
+    store.save_repair("gpu-0", "needs_human", '{"node": "gpu-0"}', 15.0)
+    assert store.repair("gpu-1") == '{"node": "gpu-1", "x": 1}'
+    assert store.repairs() == {"gpu-0": '{"node": "gpu-0"}', "gpu-1": '{"node": "gpu-1", "x": 1}'}
+    assert store.repair("nope") is None
+    store.save_domain("a100", '{"width": 1}')
+    store.save_domain("a100", '{"width": 2}')
+    assert store.domains() == {"a100": '{"width": 2}'}
