@@ -1,14 +1,11 @@
-"""A fleet that keeps its own record in files, for batch operations run by an engine process
-that a test kills: its nodes' states (``fleet.json``), every change with the nodes out of
-service just after it (``events.jsonl``), each node's calls in order (``calls/NODE``), and the
-nodes file the engine plans over (``nodes.yaml``, ``batch.nodes``), written whole on each
-change. Every change holds an exclusive ``flock`` on ``lock``: the record survives a SIGKILL of
-the engine and is never read half written.
+"""A fleet that keeps its own record in files: its nodes' states (``fleet.json``), every change
+with the nodes out of service just after it (``events.jsonl``), each node's calls in order
+(``calls/NODE``), and the nodes file an engine plans over (``nodes.yaml``, ``batch.nodes``),
+written whole on each change. Every change holds an exclusive ``flock`` on ``lock``.
 
-``FileFleetExecutor`` drains (``migrate``) and returns (``resume``) a node as the Slurm and
-Kubernetes executors do: ``resume`` returns only a node it drained. ``main`` runs an engine of a
-configuration with it registered as ``rollout-fleet`` (settings: ``dir``) and the engine's API,
-until SIGTERM (``python -m tests.fakes.rollout_fleet ENGINE_YAML``).
+``FileFleetExecutor`` (registered as ``rollout-fleet``, settings: ``dir``) drains
+(``migrate``) and returns (``resume``) a node as the Slurm and Kubernetes executors do:
+``resume`` returns only a node it drained.
 """
 
 from __future__ import annotations
@@ -16,9 +13,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -137,30 +131,3 @@ class FileFleetExecutor:
         assert decision.action is not None
         node = decision.target.labels["node"]
         return self.fleet.change(node, decision.action.type, decision.id)
-
-
-def main(config_path: str) -> None:
-    """An engine of ``config_path`` with ``rollout-fleet`` and its API, until SIGTERM."""
-    from gpuops.actions.registry import ExecutorRegistry
-    from gpuops.api import ApiServer, create_app
-    from gpuops.runtime import Engine
-    from gpuops.settings import load_config
-
-    config = load_config(Path(config_path))
-    registry = ExecutorRegistry.from_entry_points()
-    registry.register(NAME, FileFleetExecutor)
-    engine = Engine(config, executors=registry)
-    assert config.api.listen is not None
-    api = ApiServer(create_app(engine, config.api), config.api.listen, None, None).bind()
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.set())
-    engine.start()
-    api.start()
-    print(f"engine serving at {api.url}", flush=True)
-    stopping.wait()
-    api.stop()
-    engine.stop()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -1,9 +1,10 @@
-"""Batch operations run by the engine itself, started and resumed through its API (``gpuops
-batch run|resume --url``): 50 nodes, a canary of 2, ``max_unavailable: 10%``; a node whose step
-fails is skipped and reported, a validation failure on a second pauses the operation at its
-threshold, resume goes on, the engine SIGKILLed mid-rollout and started again goes on by itself
-without redoing a finished step or leaving a node drained; never more than 5 nodes out of
-service, from the fleet's own record and from the audit."""
+"""Batch operations run by the engine itself (``gpuops engine run``), started and resumed
+through its API (``gpuops batch run|resume --url``), on 50 nodes of the simulated fleet drained
+and returned through the ``fleet`` executor: a canary of 2, ``max_unavailable: 10%``; a node
+whose step fails is skipped and reported, a validation failure on a second pauses the operation
+at its threshold, resume goes on, the engine SIGKILLed mid-rollout and started again goes on by
+itself without redoing a finished step or leaving a node drained; never more than 5 nodes out
+of service, from the fleet's own record (each of its topology changes) and from the audit."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -20,64 +22,96 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 from click.testing import CliRunner
 
 from gpuops.api.tokens import hash_token
 from gpuops.audit.spool import read_spool
 from gpuops.cli import cli
+from gpuops.sim.fleet import FleetSim
+from gpuops.sim.fleet import operations as fleet_ops
+from gpuops.sim.fleet.config import FleetConfig, PoolSpec
 from gpuops.sources.promproc import free_port
-from tests.fakes.rollout_fleet import FileFleet
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "batch-admin-token"
-NODES = [f"gpu-{i:03d}" for i in range(1, 51)]
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NODES = [f"node-{i}" for i in range(50)]
+DRAINED, DOWN = "node-16", "node-32"  # out of service before the operation
+FAILS_STEP, FAILS_VALIDATION = "node-9", "node-29"
 
-STEP = """\
+STEP = f"""\
 import os, sys, time
 node, folder, what = sys.argv[1], sys.argv[2], sys.argv[3]
-with open(os.path.join(folder, "calls", node), "a") as out:
+with open(os.path.join(folder, node), "a") as out:
     out.write(what + " " + os.environ["GPUOPS_DECISION_ID"] + "\\n")
 if what == "step":
     time.sleep(0.15)
-failed = (what, node) in (("step", "gpu-010"), ("validate", "gpu-030"))
+failed = (what, node) in (("step", "{FAILS_STEP}"), ("validate", "{FAILS_VALIDATION}"))
 sys.exit(3 if failed else 0)
 """
 
 
-def operation(tmp: Path, fleet: Path) -> Path:
-    (tmp / "step.py").write_text(STEP)
-    command = f"[{sys.executable}, {tmp}/step.py, '{{{{ $labels.node }}}}', {fleet}"
-    op = tmp / "driver-550.operation.yaml"
-    op.write_text(
-        "operation: driver-550\n"
-        "targets: {pool: a100, all: true}\n"
-        "quarantine: rollout-fleet\n"
-        f"step: {{command: {command}, step]}}\n"
-        f"validate: {{command: {command}, validate]}}\n"
-        "canary: 2\nmax_parallel: 5\nmax_unavailable: 10%\nfailure_threshold: 2\n"
-        "enforce: true\n"
-    )
-    return op
+class FleetRecord:
+    """The simulated fleet's own record: at each of its topology changes (a drain, a return,
+    a failure) the nodes out of service just after it, and the nodes file the engine plans
+    over (``batch.nodes``), written whole from the fleet's state."""
+
+    STATES = {"up": "up", "drained": "drained", "failed": "down", "booting": "down"}
+
+    def __init__(self, sim: FleetSim, nodes_file: Path) -> None:
+        self.sim = sim
+        self.file = nodes_file
+        self.changes: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+        owner = sim.cluster.on_topology
+
+        def changed() -> None:
+            if owner is not None:
+                owner()
+            self.write()
+
+        sim.cluster.on_topology = changed
+        self.write()
+
+    def states(self) -> dict[str, str]:
+        with self.sim.cluster.lock:
+            return {n.name: n.state for n in self.sim.cluster.nodes.values()}
+
+    def write(self) -> None:
+        with self.sim.cluster.lock:
+            nodes = [
+                {"name": n.name, "pool": n.pool, "gpus": len(n.gpus), "state": n.state}
+                for n in self.sim.cluster.nodes.values()
+            ]
+        with self.lock:
+            self.changes.append((time.time(), sum(1 for n in nodes if n["state"] != "up")))
+            for node in nodes:
+                node["state"] = self.STATES[str(node["state"])]
+            part = self.file.with_suffix(".part")
+            part.write_text(yaml.safe_dump({"nodes": nodes}))
+            os.replace(part, self.file)
 
 
 class EngineProcess:
-    """``python -m tests.fakes.rollout_fleet`` on the test's configuration, its API at ``url``."""
+    """``gpuops engine run`` on the test's configuration, its API at ``url``."""
 
     def __init__(self, tmp: Path, config: Path, url: str) -> None:
         self.url = url
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        main = "from gpuops.cli import main; main()"
         with open(tmp / "engine.log", "a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.fakes.rollout_fleet", str(config)],
+                [sys.executable, "-c", main, "engine", "run", "--config", str(config)],
                 cwd=tmp,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_for(self._serving, timeout=30, what="the engine's API")
+        wait_for(self._serving, timeout=60, what="the engine's API")
 
     def _serving(self) -> bool:
         assert self.proc.poll() is None, "the engine exited"
@@ -102,51 +136,87 @@ class EngineProcess:
             self.proc.wait(30)
 
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[tuple[Path, FileFleet, str]]:
+def setup(tmp_path: Path) -> Iterator[tuple[Path, FleetRecord, str]]:
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "none.yaml").write_text("groups: []\n")  # batch operations only
-    fleet = FileFleet(tmp_path / "fleet")
-    fleet.create(NODES, drained=["gpu-017"], down=["gpu-033"])
     (tmp_path / "tokens.yaml").write_text(
         f"users: [{{name: alice, roles: [admin], token_sha256: {hash_token(TOKEN)}}}]\n"
     )
-    url = f"http://127.0.0.1:{free_port()}"
-    config = tmp_path / "engine.yaml"
-    config.write_text(
-        "rules: [rules]\nmetrics_listen: null\nstate_file: state.sqlite\n"
-        "audit: {spool_dir: audit}\n"
-        f"api: {{listen: '{url.removeprefix('http://')}', tokens_file: tokens.yaml}}\n"
-        f"executors: {{rollout-fleet: {{dir: {fleet.folder}}}}}\n"
-        "batch: {nodes: fleet/nodes.yaml}\n"
+    config = FleetConfig(
+        pools=(PoolSpec("a100", nodes=50, gpus_per_node=8),),
+        arrival_rate_per_min=0.0,
+        initial_jobs=(),
+        sd_file=str(tmp_path / "gpu-nodes.json"),
     )
-    yield config, fleet, url
+    with FleetSim(config) as sim:
+        record = FleetRecord(sim, tmp_path / "nodes.yaml")
+        fleet_ops.migrate(sim.cluster, DRAINED)  # an admin's drain
+        fleet_ops.fail(sim.cluster, DOWN)
+        url = f"http://127.0.0.1:{free_port()}"
+        engine = tmp_path / "engine.yaml"
+        engine.write_text(
+            "rules: [rules]\nmetrics_listen: null\nstate_file: state.sqlite\n"
+            "audit: {spool_dir: audit}\n"
+            f"api: {{listen: '{url.removeprefix('http://')}', tokens_file: tokens.yaml}}\n"
+            f"executors: {{fleet: {{url: '{sim.control_url}'}}}}\n"
+            "batch: {nodes: nodes.yaml}\n"
+        )
+        yield engine, record, url
+
+
+def operation(tmp: Path) -> Path:
+    (tmp / "step.py").write_text(STEP)
+    (tmp / "calls").mkdir()
+    command = f"[{sys.executable}, {tmp}/step.py, '{{{{ $labels.node }}}}', {tmp}/calls"
+    op = tmp / "driver-550.operation.yaml"
+    op.write_text(
+        "operation: driver-550\n"
+        "targets: {pool: a100, all: true}\n"
+        "quarantine: fleet\n"
+        f"step: {{command: {command}, step]}}\n"
+        f"validate: {{command: {command}, validate]}}\n"
+        "canary: 2\nmax_parallel: 5\nmax_unavailable: 10%\nfailure_threshold: 2\n"
+        "enforce: true\n"
+    )
+    return op
 
 
 def gpuops(*args: str, url: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, ["batch", *args, "--url", url, "--token", TOKEN])
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout  # stderr: the simulated fleet's log lines too
 
 
-def returned_nodes(fleet: FileFleet) -> list[str]:
-    return [n for n, calls in fleet.calls().items() if calls and calls[-1][0] == "resume"]
+def calls(tmp: Path) -> dict[str, list[tuple[str, str]]]:
+    """Each node's step and validation runs, in order: (what, decision id)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted((tmp / "calls").iterdir()):
+        pairs = [line.split() for line in path.read_text().splitlines()]
+        out[path.name] = [(what, ident) for what, ident in pairs]
+    return out
 
 
-def out_of_service_from_audit(spool: Path, before: set[str]) -> tuple[int, int]:
-    """The most nodes out of service at once by the audit, and the drains it holds: a node
-    goes out when its drain's intent is written (before it runs) and comes back when its
-    return's outcome is written (after it ran); ``before``: those out already."""
-    moves: list[tuple[float, int, str]] = []
+def audited(spool: Path) -> list[tuple[float, str, str, str, dict[str, Any] | None]]:
+    """The operation's audit documents: (written at, node, action, decision id, outcome)."""
+    found = []
     for doc in read_spool(spool):
         if not str(doc.get("rule", {}).get("name", "")).startswith("batch/"):
             continue
-        action = (doc["gpuops"].get("action") or {}).get("type")
-        outcome = doc["gpuops"].get("outcome")
         at = datetime.fromisoformat(doc["event"]["created"]).timestamp()
-        node = doc["labels"]["node"]
+        action = (doc["gpuops"].get("action") or {}).get("type", "")
+        decision = doc["gpuops"]["decision"]["id"]
+        found.append((at, doc["labels"]["node"], action, decision, doc["gpuops"].get("outcome")))
+    return found
+
+
+def out_of_service_from_audit(
+    docs: list[tuple[float, str, str, str, dict[str, Any] | None]], before: set[str]
+) -> tuple[int, int]:
+    """The most nodes out of service at once by the audit, and the drains it holds: a node
+    goes out when its drain's intent is written (before it runs) and comes back when its
+    return's outcome is written (after it ran); ``before``: those out already."""
+    moves = []
+    for at, node, action, _, outcome in docs:
         if action == "migrate" and outcome is None:
             moves.append((at, 0, node))  # at the same instant, out before back
         elif action == "resume" and outcome is not None and outcome["status"] == "success":
@@ -163,11 +233,12 @@ def out_of_service_from_audit(spool: Path, before: set[str]) -> tuple[int, int]:
 
 
 def test_fifty_nodes_hosted_failures_resume_and_sigkill(
-    setup: tuple[Path, FileFleet, str],
+    setup: tuple[Path, FleetRecord, str],
 ) -> None:
     config, fleet, url = setup
     tmp = config.parent
-    op = operation(tmp, fleet.folder)
+    op = operation(tmp)
+    first = time.time()
     started_at = time.monotonic()
     engine = EngineProcess(tmp, config, url)
     try:
@@ -175,33 +246,29 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
         assert code == 1, said  # paused
         batch = said.split()[1]
         assert said.splitlines()[1].startswith(
-            f"batch {batch}: paused (failure threshold 2 reached: gpu-010, gpu-030 failed);"
+            f"batch {batch}: paused (failure threshold 2 reached:"
+            f" {FAILS_VALIDATION}, {FAILS_STEP} failed);"  # by name
         )
-        assert "  gpu-010: failed: step: command " in said and "exited 3" in said
-        assert "  gpu-030: failed: validate: command " in said
-        assert "  gpu-033: skipped: down" in said
+        assert f"  {FAILS_STEP}: failed: step: command " in said and "exited 3" in said
+        assert f"  {FAILS_VALIDATION}: failed: validate: command " in said
+        assert f"  {DOWN}: skipped: down" in said
         paused = engine.batch(batch)
-        untouched = [n["name"] for n in paused["nodes"] if n["status"] == "pending"]
-        assert untouched, "the threshold paused it before every node went"
+        assert [n for n in paused["nodes"] if n["status"] == "pending"], "paused too late"
 
         marks = {"paused": time.time()}
         code, said = gpuops("resume", batch, url=url)
         assert code == 0 and said == f"batch {batch} resumed: the engine runs it\n"
-        returned = len(returned_nodes(fleet))
-        wait_for(
-            lambda: len(returned_nodes(fleet)) >= returned + 6, timeout=60, what="6 more nodes"
-        )
+        validated = len(calls(tmp))
+        wait_for(lambda: len(calls(tmp)) >= validated + 6, timeout=60, what="6 more nodes")
         engine.kill()
         marks["killed"] = time.time()
-        before_kill = fleet.calls()
-        assert len(returned_nodes(fleet)) < 46, "the rollout ended before the kill"
+        assert engine.proc.returncode == -signal.SIGKILL
         # what the killed engine had stored: read in this process, as no engine runs
         args = ["batch", "status", batch, "--config", str(config), "--json"]
         [killed] = json.loads(CliRunner().invoke(cli, args).stdout)
         assert killed["status"] == "running"
         finished = {n["name"] for n in killed["nodes"] if n["status"] == "done"}
-        assert finished
-        assert engine.proc.returncode == -signal.SIGKILL
+        assert finished and len(finished) < 47, "the rollout ended before the kill"
 
         engine = EngineProcess(tmp, config, url)  # goes on by itself
         marks["restarted"] = time.time()
@@ -211,43 +278,42 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
         engine.stop()
     wall = time.monotonic() - started_at
 
-    assert (done["status"], done["why"]) == ("done", "failed: gpu-010, gpu-030")
-    state = fleet.state()
-    out = {n: s["state"] for n, s in state.items() if s["state"] != "up"}
+    assert (done["status"], done["why"]) == ("done", f"failed: {FAILS_VALIDATION}, {FAILS_STEP}")
+    out = {n: s for n, s in fleet.states().items() if s != "up"}
     assert out == {
-        "gpu-017": "drained",  # drained before: stays so
-        "gpu-033": "down",
-        "gpu-010": "drained",  # failed: left out of service, reported
-        "gpu-030": "drained",
+        DRAINED: "drained",  # drained before: stays so
+        DOWN: "failed",
+        FAILS_STEP: "drained",  # failed: left out of service, reported
+        FAILS_VALIDATION: "drained",
     }
-    assert {n for n, s in state.items() if s["ours"]} == {"gpu-010", "gpu-030"}
 
     # no finished node again, no finished step again: each node's steps once, in order; a
     # step the kill interrupted (run, not yet stored as done) once more, with the same id
-    after = fleet.calls()
+    docs = audited(tmp / "audit")
     again = 0
-    for node, calls in after.items():
+    for node, runs in calls(tmp).items():
         ids: dict[str, str] = {}
-        for what, ident in calls:
+        for what, ident in runs:
             assert ids.setdefault(what, ident) == ident, f"{node}: {what} as two decisions"
-        kinds = [what for what, _ in calls]
+        kinds = [what for what, _ in runs]
         repeated = len(kinds) - len(set(kinds))
         assert repeated <= 1, f"{node} ran {kinds}"
         again += repeated
-        if node in finished:
-            assert calls == before_kill[node], f"{node} finished before the kill, ran again"
+    for at, node, action, _, _ in docs:
+        assert node not in finished or at < marks["killed"], f"{node}: {action} after the kill"
+    for node in set(NODES) - {DOWN}:  # one drain and one return decision each, at most
+        for action in ("migrate", "resume"):
+            assert len({d for _, n, a, d, _ in docs if (n, a) == (node, action)}) <= 1
     assert again <= 5  # at most the steps running at the kill
 
-    # never more than 10 % of 50 out of service: the fleet's record and the audit
-    events = fleet.events()
-    assert max(e["out"] for e in events) <= 5
-    most, drains = out_of_service_from_audit(tmp / "audit", {"gpu-017", "gpu-033"})
-    assert most <= 5 and drains >= 47  # every node drained but gpu-033 (down), some twice
+    # never more than 10 % of 50 out of service: the fleet's own record and the audit
+    assert max(out for _, out in fleet.changes) <= 5
+    most, drains = out_of_service_from_audit(docs, {DRAINED, DOWN})
+    assert most <= 5 and drains >= 49  # every node drained but the down one, some twice
     timeline = done["timeline"]
     assert timeline[0][2] == 4  # the canary: 2 out before, 2 more
     assert max(u for _, _, u in timeline) <= 5
 
-    first = events[0]["t"]
     waves: dict[int, int] = {}
     for node in done["nodes"]:
         waves[node["wave"]] = waves.get(node["wave"], 0) + 1
@@ -259,5 +325,5 @@ def test_fifty_nodes_hosted_failures_resume_and_sigkill(
             f"  wave {int(wave):2d} at +{at - first:5.1f}s: {waves.get(int(wave), 0)} nodes,"
             f" {int(unavailable)} unavailable"
         )
-    print("  out of service over time (fleet record, each change):")
-    print("  " + " ".join(f"{e['t'] - first:.1f}s:{e['out']}" for e in events))
+    print("  out of service over time (the fleet's record, each change):")
+    print("  " + " ".join(f"{at - first:.1f}s:{out}" for at, out in fleet.changes))
