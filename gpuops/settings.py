@@ -584,8 +584,8 @@ def with_logical_executors(
 ) -> dict[str, dict[str, Any]]:
     """``executors`` with each logical executor's full settings: the concrete executor(s) it
     maps to and their settings; the slurm executor (and the kubernetes executor's reclaim, which
-    maps a GPU to its pod) learn where Prometheus is, the kubernetes executor's reclaim also
-    how old a sample may be (``max_sample_age_s``: the engine's bound)."""
+    maps a GPU to its pod) learn where Prometheus is and how old a sample they read there may
+    be (``max_sample_age_s``: the engine's bound)."""
     out = {name: dict(settings) for name, settings in executors.items()}
     if "slurm" in out or any(
         out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "slurm" for n in LOGICAL_DEFAULTS
@@ -593,6 +593,8 @@ def with_logical_executors(
         out.setdefault("slurm", {})
         if prometheus_url:
             out["slurm"].setdefault("prometheus_url", prometheus_url)
+        if max_sample_age_s:
+            out["slurm"].setdefault("max_sample_age_s", max_sample_age_s)
     if "kubernetes" in out or any(
         out.get(n, LOGICAL_DEFAULTS[n]).get("use") == "kubernetes" for n in LOGICAL_DEFAULTS
     ):

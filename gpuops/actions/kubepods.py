@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import requests
-
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.encoding import printable
+from gpuops.actions.promlookup import series_ages, too_old
 from gpuops.actions.results import Result
 from gpuops.integrations.kubernetes import names
 from gpuops.integrations.kubernetes.client import (
@@ -105,35 +104,27 @@ def _ask_prometheus(
     url: str, series: str, uuid_label: str, uuid: str, timeout_s: float, max_age_s: float
 ) -> list[tuple[str, str]]:
     """(namespace, pod) of each series of ``series`` for GPU ``uuid`` whose newest sample is at
-    most ``max_age_s`` old when Prometheus answers: the query asks ``timestamp()`` of the
-    selector, the time of each series' newest sample, beside the evaluation time. When every
-    series naming a pod is older, nothing is named and the action waits
-    (``TemporaryError``): a GPU whose pod attribution went stale is not a free GPU."""
+    most ``max_age_s`` old (``gpuops.actions.promlookup``). When every series naming a pod is
+    older, nothing is named and the action waits (``TemporaryError``): a GPU whose pod
+    attribution went stale is not a free GPU."""
     value = uuid.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     selector = f'{series}{{{uuid_label}="{value}",pod!=""}}'
-    try:
-        resp = requests.get(
-            f"{url.rstrip('/')}/api/v1/query",
-            params={"query": f"timestamp({selector})"},
-            timeout=timeout_s,
-        )
-        resp.raise_for_status()
-        answered = [
-            (
-                (str(r["metric"].get("namespace", "")), str(r["metric"]["pod"])),
-                float(r["value"][0]) - float(r["value"][1]),
-            )
-            for r in resp.json()["data"]["result"]
-        ]
-    except (requests.RequestException, ValueError, KeyError, TypeError, IndexError) as exc:
-        raise TemporaryError(f"Prometheus {url}: cannot ask which pod holds {uuid}: {exc}") from exc
+    what = f"which pod holds {uuid}"
+    answered = [
+        ((s.labels.get("namespace", ""), s.labels.get("pod", "")), s.age_s)
+        for s in series_ages(url, selector, timeout_s, what)
+    ]
     fresh = sorted({pod for pod, age in answered if age <= max_age_s})
     if not fresh and answered:
         (namespace, name), age = min(answered, key=lambda a: a[1])
-        raise TemporaryError(
-            f"Prometheus names the pod of GPU {printable(uuid)} only in series older than "
-            f"reclaim.max_sample_age_s ({max_age_s:g} s): {printable(f'{namespace}/{name}')} "
-            f"last seen {age:.0f} s ago ({selector}); nothing acted on, tried again later"
+        named = printable(f"{namespace}/{name}")
+        raise too_old(
+            f"the pod of GPU {printable(uuid)}",
+            named,
+            age,
+            max_age_s,
+            "reclaim.max_sample_age_s",
+            selector,
         )
     return fresh
 

@@ -52,6 +52,7 @@ from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable, target_label
+from gpuops.actions.promlookup import series_ages, too_old
 from gpuops.actions.results import Result
 from gpuops.integrations.slurm.client import (
     SlurmClient,
@@ -115,6 +116,10 @@ class SlurmSettings(_Model):
     prometheus_url: str | None = None
     """Where ``gpuops_gpu_allocated`` maps a GPU (node, uuid) to its job (reclaim, notify by
     GPU). The engine configuration fills it with ``prometheus.url`` when not set."""
+    max_sample_age_s: PositiveFloat = 30.0
+    """Seconds: a ``gpuops_gpu_allocated`` series whose newest sample is older names no job
+    (fresh data only); the engine configuration fills it with the engine's bound,
+    ``prometheus.max_sample_age`` (default 2 x ``prometheus.scrape_interval``)."""
     reason_prefix: str = Field(default="gpuops", pattern=r"^[A-Za-z0-9_.-]+$")
     """First word of every drain reason and comment gpuops writes: how it knows its own."""
     reclaim: ReclaimSettings = ReclaimSettings()
@@ -420,30 +425,35 @@ class SlurmExecutor:
         return self.client.job(check_job_id(job_id))
 
     def _job_holding(self, node: str, uuid: str) -> str:
+        """The job ``gpuops_gpu_allocated`` says holds GPU ``uuid`` of ``node`` now, read from
+        series at most ``max_sample_age_s`` old (``gpuops.actions.promlookup``): an older one
+        names no job, and the action waits."""
         url = self.settings.prometheus_url
         if not url:
             raise PermanentError(
                 "executors.slurm.prometheus_url is not set: a GPU (node, uuid) cannot be mapped "
                 "to its Slurm job (or give the policy a target with the 'job' label)"
             )
-        expr = f'gpuops_gpu_allocated{{node="{_promql_str(node)}",uuid="{_promql_str(uuid)}"}} == 1'
-        try:
-            resp = self.session.get(
-                f"{url.rstrip('/')}/api/v1/query",
-                params={"query": expr},
-                timeout=self.settings.timeout_s,
+        selector = f'gpuops_gpu_allocated{{node="{_promql_str(node)}",uuid="{_promql_str(uuid)}"}}'
+        found = series_ages(
+            url, selector, self.settings.timeout_s, f"which job holds {uuid}", "== 1", self.session
+        )
+        max_age_s = self.settings.max_sample_age_s
+        jobs = sorted({s.labels.get("job", "") for s in found if s.age_s <= max_age_s} - {""})
+        if not jobs and found:
+            newest = min(found, key=lambda s: s.age_s)
+            raise too_old(
+                f"the job of GPU {uuid} on {node}",
+                f"job {newest.labels.get('job', '?')}",
+                newest.age_s,
+                max_age_s,
+                "executors.slurm.max_sample_age_s",
+                selector,
             )
-            resp.raise_for_status()
-            result = resp.json()["data"]["result"]
-        except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-            raise TemporaryError(
-                f"Prometheus {url}: cannot ask which job holds {uuid}: {exc}"
-            ) from exc
-        jobs = sorted({str(r["metric"].get("job", "")) for r in result} - {""})
         if len(jobs) != 1:
             raise PermanentError(
                 f"GPU {uuid} on {node}: {'no job holds it now' if not jobs else f'held by {jobs}?'}"
-                f" ({expr})"
+                f" ({selector} == 1)"
             )
         return jobs[0]
 

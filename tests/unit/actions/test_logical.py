@@ -71,7 +71,8 @@ def test_slurm_scheduler_gets_the_slurm_settings_and_prometheus_url() -> None:
             "executors": {"scheduler": {"use": "slurm"}, "slurm": {"timeout_s": 5}},
         }
     )
-    slurm = {"timeout_s": 5, "prometheus_url": "http://prom:9090"}
+    # where Prometheus is, and the engine's freshness bound (2 x the default 15 s scrape)
+    slurm = {"timeout_s": 5, "prometheus_url": "http://prom:9090", "max_sample_age_s": 30.0}
     assert config.executors["slurm"] == slurm
     assert config.executors["scheduler"] == {
         "use": "slurm",

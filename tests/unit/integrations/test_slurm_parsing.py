@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import responses
 
-from gpuops.actions.base import PermanentError
+from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.slurm import SlurmExecutor
 from gpuops.integrations.slurm.client import (
     SlurmClient,
@@ -118,8 +118,42 @@ def test_the_gpu_is_mapped_to_its_job_with_label_values_as_data() -> None:
     with pytest.raises(PermanentError) as raised:
         executor.run(_reclaim(node="gpu-1", uuid='GPU-1"} or vector(1) or {x="'))
     sent = responses.calls[0].request.params["query"]
-    assert sent == 'gpuops_gpu_allocated{node="gpu-1",uuid="GPU-1\\"} or vector(1) or {x=\\""} == 1'
+    selector = 'gpuops_gpu_allocated{node="gpu-1",uuid="GPU-1\\"} or vector(1) or {x=\\""}'
+    assert sent == f"timestamp({selector}) and {selector} == 1"
     assert "no job holds it now" in str(raised.value)
+
+
+def _allocated(*series: tuple[str, float]) -> None:
+    """Prometheus answers ``timestamp(...)`` of ``gpuops_gpu_allocated`` at 1000 s: each series
+    (its job, the age of its newest sample)."""
+    result = [
+        {"metric": {"node": "gpu-1", "uuid": "GPU-1", "job": job}, "value": [1000, str(1000 - age)]}
+        for job, age in series
+    ]
+    responses.get(
+        "http://prom:9090/api/v1/query",
+        json={"status": "success", "data": {"resultType": "vector", "result": result}},
+    )
+
+
+@responses.activate
+def test_a_stale_allocation_series_names_no_job() -> None:
+    """A job's allocation series older than the engine's bound (the job ended, its exporter
+    went on without a staleness marker) names no job: the action waits; with a fresh series
+    beside it, the fresh one's job is the GPU's."""
+    executor = SlurmExecutor(
+        {"prometheus_url": "http://prom:9090", "bin_dir": "/nonexistent", "max_sample_age_s": 30}
+    )
+    _allocated(("17", 120.0))
+    with pytest.raises(TemporaryError) as raised:
+        executor.run(_reclaim(node="gpu-1", uuid="GPU-1"))
+    assert (
+        "Prometheus names the job of GPU GPU-1 on gpu-1 only in series older than "
+        "executors.slurm.max_sample_age_s (30 s): job 17 last seen 120 s ago"
+    ) in str(raised.value)
+    responses.reset()
+    _allocated(("17", 120.0), ("18", 3.0))
+    assert executor._job_holding("gpu-1", "GPU-1") == "18"
 
 
 def test_without_prometheus_a_gpu_cannot_be_mapped_to_a_job() -> None:
