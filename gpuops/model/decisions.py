@@ -165,6 +165,9 @@ class Suppression(StrEnum):
     """Held at the gate: the decision is older than ``guardrails.action_max_age``."""
     VETO = "veto"
     """Held at the gate: the target carries a veto (``gpuops.io/do-not-touch=true``)."""
+    PACED = "paced"
+    """A remediation ladder's repair waits for its failure domain's pace (its width taken,
+    or cooling down after a failed repair); the reason names the domain."""
 
     @property
     def verdict(self) -> Verdict:
@@ -201,6 +204,7 @@ class Verdict(StrEnum):
     SUPPRESSED_POLICY_REMOVED = "suppressed:policy_removed"
     SUPPRESSED_EXPIRED = "suppressed:expired"
     SUPPRESSED_VETO = "suppressed:veto"
+    SUPPRESSED_PACED = "suppressed:paced"
 
     @property
     def suppression(self) -> Suppression | None:

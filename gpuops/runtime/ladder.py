@@ -39,6 +39,7 @@ from gpuops.model.decisions import (
     OutcomeStatus,
     Target,
     Transition,
+    Verdict,
     decision_id,
 )
 from gpuops.model.health.catalogue import Remedy
@@ -55,6 +56,7 @@ from gpuops.model.health.ladder import (
     due,
     quarantined,
     start,
+    steps_for,
     unproven,
 )
 from gpuops.model.health.pacing import Domain, Pace, deferred, failed, proved
@@ -350,9 +352,20 @@ class RepairLadder:
                 self.domain(name), sum(1 for r in others if unproven(r)), self.pace, self._clock()
             )
             if why is not None:
-                if not repair.why.startswith(DEFERRED):
+                if not repair.why.startswith(DEFERRED):  # a new wait: counted and audited once
                     self.deferrals.labels(name).inc()
                     log.info("node %s waits: %s", repair.node, why)
+                    steps = steps_for(repair.remedy, self.rules)
+                    first = steps[0] if steps else Move.HAND_OVER
+                    waits = self._decision(repair, first)
+                    key, paced = waits.target.key, "ladder:paced"
+                    self._gate.record(
+                        waits.but(
+                            id=decision_id(repair.policy, key, repair.episode, paced),
+                            verdict=Verdict.SUPPRESSED_PACED,
+                            reason=why,
+                        )
+                    )
                 if repair.why != DEFERRED + why:
                     self._save(replace(repair, why=DEFERRED + why))
                 return False

@@ -228,6 +228,10 @@ def test_fifty_faults_in_one_pool_are_repaired_in_widths_1_2_4_and_another_pool_
             "deferred: paced repair in a: 1 unproven repair(s) at width 1 (it grows as repairs"
             " stay healthy 5m)"
         )
+        with api.lock:
+            paced = [d for d, _ in api.decisions if d.verdict.value == "suppressed:paced"]
+        assert len(paced) == 49  # each waiting node's deferral audited once, naming its pool
+        assert {d.reason.split(":")[0] for d in paced} == {"paced repair in a"}
         widths = [len(seen - {"b01"})]
         while len(seen) < 51:
             api.clock.advance(300)  # the dwell: every repair returned so far held
