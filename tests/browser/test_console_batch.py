@@ -63,7 +63,7 @@ def test_batch_pages_tell_the_nodes_and_only_an_admin_acts(
     expect(row).to_contain_text("bt-2 failed at step: command 'sh' exited 4")
     expect(row).to_contain_text("checksum mismatch on bt-2; left in service")
     expect(page.get_by_role("row", name=re.compile(f"^{waiting}"))).to_contain_text(
-        "awaiting approval waits for an approval"
+        "waits for an approval"
     )
     row.get_by_role("link", name=batch).click()
     expect(page.locator("#batch-summary")).to_have_text("done in 2 waves: 2 done, 1 failed.")

@@ -79,16 +79,23 @@ class Told:
     failed: list[BatchNodeOut]
 
     @property
+    def state(self) -> str:
+        """``paused (failure threshold 2 reached: n2, n7 failed)``, ``waits for an
+        approval``: its status and why, each said once."""
+        status = STATUS_WORDS.get(self.op.status, self.op.status)
+        said = self.op.why and self.op.why not in (status, "cancelled")
+        return f"{status} ({self.op.why})" if said else status
+
+    @property
     def summary(self) -> str:
         """``running (approved by alice), 3 waves so far: 12 done, 2 failed, 34 pending``;
         ``done in 16 waves: 47 done, 1 failed``."""
         counts = ", ".join(f"{n} {s}" for s, n in self.counts) or "no node"
-        status = STATUS_WORDS.get(self.op.status, self.op.status)
-        why = f" ({self.op.why})" if self.op.why and self.op.status != "done" else ""
         ended = self.op.status in ("done", "cancelled")
+        state = STATUS_WORDS.get(self.op.status, self.op.status) if ended else self.state
         waves = plural(self.op.waves, "wave")
         told = f" in {waves}" if ended else f", {waves} so far"
-        return f"{status}{why}{told}: {counts}"
+        return f"{state}{told}: {counts}"
 
     @property
     def mode(self) -> str:
@@ -104,8 +111,8 @@ class Told:
 
     def step_of(self, node: BatchNodeOut) -> str:
         """Where a node in the middle of its procedure is: its next step."""
-        if self.operation is None:
-            return node.done[-1] if node.done else "its first step"
+        if self.operation is None:  # its file no longer reads: what it finished last
+            return f"step after its {node.done[-1]}" if node.done else "first step"
         left = [p for p in self.operation.phases(node.was_out) if p.value not in node.done]
         return left[0].value if left else Phase.RETURN.value
 

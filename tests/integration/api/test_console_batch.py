@@ -62,7 +62,7 @@ def test_batch_pages_tell_each_node_and_only_admins_act(tmp_path: Path) -> None:
         auditor, auditor_csrf = signed_in(api, "auditor")
         listed = auditor.get(f"{api.url}/batch", timeout=10).text
         assert f'href="/batch/{batch}"' in listed and "by carol" in listed
-        assert "2 done, 1 failed" in listed
+        assert "2 done, 1 failed" in listed and "<td>done (failed: n2)</td>" in listed
         assert "n2 failed at step: " in listed and "left in service" in listed
         one = auditor.get(f"{api.url}/batch/{batch}", timeout=10)
         assert one.status_code == 200 and 'http-equiv="refresh"' not in one.text
