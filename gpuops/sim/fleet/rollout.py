@@ -219,7 +219,8 @@ class Rollout:
 
     def _start_wave(self, cluster: Cluster, now: float) -> None:
         spec = self.spec
-        size = spec.canary if not self.report.waves else spec.max_parallel
+        canary = not self.report.waves and spec.canary > 0  # canary: 0 means none
+        size = min(spec.canary, spec.max_parallel) if canary else spec.max_parallel
         room = spec.budget - self._out_now(cluster)
         chosen: list[str] = []
         for name in list(self._queue):

@@ -106,3 +106,14 @@ def test_no_room_under_the_budget_holds_the_rollout_and_the_report_says_so() -> 
     assert report.ended_s is None and report.waited_s > 3600.0
     assert fleet.cluster.nodes["node-0"].state == "up"
     assert "not finished when the run ended (2 left)" in report.lines()[0]
+
+
+def test_without_a_canary_the_first_wave_is_a_whole_one() -> None:
+    fleet = VirtualFleet(
+        FleetConfig(), 0, scrape_interval_s=15.0, rollout=replace(SPEC, canary=0, at_s=0.0)
+    )
+    fleet.run_until(3600.0)
+    report = fleet.rollout.report if fleet.rollout else None
+    assert report is not None
+    assert [nodes for _, nodes in report.waves] == [("node-0", "node-1"), ("node-2", "node-3")]
+    assert report.waves[0][0] == 0.0 and report.ended_s == 2 * 1035.0
