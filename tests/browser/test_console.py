@@ -193,7 +193,7 @@ def test_the_kill_switch_turned_on_in_the_console_stops_actions(
         console.settle()
         assert len(console.executed("drain-on-gpu-fell-off-bus")) == before
         page.goto("/decisions?policy=drain-on-gpu-fell-off-bus&target=kill-1")
-        expect(page.locator("tbody tr").first).to_contain_text("suppressed:kill_switch")
+        expect(page.locator("tbody tr").first).to_contain_text("held by the kill switch")
         page.goto(f"/decisions/{decision_id}")
         page.get_by_label("Reason for granting").fill("try anyway")
         page.get_by_role("button", name="Grant").click()
@@ -225,7 +225,7 @@ def test_pausing_in_the_console_holds_actions_back_until_resumed(
         console.settle()
         assert len(console.executed("drain-on-gpu-fell-off-bus")) == before
         page.goto("/decisions?target=pause-1&verdict=suppressed")
-        expect(page.locator("tbody tr").first).to_contain_text("suppressed:paused")
+        expect(page.locator("tbody tr").first).to_contain_text("held: the engine is paused")
         page.goto("/decisions?target=pause-1&since=2100-01-01T00:00")
         expect(page.locator("tbody")).to_contain_text("No decision matches.")
         page.goto("/")

@@ -28,7 +28,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from gpuops.api.console.sessions import COOKIE, Session, SessionStore, SignInLimiter, same
 from gpuops.api.context import ApiContext, NotLeaderError  # a write sent to a standby
 from gpuops.api.tokens import Permission, Principal
-from gpuops.model.telling import plural
+from gpuops.model.decisions import Verdict
+from gpuops.model.telling import plural, verdict_words
 from gpuops.settings import ConsoleSettings
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,25 @@ PAGES: tuple[tuple[str, str, Permission], ...] = (
 
 def environment() -> Environment:
     """The templates' environment: autoescaped, with ``plural`` as a filter
-    (``{{ n | plural("policy", "policies") }}``: ``1 policy``, ``2 policies``). A name a
+    (``{{ n | plural("policy", "policies") }}``: ``1 policy``, ``2 policies``) and
+    ``verdict`` (``{{ "suppressed:cooldown" | verdict }}``: ``held by the cooldown``). A name a
     template uses and its route does not give is an error (``StrictUndefined``), never an
     empty cell; ``x is defined`` and ``x | default(...)`` still test for one."""
     env = Environment(
         loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined
     )
     env.filters["plural"] = plural
+    env.filters["verdict"] = verdict_text
     return env
+
+
+def verdict_text(token: object) -> str:
+    """A verdict's token in words, as the CLI and the engine's log tell it; a token this
+    version does not know is shown as it is."""
+    try:
+        return verdict_words(Verdict(str(token)), "")
+    except ValueError:
+        return str(token)
 
 
 @dataclass(frozen=True)

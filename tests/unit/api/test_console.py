@@ -166,6 +166,42 @@ def test_the_pages_say_one_policy_one_error_and_one_gpu() -> None:
     assert "1 GPUs" not in quota and "2 GPUs" in quota
 
 
+def test_the_decisions_table_tells_each_verdict_in_words_and_keeps_the_token() -> None:
+    row = {
+        "id": "d1",
+        "at": 0,
+        "policy": "reclaim-idle",
+        "target": {"key": "node=n1"},
+        "action": {"type": "reclaim"},
+        "transition": "fire",
+        "undoes": None,
+        "undo": None,
+        "state": "held",
+        "effect": None,
+    }
+    page = (
+        environment()
+        .get_template("decisions.html")
+        .render(
+            **PAGE,
+            decisions=[
+                {**row, "verdict": "suppressed:cooldown"},
+                {**row, "id": "d2", "verdict": "awaiting_approval"},
+                {**row, "id": "d3", "verdict": "some_future_verdict"},
+            ],
+            caption="3 decisions",
+            policies=[],
+            verdicts=[],
+            filters=dict.fromkeys(
+                ("policy", "target", "verdict", "transition", "since", "until"), ""
+            ),
+        )
+    )
+    assert '<td class="verdict" title="suppressed:cooldown">held by the cooldown</td>' in page
+    assert ">waits for an admin&#39;s approval</td>" in page
+    assert '<td class="verdict" title="some_future_verdict">some_future_verdict</td>' in page
+
+
 @pytest.mark.parametrize(
     ("n", "noun", "nouns", "told"),
     [(1, "policy", "policies", "1 policy"), (2, "policy", "policies", "2 policies")]
