@@ -382,7 +382,7 @@ class RepairLadder:
             return True, ""
         outcome = self._gate.run_step(decision, once=move is Move.VALIDATE)
         if outcome.status is OutcomeStatus.SKIPPED:
-            log.info("node %s: %s held: %s", repair.node, move.value, outcome.error)
+            log.debug("node %s: %s held: %s", repair.node, move.value, outcome.error)
             return None
         if outcome.ok:
             return True, _said(outcome.changed)

@@ -49,6 +49,10 @@ DRY_RUN_PREFIX = "dry-run: "
 """How the error of a batch step's outcome starts when it ran nothing for dry-run
 (``Gate.run_step``)."""
 
+HELD_STEPS_KEPT = 10_000
+"""Held steps whose last hold the gate remembers, so as to tell each hold once
+(``Gate.run_step``); past it the oldest is forgotten and, if tried again, told again."""
+
 OutcomeHook = Callable[[Decision, Outcome], None]
 """Called after every action's outcome is stored (``Gate.on_outcome``)."""
 
@@ -123,6 +127,7 @@ class Gate:
         self._executors: dict[str, Executor] = {}
         self._lanes = Lanes(workers_per_executor, lanes_per_executor)
         self._in_flight: dict[str, Future[Outcome]] = {}
+        self._held_steps: dict[str, tuple[Verdict, str]] = {}  # step id -> its last hold told
         self._running: set[str] = set()  # ids submitted and not done (set before submitting)
         self._resume_pending = False
         self._stopped = False
@@ -431,20 +436,35 @@ class Gate:
             held = Hold(Suppression.VETO.verdict, f"veto: {standing.veto}")
         if held is not None:
             outcome = Outcome(OutcomeStatus.SKIPPED, error=held.why)
-            self._step_done(decision.with_verdict(held.verdict, held.why), outcome)
+            self._step_held(decision.with_verdict(held.verdict, held.why), outcome)
             return outcome
         if dry_run or self._holds.engine_dry_run():
             why = "the operation is not enforced" if dry_run else "engine is in dry-run"
             planned = decision.with_verdict(Verdict.DRY_RUN, f"{decision.reason}: {why}")
             outcome = Outcome(OutcomeStatus.SKIPPED, error=f"{DRY_RUN_PREFIX}{why}")
-            self._step_done(planned, outcome)
+            self._step_held(planned, outcome)
             return outcome
+        with self._lock:
+            self._held_steps.pop(decision.id, None)
         if not self._trail.write_intents([decision]):  # audit before act
             return Outcome(OutcomeStatus.SKIPPED, error=f"not run: {self._trail.problem}")
         self._trail.wrote()
         outcome = self._execute(decision, cancelled, ONCE if once else None)
         self._step_done(decision, outcome)
         return outcome
+
+    def _step_held(self, decision: Decision, outcome: Outcome) -> None:
+        """Audit a step held (or run dry) once per hold: a runner that tries it again every
+        tick under the same id while the same hold stands (a veto, the kill switch, the
+        engine in dry-run) is not told again; a new reason is, and so is the step's run."""
+        told = (decision.verdict, decision.reason)
+        with self._lock:
+            if self._held_steps.get(decision.id) == told:
+                return
+            if len(self._held_steps) >= HELD_STEPS_KEPT:
+                self._held_steps.pop(next(iter(self._held_steps)))
+            self._held_steps[decision.id] = told
+        self._step_done(decision, outcome)
 
     def _step_done(self, decision: Decision, outcome: Outcome) -> None:
         """Audit a runner's step with its outcome, then keep it with the decisions (``done``:

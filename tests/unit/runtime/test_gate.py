@@ -30,7 +30,15 @@ from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.retry import RetryPolicy
 from gpuops.audit.spool import read_spool
 from gpuops.model.alerts import Alert, AlertStatus
-from gpuops.model.decisions import Decision
+from gpuops.model.decisions import (
+    ActionSpec,
+    Decision,
+    Evidence,
+    OutcomeStatus,
+    Target,
+    Transition,
+    decision_id,
+)
 from gpuops.model.guardrails import Standing
 from gpuops.runtime import Engine, ExecutorsRefused
 from gpuops.settings import ApiSettings, GuardrailSettings, QuotaSettings
@@ -1087,3 +1095,44 @@ def test_reconcile_leaves_an_outcome_waiting_in_the_batch_to_its_worker(world: W
     assert world.verdicts("reclaim") == [("execute", "none"), ("execute", "success")]
     assert engine.store.unaudited() == []
     # (a failed mark is still reconciled: test_a_store_error_marking_outcomes_audited_...)
+
+
+def _step(world: World, node: str) -> Decision:
+    now = world.clock()
+    key = f"node={node}"
+    return Decision(
+        id=decision_id("ladder-policy", key, now, "ladder:reset_gpu"),
+        policy="ladder-policy",
+        group="health-ladder",
+        target=Target(key=key, labels={"node": node}),
+        transition=Transition.FIRE,
+        action=ActionSpec("reclaim", "log"),
+        evidence=Evidence(
+            expr="health ladder: reset_gpu", value=None, pending_since=now, observed_at=now
+        ),
+        at=now,
+        episode_start=now,
+        reason=f"remediation ladder: reset_gpu of {node}",
+    )
+
+
+def test_a_step_tried_again_under_the_same_hold_is_told_once(world: World) -> None:
+    """A runner retries a held step every tick (the remediation ladder does): the hold is
+    audited when it begins and when its reason changes, not at every try; the run is."""
+    engine = world.engine()
+    step = _step(world, "n1")
+    engine.set_control("kill_switch", True, "ops")
+    for _ in range(5):
+        assert engine.gate.run_step(step).status is OutcomeStatus.SKIPPED
+    assert [v for v, _ in world.verdicts("ladder-policy")] == ["suppressed:kill_switch"]
+    engine.set_control("kill_switch", False, "ops")
+    for _ in range(3):
+        assert engine.gate.run_step(step, dry_run=True).status is OutcomeStatus.SKIPPED
+    assert engine.gate.run_step(step).ok
+    assert world.verdicts("ladder-policy") == [
+        ("suppressed:kill_switch", "skipped"),
+        ("dry_run", "skipped"),
+        ("execute", "none"),
+        ("execute", "success"),
+    ]
+    assert len(world.log.ran) == 1
