@@ -411,6 +411,7 @@ class BatchRunner:
                 self._decision(rec, operation, name, node, phase),
                 dry_run=not operation.enforce,
                 cancelled=cancelled,
+                once=phase is Phase.VALIDATE,  # a check that timed out has failed
             )
             if outcome.status is OutcomeStatus.SKIPPED and not (outcome.error or "").startswith(
                 DRY_RUN_PREFIX

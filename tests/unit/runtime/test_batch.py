@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuops.actions.base import PermanentError
+from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.model.batch.operation import Availability, FleetNode
 from gpuops.model.batch.opfile import parse_operation
 from gpuops.model.decisions import Decision, Outcome
@@ -40,6 +40,7 @@ class Fleet:
         self.calls: list[tuple[str, str, str]] = []  # (node, verb, decision id)
         self.fail_step: set[str] = set()
         self.fail_validate: set[str] = set()
+        self.hang_validate: set[str] = set()
         self.after: Callable[[str, str], None] = lambda node, verb: None
         self.vetoed: set[str] = set()
 
@@ -73,6 +74,8 @@ class Fleet:
             raise PermanentError("dpkg: error processing package nvidia-driver-550")
         if verb == "validate" and node in self.fail_validate:
             raise PermanentError("nvidia-smi: driver 535.104 after the upgrade")
+        if verb == "validate" and node in self.hang_validate:
+            raise TemporaryError("check exited -9 after 600 s (its process group killed)")
         self.after(node, verb)
         return {"node": node}
 
@@ -339,3 +342,21 @@ def test_the_leader_drives_it_and_a_stop_leaves_it_running_between_two_steps(
         engine.stop()
     steps = [(n, v) for n, v, _ in fleet.calls]
     assert len(steps) == len(set(steps)) == 4 * 4  # no step twice
+
+
+def test_a_validation_that_times_out_has_failed_and_is_not_tried_again(tmp_path: Path) -> None:
+    """The command executor's timeout is a temporary failure, which the gate tries again for
+    an action; a node's health check that timed out has failed, at its first try."""
+    fleet = Fleet(20)
+    fleet.hang_validate = {"gpu-001"}
+    engine = engine_on(tmp_path, fleet, [])
+    try:
+        text = OPERATION.replace("{pool: a100, all: true}", "{nodes: [gpu-001, gpu-002]}")
+        rec = engine.batches.run(start(engine, fleet, text), fleet)
+        nodes = engine.batches.nodes(rec.id)
+        assert nodes["gpu-001"].status == NodeStatus.FAILED
+        assert nodes["gpu-001"].error.startswith("validate: check exited -9")
+        assert nodes["gpu-002"].status == NodeStatus.DONE
+        assert sorted(fleet.done("validate")) == ["gpu-001", "gpu-002"]  # one try each
+    finally:
+        engine.stop()
