@@ -95,7 +95,8 @@ usage error)."""
     metavar="KEY=VALUE",
     help="Override one of the fleet file's harm_limits (repeat for several): jct_increase "
     "(a share, 0.10: a class's mean completion 10 % longer), over_objective (a share of "
-    "sessions' time over their objective) or non_preemptible_stops (jobs).",
+    "sessions' time over their objective), non_preemptible_stops (jobs) or "
+    "completed_decrease (a share of a class's completed jobs).",
 )
 @click.option(
     "--fail-on-harm",
@@ -185,6 +186,10 @@ def whatif(
         raise SystemExit(HARM_EXIT)
 
 
+SHARES = ("over_objective", "completed_decrease")
+"""Harm limits that are a share of a whole (0 to 1)."""
+
+
 def harm_limits(base: HarmLimits, pairs: tuple[str, ...]) -> HarmLimits:
     """``base`` with the ``--harm-limit KEY=VALUE`` overrides, each checked as the fleet
     file's ``harm_limits`` is."""
@@ -206,7 +211,7 @@ def harm_limits(base: HarmLimits, pairs: tuple[str, ...]) -> HarmLimits:
                 f"{pair!r}: {key} must be {'a whole number' if whole else 'a number'}",
                 param_hint="--harm-limit",
             ) from None
-        high = 1.0 if key == "over_objective" else (None if whole else 100.0)
+        high = 1.0 if key in SHARES else (None if whole else 100.0)
         if value < 0 or (high is not None and value > high) or value != value:
             bounds = f"within [0, {high:g}]" if high is not None else ">= 0"
             raise click.BadParameter(f"{pair!r}: {key} must be {bounds}", param_hint="--harm-limit")

@@ -201,6 +201,10 @@ class HarmLimits:
     """Jobs of a priority class marked ``preemptible: false`` that one policy may stop (cull,
     restart elsewhere, preempt off GPUs it lent): none, since the fleet file says they must
     not be stopped."""
+    completed_decrease: float = 0.10
+    """A priority class may complete at most this share fewer jobs with the policies than
+    without (and never two or more fewer past it): the mean completion time counts only the
+    jobs that end, so a class whose jobs are held or never start is seen here."""
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 ``--harm-limit``) sets, flagged by name (docs/whatif.md, "Harm limits").
 
 A stop (a session culled, a job restarted elsewhere, a borrower preempted off GPUs a decision
-lent) is the policy's whose decision made it; a class's longer mean completion time or its
-sessions' time over their slowdown objective is every policy that acted on that class's jobs
-(``gpuops.sim.whatif.attribution``): for the time over the objective, those that made them run
-slower (shared their GPUs, capped their clocks); no policy when none did (the class paid for
-what the policies did to others). Read by ``gpuops.sim.whatif.report``,
-``gpuops.sim.whatif.conclusion`` and ``gpuops.cli.whatif`` (``--fail-on-harm``). Pure.
+lent) is the policy's whose decision made it; a class's longer mean completion time, its fewer
+completed jobs or its sessions' time over their slowdown objective is every policy that acted
+on that class's jobs (``gpuops.sim.whatif.attribution``): for the time over the objective,
+those that made them run slower (shared their GPUs, capped their clocks); no policy when none
+did (the class paid for what the policies did to others). Read by
+``gpuops.sim.whatif.report``, ``gpuops.sim.whatif.conclusion`` and ``gpuops.cli.whatif``
+(``--fail-on-harm``). Pure.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ LIMITS = {
     "jct_increase": "mean completion time past its limit",
     "over_objective": "sessions over their objective past the limit",
     "non_preemptible_stops": "jobs stopped though not preemptible",
+    "completed_decrease": "fewer jobs completed past the limit",
 }
 """Each ``HarmLimits`` field in words."""
 
@@ -65,6 +67,15 @@ def flags(w: Whatif) -> list[Flag]:
                     f"(limit +{limits.jct_increase:.0%})"
                 )
                 out += [Flag(p, pc, "jct_increase", text) for p in _policies(w, pc)]
+        if a is not None and a.completed:
+            fewer = a.completed - b.completed
+            if fewer >= 2 and fewer / a.completed > limits.completed_decrease:
+                text = (
+                    f"priority class {pc} completed {b.completed} jobs against {a.completed} "
+                    f"without the policies ({-fewer / a.completed:+.1%}; limit "
+                    f"-{limits.completed_decrease:.0%})"
+                )
+                out += [Flag(p, pc, "completed_decrease", text) for p in _policies(w, pc)]
         before = (a.over_objective if a is not None else None) or 0.0
         over = b.over_objective
         if over is not None and over > limits.over_objective and over > before:
@@ -101,7 +112,8 @@ def sentence(found: Sequence[Flag], limits: HarmLimits) -> str:
             "Harm limits: no policy passed one (a class's mean completion time "
             f"+{limits.jct_increase:.0%}, its sessions' time over their objective "
             f"{limits.over_objective:.0%}, {limits.non_preemptible_stops} stops of a "
-            "non-preemptible class)."
+            f"non-preemptible class, {limits.completed_decrease:.0%} fewer jobs of a class "
+            "completed)."
         )
     by_policy: dict[str, list[str]] = {}
     for f in found:

@@ -75,6 +75,25 @@ def test_each_limit_flags_the_policies_behind_it() -> None:
     )
 
 
+def test_a_class_that_completes_fewer_jobs_is_flagged_though_its_mean_is_not() -> None:
+    """Jobs held and never started are in no mean completion time: the count shows them."""
+    fewer = replace(figures(2.0), completed=6)  # 10 without the policies, as fast
+    w = compare({"batch": fewer, "serving": figures(1.0)}, HARMFUL)
+    assert [(f.policy, f.priority_class, f.limit, f.text) for f in flags(w)] == [
+        (
+            "hold-batch-until-off-peak",
+            "batch",
+            "completed_decrease",
+            "priority class batch completed 6 jobs against 10 without the policies (-40.0%; "
+            "limit -10%)",
+        ),
+        ("reclaim-idle-gpus", "serving", "non_preemptible_stops", flags(w)[1].text),
+    ]
+    # one job fewer is within any seed's noise, whatever share it is
+    one = compare({"batch": replace(figures(2.0), completed=9), "serving": figures(1.0)}, HARMFUL)
+    assert "completed_decrease" not in {f.limit for f in flags(one)}
+
+
 def test_within_the_limits_nothing_is_flagged() -> None:
     # +9.5 %, over the objective no longer than allowed, stops within their limit
     w = compare(
@@ -114,6 +133,7 @@ def test_the_report_names_each_flagged_policy_in_words() -> None:
         "jct_increase": 0.1,
         "over_objective": 0.05,
         "non_preemptible_stops": 0,
+        "completed_decrease": 0.1,
     }
     assert {f["policy"] for f in doc["harm"]} == {"pack-underused-gpus", "reclaim-idle-gpus"}
 
@@ -162,12 +182,18 @@ def test_harm_limit_overrides_the_fleet_files(ran: list[FleetConfig]) -> None:
     code, out = _whatif("--fail-on-harm", "--harm-limit", "non_preemptible_stops=3")
     assert code == 0, out
     assert ran[-1].harm_limits == HarmLimits(0.10, 0.05, 3)
+    _whatif("--harm-limit", "completed_decrease=0.25")
+    assert ran[-1].harm_limits.completed_decrease == 0.25
 
 
 @pytest.mark.parametrize(
     ("value", "message"),
     [
         ("over_objective=1.5", "'over_objective=1.5': over_objective must be within [0, 1]"),
+        (
+            "completed_decrease=2",
+            "'completed_decrease=2': completed_decrease must be within [0, 1]",
+        ),
         ("stops=1", "'stops=1': expected KEY=VALUE with KEY one of jct_increase"),
         (
             "non_preemptible_stops=0.5",

@@ -123,6 +123,7 @@ def config(doc: _FleetFile) -> FleetConfig:
             doc.harm_limits.jct_increase,
             doc.harm_limits.over_objective,
             doc.harm_limits.non_preemptible_stops,
+            doc.harm_limits.completed_decrease,
         ),
     )
     return config

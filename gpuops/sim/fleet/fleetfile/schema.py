@@ -175,6 +175,8 @@ class _HarmLimits(_Model):
     """A class's mean completion time at most this share longer (``HarmLimits``)."""
     over_objective: float = Field(default=0.05, ge=0, le=1)
     non_preemptible_stops: int = Field(default=0, ge=0)
+    completed_decrease: float = Field(default=0.10, ge=0, le=1)
+    """A class's completed jobs at most this share fewer (``HarmLimits``)."""
 
 
 class _Job(_Model):
