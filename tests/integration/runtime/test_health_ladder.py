@@ -19,7 +19,9 @@ import pytest
 from gpuops.exporters.nvml import scenarios
 from gpuops.exporters.nvml.scenarios import fake_reset
 from gpuops.exporters.nvml.server import ExporterServer
-from gpuops.model.health.ladder import Stage
+from gpuops.model.decisions import Verdict
+from gpuops.model.health.catalogue import Remedy
+from gpuops.model.health.ladder import Quarantine, Stage
 from gpuops.settings import GuardrailSettings
 from tests.fakes.receiver import Receiver
 from tests.integration.api.harness import RULES, Harness, running_api
@@ -266,3 +268,38 @@ def test_the_node_agent_resets_the_gpu_and_checks_it_by_nvml(tmp_path: Path) -> 
         agent.close()
     assert fake.gpus[0].resets == 1
     assert fake.gpus[0].remapped_rows == (0, 1, 0, 0)
+
+
+def test_a_move_held_by_dry_run_is_tried_every_tick_and_audited_once(tmp_path: Path) -> None:
+    faults(tmp_path, n7="reset")
+    guardrails = GuardrailSettings(dry_run=True)
+    settings = health(tmp_path)
+    with running_api(tmp_path, rules=LADDER_RULES, health=settings, guardrails=guardrails) as api:
+        ladder = api.engine.ladder
+        q = Quarantine(
+            node="n7",
+            gpu="GPU-g",
+            remedy=Remedy.RESET_GPU,
+            reason="XID 48",
+            policy=POLICY,
+            executor="log",
+            decision_id="d-n7",
+            episode=api.clock(),
+        )
+        assert ladder.quarantined(q)
+        for _ in range(5):
+            ladder.tick()
+            assert ladder.wait_idle(30)
+        metrics = api.call(None, "GET", "/metrics").text  # tried again at every tick
+        assert 'gpuops_health_ladder_moves_total{move="reset_gpu",result="held"} 5.0' in metrics
+        with api.lock:
+            audited = [d for d, _ in api.decisions if d.group == "health-ladder"]
+        assert [(d.verdict, d.reason) for d in audited] == [
+            (
+                Verdict.DRY_RUN,
+                "remediation ladder: reset_gpu of n7 (XID 48): engine is in dry-run",
+            )
+        ]
+        repair = ladder.repair("n7")
+        assert repair is not None and repair.stage is Stage.REMEDIATING
+    assert done(tmp_path, "n7") == []
