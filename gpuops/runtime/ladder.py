@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuops.model.decisions import (
     ActionSpec,
@@ -159,6 +159,28 @@ class RepairLadder:
             ["domain"],
             registry=registry,
         )
+        hours = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
+        self.return_seconds = Histogram(
+            "gpuops_health_time_to_return_seconds",
+            "From a node's quarantine reaching the remediation ladder to its return to service.",
+            buckets=(*hours, 172800.0, 604800.0),
+            registry=registry,
+        )
+        self.attempts = Histogram(
+            "gpuops_health_ladder_attempts",
+            "Remediation steps (reset_gpu, reboot) a node's climb took, by how it ended "
+            "(returned, needs_human).",
+            ["end"],
+            buckets=(0, 1, 2, 3, 4, 6, 8),
+            registry=registry,
+        )
+        self.between_seconds = Histogram(
+            "gpuops_health_time_between_incidents_seconds",
+            "Per node: from the start of one fault that put it on the remediation ladder to "
+            "the start of its next.",
+            buckets=(3600.0, 21600.0, 86400.0, 259200.0, 604800.0, 2592000.0, 7776000.0),
+            registry=registry,
+        )
         self._count()
         for name, data in self._store.domains().items():
             self.width.labels(name).set(Domain.from_dict(json.loads(data)).width)
@@ -251,6 +273,8 @@ class RepairLadder:
                 log.info("node %s quarantined for %s: %s", q.node, q.reason, note)
                 return False
             self._save(repair)
+        if before is not None and before.episode and q.episode > before.episode:
+            self.between_seconds.observe(q.episode - before.episode)
         if before is not None and before.stage is Stage.RETURNED and not before.proven:
             self._failed(before, f"faulty again within {self.pace.dwell_s:g} s of its return")
         log.warning(
@@ -340,6 +364,11 @@ class RepairLadder:
                 self._failed(moved, moved.why)
             if move is Move.RETURN and ok:
                 self._returned(node, now)
+                if repair.quarantined_at is not None:
+                    self.return_seconds.observe(max(0.0, now - repair.quarantined_at))
+            if moved.stage in (Stage.RETURNED, Stage.NEEDS_HUMAN) and repair.stage in ACTIVE:
+                tried = sum(1 for d in moved.done if d in (Move.RESET_GPU, Move.REBOOT))
+                self.attempts.labels(moved.stage.value).observe(tried)
             self._said(moved, move, ok, note)
 
     def _start(self, repair: Repair) -> bool:

@@ -131,6 +131,8 @@ class Repair:
     """When each remediated climb of the node began, within the window, oldest first."""
     proven: bool = False
     """Returned, and healthy for the pacing's dwell since: its repair held."""
+    quarantined_at: float | None = None
+    """When this climb's quarantine reached the ladder (the time to return counts from it)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +175,7 @@ def quarantined(repair: Repair | None, q: Quarantine, now: float) -> tuple[Repai
         told=False,
         why="",
         proven=False,
+        quarantined_at=now,
     )
     return started, ""
 

@@ -121,6 +121,9 @@ def test_a_fault_a_reset_heals_is_reset_checked_and_returned_once(
     assert stage(api, "n1") is Stage.RETURNED
     metrics = api.call(None, "GET", "/metrics").text
     assert 'gpuops_health_ladder_nodes{stage="returned"} 1.0' in metrics
+    assert "gpuops_health_time_to_return_seconds_count 1.0" in metrics
+    assert 'gpuops_health_ladder_attempts_sum{end="returned"} 1.0' in metrics
+    assert "gpuops_health_time_between_incidents_seconds_count 0.0" in metrics
 
 
 def test_a_fault_only_a_reboot_heals_is_reset_then_rebooted(api: Harness, tmp_path: Path) -> None:
@@ -164,6 +167,7 @@ def test_a_fault_nothing_heals_needs_a_human_and_is_never_remediated_again(
     assert answer.status_code == 200, answer.text
     assert answer.json()["stage"] == "healthy"
     faults(tmp_path, n4="reset")
+    api.clock.advance(5)  # its next incident, 5 s after the first
     assert push(api, event(api, "n4-3", "n4", "GPU-d", 64)).json()["faults"] == 1
     api.settle()  # its pool cools down after the failed repair (1 min, jittered)
     waiting = api.engine.ladder.repair("n4")
@@ -173,6 +177,12 @@ def test_a_fault_nothing_heals_needs_a_human_and_is_never_remediated_again(
     api.engine.ladder.tick()
     settled(api, "n4", Stage.RETURNED)
     assert done(tmp_path, "n4") == ["reset_gpu", "validate"]
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_health_ladder_attempts_sum{end="needs_human"} 2.0' in metrics
+    assert 'gpuops_health_ladder_attempts_sum{end="returned"} 1.0' in metrics
+    assert "gpuops_health_time_between_incidents_seconds_count 1.0" in metrics
+    assert "gpuops_health_time_between_incidents_seconds_sum 5.0" in metrics
+    assert "gpuops_health_time_to_return_seconds_count 1.0" in metrics
 
 
 def test_a_restart_mid_ladder_goes_on_without_redoing_a_step(tmp_path: Path) -> None:
