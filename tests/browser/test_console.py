@@ -20,6 +20,7 @@ PAGES = {
     "Overview": "/",
     "Fleet": "/fleet",
     "Batch": "/batch",
+    "Health": "/health",
     "Timeline": "/timeline",
     "Decisions": "/decisions",
     "Approvals": "/approvals",

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from gpuops.api.console import actions, batch, fleet, pages, signin
+from gpuops.api.console import actions, batch, fleet, health, pages, signin
 from gpuops.api.console.sessions import SessionStore, SignInLimiter
 from gpuops.api.console.web import STATIC, Console, environment
 from gpuops.api.context import ApiContext
@@ -37,6 +37,6 @@ def mount_console(app: FastAPI, context: ApiContext) -> Console:
     )
     app.state.console = console
     app.mount("/static/console", StaticFiles(directory=STATIC), name="console-static")
-    for module in (signin, pages, actions, fleet, batch):
+    for module in (signin, pages, actions, fleet, batch, health):
         app.include_router(module.router)
     return console

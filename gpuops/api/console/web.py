@@ -41,6 +41,7 @@ PAGES: tuple[tuple[str, str, Permission], ...] = (
     ("/", "Overview", Permission.ENGINE_READ),
     ("/fleet", "Fleet", Permission.ENGINE_READ),
     ("/batch", "Batch", Permission.ENGINE_READ),
+    ("/health", "Health", Permission.ENGINE_READ),
     ("/timeline", "Timeline", Permission.DECISIONS_READ),
     ("/decisions", "Decisions", Permission.DECISIONS_READ),
     ("/approvals", "Approvals", Permission.APPROVALS_READ),
