@@ -3,8 +3,10 @@ of a batch operation (``gpuops.runtime.batch``).
 
 ``gpuops.actions.base.execute`` calls ``run``. The playbook runs through ansible-runner
 (``gpuops.integrations.ansible.runner``) over the params' inventory, limited to the target's
-``node`` label — a host name, never a pattern: a label holding ``,``, ``:``, ``!``, ``&``, ``*``
-or ``[`` is refused, so a node's name cannot widen the run to other hosts. A task that fails is
+``node`` label — one host of that inventory, never a pattern: a label holding ``,``, ``:``,
+``!``, ``&``, ``*``, ``?``, ``@`` or ``[``, or naming no host of the inventory (a group such as
+``all``, or ``localhost`` that the inventory does not list) is refused before anything runs, so a
+node's name cannot widen the run to other hosts or move it to the engine's own. A task that fails is
 a ``PermanentError`` naming the host, task and message; an unreachable host too (the operation
 reports the node and goes on: trying again is an admin's ``retry``); a run past its timeout is
 a ``TemporaryError``; a run ``run_cancellable`` is told to stop is cancelled through
@@ -28,11 +30,11 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 from gpuops.actions.base import Cancel, Cancelled, PermanentError, TemporaryError
 from gpuops.actions.config import problems, settings_of
 from gpuops.actions.results import Result
-from gpuops.integrations.ansible.runner import run_playbook
+from gpuops.integrations.ansible.runner import inventory_names, run_playbook
 from gpuops.model.decisions import Decision
 
 RUN_PLAYBOOK = "run_playbook"
-_PATTERN = re.compile(r"[,:!&*\[\]~\s]")
+_PATTERN = re.compile(r"[,:!&*?@\[\]~\s]")
 
 
 class AnsibleSettings(BaseModel):
@@ -110,6 +112,12 @@ class AnsibleExecutor:
         for what, path in (("playbook", params.playbook), ("inventory", params.inventory)):
             if not path.is_file():
                 raise PermanentError(f"{what} {path} not found")
+        hosts, groups = inventory_names(params.inventory)
+        if node not in hosts or node in groups:
+            what = "a group" if node in groups else "no host"
+            raise PermanentError(
+                f"node {node!r} is {what} of inventory {params.inventory}: nothing ran"
+            )
         ran = run_playbook(
             playbook=params.playbook,
             inventory=params.inventory,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ def search_path() -> str:
     virtualenv gpuops is installed in runs (ansible-core is one of its dependencies)."""
     return os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
 
+
+_INVENTORY_LOCK = threading.Lock()
 
 MESSAGE_CAP = 512
 """Characters kept of a failed task's message."""
@@ -128,3 +131,15 @@ def run_playbook(
         processed=processed,
         message=message,
     )
+
+
+def inventory_names(inventory: Path) -> tuple[frozenset[str], frozenset[str]]:
+    """The host names and the group names (``all`` and ``ungrouped`` among them) of
+    ``inventory``, as ansible-core's own inventory parsers read it (one at a time: ansible's
+    plugin loader is process-wide and not safe to use from several threads at once)."""
+    with _INVENTORY_LOCK:
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+
+        manager = InventoryManager(loader=DataLoader(), sources=[str(inventory.resolve())])
+    return frozenset(manager.hosts), frozenset(manager.groups) | {"all", "ungrouped"}
