@@ -225,6 +225,9 @@ def _file(
         reader.fail(path, f"expected the path of the {what}, found {describe(value)}")
         return None
     found = Path(value) if folder is None else folder / value
+    if folder is not None and not found.resolve().is_relative_to(folder.resolve()):
+        reader.fail(path, f"{what} {value} is outside the operation's folder {folder}")
+        return None
     if folder is not None and not found.is_file():
         reader.fail(path, f"{what} {value} not found (looked for {found})")
         return None

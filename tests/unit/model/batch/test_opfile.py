@@ -50,6 +50,18 @@ def test_missing_playbook_is_refused(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("where", ["../outside.yml", "{outside}"])
+def test_a_playbook_outside_the_operations_folder_is_refused(tmp_path: Path, where: str) -> None:
+    folder, outside = tmp_path / "ops", tmp_path / "outside.yml"
+    folder.mkdir()
+    outside.write_text("- hosts: all\n  tasks: []\n")
+    where = where.format(outside=outside)
+    text = f"operation: x\ntargets: {{pool: a}}\nstep:\n  ansible: {where}\n"
+    assert problems(text, folder) == [
+        f"op.yaml:4: step.ansible: playbook {where} is outside the operation's folder {folder}"
+    ]
+
+
 def test_bad_fields_are_each_named() -> None:
     text = (
         "operation: x\n"
