@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from gpuops.model.health.catalogue import XidCatalogue
 from gpuops.model.health.faults import XidEvent
+from gpuops.sim.fleet.cluster import Cluster
 
 HOUR_S = 3600.0
 DAY_S = 24 * HOUR_S
@@ -155,6 +156,25 @@ def app_flood(
     """One crashed job's application XID ``code`` on one GPU of each of its ``nodes``
     ((node, GPU UUID) pairs), all at ``at``: no GPU's fault (``job`` names it in the log)."""
     return [XidEvent(node, gpu, code, at) for node, gpu in nodes]
+
+
+def strike(cluster: Cluster, fault: InjectedFault) -> tuple[list[str], float]:
+    """Kill the jobs on ``fault``'s GPU as a crash would: each loses its work since its last
+    checkpoint (``Cluster.restart_cost``) and goes back on its queue, as jobs stopped by a drain
+    do. Returns the killed jobs' ids and the GPU-seconds charged to them."""
+    with cluster.lock:
+        node = cluster.nodes.get(fault.node)
+        gpu = next((g for g in node.gpus if g.uuid == fault.gpu), None) if node else None
+        if gpu is None:
+            return [], 0.0
+        ids = sorted(({gpu.job} if gpu.job is not None else set()) | set(gpu.tenants))
+        charged = 0.0
+        for job_id in ids:
+            job = cluster.jobs[job_id]
+            charged += cluster.restart_cost(job)
+            cluster.requeue(job)
+            job.queued_at = cluster.time
+        return ids, charged
 
 
 @dataclass

@@ -18,7 +18,11 @@ from gpuops.sim.faults import (
     InjectedFault,
     app_flood,
     draw_faults,
+    strike,
 )
+from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.config import FleetConfig
+from gpuops.sim.fleet.model import SESSION_PROFILES, Job
 
 GPUS = [(f"n{n:03d}", f"GPU-{n:03d}-{g}") for n in range(16) for g in range(8)]
 
@@ -100,3 +104,35 @@ def test_one_crashed_job_raising_xid_45_on_80_nodes_makes_no_gpu_faulty() -> Non
     events = app_flood("job-1", nodes, at=50.0)
     assert len(events) == 80 and {e.code for e in events} == {45}
     assert xid_faults(shipped_catalogue(), events, 60.0) == []
+
+
+def _has_work_to_lose(job: Job) -> bool:
+    return (
+        job.profile not in SESSION_PROFILES
+        and job.duration_s is not None
+        and job.remaining_s is not None
+        and job.duration_s > job.remaining_s
+    )
+
+
+def test_a_fault_kills_the_jobs_on_its_gpu_and_requeues_them_losing_their_work() -> None:
+    cluster = Cluster(FleetConfig(seed=3))
+    for _ in range(60):
+        cluster.advance(10.0)
+    node, gpu = next(
+        (n, g)
+        for n in cluster.nodes.values()
+        for g in n.gpus
+        if g.job is not None and _has_work_to_lose(cluster.jobs[g.job])
+    )
+    job = cluster.jobs[gpu.job or ""]
+    before = cluster.restart_lost_gpu_s
+    killed, charged = strike(
+        cluster, InjectedFault(cluster.time, node.name, gpu.uuid, "hbm3", 48, Fix.RESET)
+    )
+    assert killed == [job.id]
+    assert job.state == "queued" and job.node is None and gpu.job is None
+    assert charged > 0 and cluster.restart_lost_gpu_s > before
+    assert strike(
+        cluster, InjectedFault(cluster.time, "nowhere", "GPU-x", "hbm3", 48, Fix.RESET)
+    ) == ([], 0.0)
