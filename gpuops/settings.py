@@ -470,6 +470,9 @@ class BatchSettings(_Model):
     folder: Path | None = None
     """Where the paths of an operation posted without its own folder (the playbook, the
     inventory) are relative to; default: the folder of this configuration file."""
+    self_approval: bool = False
+    """Whether the person who started an operation with ``approval: true`` may approve it
+    themselves; by default another person with ``approvals:decide`` does (two people)."""
 
     @model_validator(mode="after")
     def _one_fleet(self) -> BatchSettings:

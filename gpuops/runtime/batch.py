@@ -168,11 +168,14 @@ class BatchRunner:
         stopped: Callable[[], str | None],
         registry: Executors | None = None,
         leading: Callable[[], bool] = lambda: True,
+        self_approval: bool = False,
     ) -> None:
         """``stopped``: why no step may start now (the kill switch, pause: the operation
         pauses), or None; ``registry``: the executors, to refuse a ``quarantine`` that cannot
         drain and return; ``leading``: whether this replica leads (a standby runs no step and
-        writes nothing: the leader goes on)."""
+        writes nothing: the leader goes on); ``self_approval``: whether the person who started
+        an operation may approve it (``batch.self_approval``)."""
+        self._self_approval = self_approval
         self._leading = leading
         self._registry = registry
         self._store = store
@@ -495,6 +498,11 @@ class BatchRunner:
         rec = self.record(batch_id)
         if rec.status != BatchStatus.AWAITING_APPROVAL:
             raise BatchError(f"batch operation {batch_id} is {rec.status}: nothing to approve")
+        if rec.started_by and rec.started_by == user and not self._self_approval:
+            raise BatchError(
+                f"batch operation {batch_id} was started by {user}: another person approves it"
+                " (batch.self_approval: true lets its starter approve)"
+            )
         rec.status, rec.why = BatchStatus.RUNNING.value, f"approved by {user}"
         now = self._clock()
         policy = f"batch/{rec.id}"

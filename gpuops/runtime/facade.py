@@ -262,6 +262,7 @@ class Engine:
             stopped=self._batch_stopped,
             registry=self.registry,
             leading=self.leadership.leading,
+            self_approval=config.batch.self_approval,
         )
         self.rollouts = BatchHost(
             self.batches,

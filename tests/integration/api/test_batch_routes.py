@@ -82,6 +82,18 @@ def test_batch_routes(api: Harness, tmp_path: Path) -> None:
         for d, _ in api.decisions
     )
 
+    assert api.call("admin", "POST", f"/api/v1/batch/{waiting}/cancel").status_code == 200
+    own = runner.start(
+        parse_operation(OPERATION + "approval: true\n", "op.yaml"),
+        OPERATION,
+        Fleet(),
+        None,
+        by="alice",
+    )
+    mine = api.call("admin", "POST", f"/api/v1/batch/{own}/approve")  # alice started it
+    assert mine.status_code == 409 and "was started by alice: another person" in mine.text
+    assert runner.record(own).status == "awaiting_approval"  # nothing ran
+
     missing = api.call("developer", "GET", "/api/v1/batch/nope")
     assert missing.status_code == 404 and "no batch operation 'nope'" in missing.text
 
