@@ -30,6 +30,7 @@ from gpuops.api.console.web import (
 )
 from gpuops.api.routes.health import RepairOut, clear_health_node, health_nodes
 from gpuops.api.tokens import Permission
+from gpuops.model.readiness import duration
 from gpuops.model.telling import plural
 
 router = APIRouter(route_class=AuditedRoute, include_in_schema=False)
@@ -49,17 +50,6 @@ STAGES = (
 first."""
 
 
-def ago(seconds: float) -> str:
-    """``3d 4h``, ``2h 5m``, ``40s``: a time in a stage, to the two largest units."""
-    left = max(0, int(seconds))
-    parts: list[str] = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size or (unit == "s" and not parts):
-            parts.append(f"{left // size}{unit}")
-            left %= size
-    return " ".join(parts[:2])
-
-
 @dataclass(frozen=True)
 class Row:
     """One node as the page tells it."""
@@ -69,7 +59,7 @@ class Row:
 
     @property
     def in_stage(self) -> str:
-        return ago(self.now - self.r.since)
+        return duration(max(0.0, self.now - self.r.since))
 
     @property
     def words(self) -> str:
