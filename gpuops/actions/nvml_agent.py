@@ -1,25 +1,36 @@
 """The ``nvml-agent`` executor: ``downclock`` and ``restore_clocks``, and the remediation
-ladder's ``reset_gpu`` and ``validate`` (a health check by NVML: a GPU found unhealthy fails it),
-through the node agent of the NVML exporter on the target's node (``gpuops exporter nvml
---agent``).
+ladder's ``reset_gpu``, ``validate`` (a health check by NVML: a GPU found unhealthy fails it)
+and ``reboot`` (of the target's node: the agent answers with the boot it was asked in, then
+runs its reboot command; this waits until the agent answers again with another boot id, up to
+``reboot_timeout_s``), through the node agent of the NVML exporter on the target's node
+(``gpuops exporter nvml --agent``, ``--agent-reboot`` for the reboot).
 
 ``gpuops.actions.base.execute`` calls ``run``; its dispatch table (``gpuops.actions.dispatch``)
 routes each verb to the agent's endpoint. This module raises ``TemporaryError`` for what may
 pass on a retry (timeouts, refused connections, 5xx) and ``PermanentError`` for what will not
 (4xx, with the agent's own message, e.g. that changing clocks needs root). The decision id goes
-with every request, so the agent does a retried decision once. Settings: ``NvmlAgentSettings``.
+with every request, so the agent does a retried decision once (a reboot once across the reboot:
+the agent keeps its ids on disk). Settings: ``NvmlAgentSettings``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Annotated, Any
 
 import requests
-from pydantic import BaseModel, BeforeValidator, ConfigDict, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PositiveFloat,
+    SecretStr,
+    model_validator,
+)
 
 from gpuops.actions.base import PermanentError, TemporaryError
 from gpuops.actions.config import as_text, null_is_default, read_secret, settings_of
@@ -29,11 +40,13 @@ from gpuops.actions.results import Result
 from gpuops.model.decisions import Decision
 from gpuops.model.verbs import (
     DOWNCLOCK,
+    REBOOT,
     RESET_GPU,
     RESTORE_CLOCKS,
     VALIDATE,
     DownclockParams,
     NoParams,
+    RebootParams,
     implemented_by,
 )
 
@@ -78,6 +91,11 @@ class NvmlAgentSettings(BaseModel):
     """Target label naming the GPU, by uuid or index."""
     timeout_s: float = 10.0
     """Seconds per HTTP request."""
+    reboot_timeout_s: PositiveFloat = 900.0
+    """Seconds a ``reboot`` waits for the node's agent to answer again from a new boot (a
+    GPU server's firmware takes minutes)."""
+    reboot_poll_s: PositiveFloat = 5.0
+    """Seconds between two asks of a rebooting node's agent."""
 
 
 class AgentAnswer(Result):
@@ -92,7 +110,7 @@ class AgentAnswer(Result):
 
 @dataclass(frozen=True)
 class Call:
-    """One request to an agent, under its base URL."""
+    """One request to an agent, about the target's GPU (under ``/api/v1/gpus/{gpu}``)."""
 
     path: str
     body: dict[str, Any] = field(default_factory=dict)
@@ -106,8 +124,15 @@ class NvmlAgentExecutor:
     name = "nvml-agent"
     verbs: frozenset[str] | None = implemented_by("nvml-agent")
 
-    def __init__(self, settings: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings_of(NvmlAgentSettings, self.name, settings)
+        self._sleep = sleep
+        self._clock = clock
         self.url_template = self.settings.url
         self.gpu_label = self.settings.gpu_label
         self.timeout_s = self.settings.timeout_s
@@ -129,6 +154,10 @@ class NvmlAgentExecutor:
 
     def run(self, decision: Decision) -> AgentAnswer:
         base = self._base_url(decision)
+        if decision.action is not None and decision.action.type == REBOOT.name:
+            rebooted = DISPATCH.run(self, decision)  # the node's, not a GPU's
+            assert isinstance(rebooted, AgentAnswer), rebooted
+            return rebooted
         gpu = decision.target.labels.get(self.gpu_label)
         if not gpu:
             raise PermanentError(
@@ -137,6 +166,7 @@ class NvmlAgentExecutor:
             )
         gpu = path_segment(gpu, self.gpu_label)
         call = DISPATCH.run(self, decision)
+        assert isinstance(call, Call), call
         path = f"/api/v1/gpus/{gpu}{call.path}"
         body = {"decision_id": decision.id, **call.body}
         answer = self._post(base + path, body, decision.id, call.timeout_s)
@@ -162,6 +192,37 @@ class NvmlAgentExecutor:
     def _validate(self, d: Decision, _: NoParams) -> Call:
         return Call("/check")
 
+    def _reboot(self, d: Decision, params: RebootParams) -> AgentAnswer:
+        """Ask the node's agent to reboot it, then wait until it answers from a new boot."""
+        base = self._base_url(d)
+        answer = self._post(base + "/api/v1/node/reboot", {"decision_id": d.id}, d.id)
+        before = str(answer.get("boot_id") or "")
+        if not before:
+            raise PermanentError(f"nvml-agent {base} answered a reboot without a boot_id")
+        if answer.get("rebooted") is True:  # this decision's reboot is behind the node
+            return AgentAnswer(agent=base, document=answer)
+        timeout_s = params.timeout_s or self.settings.reboot_timeout_s
+        deadline = self._clock() + timeout_s
+        last = "no answer yet"
+        while True:
+            self._sleep(self.settings.reboot_poll_s)
+            try:
+                now = str(self._get(base + "/api/v1/node").get("boot_id") or "")
+            except TemporaryError as exc:  # down while it reboots
+                now, last = "", str(exc)
+            if now and now != before:
+                log.info("node %s: rebooted (boot %s, now %s)", base, before, now)
+                return AgentAnswer(
+                    agent=base, document={**answer, "rebooted": True, "now_boot_id": now}
+                )
+            if now:
+                last = f"still boot {now}"
+            if self._clock() > deadline:
+                raise TemporaryError(
+                    f"node of {base} did not come back from its reboot within {timeout_s:g} s"
+                    f" ({last})"[:512]
+                )
+
     def _base_url(self, decision: Decision) -> str:
         try:
             url = fill_url(self.url_template, decision.target.labels, _format)
@@ -172,15 +233,27 @@ class NvmlAgentExecutor:
             ) from None
         return url.rstrip("/")
 
+    def _get(self, url: str) -> dict[str, Any]:
+        return self._request("GET", url, {}, None, self.timeout_s)
+
     def _post(
         self, url: str, body: Mapping[str, Any], decision_id: str, timeout_s: float | None = None
     ) -> dict[str, Any]:
-        headers = {"Idempotency-Key": decision_id}
+        timeout = max(self.timeout_s, timeout_s or 0.0)
+        return self._request("POST", url, {"Idempotency-Key": decision_id}, body, timeout)
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: Mapping[str, Any] | None,
+        timeout: float,
+    ) -> dict[str, Any]:
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        timeout = max(self.timeout_s, timeout_s or 0.0)
         try:
-            resp = self._http.post(url, json=body, headers=headers, timeout=timeout)
+            resp = self._http.request(method, url, json=body, headers=headers, timeout=timeout)
         except requests.Timeout as exc:
             raise TemporaryError(f"nvml-agent {url} timed out after {timeout:g} s") from exc
         except requests.ConnectionError as exc:
@@ -199,13 +272,14 @@ class NvmlAgentExecutor:
         return dict(doc) if isinstance(doc, dict) else {"response": doc}
 
 
-DISPATCH: Dispatch[NvmlAgentExecutor, Call] = Dispatch(
+DISPATCH: Dispatch[NvmlAgentExecutor, Call | AgentAnswer] = Dispatch(
     NvmlAgentExecutor.name,
     (
         on(DOWNCLOCK, NvmlAgentExecutor._downclock),
         on(RESTORE_CLOCKS, NvmlAgentExecutor._restore_clocks),
         on(RESET_GPU, NvmlAgentExecutor._reset_gpu),
         on(VALIDATE, NvmlAgentExecutor._validate),
+        on(REBOOT, NvmlAgentExecutor._reboot),
     ),
 )
 """The agent's verbs, each to its endpoint."""

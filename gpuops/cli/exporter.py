@@ -1,5 +1,6 @@
 """`gpuops exporter` commands: `gpuops exporter nvml` runs the NVML exporter (and, with
-``--agent``, the node agent for clock actions) from ``gpuops.exporters.nvml.server``.
+``--agent``, the node agent for clock actions, GPU resets and, with ``--agent-reboot``, the
+node's reboot) from ``gpuops.exporters.nvml.server``.
 
 The exporter package is imported when the command runs, not when the CLI loads: it is the only
 route to pynvml, and the engine's own commands must not load it (see the import contracts).
@@ -8,6 +9,7 @@ route to pynvml, and the engine's own commands must not load it (see the import 
 from __future__ import annotations
 
 import logging
+import shlex
 import socket
 import threading
 from importlib import import_module
@@ -74,6 +76,38 @@ def exporter() -> None:
     "Env: GPUOPS_AGENT_TOKEN_FILE.",
 )
 @click.option(
+    "--agent-reboot/--no-agent-reboot",
+    default=False,
+    show_default=True,
+    help="Also let the node agent reboot this node (POST /api/v1/node/reboot, the "
+    "remediation ladder's reboot where the scheduler cannot reboot a node: Kubernetes), "
+    "once per decision id. Needs --agent.",
+)
+@click.option(
+    "--agent-reboot-command",
+    default="systemctl reboot",
+    show_default=True,
+    metavar="COMMAND",
+    help="What reboots this node (split like a shell, run without one; nothing a request "
+    "carries is added to it), started after the agent answered.",
+)
+@click.option(
+    "--agent-state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/var/lib/gpuops-agent"),
+    show_default=True,
+    help="Where the node agent keeps the decision ids it rebooted for (it must outlive a "
+    "reboot: not a tmpfs); created at the first reboot.",
+)
+@click.option(
+    "--agent-boot-id-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/proc/sys/kernel/random/boot_id"),
+    show_default=True,
+    help="The file holding the id of the running boot (new at each boot): how a reboot is "
+    "known to have happened.",
+)
+@click.option(
     "--xid-events/--no-xid-events",
     default=True,
     show_default=True,
@@ -123,6 +157,10 @@ def nvml(
     fake_nvml: str | None,
     agent: bool,
     agent_token_file: Path | None,
+    agent_reboot: bool,
+    agent_reboot_command: str,
+    agent_state_dir: Path,
+    agent_boot_id_file: Path,
     xid_events: bool,
     xid_poll_ms: int,
     push_url: str | None,
@@ -136,11 +174,15 @@ def nvml(
         if agent_token_file is None:
             raise click.UsageError("--agent needs --agent-token-file (the bearer token)")
         token = _first_line(agent_token_file, "--agent-token-file")
-    reset: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if agent_reboot:
+        if not agent:
+            raise click.UsageError("--agent-reboot needs --agent (the node agent)")
+        extra["rebooter"] = _rebooter(agent_reboot_command, agent_state_dir, agent_boot_id_file)
     if fake_nvml is not None:
         scenarios = import_module("gpuops.exporters.nvml.scenarios")
         backend = scenarios.SCENARIOS[fake_nvml]()
-        reset["reset"] = scenarios.fake_reset(backend)
+        extra["reset"] = scenarios.fake_reset(backend)
         log.info("serving the simulated NVML scenario %r", fake_nvml)
     else:
         backend = import_module("gpuops.exporters.nvml.nvml").real_backend()
@@ -152,7 +194,7 @@ def nvml(
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
         push=_pusher(push_url, push_token_file, node_name, pool_name),
-        **reset,
+        **extra,
     )
     log.info(
         "NVML exporter on http://%s:%d/metrics%s",
@@ -182,6 +224,17 @@ def _pusher(
     push = import_module("gpuops.exporters.nvml.push")
     pusher: object = push.HealthPusher(url, token, name, pool=pool)
     return pusher
+
+
+def _rebooter(command: str, state_dir: Path, boot_id_file: Path) -> object:
+    """The node agent's reboot of ``--agent-reboot``."""
+    argv = shlex.split(command)
+    if not argv:
+        raise click.UsageError("--agent-reboot-command is empty")
+    reboot = import_module("gpuops.exporters.nvml.reboot")
+    rebooter: object = reboot.Rebooter(state_dir, argv, reboot.boot_id_of(boot_id_file))
+    log.info("the node agent reboots this node with %s (state in %s)", argv, state_dir)
+    return rebooter
 
 
 def _first_line(path: Path, flag: str) -> str:

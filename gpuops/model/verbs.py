@@ -142,8 +142,8 @@ class DownclockParams(VerbParams):
 
 class RebootParams(VerbParams):
     timeout_s: float | None = Field(default=None, gt=0)
-    """Seconds the node may take to reboot and register again (default: the executor's,
-    Slurm's ``reboot_timeout_s``)."""
+    """Seconds the node may take to reboot and register again (default: the executor's
+    ``reboot_timeout_s``, Slurm's or the node agent's)."""
 
 
 class ScaleParams(VerbParams):
@@ -313,9 +313,10 @@ VALIDATE = Verb(
 REBOOT = Verb(
     "reboot",
     RebootParams,
-    "Reboot a node gpuops drained, keeping it drained (Slurm: scontrol reboot).",
+    "Reboot a node gpuops drained, keeping it drained (Slurm: scontrol reboot; the node agent:"
+    " its reboot command, once per decision id).",
     labels=("node",),
-    executors=frozenset({SLURM}),
+    executors=frozenset({SLURM, NVML_AGENT}),
 )
 SCALE_OUT = Verb(
     "scale_out",

@@ -11,9 +11,13 @@ header makes a repeated request a no-op):
 - ``POST /api/v1/gpus/{uuid|index}/power-limit``  ``{"watts": number}``
 - ``POST /api/v1/gpus/{uuid|index}/reset``  reset the GPU (``nvidia-smi --gpu-reset``)
 - ``POST /api/v1/gpus/{uuid|index}/check``  ``{"healthy": bool, "problems": [...]}`` by NVML
+- ``GET  /api/v1/node``                      ``{"boot_id": str | null, "reboot": bool}``
+- ``POST /api/v1/node/reboot``               ``{"decision_id": str}``: reboot the node once per
+  decision id (``--agent-reboot``; ``gpuops.exporters.nvml.reboot``)
 
 Errors are JSON ``{"error": message}`` with 400 (bad value), 401 (token), 403 (NVML needs
-root), 404, 409 (unsupported), 410 (GPU lost), 503 (NVML unavailable).
+root), 404, 409 (unsupported; a reboot whose command failed), 410 (GPU lost), 503 (NVML
+unavailable; the reboot state cannot be kept).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from gpuops.exporters.nvml.agent import AgentError, ClockAgent, GpuReset, nvidia
 from gpuops.exporters.nvml.collector import NvmlCollector
 from gpuops.exporters.nvml.events import XidWatcher
 from gpuops.exporters.nvml.push import HealthPusher
+from gpuops.exporters.nvml.reboot import Rebooter
 from gpuops.exporters.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
@@ -55,8 +60,10 @@ class ExporterServer:
         xid_poll_ms: int = 500,
         push: HealthPusher | None = None,
         reset: GpuReset = nvidia_smi_reset,
+        rebooter: Rebooter | None = None,
     ) -> None:
-        """``reset``: how the agent resets a GPU (a fake NVML's own in tests and demos)."""
+        """``reset``: how the agent resets a GPU (a fake NVML's own in tests and demos);
+        ``rebooter``: the agent's reboot of the node (None: refused, it is off)."""
         self.session = NvmlSession(backend)
         self.push = push
         on_xid = push.xid if push is not None else None
@@ -68,6 +75,7 @@ class ExporterServer:
         )
         self.registry = CollectorRegistry()  # what ``/metrics`` serves after the collector's
         self.agent: ClockAgent | None = None
+        self.rebooter = rebooter
         self._token = agent_token
         if agent_token is not None:
             if not agent_token:
@@ -145,10 +153,20 @@ class _Handler(BaseHTTPRequestHandler):
             agent = self._agent()
             if agent is not None:
                 self._answer(lambda: {"gpus": agent.gpus()})
+        elif self.path == "/api/v1/node":
+            if self._agent() is not None:
+                rebooter = self.server.app.rebooter
+                if rebooter is None:
+                    self._json(200, {"boot_id": None, "reboot": False})
+                else:
+                    self._answer(lambda: {**rebooter.node(), "reboot": True})
         else:
             self._json(404, {"error": f"no such path: {self.path}"})
 
     def do_POST(self) -> None:  # noqa: N802
+        if self.path == "/api/v1/node/reboot":
+            self._reboot()
+            return
         parts = self.path.strip("/").split("/")
         if parts[:3] != ["api", "v1", "gpus"] or len(parts) < 5:
             self._json(404, {"error": f"no such path: {self.path}"})
@@ -192,6 +210,30 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(power)
         else:
             self._json(404, {"error": f"no such action: {action}"})
+
+    def _reboot(self) -> None:
+        """Reboot the node: answered first, the command started after the answer went out."""
+        if self._agent() is None:
+            return
+        rebooter = self.server.app.rebooter
+        if rebooter is None:
+            self._json(
+                404, {"error": "the node agent's reboot is off (start it with --agent-reboot)"}
+            )
+            return
+        body = self._body()
+        if body is None:
+            return
+        decision = body.get("decision_id") or self.headers.get("Idempotency-Key")
+        try:
+            answer, start = rebooter.reboot(str(decision) if decision else None)
+        except AgentError as exc:
+            self._json(exc.status, {"error": exc.message})
+            return
+        self._json(200, answer)
+        self.wfile.flush()
+        if start is not None:
+            start()
 
     def _agent(self) -> ClockAgent | None:
         app = self.server.app

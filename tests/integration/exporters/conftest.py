@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpuops.exporters.nvml.fake import FakeNvml
+from gpuops.exporters.nvml.reboot import Rebooter
 from gpuops.exporters.nvml.scenarios import fake_reset
 from gpuops.exporters.nvml.server import ExporterServer
 
@@ -17,7 +18,12 @@ def serve() -> Iterator[Callable[..., ExporterServer]]:
     resetting the fake's GPUs); closed after the test."""
     started: list[ExporterServer] = []
 
-    def start(fake: FakeNvml, token: str | None = None, xid_events: bool = False) -> ExporterServer:
+    def start(
+        fake: FakeNvml,
+        token: str | None = None,
+        xid_events: bool = False,
+        rebooter: Rebooter | None = None,
+    ) -> ExporterServer:
         server = ExporterServer(
             fake,
             host="127.0.0.1",
@@ -26,6 +32,7 @@ def serve() -> Iterator[Callable[..., ExporterServer]]:
             xid_events=xid_events,
             xid_poll_ms=20,
             reset=fake_reset(fake),
+            rebooter=rebooter,
         )
         server.start()
         started.append(server)

@@ -1,10 +1,12 @@
 """``gpuops exporter nvml`` as a real process: it serves a fake scenario's metrics and, with the
-agent on, takes a clock lock with its token."""
+agent on, takes a clock lock with its token and reboots the node with its reboot command (a
+script drawing a new boot id: ``tests.fakes.reboot``)."""
 
 from __future__ import annotations
 
 import re
 import selectors
+import shlex
 import subprocess
 import sys
 import time
@@ -12,24 +14,41 @@ from pathlib import Path
 
 import requests
 
+from tests.fakes.reboot import FakeBoot
+from tests.waiting import wait_for
+
 
 def test_serves_a_fake_scenario_with_the_agent(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("cli-token\n", encoding="utf-8")
+    boot = FakeBoot(tmp_path / "node")
     argv = [
         sys.executable, "-c", "from gpuops.cli import main; main()",
         "exporter", "nvml", "--fake-nvml", "mig-a100", "--host", "127.0.0.1", "--port", "0",
         "--agent", "--agent-token-file", str(token),
+        "--agent-reboot", "--agent-reboot-command", shlex.join(boot.command()),
+        "--agent-state-dir", str(tmp_path / "state"), "--agent-boot-id-file", str(boot.file),
     ]  # fmt: skip
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
         try:
-            _check_running(proc)
+            port = _check_running(proc)
+            before = boot.boot_id()
+            resp = requests.post(
+                f"http://127.0.0.1:{port}/api/v1/node/reboot",
+                json={"decision_id": "cli-reboot"},
+                headers={"Authorization": "Bearer cli-token"},
+                timeout=5,
+            )
+            assert resp.json()["boot_id"] == before, resp.text
+            wait_for(lambda: boot.boot_id() != before, 30, "the reboot command")
+            assert boot.reboots == 1
+            assert (tmp_path / "state" / "reboots.json").exists()
         finally:
             proc.terminate()
             proc.wait(timeout=10)
 
 
-def _check_running(proc: subprocess.Popen[str]) -> None:
+def _check_running(proc: subprocess.Popen[str]) -> int:
     assert proc.stderr is not None
     port = _wait_for_port(proc.stderr)
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -41,6 +60,7 @@ def _check_running(proc: subprocess.Popen[str]) -> None:
         timeout=5,
     )
     assert resp.status_code == 200, resp.text
+    return port
 
 
 def _wait_for_port(stream: object, timeout: float = 60.0) -> int:

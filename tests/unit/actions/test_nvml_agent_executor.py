@@ -29,7 +29,9 @@ def test_registered_by_entry_point() -> None:
     registry = ExecutorRegistry.from_entry_points()
     created = registry.create("nvml-agent", {"token": "t"})
     assert isinstance(created, NvmlAgentExecutor)
-    assert created.verbs == frozenset({"downclock", "restore_clocks", "reset_gpu", "validate"})
+    assert created.verbs == frozenset(
+        {"downclock", "restore_clocks", "reset_gpu", "validate", "reboot"}
+    )
 
 
 def test_settings_and_params_errors_are_permanent(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_the_executors_do_the_verbs_the_table_says() -> None:
     assert FleetExecutor.verbs == implemented_by("fleet") == frozenset(FLEET_CALLS)
     assert SlurmExecutor.verbs == implemented_by("slurm")
     assert NvmlAgentExecutor.verbs == frozenset(
-        {"downclock", "restore_clocks", "reset_gpu", "validate"}
+        {"downclock", "restore_clocks", "reset_gpu", "validate", "reboot"}
     )
 
 

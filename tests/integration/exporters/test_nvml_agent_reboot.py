@@ -1,0 +1,205 @@
+"""The node agent's reboot (``POST /api/v1/node/reboot``) and the ``nvml-agent`` executor's
+``reboot`` against it, over the fake NVML, the reboot command a script that draws a new boot
+id (``tests.fakes.reboot``): once per decision id, across an agent restarted by its reboot;
+authenticated; the command's failure told; the executor waiting for the new boot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuops.actions.base import PermanentError, TemporaryError
+from gpuops.actions.nvml_agent import NvmlAgentExecutor
+from gpuops.exporters.nvml import scenarios
+from gpuops.exporters.nvml.reboot import Rebooter
+from gpuops.exporters.nvml.server import ExporterServer
+from gpuops.model.decisions import Decision
+from tests.fakes.reboot import FakeBoot
+from tests.unit.actions.support import agent_decision
+from tests.waiting import wait_for
+
+TOKEN = "reboot-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+Agent = Callable[..., ExporterServer]
+
+
+@pytest.fixture
+def boot(tmp_path: Path) -> FakeBoot:
+    return FakeBoot(tmp_path / "node")
+
+
+@pytest.fixture
+def agent(tmp_path: Path, boot: FakeBoot, serve: Callable[..., ExporterServer]) -> Agent:
+    """Start a node agent whose reboot command is the fake boot's, its state in tmp."""
+
+    def start(fail: bool = False, reboot: bool = True) -> ExporterServer:
+        rebooter = Rebooter(tmp_path / "state", boot.command(fail), boot.boot_id)
+        return serve(scenarios.healthy_h100(1), TOKEN, rebooter=rebooter if reboot else None)
+
+    return start
+
+
+def executor(server: ExporterServer, **settings: object) -> NvmlAgentExecutor:
+    return NvmlAgentExecutor(
+        {
+            "url": f"http://{{node}}:{server.port}",
+            "token": TOKEN,
+            "reboot_poll_s": 0.05,
+            "reboot_timeout_s": 30,
+            **settings,
+        }
+    )
+
+
+def reboot(did: str = "reboot-1") -> Decision:
+    return agent_decision("reboot", did=did)
+
+
+def post(server: ExporterServer, body: dict[str, str], **headers: str) -> requests.Response:
+    url = f"http://127.0.0.1:{server.port}/api/v1/node/reboot"
+    return requests.post(url, json=body, headers=headers, timeout=5)
+
+
+def state(tmp: Path, text: str) -> None:
+    """The agent's reboot state, as a test leaves it."""
+    (tmp / "state").mkdir()
+    (tmp / "state" / "reboots.json").write_text(text, encoding="utf-8")
+
+
+def test_the_executor_reboots_the_node_and_waits_for_its_new_boot(
+    agent: Agent, boot: FakeBoot, tmp_path: Path
+) -> None:
+    server = agent()
+    before = boot.boot_id()
+    done = executor(server).run(reboot(did="reboot-1"))
+    assert boot.reboots == 1
+    assert done["rebooted"] is True and done["replayed"] is False
+    assert done["boot_id"] == before and done["now_boot_id"] == boot.boot_id() != before
+    kept = json.loads((tmp_path / "state" / "reboots.json").read_text())
+    assert list(kept) == ["reboot-1"] and kept["reboot-1"]["boot_id"] == before
+
+
+def test_a_retried_decision_never_reboots_twice_even_from_an_agent_started_anew(
+    agent: Agent, boot: FakeBoot
+) -> None:
+    server = agent()
+    ex = executor(server)
+    ex.run(reboot(did="reboot-1"))
+    assert ex.run(reboot(did="reboot-1"))["replayed"] is True
+    server.close()  # the agent comes back after the reboot, its state on disk
+    again = executor(agent()).run(reboot(did="reboot-1"))
+    assert again["rebooted"] is True and again["replayed"] is True
+    assert boot.reboots == 1
+    executor(agent()).run(reboot(did="reboot-2"))  # another decision does
+    assert boot.reboots == 2
+
+
+def test_a_retry_while_the_reboot_is_under_way_waits_for_it(agent: Agent, boot: FakeBoot) -> None:
+    server = agent()
+    first = post(server, {"decision_id": "reboot-1"}, **AUTH).json()
+    assert first["rebooting"] is True and first["replayed"] is False
+    done = executor(server).run(reboot(did="reboot-1"))
+    assert done["rebooted"] is True and done["boot_id"] == first["boot_id"]
+    assert boot.reboots == 1
+
+
+def test_an_unauthenticated_reboot_is_refused_and_nothing_reboots(
+    agent: Agent, boot: FakeBoot
+) -> None:
+    server = agent()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        refused = post(server, {"decision_id": "reboot-1"}, **headers)
+        assert refused.status_code == 401
+        assert refused.json() == {"error": "a valid bearer token is required"}
+        assert refused.headers["WWW-Authenticate"] == 'Bearer realm="gpuops-nvml-agent"'
+    url = f"http://127.0.0.1:{server.port}/api/v1/node"
+    assert requests.get(url, timeout=5).status_code == 401
+    with pytest.raises(PermanentError, match="answered 401: a valid bearer token is required"):
+        executor(server, token="wrong").run(reboot())
+    assert boot.reboots == 0
+
+
+def test_a_reboot_needs_a_decision_id_and_the_agents_consent(agent: Agent, boot: FakeBoot) -> None:
+    server = agent()
+    missing = post(server, {}, **AUTH)
+    assert missing.status_code == 400
+    assert missing.json() == {
+        "error": "decision_id is required: a node is rebooted once per decision"
+    }
+    off = agent(reboot=False)
+    refused = post(off, {"decision_id": "reboot-1"}, **AUTH)
+    assert refused.status_code == 404
+    assert refused.json() == {
+        "error": "the node agent's reboot is off (start it with --agent-reboot)"
+    }
+    node = requests.get(f"http://127.0.0.1:{off.port}/api/v1/node", headers=AUTH, timeout=5)
+    assert node.json() == {"boot_id": None, "reboot": False}
+    assert boot.reboots == 0
+
+
+def test_a_failed_reboot_command_is_told_to_the_retry_and_never_run_again(
+    agent: Agent, boot: FakeBoot, tmp_path: Path
+) -> None:
+    server = agent(fail=True)
+    assert post(server, {"decision_id": "reboot-1"}, **AUTH).json()["rebooting"] is True
+
+    def told() -> bool:
+        state = tmp_path / "state" / "reboots.json"
+        return "failed" in json.loads(state.read_text())["reboot-1"]
+
+    wait_for(told, 30, "the reboot command's failure")
+    with pytest.raises(PermanentError) as failed:
+        executor(server).run(reboot())
+    assert str(failed.value) == (
+        f"nvml-agent http://127.0.0.1:{server.port}/api/v1/node/reboot answered 409: the"
+        " reboot of decision reboot-1 failed: the reboot command exited 1: Failed to reboot"
+        " system via logind: Access denied"
+    )
+    assert boot.reboots == 0
+
+
+def test_a_node_that_does_not_come_back_is_a_temporary_failure_naming_the_wait(
+    agent: Agent, boot: FakeBoot, tmp_path: Path
+) -> None:
+    server = agent()
+    asked = {"reboot-1": {"boot_id": boot.boot_id(), "at": 0}}
+    state(tmp_path, json.dumps(asked))  # asked before, and the node never went down
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    ex = NvmlAgentExecutor(
+        {"url": f"http://{{node}}:{server.port}", "token": TOKEN, "reboot_timeout_s": 60},
+        sleep=sleep,
+        clock=lambda: now[0],
+    )
+    with pytest.raises(TemporaryError) as waited:
+        ex.run(reboot())
+    assert str(waited.value) == (
+        f"node of http://127.0.0.1:{server.port} did not come back from its reboot within"
+        f" 60 s (still boot {boot.boot_id()})"
+    )
+    assert now[0] == 65.0  # every 5 s, the default, until past the deadline
+    assert boot.reboots == 0
+
+
+def test_an_unreadable_state_refuses_the_reboot(
+    agent: Agent, boot: FakeBoot, tmp_path: Path
+) -> None:
+    server = agent()
+    state(tmp_path, "{not json")
+    refused = post(server, {"decision_id": "reboot-1"}, **AUTH)
+    assert refused.status_code == 503
+    assert refused.json()["error"].startswith(
+        f"the reboot state {tmp_path / 'state' / 'reboots.json'} is not JSON"
+    )
+    assert refused.json()["error"].endswith(": no reboot")
+    with pytest.raises(TemporaryError, match="answered 503: the reboot state"):
+        executor(server).run(reboot())
+    assert boot.reboots == 0
