@@ -7,6 +7,7 @@ resolved against the config file's directory. Secrets (tokens, passwords) may be
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +29,8 @@ from gpuops.model.health.catalogue_file import load_catalogue
 from gpuops.model.rules.durations import parse_duration
 from gpuops.model.rules.model import RulesError
 from gpuops.model.rules.yamlsource import parse_yaml
+from gpuops.sources.errors import QueryError
+from gpuops.sources.promql import input_selectors
 
 
 class ConfigError(Exception):
@@ -354,12 +357,35 @@ class ValidationSettings(_Model):
     _t = field_validator("timeout", mode="before")(_seconds)
 
 
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
 class PacingSettings(_Model):
-    """Paced repair: per failure domain (the node's pool), how many unproven repairs run at
-    once — a width that starts at 1, grows by one for each repair that stays healthy for
-    ``dwell`` (so it doubles each time all the repairs it let run hold: 1, 2, 4, ...) and
-    drops to 1 after a failed repair, which also starts a cooldown (docs/health.md, "Paced
-    repair")."""
+    """Paced repair: per failure domain (the node's pool, rack, zone, ...), how many unproven
+    repairs run at once — a width that starts at 1, grows by one for each repair that stays
+    healthy for ``dwell`` (so it doubles each time all the repairs it let run hold: 1, 2, 4,
+    ...) and drops to 1 after a failed repair, which also starts a cooldown — and how many of
+    a domain's nodes may be out of service (docs/health.md, "Paced repair")."""
+
+    domains: list[str] = Field(default=["pool"], min_length=1)
+    """The failure domains a node belongs to, by label: ``pool`` (the pool its agent sends),
+    ``policy`` (the policy that quarantined it) or a label its agent sends (``--label
+    rack=r12``: ``[pool, rack]``). A repair starts only when every domain of its node has
+    room; a node without the label is in the domain ``<label>=default``."""
+    max_fraction: float | None = Field(default=None, gt=0, le=1)
+    """The fraction of a domain's nodes that may be out of service for any reason (drained,
+    down, by anyone) with a repair starting in it: past it, the domain's repairs wait until
+    nodes come back. Rounded down and never zero: one node of any domain may be out. Needs
+    ``unavailable``; the ``policy`` domain has no nodes of its own and is not bounded. None:
+    no bound."""
+    unavailable: str | None = None
+    """PromQL giving every node of the fleet once: label ``node`` and the domain labels,
+    value 1 when it is out of service, 0 when it is not (the scheduler's view, e.g. the
+    Slurm exporter's ``gpuops_slurm_node_state``; docs/health.md). Asked before a repair
+    starts in a bounded domain; a failed answer, or one whose input series are older than
+    ``max_sample_age``, or one without the domain's nodes holds the repair."""
+    max_sample_age: float = Field(default=120.0, gt=0)
+    """How old the newest sample of each series ``unavailable`` reads may be (a duration)."""
 
     dwell: float = Field(default=300.0, gt=0)
     """How long a returned node stays healthy before its repair counts as proven."""
@@ -372,13 +398,41 @@ class PacingSettings(_Model):
     """A cooldown is drawn within ± this fraction of itself, so domains that failed together
     do not start again together."""
 
-    _t = field_validator("dwell", "cooldown", "max_cooldown", mode="before")(_seconds)
+    _t = field_validator("dwell", "cooldown", "max_cooldown", "max_sample_age", mode="before")(
+        _seconds
+    )
+
+    @field_validator("domains", mode="after")
+    @classmethod
+    def _labels(cls, value: list[str]) -> list[str]:
+        bad = [n for n in value if not _LABEL.fullmatch(n)]
+        if bad:
+            raise ValueError(f"not a label name: {', '.join(map(repr, bad))}")
+        twice = sorted({n for n in value if value.count(n) > 1})
+        if twice:
+            raise ValueError(f"a domain is named twice: {', '.join(twice)}")
+        return value
+
+    @field_validator("unavailable", mode="after")
+    @classmethod
+    def _promql(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                input_selectors(value)
+            except QueryError as exc:
+                raise ValueError(f"not PromQL: {exc.__cause__ or exc}") from exc
+        return value
 
     @model_validator(mode="after")
     def _bounds(self) -> PacingSettings:
         if self.cooldown > self.max_cooldown:
             raise ValueError(
                 f"cooldown ({self.cooldown:g}s) is above max_cooldown ({self.max_cooldown:g}s)"
+            )
+        if self.max_fraction is not None and self.unavailable is None:
+            raise ValueError(
+                "max_fraction needs unavailable (the PromQL that tells which nodes are out"
+                " of service)"
             )
         return self
 
@@ -411,7 +465,7 @@ class LadderSettings(_Model):
     """Told when a node needs a human (``{params: {url: https://...}}``: the ``webhook``
     executor); None: the log and the audit only."""
     pacing: PacingSettings = PacingSettings()
-    """How fast repairs start in one pool."""
+    """How fast repairs start in one failure domain, and how much of it may be out."""
     interval: float = Field(default=10.0, gt=0)
     """Seconds between two looks at the nodes on the ladder (a step that ended moves its node
     on at once; this picks up what the kill switch or pause held)."""

@@ -9,6 +9,7 @@ route to pynvml, and the engine's own commands must not load it (see the import 
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import socket
 import threading
@@ -18,7 +19,11 @@ from typing import Any
 
 import click
 
+from gpuops.model.health.events import FAULT_LABELS
+
 log = logging.getLogger(__name__)
+
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 FAKE_SCENARIOS = (
     "healthy-8xh100",
@@ -151,6 +156,15 @@ def exporter() -> None:
     help="This node's pool (Slurm: partition), sent with each pushed event: the engine "
     "applies the pool's health profile (observe, quarantine).",
 )
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A label of this node sent with each pushed event, e.g. --label rack=r12 --label "
+    "zone=z1: the failure domains its repairs are paced in (health.ladder.pacing.domains). "
+    "Repeatable.",
+)
 def nvml(
     host: str,
     port: int,
@@ -167,8 +181,10 @@ def nvml(
     push_token_file: Path | None,
     node_name: str | None,
     pool_name: str,
+    labels: tuple[str, ...],
 ) -> None:
     """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
+    node_labels = _labels(labels)
     token = None
     if agent:
         if agent_token_file is None:
@@ -193,7 +209,7 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
-        push=_pusher(push_url, push_token_file, node_name, pool_name),
+        push=_pusher(push_url, push_token_file, node_name, pool_name, node_labels),
         **extra,
     )
     log.info(
@@ -208,8 +224,32 @@ def nvml(
         server.close()
 
 
+def _labels(given: tuple[str, ...]) -> dict[str, str]:
+    """``--label NAME=VALUE`` as a mapping; a usage error naming the one that cannot be."""
+    found: dict[str, str] = {}
+    for text in given:
+        name, eq, value = text.partition("=")
+        if not eq or not _LABEL.fullmatch(name):
+            raise click.UsageError(
+                f"--label {text!r}: give NAME=VALUE, NAME a label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+            )
+        if name in FAULT_LABELS:
+            raise click.UsageError(
+                f"--label {text!r}: {name} is a label the engine sets itself"
+                f" ({', '.join(sorted(FAULT_LABELS))})"
+            )
+        if name in found:
+            raise click.UsageError(f"--label {name} is given twice")
+        found[name] = value
+    return found
+
+
 def _pusher(
-    url: str | None, token_file: Path | None, node: str | None, pool: str = ""
+    url: str | None,
+    token_file: Path | None,
+    node: str | None,
+    pool: str = "",
+    labels: dict[str, str] | None = None,
 ) -> object | None:
     """The health pusher of ``--push-url``, or None."""
     if url is None:
@@ -222,7 +262,7 @@ def _pusher(
     name = node or socket.gethostname().split(".")[0]
     log.info("pushing XIDs and lost GPUs of node %r to %s", name, url)
     push = import_module("gpuops.exporters.nvml.push")
-    pusher: object = push.HealthPusher(url, token, name, pool=pool)
+    pusher: object = push.HealthPusher(url, token, name, pool=pool, labels=labels)
     return pusher
 
 

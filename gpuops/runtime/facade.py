@@ -42,6 +42,7 @@ from gpuops.runtime.jobs import Jobs
 from gpuops.runtime.ladder import RepairLadder
 from gpuops.runtime.leadership import Change, Leadership
 from gpuops.runtime.metrics import EngineMetrics
+from gpuops.runtime.outages import OutOfService
 from gpuops.runtime.quota import POLICY as QUOTA_POLICY
 from gpuops.runtime.quota import QuotaManager
 from gpuops.runtime.reloaded import expire_held_fires
@@ -105,6 +106,18 @@ def alert_of(item: Alert | Mapping[str, Any]) -> Alert:
         starts_at=checked.startsAt,
         ends_at=checked.endsAt,
         generator_url=checked.generatorURL,
+    )
+
+
+def _out_of_service(
+    config: EngineConfig, source: MetricsSource, clock: Callable[[], float]
+) -> OutOfService | None:
+    """What tells the ladder which nodes are out of service (``pacing.unavailable``)."""
+    pacing = config.health.ladder.pacing
+    if pacing.unavailable is None:
+        return None
+    return OutOfService(
+        source, pacing.unavailable, max_sample_age=pacing.max_sample_age, clock=clock
     )
 
 
@@ -253,6 +266,7 @@ class Engine:
             stopped=self._batch_stopped,
             returned=self.health.returned,
             registry=self.metrics.registry,
+            out_of_service=_out_of_service(config, self.prometheus, clock),
         )
         self.gate.on_outcome(self.ladder.outcome)
         self.batches = BatchRunner(

@@ -227,5 +227,5 @@ class HealthInbox:
         if found and age > self.max_event_age:  # counted in its window, acting on nothing
             log.info("XID event %s is %.0f s old: counted, it does not act", event.id, age)
             return "stale"
-        faults.extend(Fault.of_xid(f, event.pool) for f in found)
+        faults.extend(Fault.of_xid(f, event.pool, event.labels) for f in found)
         return "fault" if found else "counted"

@@ -43,6 +43,7 @@ from gpuops.model.decisions import (
     decision_id,
 )
 from gpuops.model.health.catalogue import Remedy
+from gpuops.model.health.events import FAULT_LABELS
 from gpuops.model.health.ladder import (
     ACTIVE,
     REPAIRING,
@@ -59,9 +60,20 @@ from gpuops.model.health.ladder import (
     steps_for,
     unproven,
 )
-from gpuops.model.health.pacing import Domain, Pace, deferred, failed, proved
+from gpuops.model.health.pacing import (
+    POLICY,
+    Domain,
+    Pace,
+    deferred,
+    domains_of,
+    failed,
+    outages,
+    over_bound,
+    proved,
+)
 from gpuops.runtime.gate import Gate
 from gpuops.runtime.health import FAULT_TRIGGER
+from gpuops.runtime.outages import OutagesUnknown, OutOfService
 from gpuops.settings import LadderSettings
 from gpuops.store.interface import RepairRepository
 
@@ -73,8 +85,6 @@ GROUP = "health-ladder"
 """The group the ladder's decisions are recorded under."""
 
 
-DEFAULT_DOMAIN = "default"
-"""The failure domain of a node whose faults came without a pool."""
 DEFERRED = "deferred: "
 """How the reason of a node waiting for its domain's pace begins."""
 
@@ -86,8 +96,9 @@ def pace_of(settings: LadderSettings) -> Pace:
     )
 
 
-def domain_of(repair: Repair) -> str:
-    return repair.pool or DEFAULT_DOMAIN
+def domains_of_repair(repair: Repair, names: list[str]) -> tuple[str, ...]:
+    """The failure domains of ``repair``'s node (``pool=a100``, ``rack=r12``), by ``names``."""
+    return domains_of(names, {**repair.labels, "pool": repair.pool, POLICY: repair.policy})
 
 
 def rules_of(settings: LadderSettings) -> LadderRules:
@@ -113,14 +124,17 @@ class RepairLadder:
         registry: CollectorRegistry,
         workers: int = 8,
         draw: Callable[[], float] = random.random,
+        out_of_service: OutOfService | None = None,
     ) -> None:
         """``stopped``: why no move may start now (the kill switch, pause), or None;
         ``returned``: told of a node given back to service (the health inbox: a fault that
-        began before never acts); ``draw``: a number in [0, 1) for a cooldown's jitter."""
+        began before never acts); ``draw``: a number in [0, 1) for a cooldown's jitter;
+        ``out_of_service``: the nodes out of service (``pacing.max_fraction``), or None."""
         self.settings = settings
         self.rules = rules_of(settings)
         self.pace = pace_of(settings)
         self._draw = draw
+        self._out = out_of_service
         self._pacing = threading.Lock()
         """One node at a time decides whether its domain lets its repair start."""
         self._store = store
@@ -148,14 +162,16 @@ class RepairLadder:
         )
         self.width = Gauge(
             "gpuops_health_ladder_width",
-            "Paced repair: the repairs a failure domain (pool) may have unproven at once.",
+            "Paced repair: the repairs a failure domain (pool=a100, rack=r12) may have unproven"
+            " at once.",
             ["domain"],
             registry=registry,
         )
         self.deferrals = Counter(
             "gpuops_health_ladder_deferrals",
-            "Paced repair: nodes whose repair waited for their failure domain (pool): its "
-            "width was taken, or it cooled down after a failed repair.",
+            "Paced repair: nodes whose repair waited, by the failure domain that held it: its "
+            "width was taken, it cooled down after a failed repair, or its nodes out of "
+            "service were at its bound (or not known).",
             ["domain"],
             registry=registry,
         )
@@ -214,18 +230,23 @@ class RepairLadder:
         self._store.save_domain(domain.name, json.dumps(domain.as_dict()))
         self.width.labels(domain.name).set(domain.width)
 
+    def domains(self, repair: Repair) -> tuple[str, ...]:
+        """The failure domains ``repair``'s node belongs to (``pacing.domains``)."""
+        return domains_of_repair(repair, self.settings.pacing.domains)
+
     def _failed(self, repair: Repair, why: str) -> None:
-        """A repair of ``repair``'s domain failed: its width drops to 1, a cooldown begins."""
-        with self._pacing:
-            domain = failed(self.domain(domain_of(repair)), self.pace, self._clock(), self._draw())
-            self._save_domain(domain)
-        log.warning(
-            "paced repair in %s: the repair of %s failed (%s): width 1, next repair in %.0f s",
-            domain.name,
-            repair.node,
-            why,
-            max(0.0, domain.cooldown_until - self._clock()),
-        )
+        """A repair failed: in each of its domains the width drops to 1, a cooldown begins."""
+        for name in self.domains(repair):
+            with self._pacing:
+                domain = failed(self.domain(name), self.pace, self._clock(), self._draw())
+                self._save_domain(domain)
+            log.warning(
+                "paced repair in %s: the repair of %s failed (%s): width 1, next repair in %.0f s",
+                domain.name,
+                repair.node,
+                why,
+                max(0.0, domain.cooldown_until - self._clock()),
+            )
 
     def _count(self) -> None:
         stages = [r.stage for r in self.repairs()]
@@ -260,6 +281,7 @@ class RepairLadder:
             decision_id=decision.id,
             episode=decision.episode_start,
             pool=labels.get("pool", ""),
+            labels={k: v for k, v in labels.items() if k not in FAULT_LABELS},
         )
         if self.quarantined(q):
             self.kick(node)
@@ -307,16 +329,17 @@ class RepairLadder:
                 if current != repair:
                     continue  # it moved meanwhile (faulty again)
                 self._save(replace(repair, proven=True))
-            with self._pacing:
-                domain = proved(self.domain(domain_of(repair)))
-                self._save_domain(domain)
-            log.info(
-                "paced repair in %s: the repair of %s held for %g s: width %d",
-                domain.name,
-                repair.node,
-                self.pace.dwell_s,
-                domain.width,
-            )
+            for name in self.domains(repair):
+                with self._pacing:
+                    domain = proved(self.domain(name))
+                    self._save_domain(domain)
+                log.info(
+                    "paced repair in %s: the repair of %s held for %g s: width %d",
+                    domain.name,
+                    repair.node,
+                    self.pace.dwell_s,
+                    domain.width,
+                )
 
     def kick(self, node: str) -> None:
         """Climb ``node``'s ladder in a worker, unless one is at it already."""
@@ -371,16 +394,57 @@ class RepairLadder:
                 self.attempts.labels(moved.stage.value).observe(tried)
             self._said(moved, move, ok, note)
 
-    def _start(self, repair: Repair) -> bool:
-        """Start ``repair`` if its domain's pace lets it (False: it waits, the deferral in
-        its reason, naming the domain)."""
-        name = domain_of(repair)
-        with self._pacing:
-            others = [r for r in self.repairs() if domain_of(r) == name and r.node != repair.node]
-            why = deferred(
-                self.domain(name), sum(1 for r in others if unproven(r)), self.pace, self._clock()
+    def _bounds(self, repair: Repair, names: tuple[str, ...]) -> tuple[str, str] | None:
+        """The first of ``names`` (``repair``'s domains) whose nodes out of service are at
+        its bound, or cannot be told now, and why; None: none holds the repair (or no
+        ``max_fraction``)."""
+        fraction = self.settings.pacing.max_fraction
+        bounded = [n for n in names if not n.startswith(f"{POLICY}=")]
+        if fraction is None or self._out is None or not bounded:
+            return None
+        try:
+            nodes = self._out.nodes()
+        except OutagesUnknown as exc:
+            return bounded[0], (
+                f"paced repair in {bounded[0]}: its nodes out of service are not known"
+                f" ({exc}): it waits for a fresh answer"
             )
+        labels = [n.split("=", 1)[0] for n in bounded]
+        found = outages(labels, nodes, repair.node)
+        for name in bounded:
+            outage = found.get(name)
+            if outage is None:
+                return name, (
+                    f"paced repair in {name}: its nodes out of service are not known (no node"
+                    f" of {name} in the answer of health.ladder.pacing.unavailable): it waits"
+                    " for a fresh answer"
+                )
+            why = over_bound(name, outage, fraction)
             if why is not None:
+                return name, why
+        return None
+
+    def _deferred(self, repair: Repair, names: tuple[str, ...]) -> tuple[str, str] | None:
+        """The first of ``names`` whose width or cooldown holds ``repair``, and why (call
+        with ``_pacing`` held)."""
+        others = [r for r in self.repairs() if r.node != repair.node and unproven(r)]
+        busy_in = [set(self.domains(r)) for r in others]
+        for name in names:
+            busy = sum(1 for domains in busy_in if name in domains)
+            why = deferred(self.domain(name), busy, self.pace, self._clock())
+            if why is not None:
+                return name, why
+        return None
+
+    def _start(self, repair: Repair) -> bool:
+        """Start ``repair`` if every domain of its node lets it (False: it waits, the
+        deferral in its reason, naming the domain that holds it)."""
+        names = self.domains(repair)
+        bound = self._bounds(repair, names)  # a query: before the lock
+        with self._pacing:
+            held = self._deferred(repair, names) or bound
+            if held is not None:
+                name, why = held
                 if not repair.why.startswith(DEFERRED):  # a new wait: counted and audited once
                     self.deferrals.labels(name).inc()
                     log.info("node %s waits: %s", repair.node, why)
@@ -420,7 +484,7 @@ class RepairLadder:
     def _decision(self, repair: Repair, move: Move) -> Decision:
         now = self._clock()
         key = f"node={repair.node}"
-        labels = {"node": repair.node}
+        labels = {**repair.labels, "node": repair.node}
         if repair.gpu:
             labels["uuid"] = repair.gpu
         if repair.pool:

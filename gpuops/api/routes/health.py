@@ -14,16 +14,24 @@ second sending harmless).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
 from gpuops.api.schemas import refusal
 from gpuops.api.tokens import Permission, Principal
-from gpuops.model.health.events import EventKind, HealthEvent
+from gpuops.model.health.events import FAULT_LABELS, EventKind, HealthEvent
 from gpuops.model.health.ladder import Repair
 from gpuops.runtime.alerts import InboxFull
 from gpuops.store.errors import StateError
@@ -34,6 +42,10 @@ MAX_EVENTS = 10_000
 """Events in one request (an agent sends what queued while the engine was away in batches of at
 most this many)."""
 
+
+MAX_LABELS = 16
+"""Labels of one event's node."""
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 NOTED = 20
 """Faults and skips named in the call's audit document (the rest are counted)."""
@@ -57,6 +69,11 @@ class EventIn(BaseModel):
     """When NVML reported it, Unix seconds."""
     pool: str = Field(default="", max_length=256)
     """The node's pool (Slurm: partition): its profile (``health.profiles``) applies."""
+    labels: dict[str, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=MAX_LABELS
+    )
+    """The node's labels (``{rack: r12, zone: z1}``): the failure domains of its repair
+    (``health.ladder.pacing.domains``)."""
 
     @model_validator(mode="after")
     def _xid_with_kind(self) -> EventIn:
@@ -66,9 +83,26 @@ class EventIn(BaseModel):
             raise ValueError("a gpu_lost event has no xid")
         return self
 
+    @field_validator("labels", mode="after")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not LABEL_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+            if name in FAULT_LABELS:
+                raise ValueError(f"{name!r} is a label of the GpuFault alert itself")
+        return value
+
     def value(self) -> HealthEvent:
         return HealthEvent(
-            self.id, self.node, self.gpu, EventKind(self.kind), self.at, self.xid, self.pool
+            self.id,
+            self.node,
+            self.gpu,
+            EventKind(self.kind),
+            self.at,
+            self.xid,
+            self.pool,
+            tuple(sorted(self.labels.items())),
         )
 
 

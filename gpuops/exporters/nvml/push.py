@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import requests
@@ -37,6 +37,7 @@ class HealthPusher:
         node: str,
         *,
         pool: str = "",
+        labels: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         batch: int = 500,
         queue_size: int = 100_000,
@@ -52,6 +53,9 @@ class HealthPusher:
         self.node = node
         self.pool = pool
         """Sent with each event: the engine applies the pool's profile (observe, quarantine)."""
+        self.labels = dict(labels or {})
+        """Sent with each event: the node's failure domains (rack, zone) its repair is paced
+        in."""
         self._headers = {"Authorization": f"Bearer {token}"}
         self._clock = clock
         self._batch = batch
@@ -101,6 +105,8 @@ class HealthPusher:
             event.update(id=f"{self.node}-{self._boot}-{self._seq}", node=self.node)
             if self.pool:
                 event["pool"] = self.pool
+            if self.labels:
+                event["labels"] = dict(self.labels)
             event["at"] = self._clock()
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1

@@ -22,6 +22,13 @@ from gpuops.model.health.faults import XidFault
 
 FAULT_ALERT = "GpuFault"
 """The ``alertname`` of a faulty GPU's alert (``rules/health/health.yaml`` acts on it)."""
+FAULT_LABELS = frozenset(
+    {"alertname", "node", "uuid", "xid", "class", "remedy", "reason", "pool", "profile"}
+)
+"""The labels ``fault_alert`` sets itself: a node label of the same name is refused."""
+
+Labels = tuple[tuple[str, str], ...]
+"""A node's labels as its agent sends them (``rack``, ``zone``), sorted by name."""
 
 
 class EventKind(StrEnum):
@@ -47,6 +54,8 @@ class HealthEvent:
     xid: int | None = None
     pool: str = ""
     """The node's pool (Slurm: partition) as the agent knows it; empty: not sent."""
+    labels: Labels = ()
+    """The node's labels as the agent knows them (its rack, its zone: failure domains)."""
 
 
 @dataclass(frozen=True)
@@ -61,9 +70,10 @@ class Fault:
     xid: int | None = None
     xid_class: XidClass = XidClass.HARDWARE
     pool: str = ""
+    labels: Labels = ()
 
     @staticmethod
-    def of_xid(fault: XidFault, pool: str = "") -> Fault:
+    def of_xid(fault: XidFault, pool: str = "", labels: Labels = ()) -> Fault:
         entry, threshold = fault.entry, fault.entry.threshold
         window = f" in {threshold.window_s:g}s" if threshold and threshold.count > 1 else ""
         reason = f"XID {entry.code} ({entry.description}) x{fault.count}{window}"
@@ -76,12 +86,19 @@ class Fault:
             entry.code,
             entry.xid_class,
             pool,
+            labels,
         )
 
     @staticmethod
     def of_lost(event: HealthEvent) -> Fault:
         return Fault(
-            event.node, event.gpu, "GPU lost", Remedy.REBOOT_NODE, event.at, pool=event.pool
+            event.node,
+            event.gpu,
+            "GPU lost",
+            Remedy.REBOOT_NODE,
+            event.at,
+            pool=event.pool,
+            labels=event.labels,
         )
 
 
@@ -92,10 +109,12 @@ def rfc3339(at: float) -> str:
 def fault_alert(fault: Fault, profile: str) -> Alert:
     """The firing alert ``GpuFault`` of ``fault``: labels ``node``, ``uuid``, ``xid`` (empty
     for a lost GPU), ``class``, ``remedy``, ``reason``, ``pool`` and ``profile`` (what its
-    pool's profile says: ``quarantine`` or ``observe``)."""
+    pool's profile says: ``quarantine`` or ``observe``), and the node's labels its agent sent
+    (``rack``, ``zone``; never one of those)."""
     code = "" if fault.xid is None else str(fault.xid)
     identity = "\0".join(("gpuops-health", fault.node, fault.gpu, code or "lost"))
     labels = {
+        **{k: v for k, v in fault.labels if k not in FAULT_LABELS},
         "alertname": FAULT_ALERT,
         "node": fault.node,
         "uuid": fault.gpu,

@@ -15,7 +15,7 @@ nothing here acts, reads a clock or keeps state.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -94,6 +94,8 @@ class Quarantine:
     episode: float
     """When the fault began (the alert's start): with the node, it names the climb."""
     pool: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The node's labels its agent sent (``rack``, ``zone``): its failure domains."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class Repair:
     executor: str = ""
     """The executor that drained the node (and gives it back)."""
     pool: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """The node's labels its agent sent with the fault (``rack``, ``zone``)."""
     step: str = ""
     """The remediation step due or running (``remediating``), or the last one."""
     done: tuple[str, ...] = ()
@@ -143,6 +147,7 @@ class Repair:
         fields["stage"] = Stage(fields.get("stage", Stage.HEALTHY))
         fields["done"] = tuple(fields.get("done", ()))
         fields["remediated"] = tuple(float(t) for t in fields.get("remediated", ()))
+        fields["labels"] = {str(k): str(v) for k, v in dict(fields.get("labels") or {}).items()}
         return Repair(**fields)
 
 
@@ -169,6 +174,7 @@ def quarantined(repair: Repair | None, q: Quarantine, now: float) -> tuple[Repai
         quarantined_by=q.decision_id,
         executor=q.executor,
         pool=q.pool,
+        labels=dict(q.labels),
         step="",
         done=(),
         passed=False,

@@ -1,5 +1,6 @@
-"""Paced repair: how many unproven repairs one failure domain (a pool) may have at once — a
-purely computational slow start, not a latching breaker.
+"""Paced repair: how many unproven repairs one failure domain (a pool, a rack, a zone, the
+policy) may have at once — a purely computational slow start, not a latching breaker — and
+the bound on a domain's nodes out of service.
 
 A domain's ``width`` starts at 1. A repair is unproven from its first step until its node has
 stayed healthy for the dwell after its return; each repair proven adds 1 to the width, so
@@ -7,14 +8,21 @@ the width doubles each time all the repairs it let run hold (1, 2, 4, ...). A fa
 (its node handed to a human, or faulty again within the dwell) drops the width to 1 and starts a
 cooldown before the domain's next repair: 1 minute, doubled for each failure in a row up to
 10, with jitter, never zero. Domains never wait for each other: a fault in a quiet pool is
-repaired at once whatever floods another. The engine's ladder (``gpuops.runtime.ladder``) keeps
-each domain's ``Domain`` in the store and asks ``deferred`` before a node's first step;
-nothing here acts or reads a clock.
+repaired at once whatever floods another.
+
+A node belongs to one domain per label that ``health.ladder.pacing.domains`` names
+(``domains_of``: ``pool=a100``, ``rack=r12``), and its repair starts only when every one of
+them has room. With ``max_fraction``, a domain whose nodes out of service for any reason — by
+the scheduler's fresh view, counted by ``Outage`` — reach its bound holds it too
+(``over_bound``; never zero: one node of any domain may be out). The engine's ladder
+(``gpuops.runtime.ladder``) keeps each domain's ``Domain`` in the store and asks ``deferred``
+and ``over_bound`` before a node's first step; nothing here acts or reads a clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -32,6 +40,18 @@ class Pace:
     max_cooldown_s: float = 600.0
     jitter: float = 0.2
     """The cooldown is drawn within ± this fraction of itself."""
+
+
+DEFAULT = "default"
+"""The value of a domain label a node came without (``pool=default``)."""
+POLICY = "policy"
+"""The domain label that names the policy whose quarantine put the node on the ladder."""
+
+
+def domains_of(names: Sequence[str], labels: Mapping[str, str]) -> tuple[str, ...]:
+    """The failure domains of a node whose labels (its ``pool``, ``policy`` and the labels its
+    agent sent) are ``labels``: ``name=value`` for each of ``names``, in their order."""
+    return tuple(f"{name}={labels.get(name) or DEFAULT}" for name in names)
 
 
 @dataclass(frozen=True)
@@ -79,3 +99,49 @@ def failed(domain: Domain, pace: Pace, now: float, draw: float) -> Domain:
     base = min(pace.max_cooldown_s, pace.cooldown_s * 2.0**domain.failures)
     cooldown = max(1.0, base * (1.0 + pace.jitter * (2.0 * draw - 1.0)))
     return replace(domain, width=1, failures=domain.failures + 1, cooldown_until=now + cooldown)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """One domain's nodes as the scheduler sees them now, leaving out the node to repair."""
+
+    nodes: int
+    """The domain's nodes (the node to repair included)."""
+    out: tuple[str, ...]
+    """The other nodes of the domain out of service, for any reason, sorted."""
+
+
+def outages(
+    names: Iterable[str], nodes: Iterable[tuple[Mapping[str, str], bool]], node: str
+) -> dict[str, Outage]:
+    """Each domain of the labels ``names`` counted from ``nodes`` (one node's labels, with
+    ``node``, and whether it is out of service), leaving ``node`` out of ``out``."""
+    sizes: dict[str, int] = {}
+    out: dict[str, list[str]] = {}
+    for labels, down in nodes:
+        for name in names:
+            domain = f"{name}={labels.get(name) or DEFAULT}"
+            sizes[domain] = sizes.get(domain, 0) + 1
+            found = out.setdefault(domain, [])
+            if down and labels.get("node") != node:
+                found.append(labels.get("node", ""))
+    return {d: Outage(n, tuple(sorted(out[d]))) for d, n in sizes.items()}
+
+
+def allowed(nodes: int, max_fraction: float) -> int:
+    """How many nodes of a domain of ``nodes`` may be out of service: ``max_fraction`` of
+    them, rounded down, never less than one."""
+    return max(1, math.floor(nodes * max_fraction + 1e-9))
+
+
+def over_bound(name: str, outage: Outage, max_fraction: float) -> str | None:
+    """Why the repair of a node of domain ``name`` may not start while ``outage`` stands (the
+    node itself out of service too would exceed the bound), naming the domain; None: it may."""
+    bound = allowed(outage.nodes, max_fraction)
+    if len(outage.out) + 1 <= bound:
+        return None
+    shown = ", ".join(outage.out[:5]) + (", ..." if len(outage.out) > 5 else "")
+    return (
+        f"paced repair in {name}: {len(outage.out)} other node(s) of {outage.nodes} out of"
+        f" service ({shown}), at its bound of {bound} (max_fraction {max_fraction:g})"
+    )

@@ -141,6 +141,16 @@ def test_bad_senders_and_bodies_are_refused_naming_what(api: Harness) -> None:
     answer = api.call("alertmanager", "POST", "/api/v1/health/events", json={"event": []})
     assert answer.status_code == 400
     assert answer.json()["detail"].startswith("events: Field required; event: Extra inputs")
+    answer = push(api, {**good, "labels": {"rack-1": "r1"}})
+    assert answer.status_code == 400
+    assert answer.json()["detail"] == (
+        "events[0].labels: 'rack-1' is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+    )
+    answer = push(api, {**good, "labels": {"pool": "a"}})
+    assert answer.status_code == 400
+    assert answer.json()["detail"] == (
+        "events[0].labels: 'pool' is a label of the GpuFault alert itself"
+    )
     big = [event(api, f"b-{i}", "n6", "GPU-f", 79) for i in range(1000)]
     assert push(api, *big).status_code == 413
     assert quarantined(api) == []

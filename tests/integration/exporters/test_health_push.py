@@ -32,9 +32,12 @@ def api(tmp_path: Path) -> Iterator[Harness]:
         yield harness
 
 
-def agent(api: Harness, url: str, node: str, pool: str = "") -> tuple[ExporterServer, HealthPusher]:
+def agent(
+    api: Harness, url: str, node: str, pool: str = "", labels: dict[str, str] | None = None
+) -> tuple[ExporterServer, HealthPusher]:
     fake = healthy_h100()
-    pusher = HealthPusher(url, api.tokens["alertmanager"], node, pool=pool, min_backoff_s=0.05)
+    token = api.tokens["alertmanager"]
+    pusher = HealthPusher(url, token, node, pool=pool, labels=labels, min_backoff_s=0.05)
     server = ExporterServer(fake, host="127.0.0.1", port=0, xid_poll_ms=20, push=pusher)
     server.start()
     wait_for(lambda: server.xids is not None and server.xids.watching == 8, 10, "XID events")
@@ -71,17 +74,28 @@ def test_events_wait_while_the_engine_is_away(api: Harness) -> None:
         server.close()
 
 
-def test_the_agents_pool_chooses_the_profile(tmp_path: Path) -> None:
-    with running_api(tmp_path / "profiles", rules=PROFILE_RULES) as api:
+def test_the_agents_pool_chooses_the_profile_and_its_labels_reach_the_decision(
+    tmp_path: Path,
+) -> None:
+    observing = "        action: {type: migrate, executor: log}\n        mode: dry-run"
+    rules = PROFILE_RULES.replace("        target: [node]\n" + observing, observing)
+    assert rules != PROFILE_RULES  # the observing policy's targets: the alert's labels
+    with running_api(tmp_path / "profiles", rules=rules) as api:
         api.engine.health.profiles["canary"] = "observe"
-        server, pusher = agent(api, api.url, "node-3", pool="canary")
+        labels = {"rack": "r12", "zone": "z1"}
+        server, pusher = agent(api, api.url, "node-3", pool="canary", labels=labels)
         try:
             server.session.backend.inject_xid(0, 79)
             wait_for(lambda: pusher.sent == 1, 10, "the event sent")
             api.settle()
             with api.lock:
                 done = [(d.policy, d.verdict.value) for d, _ in api.decisions]
+                [decision] = [d for d, _ in api.decisions]
             assert done == [("observe-faulty-gpu-node", "dry_run")]
+            assert (decision.target.labels["rack"], decision.target.labels["zone"]) == (
+                "r12",
+                "z1",
+            )
         finally:
             server.close()
 

@@ -172,7 +172,7 @@ def test_a_fault_nothing_heals_needs_a_human_and_is_never_remediated_again(
     api.settle()  # its pool cools down after the failed repair (1 min, jittered)
     waiting = api.engine.ladder.repair("n4")
     assert waiting is not None and waiting.stage is Stage.QUARANTINED
-    assert waiting.why.startswith("deferred: paced repair in default: cooling down")
+    assert waiting.why.startswith("deferred: paced repair in pool=default: cooling down")
     api.clock.advance(120)
     api.engine.ladder.tick()
     settled(api, "n4", Stage.RETURNED)
@@ -237,13 +237,13 @@ def test_fifty_faults_in_one_pool_are_repaired_in_widths_1_2_4_and_another_pool_
         waiting = api.engine.ladder.repair("a49")
         assert waiting is not None and waiting.stage is Stage.QUARANTINED
         assert waiting.why == (
-            "deferred: paced repair in a: 1 unproven repair(s) at width 1 (it grows as repairs"
+            "deferred: paced repair in pool=a: 1 unproven repair(s) at width 1 (it grows as repairs"
             " stay healthy 5m)"
         )
         with api.lock:
             paced = [d for d, _ in api.decisions if d.verdict.value == "suppressed:paced"]
         assert len(paced) == 49  # each waiting node's deferral audited once, naming its pool
-        assert {d.reason.split(":")[0] for d in paced} == {"paced repair in a"}
+        assert {d.reason.split(":")[0] for d in paced} == {"paced repair in pool=a"}
         widths = [len(seen - {"b01"})]
         while len(seen) < 51:
             api.clock.advance(300)  # the dwell: every repair returned so far held
@@ -254,9 +254,9 @@ def test_fifty_faults_in_one_pool_are_repaired_in_widths_1_2_4_and_another_pool_
             seen = now
         assert widths == [1, 2, 4, 8, 16, 19]
         metrics = api.call(None, "GET", "/metrics").text
-        assert 'gpuops_health_ladder_deferrals_total{domain="a"} 49.0' in metrics
-        assert 'gpuops_health_ladder_width{domain="b"} 2.0' in metrics  # its repair held
-        assert 'gpuops_health_ladder_width{domain="a"} 32.0' in metrics
+        assert 'gpuops_health_ladder_deferrals_total{domain="pool=a"} 49.0' in metrics
+        assert 'gpuops_health_ladder_width{domain="pool=b"} 2.0' in metrics  # its repair held
+        assert 'gpuops_health_ladder_width{domain="pool=a"} 32.0' in metrics
 
 
 def test_the_node_agent_resets_the_gpu_and_checks_it_by_nvml(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ def test_every_option_has_help() -> None:
         "--agent",
         "--agent-token-file",
         "--xid-poll-ms",
+        "--label",
     ):
         assert option in result.output
     assert "[default: 9835" in result.output
@@ -42,3 +43,20 @@ def test_agent_needs_a_token_file(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "is empty" in result.output
+
+
+def test_a_bad_node_label_is_refused_naming_it() -> None:
+    for given, says in (
+        ("rack", "--label 'rack': give NAME=VALUE"),
+        ("rack-1=r1", "--label 'rack-1=r1': give NAME=VALUE"),
+        ("pool=a", "--label 'pool=a': pool is a label the engine sets itself"),
+    ):
+        result = CliRunner().invoke(
+            cli, ["exporter", "nvml", "--fake-nvml", "mig-a100", "--label", given]
+        )
+        assert result.exit_code == 2, given
+        assert says in result.output
+    twice = ["--label", "rack=r1", "--label", "rack=r2"]
+    result = CliRunner().invoke(cli, ["exporter", "nvml", "--fake-nvml", "mig-a100", *twice])
+    assert result.exit_code == 2
+    assert "--label rack is given twice" in result.output

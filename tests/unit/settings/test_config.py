@@ -122,12 +122,41 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
             "engine.yaml:3: health.ladder.pacing: cooldown (1200s) is above max_cooldown (600s)",
         ),
         (
+            "health:\n  ladder:\n    pacing:\n      domains: [pool, rack-id, pool]\n",
+            "engine.yaml:4: health.ladder.pacing.domains: not a label name: 'rack-id'",
+        ),
+        (
+            "health:\n  ladder:\n    pacing:\n      domains: [rack, rack]\n",
+            "engine.yaml:4: health.ladder.pacing.domains: a domain is named twice: rack",
+        ),
+        (
+            "health:\n  ladder:\n    pacing:\n      max_fraction: 0.1\n",
+            "engine.yaml:3: health.ladder.pacing: max_fraction needs unavailable (the PromQL that"
+            " tells which nodes are out of service)",
+        ),
+        (
+            "health:\n  ladder:\n    pacing:\n      max_fraction: 0.1\n"
+            "      unavailable: 'max by (node'\n",
+            "engine.yaml:5: health.ladder.pacing.unavailable: not PromQL: unclosed left"
+            " parenthesis",
+        ),
+        (
             "health:\n  profiles: {a100: repair}\n",
             "engine.yaml:2: health.profiles.a100: Input should be 'observe', 'quarantine' or"
             " 'full'",
         ),
     ],
-    ids=["step-twice", "unknown-step", "no-check", "cooldown-above-max", "unknown-profile"],
+    ids=[
+        "step-twice",
+        "unknown-step",
+        "no-check",
+        "cooldown-above-max",
+        "domain-not-a-label",
+        "domain-twice",
+        "bound-without-query",
+        "bad-promql",
+        "unknown-profile",
+    ],
 )
 def test_ladder_mistakes_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:

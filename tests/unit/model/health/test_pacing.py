@@ -1,10 +1,22 @@
 """Paced repair as pure functions: a width that starts at 1 and grows by one per repair
 proven (doubling as the repairs it let run hold), drops to 1 on a failure with a cooldown
-from 1 to 10 minutes, jittered and never zero, every deferral naming its domain."""
+from 1 to 10 minutes, jittered and never zero, every deferral naming its domain; a node's
+domains by label, and the bound on a domain's nodes out of service (never zero)."""
 
 from __future__ import annotations
 
-from gpuops.model.health.pacing import Domain, Pace, deferred, failed, proved
+from gpuops.model.health.pacing import (
+    Domain,
+    Outage,
+    Pace,
+    allowed,
+    deferred,
+    domains_of,
+    failed,
+    outages,
+    over_bound,
+    proved,
+)
 
 PACE = Pace()
 
@@ -55,3 +67,50 @@ def test_domains_are_independent() -> None:
     flooded = Domain("a100", width=1)
     assert deferred(flooded, 49, PACE, 0.0) is not None
     assert deferred(Domain("h100"), 0, PACE, 0.0) is None
+
+
+def test_a_node_belongs_to_one_domain_per_label_named_and_default_without_it() -> None:
+    labels = {"pool": "a100", "rack": "r12", "policy": "repair"}
+    assert domains_of(["pool", "rack"], labels) == ("pool=a100", "rack=r12")
+    assert domains_of(["zone", "policy"], labels) == ("zone=default", "policy=repair")
+    assert domains_of(["pool"], {"pool": ""}) == ("pool=default",)
+
+
+def node(name: str, rack: str, pool: str = "a100") -> dict[str, str]:
+    return {"node": name, "rack": rack, "pool": pool}
+
+
+def test_outages_count_each_domain_and_leave_the_node_to_repair_out() -> None:
+    nodes = [
+        (node("n1", "r1"), True),  # the node to repair: drained by gpuops
+        (node("n2", "r1"), True),  # drained by someone else
+        (node("n3", "r1"), False),
+        (node("n4", "r2"), True),
+        ({"node": "n5", "pool": "a100"}, False),  # no rack label
+    ]
+    found = outages(["pool", "rack"], nodes, "n1")
+    assert found == {
+        "pool=a100": Outage(5, ("n2", "n4")),
+        "rack=r1": Outage(3, ("n2",)),
+        "rack=r2": Outage(1, ("n4",)),
+        "rack=default": Outage(1, ()),
+    }
+
+
+def test_the_bound_is_a_fraction_rounded_down_and_never_zero() -> None:
+    assert [allowed(n, 0.1) for n in (1, 3, 9, 10, 19, 20, 100)] == [1, 1, 1, 1, 1, 2, 10]
+    assert allowed(100, 0.29) == 29  # 100 * 0.29 is 28.999999999999996 in floating point
+    assert over_bound("rack=r1", Outage(3, ()), 0.1) is None  # one node of three may be out
+
+
+def test_a_domain_at_its_bound_holds_the_repair_naming_itself_and_the_nodes_out() -> None:
+    assert over_bound("rack=r1", Outage(20, ("n2",)), 0.1) is None  # 2 of 20 out: the bound
+    assert over_bound("rack=r1", Outage(20, ("n2", "n3")), 0.1) == (
+        "paced repair in rack=r1: 2 other node(s) of 20 out of service (n2, n3), at its bound"
+        " of 2 (max_fraction 0.1)"
+    )
+    many = tuple(f"n{i}" for i in range(10, 17))
+    assert over_bound("pool=a", Outage(10, many), 0.5) == (
+        "paced repair in pool=a: 7 other node(s) of 10 out of service (n10, n11, n12, n13,"
+        " n14, ...), at its bound of 5 (max_fraction 0.5)"
+    )
