@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from gpuops.sources import MetricsSource, QueryError
-from gpuops.sources.promql import input_selectors
+from gpuops.sources.promql import AGE_LABEL, input_selectors
 
 log = logging.getLogger(__name__)
 
@@ -89,4 +89,6 @@ class OutOfService:
 
 
 def _name(labels: Mapping[str, str]) -> str:
-    return "{" + ", ".join(f"{k}={v!r}" for k, v in sorted(labels.items())) + "}"
+    """A stale series as the probe found it, without the probe's own label."""
+    shown = sorted((k, v) for k, v in labels.items() if k != AGE_LABEL)
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in shown) + "}"

@@ -5,15 +5,19 @@ a Kubernetes cluster runs (dcgm-exporter, kube-state-metrics, Kueue) would write
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
 class Exporter:
-    """``set(name, labels, value)`` a series; ``drop(name, labels)`` ends it."""
+    """``set(name, labels, value)`` a series; ``drop(name, labels)`` ends it; ``read_at``:
+    when set, every sample carries the time it returns (Unix seconds), as an exporter that
+    serves what it read then (a time that stops moving: a stuck exporter serving its last
+    read, which Prometheus keeps as it is, with no staleness marker)."""
 
     def __init__(self) -> None:
+        self.read_at: Callable[[], float] | None = None
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._lock = threading.Lock()
         exporter = self
@@ -44,9 +48,10 @@ class Exporter:
     def text(self) -> str:
         with self._lock:
             lines = []
+            at = "" if self.read_at is None else f" {int(self.read_at() * 1000)}"
             for (name, labels), value in sorted(self._series.items()):
                 inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-                lines.append(f"{name}{{{inner}}} {value:g}")
+                lines.append(f"{name}{{{inner}}} {value:g}{at}")
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
