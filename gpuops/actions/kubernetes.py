@@ -13,7 +13,8 @@ and gpuops never undoes what it did not do:
   (``gpuops.actions.kubedrain``). A node cordoned by someone else keeps its cordon, unowned; a
   node whose gpuops cordon someone lifted is not cordoned again in that episode. With a ``uuid``
   label (a GPU-level fault) only the pods holding that GPU are evicted (none when its ``pod``
-  label is empty: a free GPU).
+  label is empty: a free GPU), and the node is cordoned only when the policy asks
+  (``params.cordon: true``: the remediation ladder's quarantine, whose reboot needs the node).
 - ``resume`` (the undo): uncordon only while the annotations name this policy's episode; a node
   someone else uncordoned has its annotations removed and the outcome says so.
 - ``reclaim`` (labels ``namespace`` + ``pod``, or ``node`` + ``uuid`` found through
@@ -280,12 +281,7 @@ class KubernetesExecutor:
             return self._standing(decision)
         except (KubeError, ExecutorError) as exc:
             labels = decision.target.labels
-            if (
-                decision.action is not None
-                and decision.action.type == MIGRATE.name
-                and labels.get(self.settings.node_label)
-                and not labels.get("uuid")
-            ):
+            if labels.get(self.settings.node_label) and _takes_node_out(decision):
                 return Standing(
                     veto=f"the nodes max_fraction counts cannot be read now, so not cordoned: {exc}"
                 )
@@ -297,12 +293,7 @@ class KubernetesExecutor:
         how many are selected: asked by the gate."""
         labels = decision.target.labels
         node = labels.get(self.settings.node_label)
-        counted = bool(
-            node
-            and not labels.get("uuid")  # a GPU-level fault: its node is not cordoned
-            and decision.action is not None
-            and decision.action.type == MIGRATE.name
-        )
+        counted = bool(node and _takes_node_out(decision))
         if counted:  # every selected node: max_fraction counts them
             nodes = self.client.nodes(self.settings.node_selector)
         elif node and NAME_RE.fullmatch(node):  # the target's node alone
@@ -366,16 +357,18 @@ class KubernetesExecutor:
         calls = self.client.calls
         node = self._node(d)
         name = node["metadata"]["name"]
+        only = None
         if d.target.labels.get("uuid"):  # a GPU-level fault: only the pods of that GPU
-            # not cordoned: the device plugin keeps new pods off the bad GPU, the node's
-            # other GPUs stay in service
             pods = self._pods_of_gpu(d, name)
             only = [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods]
-            report = self.drainer.drain(name, only=only, force=_force(d))
-            return _migrated(name, False, "a GPU-level fault: not cordoned", report, calls, self)
+            if not _cordon(d):  # the device plugin keeps new pods off the bad GPU, the
+                # node's other GPUs stay in service
+                report = self.drainer.drain(name, only=only, force=_force(d))
+                gpu_only = "a GPU-level fault: not cordoned"
+                return _migrated(name, False, gpu_only, report, calls, self)
         cordoned, why = self.cordons.cordon(d, node, read=lambda: self._node(d))
         try:
-            report = self.drainer.drain(name, force=_force(d))
+            report = self.drainer.drain(name, only=only, force=_force(d))
         except (KubeError, ExecutorError) as exc:  # the cordon holds: the undo must lift it
             log.warning("node %s: cordoned, then the drain failed: %s", name, exc)
             failed = f"cordoned; the drain failed: {exc}"
@@ -459,6 +452,25 @@ def _migrated(
 
 def _key(pod: Mapping[str, Any]) -> str:
     return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+
+
+def _cordon(d: Decision) -> bool:
+    """The policy asks a GPU-level fault's node to be cordoned too (``params.cordon``)."""
+    value = d.action.params.get("cordon", False) if d.action is not None else False
+    if not isinstance(value, bool):
+        raise PermanentError(f"params.cordon of migrate must be true or false, not {value!r}")
+    return value
+
+
+def _takes_node_out(d: Decision) -> bool:
+    """Whether ``d`` cordons its node: a ``migrate`` of a node, or of a GPU with
+    ``params.cordon`` (what ``max_fraction`` counts)."""
+    if d.action is None or d.action.type != MIGRATE.name:
+        return False
+    try:
+        return not d.target.labels.get("uuid") or _cordon(d)
+    except PermanentError:  # the run says why
+        return False
 
 
 def _force(d: Decision) -> bool:

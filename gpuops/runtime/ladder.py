@@ -24,7 +24,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -270,6 +270,10 @@ class RepairLadder:
         if outcome.changed.get("drained") is False:
             log.info("node %s was drained by someone else: not on the remediation ladder", node)
             return
+        if outcome.changed.get("cordoned") is False:  # Kubernetes: the cordon is not gpuops'
+            why = outcome.changed.get("why") or "not cordoned"
+            log.info("node %s: %s: not on the remediation ladder", node, why)
+            return
         remedy = labels.get("remedy", "")
         q = Quarantine(
             node=node,
@@ -473,13 +477,52 @@ class RepairLadder:
         if decision.action is None:  # a hand-over without a webhook: audited, nothing run
             self._gate.record(decision)
             return True, ""
+        if move is Move.REBOOT and decision.action.executor != repair.executor:
+            emptied = self._empty(repair, decision)
+            if emptied is None or not emptied[0]:
+                return emptied
         outcome = self._gate.run_step(decision, once=move is Move.VALIDATE)
         if outcome.status is OutcomeStatus.SKIPPED:
             log.debug("node %s: %s held: %s", repair.node, move.value, outcome.error)
             return None
         if outcome.ok:
+            if move is Move.RETURN and False in (
+                outcome.changed.get("uncordoned"),
+                outcome.changed.get("resumed"),
+            ):
+                log.warning(
+                    "node %s: its return leaves it as someone else left it: %s",
+                    repair.node,
+                    outcome.changed.get("why") or "not gpuops' cordon or drain",
+                )
             return True, _said(outcome.changed)
         return False, outcome.error or "failed"
+
+    def _empty(self, repair: Repair, reboot: Decision) -> tuple[bool, str] | None:
+        """Before a reboot by another executor than the quarantine's (Kubernetes: the node
+        agent), the quarantine's executor drains the whole node: the quarantine evicted only
+        the faulty GPU's pods. (True, ""): empty; None: held, or pods a disruption budget
+        keeps (the next tick tries again); (False, why): the drain failed."""
+        node = {k: v for k, v in reboot.target.labels.items() if k != "uuid"}
+        drain = reboot.but(
+            id=decision_id(
+                repair.policy, reboot.target.key, repair.episode, "ladder:drain", len(repair.done)
+            ),
+            target=Target(key=reboot.target.key, labels=node),
+            action=ActionSpec("migrate", repair.executor),
+            reason=f"remediation ladder: drain of {repair.node} before its reboot"
+            f" ({repair.reason})",
+        )
+        outcome = self._gate.run_step(drain)
+        if outcome.status is OutcomeStatus.SKIPPED:
+            return None
+        if not outcome.ok:
+            return False, f"the drain before the reboot failed: {outcome.error or 'failed'}"
+        held = outcome.changed.get("held")
+        if held:
+            log.info("node %s: its reboot waits for pods still held: %s", repair.node, held)
+            return None
+        return True, ""
 
     def _decision(self, repair: Repair, move: Move) -> Decision:
         now = self._clock()
@@ -595,6 +638,6 @@ class RepairLadder:
 
 
 def _said(changed: Any) -> str:
-    if isinstance(changed, dict):
+    if isinstance(changed, Mapping):
         return ", ".join(f"{k}={v}" for k, v in changed.items() if v not in (None, "", []))[:256]
     return ""

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -23,6 +20,7 @@ from gpuops.integrations.kubernetes.client import check_kubeconfig
 from gpuops.model.decisions import Decision, Transition
 from gpuops.sim.fleet.remotewrite import RemoteWriter
 from gpuops.sources.promproc import PrometheusServer
+from tests.fakes.gpu_pods import GpuPods
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.integration.actions.kube import (
     Sleeps,
@@ -239,6 +237,26 @@ def test_a_gpu_level_fault_evicts_only_the_pods_of_that_gpu(
         k.run(
             decision("migrate", did="d3", node="gpu-1", uuid="GPU-8", namespace="ml", pod="other")
         )
+
+
+def test_a_gpu_level_fault_cordons_its_node_when_the_policy_asks(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The remediation ladder's quarantine (``params.cordon``): the node is cordoned, as gpuops'
+    own, and only the faulty GPU's pods are evicted; the undo lifts that cordon only."""
+    k = executor(api, tmp_path)
+    gpu = {"node": "gpu-1", "uuid": "GPU-7", "namespace": "ml", "pod": "train-a"}
+    done = k.run(decision("migrate", params={"cordon": True}, **gpu))
+    assert done["cordoned"] is True and done["evicted"] == ["ml/train-a"]
+    assert _node(api)["spec"]["unschedulable"] is True
+    assert _node(api)["metadata"]["annotations"][names.CORDONED_BY] == "migrate-off-down-nodes"
+    assert not api.get("", "pods", "serve-b", "ml")["metadata"].get("deletionTimestamp")
+    standing = k.standing(decision("migrate", did="d2", params={"cordon": True}, **gpu))
+    assert standing.population == 2  # it takes the node out: max_fraction counts it
+    undo = k.run(decision("resume", did="u1", transition=Transition.CLEAR, node="gpu-1"))
+    assert undo == {"node": "gpu-1", "uncordoned": True}
+    with pytest.raises(PermanentError, match="params.cordon of migrate must be true or false"):
+        k.run(decision("migrate", did="d3", params={"cordon": "yes"}, **gpu))
 
 
 def test_reclaim_scales_the_deployment_to_zero_and_keeps_its_replicas(
@@ -578,56 +596,21 @@ def test_kueue_is_called_at_the_version_discovery_finds_and_its_job_never_suspen
     )
 
 
-class _Query(BaseHTTPRequestHandler):
-    """Prometheus' /api/v1/query answering dcgm-exporter's series of GPU-1 (its pod mapping)."""
-
-    asked: list[str] = []
-
-    def do_GET(self) -> None:
-        query = parse_qs(urlsplit(self.path).query)["query"][0]
-        _Query.asked.append(query)
-        metric = {
-            "__name__": "DCGM_FI_DEV_GPU_UTIL",
-            "UUID": "GPU-1",
-            "gpu": "0",
-            "Hostname": "gpu-2",
-            "namespace": "ml",
-            "pod": "train-6d4f-x",
-        }
-        # timestamp(): the evaluation time, then the time of the series' newest sample
-        result = [{"metric": metric, "value": [100, "98"]}] if 'UUID="GPU-1"' in query else []
-        body = json.dumps(
-            {"status": "success", "data": {"resultType": "vector", "result": result}}
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_path: Path) -> None:
     """The shipped reclaim-idle-gpus (target node, uuid): dcgm-exporter's series names the pod."""
     api.put("apps", "deployments", deployment("train", 3))
     api.put("apps", "replicasets", replicaset("train-6d4f", "train"))
     api.put("", "pods", pod("train-6d4f-x", "gpu-2", owner=("ReplicaSet", "train-6d4f")))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Query)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
+    prometheus = GpuPods({"GPU-1": ("gpu-2", "ml", "train-6d4f-x")})
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        k = executor(api, tmp_path, reclaim={"prometheus_url": url})
+        k = executor(api, tmp_path, reclaim={"prometheus_url": prometheus.url})
         done = k.run(decision("reclaim", policy="reclaim-idle-gpus", node="gpu-2", uuid="GPU-1"))
         assert done["owner"] == "Deployment ml/train" and done["reclaimed"] is True
-        assert _Query.asked[-1] == 'timestamp(DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",pod!=""})'
+        assert prometheus.asked[-1] == 'timestamp(DCGM_FI_DEV_GPU_UTIL{UUID="GPU-1",pod!=""})'
         hostile = 'GPU-2"} or vector(1) or x{a="'
         with pytest.raises(PermanentError, match="is held by pods: none"):
             k.run(decision("reclaim", did="d2", node="gpu-2", uuid=hostile))
-        assert _Query.asked[-1] == (
+        assert prometheus.asked[-1] == (
             'timestamp(DCGM_FI_DEV_GPU_UTIL{UUID="GPU-2\\"} or vector(1) or x{a=\\"",pod!=""})'
         )
         with pytest.raises(PermanentError, match="runs on 'gpu-2', not on the target's node"):
@@ -636,8 +619,7 @@ def test_a_gpu_target_finds_its_pod_through_prometheus(api: FakeApiServer, tmp_p
         standing = k.standing(decision("reclaim", did="d4", node="gpu-2", uuid="GPU-1"))
         assert standing.veto == "pod ml/train-6d4f-x is labelled gpuops.io/do-not-touch=true"
     finally:
-        server.shutdown()
-        server.server_close()
+        prometheus.close()
 
 
 def test_a_stale_series_never_names_a_pod_to_evict(api: FakeApiServer, tmp_path: Path) -> None:

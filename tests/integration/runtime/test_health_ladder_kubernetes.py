@@ -1,0 +1,265 @@
+"""The remediation ladder on Kubernetes, on a real engine and API: a fault pushed by a node
+agent quarantines its node through the ``kubernetes`` executor against the fake API server
+(``tests.fakes.kube_apiserver``: cordoned as gpuops' own, only the faulty GPU's pod evicted,
+found through dcgm-exporter's series), the node agent (the exporter's agent over the fake NVML)
+resets the GPU, the node is drained and rebooted through the agent (its reboot command a script
+drawing a new boot id: ``tests.fakes.reboot``), checked by the agent, and uncordoned only while
+the cordon is still gpuops' own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuops.exporters.nvml import nvml, scenarios
+from gpuops.exporters.nvml.agent import AgentError
+from gpuops.exporters.nvml.fake import FakeGpu, FakeNvml
+from gpuops.exporters.nvml.reboot import Rebooter
+from gpuops.exporters.nvml.scenarios import fake_reset
+from gpuops.exporters.nvml.server import ExporterServer
+from gpuops.integrations.kubernetes import names
+from gpuops.model.health.ladder import Stage
+from tests.fakes.gpu_pods import GpuPods
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.fakes.reboot import FakeBoot
+from tests.integration.actions.kube import node, pod, settings
+from tests.integration.api.harness import Harness, running_api
+from tests.integration.api.test_health_events import event, push
+from tests.integration.runtime.test_health_ladder import LADDER_RULES, POLICY
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+HEAD, _, TAIL = LADDER_RULES.rpartition("executor: log}")  # the ladder policy's action
+K8S_RULES = HEAD + "executor: kubernetes, params: {cordon: true}}" + TAIL
+TOKEN = "agent-token"
+NODE = "gpu-1"
+UNCORRECTED = (nvml.ECC_ERRORS["uncorrected"], nvml.ECC_COUNTERS["volatile"])
+
+
+@dataclass
+class Node:
+    """One Kubernetes GPU node: its object in the API server, its agent over the fake NVML."""
+
+    api: FakeApiServer
+    fake: FakeNvml
+    boot: FakeBoot
+    tmp: Path
+    reset: Callable[[str], None] | None = None
+    """What the agent's GPU reset does (default: the fake NVML's)."""
+
+    @property
+    def gpu(self) -> FakeGpu:
+        return self.fake.gpus[0]
+
+    def k8s(self) -> dict[str, Any]:
+        return self.api.get("", "nodes", NODE)
+
+    def evicted(self, name: str) -> bool:
+        return bool(self.api.get("", "pods", name, "ml")["metadata"].get("deletionTimestamp"))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Node]:
+    api = FakeApiServer()
+    api.put("", "nodes", node(NODE))
+    api.put("", "pods", pod("train-a", NODE))  # on the faulty GPU
+    api.put("", "pods", pod("serve-b", NODE))  # on another GPU of the node
+    fake = scenarios.healthy_h100(2)
+
+    def rebooted() -> None:  # a reboot resets every GPU (volatile ECC, pending remappings)
+        for gpu in fake.gpus:
+            fake.reset_gpu(gpu.uuid)
+
+    yield Node(api, fake, FakeBoot(tmp_path / "node", on_boot=rebooted), tmp_path)
+    api.close()
+
+
+@pytest.fixture
+def climb(cluster: Node) -> Iterator[Callable[[], Harness]]:
+    """The engine, the node agent and dcgm-exporter's series, started when the test has set
+    the node's fault."""
+    stack: list[Any] = []
+
+    def start() -> Harness:
+        c = cluster
+        rebooter = Rebooter(c.tmp / "agent-state", c.boot.command(), c.boot.boot_id)
+        agent = ExporterServer(
+            c.fake,
+            host="127.0.0.1",
+            port=0,
+            agent_token=TOKEN,
+            xid_events=False,
+            reset=c.reset or fake_reset(c.fake),
+            rebooter=rebooter,
+        )
+        agent.start()
+        stack.append(agent.close)
+        prometheus = GpuPods({c.gpu.uuid: (NODE, "ml", "train-a")})
+        stack.append(prometheus.close)
+        kubeconfig = c.tmp / "kubeconfig"
+        kubeconfig.write_text(c.api.kubeconfig(), encoding="utf-8")
+        executors = {
+            "kubernetes": settings(kubeconfig, reclaim={"prometheus_url": prometheus.url}),
+            "nvml-agent": {
+                "url": f"http://127.0.0.1:{agent.port}",
+                "token": TOKEN,
+                "reboot_poll_s": 0.05,
+                "reboot_timeout_s": 60,
+            },
+        }
+        health = {
+            "default_profile": "full",
+            "ladder": {
+                "reboot": {"executor": "nvml-agent"},
+                "validation": {"executor": "nvml-agent"},
+                "interval": 3600,
+            },
+        }
+        run = running_api(c.tmp / "engine", rules=K8S_RULES, health=health, executors=executors)
+        harness = run.__enter__()
+        stack.append(lambda: run.__exit__(None, None, None))
+        return harness
+
+    yield start
+    for close in reversed(stack):
+        close()
+
+
+def fault(api: Harness, cluster: Node, xid: int = 48) -> None:
+    assert push(api, event(api, f"{NODE}-{xid}", NODE, cluster.gpu.uuid, xid)).json()["faults"] == 1
+
+
+def settled(api: Harness, *stages: Stage) -> None:
+    def there() -> bool:
+        repair = api.engine.ladder.repair(NODE)
+        return repair is not None and repair.stage in stages
+
+    wait_for(there, 60, f"{NODE} {stages}")
+    api.settle()
+
+
+def moves(api: Harness) -> list[tuple[str, str, bool]]:
+    with api.lock:
+        return [
+            (d.action.type, d.action.executor, o.ok)
+            for d, o in api.decisions
+            if d.group == "health-ladder" and o is not None and d.action is not None
+        ]
+
+
+def test_a_reset_heals_the_gpu_and_the_node_is_uncordoned(
+    cluster: Node, climb: Callable[[], Harness]
+) -> None:
+    cluster.gpu.remapped_rows = (0, 1, 1, 0)  # a row remapping a reset applies
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.RETURNED)
+    assert moves(api) == [
+        ("reset_gpu", "nvml-agent", True),
+        ("validate", "nvml-agent", True),
+        ("resume", "kubernetes", True),
+    ]
+    assert cluster.evicted("train-a") and not cluster.evicted("serve-b")
+    assert "unschedulable" not in cluster.k8s()["spec"]
+    assert not (cluster.k8s()["metadata"].get("annotations") or {}).get(names.CORDONED_BY)
+    assert cluster.gpu.resets == 1 and cluster.boot.reboots == 0
+
+
+def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agent(
+    cluster: Node, climb: Callable[[], Harness]
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2  # a reboot clears it
+    seen = []
+
+    def busy(uuid: str) -> None:
+        k8s = cluster.k8s()  # quarantined: cordoned as gpuops' own, the GPU's pod evicted
+        annotations = k8s["metadata"]["annotations"]
+        seen.append((k8s["spec"]["unschedulable"], annotations[names.CORDONED_BY]))
+        seen.append((cluster.evicted("train-a"), cluster.evicted("serve-b")))
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.RETURNED)
+    assert moves(api) == [
+        ("reset_gpu", "nvml-agent", False),
+        ("migrate", "kubernetes", True),  # the rest of the node drained before its reboot
+        ("reboot", "nvml-agent", True),
+        ("validate", "nvml-agent", True),
+        ("resume", "kubernetes", True),
+    ]
+    assert seen == [(True, POLICY), (True, False)]
+    assert cluster.boot.reboots == 1
+    assert cluster.evicted("train-a") and cluster.evicted("serve-b")
+    assert "unschedulable" not in cluster.k8s()["spec"]
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and repair.done == ("reboot",)
+
+
+def test_a_fault_nothing_heals_needs_a_human_and_the_node_stays_cordoned(
+    cluster: Node, climb: Callable[[], Harness]
+) -> None:
+    cluster.gpu.remapped_rows = (0, 1, 0, 1)  # a failed row remapping: a new GPU
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.NEEDS_HUMAN)
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and repair.done == ("reset_gpu", "reboot")
+    assert repair.why.startswith("the health check failed after reset_gpu, reboot")
+    assert "a row remapping failed" in repair.why
+    assert cluster.boot.reboots == 1
+    assert cluster.k8s()["spec"]["unschedulable"] is True
+    assert [m[0] for m in moves(api)].count("resume") == 0
+
+
+def test_a_node_someone_cordoned_before_is_not_on_the_ladder(
+    cluster: Node, climb: Callable[[], Harness]
+) -> None:
+    cluster.api.edit("", "nodes", NODE, spec={"unschedulable": True})  # kubectl cordon
+    api = climb()
+    fault(api, cluster)
+    api.settle()
+    assert api.engine.ladder.repair(NODE) is None
+    assert moves(api) == []
+    assert cluster.k8s()["spec"]["unschedulable"] is True
+    assert cluster.gpu.resets == 0 and cluster.boot.reboots == 0
+
+
+@pytest.mark.parametrize(
+    ("edits", "unschedulable", "why"),
+    [
+        ([None], None, "uncordoned by someone else"),
+        ([None, True], True, "cordoned again by someone else: their cordon stays"),
+    ],
+    ids=["uncordoned", "uncordoned-then-cordoned"],
+)
+def test_the_return_leaves_a_node_as_a_person_left_it(
+    cluster: Node,
+    climb: Callable[[], Harness],
+    edits: list[bool | None],
+    unschedulable: bool | None,
+    why: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster.gpu.remapped_rows = (0, 1, 1, 0)
+
+    def reset_meanwhile(uuid: str) -> None:  # a person acts on the node during its repair
+        for value in edits:  # kubectl uncordon, kubectl cordon
+            cluster.api.edit("", "nodes", NODE, spec={"unschedulable": value})
+        fake_reset(cluster.fake)(uuid)
+
+    cluster.reset = reset_meanwhile
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.RETURNED)
+    assert cluster.k8s()["spec"].get("unschedulable") is unschedulable
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and "uncordoned=False" in repair.why and why in repair.why
+    assert f"node {NODE}: its return leaves it as someone else left it: {why}" in caplog.text
+    assert moves(api)[-1] == ("resume", "kubernetes", True)
