@@ -29,6 +29,7 @@ from gpuops.model.health.catalogue_file import load_catalogue
 from gpuops.model.rules.durations import parse_duration
 from gpuops.model.rules.model import RulesError
 from gpuops.model.rules.yamlsource import parse_yaml
+from gpuops.model.verbs import VERBS
 from gpuops.sources.errors import QueryError
 from gpuops.sources.promql import input_selectors
 
@@ -453,7 +454,10 @@ class LadderSettings(_Model):
     $labels.node }}", nvidia-smi, --gpu-reset, -i, "{{ $labels.uuid }}"]}}``."""
     reboot: LadderAction = LadderAction()
     """How the node is rebooted. Default: ``{executor: scheduler}``, the scheduler's
-    ``reboot`` (Slurm's ``scontrol reboot``, the node kept drained; docs/executors.md)."""
+    ``reboot`` (Slurm's ``scontrol reboot``, the node kept drained; docs/executors.md). On
+    Kubernetes: ``{executor: nvml-agent}``, the node agent's reboot (``gpuops exporter nvml
+    --agent --agent-reboot``), the rest of the node drained first by the executor that
+    quarantined it."""
     validation: ValidationSettings = ValidationSettings()
     """The health check before a node returns to service."""
     max_remediations: int = Field(default=1, ge=1)
@@ -478,6 +482,21 @@ class LadderSettings(_Model):
         twice = sorted({s for s in value if value.count(s) > 1})
         if twice:
             raise ValueError(f"a step is named twice: {', '.join(twice)}")
+        return value
+
+    @field_validator("reset_gpu", "reboot", "validation", mode="after")
+    @classmethod
+    def _does_its_step(
+        cls, value: LadderAction | ValidationSettings, info: ValidationInfo
+    ) -> LadderAction | ValidationSettings:
+        verb = VERBS["validate" if info.field_name == "validation" else str(info.field_name)]
+        built_in = {e for v in VERBS.values() for e in v.executors}
+        if value.executor in built_in and value.executor not in verb.executors:
+            raise ValueError(
+                f"executor {value.executor} does not do {verb.name} (the built-in executors"
+                f" that do: {', '.join(sorted(verb.executors))}; or command, an executor of"
+                " your own)"
+            )
         return value
 
 

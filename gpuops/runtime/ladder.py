@@ -87,6 +87,10 @@ GROUP = "health-ladder"
 
 DEFERRED = "deferred: "
 """How the reason of a node waiting for its domain's pace begins."""
+SCHEDULER_REBOOTS = frozenset({"scheduler", "slurm", "fleet"})
+"""Executors whose ``reboot`` waits for the node's work to end (Slurm's ``scontrol reboot``)
+or models it (the simulated fleet). Any other (the node agent, a command) reboots at once: the
+executor that quarantined the node drains it first."""
 
 
 def pace_of(settings: LadderSettings) -> Pace:
@@ -477,7 +481,10 @@ class RepairLadder:
         if decision.action is None:  # a hand-over without a webhook: audited, nothing run
             self._gate.record(decision)
             return True, ""
-        if move is Move.REBOOT and decision.action.executor != repair.executor:
+        if move is Move.REBOOT and decision.action.executor not in (
+            *SCHEDULER_REBOOTS,
+            repair.executor,
+        ):
             emptied = self._empty(repair, decision)
             if emptied is None or not emptied[0]:
                 return emptied
@@ -499,9 +506,9 @@ class RepairLadder:
         return False, outcome.error or "failed"
 
     def _empty(self, repair: Repair, reboot: Decision) -> tuple[bool, str] | None:
-        """Before a reboot by another executor than the quarantine's (Kubernetes: the node
-        agent), the quarantine's executor drains the whole node: the quarantine evicted only
-        the faulty GPU's pods. (True, ""): empty; None: held, or pods a disruption budget
+        """Before a reboot that does not wait for the node's work (Kubernetes: the node
+        agent's), the quarantine's executor drains the whole node: the quarantine evicted
+        only the faulty GPU's pods. (True, ""): empty; None: held, or pods a disruption budget
         keeps (the next tick tries again); (False, why): the drain failed."""
         node = {k: v for k, v in reboot.target.labels.items() if k != "uuid"}
         drain = reboot.but(

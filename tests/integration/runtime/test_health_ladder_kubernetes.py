@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpuops.actions.nvml_agent import NvmlAgentExecutor
 from gpuops.exporters.nvml import nvml, scenarios
 from gpuops.exporters.nvml.agent import AgentError
 from gpuops.exporters.nvml.fake import FakeGpu, FakeNvml
@@ -51,6 +52,7 @@ class Node:
     tmp: Path
     reset: Callable[[str], None] | None = None
     """What the agent's GPU reset does (default: the fake NVML's)."""
+    agent_url: str = ""
 
     @property
     def gpu(self) -> FakeGpu:
@@ -99,6 +101,7 @@ def climb(cluster: Node) -> Iterator[Callable[[], Harness]]:
         )
         agent.start()
         stack.append(agent.close)
+        c.agent_url = f"http://127.0.0.1:{agent.port}"
         prometheus = GpuPods({c.gpu.uuid: (NODE, "ml", "train-a")})
         stack.append(prometheus.close)
         kubeconfig = c.tmp / "kubeconfig"
@@ -106,7 +109,7 @@ def climb(cluster: Node) -> Iterator[Callable[[], Harness]]:
         executors = {
             "kubernetes": settings(kubeconfig, reclaim={"prometheus_url": prometheus.url}),
             "nvml-agent": {
-                "url": f"http://127.0.0.1:{agent.port}",
+                "url": c.agent_url,
                 "token": TOKEN,
                 "reboot_poll_s": 0.05,
                 "reboot_timeout_s": 60,
@@ -200,6 +203,11 @@ def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agen
     assert "unschedulable" not in cluster.k8s()["spec"]
     repair = api.engine.ladder.repair(NODE)
     assert repair is not None and repair.done == ("reboot",)
+    with api.lock:  # the reboot's decision again (a retry, a restart): no second reboot
+        [rebooted] = [d for d, _ in api.decisions if d.action and d.action.type == "reboot"]
+    again = NvmlAgentExecutor({"url": cluster.agent_url, "token": TOKEN}).run(rebooted)
+    assert (again["rebooted"], again["replayed"]) == (True, True)
+    assert cluster.boot.reboots == 1
 
 
 def test_a_fault_nothing_heals_needs_a_human_and_the_node_stays_cordoned(

@@ -145,6 +145,12 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
             "engine.yaml:2: health.profiles.a100: Input should be 'observe', 'quarantine' or"
             " 'full'",
         ),
+        (
+            "health:\n  ladder:\n    reboot: {executor: kubernetes}\n",
+            "engine.yaml:3: health.ladder.reboot: executor kubernetes does not do reboot (the"
+            " built-in executors that do: nvml-agent, slurm; or command, an executor of your"
+            " own)",
+        ),
     ],
     ids=[
         "step-twice",
@@ -156,9 +162,19 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
         "bound-without-query",
         "bad-promql",
         "unknown-profile",
+        "reboot-by-an-executor-that-cannot",
     ],
 )
 def test_ladder_mistakes_name_the_field(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, text))
     assert str(caught.value) == f"{tmp_path}/{expected}"
+
+
+def test_a_kubernetes_ladder_reboots_and_checks_through_the_node_agent(tmp_path: Path) -> None:
+    text = (
+        "health:\n  ladder:\n    reboot: {executor: nvml-agent}\n"
+        "    validation: {executor: nvml-agent}\n"
+    )
+    ladder = load_config(write(tmp_path, text)).health.ladder
+    assert (ladder.reboot.executor, ladder.validation.executor) == ("nvml-agent", "nvml-agent")
