@@ -378,7 +378,7 @@ _HELD: Mapping[Suppression, str] = {
     Suppression.POLICY_REMOVED: "held: its policy is no longer loaded",
     Suppression.EXPIRED: "held: too old to run (guardrails.action_max_age)",
     Suppression.VETO: "held by a veto on the target",
-    Suppression.PACED: "held by the pace of repairs in its pool",
+    Suppression.PACED: "held by the pace of repairs in its failure domain",
 }
 
 

@@ -15,6 +15,7 @@ second sending harmless).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
@@ -193,9 +194,11 @@ class RepairOut(BaseModel):
     quarantined_by: str
     """The decision id of the quarantine."""
     returned_at: float | None
+    domains: list[str] = []
+    """The failure domains its repair is paced in (``pool=a100``, ``rack=r12``)."""
 
     @staticmethod
-    def of(repair: Repair) -> RepairOut:
+    def of(repair: Repair, domains: Sequence[str] = ()) -> RepairOut:
         return RepairOut(
             node=repair.node,
             stage=repair.stage.value,
@@ -207,6 +210,7 @@ class RepairOut(BaseModel):
             why=repair.why,
             quarantined_by=repair.quarantined_by,
             returned_at=repair.returned_at,
+            domains=list(domains),
         )
 
 
@@ -216,7 +220,8 @@ def health_nodes(
     _: Annotated[Principal, Depends(require(Permission.ENGINE_READ))],
 ) -> list[RepairOut]:
     """Every node the remediation ladder knows, with its stage."""
-    return [RepairOut.of(r) for r in ctx.engine.ladder.repairs()]
+    ladder = ctx.engine.ladder
+    return [RepairOut.of(r, ladder.domains(r)) for r in ladder.repairs()]
 
 
 @router.post(
@@ -236,4 +241,4 @@ def clear_health_node(
     except ValueError as exc:
         raise HTTPException(409, str(exc)) from None
     request.state.gpuops_note = f"node {node} cleared: it may be remediated again"
-    return RepairOut.of(repair)
+    return RepairOut.of(repair, ctx.engine.ladder.domains(repair))

@@ -18,7 +18,7 @@ from gpuops.sources import QueryError
 from tests.fakes.prometheus import FakeSource
 from tests.integration.api.harness import Harness, running_api
 from tests.integration.api.test_health_events import event, push
-from tests.integration.runtime.test_health_ladder import LADDER_RULES
+from tests.integration.runtime.test_health_ladder import LADDER_RULES, faults, health, settled
 
 pytestmark = pytest.mark.integration
 
@@ -78,10 +78,35 @@ def test_faults_in_two_racks_of_one_pool_are_paced_per_rack(tmp_path: Path) -> N
             == [" paced repair in rack=r1"] * 2 + [" paced repair in rack=r2"] * 2
         )
         assert all(r.labels == {"rack": r.node[:2]} for r in waiting)  # kept on the record
+        nodes = api.call("developer", "GET", "/api/v1/health/nodes").json()
+        assert {n["node"]: n["domains"] for n in nodes}["r2n1"] == ["rack=r2"]
         metrics = api.call(None, "GET", "/metrics").text
         assert 'gpuops_health_ladder_deferrals_total{domain="rack=r1"} 2.0' in metrics
         assert 'gpuops_health_ladder_deferrals_total{domain="rack=r2"} 2.0' in metrics
         assert 'domain="pool=a"' not in metrics  # the pool is no domain here
+
+
+def test_a_failed_repair_cools_down_every_domain_of_its_node(tmp_path: Path) -> None:
+    faults(tmp_path, x1="never", x2="reset", x3="reset", x4="reset")
+    settings = health(tmp_path)
+    settings["ladder"]["pacing"] = {"domains": ["pool", "rack"]}
+    with running_api(tmp_path, rules=LADDER_RULES, health=settings) as api:
+        assert push(api, fault(api, "x1", "r1")).json()["faults"] == 1
+        settled(api, "x1", Stage.NEEDS_HUMAN)  # nothing heals it: a failed repair
+        assert push(api, fault(api, "x2", "r2"), fault(api, "x3", "r1", pool="b")).json() == {
+            "accepted": 2,
+            "duplicates": 0,
+            "faults": 2,
+            "skipped": 0,
+        }
+        api.settle()
+        assert why(api, "x2").startswith("deferred: paced repair in pool=a: cooling down")
+        assert why(api, "x3").startswith("deferred: paced repair in rack=r1: cooling down")
+        assert push(api, fault(api, "x4", "r3", pool="c")).json()["faults"] == 1
+        settled(api, "x4", Stage.RETURNED)  # neither pool=a nor rack=r1: at once
+        look_again(api, 120)  # past the cooldown (1 min after one failure, jittered)
+        for node in ("x2", "x3"):
+            settled(api, node, Stage.RETURNED)
 
 
 class Scheduler(FakeSource):
