@@ -31,19 +31,23 @@ from gpuops.model.verbs import (
     LEND,
     MIGRATE,
     PACK,
+    REBOOT,
     RECLAIM,
     RELEASE_CLASS,
     RELEASE_QUOTA,
+    RESET_GPU,
     RESTORE_CLOCKS,
     RESUME,
     SCALE_IN,
     SCALE_OUT,
     UNLEND,
+    VALIDATE,
     ClassParams,
     DownclockParams,
     NoParams,
     QuotaParams,
     QuotaReleaseParams,
+    RebootParams,
     ScaleParams,
     implemented_by,
 )
@@ -102,6 +106,17 @@ class FleetExecutor:
 
     def _resume(self, d: Decision, _: NoParams) -> Call:
         return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/resume")
+
+    def _reset_gpu(self, d: Decision, _: NoParams) -> Call:
+        return Call("POST", f"/api/v1/gpus/{_need(d, 'uuid')}/reset")
+
+    def _reboot(self, d: Decision, _: RebootParams) -> Call:
+        """The fleet's reboot keeps the node drained, as Slurm's does."""
+        return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/reboot")
+
+    def _validate(self, d: Decision, _: NoParams) -> Call:
+        """The fleet's health check of the node (a node that fails it answers 409)."""
+        return Call("POST", f"/api/v1/nodes/{_need(d, 'node')}/validate")
 
     def _lend(self, d: Decision, _: NoParams) -> Call:
         return Call("POST", f"/api/v1/pools/{_need(d, 'pool')}/lend")
@@ -229,6 +244,9 @@ DISPATCH: Dispatch[FleetExecutor, Call] = Dispatch(
         on(CONSOLIDATE, FleetExecutor._consolidate),
         on(MIGRATE, FleetExecutor._migrate),
         on(RESUME, FleetExecutor._resume),
+        on(RESET_GPU, FleetExecutor._reset_gpu),
+        on(REBOOT, FleetExecutor._reboot),
+        on(VALIDATE, FleetExecutor._validate),
         on(LEND, FleetExecutor._lend),
         on(UNLEND, FleetExecutor._unlend),
         on(DOWNCLOCK, FleetExecutor._downclock, first=lambda d: _need(d, "uuid")),

@@ -301,14 +301,14 @@ RESET_GPU = Verb(
     NoParams,
     "Reset a GPU (the node agent: nvidia-smi --gpu-reset): a remediation step.",
     labels=("uuid",),
-    executors=frozenset({NVML_AGENT}),
+    executors=frozenset({FLEET, NVML_AGENT}),
 )
 VALIDATE = Verb(
     "validate",
     NoParams,
     "Check a GPU's health before its node returns (the node agent: NVML's view of it).",
     labels=("uuid",),
-    executors=frozenset({NVML_AGENT}),
+    executors=frozenset({FLEET, NVML_AGENT}),
 )
 REBOOT = Verb(
     "reboot",
@@ -316,7 +316,7 @@ REBOOT = Verb(
     "Reboot a node gpuops drained, keeping it drained (Slurm: scontrol reboot; the node agent:"
     " its reboot command, once per decision id).",
     labels=("node",),
-    executors=frozenset({SLURM, NVML_AGENT}),
+    executors=frozenset({FLEET, SLURM, NVML_AGENT}),
 )
 SCALE_OUT = Verb(
     "scale_out",

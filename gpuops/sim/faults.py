@@ -158,16 +158,26 @@ def app_flood(
     return [XidEvent(node, gpu, code, at) for node, gpu in nodes]
 
 
-def strike(cluster: Cluster, fault: InjectedFault) -> tuple[list[str], float]:
+def strike(
+    cluster: Cluster, fault: InjectedFault, started_only: bool = False
+) -> tuple[list[str], float]:
     """Kill the jobs on ``fault``'s GPU as a crash would: each loses its work since its last
     checkpoint (``Cluster.restart_cost``) and goes back on its queue, as jobs stopped by a drain
-    do. Returns the killed jobs' ids and the GPU-seconds charged to them."""
+    do. ``started_only``: only the jobs done relaunching (a job placed on a faulty GPU crashes
+    when it starts to compute). Returns the killed jobs' ids and the GPU-seconds charged to
+    them."""
     with cluster.lock:
         node = cluster.nodes.get(fault.node)
         gpu = next((g for g in node.gpus if g.uuid == fault.gpu), None) if node else None
         if gpu is None:
             return [], 0.0
         ids = sorted(({gpu.job} if gpu.job is not None else set()) | set(gpu.tenants))
+        if started_only:
+            ids = [
+                i
+                for i in ids
+                if (until := cluster.jobs[i].restarting_until) is None or until <= cluster.time
+            ]
         charged = 0.0
         for job_id in ids:
             job = cluster.jobs[job_id]
@@ -179,7 +189,8 @@ def strike(cluster: Cluster, fault: InjectedFault) -> tuple[list[str], float]:
 
 @dataclass
 class FaultState:
-    """The open faults of a fleet, answering the ladder's steps as its nodes would."""
+    """The open faults of a fleet, answering the ladder's steps as its nodes would (the
+    simulated cluster's ``health``: ``gpuops.sim.fleet.health.NodeHealth``)."""
 
     open: dict[str, list[InjectedFault]] = field(default_factory=dict)
     """By node."""
@@ -192,20 +203,18 @@ class FaultState:
     def faulty(self, node: str) -> bool:
         return bool(self.open.get(node))
 
-    def _heal(
-        self, node: str, step: str, heals: set[Fix], at: float, gpu: str | None = None
-    ) -> bool:
+    def _heal(self, node: str, step: str, heals: set[Fix], at: float, gpu: str = "") -> bool:
         kept: list[InjectedFault] = []
         for fault in self.open.get(node, []):
-            if fault.fix in heals and (gpu is None or fault.gpu == gpu):
+            if fault.fix in heals and (not gpu or fault.gpu == gpu):
                 self.healed.append((fault, step, at))
             else:
                 kept.append(fault)
         self.open[node] = kept
         return not kept
 
-    def reset_gpu(self, node: str, at: float, gpu: str | None = None) -> bool:
-        """Reset ``gpu`` (every GPU of the node when None); whether the node is healthy after."""
+    def reset_gpu(self, node: str, gpu: str, at: float) -> bool:
+        """Reset ``gpu`` of ``node``; whether the node is healthy after."""
         return self._heal(node, "reset_gpu", {Fix.RESET}, at, gpu)
 
     def reboot(self, node: str, at: float) -> bool:

@@ -33,6 +33,7 @@ from gpuops.sim.fleet.config import (
     default_workload,
 )
 from gpuops.sim.fleet.errors import BadRequest, Conflict, NotFound
+from gpuops.sim.fleet.health import Healthy, NodeHealth
 from gpuops.sim.fleet.model import (
     POWERED_DOWN_KEPT_S,
     SESSION_PROFILES,
@@ -120,6 +121,8 @@ class Cluster:
         self.share_lost_gpu_s = 0.0
         """GPU-seconds of progress lost to sharing a GPU (contention, context switches)."""
         self.restart_lost_gpu_s = 0.0
+        self.health: NodeHealth = Healthy()
+        """How its nodes answer the remediation ladder's steps (``gpuops.sim.fleet.health``)."""
         """GPU-seconds a restart costs jobs stopped and started again (reclaim, pack,
         consolidate): their relaunch (GPUs held, idle) and the work they do again."""
         self.restarts: dict[str, int] = defaultdict(int)

@@ -234,6 +234,21 @@ ROUTES: list[tuple[str, re.Pattern[str], Route]] = [
     ),
     (
         "POST",
+        re.compile(r"/api/v1/gpus/([^/]+)/reset"),
+        _changed(lambda c, a, b: ops.reset_gpu(c, a[0])),
+    ),
+    (
+        "POST",
+        re.compile(r"/api/v1/nodes/([^/]+)/reboot"),
+        _changed(lambda c, a, b: ops.reboot(c, a[0])),
+    ),
+    (
+        "POST",
+        re.compile(r"/api/v1/nodes/([^/]+)/validate"),
+        _changed(lambda c, a, b: ops.validate(c, a[0])),
+    ),
+    (
+        "POST",
         re.compile(r"/api/v1/nodes/([^/]+)/consolidate"),
         _changed(lambda c, a, b: ops.consolidate(c, a[0])),
     ),

@@ -1,5 +1,6 @@
-"""The actions the fleet offers: reclaim, clocks, scale out/in, migrate, fail/restore, and the
-scenario injections (profile change, burst).
+"""The actions the fleet offers: reclaim, clocks, scale out/in, migrate, fail/restore, the
+remediation ladder's steps (GPU reset, reboot, health check), and the scenario injections
+(profile change, burst).
 
 Called by the control API (``gpuops.sim.fleet.control``) and by in-process users through
 ``FleetSim``. Each takes the cluster lock, applies one change and returns what changed as a
@@ -14,7 +15,8 @@ import logging
 from gpuops.sim.fleet.cluster import Cluster
 from gpuops.sim.fleet.config import GIB, PROFILES, JobSpec
 from gpuops.sim.fleet.errors import BadRequest, Conflict
-from gpuops.sim.fleet.model import CULLED_PROFILES
+from gpuops.sim.fleet.health import REBOOT_S, RESET_S, VALIDATE_S
+from gpuops.sim.fleet.model import CULLED_PROFILES, Node
 from gpuops.sim.fleet.sharing import fits
 
 log = logging.getLogger(__name__)
@@ -410,6 +412,61 @@ def restore(cluster: Cluster, node_name: str) -> Changed:
     log.info("node %s restored (was %s)", node_name, previous)
     cluster.notify_topology()
     return {"node": node_name, "state": "up", "previous": previous}
+
+
+def _out_for(cluster: Cluster, node: Node, seconds: float) -> float:
+    """Keep ``node`` out of service ``seconds`` more (a repair step running on it); returns
+    until when."""
+    until = max(node.booting_until or cluster.time, cluster.time) + seconds
+    node.booting_until = until
+    return until
+
+
+def _drained_for(node: Node, step: str) -> None:
+    if not node.drained:
+        raise Conflict(f"node {node.name} is not drained: drain it before {step}")
+
+
+def reset_gpu(cluster: Cluster, uuid: str) -> Changed:
+    """Reset GPU ``uuid`` of a drained node (``nvidia-smi --gpu-reset``: nothing may run on
+    it): ``Cluster.health`` says whether the node is healthy after; the node stays out for
+    ``RESET_S``."""
+    with cluster.lock:
+        node, gpu = cluster.find_gpu(uuid)
+        _drained_for(node, "a GPU reset")
+        if gpu.job is not None or gpu.tenants:
+            raise Conflict(f"GPU {uuid} on {node.name} runs jobs: no reset")
+        healthy = cluster.health.reset_gpu(node.name, uuid, cluster.time)
+        until = _out_for(cluster, node, RESET_S)
+    log.info("GPU %s on %s reset (healthy after: %s)", uuid, node.name, healthy)
+    return {"node": node.name, "uuid": uuid, "reset": True, "until": round(until, 1)}
+
+
+def reboot(cluster: Cluster, node_name: str) -> Changed:
+    """Reboot the drained ``node_name``, which stays drained (``scontrol reboot`` with the
+    drain kept): out of service for ``REBOOT_S``."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        _drained_for(node, "a reboot")
+        if not node.idle():
+            raise Conflict(f"node {node_name} runs {sorted(node.job_ids())}: no reboot")
+        healthy = cluster.health.reboot(node_name, cluster.time)
+        until = _out_for(cluster, node, REBOOT_S)
+    log.info("node %s rebooted (healthy after: %s)", node_name, healthy)
+    return {"node": node_name, "rebooted": True, "until": round(until, 1)}
+
+
+def validate(cluster: Cluster, node_name: str) -> Changed:
+    """The health check of the drained ``node_name`` (``VALIDATE_S``): Conflict, naming what
+    failed, when ``Cluster.health`` finds it unhealthy."""
+    with cluster.lock:
+        node = cluster.node(node_name)
+        _drained_for(node, "a health check")
+        passed, why = cluster.health.validate(node_name)
+        _out_for(cluster, node, VALIDATE_S)
+    if not passed:
+        raise Conflict(f"node {node_name} failed its health check: {why}")
+    return {"node": node_name, "passed": True}
 
 
 def set_profile(cluster: Cluster, job_id: str, profile: str) -> Changed:

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -54,6 +55,12 @@ class Meter:
             self.add(time.perf_counter() - wall, time.thread_time() - cpu)
 
 
+class Stepped(Protocol):
+    """Something moved on after each cluster step (the what-if's fault injection)."""
+
+    def step(self, cluster: Cluster) -> None: ...
+
+
 class VirtualFleet:
     """A cluster on a virtual clock whose scrapes go to ``writer`` (None: kept in ``last``)."""
 
@@ -75,6 +82,8 @@ class VirtualFleet:
         """A batch operation rolled over the cluster, moved on after each cluster step."""
         if self.rollout is not None:
             self.rollout.step(self.cluster)  # one that starts at once starts now
+        self.stepped: list[Stepped] = []
+        """Moved on after each cluster step, after the rollout (``gpuops.sim.reliability``)."""
         self.names = names
         """The series names written (None: every series): a what-if writes only what its
         rules read (``gpuops.sim.whatif.queries.metric_names``), Prometheus' ingest being its
@@ -174,6 +183,8 @@ class VirtualFleet:
         self.cluster.advance(dt)
         if self.rollout is not None:
             self.rollout.step(self.cluster)
+        for stepped in self.stepped:
+            stepped.step(self.cluster)
 
     def _observe(self) -> None:
         if self.recorder is not None:

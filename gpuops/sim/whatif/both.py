@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuops.sim.fleet.config import FleetConfig, HarmLimits
 from gpuops.sim.fleet.rollout import RolloutSpec
+from gpuops.sim.reliability import FaultPlan
 from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.prometheus import prometheus
 from gpuops.sim.whatif.runs import SCRAPE_INTERVAL_S, RunResult, run_off, run_on
@@ -41,7 +42,11 @@ own, beside the "on" run: a 500-GPU day's baseline (~40 s) then costs no wall ti
 
 
 def _baseline(
-    stack: ExitStack, config: FleetConfig, hours: float, scrape_interval_s: float
+    stack: ExitStack,
+    config: FleetConfig,
+    hours: float,
+    scrape_interval_s: float,
+    faults: FaultPlan | None = None,
 ) -> Callable[[], RunResult]:
     """The policies-off run: started in a Python process of its own (nothing shared but
     ``config``, pickled through a pipe; not ``multiprocessing``, which would run the
@@ -49,7 +54,7 @@ def _baseline(
     for its result."""
     gpus = sum(p.nodes * p.gpus_per_node for p in config.pools)
     if gpus * hours < OFF_PROCESS_GPU_HOURS:
-        done = run_off(config, hours, scrape_interval_s)
+        done = run_off(config, hours, scrape_interval_s, faults)
         return lambda: done
     child = stack.enter_context(
         subprocess.Popen(
@@ -59,7 +64,7 @@ def _baseline(
         )
     )
     assert child.stdin is not None and child.stdout is not None
-    child.stdin.write(pickle.dumps((config, hours, scrape_interval_s)))
+    child.stdin.write(pickle.dumps((config, hours, scrape_interval_s, faults)))
     child.stdin.close()
 
     def result() -> RunResult:
@@ -77,8 +82,8 @@ def _baseline(
 def _off_child() -> None:
     """The policies-off run in a child process (``_baseline``): arguments pickled on stdin,
     the ``RunResult`` pickled on stdout."""
-    config, hours, scrape_interval_s = pickle.loads(sys.stdin.buffer.read())
-    done = run_off(config, hours, scrape_interval_s)
+    config, hours, scrape_interval_s, faults = pickle.loads(sys.stdin.buffer.read())
+    done = run_off(config, hours, scrape_interval_s, faults)
     sys.stdout.buffer.write(pickle.dumps(done))
 
 
@@ -96,6 +101,8 @@ class Whatif:
     """What a policy may cost before the report flags it (``gpuops.sim.whatif.harm``)."""
     non_preemptible: tuple[str, ...] = ()
     """The priority classes the fleet file marks ``preemptible: false``."""
+    faults: FaultPlan | None = None
+    """The GPU faults injected into both runs (``--faults``)."""
 
 
 def whatif(
@@ -108,10 +115,12 @@ def whatif(
     progress: Callable[[str, float], None] | None = None,
     all_series: bool = False,
     rollout: RolloutSpec | None = None,
+    faults: FaultPlan | None = None,
 ) -> Whatif:
     """Run ``config`` for ``hours`` without and with the policies of ``rules`` (writing
     every series to Prometheus with ``all_series``, else only those the rules read);
-    ``rollout``: a batch operation rolled over the cluster of the policies-on run."""
+    ``rollout``: a batch operation rolled over the cluster of the policies-on run;
+    ``faults``: GPU faults injected into both runs (the same ones)."""
     with (
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-", dir=_scratch()) as tmp,
         tempfile.TemporaryDirectory(prefix="gpuops-whatif-prometheus-") as tmp_prom,
@@ -120,7 +129,7 @@ def whatif(
         prom_dir = workdir / "prometheus" if workdir else Path(tmp_prom)
         prom_dir.mkdir(parents=True, exist_ok=True)
         with ExitStack() as stack:
-            baseline = _baseline(stack, config, hours, scrape_interval_s)
+            baseline = _baseline(stack, config, hours, scrape_interval_s, faults)
             with prometheus(prom_dir, prometheus_url) as served:
                 on = run_on(
                     config,
@@ -133,6 +142,7 @@ def whatif(
                     served.cpu_s,
                     all_series,
                     rollout,
+                    faults,
                 )
             off = baseline()
         if progress is not None:
@@ -146,4 +156,5 @@ def whatif(
         on,
         config.harm_limits,
         tuple(pc.name for pc in config.priority_classes if not pc.preemptible),
+        faults,
     )

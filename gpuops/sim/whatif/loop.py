@@ -61,6 +61,7 @@ class PolicyLoop:
         """Prefetches each due group's queries (None: the cycle asks them one by one)."""
         self._crons: dict[str, tuple[Group, CronTrigger, float]] = {}
         self._approvals_at = 0.0
+        self._ladder_at = 0.0
         self.evaluate_time = Meter()
         """The evaluation instants (wall) and the groups' cycles (CPU of their threads)."""
         self.gate_time = Meter()
@@ -79,6 +80,7 @@ class PolicyLoop:
         e.reload(strict=True)
         e.audit.start()
         e.gate.resume()
+        e.alerts.start()  # alerts the health inbox raises (the reliability what-if)
         for group in e.rules.groups:
             for policy in group.policies:
                 if policy.schedule is None or policy.expr is None:
@@ -151,6 +153,9 @@ class PolicyLoop:
         if t >= self._approvals_at:
             e.expire_approvals()
             self._approvals_at = t + APPROVALS_EVERY_S
+        if t >= self._ladder_at:  # the remediation ladder's look at its nodes
+            e.ladder.tick()
+            self._ladder_at = t + e.config.health.ladder.interval
         waiting = time.perf_counter()
         self.evaluate_time.add(waiting - started - gate_s, cpu)
         idle = e.wait_idle(ACTION_TIMEOUT_S)

@@ -7,11 +7,13 @@ Used by ``gpuops.cli.whatif`` and the benchmark. Pure: it reads ``RunReport`` va
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuops.sim.fleet.report import RunReport, waste_rows
+from gpuops.sim.reliability import FaultPlan, ReliabilityFigures, p95
 from gpuops.sim.whatif import harm
 from gpuops.sim.whatif.both import Whatif
 from gpuops.sim.whatif.conclusion import conclusion
@@ -165,6 +167,71 @@ def _line(label: str, off: str, on: str, change: str) -> str:
     return f"  {label:<34}{off:>12}{on:>12}{change:>12}"
 
 
+def duration(v: float | None) -> str:
+    """Seconds as seconds, minutes or hours, whichever reads best."""
+    if v is None:
+        return "-"
+    if v < 120:
+        return f"{v:.0f} s"
+    if v < 3600:
+        return f"{v / 60:.1f} min"
+    return f"{v / 3600:.1f} h"
+
+
+ReliabilityRow = tuple[
+    str, Callable[[ReliabilityFigures], float | None], Callable[[float | None], str], bool
+]
+
+RELIABILITY: tuple[ReliabilityRow, ...] = (
+    ("GPU faults injected", lambda f: f.faults, number("d"), False),
+    ("application XID events (floods)", lambda f: f.flood_events, number("d"), False),
+    ("jobs crashed", lambda f: f.jobs_crashed, number("d"), False),
+    ("GPU-hours lost", lambda f: f.lost_gpu_hours, number(".1f"), False),
+    ("  work lost to crashes", lambda f: f.crash_gpu_hours, number(".1f"), False),
+    ("  nodes out of service", lambda f: f.out_gpu_hours, number(".1f"), False),
+    ("  faulty GPUs left in service", lambda f: f.faulty_gpu_hours, number(".1f"), False),
+    ("effective training time", lambda f: f.effective_training, _pct, True),
+    ("quarantines, true", lambda f: f.quarantines_true, number("d"), False),
+    ("quarantines, false", lambda f: f.quarantines_false, number("d"), False),
+    ("remediation: GPU resets", lambda f: f.resets, number("d"), False),
+    ("remediation: reboots", lambda f: f.reboots, number("d"), False),
+    ("hand-overs to a person", lambda f: f.hand_overs, number("d"), False),
+    ("time to quarantine, median", lambda f: _median(f.to_quarantine_s), duration, False),
+    ("time to quarantine, p95", lambda f: p95(f.to_quarantine_s), duration, False),
+    ("time to return, median", lambda f: _median(f.to_return_s), duration, False),
+    ("time to return, p95", lambda f: p95(f.to_return_s), duration, False),
+    ("faults not healed at the end", lambda f: f.unreturned, number("d"), False),
+)
+"""The reliability what-if's rows (``--faults``): label, figure, format, change in points."""
+
+
+def _median(values: tuple[float, ...]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fault_header(plan: FaultPlan) -> list[str]:
+    """What the faults were, in words: the rate and its scale, the floods, the person."""
+    r = plan.rates
+    return [
+        f"  GPU faults at the {r.base} rate x {r.scale:g} ({r.per_gpu_hour:.2e} per GPU-hour), "
+        f"{plan.floods_per_day:g} application XID floods a day; a person on call acts "
+        f"{duration(plan.response_s)} after a fault (off) or a hand-over (on), and repairs in "
+        f"{duration(plan.fix_s)} ({duration(plan.replace_s)} for a part)",
+    ]
+
+
+def reliability_lines(w: Whatif) -> list[str]:
+    """The reliability section of one seed's table (none without ``--faults``)."""
+    a, b = w.off.reliability, w.on.reliability
+    if w.faults is None or a is None or b is None:
+        return []
+    lines = ["", _line("reliability", "off", "on", "change"), *fault_header(w.faults)]
+    for label, get, fmt, points in RELIABILITY:
+        x, y = get(a), get(b)
+        lines.append(_line(label, fmt(x), fmt(y), _delta(x, y, points)))
+    return lines
+
+
 def table(w: Whatif) -> str:
     """Off vs on as aligned text: overall, per priority class, per project, the targets."""
     off, on = w.off.report, w.on.report
@@ -244,6 +311,7 @@ def table(w: Whatif) -> str:
             f"off {fmt(t.off)}, on {fmt(t.on)}"
         )
     lines += harm.lines(harm.flags(w))
+    lines += reliability_lines(w)
     if w.on.rollout is not None:
         lines += ["", *(f"  {line}" for line in w.on.rollout.lines())]
         lines.append("  (the on run's figures hold the rollout's cost with the policies' effect)")
@@ -269,6 +337,7 @@ def _run_json(r: RunResult) -> dict[str, Any]:
         "outcomes": r.outcomes,
         "attribution": r.attribution.to_json(),
         **({} if r.rollout is None else {"rollout": r.rollout.to_json()}),
+        **({} if r.reliability is None else {"reliability": r.reliability.as_dict()}),
     }
 
 
@@ -283,4 +352,17 @@ def to_json(w: Whatif) -> dict[str, Any]:
         "targets": [t.__dict__ for t in targets(w)],
         "harm_limits": w.limits.__dict__,
         "harm": [f.to_json() for f in harm.flags(w)],
+        **({} if w.faults is None else {"faults": fault_json(w.faults)}),
+    }
+
+
+def fault_json(plan: FaultPlan) -> dict[str, Any]:
+    return {
+        "base": plan.rates.base,
+        "scale": plan.rates.scale,
+        "per_gpu_hour": plan.rates.per_gpu_hour,
+        "floods_per_day": plan.floods_per_day,
+        "response_s": plan.response_s,
+        "fix_s": plan.fix_s,
+        "replace_s": plan.replace_s,
     }

@@ -19,18 +19,31 @@ from pathlib import Path
 
 import requests
 
-from gpuops.model.decisions import Decision, Outcome
+from gpuops.model.decisions import Decision, Outcome, OutcomeStatus, Transition
+from gpuops.model.health.catalogue_file import shipped_catalogue
+from gpuops.model.health.events import EventKind, HealthEvent
+from gpuops.model.health.ladder import Stage
 from gpuops.model.rules.loader import load_rules
 from gpuops.runtime import Engine
-from gpuops.settings import AuditConfig, EngineConfig, PrometheusSettings
+from gpuops.runtime.health import FAULT_TRIGGER
+from gpuops.settings import (
+    AuditConfig,
+    EngineConfig,
+    HealthSettings,
+    LadderAction,
+    LadderSettings,
+    PrometheusSettings,
+    ValidationSettings,
+)
 from gpuops.sim.fleet.config import FleetConfig
 from gpuops.sim.fleet.remotewrite import RemoteWriter
 from gpuops.sim.fleet.report import Point, Recorder, RunReport
 from gpuops.sim.fleet.rollout import RolloutReport, RolloutSpec
 from gpuops.sim.fleet.virtual import VirtualFleet
+from gpuops.sim.reliability import FaultPlan, Injector, ReliabilityFigures
 from gpuops.sim.whatif.attribution import Attribution, attribute
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
-from gpuops.sim.whatif.loop import ACTION_WORKERS, PolicyLoop, VirtualClock
+from gpuops.sim.whatif.loop import ACTION_TIMEOUT_S, ACTION_WORKERS, PolicyLoop, VirtualClock
 from gpuops.sim.whatif.queries import check_windows, metric_names
 
 log = logging.getLogger(__name__)
@@ -75,6 +88,8 @@ class RunResult:
     """Which policy stopped or acted on which jobs ("on" run)."""
     rollout: RolloutReport | None = None
     """What a batch operation rolled over the cluster cost ("on" run with ``--batch``)."""
+    reliability: ReliabilityFigures | None = None
+    """What injected GPU faults cost (``--faults``)."""
 
 
 PARTS = (
@@ -106,10 +121,13 @@ def _hourly(hours: float) -> Iterator[float]:
 
 
 def run_off(
-    config: FleetConfig, hours: float, scrape_interval_s: float = SCRAPE_INTERVAL_S
+    config: FleetConfig,
+    hours: float,
+    scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    faults: FaultPlan | None = None,
 ) -> RunResult:
     """The baseline: the cluster and its scheduler alone (nothing queries it, so nothing is
-    written to Prometheus)."""
+    written to Prometheus); with ``faults``, a person on call repairs what fails."""
     recorder = Recorder()
     started = time.monotonic()
     fleet = VirtualFleet(
@@ -121,6 +139,7 @@ def run_off(
         recorder=recorder,
         record_interval_s=record_interval(scrape_interval_s),
     )
+    injector = _injector(faults, fleet, config, hours, manual=True)
     cpu = time.process_time()
     for t in _hourly(hours):
         fleet.run_until(t)
@@ -130,17 +149,43 @@ def run_off(
         "record": fleet.record_time.pair(),
         "all": (wall, time.process_time() - cpu),
     }
-    return RunResult(recorder.report(fleet.cluster), tuple(recorder.points), wall, {}, {}, parts)
+    return RunResult(
+        recorder.report(fleet.cluster),
+        tuple(recorder.points),
+        wall,
+        {},
+        {},
+        parts,
+        reliability=None if injector is None else injector.figures(),
+    )
+
+
+def _injector(
+    faults: FaultPlan | None, fleet: VirtualFleet, config: FleetConfig, hours: float, manual: bool
+) -> Injector | None:
+    """The faults of ``faults`` injected into ``fleet``'s cluster (the same ones in both runs:
+    drawn from the fleet's seed)."""
+    if faults is None:
+        return None
+    injector = Injector(
+        faults, fleet.cluster, hours * 3600.0, shipped_catalogue(), config.seed, manual=manual
+    )
+    fleet.stepped.append(injector)
+    return injector
 
 
 class _Tally:
-    """The decisions and outcomes of the "on" run (the engine's ``DecisionListener``)."""
+    """The decisions and outcomes of the "on" run (the engine's ``DecisionListener``); the
+    quarantines and remediation steps told to the fault injection."""
 
-    def __init__(self) -> None:
+    def __init__(self, injector: Injector | None = None, start_s: float = 0.0) -> None:
+        """``start_s``: the epoch second of the run's virtual second 0."""
         self.decisions: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()
         self.policies: dict[str, str] = {}
         """Decision id -> its policy."""
+        self.injector = injector
+        self.start_s = start_s
 
     def __call__(self, decision: Decision, outcome: Outcome | None) -> None:
         self.policies[decision.id] = decision.policy
@@ -149,6 +194,23 @@ class _Tally:
         elif decision.action is not None:
             key = f"{decision.policy} {decision.action.type} {outcome.status.value}"
             self.outcomes[key] += 1
+            if self.injector is not None:
+                self._faults(self.injector, decision, outcome)
+
+    def _faults(self, injector: Injector, decision: Decision, outcome: Outcome) -> None:
+        assert decision.action is not None
+        verb = decision.action.type
+        node = decision.target.labels.get("node", "")
+        if verb in ("reset_gpu", "reboot") and outcome.status is not OutcomeStatus.SKIPPED:
+            injector.attempted(verb)
+        elif (
+            verb == "migrate"
+            and outcome.ok
+            and decision.evidence.expr == FAULT_TRIGGER
+            and decision.transition is Transition.FIRE
+            and outcome.changed
+        ):
+            injector.quarantined(node, decision.at - self.start_s)
 
 
 def run_on(
@@ -162,6 +224,7 @@ def run_on(
     prometheus_cpu: Callable[[], float] = lambda: math.nan,
     all_series: bool = False,
     rollout: RolloutSpec | None = None,
+    faults: FaultPlan | None = None,
 ) -> RunResult:
     """The same workload with the policies of ``rules`` evaluated by the engine at the
     virtual clock against ``prometheus_url`` (a fresh Prometheus with the remote-write
@@ -170,7 +233,9 @@ def run_on(
     ``prometheus_cpu``: the CPU seconds Prometheus has used so far (for ``parts``).
     Only the series the rules read are written (``metric_names``), unless ``all_series``
     (for dashboards on the run's Prometheus data). ``rollout``: a batch operation rolled
-    over the cluster meanwhile (``gpuops.sim.fleet.rollout``)."""
+    over the cluster meanwhile (``gpuops.sim.fleet.rollout``). ``faults``: GPU faults
+    injected meanwhile, pushed to the engine as the node agent pushes them, every pool's
+    profile ``full`` (the remediation ladder heals through the fleet)."""
     clock = VirtualClock(start_time(hours, config.start_hour))
     recorder = Recorder()
     writer = RemoteWriter(prometheus_url)
@@ -186,7 +251,8 @@ def run_on(
         names=names,
         rollout=rollout,
     )
-    tally = _Tally()
+    injector = _injector(faults, fleet, config, hours, manual=False)
+    tally = _Tally(injector, clock.start_s)
     started = time.monotonic()
     cpu, prometheus_started = time.process_time(), prometheus_cpu()
     with fleet:
@@ -198,6 +264,7 @@ def run_on(
             audit=AuditConfig(spool_dir=workdir / "audit"),
             executors={"fleet": {"url": control}},
             metrics_listen=None,
+            health=_health(config) if injector is not None else HealthSettings(),
         )
         # loopback only: no proxy lookup from the environment on each of ~10^4 queries
         session = requests.Session()
@@ -220,7 +287,11 @@ def run_on(
             for i in range(math.floor(end / step) + 1):
                 t = i * step
                 fleet.run_until(t)
+                if injector is not None:
+                    _push(engine, clock, injector)
                 loop.evaluate(t)
+                if injector is not None:
+                    _handed_over(engine, injector, t)
                 if progress is not None and t % 3600.0 == 0:
                     progress(t)
             fleet.run_until(end)
@@ -255,4 +326,48 @@ def run_on(
         (len(writer.series.labels), writer.samples_sent),
         attribute(fleet.cluster.causes, tally.policies),
         None if fleet.rollout is None else fleet.rollout.report,
+        None if injector is None else injector.figures(),
     )
+
+
+def _health(config: FleetConfig) -> HealthSettings:
+    """Every pool's faulty GPUs quarantined and repaired by the remediation ladder, whose
+    steps and health check the fleet does (``gpuops.sim.fleet.health``)."""
+    fleet = LadderAction(executor="fleet")
+    return HealthSettings(
+        profiles={pool.name: "full" for pool in config.pools},
+        ladder=LadderSettings(
+            reset_gpu=fleet, reboot=fleet, validation=ValidationSettings(executor="fleet")
+        ),
+    )
+
+
+def _push(engine: Engine, clock: VirtualClock, injector: Injector) -> None:
+    """What the node agents would have pushed since the last step, to the engine's health
+    inbox (as ``POST /api/v1/health/events`` hands it), the alerts it raised decided; the
+    nodes a person repaired after a hand-over cleared on the ladder."""
+    events = injector.take_events()
+    if events:
+        engine.health.submit(
+            [
+                HealthEvent(
+                    id=f"sim:{e.node}:{e.gpu}:{e.code}:{e.at:.3f}",
+                    node=e.node,
+                    gpu=e.gpu,
+                    kind=EventKind.XID,
+                    at=clock.start_s + e.at,
+                    xid=e.code,
+                    pool=injector.pools.get(e.node, ""),
+                )
+                for e in events
+            ]
+        )
+        engine.alerts.wait_idle(ACTION_TIMEOUT_S)
+    for node in injector.take_cleared():
+        engine.ladder.clear(node, "the person on call")
+
+
+def _handed_over(engine: Engine, injector: Injector, t: float) -> None:
+    for repair in engine.ladder.repairs():
+        if repair.stage is Stage.NEEDS_HUMAN:
+            injector.hand_over(repair.node, t)

@@ -15,7 +15,16 @@ from typing import Any
 from gpuops.sim.fleet.report import RunReport
 from gpuops.sim.whatif.both import Whatif
 from gpuops.sim.whatif.conclusion import conclusion_over_seeds
-from gpuops.sim.whatif.report import OVERALL, Row, hours, number, to_json
+from gpuops.sim.whatif.report import (
+    OVERALL,
+    RELIABILITY,
+    Row,
+    fault_header,
+    fault_json,
+    hours,
+    number,
+    to_json,
+)
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,20 @@ def _class_getter(pc: str, attr: str) -> Callable[[RunReport], float | None]:
     return get
 
 
+def reliability(runs: Sequence[Whatif]) -> list[Figure]:
+    """The reliability rows over ``runs`` (none without ``--faults``)."""
+    if any(w.off.reliability is None or w.on.reliability is None for w in runs):
+        return []
+    found: list[Figure] = []
+    for label, get, fmt, points in RELIABILITY:
+        offs = [_float(get(w.off.reliability)) for w in runs if w.off.reliability is not None]
+        ons = [_float(get(w.on.reliability)) for w in runs if w.on.reliability is not None]
+        changes = [_change(a, b, points) for a, b in zip(offs, ons, strict=True)]
+        spreads = Spread.of(offs), Spread.of(ons), Spread.of(changes)
+        found.append(Figure(label, *spreads, points, fmt))
+    return found
+
+
 def figures(runs: Sequence[Whatif]) -> list[Figure]:
     """Every overall row of the one-seed report, then per priority class its completions,
     culls, preemptions, restarts, JCT, wait and serving quality, each over ``runs``."""
@@ -137,11 +160,11 @@ def table(runs: Sequence[Whatif]) -> str:
         "  each figure: median [lowest, highest] over the seeds; the change is taken seed by seed",
         _line("", "off", "on", "change"),
     ]
-    for f in figures(runs):
-        change = _cell(f.change, _change_fmt(f.points))
-        if f.change is not None and f.change.seeds < len(runs):  # off was 0 on some seeds
-            change += f" ({f.change.seeds} seeds)"
-        lines.append(_line(f.label, _cell(f.off, f.fmt), _cell(f.on, f.fmt), change))
+    lines += _rows(figures(runs), len(runs))
+    faulted = reliability(runs)
+    if faulted and first.faults is not None:
+        lines += ["", _line("reliability", "off", "on", "change"), *fault_header(first.faults)]
+        lines += _rows(faulted, len(runs))
     for w in runs:
         if w.on.rollout is not None:
             lines += ["", f"  seed {w.seed}:", *(f"  {line}" for line in w.on.rollout.lines())]
@@ -150,20 +173,42 @@ def table(runs: Sequence[Whatif]) -> str:
     return "\n".join(lines + conclusion_over_seeds(runs))
 
 
+def _rows(found: Sequence[Figure], seeds: int) -> list[str]:
+    lines = []
+    for f in found:
+        change = _cell(f.change, _change_fmt(f.points))
+        if f.change is not None and f.change.seeds < seeds:  # off was 0 on some seeds
+            change += f" ({f.change.seeds} seeds)"
+        lines.append(_line(f.label, _cell(f.off, f.fmt), _cell(f.on, f.fmt), change))
+    return lines
+
+
+def _figures_json(found: Sequence[Figure]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f.label,
+            "change_in": "points" if f.points else "relative",
+            **{
+                k: None if s is None else s.to_json()
+                for k, s in (("off", f.off), ("on", f.on), ("change", f.change))
+            },
+        }
+        for f in found
+    ]
+
+
 def to_json_spread(runs: Sequence[Whatif]) -> dict[str, Any]:
     """The spreads and every seed's own comparison (``gpuops.sim.whatif.report.to_json``)."""
     return {
         "seeds": [w.seed for w in runs],
-        "figures": [
-            {
-                "name": f.label,
-                "change_in": "points" if f.points else "relative",
-                **{
-                    k: None if s is None else s.to_json()
-                    for k, s in (("off", f.off), ("on", f.on), ("change", f.change))
-                },
+        "figures": _figures_json(figures(runs)),
+        **(
+            {}
+            if runs[0].faults is None
+            else {
+                "faults": fault_json(runs[0].faults),
+                "reliability": _figures_json(reliability(runs)),
             }
-            for f in figures(runs)
-        ],
+        ),
         "runs": [to_json(w) for w in runs],
     }

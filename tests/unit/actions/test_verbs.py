@@ -56,6 +56,10 @@ FLEET_CALLS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     ),
     "release_quota": ("DELETE", "/api/v1/projects/p1/grants/q1", {"gpus": 16}, {}),
     "hold_class": ("POST", "/api/v1/classes/batch/hold", {}, {}),
+    "reset_gpu": ("POST", "/api/v1/gpus/GPU-1/reset", {}, {}),
+    "reboot": ("POST", "/api/v1/nodes/n1/reboot", {"timeout_s": 600}, {}),
+    # the ladder's health check: the fleet checks the node itself (no command to run)
+    "validate": ("POST", "/api/v1/nodes/n1/validate", {"argv": ["dcgmi"], "timeout_s": 60}, {}),
     "release_class": ("DELETE", "/api/v1/classes/batch/hold", {}, {}),
 }
 

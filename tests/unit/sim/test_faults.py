@@ -78,8 +78,8 @@ def test_the_ladder_steps_heal_what_they_heal() -> None:
     state.inject(_fault("GPU-a", Fix.RESET))
     state.inject(_fault("GPU-b", Fix.REBOOT))
     assert state.validate("n1")[0] is False
-    assert state.reset_gpu("n1", 10.0, gpu="GPU-b") is False
-    assert state.reset_gpu("n1", 20.0, gpu="GPU-a") is False
+    assert state.reset_gpu("n1", "GPU-b", 10.0) is False
+    assert state.reset_gpu("n1", "GPU-a", 20.0) is False
     assert state.validate("n1") == (False, "GPU-b: XID 48 (hbm3)")
     assert state.reboot("n1", 30.0) is True
     assert state.validate("n1") == (True, "")
@@ -92,7 +92,7 @@ def test_the_ladder_steps_heal_what_they_heal() -> None:
 def test_a_part_to_replace_survives_every_step_until_a_human_replaces_it() -> None:
     state = FaultState()
     state.inject(_fault("GPU-a", Fix.REPLACE))
-    assert state.reset_gpu("n1", 1.0) is False
+    assert state.reset_gpu("n1", "GPU-a", 1.0) is False
     assert state.reboot("n1", 2.0) is False
     assert state.faulty("n1")
     state.replace("n1", 3.0)

@@ -21,6 +21,7 @@ from gpuops.model.decisions import Sample
 from gpuops.model.rules.loader import load_rules_text
 from gpuops.model.rules.model import Group, RuleSet
 from gpuops.runtime import Engine
+from gpuops.settings import HealthSettings
 from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
 from gpuops.sim.whatif.loop import PolicyLoop, VirtualClock, group_queries
@@ -325,6 +326,14 @@ def test_an_instants_groups_run_one_at_a_time_in_name_order_each_groups_actions_
         def expire_approvals(self) -> None:
             pass
 
+        class ladder:  # noqa: N801 - the engine's attribute
+            @staticmethod
+            def tick() -> None:
+                calls.append("ladder")
+
+        config = SimpleNamespace(health=HealthSettings())
+
     loop = PolicyLoop(cast(Engine, Stub()), VirtualClock(0.0))
     loop.evaluate(30.0)
     assert calls[:4] == ["evaluate a", "wait", "evaluate b", "wait"]
+    assert calls[4:] == ["ladder", "wait"]  # the remediation ladder looks, its moves finish
