@@ -8,6 +8,7 @@ rebooting nothing)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -37,9 +38,14 @@ class FakeBoot:
     @property
     def reboots(self) -> int:
         """How often the reboot command rebooted the node."""
+        return len(self.argv())
+
+    def argv(self) -> list[list[str]]:
+        """The arguments of each reboot command run (after this script's path)."""
         if not self.count_file.exists():
-            return 0
-        return len(self.count_file.read_text(encoding="utf-8").splitlines())
+            return []
+        lines = self.count_file.read_text(encoding="utf-8").splitlines()
+        return [list(json.loads(line)) for line in lines]
 
     def _read(self) -> str:
         return self.file.read_text(encoding="utf-8").strip()
@@ -60,7 +66,7 @@ def _reboot(boot_id_file: str, count_file: str, fail: bool) -> int:
         print("Failed to reboot system via logind: Access denied", file=sys.stderr)
         return 1
     with open(count_file, "a", encoding="utf-8") as out:
-        out.write("rebooted\n")
+        out.write(json.dumps(sys.argv[1:]) + "\n")  # what it was run with
     drawn = Path(boot_id_file + ".new")
     drawn.write_text(str(uuid.uuid4()) + "\n", encoding="utf-8")
     os.replace(drawn, boot_id_file)  # whole: the agent never reads half an id

@@ -230,10 +230,12 @@ class _Handler(BaseHTTPRequestHandler):
         except AgentError as exc:
             self._json(exc.status, {"error": exc.message})
             return
-        self._json(200, answer)
-        self.wfile.flush()
-        if start is not None:
-            start()
+        try:
+            self._json(200, answer)
+            self.wfile.flush()
+        finally:  # asked and recorded: started even when the asker went away meanwhile
+            if start is not None:
+                start()
 
     def _agent(self) -> ClockAgent | None:
         app = self.server.app

@@ -84,6 +84,17 @@ def test_the_executor_reboots_the_node_and_waits_for_its_new_boot(
     assert list(kept) == ["reboot-1"] and kept["reboot-1"]["boot_id"] == before
 
 
+def test_what_a_request_carries_never_reaches_the_reboot_command(
+    agent: Agent, boot: FakeBoot
+) -> None:
+    hostile = "d1; reboot -f $(id) `x` --force"
+    server = agent()
+    resp = post(server, {"decision_id": hostile}, Authorization=f"Bearer {TOKEN}")
+    assert resp.json()["decision_id"] == hostile
+    wait_for(lambda: boot.reboots == 1, 30, "the reboot command")
+    assert boot.argv() == [boot.command()[2:]]  # its own arguments, nothing else
+
+
 def test_a_retried_decision_never_reboots_twice_even_from_an_agent_started_anew(
     agent: Agent, boot: FakeBoot
 ) -> None:
