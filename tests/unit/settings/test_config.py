@@ -148,8 +148,8 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
         (
             "health:\n  ladder:\n    reboot: {executor: kubernetes}\n",
             "engine.yaml:3: health.ladder.reboot: executor kubernetes does not do reboot (the"
-            " built-in executors that do: nvml-agent, slurm; or command, an executor of your"
-            " own)",
+            " built-in executors that do: fleet, nvml-agent, slurm; or command, an executor of"
+            " your own)",
         ),
     ],
     ids=[
