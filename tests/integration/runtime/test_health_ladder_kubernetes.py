@@ -2,9 +2,10 @@
 agent quarantines its node through the ``kubernetes`` executor against the fake API server
 (``tests.fakes.kube_apiserver``: cordoned as gpuops' own, only the faulty GPU's pod evicted,
 found through dcgm-exporter's series), the node agent (the exporter's agent over the fake NVML)
-resets the GPU, the node is drained and rebooted through the agent (its reboot command a script
-drawing a new boot id: ``tests.fakes.reboot``), checked by the agent, and uncordoned only while
-the cordon is still gpuops' own."""
+resets the GPU, the node is drained (a PodDisruptionBudget holding a pod holds the reboot) and
+rebooted through the agent (its reboot command a script drawing a new boot id:
+``tests.fakes.reboot``), checked by the agent, and uncordoned only while the cordon is still
+gpuops' own."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from gpuops.model.health.ladder import Stage
 from tests.fakes.gpu_pods import GpuPods
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.reboot import FakeBoot
-from tests.integration.actions.kube import node, pod, settings
+from tests.integration.actions.kube import node, pdb, pod, settings
 from tests.integration.api.harness import Harness, running_api
 from tests.integration.api.test_health_events import event, push
 from tests.integration.runtime.test_health_ladder import LADDER_RULES, POLICY
@@ -70,7 +71,7 @@ def cluster(tmp_path: Path) -> Iterator[Node]:
     api = FakeApiServer()
     api.put("", "nodes", node(NODE))
     api.put("", "pods", pod("train-a", NODE))  # on the faulty GPU
-    api.put("", "pods", pod("serve-b", NODE))  # on another GPU of the node
+    api.put("", "pods", pod("serve-b", NODE, labels={"app": "serve"}))  # on another GPU
     fake = scenarios.healthy_h100(2)
 
     def rebooted() -> None:  # a reboot resets every GPU (volatile ECC, pending remappings)
@@ -82,12 +83,12 @@ def cluster(tmp_path: Path) -> Iterator[Node]:
 
 
 @pytest.fixture
-def climb(cluster: Node) -> Iterator[Callable[[], Harness]]:
+def climb(cluster: Node) -> Iterator[Callable[..., Harness]]:
     """The engine, the node agent and dcgm-exporter's series, started when the test has set
     the node's fault."""
     stack: list[Any] = []
 
-    def start() -> Harness:
+    def start(drain_timeout_s: float = 300) -> Harness:
         c = cluster
         rebooter = Rebooter(c.tmp / "agent-state", c.boot.command(), c.boot.boot_id)
         agent = ExporterServer(
@@ -107,7 +108,11 @@ def climb(cluster: Node) -> Iterator[Callable[[], Harness]]:
         kubeconfig = c.tmp / "kubeconfig"
         kubeconfig.write_text(c.api.kubeconfig(), encoding="utf-8")
         executors = {
-            "kubernetes": settings(kubeconfig, reclaim={"prometheus_url": prometheus.url}),
+            "kubernetes": settings(
+                kubeconfig,
+                reclaim={"prometheus_url": prometheus.url},
+                drain={"timeout_s": drain_timeout_s},
+            ),
             "nvml-agent": {
                 "url": c.agent_url,
                 "token": TOKEN,
@@ -156,7 +161,7 @@ def moves(api: Harness) -> list[tuple[str, str, bool]]:
 
 
 def test_a_reset_heals_the_gpu_and_the_node_is_uncordoned(
-    cluster: Node, climb: Callable[[], Harness]
+    cluster: Node, climb: Callable[..., Harness]
 ) -> None:
     cluster.gpu.remapped_rows = (0, 1, 1, 0)  # a row remapping a reset applies
     api = climb()
@@ -174,7 +179,7 @@ def test_a_reset_heals_the_gpu_and_the_node_is_uncordoned(
 
 
 def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agent(
-    cluster: Node, climb: Callable[[], Harness]
+    cluster: Node, climb: Callable[..., Harness]
 ) -> None:
     cluster.gpu.ecc[UNCORRECTED] = 2  # a reboot clears it
     seen = []
@@ -210,8 +215,42 @@ def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agen
     assert cluster.boot.reboots == 1
 
 
+def test_pods_a_disruption_budget_holds_hold_the_reboot_until_it_lets_them_go(
+    cluster: Node, climb: Callable[..., Harness]
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2
+
+    def busy(uuid: str) -> None:
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy
+    cluster.api.put("policy", "poddisruptionbudgets", pdb("serve-pdb", "serve", allowed=0))
+    api = climb(drain_timeout_s=0.2)
+    fault(api, cluster)
+    wait_for(lambda: ("migrate", "kubernetes", True) in moves(api), 60, "the drain")
+    assert api.engine.ladder.wait_idle(30)
+    assert cluster.boot.reboots == 0 and not cluster.evicted("serve-b")
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and (repair.stage, repair.step) == (Stage.REMEDIATING, "reboot")
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_health_ladder_moves_total{move="reboot",result="held"} 1.0' in metrics
+    allowed = {"disruptionsAllowed": 1}
+    cluster.api.edit("policy", "poddisruptionbudgets", "serve-pdb", "ml", status=allowed)
+    api.engine.ladder.tick()  # the next interval: drained, rebooted, checked, returned
+    settled(api, Stage.RETURNED)
+    assert cluster.evicted("serve-b") and cluster.boot.reboots == 1
+    assert [m[0] for m in moves(api)] == [
+        "reset_gpu",
+        "migrate",
+        "migrate",
+        "reboot",
+        "validate",
+        "resume",
+    ]
+
+
 def test_a_fault_nothing_heals_needs_a_human_and_the_node_stays_cordoned(
-    cluster: Node, climb: Callable[[], Harness]
+    cluster: Node, climb: Callable[..., Harness]
 ) -> None:
     cluster.gpu.remapped_rows = (0, 1, 0, 1)  # a failed row remapping: a new GPU
     api = climb()
@@ -227,7 +266,7 @@ def test_a_fault_nothing_heals_needs_a_human_and_the_node_stays_cordoned(
 
 
 def test_a_node_someone_cordoned_before_is_not_on_the_ladder(
-    cluster: Node, climb: Callable[[], Harness]
+    cluster: Node, climb: Callable[..., Harness]
 ) -> None:
     cluster.api.edit("", "nodes", NODE, spec={"unschedulable": True})  # kubectl cordon
     api = climb()
@@ -249,7 +288,7 @@ def test_a_node_someone_cordoned_before_is_not_on_the_ladder(
 )
 def test_the_return_leaves_a_node_as_a_person_left_it(
     cluster: Node,
-    climb: Callable[[], Harness],
+    climb: Callable[..., Harness],
     edits: list[bool | None],
     unschedulable: bool | None,
     why: str,
