@@ -2,12 +2,15 @@
 profile is ``full``, and gives them back only after a health check passed.
 
 The gate tells it of every outcome (``outcome``): a ``migrate`` that a ``GpuFault`` alert of
-profile ``full`` triggered and that succeeded puts the node on the ladder (``quarantined``).
+profile ``full`` triggered and that succeeded puts the node on the ladder (``quarantined``),
+unless its outcome says the node was drained or cordoned by someone else before.
 Each node then climbs in a worker thread of its own (``_climb``): the pure state machine
 (``gpuops.model.health.ladder``) says what is due — reset the GPU, reboot the node, the health
 check, the return, or telling a human — and each move runs through the one gate
 (``Gate.run_step``: the kill switch, pause, a veto, dry-run and a lost leadership hold it, its
-intent is audited before it runs). The node's record is stored after every move, so a
+intent is audited before it runs). A reboot that does not wait for the node's work (the node
+agent's, on Kubernetes) is preceded by a ``migrate`` of the whole node through the executor
+that quarantined it (``_empty``). The node's record is stored after every move, so a
 restarted engine or a new leader goes on from where it was; a move's decision id comes from
 the node, the fault's episode and the step, so a move interrupted by a crash runs again under
 the same id and its executor does it once. Every ``interval`` (``tick``) the nodes a hold left
