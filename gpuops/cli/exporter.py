@@ -160,10 +160,11 @@ def exporter() -> None:
     "--label",
     "labels",
     multiple=True,
+    envvar="GPUOPS_NODE_LABELS",
     metavar="NAME=VALUE",
     help="A label of this node sent with each pushed event, e.g. --label rack=r12 --label "
     "zone=z1: the failure domains its repairs are paced in (health.ladder.pacing.domains). "
-    "Repeatable.",
+    'Repeatable. Env: GPUOPS_NODE_LABELS (space-separated: "rack=r12 zone=z1").',
 )
 def nvml(
     host: str,

@@ -24,13 +24,16 @@ pytestmark = pytest.mark.integration
 
 DOCS = Path(__file__).parents[3] / "docs" / "health.md"
 NODES = {"n1": ("r1", "idle"), "n2": ("r1", "drained"), "n3": ("r2", "mixed"), "n4": ("r2", "down")}
+KUBE_NODES = {"k1": ("z1", 0, 1), "k2": ("z1", 1, 1), "k3": ("z2", 0, 0), "k4": ("z2", 0, 1)}
+"""Kubernetes nodes: (zone, cordoned, Ready)."""
 
 
-def documented_pacing() -> PacingSettings:
-    """The ``pacing`` of docs/health.md's example that sets ``unavailable``."""
+def documented_pacing(index: int) -> PacingSettings:
+    """The ``pacing`` of docs/health.md's ``index``-th example that sets ``unavailable``."""
     blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
-    [block] = [b for b in blocks if "unavailable:" in b]
-    return PacingSettings(**yaml.safe_load(block)["health"]["ladder"]["pacing"])
+    found = [b for b in blocks if "unavailable:" in b]
+    assert len(found) == 2  # Slurm's, then Kubernetes'
+    return PacingSettings(**yaml.safe_load(found[index])["health"]["ladder"]["pacing"])
 
 
 @pytest.fixture
@@ -54,54 +57,106 @@ def gpus() -> Iterator[Exporter]:
     exporter.close()
 
 
-def test_the_documented_query_tells_the_nodes_out_of_service_on_fresh_data_only(
+@pytest.fixture
+def kube() -> Iterator[Exporter]:
+    """kube-state-metrics: each node's cordon, Ready condition and zone label."""
+    exporter = Exporter()
+    exporter.read_at = time.time
+    for node, (zone, cordoned, ready) in KUBE_NODES.items():
+        exporter.set("kube_node_spec_unschedulable", {"node": node}, cordoned)
+        for status, value in (("true", ready), ("false", 1 - ready), ("unknown", 0)):
+            labels = {"node": node, "condition": "Ready", "status": status}
+            exporter.set("kube_node_status_condition", labels, value)
+        labels = {"node": node, "label_topology_kubernetes_io_zone": zone}
+        exporter.set("kube_node_labels", labels, 1)
+    yield exporter
+    exporter.close()
+
+
+Found = dict[str, tuple[tuple[str, ...], bool]]
+
+
+def asked(client: PrometheusClient, expr: str, names: tuple[str, ...]) -> tuple[Found, str]:
+    """Each node's ``names`` labels and whether it is out of service, or why they are not
+    known (a new reader each time: none reuses an answer)."""
+    try:
+        nodes = OutOfService(client, expr, max_sample_age=3.0, clock=time.time).nodes()
+    except OutagesUnknown as exc:
+        return {}, str(exc)
+    return {lb["node"]: (tuple(lb[n] for n in names), down) for lb, down in nodes}, ""
+
+
+def prometheus(tmp_path: Path, jobs: str) -> PrometheusServer:
+    prom = PrometheusServer(tmp_path / "prometheus", f"global: {{scrape_interval: 1s}}\n{jobs}")
+    prom.start()
+    return prom
+
+
+def test_the_documented_slurm_query_tells_the_nodes_out_of_service_on_fresh_data_only(
     tmp_path: Path, slurm: Exporter, gpus: Exporter
 ) -> None:
-    pacing = documented_pacing()
-    assert pacing.unavailable is not None
+    expr = documented_pacing(0).unavailable
+    assert expr is not None
     targets = "\n".join(
         f"      - targets: ['{gpus.address}']\n        labels: {{node: {n}, pool: a, rack: {rack}}}"
         for n, (rack, _) in NODES.items()
     )
-    config = (
-        "global: {scrape_interval: 1s}\n"
+    prom = prometheus(
+        tmp_path,
         "scrape_configs:\n"
         "  - job_name: slurm\n    honor_labels: true\n"
         f"    static_configs: [{{targets: ['{slurm.address}']}}]\n"
-        "  - job_name: gpu-nodes\n    static_configs:\n"
-        f"{targets}\n"
+        f"  - job_name: gpu-nodes\n    static_configs:\n{targets}\n",
     )
-    prom = PrometheusServer(tmp_path / "prometheus", config)
-    prom.start()
     client = PrometheusClient(prom.url, timeout_s=5.0)
-    expr = pacing.unavailable
     try:
-
-        def asked() -> tuple[dict[str, tuple[str, str, bool]], str]:
-            """Each node's (pool, rack, out of service), or why they are not known (a new
-            reader each time: none reuses an answer)."""
-            try:
-                nodes = OutOfService(client, expr, max_sample_age=3.0, clock=time.time).nodes()
-            except OutagesUnknown as exc:
-                return {}, str(exc)
-            return {lb["node"]: (lb["pool"], lb["rack"], down) for lb, down in nodes}, ""
-
-        found = wait_for(lambda: len(asked()[0]) == len(NODES) and asked()[0], 30, "the nodes")
+        names = ("pool", "rack")
+        found = wait_for(lambda: len(f := asked(client, expr, names)[0]) == 4 and f, 30, "nodes")
         assert found == {
-            "n1": ("a", "r1", False),
-            "n2": ("a", "r1", True),  # drained
-            "n3": ("a", "r2", False),
-            "n4": ("a", "r2", True),  # down
+            "n1": (("a", "r1"), False),
+            "n2": (("a", "r1"), True),  # drained
+            "n3": (("a", "r2"), False),
+            "n4": (("a", "r2"), True),  # down
         }
         stuck = time.time()
         slurm.read_at = lambda: stuck  # slurmctld stops answering; its last read is served
-        why = wait_for(lambda: asked()[1], 30, "the node states to grow stale")
-        assert asked()[0] == {}
+        why = wait_for(lambda: asked(client, expr, names)[1], 30, "the node states to be stale")
         selector = 'gpuops_slurm_node_state{state!~"idle|mixed|allocated|completing"}'
         assert why == (
             f"2 series of {selector} older than 3s ({{instance='{slurm.address}',"
             " job='slurm', node='n2', state='drained'}, {instance="
             f"'{slurm.address}', job='slurm', node='n4', state='down'}})"
+        )
+    finally:
+        prom.stop()
+
+
+def test_the_documented_kubernetes_query_tells_the_nodes_out_of_service_on_fresh_data_only(
+    tmp_path: Path, kube: Exporter
+) -> None:
+    expr = documented_pacing(1).unavailable
+    assert expr is not None
+    prom = prometheus(
+        tmp_path,
+        "scrape_configs:\n"
+        "  - job_name: kube-state-metrics\n    honor_labels: true\n"
+        f"    static_configs: [{{targets: ['{kube.address}']}}]\n",
+    )
+    client = PrometheusClient(prom.url, timeout_s=5.0)
+    try:
+        names = ("zone",)
+        found = wait_for(lambda: len(f := asked(client, expr, names)[0]) == 4 and f, 30, "nodes")
+        assert found == {
+            "k1": (("z1",), False),
+            "k2": (("z1",), True),  # cordoned
+            "k3": (("z2",), True),  # not Ready
+            "k4": (("z2",), False),
+        }
+        stuck = time.time()
+        kube.read_at = lambda: stuck  # kube-state-metrics serves what it read last
+        why = wait_for(lambda: asked(client, expr, names)[1], 30, "the node states to be stale")
+        assert re.fullmatch(
+            r"4 series of kube_node_spec_unschedulable\{\} older than 3s \(.*\)", why
         )
     finally:
         prom.stop()

@@ -60,3 +60,7 @@ def test_a_bad_node_label_is_refused_naming_it() -> None:
     result = CliRunner().invoke(cli, ["exporter", "nvml", "--fake-nvml", "mig-a100", *twice])
     assert result.exit_code == 2
     assert "--label rack is given twice" in result.output
+    env = {"GPUOPS_NODE_LABELS": "rack=r1 zone"}  # space-separated, as a DaemonSet sets it
+    result = CliRunner().invoke(cli, ["exporter", "nvml", "--fake-nvml", "mig-a100"], env=env)
+    assert result.exit_code == 2
+    assert "--label 'zone': give NAME=VALUE" in result.output
