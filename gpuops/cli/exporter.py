@@ -101,8 +101,8 @@ def exporter() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("/var/lib/gpuops-agent"),
     show_default=True,
-    help="Where the node agent keeps the decision ids it rebooted for (it must outlive a "
-    "reboot: not a tmpfs); created at the first reboot.",
+    help="Where the node agent keeps the decision ids it rebooted for and, with --push-url, "
+    "the health events the engine has not taken yet (it must outlive a reboot: not a tmpfs).",
 )
 @click.option(
     "--agent-boot-id-file",
@@ -210,7 +210,7 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
-        push=_pusher(push_url, push_token_file, node_name, pool_name, node_labels),
+        push=_pusher(push_url, push_token_file, node_name, pool_name, node_labels, agent_state_dir),
         **extra,
     )
     log.info(
@@ -251,8 +251,9 @@ def _pusher(
     node: str | None,
     pool: str = "",
     labels: dict[str, str] | None = None,
+    state_dir: Path | None = None,
 ) -> object | None:
-    """The health pusher of ``--push-url``, or None."""
+    """The health pusher of ``--push-url`` (its queue under ``state_dir``), or None."""
     if url is None:
         if token_file is not None:
             raise click.UsageError("--push-token-file without --push-url")
@@ -263,7 +264,10 @@ def _pusher(
     name = node or socket.gethostname().split(".")[0]
     log.info("pushing XIDs and lost GPUs of node %r to %s", name, url)
     push = import_module("gpuops.exporters.nvml.push")
-    pusher: object = push.HealthPusher(url, token, name, pool=pool, labels=labels)
+    queue_dir = state_dir / push.QUEUE_DIR if state_dir is not None else None
+    pusher: object = push.HealthPusher(
+        url, token, name, pool=pool, labels=labels, queue_dir=queue_dir
+    )
     return pusher
 
 

@@ -4,10 +4,13 @@
 GPU (from ``gpuops.exporters.nvml.collector``) and sends it on its own thread to the engine's
 ``POST /api/v1/health/events`` (docs/health.md) with a bearer token. Events wait in a bounded
 queue while the engine is away and are sent again, in order, until the engine answers 200:
-each has an id (this process's boot id and a sequence number), so a second sending is a
+each has an id (a random id of this process and a sequence number), so a second sending is a
 duplicate the engine ignores. A 400 (a body the engine cannot read: a bug, not a delay) drops
-that batch, logged; a 413 halves the batch. Built by ``gpuops.exporters.nvml.server``; speaks
-HTTP only, nothing of the engine.
+that batch, logged; a 413 halves the batch. With a queue directory each event is also written
+to disk (``gpuops.exporters.nvml.outbox``) before it is sent and removed once the engine
+answered, and a new pusher sends what an old one left; without one the queue is in memory and
+ends with the process. Built by ``gpuops.exporters.nvml.server``; speaks HTTP only, nothing of
+the engine.
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import requests
 
+from gpuops.exporters.nvml.outbox import Outbox, OutboxError
+
 log = logging.getLogger(__name__)
 
 PATH = "/api/v1/health/events"
+QUEUE_DIR = "health-events"
+"""The queue's folder under the node agent's state directory (``--agent-state-dir``)."""
+
+Entry = tuple[dict[str, Any], str | None]
+"""A queued event and the name of its file in the outbox (None: in memory only)."""
 
 
 class HealthPusher:
@@ -44,6 +55,7 @@ class HealthPusher:
         timeout_s: float = 5.0,
         min_backoff_s: float = 0.2,
         max_backoff_s: float = 30.0,
+        queue_dir: Path | None = None,
     ) -> None:
         if not token:
             raise ValueError("pushing health events needs a non-empty bearer token")
@@ -61,7 +73,8 @@ class HealthPusher:
         self._batch = batch
         self._timeout = timeout_s
         self._min_backoff, self._max_backoff = min_backoff_s, max_backoff_s
-        self._queue: deque[dict[str, Any]] = deque(maxlen=queue_size)
+        self._queue: deque[Entry] = deque()
+        self._queue_size = queue_size
         self._boot = secrets.token_hex(4)
         self._seq = 0
         self._cond = threading.Condition()
@@ -74,6 +87,28 @@ class HealthPusher:
         """Events dropped: the queue overflowed, or the engine refused them as unreadable."""
         self.failures = 0
         """Sendings that will be tried again (the engine away, 401, 5xx)."""
+        self.outbox = self._open(queue_dir) if queue_dir is not None else None
+        """Where the queue is kept on disk; None: in memory only."""
+
+    def _open(self, directory: Path) -> Outbox | None:
+        """The outbox in ``directory`` with what a former agent left queued; None (logged)
+        where the directory cannot be used."""
+        outbox = Outbox(directory)
+        try:
+            left, unreadable = outbox.load()
+        except OutboxError as exc:
+            log.error("%s: health events are queued in memory only, lost if the agent stops", exc)
+            return None
+        self.dropped += unreadable
+        for name, event in left:
+            self._append((event, name), outbox)
+        if left:
+            log.warning(
+                "%d health events a former agent left unsent in %s: sending them first",
+                len(self._queue),
+                directory,
+            )
+        return outbox
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="health-push", daemon=True)
@@ -108,13 +143,28 @@ class HealthPusher:
             if self.labels:
                 event["labels"] = dict(self.labels)
             event["at"] = self._clock()
-            if len(self._queue) == self._queue.maxlen:
-                self.dropped += 1
-                log.error(
-                    "health event queue full (%d): the oldest event is dropped", self._queue.maxlen
-                )
-            self._queue.append(event)
+            name = None
+            if self.outbox is not None:
+                try:
+                    name = self.outbox.add(event)
+                except OutboxError as exc:
+                    log.error("%s: kept in memory only", exc)
+            self._append((event, name), self.outbox)
             self._cond.notify_all()
+
+    def _append(self, entry: Entry, outbox: Outbox | None) -> None:
+        """Queues ``entry``, dropping the oldest one where the queue is full."""
+        if len(self._queue) >= self._queue_size:
+            (oldest, name) = self._queue.popleft()
+            self.dropped += 1
+            log.warning(
+                "health event queue full (%d): the oldest event %s is dropped",
+                self._queue_size,
+                oldest.get("id"),
+            )
+            if outbox is not None and name is not None:
+                outbox.remove([name])
+        self._queue.append(entry)
 
     def _run(self) -> None:
         backoff = self._min_backoff
@@ -125,7 +175,7 @@ class HealthPusher:
                 batch = [self._queue[i] for i in range(min(self._batch, len(self._queue)))]
             if not batch:
                 continue
-            result = self._send(batch)
+            result = self._send([event for event, _ in batch])
             if result == "retry":
                 self.failures += 1
                 self._stop.wait(backoff)
@@ -134,9 +184,13 @@ class HealthPusher:
             backoff = self._min_backoff
             if result in ("sent", "refused"):
                 with self._cond:
-                    for event in batch:  # the queue's head, unless it overflowed meanwhile
-                        if self._queue and self._queue[0] is event:
+                    done = []
+                    for entry in batch:  # the queue's head, unless it overflowed meanwhile
+                        if self._queue and self._queue[0] is entry:
                             self._queue.popleft()
+                            done.append(entry[1])
+                    if self.outbox is not None:
+                        self.outbox.remove(name for name in done if name is not None)
 
     def _send(self, batch: list[dict[str, Any]]) -> str:
         """``sent``, ``refused`` (dropped), ``smaller`` (413: the batch halved) or ``retry``."""

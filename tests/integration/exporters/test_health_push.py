@@ -111,3 +111,48 @@ def test_a_refused_token_keeps_the_events(api: Harness) -> None:
         assert answer.status_code == 401
     finally:
         pusher.stop()
+
+
+def test_events_queued_on_disk_outlive_the_agent_and_quarantine_once(
+    api: Harness, tmp_path: Path
+) -> None:
+    """Queued while the engine is away, the events survive the agent's restart and are
+    delivered by the next one; a crash between the engine's answer and the removal of the
+    files sends them again, and the engine counts them as duplicates."""
+    queue = tmp_path / "agent-state" / "health-events"
+    token = api.tokens["alertmanager"]
+    away = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    first = HealthPusher(away, token, "node-4", min_backoff_s=0.05, queue_dir=queue)
+    first.start()
+    try:
+        first.xid("GPU-4", 79)
+        first.xid("GPU-4", 13)
+        wait_for(lambda: first.failures >= 2, 10, "sendings that failed")
+    finally:
+        first.stop()  # the agent stops with its events unsent
+    assert first.sent == 0 and len(list(queue.glob("*.json"))) == 2
+    left = {p.name: p.read_bytes() for p in queue.glob("*.json")}
+
+    second = HealthPusher(api.url, token, "node-4", min_backoff_s=0.05, queue_dir=queue)
+    assert second.pending() == 2
+    second.start()
+    try:
+        wait_for(lambda: second.pending() == 0, 30, "the events a former agent left sent")
+    finally:
+        second.stop()
+    assert second.sent == 2 and not list(queue.glob("*.json"))
+    wait_for(lambda: quarantined(api) == ["node-4"], 30, "node-4 quarantined")
+
+    for name, data in left.items():  # as a crash after the engine's 200 leaves them
+        (queue / name).write_bytes(data)
+    third = HealthPusher(api.url, token, "node-4", min_backoff_s=0.05, queue_dir=queue)
+    third.start()
+    try:
+        wait_for(lambda: third.pending() == 0, 30, "the events sent again")
+    finally:
+        third.stop()
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_health_events_total{kind="xid",outcome="duplicate"} 2.0' in metrics
+    assert quarantined(api) == ["node-4"]
+    with api.lock:
+        assert len([d for d, _ in api.decisions if d.policy == POLICY]) == 1

@@ -8,7 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from gpuops.cli import cli
-from gpuops.cli.exporter import FAKE_SCENARIOS
+from gpuops.cli.exporter import FAKE_SCENARIOS, _pusher
+from gpuops.exporters.nvml.push import HealthPusher
 from gpuops.exporters.nvml.scenarios import SCENARIOS
 
 
@@ -64,3 +65,12 @@ def test_a_bad_node_label_is_refused_naming_it() -> None:
     result = CliRunner().invoke(cli, ["exporter", "nvml", "--fake-nvml", "mig-a100"], env=env)
     assert result.exit_code == 2
     assert "--label 'zone': give NAME=VALUE" in result.output
+
+
+def test_the_pushers_queue_is_kept_under_the_agents_state_directory(tmp_path: Path) -> None:
+    token = tmp_path / "push-token"
+    token.write_text("push-token\n", encoding="utf-8")
+    push = _pusher("https://engine:9843", token, "n1", state_dir=tmp_path / "state")
+    assert isinstance(push, HealthPusher) and push.outbox is not None
+    assert push.outbox.directory == tmp_path / "state" / "health-events"
+    assert (tmp_path / "state" / "health-events").is_dir()
