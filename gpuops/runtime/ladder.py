@@ -141,6 +141,11 @@ class RepairLadder:
         self.rules = rules_of(settings)
         self.pace = pace_of(settings)
         self._draw = draw
+        if settings.pacing.max_fraction is not None and out_of_service is None:
+            raise ValueError(
+                "health.ladder.pacing.max_fraction needs what tells the nodes out of service"
+                " (pacing.unavailable)"
+            )
         self._out = out_of_service
         self._pacing = threading.Lock()
         """One node at a time decides whether its domain lets its repair start."""
