@@ -1,23 +1,22 @@
 """deploy/kubernetes: every object of both kustomizations (``base``: one engine replica on
-SQLite; ``ha``: two on PostgreSQL) validates against the Kubernetes 1.36 OpenAPI schemas
-(kubernetes-validate, strict: an unknown field is an error), the ClusterRole grants exactly the
-API calls of the kubernetes executor, the engine configuration in the ConfigMap loads and
-passes ``gpuops rules check`` with its policies, the paths and ports the pods use are those the
-configuration names, and the Prometheus scrape configuration passes promtool.
+SQLite; ``ha``: two on PostgreSQL), alone and with the ``agent-reboot`` component, validates
+against the Kubernetes 1.36 OpenAPI schemas (kubernetes-validate, strict: an unknown field is an
+error), the ClusterRole grants exactly the API calls of the kubernetes executor, the engine
+configuration in the ConfigMap loads and passes ``gpuops rules check`` with its policies, the
+paths and ports the pods use are those the configuration names, the node agent gets reboot
+rights only from the component and then all it needs, and the Prometheus scrape configuration
+passes promtool.
 
-The kustomizations are rendered here, offline, as kustomize does for what they use:
-``resources`` (files and directories), ``patches`` (strategic merge patches of mappings only:
-then a patch is a merge of mappings, which ``test_patches_only_merge_mappings`` checks),
-``namespace`` and ``images``. Where kubectl is installed, its ``kubectl kustomize`` renders
-the same objects."""
+The kustomizations are rendered offline by ``tests.integration.deploy.kustomize``, as kustomize
+does for what they use. Where kubectl is installed, its ``kubectl kustomize`` renders the same
+objects."""
 
 from __future__ import annotations
 
-import copy
+import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,70 +26,34 @@ import yaml
 from click.testing import CliRunner
 
 from gpuops.cli import cli
+from gpuops.cli.exporter import _rebooter, nvml
+from gpuops.exporters.nvml.reboot import Rebooter
 from gpuops.integrations.kubernetes.names import cluster_role_rules
 from gpuops.settings import load_config
+from tests.integration.deploy.kustomize import (
+    CLUSTER_SCOPED,
+    Doc,
+    RenderError,
+    containers,
+    json_patch,
+    key,
+    load_docs,
+    merge,
+    pod_spec,
+    render,
+)
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 KUBE = REPO / "deploy" / "kubernetes"
 KUSTOMIZATIONS = ["base", "ha"]
+SITES = [*KUSTOMIZATIONS, "base+agent-reboot", "ha+agent-reboot"]
+"""What is rendered: a kustomization of deploy/kubernetes, or one with a component over it
+(a site's own kustomization, written outside the tree)."""
 VERSION = "1.36"
 """The Kubernetes release the executor is run against."""
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-
-Doc = dict[str, Any]
-
-
-def load_docs(path: Path) -> list[Doc]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def merge(base: Doc, patch: Doc) -> Doc:
-    """A strategic merge patch made only of mappings: a recursive merge of mappings."""
-    out = copy.deepcopy(base)
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def render(folder: Path) -> list[Doc]:
-    """The objects of the kustomization in ``folder`` (module docstring)."""
-    k = load_docs(folder / "kustomization.yaml")[0]
-    docs: list[Doc] = []
-    for resource in k.get("resources", []):
-        path = (folder / resource).resolve()
-        docs += render(path) if path.is_dir() else load_docs(path)
-    for patch in k.get("patches", []):
-        for change in load_docs(folder / patch["path"]):
-            matches = [d for d in docs if key(d) == key(change)]
-            assert len(matches) == 1, f"{patch['path']}: patches no single object {key(change)}"
-            docs[docs.index(matches[0])] = merge(matches[0], change)
-    for doc in docs:
-        if "namespace" in k and doc["kind"] not in CLUSTER_SCOPED:
-            doc["metadata"]["namespace"] = k["namespace"]
-        for image in k.get("images", []):
-            for container in containers(doc):
-                if container["image"] == image["name"]:
-                    container["image"] = f"{image['newName']}:{image['newTag']}"
-    return docs
-
-
-def key(doc: Doc) -> tuple[str, str, str]:
-    return (doc["apiVersion"], doc["kind"], doc["metadata"]["name"])
-
-
-def pod_spec(doc: Doc) -> Doc | None:
-    template = doc.get("spec", {}).get("template")
-    return template["spec"] if template else None
-
-
-def containers(doc: Doc) -> Iterator[Doc]:
-    spec = pod_spec(doc)
-    yield from (spec or {}).get("containers", [])
+REBOOT_COMMAND = ["nsenter", "--target", "1", "--mount", "--", "systemctl", "reboot"]
 
 
 def find(docs: list[Doc], kind: str, name: str) -> Doc:
@@ -104,9 +67,27 @@ def engine_config(docs: list[Doc], tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(params=KUSTOMIZATIONS, scope="module")
-def rendered(request: pytest.FixtureRequest) -> list[Doc]:
-    return render(KUBE / request.param)
+def site_folder(site: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of ``site`` (``SITES``): a kustomization of the tree, or one written in a
+    temporary folder with its component, as a site's own (paths relative: kustomize refuses
+    absolute ones)."""
+    resource, _, component = site.partition("+")
+    if not component:
+        return KUBE / resource
+    folder = tmp_path_factory.mktemp("site")
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(KUBE / resource, folder)],
+        "components": [os.path.relpath(KUBE / component, folder)],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return folder
+
+
+@pytest.fixture(params=SITES, scope="module")
+def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
+    return render(site_folder(request.param, tmp_path_factory))
 
 
 def test_every_object_validates_against_the_kubernetes_schemas(rendered: list[Doc]) -> None:
@@ -258,24 +239,114 @@ def test_patches_only_merge_mappings() -> None:
             return any(lists(v) for v in value.values())
         return isinstance(value, list)
 
-    for folder in KUSTOMIZATIONS:
+    for folder in [*KUSTOMIZATIONS, "agent-reboot"]:
         k = load_docs(KUBE / folder / "kustomization.yaml")[0]
         for patch in k.get("patches", []):
+            if "target" in patch:  # a JSON patch (RFC 6902): lists are what it is made of
+                continue
             for change in load_docs(KUBE / folder / patch["path"]):
                 assert not lists(change), f"{folder}/{patch['path']}: a list in a patch"
 
 
-@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
-def test_kubectl_kustomize_renders_the_same_objects(folder: str) -> None:
+@pytest.mark.parametrize("site", SITES)
+def test_kubectl_kustomize_renders_the_same_objects(
+    site: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
+    folder = site_folder(site, tmp_path_factory)
     done = subprocess.run(
-        [kubectl, "kustomize", str(KUBE / folder)], capture_output=True, text=True, timeout=60
+        [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     theirs = sorted(yaml.safe_load_all(done.stdout), key=key)
-    assert theirs == sorted(render(KUBE / folder), key=key)
+    assert theirs == sorted(render(folder), key=key)
+
+
+def agent_of(docs: list[Doc]) -> tuple[Doc, Doc]:
+    """The node agent's pod spec and container."""
+    spec = pod_spec(find(docs, "DaemonSet", "gpuops-node-agent"))
+    assert spec is not None
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def flag(args: list[str], name: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")]
+    assert len(values) <= 1, f"{name} is given twice"
+    return values[0] if values else None
+
+
+def test_no_container_is_privileged_without_privilege_escalation(rendered: list[Doc]) -> None:
+    """The API server refuses that pair, which the schemas do not check."""
+    for doc in rendered:
+        for container in containers(doc):
+            context = container.get("securityContext", {})
+            if context.get("privileged"):
+                assert context.get("allowPrivilegeEscalation") is not False, key(doc)
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_the_default_install_cannot_reboot_a_node(folder: str) -> None:
+    spec, agent = agent_of(render(KUBE / folder))
+    assert "--agent-reboot" not in agent["args"]
+    assert not spec.get("hostPID") and not agent["securityContext"].get("privileged")
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_the_agent_reboot_component_gives_the_agent_what_a_reboot_needs(
+    folder: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    base_spec, base_agent = agent_of(render(KUBE / folder))
+    docs = render(site_folder(f"{folder}+agent-reboot", tmp_path_factory))
+    spec, agent = agent_of(docs)
+    args = agent["args"]
+    assert args[: len(base_agent["args"])] == base_agent["args"]  # appended to, not replaced
+    assert "--agent" in args and "--agent-reboot" in args
+    known = {o for p in nvml.params for o in [*p.opts, *p.secondary_opts]}
+    assert {a.split("=", 1)[0] for a in args if a.startswith("--")} - {"--log-json"} <= known
+    command, state_dir = flag(args, "--agent-reboot-command"), flag(args, "--agent-state-dir")
+    assert command is not None and state_dir is not None
+    rebooter = _rebooter(command, Path(state_dir), Path("/proc/sys/kernel/random/boot_id"))
+    assert isinstance(rebooter, Rebooter) and list(rebooter.command) == REBOOT_COMMAND
+    assert spec["hostPID"] is True  # PID 1 is the host's systemd
+    assert agent["securityContext"]["privileged"] is True
+    mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == state_dir)
+    assert not mount.get("readOnly")
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": "/var/lib/gpuops-agent", "type": "DirectoryOrCreate"}
+    assert spec["volumes"][: len(base_spec["volumes"])] == base_spec["volumes"]
+    namespace = find(docs, "Namespace", "gpuops")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    others = [d for d in docs if d["kind"] != "DaemonSet"]
+    assert others == [d for d in render(KUBE / folder) if d["kind"] != "DaemonSet"]
+
+
+def test_a_json_patch_is_applied_as_rfc_6902_says() -> None:
+    doc = {"a": {"b": [1, 2], "c": "x", "d/e": 0}}
+    ops: list[Doc] = [
+        {"op": "test", "path": "/a/c", "value": "x"},
+        {"op": "add", "path": "/a/b/-", "value": 3},
+        {"op": "add", "path": "/a/b/0", "value": 0},
+        {"op": "replace", "path": "/a/c", "value": "y"},
+        {"op": "remove", "path": "/a/d~1e"},
+        {"op": "add", "path": "/a/f", "value": True},
+    ]
+    assert json_patch(doc, ops) == {"a": {"b": [0, 1, 2, 3], "c": "y", "f": True}}
+    assert doc["a"]["b"] == [1, 2]  # a copy is patched
+    failing: list[tuple[Doc, str]] = [
+        ({"op": "test", "path": "/a/c", "value": "z"}, "p: testing value /a/c failed"),
+        ({"op": "replace", "path": "/a/g", "value": 1}, "p: /a/g: no 'g' there"),
+        ({"op": "add", "path": "/a/b/3", "value": 1}, "p: /a/b/3: '3' is no index of a list"),
+        ({"op": "remove", "path": "/a/b/-"}, "p: /a/b/-: '-' is no index of a list of 2"),
+        ({"op": "move", "from": "/a/c", "path": "/a/h"}, "does not implement op 'move'"),
+    ]
+    for op, says in failing:
+        with pytest.raises(RenderError, match=re.escape(says)):
+            json_patch(doc, [op], "p")
 
 
 SD_ROLES = {"node", "service", "pod", "endpoints", "endpointslice", "ingress"}
@@ -317,3 +388,5 @@ def test_the_image_has_what_the_manifests_run() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     assert re.search(r"^COPY rules \./rules$", dockerfile, flags=re.M)
     assert "--uid 10001" in dockerfile  # the engine's runAsUser
+    # Debian, whose essential util-linux has the nsenter of the agent-reboot component
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, flags=re.M)

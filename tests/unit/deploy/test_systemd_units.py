@@ -95,3 +95,28 @@ def test_the_ports_agree() -> None:
     assert f":{port}" in nodes
     assert f":{slurm[slurm.index('--port') + 1]}" in prometheus
     assert f":{engine['metrics_listen'].rsplit(':', 1)[1]}" in prometheus
+
+
+def test_the_reboot_drop_in_adds_the_reboot_to_the_agents_own_command_line() -> None:
+    """The drop-in restates the unit's ExecStart (a drop-in cannot append to it): the same
+    command line, then the reboot's flags, which the real CLI parses; its state directory is
+    the one systemd creates for the unit (StateDirectory, writable under ProtectSystem)."""
+    path = REPO / "deploy" / "systemd" / "gpuops-node-agent.service"
+    drop_in = REPO / "deploy" / "systemd" / "gpuops-node-agent.service.d" / "reboot.conf"
+    lines = [
+        line.removeprefix("ExecStart=")
+        for line in drop_in.read_text().splitlines()
+        if line.startswith("ExecStart=")
+    ]
+    assert lines[0] == "", "a drop-in resets ExecStart before it gives its own"
+    (argv,) = [shlex.split(line) for line in lines[1:]]
+    assert argv[0] == BINARY
+    own = exec_start(path)
+    assert argv[1 : len(own) + 1] == own
+    added = argv[len(own) + 1 :]
+    assert added == ["--agent-reboot", "--agent-state-dir", "/var/lib/gpuops-agent"]
+    result = CliRunner().invoke(cli, [*argv[1:], "--help"])
+    assert result.exit_code == 0, result.output
+    service = unit(path)["Service"]
+    assert f"/var/lib/{service['StateDirectory']}" == added[-1]
+    assert service["ProtectSystem"] == "strict" and "--agent-reboot" not in own
