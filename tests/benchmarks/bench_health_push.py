@@ -1,16 +1,18 @@
 """From a GPU fault to its node's quarantine issued: the push path, and Prometheus alone.
 
 Push: the NVML exporter over a fake NVML of 8 H100s, scraped every 100 ms (a loaded node),
-pushes to a running engine API (real SQLite state, fsync'd audit spool, the alert inbox, the
-gate, a no-op executor); each run injects XID 79 on one GPU of another node and times NVML's
-event to the quarantine's executed outcome. Prometheus alone: the same exporter scraped by a
+its queue on disk (``--memory-queue``: in memory), pushes to a running engine API (real SQLite
+state, fsync'd audit spool, the alert inbox, the gate, a no-op executor); each run injects
+XID 79 on one GPU of another node and times NVML's event to the quarantine's executed outcome.
+Prometheus alone: the same exporter scraped by a
 real Prometheus every ``--scrape`` seconds, the shipped ``quarantine-on-hardware-xid`` policy
 evaluated every ``--group`` seconds (no ``for``); each run injects XID 79 and times it to the
 executed outcome, whose bound is scrape interval + group interval (+ ``for``, 0 here).
 
 Prints each path's median, p95 and maximum; never fails on noise.
 
-Run: ``python -m tests.benchmarks.bench_health_push [--runs 20] [--prom-runs 5]``.
+Run: ``python -m tests.benchmarks.bench_health_push [--runs 20] [--prom-runs 5]
+[--memory-queue]``.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def loaded_exporter(push: HealthPusher | None) -> Iterator[ExporterServer]:
         server.close()
 
 
-def push_path(runs: int) -> list[float]:
+def push_path(runs: int, on_disk: bool = True) -> list[float]:
     latencies = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -110,7 +112,8 @@ def push_path(runs: int) -> list[float]:
             server.start()
             for run in range(runs):
                 node = f"node-{run:03d}"
-                pusher = HealthPusher(server.url, token, node)
+                queue = workdir / "agents" / node / "health-events" if on_disk else None
+                pusher = HealthPusher(server.url, token, node, queue_dir=queue)
                 with loaded_exporter(pusher) as exporter:
                     injected = time.monotonic()
                     exporter.session.backend.inject_xid(run % 8, 79)
@@ -186,12 +189,18 @@ def _summary(latencies: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20, help="push-path faults")
+    parser.add_argument(
+        "--memory-queue",
+        action="store_true",
+        help="the agent's queue in memory (as without a state directory), not on disk",
+    )
     parser.add_argument("--prom-runs", type=int, default=3, help="Prometheus-path faults")
     parser.add_argument("--scrape", type=float, default=1.0, help="scrape interval, seconds")
     parser.add_argument("--group", type=float, default=5.0, help="group interval, seconds")
     args = parser.parse_args()
-    pushed = push_path(args.runs)
-    print(f"push path, XID 79 -> quarantine executed: {_summary(pushed)}")
+    pushed = push_path(args.runs, on_disk=not args.memory_queue)
+    queue = "in memory" if args.memory_queue else "on disk"
+    print(f"push path (queue {queue}), XID 79 -> quarantine executed: {_summary(pushed)}")
     if args.prom_runs:
         scraped = prometheus_path(args.prom_runs, args.scrape, args.group)
         bound = args.scrape + args.group
