@@ -4,6 +4,8 @@ and are sent when it is back."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,3 +158,27 @@ def test_events_queued_on_disk_outlive_the_agent_and_quarantine_once(
     assert quarantined(api) == ["node-4"]
     with api.lock:
         assert len([d for d, _ in api.decisions if d.policy == POLICY]) == 1
+
+
+def test_an_unreadable_queued_event_is_set_aside_and_the_exporter_serves(
+    api: Harness, tmp_path: Path
+) -> None:
+    queue = tmp_path / "health-events"
+    queue.mkdir()
+    (queue / "000000000001.json").write_text("{not json", encoding="utf-8")
+    left = {"id": "node-2-old-1", "node": "node-2", "gpu": "GPU-2", "kind": "gpu_lost"}
+    (queue / "000000000002.json").write_text(json.dumps({**left, "at": time.time()}), "utf-8")
+    pusher = HealthPusher(
+        api.url, api.tokens["alertmanager"], "node-2", min_backoff_s=0.05, queue_dir=queue
+    )
+    assert pusher.pending() == 1 and pusher.dropped == 1
+    server = ExporterServer(healthy_h100(), host="127.0.0.1", port=0, xid_poll_ms=20, push=pusher)
+    server.start()
+    try:
+        metrics = requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
+        assert metrics.status_code == 200 and "nvml_gpu_up" in metrics.text
+        wait_for(lambda: pusher.sent == 1, 10, "the readable event sent")
+        wait_for(lambda: quarantined(api) == ["node-2"], 30, "node-2 quarantined")
+    finally:
+        server.close()
+    assert sorted(p.name for p in queue.iterdir()) == ["000000000001.json.unreadable"]
