@@ -20,11 +20,13 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import requests
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from gpuops.exporters.nvml.outbox import Outbox, OutboxError
 
@@ -84,7 +86,8 @@ class HealthPusher:
         self.sent = 0
         """Events the engine took (200)."""
         self.dropped = 0
-        """Events dropped: the queue overflowed, or the engine refused them as unreadable."""
+        """Events dropped: the queue overflowed, the engine refused them as unreadable, or a
+        file a former agent left could not be read."""
         self.failures = 0
         """Sendings that will be tried again (the engine away, 401, 5xx)."""
         self.outbox = self._open(queue_dir) if queue_dir is not None else None
@@ -125,6 +128,32 @@ class HealthPusher:
     def pending(self) -> int:
         with self._cond:
             return len(self._queue)
+
+    def collect(self) -> Iterable[Metric]:
+        """The pusher's figures on the exporter's ``/metrics`` (a prometheus_client collector)."""
+        queued = GaugeMetricFamily(
+            "nvml_agent_health_events_queued",
+            "Health events waiting for the engine to take them.",
+            value=self.pending(),
+        )
+        on_disk = GaugeMetricFamily(
+            "nvml_agent_health_queue_on_disk",
+            "1 when the queue is kept on disk (it outlives the agent), 0 when in memory only.",
+            value=int(self.outbox is not None),
+        )
+        events = CounterMetricFamily(
+            "nvml_agent_health_events",
+            "Health events the engine took (sent) or that were dropped (dropped).",
+            labels=["outcome"],
+        )
+        events.add_metric(["sent"], self.sent)
+        events.add_metric(["dropped"], self.dropped)
+        failures = CounterMetricFamily(
+            "nvml_agent_health_push_failures",
+            "Sendings to the engine that will be tried again (the engine away, 401, 5xx).",
+            value=self.failures,
+        )
+        return [queued, on_disk, events, failures]
 
     def xid(self, uuid: str, code: int) -> None:
         """NVML reported XID ``code`` for the GPU ``uuid`` now."""

@@ -74,6 +74,8 @@ class ExporterServer:
             self.session, self.xids, on_lost=push.lost if push is not None else None
         )
         self.registry = CollectorRegistry()  # what ``/metrics`` serves after the collector's
+        if push is not None:
+            self.registry.register(push)
         self.agent: ClockAgent | None = None
         self.rebooter = rebooter
         self._token = agent_token

@@ -177,7 +177,12 @@ def test_an_unreadable_queued_event_is_set_aside_and_the_exporter_serves(
     try:
         metrics = requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
         assert metrics.status_code == 200 and "nvml_gpu_up" in metrics.text
+        assert 'nvml_agent_health_events_total{outcome="dropped"} 1.0' in metrics.text
+        assert "nvml_agent_health_queue_on_disk 1.0" in metrics.text
         wait_for(lambda: pusher.sent == 1, 10, "the readable event sent")
+        text = requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5).text
+        assert 'nvml_agent_health_events_total{outcome="sent"} 1.0' in text
+        assert "nvml_agent_health_events_queued 0.0" in text
         wait_for(lambda: quarantined(api) == ["node-2"], 30, "node-2 quarantined")
     finally:
         server.close()

@@ -119,6 +119,9 @@ def test_a_directory_that_cannot_be_used_leaves_the_queue_in_memory(
     assert push.outbox is None
     push.xid("GPU-a", 79)
     assert push.pending() == 1
+    figures = {m.name: m.samples[0].value for m in push.collect()}
+    assert figures["nvml_agent_health_queue_on_disk"] == 0
+    assert figures["nvml_agent_health_events_queued"] == 1
     assert f"cannot keep health events in {blocked / 'q'}: " in caplog.text
     assert "health events are queued in memory only, lost if the agent stops" in caplog.text
 
