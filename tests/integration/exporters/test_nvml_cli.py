@@ -4,6 +4,7 @@ script drawing a new boot id: ``tests.fakes.reboot``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import selectors
 import shlex
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from gpuops.sources.promproc import free_port
 from tests.fakes.reboot import FakeBoot
 from tests.waiting import wait_for
 
@@ -63,11 +65,11 @@ def _check_running(proc: subprocess.Popen[str]) -> int:
     return port
 
 
-def _wait_for_port(stream: object, timeout: float = 60.0) -> int:
+def _wait_for_port(stream: object, timeout: float = 60.0, seen: list[str] | None = None) -> int:
     # a deadline, not a wait: the CLI imports the whole engine (~2.3 s CPU), far slower on a
     # loaded machine (it took over 20 s with the suite in 3 workers beside other runs)
     deadline = time.monotonic() + timeout
-    seen = []
+    seen = [] if seen is None else seen
     with selectors.DefaultSelector() as sel:
         sel.register(stream, selectors.EVENT_READ)  # type: ignore[arg-type]
         return _read_port(sel, stream, deadline, seen)
@@ -86,3 +88,49 @@ def _read_port(
             if not line:
                 break
     raise AssertionError(f"the exporter did not start: {''.join(seen)}")
+
+
+def test_pushed_events_the_engine_did_not_take_outlive_the_exporter(tmp_path: Path) -> None:
+    """The engine away: the lost GPU's events wait under --agent-state-dir, and the next
+    exporter process finds them there."""
+    token = tmp_path / "push-token"
+    token.write_text("push-token\n", encoding="utf-8")
+    state = tmp_path / "state"
+    argv = [
+        sys.executable, "-c", "from gpuops.cli import main; main()",
+        "exporter", "nvml", "--fake-nvml", "gpu-lost", "--host", "127.0.0.1", "--port", "0",
+        "--push-url", f"http://127.0.0.1:{free_port()}", "--push-token-file", str(token),
+        "--node", "n-cli", "--agent-state-dir", str(state),
+    ]  # fmt: skip
+    queue = state / "health-events"
+
+    def queued(port: int) -> float:
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert "nvml_agent_health_queue_on_disk 1.0" in text
+        (value,) = re.findall(r"^nvml_agent_health_events_queued (\S+)$", text, flags=re.M)
+        return float(value)
+
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            port = _wait_for_port(proc.stderr)
+            kinds = {"xid", "gpu_lost"}
+            wait_for(lambda: queued(port) and kinds <= held(queue), 30, "XID 79, GPU lost")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    left = [json.loads(p.read_text()) for p in sorted(queue.glob("*.json"))]
+    assert {(e["node"], e["gpu"]) for e in left} == {("n-cli", left[0]["gpu"])}
+    said: list[str] = []
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert queued(_wait_for_port(proc.stderr, seen=said)) >= len(left)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    found = f"{len(left)} health events a former agent left unsent in {queue}: sending them first"
+    assert found in "".join(said)
+
+
+def held(queue: Path) -> set[str]:
+    """The kinds of the events queued in ``queue``."""
+    return {json.loads(p.read_text())["kind"] for p in queue.glob("*.json")}
