@@ -42,6 +42,7 @@ from gpuops.sim.fleet.rollout import RolloutReport, RolloutSpec
 from gpuops.sim.fleet.virtual import VirtualFleet
 from gpuops.sim.reliability import FaultPlan, Injector, ReliabilityFigures
 from gpuops.sim.whatif.attribution import Attribution, attribute
+from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
 from gpuops.sim.whatif.loop import ACTION_TIMEOUT_S, ACTION_WORKERS, PolicyLoop, VirtualClock
 from gpuops.sim.whatif.queries import check_windows, metric_names
@@ -286,9 +287,10 @@ def run_on(
             end = hours * 3600.0
             for i in range(math.floor(end / step) + 1):
                 t = i * step
-                fleet.run_until(t)
-                if injector is not None:
-                    _push(engine, clock, injector)
+                if injector is None:
+                    fleet.run_until(t)
+                else:
+                    _run_pushing(fleet, engine, clock, injector, t)
                 loop.evaluate(t)
                 if injector is not None:
                     _handed_over(engine, injector, t)
@@ -340,6 +342,25 @@ def _health(config: FleetConfig) -> HealthSettings:
             reset_gpu=fleet, reboot=fleet, validation=ValidationSettings(executor="fleet")
         ),
     )
+
+
+def _run_pushing(
+    fleet: VirtualFleet, engine: Engine, clock: VirtualClock, injector: Injector, t: float
+) -> None:
+    """Run the fleet to virtual second ``t`` one cluster step at a time, handing the engine
+    what the node agents pushed at the end of each step (as they push at once, not at the
+    policies' evaluation), its actions finished before the fleet goes on."""
+    while fleet.now < t:
+        at = min(t, (math.floor(fleet.now / CLUSTER_STEP_S) + 1) * CLUSTER_STEP_S)
+        fleet.run_until(at)
+        if injector.outbox or injector.cleared:
+            clock.t = at
+            _push(engine, clock, injector)
+            if not engine.wait_idle(ACTION_TIMEOUT_S):
+                raise WhatifError(
+                    f"actions on faults pushed at virtual second {at:.0f} did not finish "
+                    f"within {ACTION_TIMEOUT_S:.0f} s"
+                )
 
 
 def _push(engine: Engine, clock: VirtualClock, injector: Injector) -> None:
