@@ -329,6 +329,8 @@ def _option_row(option: click.Option, ctx: click.Context) -> str:
     default = ""
     if not option.required:
         shown = option.get_default(ctx, call=True)
+        if type(shown).__name__ == "Sentinel":  # click's UNSET: the option has no default
+            shown = None
         if option.is_flag and option.secondary_opts:
             flag = option.opts[0] if shown else option.secondary_opts[0]
             default = f"`{flag}`"

@@ -123,7 +123,7 @@ usage error)."""
     type=click.FloatRange(min=0, min_open=True, max=100_000),
     metavar="SCALE",
     help="Inject GPU faults into both runs at a published rate times SCALE (at the Llama 3 "
-    "rate a 128-GPU fleet sees about 0.1 fault in 3 days; 200 gives about 23), with "
+    "rate a 128-GPU fleet sees about 0.1 fault in 3 days; 300 gives about 30), with "
     "application XID floods; the on run pushes them to the engine, which quarantines and "
     "repairs through the fleet. Adds a reliability section to the report.",
 )
@@ -150,8 +150,8 @@ usage error)."""
     "response",
     default="4h",
     show_default=True,
-    help="With --faults: how long a person on call takes to act on a faulty node (off run) or "
-    "a node handed over (on run), a duration (30m, 4h).",
+    help="With --faults: how long a person on call takes to act on a faulty node still in "
+    "service or a node the remediation ladder handed over, in both runs, a duration (30m, 4h).",
 )
 def whatif(
     fleet_file: Path,

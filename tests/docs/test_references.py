@@ -86,3 +86,9 @@ def test_the_reference_commands_print_the_files(what: str) -> None:
     assert result.exit_code == 0, result.output
     path = DOCS / ("configuration.md" if what == "config" else "reference/cli.md")
     assert result.output == path.read_text()
+
+
+def test_an_option_without_a_default_shows_none() -> None:
+    text = cli_reference(cli)
+    assert "Sentinel" not in text and "UNSET" not in text
+    assert "| `--url` | text |  | Elasticsearch URL" in text

@@ -121,13 +121,13 @@ class Cluster:
         self.share_lost_gpu_s = 0.0
         """GPU-seconds of progress lost to sharing a GPU (contention, context switches)."""
         self.restart_lost_gpu_s = 0.0
+        """GPU-seconds a restart costs jobs stopped and started again (reclaim, pack,
+        consolidate, migrate): their relaunch (GPUs held, idle) and the work they do again."""
         self.health: NodeHealth = Healthy()
         """How its nodes answer the remediation ladder's steps (``gpuops.sim.fleet.health``)."""
-        """GPU-seconds a restart costs jobs stopped and started again (reclaim, pack,
-        consolidate): their relaunch (GPUs held, idle) and the work they do again."""
         self.restarts: dict[str, int] = defaultdict(int)
         """Per priority class (``-``: a job of none), jobs ``restart_cost`` stopped to start
-        again: reclaimed and requeued, packed elsewhere, moved by consolidation."""
+        again: reclaimed and requeued, packed elsewhere, moved by consolidation or a drain."""
         self.redo_busy_gpu_s = 0.0
         """GPU-seconds of utilization spent doing lost work again (counted as busy in
         utilization over powered GPUs; the report shows the figure without it too)."""

@@ -299,18 +299,24 @@ def scale_in(cluster: Cluster, pool: str, nodes: int, node: str | None = None) -
 
 
 def migrate(cluster: Cluster, node_name: str) -> Changed:
-    """Drain ``node_name`` and move its jobs to free GPUs on other up nodes, else to the queue."""
+    """Drain ``node_name`` and move its jobs to free GPUs on other up nodes, else to the queue:
+    each job stopped restarts, paying ``Cluster.restart_cost`` (its work since its last
+    checkpoint and the relaunch), as a drained Slurm job is requeued and a pod evicted.
+    ``drained`` says whether this call drained it (False: it was drained already, by whoever:
+    not ours to give back)."""
     with cluster.lock:
         node = cluster.node(node_name)
         job_ids = sorted(node.job_ids())
-        if node.drained and not job_ids:
-            return {}
+        already = node.drained
+        if already and not job_ids:
+            return {"node": node_name, "drained": False, "state": node.state}
         node.drained = True
         moved: list[dict[str, object]] = []
         requeued: list[str] = []
+        restart_gpu_s = 0.0
         for job_id in job_ids:
             job = cluster.job(job_id)
-            job.moved_at = cluster.time
+            restart_gpu_s += cluster.restart_cost(job)
             cluster.requeue(job)
             cluster.schedule()
             if job.state == "running":
@@ -322,7 +328,14 @@ def migrate(cluster: Cluster, node_name: str) -> Changed:
         state = node.state
     log.info("migrated off %s: moved %s, requeued %s", node_name, moved, requeued)
     cluster.notify_topology()
-    return {"node": node_name, "state": state, "moved": moved, "requeued": requeued}
+    return {
+        "node": node_name,
+        "drained": not already,
+        "state": state,
+        "moved": moved,
+        "requeued": requeued,
+        "restart_gpu_s": round(restart_gpu_s, 1),
+    }
 
 
 def resume(cluster: Cluster, node_name: str) -> Changed:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.sim.fleet.report import RunReport, waste_rows
-from gpuops.sim.reliability import FaultPlan, ReliabilityFigures, p95
+from gpuops.sim.reliability import FaultPlan, ReliabilityFigures, ladder_window_s, p95
 from gpuops.sim.whatif import harm
 from gpuops.sim.whatif.both import Whatif
 from gpuops.sim.whatif.conclusion import conclusion
@@ -185,22 +185,24 @@ ReliabilityRow = tuple[
 RELIABILITY: tuple[ReliabilityRow, ...] = (
     ("GPU faults injected", lambda f: f.faults, number("d"), False),
     ("application XID events (floods)", lambda f: f.flood_events, number("d"), False),
-    ("jobs crashed", lambda f: f.jobs_crashed, number("d"), False),
+    ("job crashes", lambda f: f.job_crashes, number("d"), False),
     ("GPU-hours lost", lambda f: f.lost_gpu_hours, number(".1f"), False),
     ("  work lost to crashes", lambda f: f.crash_gpu_hours, number(".1f"), False),
-    ("  nodes out of service", lambda f: f.out_gpu_hours, number(".1f"), False),
+    ("  work lost to drains", lambda f: f.drain_gpu_hours, number(".1f"), False),
+    ("  GPUs out of service", lambda f: f.out_gpu_hours, number(".1f"), False),
     ("  faulty GPUs left in service", lambda f: f.faulty_gpu_hours, number(".1f"), False),
-    ("effective training time", lambda f: f.effective_training, _pct, True),
+    ("useful GPU time, share of fleet", lambda f: f.useful_share, _pct, True),
     ("quarantines, true", lambda f: f.quarantines_true, number("d"), False),
     ("quarantines, false", lambda f: f.quarantines_false, number("d"), False),
     ("remediation: GPU resets", lambda f: f.resets, number("d"), False),
     ("remediation: reboots", lambda f: f.reboots, number("d"), False),
-    ("hand-overs to a person", lambda f: f.hand_overs, number("d"), False),
+    ("hand-overs by the ladder", lambda f: f.hand_overs, number("d"), False),
+    ("repairs by a person", lambda f: f.person_repairs, number("d"), False),
     ("time to quarantine, median", lambda f: _median(f.to_quarantine_s), duration, False),
     ("time to quarantine, p95", lambda f: p95(f.to_quarantine_s), duration, False),
-    ("time to return, median", lambda f: _median(f.to_return_s), duration, False),
-    ("time to return, p95", lambda f: p95(f.to_return_s), duration, False),
-    ("faults not healed at the end", lambda f: f.unreturned, number("d"), False),
+    ("time to healthy service, median", lambda f: _median(f.to_healthy_s), duration, False),
+    ("time to healthy service, p95", lambda f: p95(f.to_healthy_s), duration, False),
+    ("faults not healed at the end", lambda f: f.unhealed, number("d"), False),
 )
 """The reliability what-if's rows (``--faults``): label, figure, format, change in points."""
 
@@ -212,11 +214,14 @@ def _median(values: tuple[float, ...]) -> float | None:
 def fault_header(plan: FaultPlan) -> list[str]:
     """What the faults were, in words: the rate and its scale, the floods, the person."""
     r = plan.rates
+    drawn = r.expected(1, 3600.0)
     return [
-        f"  GPU faults at the {r.base} rate x {r.scale:g} ({r.per_gpu_hour:.2e} per GPU-hour), "
-        f"{plan.floods_per_day:g} application XID floods a day; a person on call acts "
-        f"{duration(plan.response_s)} after a fault (off) or a hand-over (on), and repairs in "
-        f"{duration(plan.fix_s)} ({duration(plan.replace_s)} for a part)",
+        f"  GPU faults that raise an XID at the {r.base} rate x {r.scale:g}: {drawn:.2e} per "
+        f"GPU-hour; {plan.floods_per_day:g} application XID floods a day; the ladder's window "
+        f"of remediations {duration(ladder_window_s(plan))} (7 days / {max(r.scale, 1.0):g})",
+        f"  a person on call acts {duration(plan.response_s)} after a fault on a node in "
+        f"service or a hand-over, and repairs in {duration(plan.fix_s)} "
+        f"({duration(plan.replace_s)} for a part)",
     ]
 
 

@@ -40,7 +40,7 @@ from gpuops.sim.fleet.remotewrite import RemoteWriter
 from gpuops.sim.fleet.report import Point, Recorder, RunReport
 from gpuops.sim.fleet.rollout import RolloutReport, RolloutSpec
 from gpuops.sim.fleet.virtual import VirtualFleet
-from gpuops.sim.reliability import FaultPlan, Injector, ReliabilityFigures
+from gpuops.sim.reliability import FaultPlan, Injector, ReliabilityFigures, ladder_window_s
 from gpuops.sim.whatif.attribution import Attribution, attribute
 from gpuops.sim.whatif.errors import WhatifError
 from gpuops.sim.whatif.lockstep import LockstepPrometheus
@@ -209,9 +209,14 @@ class _Tally:
             and outcome.ok
             and decision.evidence.expr == FAULT_TRIGGER
             and decision.transition is Transition.FIRE
-            and outcome.changed
+            and outcome.changed.get("drained") is True
         ):
-            injector.quarantined(node, decision.at - self.start_s)
+            restart = outcome.changed.get("restart_gpu_s", 0.0)
+            injector.quarantined(
+                node,
+                decision.at - self.start_s,
+                float(restart) if isinstance(restart, int | float) else 0.0,
+            )
 
 
 def run_on(
@@ -265,7 +270,7 @@ def run_on(
             audit=AuditConfig(spool_dir=workdir / "audit"),
             executors={"fleet": {"url": control}},
             metrics_listen=None,
-            health=_health(config) if injector is not None else HealthSettings(),
+            health=HealthSettings() if faults is None else _health(config, faults),
         )
         # loopback only: no proxy lookup from the environment on each of ~10^4 queries
         session = requests.Session()
@@ -332,14 +337,19 @@ def run_on(
     )
 
 
-def _health(config: FleetConfig) -> HealthSettings:
+def _health(config: FleetConfig, faults: FaultPlan) -> HealthSettings:
     """Every pool's faulty GPUs quarantined and repaired by the remediation ladder, whose
-    steps and health check the fleet does (``gpuops.sim.fleet.health``)."""
+    steps and health check the fleet does (``gpuops.sim.fleet.health``). The ladder's window
+    of remediations (``ladder_window_s``) is scaled with the fault rate, so that a node's
+    second fault within it is as rare as at the published rates."""
     fleet = LadderAction(executor="fleet")
     return HealthSettings(
         profiles={pool.name: "full" for pool in config.pools},
         ladder=LadderSettings(
-            reset_gpu=fleet, reboot=fleet, validation=ValidationSettings(executor="fleet")
+            reset_gpu=fleet,
+            reboot=fleet,
+            validation=ValidationSettings(executor="fleet"),
+            window=ladder_window_s(faults),
         ),
     )
 
@@ -383,7 +393,11 @@ def _push(engine: Engine, clock: VirtualClock, injector: Injector) -> None:
                 for e in events
             ]
         )
-        engine.alerts.wait_idle(ACTION_TIMEOUT_S)
+        if not engine.alerts.wait_idle(ACTION_TIMEOUT_S):
+            raise WhatifError(
+                f"the alerts of {len(events)} pushed health events were not decided within "
+                f"{ACTION_TIMEOUT_S:.0f} s"
+            )
     for node in injector.take_cleared():
         engine.ladder.clear(node, "the person on call")
 

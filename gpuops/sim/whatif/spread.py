@@ -134,8 +134,14 @@ def _cell(spread: Spread | None, fmt: Callable[[float | None], str]) -> str:
     if spread.low == spread.high:
         return fmt(spread.median)
 
-    def bare(v: float) -> str:  # the range without the unit the median shows
-        return fmt(v).removesuffix(" pt").removesuffix(" h")
+    shown = fmt(spread.median)
+
+    def bare(v: float) -> str:  # the range without the unit the median shows, if the same
+        text = fmt(v)
+        for unit in (" pt", " h", " min", " s"):
+            if text.endswith(unit) and shown.endswith(unit):
+                return text.removesuffix(unit)
+        return text
 
     return f"{fmt(spread.median)} [{bare(spread.low)}, {bare(spread.high)}]"
 

@@ -51,7 +51,12 @@ def test_faults_are_quarantined_and_repaired_on_and_left_to_a_person_off(tmp_pat
     # of its cluster step is not left in service
     assert off["faulty_gpu_hours"] > 0
     assert on["faulty_gpu_hours"] <= on["faults"] * 15 / 3600
-    assert on["jobs_crashed"] < off["jobs_crashed"]
+    assert on["job_crashes"] < off["job_crashes"]
+    # without gpuops a person repairs every fault noticed; with it the ladder hands some over
+    assert off["hand_overs"] == 0 and off["person_repairs"] >= 1
+    assert on["hand_overs"] >= 1
+    for run in (off, on):  # each GPU-hour lost counted once: never more than the fleet had
+        assert run["lost_gpu_hours"] <= run["capacity_gpu_hours"]
     assert on["crash_gpu_hours"] < off["crash_gpu_hours"]
     # every ladder move was audited, its intent before its result
     moves = [

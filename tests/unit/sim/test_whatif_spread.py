@@ -9,8 +9,11 @@ import click
 import pytest
 
 from gpuops.cli.whatif import seed_list
+from gpuops.sim.faults import FaultRates
+from gpuops.sim.reliability import FaultPlan, ReliabilityFigures
 from gpuops.sim.whatif import Whatif
-from gpuops.sim.whatif.spread import Spread, figures, table, to_json_spread
+from gpuops.sim.whatif.report import duration
+from gpuops.sim.whatif.spread import Spread, _cell, figures, table, to_json_spread
 from tests.unit.sim.test_whatif_report import OFF, compare
 
 
@@ -141,3 +144,57 @@ def test_culls_preemptions_and_restarts_per_class_are_spread_over_the_seeds() ->
     doc = to_json_spread(runs)
     restarts = next(f for f in doc["figures"] if f["name"] == "high restarts")
     assert restarts["on"] == {"median": 3, "min": 2, "max": 5, "seeds": 3}
+
+
+def _reliability(crash_h: float, to_quarantine: tuple[float, ...]) -> ReliabilityFigures:
+    return ReliabilityFigures(
+        faults=3,
+        floods=1,
+        flood_events=16,
+        job_crashes=9,
+        crash_gpu_hours=crash_h,
+        drain_gpu_hours=1.0,
+        out_gpu_hours=20.0,
+        faulty_gpu_hours=2.0,
+        capacity_gpu_hours=1000.0,
+        held_gpu_hours=700.0,
+        quarantines_true=3,
+        quarantines_false=0,
+        resets=1,
+        reboots=2,
+        hand_overs=1,
+        person_repairs=1,
+        to_quarantine_s=to_quarantine,
+        to_healthy_s=(600.0, 90000.0),
+        unhealed=1,
+    )
+
+
+def _faulted(seed: int, off_crash_h: float, on_crash_h: float) -> Whatif:
+    plain = seeded(seed, 0.4, 0.4, 4.0)
+    plan = FaultPlan(FaultRates(300.0))
+    off = replace(plain.off, reliability=_reliability(off_crash_h, (14400.0,)))
+    on = replace(plain.on, reliability=_reliability(on_crash_h, (7.0, 14.0)))
+    return replace(plain, off=off, on=on, faults=plan)
+
+
+def test_the_reliability_section_gives_each_figure_over_the_seeds_with_its_units() -> None:
+    runs = [_faulted(1, 40.0, 4.0), _faulted(2, 60.0, 5.0), _faulted(3, 50.0, 6.0)]
+    text = table(runs)
+    assert "GPU faults that raise an XID at the llama3 rate x 300" in text
+    assert "the ladder's window of remediations 33.6 min (7 days / 300)" in text
+    crash = next(line for line in text.splitlines() if "work lost to crashes" in line)
+    assert "50.0 [40.0, 60.0]" in crash and "5.0 [4.0, 6.0]" in crash
+    assert "-90.0% [-91.7%, -88.0%]" in crash  # seed by seed: 4/40, 5/60, 6/50
+    healthy = next(line for line in text.splitlines() if "time to healthy service, p95" in line)
+    assert "25.0 h" in healthy
+    doc = to_json_spread(runs)
+    assert doc["faults"]["scale"] == 300.0
+    names = [f["name"] for f in doc["reliability"]]
+    assert "useful GPU time, share of fleet" in names and "quarantines, false" in names
+    assert table([seeded(1, 0.4, 0.4, 4.0)]).find("reliability") == -1  # none without faults
+
+
+def test_a_range_in_another_unit_than_its_median_keeps_its_unit() -> None:
+    cell = _cell(Spread(300.0, 7.0, 7200.0, 3), duration)
+    assert cell == "5.0 min [7 s, 2.0 h]"

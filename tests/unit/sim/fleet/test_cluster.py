@@ -154,7 +154,14 @@ def test_migrate_moves_jobs_to_free_gpus_or_back_to_the_queue() -> None:
     assert cluster.nodes["node-3"].state == "drained"
     assert all(g.job is None for g in cluster.nodes["node-3"].gpus)
     assert cluster.state()["queue"] == {"default": len(requeued)}
-    assert ops.migrate(cluster, "node-3") == {}
+    assert changed["drained"] is True
+    assert sum(cluster.restarts.values()) == 3  # each job stopped restarts (no work: no duration)
+    # drained already: not this call's drain to give back
+    assert ops.migrate(cluster, "node-3") == {
+        "node": "node-3",
+        "drained": False,
+        "state": "drained",
+    }
     # room elsewhere: the next migration moves instead of requeueing
     ops.restore(cluster, "node-3")
     ops.reclaim(cluster, cluster.nodes["node-0"].gpus[0].uuid)
