@@ -1,7 +1,8 @@
 """The ``nvml-agent`` executor: ``downclock`` and ``restore_clocks``, and the remediation
 ladder's ``reset_gpu``, ``validate`` (a health check by NVML: a GPU found unhealthy fails it)
-and ``reboot`` (of the target's node: the agent answers with the boot it was asked in, then
-runs its reboot command; this waits until the agent answers again with another boot id, up to
+and ``reboot`` (of the target's node, which the request names: an agent on another node
+refuses it; the agent answers with the boot it was asked in, then runs its reboot command;
+this waits until the agent of that node answers again with another boot id, up to
 ``reboot_timeout_s``), through the node agent of the NVML exporter on the target's node
 (``gpuops exporter nvml --agent``, ``--agent-reboot`` for the reboot).
 
@@ -89,6 +90,9 @@ class NvmlAgentSettings(BaseModel):
     start, and only when ``token`` is not set. Empty: not set."""
     gpu_label: Annotated[str, BeforeValidator(as_text)] = "uuid"
     """Target label naming the GPU, by uuid or index."""
+    node_label: Annotated[str, BeforeValidator(as_text)] = "node"
+    """Target label naming the node a ``reboot`` is for, as its agent knows its own name
+    (``gpuops exporter nvml --node``; by default the host name up to its first dot)."""
     timeout_s: float = 10.0
     """Seconds per HTTP request."""
     reboot_timeout_s: PositiveFloat = 900.0
@@ -195,7 +199,14 @@ class NvmlAgentExecutor:
     def _reboot(self, d: Decision, params: RebootParams) -> AgentAnswer:
         """Ask the node's agent to reboot it, then wait until it answers from a new boot."""
         base = self._base_url(d)
-        answer = self._post(base + "/api/v1/node/reboot", {"decision_id": d.id}, d.id)
+        node = d.target.labels.get(self.settings.node_label)
+        if not node:
+            raise PermanentError(
+                f"target {d.target.key} has no {self.settings.node_label!r} label to name the"
+                " node to reboot"
+            )
+        body = {"decision_id": d.id, "node": node}
+        answer = self._post(base + "/api/v1/node/reboot", body, d.id)
         before = str(answer.get("boot_id") or "")
         if not before:
             raise PermanentError(f"nvml-agent {base} answered a reboot without a boot_id")
@@ -207,9 +218,13 @@ class NvmlAgentExecutor:
         while True:
             self._sleep(self.settings.reboot_poll_s)
             try:
-                now = str(self._get(base + "/api/v1/node").get("boot_id") or "")
+                found = self._get(base + "/api/v1/node")
             except TemporaryError as exc:  # down while it reboots
-                now, last = "", str(exc)
+                found, last = {}, str(exc)
+            now = str(found.get("boot_id") or "")
+            other = found.get("node")
+            if now and other != node:  # the address leads to another node's agent now
+                now, last = "", f"the agent of node {other} answers there"
             if now and now != before:
                 log.info("node %s: rebooted (boot %s, now %s)", base, before, now)
                 return AgentAnswer(

@@ -146,8 +146,8 @@ def exporter() -> None:
     "--node",
     "node_name",
     default=None,
-    help="This node's name as the scheduler knows it, sent with each event "
-    "(default: the host name up to its first dot).",
+    help="This node's name as the scheduler knows it, sent with each event; a reboot "
+    "(--agent-reboot) must name it (default: the host name up to its first dot).",
 )
 @click.option(
     "--pool",
@@ -186,6 +186,7 @@ def nvml(
 ) -> None:
     """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
     node_labels = _labels(labels)
+    name = node_name or socket.gethostname().split(".")[0]
     token = None
     if agent:
         if agent_token_file is None:
@@ -195,7 +196,9 @@ def nvml(
     if agent_reboot:
         if not agent:
             raise click.UsageError("--agent-reboot needs --agent (the node agent)")
-        extra["rebooter"] = _rebooter(agent_reboot_command, agent_state_dir, agent_boot_id_file)
+        extra["rebooter"] = _rebooter(
+            agent_reboot_command, agent_state_dir, agent_boot_id_file, name
+        )
     if fake_nvml is not None:
         scenarios = import_module("gpuops.exporters.nvml.scenarios")
         backend = scenarios.SCENARIOS[fake_nvml]()
@@ -210,7 +213,7 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
-        push=_pusher(push_url, push_token_file, node_name, pool_name, node_labels, agent_state_dir),
+        push=_pusher(push_url, push_token_file, name, pool_name, node_labels, agent_state_dir),
         **extra,
     )
     log.info(
@@ -248,7 +251,7 @@ def _labels(given: tuple[str, ...]) -> dict[str, str]:
 def _pusher(
     url: str | None,
     token_file: Path | None,
-    node: str | None,
+    node: str,
     pool: str = "",
     labels: dict[str, str] | None = None,
     state_dir: Path | None = None,
@@ -261,24 +264,23 @@ def _pusher(
     if token_file is None:
         raise click.UsageError("--push-url needs --push-token-file (the engine API token)")
     token = _first_line(token_file, "--push-token-file")
-    name = node or socket.gethostname().split(".")[0]
-    log.info("pushing XIDs and lost GPUs of node %r to %s", name, url)
+    log.info("pushing XIDs and lost GPUs of node %r to %s", node, url)
     push = import_module("gpuops.exporters.nvml.push")
     queue_dir = state_dir / push.QUEUE_DIR if state_dir is not None else None
     pusher: object = push.HealthPusher(
-        url, token, name, pool=pool, labels=labels, queue_dir=queue_dir
+        url, token, node, pool=pool, labels=labels, queue_dir=queue_dir
     )
     return pusher
 
 
-def _rebooter(command: str, state_dir: Path, boot_id_file: Path) -> object:
-    """The node agent's reboot of ``--agent-reboot``."""
+def _rebooter(command: str, state_dir: Path, boot_id_file: Path, node: str) -> object:
+    """The node agent's reboot of ``--agent-reboot``, of node ``node`` only."""
     argv = shlex.split(command)
     if not argv:
         raise click.UsageError("--agent-reboot-command is empty")
     reboot = import_module("gpuops.exporters.nvml.reboot")
-    rebooter: object = reboot.Rebooter(state_dir, argv, reboot.boot_id_of(boot_id_file))
-    log.info("the node agent reboots this node with %s (state in %s)", argv, state_dir)
+    rebooter: object = reboot.Rebooter(state_dir, argv, reboot.boot_id_of(boot_id_file), node=node)
+    log.info("the node agent reboots this node, %s, with %s (state in %s)", node, argv, state_dir)
     return rebooter
 
 

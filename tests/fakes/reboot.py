@@ -3,13 +3,15 @@ reboot command is this file run as a script (it imports nothing of gpuops), whic
 boot id into the boot id file (as the kernel does at each boot) and counts the reboot;
 ``FakeBoot.boot_id`` reads that file for the agent and, at the first read of a new boot, tells
 ``on_boot`` (the fake NVML's GPUs come back as a reboot leaves them). Run as a script:
-``reboot.py BOOT_ID_FILE COUNT_FILE [--fail]`` (``--fail``: a reboot command that exits 1,
-rebooting nothing)."""
+``reboot.py BOOT_ID_FILE COUNT_FILE [--fail | --killed]`` (``--fail``: a reboot command that
+exits 1, rebooting nothing; ``--killed``: one that the shutdown it started kills, SIGTERM, as
+systemd's shutdown does to ``systemctl reboot``: the node rebooted, the command failed)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -29,11 +31,10 @@ class FakeBoot:
         self._seen = self._read()
         self._lock = threading.Lock()
 
-    def command(self, fail: bool = False) -> list[str]:
+    def command(self, fail: bool = False, killed: bool = False) -> list[str]:
         """The reboot command of this node's agent."""
-        return [sys.executable, __file__, str(self.file), str(self.count_file)] + (
-            ["--fail"] if fail else []
-        )
+        how = ["--fail"] if fail else ["--killed"] if killed else []
+        return [sys.executable, __file__, str(self.file), str(self.count_file), *how]
 
     @property
     def reboots(self) -> int:
@@ -61,7 +62,7 @@ class FakeBoot:
             return now
 
 
-def _reboot(boot_id_file: str, count_file: str, fail: bool) -> int:
+def _reboot(boot_id_file: str, count_file: str, fail: bool, killed: bool) -> int:
     if fail:
         print("Failed to reboot system via logind: Access denied", file=sys.stderr)
         return 1
@@ -70,8 +71,11 @@ def _reboot(boot_id_file: str, count_file: str, fail: bool) -> int:
     drawn = Path(boot_id_file + ".new")
     drawn.write_text(str(uuid.uuid4()) + "\n", encoding="utf-8")
     os.replace(drawn, boot_id_file)  # whole: the agent never reads half an id
+    if killed:
+        os.kill(os.getpid(), signal.SIGTERM)  # the shutdown ends the command that asked for it
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_reboot(sys.argv[1], sys.argv[2], "--fail" in sys.argv[3:]))
+    how = sys.argv[3:]
+    sys.exit(_reboot(sys.argv[1], sys.argv[2], "--fail" in how, "--killed" in how))

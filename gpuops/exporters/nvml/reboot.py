@@ -2,13 +2,18 @@
 scheduler cannot reboot a node (Kubernetes), for the engine's ``nvml-agent`` executor.
 
 ``gpuops.exporters.nvml.server`` serves it with the agent's token (``GET /api/v1/node``: the
-node's boot id; ``POST /api/v1/node/reboot``) when the exporter runs with ``--agent-reboot``.
-A decision id reboots the node once, across the reboot itself: before the reboot command starts,
-the id and the boot it was asked in (the kernel's boot id, new at every boot) are written to a
-state file under the agent's state directory, which outlives the reboot. The same id again is
-answered from that file: ``rebooted`` once the boot id changed, ``rebooting`` while it has not,
-and a refusal when the command failed. The command (default ``systemctl reboot``) starts after
-the answer went out, in a session of its own; nothing a request carries is in its argv.
+node's name and boot id; ``POST /api/v1/node/reboot``) when the exporter runs with
+``--agent-reboot``. A request names the node it is meant for; an agent on another node (an
+address that now leads elsewhere) refuses it and reboots nothing. A decision id reboots the
+node once, across the reboot itself: before the reboot command starts, the id and the boot it
+was asked in (the kernel's boot id, new at every boot) are written to a state file under the
+agent's state directory, which outlives the reboot, and once the command started, that it did.
+The same id again is answered from that file: ``rebooted`` once the boot id changed (whatever
+became of the command: the shutdown it starts may kill it), ``rebooting`` while it has not,
+and a refusal when the command failed, or never started (the agent stopped between the two
+writes: found when the agent starts, and logged). The command (default ``systemctl reboot``)
+starts after the answer went out, in a session of its own; nothing a request carries is in
+its argv.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ DEFAULT_COMMAND = ("systemctl", "reboot")
 STATE_FILE = "reboots.json"
 REMEMBER = 256
 """How many decisions' reboots the state file keeps, the newest."""
+NEVER_STARTED = "its command never started (the agent stopped after recording it)"
+"""Why a reboot recorded in this boot, its command's start not recorded, failed."""
 
 BootId = Callable[[], str]
 """The id of the running boot; raises ``AgentError`` when it cannot be read."""
@@ -62,9 +69,15 @@ class Rebooter:
         command: Sequence[str] = DEFAULT_COMMAND,
         boot_id: BootId | None = None,
         remember: int = REMEMBER,
+        *,
+        node: str,
     ) -> None:
+        """``node``: this node's name as the scheduler knows it (what a request must name)."""
         if not command:
             raise ValueError("the reboot command is empty")
+        if not node:
+            raise ValueError("the node agent's reboot needs this node's name")
+        self.name = node
         self.state_dir = state_dir
         self.command = tuple(command)
         self._boot_id = boot_id or boot_id_of(BOOT_ID)
@@ -76,14 +89,50 @@ class Rebooter:
         return self.state_dir / STATE_FILE
 
     def node(self) -> dict[str, Any]:
-        """What ``GET /api/v1/node`` answers: the running boot's id."""
-        return {"boot_id": self._boot_id()}
+        """What ``GET /api/v1/node`` answers: this node's name and the running boot's id."""
+        return {"node": self.name, "boot_id": self._boot_id()}
 
-    def reboot(self, decision_id: str | None) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """The answer to a reboot asked for ``decision_id``, and what starts the reboot once
-        the answer went out (None: this decision's reboot was asked before)."""
+    def start(self) -> None:
+        """At the agent's start: a reboot recorded in this boot whose command never started
+        (the agent stopped between recording it and starting it) is marked failed, so that a
+        retry of its decision is refused rather than told it is under way; logged at WARNING."""
+        try:
+            with self._lock:
+                now = self._boot_id()
+                records = self._read()
+                stopped = [
+                    decision_id
+                    for decision_id, record in records.items()
+                    if isinstance(record, dict)
+                    and record.get("boot_id") == now
+                    and not record.get("started")
+                    and not record.get("failed")
+                ]
+                for decision_id in stopped:
+                    records[decision_id]["failed"] = NEVER_STARTED
+                if stopped:
+                    self._write(records)
+        except AgentError as exc:
+            log.error("the node agent's reboot state: %s", exc.message)
+            return
+        for decision_id in stopped:
+            log.warning("the reboot of decision %s failed: %s", decision_id, NEVER_STARTED)
+
+    def reboot(
+        self, decision_id: str | None, node: str | None
+    ) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """The answer to a reboot of ``node`` asked for ``decision_id``, and what starts the
+        reboot once the answer went out (None: this decision's reboot was asked before)."""
         if not decision_id:
             raise AgentError(400, "decision_id is required: a node is rebooted once per decision")
+        if not node:
+            raise AgentError(400, "node is required: the name of the node to reboot")
+        if node != self.name:
+            raise AgentError(
+                409,
+                f"this agent is on node {self.name}, the reboot of decision {decision_id} is"
+                f" for node {node}: nothing rebooted",
+            )
         with self._lock:
             now = self._boot_id()
             records = self._read()
@@ -105,11 +154,11 @@ class Rebooter:
 
     def _replay(self, decision_id: str, record: dict[str, Any], now: str) -> dict[str, Any]:
         before = str(record.get("boot_id", ""))
-        if record.get("failed"):
+        rebooted = before != now  # whatever the command's record says: the shutdown ends it
+        if record.get("failed") and not rebooted:
             raise AgentError(
                 409, f"the reboot of decision {decision_id} failed: {record['failed']}"
             )
-        rebooted = before != now
         log.info(
             "decision %s: reboot already asked (%s); not repeated",
             decision_id,
@@ -137,6 +186,7 @@ class Rebooter:
         except OSError as exc:
             self._failed(decision_id, f"the reboot command could not start: {exc}")
             return
+        self._mark(decision_id, "started", time.time())
         threading.Thread(
             target=self._watch, args=(decision_id, proc), name="agent-reboot", daemon=True
         ).start()
@@ -151,10 +201,14 @@ class Rebooter:
         log.error(
             "the reboot of decision %s failed: %s (%s)", decision_id, why, " ".join(self.command)
         )
+        self._mark(decision_id, "failed", why)
+
+    def _mark(self, decision_id: str, key: str, value: object) -> None:
+        """Keep ``key`` in the record of ``decision_id`` (an error is logged: the command runs)."""
         with self._lock:
             try:
                 records = self._read()
-                records.setdefault(decision_id, {})["failed"] = why
+                records.setdefault(decision_id, {})[key] = value
                 self._write(records)
             except AgentError as exc:
                 log.error("decision %s: %s", decision_id, exc.message)

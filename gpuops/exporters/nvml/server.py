@@ -11,13 +11,15 @@ header makes a repeated request a no-op):
 - ``POST /api/v1/gpus/{uuid|index}/power-limit``  ``{"watts": number}``
 - ``POST /api/v1/gpus/{uuid|index}/reset``  reset the GPU (``nvidia-smi --gpu-reset``)
 - ``POST /api/v1/gpus/{uuid|index}/check``  ``{"healthy": bool, "problems": [...]}`` by NVML
-- ``GET  /api/v1/node``                      ``{"boot_id": str | null, "reboot": bool}``
-- ``POST /api/v1/node/reboot``               ``{"decision_id": str}``: reboot the node once per
-  decision id (``--agent-reboot``; ``gpuops.exporters.nvml.reboot``)
+- ``GET  /api/v1/node``                      ``{"node": str, "boot_id": str, "reboot": true}``
+  (``{"boot_id": null, "reboot": false}`` without ``--agent-reboot``)
+- ``POST /api/v1/node/reboot``               ``{"decision_id": str, "node": str}``: reboot this
+  node, which ``node`` must name, once per decision id (``--agent-reboot``;
+  ``gpuops.exporters.nvml.reboot``)
 
 Errors are JSON ``{"error": message}`` with 400 (bad value), 401 (token), 403 (NVML needs
-root), 404, 409 (unsupported; a reboot whose command failed), 410 (GPU lost), 503 (NVML
-unavailable; the reboot state cannot be kept).
+root), 404, 409 (unsupported; a reboot meant for another node, or whose command failed or
+never started), 410 (GPU lost), 503 (NVML unavailable; the reboot state cannot be kept).
 """
 
 from __future__ import annotations
@@ -93,10 +95,7 @@ class ExporterServer:
 
     def start(self) -> None:
         """Serve on a background thread (tests, demo)."""
-        if self.push is not None:
-            self.push.start()
-        if self.xids is not None:
-            self.xids.start()
+        self._start()
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, args=(0.05,), name="nvml-exporter"
         )
@@ -105,11 +104,16 @@ class ExporterServer:
 
     def serve_forever(self) -> None:
         """Serve on this thread until interrupted (the command line)."""
+        self._start()
+        self.httpd.serve_forever()
+
+    def _start(self) -> None:
+        if self.rebooter is not None:
+            self.rebooter.start()
         if self.push is not None:
             self.push.start()
         if self.xids is not None:
             self.xids.start()
-        self.httpd.serve_forever()
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -227,8 +231,12 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         decision = body.get("decision_id") or self.headers.get("Idempotency-Key")
+        node = body.get("node")
+        if node is not None and not isinstance(node, str):
+            self._json(400, {"error": "node must be a string: the name of the node to reboot"})
+            return
         try:
-            answer, start = rebooter.reboot(str(decision) if decision else None)
+            answer, start = rebooter.reboot(str(decision) if decision else None, node)
         except AgentError as exc:
             self._json(exc.status, {"error": exc.message})
             return

@@ -310,7 +310,12 @@ def test_the_agent_reboot_component_gives_the_agent_what_a_reboot_needs(
     assert {a.split("=", 1)[0] for a in args if a.startswith("--")} - {"--log-json"} <= known
     command, state_dir = flag(args, "--agent-reboot-command"), flag(args, "--agent-state-dir")
     assert command is not None and state_dir is not None
-    rebooter = _rebooter(command, Path(state_dir), Path("/proc/sys/kernel/random/boot_id"))
+    assert flag(args, "--node") == "$(NODE_NAME)"  # the name a reboot must give: the node's
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in (
+        agent["env"]
+    )
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    rebooter = _rebooter(command, Path(state_dir), boot_id, "gpu-node-1")
     assert isinstance(rebooter, Rebooter) and list(rebooter.command) == REBOOT_COMMAND
     assert spec["hostPID"] is True  # PID 1 is the host's systemd
     assert agent["securityContext"]["privileged"] is True

@@ -30,6 +30,7 @@ def test_serves_a_fake_scenario_with_the_agent(tmp_path: Path) -> None:
         "--agent", "--agent-token-file", str(token),
         "--agent-reboot", "--agent-reboot-command", shlex.join(boot.command()),
         "--agent-state-dir", str(tmp_path / "state"), "--agent-boot-id-file", str(boot.file),
+        "--node", "cli-node",
     ]  # fmt: skip
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
         try:
@@ -37,7 +38,7 @@ def test_serves_a_fake_scenario_with_the_agent(tmp_path: Path) -> None:
             before = boot.boot_id()
             resp = requests.post(
                 f"http://127.0.0.1:{port}/api/v1/node/reboot",
-                json={"decision_id": "cli-reboot"},
+                json={"decision_id": "cli-reboot", "node": "cli-node"},
                 headers={"Authorization": "Bearer cli-token"},
                 timeout=5,
             )

@@ -90,7 +90,7 @@ def climb(cluster: Node) -> Iterator[Callable[..., Harness]]:
 
     def start(drain_timeout_s: float = 300) -> Harness:
         c = cluster
-        rebooter = Rebooter(c.tmp / "agent-state", c.boot.command(), c.boot.boot_id)
+        rebooter = Rebooter(c.tmp / "agent-state", c.boot.command(), c.boot.boot_id, node=NODE)
         agent = ExporterServer(
             c.fake,
             host="127.0.0.1",
