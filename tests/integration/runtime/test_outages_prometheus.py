@@ -1,7 +1,8 @@
 """Which nodes are out of service, asked of a real Prometheus with the query docs/health.md
 gives for ``health.ladder.pacing.unavailable``: the Slurm exporter's node states joined to
-the pool and rack of each node's exporter target. While the Slurm exporter's samples stop
-being fresh (it serves its last read, with its time), the answer holds instead of counting."""
+the pool and rack of each node's exporter target, a node whose exporter went down with it
+still counted out. While the Slurm exporter's samples stop being fresh (it serves its last
+read, with its time), the answer holds instead of counting."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 DOCS = Path(__file__).parents[3] / "docs" / "health.md"
-NODES = {"n1": ("r1", "idle"), "n2": ("r1", "drained"), "n3": ("r2", "mixed"), "n4": ("r2", "down")}
+NODES = {
+    "n1": ("r1", "idle"),
+    "n2": ("r1", "drained"),
+    "n3": ("r2", "mixed"),
+    "n4": ("r2", "down"),
+    "n5": ("r2", "down"),  # its exporter went down with it
+}
+GONE = "n5"
 KUBE_NODES = {"k1": ("z1", 0, 1), "k2": ("z1", 1, 1), "k3": ("z2", 0, 0), "k4": ("z2", 0, 1)}
 """Kubernetes nodes: (zone, cordoned, Ready)."""
 
@@ -97,8 +105,11 @@ def test_the_documented_slurm_query_tells_the_nodes_out_of_service_on_fresh_data
 ) -> None:
     expr = documented_pacing(0).unavailable
     assert expr is not None
+    gone = Exporter()  # the NVML exporter of the node that goes down
+    gone.set("nvml_gpu_info", {"uuid": "GPU-5", "gpu": "0"}, 1)
     targets = "\n".join(
-        f"      - targets: ['{gpus.address}']\n        labels: {{node: {n}, pool: a, rack: {rack}}}"
+        f"      - targets: ['{(gone if n == GONE else gpus).address}']\n"
+        f"        labels: {{node: {n}, pool: a, rack: {rack}}}"
         for n, (rack, _) in NODES.items()
     )
     prom = prometheus(
@@ -111,24 +122,32 @@ def test_the_documented_slurm_query_tells_the_nodes_out_of_service_on_fresh_data
     client = PrometheusClient(prom.url, timeout_s=5.0)
     try:
         names = ("pool", "rack")
-        found = wait_for(lambda: len(f := asked(client, expr, names)[0]) == 4 and f, 30, "nodes")
-        assert found == {
+        expected = {
             "n1": (("a", "r1"), False),
             "n2": (("a", "r1"), True),  # drained
             "n3": (("a", "r2"), False),
             "n4": (("a", "r2"), True),  # down
+            "n5": (("a", "r2"), True),  # down
         }
+        found = wait_for(lambda: len(f := asked(client, expr, names)[0]) == 5 and f, 30, "nodes")
+        assert found == expected
+        gone.close()  # n5's exporter is not scraped any more: its series end
+        series = f'nvml_gpu_info{{node="{GONE}"}}'
+        wait_for(lambda: not client.query(series), 30, f"the end of {series}")
+        assert asked(client, expr, names) == (expected, "")  # n5 still in r2, still out
         stuck = time.time()
         slurm.read_at = lambda: stuck  # slurmctld stops answering; its last read is served
         why = wait_for(lambda: asked(client, expr, names)[1], 30, "the node states to be stale")
         selector = 'gpuops_slurm_node_state{state!~"idle|mixed|allocated|completing"}'
         assert why == (
-            f"2 series of {selector} older than 3s ({{instance='{slurm.address}',"
+            f"3 series of {selector} older than 3s ({{instance='{slurm.address}',"
             " job='slurm', node='n2', state='drained'}, {instance="
-            f"'{slurm.address}', job='slurm', node='n4', state='down'}})"
+            f"'{slurm.address}', job='slurm', node='n4', state='down'}}, {{instance="
+            f"'{slurm.address}', job='slurm', node='n5', state='down'}})"
         )
     finally:
         prom.stop()
+        gone.close()
 
 
 def test_the_documented_kubernetes_query_tells_the_nodes_out_of_service_on_fresh_data_only(
