@@ -122,6 +122,11 @@ NOT_RUN_PREFIXES = {
     "--rules rules/energy --rules rules/fleet --hours 24 --seeds 5": (
         "five 24-hour what-ifs (~10 minutes); the same command for half an hour runs above"
     ),
+    "gpuops whatif --fleet examples/fleets/training.yaml --rules rules/fleet/health.yaml "
+    "--faults 300 --hours 72 --seeds 5": (
+        "five 72-hour reliability what-ifs (~4 minutes); the two-hour command above runs, and "
+        "tests/integration/sim/test_whatif_faults.py checks what the section reports"
+    ),
     "TZ=UTC sacct ": (
         "needs Slurm's accounting (tests/integration/slurm/test_slurm_accounting.py runs sacct)"
     ),
