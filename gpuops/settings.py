@@ -26,6 +26,7 @@ from gpuops.actions.registry import LOGICAL_DEFAULTS
 from gpuops.audit.settings import AuditSettings, FullPolicy
 from gpuops.model.evaluation.step import Freshness
 from gpuops.model.health.catalogue_file import load_catalogue
+from gpuops.model.health.events import FAULT_LABELS, TARGET_LABELS
 from gpuops.model.rules.durations import parse_duration
 from gpuops.model.rules.model import RulesError
 from gpuops.model.rules.yamlsource import parse_yaml
@@ -361,6 +362,26 @@ class ValidationSettings(_Model):
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
+_TEMPLATED = re.compile(r"\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}|\$labels\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _labels_read(settings: Any, where: str) -> list[tuple[str, str]]:
+    """The target labels an executor's settings read, each with where: a template's
+    ``{name}`` or ``$labels.name``, the value of a key ending in ``label``."""
+    found: list[tuple[str, str]] = []
+    if isinstance(settings, dict):
+        for key, value in settings.items():
+            if str(key).endswith("label") and isinstance(value, str):
+                found.append((f"{where}.{key}", value))
+            found += _labels_read(value, f"{where}.{key}")
+    elif isinstance(settings, list):
+        for index, value in enumerate(settings):
+            found += _labels_read(value, f"{where}[{index}]")
+    elif isinstance(settings, str):
+        found += [(where, a or b) for a, b in _TEMPLATED.findall(settings)]
+    return found
+
+
 class PacingSettings(_Model):
     """Paced repair: per failure domain (the node's pool, rack, zone, ...), how many unproven
     repairs run at once — a width that starts at 1, grows by one for each repair that stays
@@ -372,7 +393,10 @@ class PacingSettings(_Model):
     """The failure domains a node belongs to, by label: ``pool`` (the pool its agent sends),
     ``policy`` (the policy that quarantined it) or a label its agent sends (``--label
     rack=r12``: ``[pool, rack]``). A repair starts only when every domain of its node has
-    room; a node without the label is in the domain ``<label>=default``."""
+    room; a node without the label is in the domain ``<label>=default``. Only the labels
+    named here are kept of those an agent sends, at most 256 values of each; never a label
+    the ``GpuFault`` alert sets itself or one an executor reads (``pod``, ``namespace``,
+    ``instance``, ...; a name an executor's template or ``*label`` setting reads)."""
     max_fraction: float | None = Field(default=None, gt=0, le=1)
     """The fraction of a domain's nodes that may be out of service for any reason (drained,
     down, by anyone) with a repair starting in it: past it, the domain's repairs wait until
@@ -409,6 +433,13 @@ class PacingSettings(_Model):
         bad = [n for n in value if not _LABEL.fullmatch(n)]
         if bad:
             raise ValueError(f"not a label name: {', '.join(map(repr, bad))}")
+        taken = [n for n in value if n in (FAULT_LABELS - {"pool"}) | TARGET_LABELS]
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)}: a failure domain is a label the node agent sends, never "
+                "one the GpuFault alert sets itself or an executor reads to choose what it acts "
+                f"on ({', '.join(sorted((FAULT_LABELS - {'pool'}) | TARGET_LABELS))})"
+            )
         twice = sorted({n for n in value if value.count(n) > 1})
         if twice:
             raise ValueError(f"a domain is named twice: {', '.join(twice)}")
@@ -609,6 +640,19 @@ class EngineConfig(_Model):
         if prometheus is None:
             return with_logical_executors(value, None)
         return with_logical_executors(value, prometheus.url, prometheus.sample_age_bound)
+
+    @field_validator("health", mode="after")
+    @classmethod
+    def _domains_not_read(cls, value: HealthSettings, info: ValidationInfo) -> HealthSettings:
+        executors = info.data.get("executors") or {}
+        for name, settings in executors.items():
+            for where, read in _labels_read(settings, f"executors.{name}"):
+                if read in value.ladder.pacing.domains:
+                    raise ValueError(
+                        f"ladder.pacing.domains: {read} is read by {where}: a failure domain is "
+                        "a label the node agent sends, never one an executor reads"
+                    )
+        return value
 
     def resolved(self, base: Path) -> EngineConfig:
         def fix(p: Path) -> Path:

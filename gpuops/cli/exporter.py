@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from gpuops.model.health.events import FAULT_LABELS
+from gpuops.model.health.events import FAULT_LABELS, TARGET_LABELS, domain_value_problem
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,9 @@ def nvml(
 ) -> None:
     """Export NVML metrics on /metrics (default port 9835) for Prometheus."""
     node_labels = _labels(labels)
+    pool_problem = domain_value_problem(pool_name) if pool_name else None
+    if pool_problem is not None:
+        raise click.UsageError(f"--pool {pool_name!r}: the pool {pool_problem}")
     name = node_name or socket.gethostname().split(".")[0]
     token = None
     if agent:
@@ -213,7 +216,15 @@ def nvml(
         agent_token=token,
         xid_events=xid_events,
         xid_poll_ms=xid_poll_ms,
-        push=_pusher(push_url, push_token_file, name, pool_name, node_labels, agent_state_dir),
+        push=_pusher(
+            push_url,
+            push_token_file,
+            name,
+            pool_name,
+            node_labels,
+            agent_state_dir,
+            agent_boot_id_file,
+        ),
         **extra,
     )
     log.info(
@@ -242,6 +253,14 @@ def _labels(given: tuple[str, ...]) -> dict[str, str]:
                 f"--label {text!r}: {name} is a label the engine sets itself"
                 f" ({', '.join(sorted(FAULT_LABELS))})"
             )
+        if name in TARGET_LABELS:
+            raise click.UsageError(
+                f"--label {text!r}: {name} is a label an executor reads to choose what it acts "
+                f"on, never a failure domain ({', '.join(sorted(TARGET_LABELS))})"
+            )
+        problem = domain_value_problem(value)
+        if problem is not None:
+            raise click.UsageError(f"--label {text!r}: the value {problem}")
         if name in found:
             raise click.UsageError(f"--label {name} is given twice")
         found[name] = value
@@ -255,8 +274,10 @@ def _pusher(
     pool: str = "",
     labels: dict[str, str] | None = None,
     state_dir: Path | None = None,
+    boot_id_file: Path | None = None,
 ) -> object | None:
-    """The health pusher of ``--push-url`` (its queue under ``state_dir``), or None."""
+    """The health pusher of ``--push-url`` (its queue under ``state_dir``, each event tagged
+    with the boot of ``boot_id_file``), or None."""
     if url is None:
         if token_file is not None:
             raise click.UsageError("--push-token-file without --push-url")
@@ -267,8 +288,11 @@ def _pusher(
     log.info("pushing XIDs and lost GPUs of node %r to %s", node, url)
     push = import_module("gpuops.exporters.nvml.push")
     queue_dir = state_dir / push.QUEUE_DIR if state_dir is not None else None
+    boot_id = None
+    if boot_id_file is not None:
+        boot_id = import_module("gpuops.exporters.nvml.reboot").boot_id_of(boot_id_file)
     pusher: object = push.HealthPusher(
-        url, token, node, pool=pool, labels=labels, queue_dir=queue_dir
+        url, token, node, pool=pool, labels=labels, queue_dir=queue_dir, boot_id=boot_id
     )
     return pusher
 

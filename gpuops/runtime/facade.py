@@ -256,6 +256,8 @@ class Engine:
             max_event_age=config.health.max_event_age,
             profiles=config.health.profiles,
             default_profile=config.health.default_profile,
+            domains=config.health.ladder.pacing.domains,
+            known_domains=self.store.domains(),
         )
         self.gate.on_outcome(self.health.outcome)
         self.ladder = RepairLadder(

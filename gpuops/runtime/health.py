@@ -12,8 +12,16 @@ handled in full.
 
 An event older than its node's last return to service (a ``resume`` that succeeded, told by
 the gate's outcome hook and kept in the store) or older than ``health.max_event_age`` never
-acts: a replayed old fault does not take a repaired node out again. What it does with every
-event is logged and counted (``gpuops_health_events_total{kind,outcome}``).
+acts: a replayed old fault does not take a repaired node out again. Nor does an event from
+before its node's last reboot: the agent tags each event with the boot it was seen in and
+sends its node's boot now with each request; an event of another boot is kept by its id only
+(a fault that outlives the reboot, NVML reports again). What it does with every event is
+logged and counted (``gpuops_health_events_total{kind,outcome}``).
+
+The labels an agent sends with its node are kept only where ``health.ladder.pacing.domains``
+names them (its failure domains), at most ``max_domain_values`` values of each; the others
+are left out of the alert, said in the log and the call's audit, and counted
+(``gpuops_health_labels_ignored_total{reason}``).
 
 Every event is kept in the state store by its id (``health_events``): a duplicate is known
 across restarts and replicas, and a GPU's XIDs within the longest threshold window are read
@@ -24,8 +32,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -33,6 +41,7 @@ from gpuops.model.decisions import Decision, Outcome, Transition
 from gpuops.model.health.catalogue import XidCatalogue
 from gpuops.model.health.events import FAULT_ALERT, EventKind, Fault, HealthEvent, fault_alert
 from gpuops.model.health.faults import XidEvent, xid_faults
+from gpuops.model.health.pacing import DEFAULT, POLICY
 from gpuops.runtime.alerts import AlertInbox
 from gpuops.store.interface import HealthRepository
 
@@ -44,11 +53,16 @@ FAULT_TRIGGER = f"alertmanager: {FAULT_ALERT}"
 
 
 _SKIPPED = {
+    "before_reboot": "from before the node's reboot",
     "before_return": "older than the node's return to service",
     "stale": "older than health.max_event_age",
     "unknown_xid": "XID {xid} is not in the XID catalogue",
 }
 """Why an event does not act, by its outcome."""
+
+MAX_DOMAIN_VALUES = 256
+"""Values of one failure domain's label the engine keeps: a further one is left out (its node
+is paced in ``<label>=default``)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,23 @@ class HealthInbox:
         max_event_age: float = 3600.0,
         profiles: Mapping[str, str] | None = None,
         default_profile: str = "quarantine",
+        domains: Sequence[str] = (),
+        known_domains: Iterable[str] = (),
+        max_domain_values: int = MAX_DOMAIN_VALUES,
     ) -> None:
+        """``domains``: the labels an agent sends that are kept (``pacing.domains``, but
+        ``pool`` and ``policy``: the engine's own);
+        ``known_domains``: the domains kept before (``rack=r12``, from the store), counted
+        against ``max_domain_values``."""
         self.catalogue = catalogue
+        self.domains = frozenset(domains) - {"pool", POLICY}
+        self.max_domain_values = max_domain_values
+        self._values: dict[str, set[str]] = {}
+        """The values kept of each domain label."""
+        for known in known_domains:
+            name, _, value = known.partition("=")
+            if name in self.domains:
+                self._values.setdefault(name, set()).add(value)
         self.max_event_age = max_event_age
         self.profiles = dict(profiles or {})
         self.default_profile = default_profile
@@ -89,8 +118,16 @@ class HealthInbox:
         self.events = Counter(
             "gpuops_health_events",
             "Health events pushed by node agents, by kind (xid, gpu_lost) and what became of "
-            "them (fault, counted, duplicate, before_return, stale, unknown_xid).",
+            "them (fault, counted, duplicate, before_reboot, before_return, stale, unknown_xid).",
             ["kind", "outcome"],
+            registry=registry,
+        )
+        self.labels_ignored = Counter(
+            "gpuops_health_labels_ignored",
+            "Labels of a node its agent sent that the engine left out of the fault: not a "
+            "failure domain (not_a_domain), or a value past the bound on a domain's values "
+            "(over_bound).",
+            ["reason"],
             registry=registry,
         )
         self.quarantine_seconds = Histogram(
@@ -131,9 +168,10 @@ class HealthInbox:
                 elapsed = self._clock() - decision.episode_start
                 self.quarantine_seconds.observe(max(0.0, elapsed))
 
-    def submit(self, events: Sequence[HealthEvent]) -> HealthReceipt:
-        """Take one request's events; raise what the alert inbox or the store raises (then
-        nothing of the request is kept: the agent sends it again)."""
+    def submit(self, events: Sequence[HealthEvent], boot_id: str = "") -> HealthReceipt:
+        """Take one request's events (``boot_id``: the sending agent's boot now, empty: not
+        sent); raise what the alert inbox or the store raises (then nothing of the request is
+        kept: the agent sends it again)."""
         with self._lock:
             known = self._store.health_events_known([e.id for e in events])
             fresh: dict[str, HealthEvent] = {}
@@ -146,7 +184,21 @@ class HealthInbox:
             faults: list[Fault] = []
             windows: dict[tuple[str, str], list[XidEvent]] = {}
             returns: dict[str, float | None] = {}  # each node's last return, read once
+            ignored: list[str] = []  # each label left out, by name
             for event in fresh.values():
+                if boot_id and event.boot_id and event.boot_id != boot_id:
+                    log.info(
+                        "health event %s of GPU %s on %s is from before the node's reboot "
+                        "(boot %s, now %s): it does not act",
+                        event.id,
+                        event.gpu,
+                        event.node,
+                        event.boot_id,
+                        boot_id,
+                    )
+                    outcomes.append((event, "before_reboot"))
+                    fresh[event.id] = replace(event, kind=EventKind.EARLIER_BOOT)
+                    continue
                 if event.node not in returns:
                     returns[event.node] = self._store.health_returned(event.node)
                 returned = returns[event.node]
@@ -160,10 +212,13 @@ class HealthInbox:
                     )
                     outcomes.append((event, "before_return"))
                     continue
-                outcomes.append((event, self._take(event, windows, faults)))
+                outcomes.append((event, self._take(self._domains(event, ignored), windows, faults)))
+            faults, values, over = self._bounded(faults)
             if faults:
                 self._alerts.submit([fault_alert(f, self.profile(f.pool)) for f in faults])
             self._store.health_events_add(list(fresh.values()), self._clock())
+            for name, kept in values.items():
+                self._values.setdefault(name, set()).update(kept)
         for event, outcome in outcomes:
             self.events.labels(event.kind.value, outcome).inc()
         for fault in faults:
@@ -181,6 +236,21 @@ class HealthInbox:
             f"{f.gpu} on {f.node}: {f.reason}: {FAULT_ALERT} raised ({self.profile(f.pool)})"
             for f in faults
         ]
+        if ignored:
+            self.labels_ignored.labels("not_a_domain").inc(len(ignored))
+            names = ", ".join(sorted(set(ignored)))
+            notes.append(f"labels left out (not in health.ladder.pacing.domains): {names}")
+            log.info(
+                "health events: labels left out (not in health.ladder.pacing.domains): %s", names
+            )
+        for node, name, value in over:
+            why = (
+                f"label {name}={value!r} of {node} left out: {self.max_domain_values} values of "
+                f"{name} are kept already (the node is paced in {name}={DEFAULT})"
+            )
+            notes.append(why)
+            log.warning("health events: %s", why)
+            self.labels_ignored.labels("over_bound").inc()
         notes += [
             f"skipped {e.id} ({e.gpu} on {e.node}): {_SKIPPED[o].format(xid=e.xid)}"
             for e, o in outcomes
@@ -193,6 +263,39 @@ class HealthInbox:
             skipped=sum(counts.count(o) for o in _SKIPPED),
             notes=tuple(notes),
         )
+
+    def _domains(self, event: HealthEvent, ignored: list[str]) -> HealthEvent:
+        """``event`` with only the labels that name its node's failure domains; the names of
+        the others added to ``ignored``."""
+        kept = tuple((k, v) for k, v in event.labels if k in self.domains and v)
+        ignored.extend(k for k, _ in event.labels if k not in self.domains)
+        return event if kept == event.labels else replace(event, labels=kept)
+
+    def _bounded(
+        self, faults: list[Fault]
+    ) -> tuple[list[Fault], dict[str, set[str]], list[tuple[str, str, str]]]:
+        """``faults`` with each domain label whose value would be past ``max_domain_values``
+        left out; the values they add (kept once the request is); what was left out (node,
+        label, value)."""
+        added: dict[str, set[str]] = {}
+        over: list[tuple[str, str, str]] = []
+        bounded = []
+        for fault in faults:
+            labels = []
+            for name, value in fault.labels:
+                kept = self._values.get(name, set())
+                new = added.setdefault(name, set())
+                if value in kept or value in new:
+                    labels.append((name, value))
+                elif len(kept) + len(new) < self.max_domain_values:
+                    new.add(value)
+                    labels.append((name, value))
+                else:
+                    over.append((fault.node, name, value))
+            bounded.append(
+                fault if len(labels) == len(fault.labels) else replace(fault, labels=tuple(labels))
+            )
+        return bounded, added, over
 
     def _take(
         self,

@@ -5,7 +5,11 @@ remediation ladder's nodes, and an admin's clear of one that needs a human.
 Authenticated like the Alertmanager receiver (a bearer token whose role has
 ``alerts:receive``: the ``alertmanager`` role), bounded by ``api.max_body_bytes`` (413 before it
 is parsed). A body that is not the documented shape is answered 400 naming the field
-(``events[2].xid: ...``) and nothing of it is taken. The events go to the engine's health
+(``events[2].xid: ...``) and nothing of it is taken; so is a node label named like one the
+engine sets itself, a pool that is not a label value, and a failure domain's label
+(``health.ladder.pacing.domains``: the only labels the engine keeps, data for pacing) whose
+value is not one; an event from before its node's reboot (its ``boot_id`` is not the
+request's) is kept by its id only and never acts. The events go to the engine's health
 inbox (``gpuops.runtime.health.HealthInbox``): counted against the XID catalogue, a faulty GPU
 raised as the alert ``GpuFault`` in the alert inbox. The answer comes once that is stored; when
 it cannot be, 503 with the reason, and the agent sends the events again (their ids make the
@@ -32,7 +36,12 @@ from gpuops.api.auth import require
 from gpuops.api.context import ApiContext, api_context
 from gpuops.api.schemas import refusal
 from gpuops.api.tokens import Permission, Principal
-from gpuops.model.health.events import FAULT_LABELS, EventKind, HealthEvent
+from gpuops.model.health.events import (
+    FAULT_LABELS,
+    EventKind,
+    HealthEvent,
+    domain_value_problem,
+)
 from gpuops.model.health.ladder import Repair
 from gpuops.runtime.alerts import InboxFull
 from gpuops.store.errors import StateError
@@ -74,7 +83,9 @@ class EventIn(BaseModel):
         default_factory=dict, max_length=MAX_LABELS
     )
     """The node's labels (``{rack: r12, zone: z1}``): the failure domains of its repair
-    (``health.ladder.pacing.domains``)."""
+    (``health.ladder.pacing.domains``); those the pacing does not name are left out."""
+    boot_id: str | None = Field(default=None, min_length=1, max_length=64)
+    """The boot of the node NVML reported it in (the kernel's boot id)."""
 
     @model_validator(mode="after")
     def _xid_with_kind(self) -> EventIn:
@@ -94,6 +105,14 @@ class EventIn(BaseModel):
                 raise ValueError(f"{name!r} is a label of the GpuFault alert itself")
         return value
 
+    @field_validator("pool", mode="after")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        problem = domain_value_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(f"the pool {problem}")
+        return value
+
     def value(self) -> HealthEvent:
         return HealthEvent(
             self.id,
@@ -104,6 +123,7 @@ class EventIn(BaseModel):
             self.xid,
             self.pool,
             tuple(sorted(self.labels.items())),
+            self.boot_id or "",
         )
 
 
@@ -111,6 +131,9 @@ class EventsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     events: list[EventIn] = Field(max_length=MAX_EVENTS)
+    boot_id: str | None = Field(default=None, min_length=1, max_length=64)
+    """The sending agent's node's boot now: its events of another boot are from before a
+    reboot."""
 
 
 class EventsTaken(BaseModel):
@@ -123,8 +146,8 @@ class EventsTaken(BaseModel):
     faults: int
     """GPUs found faulty, each raised as a ``GpuFault`` alert."""
     skipped: int
-    """Events that do not act: older than their node's return to service, or an XID the
-    catalogue does not know."""
+    """Events that do not act: from before their node's reboot, older than its return to
+    service or than ``health.max_event_age``, or an XID the catalogue does not know."""
 
 
 def _problem(exc: ValidationError) -> str:
@@ -155,8 +178,14 @@ def receive_health_events(
         events = EventsIn.model_validate(body)
     except ValidationError as exc:
         raise HTTPException(400, _problem(exc)) from None
+    domains = ctx.engine.health.domains
+    for index, sent in enumerate(events.events):
+        for name in sorted(domains & sent.labels.keys()):
+            problem = domain_value_problem(sent.labels[name])
+            if problem is not None:
+                raise HTTPException(400, f"events[{index}].labels.{name}: the value {problem}")
     try:
-        receipt = ctx.engine.health.submit([e.value() for e in events.events])
+        receipt = ctx.engine.health.submit([e.value() for e in events.events], events.boot_id or "")
     except InboxFull as exc:
         raise HTTPException(503, str(exc)) from None
     except StateError as exc:

@@ -9,7 +9,9 @@ duplicate the engine ignores. A 400 (a body the engine cannot read: a bug, not a
 that batch, logged; a 413 halves the batch. With a queue directory each event is also written
 to disk (``gpuops.exporters.nvml.outbox``) before it is sent and removed once the engine
 answered, and a new pusher sends what an old one left; without one the queue is in memory and
-ends with the process. Built by ``gpuops.exporters.nvml.server``; speaks HTTP only, nothing of
+ends with the process. With a boot id reader (``--agent-boot-id-file``) each event carries the
+boot it was seen in and each request the node's boot now: the engine skips what a queue kept
+from before a reboot. Built by ``gpuops.exporters.nvml.server``; speaks HTTP only, nothing of
 the engine.
 """
 
@@ -58,6 +60,7 @@ class HealthPusher:
         min_backoff_s: float = 0.2,
         max_backoff_s: float = 30.0,
         queue_dir: Path | None = None,
+        boot_id: Callable[[], str] | None = None,
     ) -> None:
         if not token:
             raise ValueError("pushing health events needs a non-empty bearer token")
@@ -70,6 +73,10 @@ class HealthPusher:
         self.labels = dict(labels or {})
         """Sent with each event: the node's failure domains (rack, zone) its repair is paced
         in."""
+        self._boot_id = boot_id
+        """The id of the node's running boot (raises when it cannot be read, e.g.
+        ``gpuops.exporters.nvml.reboot.boot_id_of``'s ``AgentError``); None: not sent."""
+        self._boot_unread = False
         self._headers = {"Authorization": f"Bearer {token}"}
         self._clock = clock
         self._batch = batch
@@ -163,7 +170,25 @@ class HealthPusher:
         """The GPU ``uuid`` stopped answering NVML now."""
         self._put({"gpu": uuid, "kind": "gpu_lost"})
 
+    def _boot_now(self) -> str | None:
+        """The node's boot now; None where there is no reader or it cannot be read (logged
+        once until it can again: the events go without it, acting as an older agent's)."""
+        if self._boot_id is None:
+            return None
+        try:
+            found = self._boot_id()
+        except Exception as exc:  # whatever it is, the events still go
+            if not self._boot_unread:
+                log.warning("health events are sent without the boot they were seen in: %s", exc)
+            self._boot_unread = True
+            return None
+        self._boot_unread = False
+        return found
+
     def _put(self, event: dict[str, Any]) -> None:
+        boot = self._boot_now()
+        if boot is not None:
+            event["boot_id"] = boot
         with self._cond:
             self._seq += 1
             event.update(id=f"{self.node}-{self._boot}-{self._seq}", node=self.node)
@@ -223,9 +248,13 @@ class HealthPusher:
 
     def _send(self, batch: list[dict[str, Any]]) -> str:
         """``sent``, ``refused`` (dropped), ``smaller`` (413: the batch halved) or ``retry``."""
+        body: dict[str, Any] = {"events": batch}
+        boot = self._boot_now()
+        if boot is not None:
+            body["boot_id"] = boot
         try:
             answer = self._session.post(
-                self.url, json={"events": batch}, headers=self._headers, timeout=self._timeout
+                self.url, json=body, headers=self._headers, timeout=self._timeout
             )
         except requests.RequestException as exc:
             log.warning("%d health events not sent (%s): sending again", len(batch), exc)

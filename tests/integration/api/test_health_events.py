@@ -151,6 +151,16 @@ def test_bad_senders_and_bodies_are_refused_naming_what(api: Harness) -> None:
     assert answer.json()["detail"] == (
         "events[0].labels: 'pool' is a label of the GpuFault alert itself"
     )
+    answer = push(api, {**good, "xid": 9999, "labels": {"pool_": "p q"}})  # not a domain
+    assert answer.status_code == 200, answer.text
+    answer = push(api, {**good, "pool": "a100/../prod"})
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("events[0].pool: the pool is not a label value")
+    answer = api.call(
+        "alertmanager", "POST", "/api/v1/health/events", json={"events": [], "boot_id": ""}
+    )
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("boot_id: String should have at least 1 char")
     big = [event(api, f"b-{i}", "n6", "GPU-f", 79) for i in range(1000)]
     assert push(api, *big).status_code == 413
     assert quarantined(api) == []
@@ -205,3 +215,139 @@ def test_a_pool_that_observes_records_a_dry_run_and_quarantines_nothing(tmp_path
             "GPU-c1 on c1: XID 79 (GPU has fallen off the bus) x1: GpuFault raised (observe)"
             in (call["message"])
         )
+
+
+LABEL_RULES = HEALTH_RULES.replace("        target: [node]\n", "")
+"""The quarantine's target: the alert's labels (as an executor sees them)."""
+
+
+def targets(api: Harness) -> dict[str, dict[str, str]]:
+    """Each node's quarantine decision's target labels."""
+    api.settle()
+    with api.lock:
+        return {
+            d.target.labels["node"]: dict(d.target.labels)
+            for d, _ in api.decisions
+            if d.policy == POLICY
+        }
+
+
+def said(api: Harness, audited: str, counted: str) -> None:
+    """The first push's audit document says ``audited``; ``/metrics`` has ``counted``."""
+    [call, *_] = [d for d in api.operations() if d["event"]["action"] == "receive_health_events"]
+    assert audited in call["message"]
+    assert counted in api.call(None, "GET", "/metrics").text
+
+
+def test_an_agents_labels_are_its_failure_domains_never_what_an_executor_reads(
+    tmp_path: Path,
+) -> None:
+    """An agent (or anyone with the push token) that sends ``pod``, ``namespace`` or
+    ``instance`` never chooses what an executor acts on: the engine keeps only the labels
+    ``health.ladder.pacing.domains`` names, and says what it left out."""
+    domains = {"ladder": {"pacing": {"domains": ["pool", "rack"]}}}
+    with running_api(tmp_path, rules=LABEL_RULES, health=domains) as api:
+        labels = {
+            "rack": "r1",
+            "pod": "healthy-pod",
+            "namespace": "prod",
+            "instance": "elsewhere.example:9835",
+            "zone": "z1",
+        }
+        sent = {**event(api, "l-1", "n1", "GPU-a", 79), "pool": "a100", "labels": labels}
+        assert push(api, sent).json()["faults"] == 1
+        target = targets(api)["n1"]
+        assert {k: target[k] for k in ("node", "uuid", "pool", "rack")} == {
+            "node": "n1",
+            "uuid": "GPU-a",
+            "pool": "a100",
+            "rack": "r1",
+        }
+        assert not {"pod", "namespace", "instance", "zone"} & set(target)
+        answer = push(api, {**sent, "id": "l-2", "labels": {"rack": "r 12"}})
+        assert answer.status_code == 400
+        assert answer.json()["detail"] == (
+            "events[0].labels.rack: the value is not a label value (letters, digits, '-', "
+            "'_' or '.', beginning and ending with a letter or digit)"
+        )
+        long = {"rack": "r" * 64, "zone": "z" * 64}
+        answer = push(api, sent, {**sent, "id": "l-3", "labels": long})
+        assert answer.status_code == 400
+        assert answer.json()["detail"] == (
+            "events[1].labels.rack: the value is 64 characters long (at most 63)"
+        )
+        said(
+            api,
+            "labels left out (not in health.ladder.pacing.domains): instance, namespace, pod, zone",
+            'gpuops_health_labels_ignored_total{reason="not_a_domain"} 4.0',
+        )
+
+
+def test_the_values_kept_of_a_domain_are_bounded_also_after_a_restart(tmp_path: Path) -> None:
+    """Past ``max_domain_values`` values of a domain label, a further value is left out (the
+    node is paced in ``rack=default``), said in the audit; the domains the store keeps count
+    after a restart."""
+    domains = {"ladder": {"pacing": {"domains": ["pool", "rack"]}}}
+    with running_api(tmp_path, rules=LABEL_RULES, health=domains) as api:
+        api.engine.store.save_domain("rack=r0", '{"name": "rack=r0"}')
+    with running_api(tmp_path, rules=LABEL_RULES, health=domains) as api:
+        api.engine.health.max_domain_values = 3
+        sent = [
+            {**event(api, f"d-{i}", f"n{i}", "GPU-0", 79), "labels": {"rack": f"r{i}"}}
+            for i in range(1, 4)
+        ]
+        sent.append({**event(api, "d-4", "n4", "GPU-0", 79), "labels": {"rack": "r0"}})
+        assert push(api, *sent).json()["faults"] == 4
+        racks = {node: labels.get("rack") for node, labels in targets(api).items()}
+        assert racks == {"n1": "r1", "n2": "r2", "n3": None, "n4": "r0"}
+        said(
+            api,
+            "label rack='r3' of n3 left out: 3 values of rack are kept already (the node is "
+            "paced in rack=default)",
+            'gpuops_health_labels_ignored_total{reason="over_bound"} 1.0',
+        )
+
+
+def test_an_event_from_before_its_nodes_reboot_never_acts(api: Harness) -> None:
+    """The agent tags each event with the boot it was seen in and sends its boot now: what its
+    queue kept from before a reboot is recorded and skipped, counts in no XID's window, and a
+    fault that outlives the reboot acts once NVML reports it again."""
+
+    def send(*events: dict[str, Any], boot: str | None) -> Any:
+        body: dict[str, Any] = {"events": list(events)}
+        if boot is not None:
+            body["boot_id"] = boot
+        answer = api.call("alertmanager", "POST", "/api/v1/health/events", json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    fallen = {**event(api, "b-1", "n9", "GPU-9", 79), "boot_id": "boot-1"}
+    assert send(fallen, boot="boot-2") == {
+        "accepted": 1,
+        "duplicates": 0,
+        "faults": 0,
+        "skipped": 1,
+    }
+    assert send(fallen, boot="boot-2")["duplicates"] == 1
+    crashes = [
+        {**event(api, f"c-{i}", "n8", "GPU-8", 45, ago=30.0 * (i + 2)), "boot_id": "boot-1"}
+        for i in range(9)
+    ]
+    assert send(*crashes, boot="boot-2")["skipped"] == 9
+    tenth = {**event(api, "c-9", "n8", "GPU-8", 45), "boot_id": "boot-2"}
+    assert send(tenth, boot="boot-2")["faults"] == 0  # the earlier boot's nine do not count
+    assert quarantined(api) == []
+    said(
+        api,
+        "(skipped b-1 (GPU-9 on n9): from before the node's reboot)",
+        'gpuops_health_events_total{kind="xid",outcome="before_reboot"} 10.0',
+    )
+
+    again = {**event(api, "b-2", "n9", "GPU-9", 79), "boot_id": "boot-2"}
+    assert send(again, boot="boot-2")["faults"] == 1  # reported again after the reboot
+    assert quarantined(api) == ["n9"]
+    older_agent = event(api, "o-1", "n7", "GPU-7", 79)  # no boot id: acts as it always did
+    assert send(older_agent, boot="boot-2")["faults"] == 1
+    no_boot_now = {**event(api, "o-2", "n6", "GPU-6", 79), "boot_id": "boot-1"}
+    assert send(no_boot_now, boot=None)["faults"] == 1
+    assert quarantined(api) == ["n6", "n7", "n9"]

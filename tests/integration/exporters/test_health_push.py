@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from gpuops.exporters.nvml.push import PATH, HealthPusher
+from gpuops.exporters.nvml.reboot import boot_id_of
 from gpuops.exporters.nvml.scenarios import healthy_h100
 from gpuops.exporters.nvml.server import ExporterServer
 from gpuops.sources.promproc import free_port
@@ -76,15 +77,16 @@ def test_events_wait_while_the_engine_is_away(api: Harness) -> None:
         server.close()
 
 
-def test_the_agents_pool_chooses_the_profile_and_its_labels_reach_the_decision(
+def test_the_agents_pool_chooses_the_profile_and_its_domain_labels_reach_the_decision(
     tmp_path: Path,
 ) -> None:
     observing = "        action: {type: migrate, executor: log}\n        mode: dry-run"
     rules = PROFILE_RULES.replace("        target: [node]\n" + observing, observing)
     assert rules != PROFILE_RULES  # the observing policy's targets: the alert's labels
-    with running_api(tmp_path / "profiles", rules=rules) as api:
+    domains = {"ladder": {"pacing": {"domains": ["pool", "rack", "zone"]}}}
+    with running_api(tmp_path / "profiles", rules=rules, health=domains) as api:
         api.engine.health.profiles["canary"] = "observe"
-        labels = {"rack": "r12", "zone": "z1"}
+        labels = {"rack": "r12", "zone": "z1", "pod": "other-pod", "namespace": "prod"}
         server, pusher = agent(api, api.url, "node-3", pool="canary", labels=labels)
         try:
             server.session.backend.inject_xid(0, 79)
@@ -98,6 +100,8 @@ def test_the_agents_pool_chooses_the_profile_and_its_labels_reach_the_decision(
                 "r12",
                 "z1",
             )
+            assert "pod" not in decision.target.labels  # not a failure domain: left out
+            assert "namespace" not in decision.target.labels
         finally:
             server.close()
 
@@ -187,3 +191,43 @@ def test_an_unreadable_queued_event_is_set_aside_and_the_exporter_serves(
     finally:
         server.close()
     assert sorted(p.name for p in queue.iterdir()) == ["000000000001.json.unreadable"]
+
+
+def test_events_queued_before_a_reboot_are_recorded_and_never_act(
+    api: Harness, tmp_path: Path
+) -> None:
+    """A node's events wait on disk while the engine is away; the node reboots (a person's
+    repair); the new agent sends them tagged with the boot they were seen in and its boot now:
+    the engine records them and quarantines nothing, and a fault NVML reports again after the
+    reboot quarantines the node."""
+    queue = tmp_path / "agent-state" / "health-events"
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n", encoding="utf-8")
+    read_boot = boot_id_of(boot)
+    token = api.tokens["alertmanager"]
+    away = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    before = HealthPusher(
+        away, token, "node-5", min_backoff_s=0.05, queue_dir=queue, boot_id=read_boot
+    )
+    before.start()
+    try:
+        before.xid("GPU-5", 79)
+        before.lost("GPU-5")
+        wait_for(lambda: before.failures >= 2, 10, "sendings that failed")
+    finally:
+        before.stop()  # the node reboots with the events unsent
+    boot.write_text("boot-2\n", encoding="utf-8")
+    after = HealthPusher(
+        api.url, token, "node-5", min_backoff_s=0.05, queue_dir=queue, boot_id=read_boot
+    )
+    after.start()
+    try:
+        wait_for(lambda: after.pending() == 0, 30, "the events of the former boot sent")
+        assert after.sent == 2 and quarantined(api) == []
+        metrics = api.call(None, "GET", "/metrics").text
+        assert 'gpuops_health_events_total{kind="xid",outcome="before_reboot"} 1.0' in metrics
+        assert 'gpuops_health_events_total{kind="gpu_lost",outcome="before_reboot"} 1.0' in metrics
+        after.xid("GPU-5", 79)  # the fault outlived the reboot: NVML reports it again
+        wait_for(lambda: quarantined(api) == ["node-5"], 30, "node-5 quarantined")
+    finally:
+        after.stop()

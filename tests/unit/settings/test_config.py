@@ -130,6 +130,21 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
             "engine.yaml:4: health.ladder.pacing.domains: a domain is named twice: rack",
         ),
         (
+            "health:\n  ladder:\n    pacing:\n      domains: [pool, pod, node]\n",
+            "engine.yaml:4: health.ladder.pacing.domains: pod, node: a failure domain is a label"
+            " the node agent sends, never one the GpuFault alert sets itself or an executor"
+            " reads to choose what it acts on (alertname, class, container, gpu, instance, job,"
+            " namespace, node, pod, priority_class, profile, quota_request, reason, remedy,"
+            " uuid, xid)",
+        ),
+        (
+            "executors:\n  nvml-agent: {url: 'http://{rack}:9835'}\n"
+            "health:\n  ladder:\n    pacing:\n      domains: [pool, rack]\n",
+            "engine.yaml:3: health: ladder.pacing.domains: rack is read by"
+            " executors.nvml-agent.url: a failure"
+            " domain is a label the node agent sends, never one an executor reads",
+        ),
+        (
             "health:\n  ladder:\n    pacing:\n      max_fraction: 0.1\n",
             "engine.yaml:3: health.ladder.pacing: max_fraction needs unavailable (the PromQL that"
             " tells which nodes are out of service)",
@@ -159,6 +174,8 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
         "cooldown-above-max",
         "domain-not-a-label",
         "domain-twice",
+        "domain-an-executor-reads",
+        "domain-a-url-template-reads",
         "bound-without-query",
         "bad-promql",
         "unknown-profile",
