@@ -3,7 +3,8 @@
 
 One LIST of the node's pods (field selector ``spec.nodeName``); DaemonSet pods, mirror (static)
 pods, pods in the system namespaces, pods carrying the veto label, finished pods and pods
-already terminating are skipped.
+already terminating are skipped; the running pods skipped for a system namespace or the veto
+are named in the report's ``kept`` too (what a reboot would stop).
 Each other pod is evicted (``policy/v1`` Eviction) by its drain mode: ``immediate``;
 ``allow-completion`` (left to finish until the deadline, then evicted); ``delete-after-timeout``
 (evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 with a
@@ -43,6 +44,11 @@ log = logging.getLogger(__name__)
 DrainMode = Literal["immediate", "allow-completion", "delete-after-timeout"]
 MODES: tuple[str, ...] = ("immediate", "allow-completion", "delete-after-timeout")
 FINISHED = frozenset({"Succeeded", "Failed"})
+SYSTEM = "system namespace"
+VETO = "veto"
+KEPT = frozenset({SYSTEM, VETO})
+"""Why a running pod is left on the node on purpose: a reboot would stop it (``kept``).
+DaemonSet and mirror pods are the node's own: they stop and start with it."""
 
 
 class _Model(BaseModel):
@@ -100,6 +106,9 @@ class DrainReport:
     """The pods still on the node at the deadline, each with what held it."""
     budgets: list[str] = field(default_factory=list)
     """The PodDisruptionBudgets of the held pods (``namespace/name (disruptionsAllowed n)``)."""
+    kept: list[str] = field(default_factory=list)
+    """The skipped pods left running on purpose (a system namespace, the veto label) that
+    stop with the node: what holds a reboot (also in ``skipped``)."""
 
 
 class Drainer:
@@ -135,13 +144,14 @@ class Drainer:
             return rule.mode
         return self.settings.mode
 
-    def skip(self, pod: Mapping[str, Any]) -> str | None:
-        """Why ``pod`` is not evicted, or None."""
+    def skip(self, pod: Mapping[str, Any], kept: bool = True) -> str | None:
+        """Why ``pod`` is not evicted, or None (``kept=False``: leaving out the reasons of
+        ``KEPT``: whether it would be evicted but for them)."""
         meta = pod["metadata"]
-        if meta.get("namespace") in self.settings.system_namespaces:
-            return "system namespace"
-        if self.veto is not None and self.veto.matches(meta.get("labels") or {}):
-            return "veto"
+        if kept and meta.get("namespace") in self.settings.system_namespaces:
+            return SYSTEM
+        if kept and self.veto is not None and self.veto.matches(meta.get("labels") or {}):
+            return VETO
         if names.MIRROR_POD in (meta.get("annotations") or {}):
             return "mirror pod"
         if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
@@ -167,6 +177,8 @@ class Drainer:
             why = self.skip(pod)
             if why is not None:
                 report.skipped.append(f"{key} ({why})")
+                if why in KEPT and self.skip(pod, kept=False) is None:
+                    report.kept.append(f"{key} ({why})")
                 continue
             pending[key] = pod
         deadline = self.clock() + self.settings.timeout_s

@@ -6,12 +6,13 @@ A cordon is one JSON merge patch of the node with its ``resourceVersion`` (a 409
 why and when (``gpuops.integrations.kubernetes.names``), and the opt-in taint; the
 ``GpuopsCordoned`` condition follows (a strategic merge patch of ``nodes/status``). A node
 cordoned by someone else is left cordoned and unowned; an owned cordon someone lifted ends the
-episode (``gpuops.io/cancelled``: not cordoned again in it). Every write carries the field
-manager ``gpuops``: the cordon is gpuops' only while the node's ``managedFields`` say gpuops owns
-``spec.unschedulable``; one set again by someone else (uncordoned, then cordoned for
-maintenance) keeps its cordon and loses gpuops' marks. The undo removes gpuops' marks and the
-cordon in one patch, only while the marks name this policy and its episode (or an earlier one
-whose cordon gpuops still owns: a migrate that failed after its cordon).
+episode (``gpuops.io/cancelled``: the node is neither cordoned nor drained again in it). Every
+write carries the field manager ``gpuops``: the cordon is gpuops' only while the node's
+``managedFields`` say gpuops owns ``spec.unschedulable``; one set again by someone else
+(uncordoned, then cordoned for maintenance) keeps its cordon and loses gpuops' marks. The undo
+removes gpuops' marks and the cordon in one patch, only while the marks name this policy and its
+episode (or an earlier one whose cordon gpuops still owns: a migrate that failed after its
+cordon).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ from gpuops.integrations.kubernetes.client import (
 from gpuops.model.decisions import Decision
 
 log = logging.getLogger(__name__)
+
+
+LIFTED = "someone else uncordoned it in this episode: not cordoned again"
+"""Why a cordon does not hold: a person lifted gpuops' cordon of this episode."""
+RECORDONED = "cordoned again by someone else: their cordon, never lifted by gpuops"
+"""Why a cordon does not hold: a person lifted gpuops' cordon and cordoned the node again."""
+TAKEN_BACK = frozenset({LIFTED, RECORDONED})
+"""A person took the node back from gpuops in this episode: it is not drained again in it."""
 
 
 class Resumed(Result):
@@ -64,7 +73,7 @@ class Cordons:
             ours = mine and annotations.get(names.EPISODE) == episode(d)
             unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
             if annotations.get(names.CANCELLED) == episode(d):
-                return False, "someone else uncordoned it in this episode: not cordoned again"
+                return False, LIFTED
             if mine and unschedulable and not owns_cordon(node):  # re-cordoned by someone else
                 try:
                     self.forget(node, cancelled=annotations.get(names.EPISODE))
@@ -72,13 +81,13 @@ class Cordons:
                     node = read()
                     continue
                 log.warning("node %s: cordoned again by someone else: their cordon stays", name)
-                return False, "cordoned again by someone else: their cordon, never lifted by gpuops"
+                return False, RECORDONED
             if ours and not unschedulable:  # our cordon was lifted by someone else
                 self.forget(node, cancelled=episode(d))
                 if self.condition:
                     self.set_condition(name, "False", d)
                 log.warning("node %s: gpuops' cordon was lifted by someone else", name)
-                return False, "someone else uncordoned it in this episode: not cordoned again"
+                return False, LIFTED
             if unschedulable and not mine:
                 log.info("node %s was cordoned before gpuops: its cordon stays unowned", name)
                 return False, "cordoned by someone else before gpuops: never uncordoned by gpuops"

@@ -11,7 +11,8 @@ and gpuops never undoes what it did not do:
 - ``migrate`` (label ``node``): cordon the node with ownership annotations (policy, decision,
   episode, reason, time), the opt-in taint and the ``GpuopsCordoned`` condition, then drain it
   (``gpuops.actions.kubedrain``). A node cordoned by someone else keeps its cordon, unowned; a
-  node whose gpuops cordon someone lifted is not cordoned again in that episode. With a ``uuid``
+  node whose gpuops cordon someone lifted is neither cordoned nor drained again in that
+  episode (the outcome says ``cordoned: false`` and why). With a ``uuid``
   label (a GPU-level fault) only the pods holding that GPU are evicted (none when its ``pod``
   label is empty: a free GPU), and the node is cordoned only when the policy asks
   (``params.cordon: true``: the remediation ladder's quarantine, whose reboot needs the node).
@@ -48,7 +49,7 @@ from gpuops.actions.config import settings_of
 from gpuops.actions.dispatch import Dispatch, on
 from gpuops.actions.encoding import printable, target_label
 from gpuops.actions.kubedrain import Drainer, DrainReport, DrainSettings, node_unavailable
-from gpuops.actions.kubenodes import Cordons, Resumed
+from gpuops.actions.kubenodes import TAKEN_BACK, Cordons, Resumed
 from gpuops.actions.kubepods import Reclaimed, Restored, pods_of_gpu, reclaim, restore
 from gpuops.actions.kubescale import PoolSettings, Scaled, scale_pool
 from gpuops.actions.results import Result
@@ -178,6 +179,8 @@ class Migrated(Result):
     """Pods still on the node at the drain's deadline, and why (a PodDisruptionBudget)."""
     budgets: list[str] = []
     """The PodDisruptionBudgets that held them."""
+    kept: list[str] = []
+    """Pods left running on purpose (a veto, a system namespace) that a reboot would stop."""
     api_calls: int = 0
 
 
@@ -367,6 +370,8 @@ class KubernetesExecutor:
                 gpu_only = "a GPU-level fault: not cordoned"
                 return _migrated(name, False, gpu_only, report, calls, self)
         cordoned, why = self.cordons.cordon(d, node, read=lambda: self._node(d))
+        if why in TAKEN_BACK:  # a person took the node back in this episode: its pods stay
+            return _migrated(name, False, why, DrainReport(), calls, self)
         try:
             report = self.drainer.drain(name, only=only, force=_force(d))
         except (KubeError, ExecutorError) as exc:  # the cordon holds: the undo must lift it
@@ -437,7 +442,10 @@ def _migrated(
     calls: int,
     k: KubernetesExecutor,
 ) -> Migrated:
-    done = Migrated(
+    said: dict[str, Any] = {"why": why} if why else {}
+    if report.kept:
+        said["kept"] = report.kept
+    return Migrated(
         node=node,
         cordoned=cordoned,
         evicted=report.evicted,
@@ -446,8 +454,8 @@ def _migrated(
         held=report.held,
         budgets=report.budgets,
         api_calls=k.client.calls - calls,
+        **said,
     )
-    return done.model_copy(update={"why": why}) if why else done
 
 
 def _key(pod: Mapping[str, Any]) -> str:

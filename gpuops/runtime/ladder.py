@@ -10,7 +10,9 @@ check, the return, or telling a human — and each move runs through the one gat
 (``Gate.run_step``: the kill switch, pause, a veto, dry-run and a lost leadership hold it, its
 intent is audited before it runs). A reboot that does not wait for the node's work (the node
 agent's, on Kubernetes) is preceded by a ``migrate`` of the whole node through the executor
-that quarantined it (``_empty``). The node's record is stored after every move, so a
+that quarantined it (``_empty``): pods it leaves on the node hold the reboot (``_hold``), and a
+node whose cordon someone else lifted leaves the ladder there, never drained nor rebooted
+(``_leave``). The node's record is stored after every move, so a
 restarted engine or a new leader goes on from where it was; a move's decision id comes from
 the node, the fault's episode and the step, so a move interrupted by a crash runs again under
 the same id and its executor does it once. Every ``interval`` (``tick``) the nodes a hold left
@@ -58,6 +60,7 @@ from gpuops.model.health.ladder import (
     after,
     clear,
     due,
+    left,
     quarantined,
     start,
     steps_for,
@@ -84,12 +87,17 @@ log = logging.getLogger(__name__)
 
 FULL = "full"
 """The profile whose quarantines climb the ladder."""
+QUARANTINES = ACTIVE | {Stage.NEEDS_HUMAN}
+"""The stages of a node out of service because gpuops quarantined it: not counted against
+another's repair (``pacing.max_fraction``)."""
 GROUP = "health-ladder"
 """The group the ladder's decisions are recorded under."""
 
 
 DEFERRED = "deferred: "
 """How the reason of a node waiting for its domain's pace begins."""
+HELD = "reboot held: "
+"""How the reason of a node whose reboot waits for pods still on it begins."""
 SCHEDULER_REBOOTS = frozenset({"scheduler", "slurm", "fleet"})
 """Executors whose ``reboot`` waits for the node's work to end (Slurm's ``scontrol reboot``)
 or models it (the simulated fleet). Any other (the node agent, a command) reboots at once: the
@@ -161,7 +169,7 @@ class RepairLadder:
         self.moves = Counter(
             "gpuops_health_ladder_moves",
             "Moves of the remediation ladder (reset_gpu, reboot, validate, return, hand_over) by "
-            "result (ok, failed, held).",
+            "result (ok, failed, held; left: someone else took the node back).",
             ["move", "result"],
             registry=registry,
         )
@@ -394,6 +402,10 @@ class RepairLadder:
             if ran is None:
                 self.moves.labels(move.value, "held").inc()
                 return  # held at the gate: the next tick tries again, under the same id
+            if isinstance(ran, str):
+                self.moves.labels(move.value, "left").inc()
+                self._leave(repair, move, ran)
+                return
             ok, note = ran
             self.moves.labels(move.value, "ok" if ok else "failed").inc()
             now = self._clock()
@@ -411,9 +423,9 @@ class RepairLadder:
             self._said(moved, move, ok, note)
 
     def _bounds(self, repair: Repair, names: tuple[str, ...]) -> tuple[str, str] | None:
-        """The first of ``names`` (``repair``'s domains) whose nodes out of service are at
-        its bound, or cannot be told now, and why; None: none holds the repair (or no
-        ``max_fraction``)."""
+        """The first of ``names`` (``repair``'s domains) whose nodes out of service, but for
+        the nodes gpuops quarantined, are past its bound, or cannot be told now, and why;
+        None: none holds the repair (or no ``max_fraction``)."""
         fraction = self.settings.pacing.max_fraction
         bounded = [n for n in names if not n.startswith(f"{POLICY}=")]
         if fraction is None or self._out is None or not bounded:
@@ -426,7 +438,8 @@ class RepairLadder:
                 f" ({exc}): it waits for a fresh answer"
             )
         labels = [n.split("=", 1)[0] for n in bounded]
-        found = outages(labels, nodes, repair.node)
+        ours = {r.node for r in self.repairs() if r.stage in QUARANTINES}
+        found = outages(labels, nodes, repair.node, ours)
         for name in bounded:
             outage = found.get(name)
             if outage is None:
@@ -483,8 +496,9 @@ class RepairLadder:
         self._said(started)
         return True
 
-    def _run(self, repair: Repair, move: Move) -> tuple[bool, str] | None:
-        """Run ``move`` through the gate: (ok, what its outcome said), or None when held."""
+    def _run(self, repair: Repair, move: Move) -> tuple[bool, str] | str | None:
+        """Run ``move`` through the gate: (ok, what its outcome said), None when held, or why
+        the node leaves the ladder (a person took it back)."""
         decision = self._decision(repair, move)
         if decision.action is None:  # a hand-over without a webhook: audited, nothing run
             self._gate.record(decision)
@@ -494,7 +508,7 @@ class RepairLadder:
             repair.executor,
         ):
             emptied = self._empty(repair, decision)
-            if emptied is None or not emptied[0]:
+            if not isinstance(emptied, tuple) or not emptied[0]:
                 return emptied
         outcome = self._gate.run_step(decision, once=move is Move.VALIDATE)
         if outcome.status is OutcomeStatus.SKIPPED:
@@ -513,11 +527,13 @@ class RepairLadder:
             return True, _said(outcome.changed)
         return False, outcome.error or "failed"
 
-    def _empty(self, repair: Repair, reboot: Decision) -> tuple[bool, str] | None:
+    def _empty(self, repair: Repair, reboot: Decision) -> tuple[bool, str] | str | None:
         """Before a reboot that does not wait for the node's work (Kubernetes: the node
         agent's), the quarantine's executor drains the whole node: the quarantine evicted
-        only the faulty GPU's pods. (True, ""): empty; None: held, or pods a disruption budget
-        keeps (the next tick tries again); (False, why): the drain failed."""
+        only the faulty GPU's pods. (True, ""): empty; None: held by pods still on the node
+        (a disruption budget, a pod left to complete, a vetoed pod or one in a system
+        namespace: the next tick tries again); (False, why): the drain failed; a string: the
+        node is no longer gpuops' (someone else lifted its cordon): it leaves the ladder."""
         node = {k: v for k, v in reboot.target.labels.items() if k != "uuid"}
         drain = reboot.but(
             id=decision_id(
@@ -533,11 +549,57 @@ class RepairLadder:
             return None
         if not outcome.ok:
             return False, f"the drain before the reboot failed: {outcome.error or 'failed'}"
-        held = outcome.changed.get("held")
-        if held:
-            log.info("node %s: its reboot waits for pods still held: %s", repair.node, held)
+        changed = outcome.changed
+        if changed.get("cordoned") is False:
+            return str(changed.get("why") or "its cordon is not gpuops' any more")
+        kept, held = list(changed.get("kept") or []), list(changed.get("held") or [])
+        if kept or held:
+            self._hold(repair, reboot, kept, held)
             return None
         return True, ""
+
+    def _hold(self, repair: Repair, reboot: Decision, kept: list[str], held: list[str]) -> None:
+        """The reboot waits for pods still on the node: said in the record, and the first time
+        in the log and, for pods kept on purpose (a veto, a system namespace), the audit."""
+        pods = [*kept, *held]
+        shown = "; ".join(pods[:5]) + ("; ..." if len(pods) > 5 else "")
+        why = f"{HELD}{len(pods)} pod(s) still on the node that it would stop: {shown}"
+        if not repair.why.startswith(HELD):  # a new hold: logged and audited once
+            log.warning("node %s: its reboot waits: %s", repair.node, why[len(HELD) :])
+            if kept:
+                key = reboot.target.key
+                self._gate.record(
+                    reboot.but(
+                        id=decision_id(
+                            repair.policy, key, repair.episode, "ladder:held", len(repair.done)
+                        ),
+                        verdict=Verdict.SUPPRESSED_VETO,
+                        reason=f"remediation ladder: reboot of {repair.node} held: {shown}",
+                    )
+                )
+        if repair.why != why:
+            self._save(replace(repair, why=why))
+
+    def _leave(self, repair: Repair, move: Move, why: str) -> None:
+        """Someone else took ``repair``'s node back during its repair: it leaves the ladder,
+        neither drained again nor rebooted; said in its record, the log and the audit."""
+        now = self._clock()
+        gone = left(repair, why, now)
+        self._save(gone)
+        self._returned(repair.node, now)
+        reason = (
+            f"node {repair.node} leaves the remediation ladder before its {move.value}: {why};"
+            " gpuops neither drains nor reboots it"
+        )
+        log.warning("%s (its fault: %s)", reason, repair.reason)
+        self._gate.record(
+            self._decision(repair, move).but(
+                id=decision_id(repair.policy, f"node={repair.node}", repair.episode, "ladder:left"),
+                action=None,
+                transition=Transition.CLEAR,
+                reason=reason,
+            )
+        )
 
     def _decision(self, repair: Repair, move: Move) -> Decision:
         now = self._clock()

@@ -5,7 +5,8 @@ A node whose faulty GPU quarantined it (in a pool whose profile is ``full``) cli
 ``validating`` (a health check) → ``returned`` — or ``needs_human``: no step left, a fault
 that calls for a new part, or a second remediation of the node within the window. A node that
 needs a human is never remediated again by itself: only an admin's ``clear`` lets it climb
-again. A reboot covers a reset: after a reboot no reset is due.
+again. A reboot covers a reset: after a reboot no reset is due. A node someone else took back
+during its repair leaves the ladder (``left``).
 
 The engine's ladder (``gpuops.runtime.ladder``) keeps each node's ``Repair`` in the store,
 asks ``due`` what to do next, runs it through the gate and hands its outcome to ``after``;
@@ -26,7 +27,8 @@ class Stage(StrEnum):
     """Where a node is on the ladder."""
 
     HEALTHY = "healthy"
-    """Not on the ladder (never was, or an admin cleared it)."""
+    """Not on the ladder (never was, an admin cleared it, or someone else took it back during
+    its repair)."""
     QUARANTINED = "quarantined"
     """Drained by gpuops for a faulty GPU; its remediation has not started."""
     REMEDIATING = "remediating"
@@ -265,6 +267,18 @@ def after(
             repair, stage=Stage.VALIDATING, since=now, done=(*repair.done, move.value), why=""
         )
     return _next_step(repair, rules, now, f"{move.value} failed: {note}")
+
+
+def left(repair: Repair, why: str, now: float) -> Repair:
+    """Someone else took the node back during its repair (``why``: their uncordon): off the
+    ladder, as if returned (a fault that began before never acts); neither proven nor failed."""
+    return replace(
+        repair,
+        stage=Stage.HEALTHY,
+        since=now,
+        returned_at=now,
+        why=f"left the remediation ladder: {why}",
+    )
 
 
 def clear(repair: Repair, by: str, now: float) -> Repair:

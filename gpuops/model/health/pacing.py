@@ -12,9 +12,12 @@ repaired at once whatever floods another.
 
 A node belongs to one domain per label that ``health.ladder.pacing.domains`` names
 (``domains_of``: ``pool=a100``, ``rack=r12``), and its repair starts only when every one of
-them has room. With ``max_fraction``, a domain whose nodes out of service for any reason — by
-the scheduler's fresh view, counted by ``Outage`` — reach its bound holds it too
-(``over_bound``; never zero: one node of any domain may be out). The engine's ladder
+them has room. With ``max_fraction``, a domain whose nodes out of service — by the scheduler's
+fresh view, counted by ``Outage`` — are past its bound holds it too (``over_bound``; never
+zero: one node of any domain may be out). The nodes out because gpuops quarantined them
+(waiting for their repair, repaired, or handed to a human) are not counted: they never hold
+each other's repair, so a flood of faults is repaired at the domain's width; and starting the
+repair of a node out already takes no more out. The engine's ladder
 (``gpuops.runtime.ladder``) keeps each domain's ``Domain`` in the store and asks ``deferred``
 and ``over_bound`` before a node's first step; nothing here acts or reads a clock.
 """
@@ -22,7 +25,7 @@ and ``over_bound`` before a node's first step; nothing here acts or reads a cloc
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -108,24 +111,36 @@ class Outage:
     nodes: int
     """The domain's nodes (the node to repair included)."""
     out: tuple[str, ...]
-    """The other nodes of the domain out of service, for any reason, sorted."""
+    """The other nodes of the domain out of service, sorted: for any reason but a quarantine
+    of gpuops that its ladder is repairing or handed to a human."""
+    down: bool = False
+    """The node to repair is out of service already: starting its repair takes no more out."""
 
 
 def outages(
-    names: Iterable[str], nodes: Iterable[tuple[Mapping[str, str], bool]], node: str
+    names: Iterable[str],
+    nodes: Iterable[tuple[Mapping[str, str], bool]],
+    node: str,
+    quarantined: Collection[str] = (),
 ) -> dict[str, Outage]:
     """Each domain of the labels ``names`` counted from ``nodes`` (one node's labels, with
-    ``node``, and whether it is out of service), leaving ``node`` out of ``out``."""
+    ``node``, and whether it is out of service), leaving ``node`` and the ``quarantined`` ones
+    (out because gpuops quarantined them: they wait for, or had, their own repair) out of
+    ``out``."""
     sizes: dict[str, int] = {}
     out: dict[str, list[str]] = {}
-    for labels, down in nodes:
+    down = False
+    for labels, unavailable in nodes:
+        name_of = labels.get("node", "")
+        if name_of == node:
+            down = down or unavailable
         for name in names:
             domain = f"{name}={labels.get(name) or DEFAULT}"
             sizes[domain] = sizes.get(domain, 0) + 1
             found = out.setdefault(domain, [])
-            if down and labels.get("node") != node:
-                found.append(labels.get("node", ""))
-    return {d: Outage(n, tuple(sorted(out[d]))) for d, n in sizes.items()}
+            if unavailable and name_of != node and name_of not in quarantined:
+                found.append(name_of)
+    return {d: Outage(n, tuple(sorted(out[d])), down) for d, n in sizes.items()}
 
 
 def allowed(nodes: int, max_fraction: float) -> int:
@@ -135,13 +150,16 @@ def allowed(nodes: int, max_fraction: float) -> int:
 
 
 def over_bound(name: str, outage: Outage, max_fraction: float) -> str | None:
-    """Why the repair of a node of domain ``name`` may not start while ``outage`` stands (the
-    node itself out of service too would exceed the bound), naming the domain; None: it may."""
+    """Why the repair of a node of domain ``name`` may not start while ``outage`` stands,
+    naming the domain; None: it may. The node's repair counts only when it would take the
+    node out (it is in service now): a node out already adds nothing, and is held only while
+    the domain's other nodes out are past the bound (a domain's own trouble)."""
     bound = allowed(outage.nodes, max_fraction)
-    if len(outage.out) + 1 <= bound:
+    if len(outage.out) + (0 if outage.down else 1) <= bound:
         return None
     shown = ", ".join(outage.out[:5]) + (", ..." if len(outage.out) > 5 else "")
+    where = "past" if outage.down else "at"
     return (
         f"paced repair in {name}: {len(outage.out)} other node(s) of {outage.nodes} out of"
-        f" service ({shown}), at its bound of {bound} (max_fraction {max_fraction:g})"
+        f" service ({shown}), {where} its bound of {bound} (max_fraction {max_fraction:g})"
     )

@@ -310,3 +310,102 @@ def test_the_return_leaves_a_node_as_a_person_left_it(
     assert repair is not None and "uncordoned=False" in repair.why and why in repair.why
     assert f"node {NODE}: its return leaves it as someone else left it: {why}" in caplog.text
     assert moves(api)[-1] == ("resume", "kubernetes", True)
+
+
+@pytest.mark.parametrize(
+    ("edits", "unschedulable", "why"),
+    [
+        ([None], None, "someone else uncordoned it in this episode"),
+        ([None, True], True, "cordoned again by someone else"),
+    ],
+    ids=["uncordoned", "uncordoned-then-cordoned"],
+)
+def test_a_node_a_person_took_back_before_its_reboot_leaves_the_ladder_and_is_not_rebooted(
+    cluster: Node,
+    climb: Callable[..., Harness],
+    edits: list[bool | None],
+    unschedulable: bool | None,
+    why: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2
+
+    def busy_meanwhile(uuid: str) -> None:  # a person takes the node back, the reset fails
+        for value in edits:  # kubectl uncordon, kubectl cordon
+            cluster.api.edit("", "nodes", NODE, spec={"unschedulable": value})
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy_meanwhile
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.HEALTHY)
+    assert cluster.boot.reboots == 0 and not cluster.evicted("serve-b")
+    assert cluster.k8s()["spec"].get("unschedulable") is unschedulable
+    assert moves(api) == [("reset_gpu", "nvml-agent", False), ("migrate", "kubernetes", True)]
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and repair.why.startswith(f"left the remediation ladder: {why}")
+    said = f"node {NODE} leaves the remediation ladder before its reboot: {why}"
+    assert said in caplog.text
+    with api.lock:
+        [audited] = [d for d, _ in api.decisions if d.reason.startswith(said)]
+    assert audited.group == "health-ladder" and audited.action is None
+    api.engine.ladder.tick()  # the next interval: nothing more
+    api.settle()
+    assert len(moves(api)) == 2 and cluster.boot.reboots == 0
+
+
+@pytest.mark.parametrize(
+    ("kept", "why"),
+    [
+        (pod("pinned", NODE, labels={names.VETO_LABEL: names.VETO_VALUE}), "ml/pinned (veto)"),
+        (pod("dns", NODE, namespace="kube-system"), "kube-system/dns (system namespace)"),
+    ],
+    ids=["veto", "system-namespace"],
+)
+def test_a_pod_the_drain_leaves_on_purpose_holds_the_reboot_until_it_is_gone(
+    cluster: Node,
+    climb: Callable[..., Harness],
+    kept: dict[str, Any],
+    why: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2
+
+    def busy(uuid: str) -> None:
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy
+    cluster.api.put("", "pods", kept)
+    cluster.api.put(
+        "", "pods", pod("agent", NODE, namespace="kube-system", owner=("DaemonSet", "a"))
+    )
+    api = climb()
+    fault(api, cluster)
+    wait_for(lambda: ("migrate", "kubernetes", True) in moves(api), 60, "the drain")
+    assert api.engine.ladder.wait_idle(30)
+    api.engine.ladder.tick()  # the next interval: held again, audited once
+    api.settle()
+    assert cluster.boot.reboots == 0
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and (repair.stage, repair.step) == (Stage.REMEDIATING, "reboot")
+    assert repair.why == f"reboot held: 1 pod(s) still on the node that it would stop: {why}"
+    assert caplog.text.count(f"node {NODE}: its reboot waits: ") == 1
+    with api.lock:
+        held = [d for d, _ in api.decisions if d.verdict.value == "suppressed:veto"]
+    assert [d.reason for d in held] == [f"remediation ladder: reboot of {NODE} held: {why}"]
+    metrics = api.call(None, "GET", "/metrics").text
+    assert 'gpuops_health_ladder_moves_total{move="reboot",result="held"} 2.0' in metrics
+    meta = kept["metadata"]
+    cluster.api.edit("", "pods", meta["name"], meta["namespace"], status={"phase": "Succeeded"})
+    api.engine.ladder.tick()
+    settled(api, Stage.RETURNED)
+    assert cluster.boot.reboots == 1
+    assert [m[0] for m in moves(api)] == [
+        "reset_gpu",
+        "migrate",
+        "migrate",
+        "migrate",
+        "reboot",
+        "validate",
+        "resume",
+    ]

@@ -2,7 +2,8 @@
 rack with each event, and repairs are paced per rack (a fault in one rack never waits behind
 another's); with ``max_fraction``, a rack whose nodes out of service for any reason are at
 its bound holds the next repair and says why, and an answer about them that is stale or
-failed holds it too (fresh data only)."""
+failed holds it too (fresh data only); the nodes gpuops quarantined never hold each other's
+repair: a flood past the bound is repaired at the domain's width."""
 
 from __future__ import annotations
 
@@ -146,15 +147,15 @@ def test_a_rack_at_its_unavailability_bound_holds_the_next_repair_and_says_why(
     scheduler = Scheduler()
     health = ladder(domains=["pool", "rack"], max_fraction=0.25, unavailable=UNAVAILABLE)
     with running_api(tmp_path, rules=LADDER_RULES, health=health, source=scheduler) as api:
-        scheduler.out = {"r1n0", "r1n6", "r1n7"}  # r1n6, r1n7 drained by someone else
+        scheduler.out = {"r1n0", "r1n5", "r1n6", "r1n7"}  # r1n5-7 drained by someone else
         assert push(api, fault(api, "r1n0", "r1")).json()["faults"] == 1
         api.settle()
         assert stage(api, "r1n0") is Stage.QUARANTINED
         assert why(api, "r1n0") == (
-            "deferred: paced repair in rack=r1: 2 other node(s) of 8 out of service (r1n6,"
-            " r1n7), at its bound of 2 (max_fraction 0.25)"
+            "deferred: paced repair in rack=r1: 3 other node(s) of 8 out of service (r1n5,"
+            " r1n6, r1n7), past its bound of 2 (max_fraction 0.25)"
         )
-        scheduler.out = {"r1n0", "r1n7"}  # r1n6 is back: r1n0 out too is at the bound
+        scheduler.out = {"r1n0", "r1n5", "r1n7"}  # r1n6 is back: the others are at the bound
         look_again(api, 10)
         assert stage(api, "r1n0") is Stage.RETURNED
         metrics = api.call(None, "GET", "/metrics").text
@@ -179,3 +180,31 @@ def test_a_rack_at_its_unavailability_bound_holds_the_next_repair_and_says_why(
         scheduler.error = None
         look_again(api, 10)
         assert stage(api, "r2n0") is Stage.RETURNED
+
+
+def test_a_flood_past_the_bound_is_repaired_at_the_width_of_its_domains(tmp_path: Path) -> None:
+    scheduler = Scheduler()
+    health = ladder(domains=["pool", "rack"], max_fraction=0.25, unavailable=UNAVAILABLE)
+    flood = [f"r1n{i}" for i in range(5)]  # 5 of the rack's 8 nodes: its bound is 2
+
+    def returned() -> list[str]:
+        return [n for n in flood if stage(api, n) is Stage.RETURNED]
+
+    with running_api(tmp_path, rules=LADDER_RULES, health=health, source=scheduler) as api:
+        scheduler.out = set(flood)  # every one drained by its quarantine
+        assert push(api, *(fault(api, n, "r1") for n in flood)).json()["faults"] == 5
+        api.settle()  # (a node that looked before the others reached the ladder saw them out)
+        look_again(api, 10)  # the next interval, every quarantine on the ladder
+        assert len(returned()) == 1  # width 1: one repair at once
+        waiting = [api.engine.ladder.repair(n) for n in flood if n not in returned()]
+        assert all(
+            r is not None and r.why.startswith("deferred: paced repair in pool=a: 1 unproven")
+            for r in waiting
+        )
+        widths = [1]
+        while len(returned()) < len(flood):
+            scheduler.out = set(flood) - set(returned())
+            before = len(returned())
+            look_again(api, 300)  # the repairs held for the dwell: the width grows
+            widths.append(len(returned()) - before)
+        assert widths == [1, 2, 2]  # width 1, then 2, then 4 (two were left)

@@ -17,6 +17,7 @@ from gpuops.model.health.ladder import (
     after,
     clear,
     due,
+    left,
     quarantined,
     start,
 )
@@ -169,6 +170,19 @@ def test_clear_lets_a_node_climb_again_and_refuses_one_that_needs_no_human() -> 
     assert again.stage is Stage.REMEDIATING
     with pytest.raises(ValueError, match="node n1 is remediating: only a node that needs a human"):
         clear(again, "alice", 600.0)
+
+
+def test_a_node_someone_took_back_leaves_the_ladder_and_old_faults_never_act() -> None:
+    repair, _ = run(climbing(), False)  # the reset failed: the reboot is due
+    gone = left(repair, "someone else uncordoned it", 300.0)
+    assert (gone.stage, gone.why) == (
+        Stage.HEALTHY,
+        "left the remediation ladder: someone else uncordoned it",
+    )
+    assert due(gone) is None and gone.remediated == repair.remediated
+    assert quarantined(gone, fault(at=250.0), 400.0)[1].startswith("the fault began before")
+    again, note = quarantined(gone, fault(at=350.0), 400.0)
+    assert note == "" and again.stage is Stage.QUARANTINED
 
 
 def test_a_record_survives_json() -> None:

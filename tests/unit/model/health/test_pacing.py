@@ -90,10 +90,10 @@ def test_outages_count_each_domain_and_leave_the_node_to_repair_out() -> None:
     ]
     found = outages(["pool", "rack"], nodes, "n1")
     assert found == {
-        "pool=a100": Outage(5, ("n2", "n4")),
-        "rack=r1": Outage(3, ("n2",)),
-        "rack=r2": Outage(1, ("n4",)),
-        "rack=default": Outage(1, ()),
+        "pool=a100": Outage(5, ("n2", "n4"), down=True),
+        "rack=r1": Outage(3, ("n2",), down=True),
+        "rack=r2": Outage(1, ("n4",), down=True),
+        "rack=default": Outage(1, (), down=True),
     }
 
 
@@ -114,3 +114,18 @@ def test_a_domain_at_its_bound_holds_the_repair_naming_itself_and_the_nodes_out(
         "paced repair in pool=a: 7 other node(s) of 10 out of service (n10, n11, n12, n13,"
         " n14, ...), at its bound of 5 (max_fraction 0.5)"
     )
+
+
+def test_the_nodes_gpuops_quarantined_hold_no_repair_and_a_node_out_adds_nothing() -> None:
+    nodes = [(node(f"n{i}", "r1"), i < 4) for i in range(10)]  # n0-n3 out: quarantined
+    nodes += [(node("n9x", "r1"), True)]  # out for another reason
+    found = outages(["rack"], nodes, "n0", quarantined={"n0", "n1", "n2", "n3"})
+    assert found == {"rack=r1": Outage(11, ("n9x",), down=True)}
+    assert over_bound("rack=r1", found["rack=r1"], 0.2) is None  # a flood: repaired at its pace
+    assert over_bound("rack=r1", Outage(20, ("n2", "n3"), down=True), 0.1) is None
+    assert over_bound("rack=r1", Outage(20, ("n2", "n3", "n4"), down=True), 0.1) == (
+        "paced repair in rack=r1: 3 other node(s) of 20 out of service (n2, n3, n4), past its"
+        " bound of 2 (max_fraction 0.1)"
+    )
+    latched = outages(["rack"], nodes, "n0")  # counted against each other: none would start
+    assert over_bound("rack=r1", latched["rack=r1"], 0.2) is not None
