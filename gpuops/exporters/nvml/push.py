@@ -99,6 +99,10 @@ class HealthPusher:
         """Sendings that will be tried again (the engine away, 401, 5xx)."""
         self.outbox = self._open(queue_dir) if queue_dir is not None else None
         """Where the queue is kept on disk; None: in memory only."""
+        self.unwritable = False
+        """The last event could not be written to the outbox (kept in memory only)."""
+        self._writing = threading.Lock()
+        """Held while an event is numbered and written, so that events queue in order."""
 
     def _open(self, directory: Path) -> Outbox | None:
         """The outbox in ``directory`` with what a former agent left queued; None (logged)
@@ -145,8 +149,9 @@ class HealthPusher:
         )
         on_disk = GaugeMetricFamily(
             "nvml_agent_health_queue_on_disk",
-            "1 when the queue is kept on disk (it outlives the agent), 0 when in memory only.",
-            value=int(self.outbox is not None),
+            "1 when the queue is kept on disk (it outlives the agent), 0 when in memory only "
+            "(no usable directory, or the last event could not be written).",
+            value=int(self.outbox is not None and not self.unwritable),
         )
         events = CounterMetricFamily(
             "nvml_agent_health_events",
@@ -189,7 +194,7 @@ class HealthPusher:
         boot = self._boot_now()
         if boot is not None:
             event["boot_id"] = boot
-        with self._cond:
+        with self._writing:  # in order; the sender and /metrics do not wait for the disk
             self._seq += 1
             event.update(id=f"{self.node}-{self._boot}-{self._seq}", node=self.node)
             if self.pool:
@@ -197,14 +202,26 @@ class HealthPusher:
             if self.labels:
                 event["labels"] = dict(self.labels)
             event["at"] = self._clock()
-            name = None
-            if self.outbox is not None:
-                try:
-                    name = self.outbox.add(event)
-                except OutboxError as exc:
-                    log.error("%s: kept in memory only", exc)
-            self._append((event, name), self.outbox)
-            self._cond.notify_all()
+            name = self._keep(event) if self.outbox is not None else None
+            with self._cond:
+                self._append((event, name), self.outbox)
+                self._cond.notify_all()
+
+    def _keep(self, event: dict[str, Any]) -> str | None:
+        """``event`` written to the outbox: its file's name; None (kept in memory only) where
+        it cannot be, said once until an event is written again."""
+        assert self.outbox is not None
+        try:
+            name = self.outbox.add(event)
+        except OutboxError as exc:
+            if not self.unwritable:
+                log.error("%s: kept in memory only, and the next ones until one is written", exc)
+            self.unwritable = True
+            return None
+        if self.unwritable:
+            log.warning("health events are written to %s again", self.outbox.directory)
+            self.unwritable = False
+        return name
 
     def _append(self, entry: Entry, outbox: Outbox | None) -> None:
         """Queues ``entry``, dropping the oldest one where the queue is full."""

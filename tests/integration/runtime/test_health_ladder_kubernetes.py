@@ -409,3 +409,18 @@ def test_a_pod_the_drain_leaves_on_purpose_holds_the_reboot_until_it_is_gone(
         "validate",
         "resume",
     ]
+
+
+def test_the_labels_an_agent_sends_never_choose_the_pods_evicted(
+    cluster: Node, climb: Callable[..., Harness]
+) -> None:
+    """``pod`` and ``namespace`` from an agent (or anyone with the push token) are not failure
+    domains: the engine leaves them out of the fault, and the quarantine evicts the pod that
+    dcgm-exporter's series put on the faulty GPU, never the one the labels name."""
+    cluster.gpu.remapped_rows = (0, 1, 1, 0)  # a row remapping a reset applies
+    api = climb()
+    named = {"pod": "serve-b", "namespace": "ml"}
+    sent = {**event(api, f"{NODE}-48", NODE, cluster.gpu.uuid, 48), "labels": named}
+    assert push(api, sent).json()["faults"] == 1
+    settled(api, Stage.RETURNED)
+    assert cluster.evicted("train-a") and not cluster.evicted("serve-b")

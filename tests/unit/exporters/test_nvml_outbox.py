@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +141,43 @@ def test_an_event_that_cannot_be_written_is_kept_in_memory(
     assert f"cannot write health event {event['id']} to {tmp_path / 'q'}: " in caplog.text
     with pytest.raises(OutboxError, match="cannot keep health events in"):
         Outbox(tmp_path / "q").load()
+    push.lost("GPU-b")  # a full disk: said once, not at every event
+    push.xid("GPU-a", 48)
+    assert push.pending() == 3
+    assert [r.levelname for r in caplog.records if "cannot write" in r.message] == ["ERROR"]
+    figures = {m.name: m.samples[0].value for m in push.collect()}
+    assert figures["nvml_agent_health_queue_on_disk"] == 0
+    (tmp_path / "q").unlink()
+    (tmp_path / "q").mkdir()  # the disk takes events again
+    push.xid("GPU-a", 13)
+    assert files(tmp_path / "q") == ["000000000001.json"]
+    assert f"health events are written to {tmp_path / 'q'} again" in caplog.text
+    figures = {m.name: m.samples[0].value for m in push.collect()}
+    assert figures["nvml_agent_health_queue_on_disk"] == 1
+
+
+def test_the_sender_and_metrics_do_not_wait_for_an_event_being_written(tmp_path: Path) -> None:
+    push = pusher(tmp_path / "q")
+    assert push.outbox is not None
+    writing, done = threading.Event(), threading.Event()
+    add = push.outbox.add
+
+    def slow_disk(event: dict[str, Any]) -> str:
+        writing.set()
+        done.wait(10)
+        return add(event)
+
+    push.outbox.add = slow_disk  # type: ignore[method-assign]
+    putting = threading.Thread(target=push.xid, args=("GPU-a", 79))
+    putting.start()
+    try:
+        assert writing.wait(10)
+        asking = threading.Thread(target=lambda: (push.pending(), list(push.collect())))
+        asking.start()
+        asking.join(5)
+        assert not asking.is_alive()  # answered while the event is being flushed to disk
+        assert push.pending() == 0
+    finally:
+        done.set()
+        putting.join(10)
+    assert push.pending() == 1 and files(tmp_path / "q") == ["000000000001.json"]
