@@ -44,7 +44,7 @@ STAGES = (
     ("remediating", "Remediating"),
     ("validating", "Validating"),
     ("returned", "Returned to service"),
-    ("healthy", "Cleared"),
+    ("healthy", "Off the ladder (cleared by an admin, or taken back by someone)"),
 )
 """The stages in the order the page lists them, each with its heading: what needs someone
 first."""
