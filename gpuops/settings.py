@@ -369,6 +369,8 @@ def _labels_read(settings: Any, where: str) -> list[tuple[str, str]]:
     """The target labels an executor's settings read, each with where: a template's
     ``{name}`` or ``$labels.name``, the value of a key ending in ``label``."""
     found: list[tuple[str, str]] = []
+    if isinstance(settings, BaseModel):
+        return _labels_read(settings.model_dump(), where)
     if isinstance(settings, dict):
         for key, value in settings.items():
             if str(key).endswith("label") and isinstance(value, str):
@@ -644,14 +646,20 @@ class EngineConfig(_Model):
     @field_validator("health", mode="after")
     @classmethod
     def _domains_not_read(cls, value: HealthSettings, info: ValidationInfo) -> HealthSettings:
-        executors = info.data.get("executors") or {}
-        for name, settings in executors.items():
-            for where, read in _labels_read(settings, f"executors.{name}"):
-                if read in value.ladder.pacing.domains:
-                    raise ValueError(
-                        f"ladder.pacing.domains: {read} is read by {where}: a failure domain is "
-                        "a label the node agent sends, never one an executor reads"
-                    )
+        read = [
+            found
+            for name, settings in (info.data.get("executors") or {}).items()
+            for found in _labels_read(settings, f"executors.{name}")
+        ]
+        ladder = value.ladder
+        for step in ("reset_gpu", "reboot", "validation", "webhook"):
+            read += _labels_read(getattr(ladder, step), f"health.ladder.{step}")
+        for where, name in read:
+            if name in ladder.pacing.domains:
+                raise ValueError(
+                    f"ladder.pacing.domains: {name} is read by {where}: a failure domain is "
+                    "a label the node agent sends, never one an executor reads"
+                )
         return value
 
     def resolved(self, base: Path) -> EngineConfig:

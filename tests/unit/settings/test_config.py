@@ -145,6 +145,14 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
             " domain is a label the node agent sends, never one an executor reads",
         ),
         (
+            "health:\n  ladder:\n    reboot:\n      executor: command\n"
+            "      params: {argv: [reboot-rack, '{{ $labels.zone }}']}\n"
+            "    pacing:\n      domains: [pool, zone]\n",
+            "engine.yaml:1: health: ladder.pacing.domains: zone is read by"
+            " health.ladder.reboot.params.argv[1]: a failure domain is a label the node agent"
+            " sends, never one an executor reads",
+        ),
+        (
             "health:\n  ladder:\n    pacing:\n      max_fraction: 0.1\n",
             "engine.yaml:3: health.ladder.pacing: max_fraction needs unavailable (the PromQL that"
             " tells which nodes are out of service)",
@@ -176,6 +184,7 @@ def test_the_spool_limit_and_full_policy_reach_the_audit_settings(tmp_path: Path
         "domain-twice",
         "domain-an-executor-reads",
         "domain-a-url-template-reads",
+        "domain-a-ladder-step-reads",
         "bound-without-query",
         "bad-promql",
         "unknown-profile",
