@@ -4,7 +4,8 @@
 One LIST of the node's pods (field selector ``spec.nodeName``); DaemonSet pods, mirror (static)
 pods, pods in the system namespaces, pods carrying the veto label, finished pods and pods
 already terminating are skipped; the running pods skipped for a system namespace or the veto
-are named in the report's ``kept`` too (what a reboot would stop).
+are named in the report's ``kept`` too, and the pods terminating within their grace period
+(their ``deletionTimestamp`` not passed) in its ``stopping``: what a reboot would cut short.
 Each other pod is evicted (``policy/v1`` Eviction) by its drain mode: ``immediate``;
 ``allow-completion`` (left to finish until the deadline, then evicted); ``delete-after-timeout``
 (evicted; still held by a PodDisruptionBudget at the deadline, deleted). A 429 with a
@@ -25,6 +26,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 DrainMode = Literal["immediate", "allow-completion", "delete-after-timeout"]
 MODES: tuple[str, ...] = ("immediate", "allow-completion", "delete-after-timeout")
 FINISHED = frozenset({"Succeeded", "Failed"})
+TERMINATING = "terminating"
 SYSTEM = "system namespace"
 VETO = "veto"
 KEPT = frozenset({SYSTEM, VETO})
@@ -109,6 +112,8 @@ class DrainReport:
     kept: list[str] = field(default_factory=list)
     """The skipped pods left running on purpose (a system namespace, the veto label) that
     stop with the node: what holds a reboot (also in ``skipped``)."""
+    stopping: list[str] = field(default_factory=list)
+    """The skipped pods terminating within their grace period (also in ``skipped``)."""
 
 
 class Drainer:
@@ -121,12 +126,15 @@ class Drainer:
         veto: Selector | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``wall``: the time of day, to compare with a pod's ``deletionTimestamp``."""
         self.client = client
         self.settings = settings
         self.veto = veto
         self.sleep = sleep
         self.clock = clock
+        self.wall = wall
         self._rules = [
             (r, Selector.parse(r.selector) if r.selector else None) for r in settings.modes
         ]
@@ -159,8 +167,18 @@ class Drainer:
         if (pod.get("status") or {}).get("phase") in FINISHED:
             return "finished"
         if meta.get("deletionTimestamp"):
-            return "terminating"
+            return TERMINATING
         return None
+
+    def _grace(self, pod: Mapping[str, Any]) -> str | None:
+        """The ``deletionTimestamp`` of a terminating pod still within its grace period (the
+        time it is to be gone by), or None: past it (stuck), or one that cannot be read."""
+        stamp = str(pod["metadata"].get("deletionTimestamp") or "")
+        try:
+            until = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+        return stamp if until > self.wall() else None
 
     def drain(
         self, node: str, only: Iterable[tuple[str, str]] | None = None, force: bool = False
@@ -179,6 +197,8 @@ class Drainer:
                 report.skipped.append(f"{key} ({why})")
                 if why in KEPT and self.skip(pod, kept=False) is None:
                     report.kept.append(f"{key} ({why})")
+                elif why == TERMINATING and (until := self._grace(pod)) is not None:
+                    report.stopping.append(f"{key} (terminating until {until})")
                 continue
             pending[key] = pod
         deadline = self.clock() + self.settings.timeout_s

@@ -181,6 +181,8 @@ class Migrated(Result):
     """The PodDisruptionBudgets that held them."""
     kept: list[str] = []
     """Pods left running on purpose (a veto, a system namespace) that a reboot would stop."""
+    stopping: list[str] = []
+    """Pods found terminating within their grace period, that a reboot would cut short."""
     api_calls: int = 0
 
 
@@ -445,6 +447,8 @@ def _migrated(
     said: dict[str, Any] = {"why": why} if why else {}
     if report.kept:
         said["kept"] = report.kept
+    if report.stopping:
+        said["stopping"] = report.stopping
     return Migrated(
         node=node,
         cordoned=cordoned,

@@ -552,20 +552,37 @@ class RepairLadder:
         changed = outcome.changed
         if changed.get("cordoned") is False:
             return str(changed.get("why") or "its cordon is not gpuops' any more")
-        kept, held = list(changed.get("kept") or []), list(changed.get("held") or [])
-        if kept or held:
-            self._hold(repair, reboot, kept, held)
+        kept = [str(p) for p in changed.get("kept") or []]
+        held = [str(p) for p in changed.get("held") or []]
+        stopping = [  # evicted now, or terminating within their grace period
+            *(f"{p} (evicted)" for p in [*changed.get("evicted", ()), *changed.get("deleted", ())]),
+            *(str(p) for p in changed.get("stopping") or []),
+        ]
+        if kept or held or stopping:
+            self._hold(repair, reboot, kept, held, stopping)
             return None
         return True, ""
 
-    def _hold(self, repair: Repair, reboot: Decision, kept: list[str], held: list[str]) -> None:
-        """The reboot waits for pods still on the node: said in the record, and the first time
-        in the log and, for pods kept on purpose (a veto, a system namespace), the audit."""
-        pods = [*kept, *held]
-        shown = "; ".join(pods[:5]) + ("; ..." if len(pods) > 5 else "")
-        why = f"{HELD}{len(pods)} pod(s) still on the node that it would stop: {shown}"
+    def _hold(
+        self,
+        repair: Repair,
+        reboot: Decision,
+        kept: list[str],
+        held: list[str],
+        stopping: list[str],
+    ) -> None:
+        """The reboot waits for pods still on the node — ``kept`` on purpose (a veto, a system
+        namespace), ``held`` by a disruption budget, ``stopping`` within their grace period:
+        said in the record, and the first time in the log and, for ``kept``, the audit."""
+        pods = [*kept, *held, *stopping]
+        why = f"{HELD}{len(pods)} pod(s) still on the node that it would stop: {_shown(pods)}"
         if not repair.why.startswith(HELD):  # a new hold: logged and audited once
-            log.warning("node %s: its reboot waits: %s", repair.node, why[len(HELD) :])
+            log.log(
+                logging.WARNING if kept or held else logging.INFO,
+                "node %s: its reboot waits: %s",
+                repair.node,
+                why[len(HELD) :],
+            )
             if kept:
                 key = reboot.target.key
                 self._gate.record(
@@ -574,7 +591,7 @@ class RepairLadder:
                             repair.policy, key, repair.episode, "ladder:held", len(repair.done)
                         ),
                         verdict=Verdict.SUPPRESSED_VETO,
-                        reason=f"remediation ladder: reboot of {repair.node} held: {shown}",
+                        reason=f"remediation ladder: reboot of {repair.node} held: {_shown(kept)}",
                     )
                 )
         if repair.why != why:
@@ -712,6 +729,10 @@ class RepairLadder:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.02)
+
+
+def _shown(pods: list[str]) -> str:
+    return "; ".join(pods[:5]) + ("; ..." if len(pods) > 5 else "")
 
 
 def _said(changed: Any) -> str:

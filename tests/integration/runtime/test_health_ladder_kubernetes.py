@@ -9,6 +9,7 @@ gpuops' own."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,16 @@ def settled(api: Harness, *stages: Stage) -> None:
     api.settle()
 
 
+def drained(api: Harness, times: int = 1) -> None:
+    """Wait for the ``times``-th drain of the node's climb, and for its worker to stop."""
+
+    def done() -> bool:
+        return [m[0] for m in moves(api)].count("migrate") >= times
+
+    wait_for(done, 60, f"drain {times}")
+    assert api.engine.ladder.wait_idle(30)
+
+
 def moves(api: Harness) -> list[tuple[str, str, bool]]:
     with api.lock:
         return [
@@ -194,10 +205,18 @@ def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agen
     cluster.reset = busy
     api = climb()
     fault(api, cluster)
+    drained(api)  # the rest of the node: its pods evicted, the reboot waits for them to stop
+    assert cluster.boot.reboots == 0
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and repair.why == (
+        "reboot held: 1 pod(s) still on the node that it would stop: ml/serve-b (evicted)"
+    )
+    api.engine.ladder.tick()  # the next interval: stopped (no grace period left), rebooted
     settled(api, Stage.RETURNED)
     assert moves(api) == [
         ("reset_gpu", "nvml-agent", False),
-        ("migrate", "kubernetes", True),  # the rest of the node drained before its reboot
+        ("migrate", "kubernetes", True),
+        ("migrate", "kubernetes", True),
         ("reboot", "nvml-agent", True),
         ("validate", "nvml-agent", True),
         ("resume", "kubernetes", True),
@@ -236,11 +255,14 @@ def test_pods_a_disruption_budget_holds_hold_the_reboot_until_it_lets_them_go(
     assert 'gpuops_health_ladder_moves_total{move="reboot",result="held"} 1.0' in metrics
     allowed = {"disruptionsAllowed": 1}
     cluster.api.edit("policy", "poddisruptionbudgets", "serve-pdb", "ml", status=allowed)
-    api.engine.ladder.tick()  # the next interval: drained, rebooted, checked, returned
+    api.engine.ladder.tick()  # the next interval: drained; then rebooted, checked, returned
+    drained(api, 2)
+    api.engine.ladder.tick()
     settled(api, Stage.RETURNED)
     assert cluster.evicted("serve-b") and cluster.boot.reboots == 1
     assert [m[0] for m in moves(api)] == [
         "reset_gpu",
+        "migrate",
         "migrate",
         "migrate",
         "reboot",
@@ -255,6 +277,8 @@ def test_a_fault_nothing_heals_needs_a_human_and_the_node_stays_cordoned(
     cluster.gpu.remapped_rows = (0, 1, 0, 1)  # a failed row remapping: a new GPU
     api = climb()
     fault(api, cluster)
+    drained(api)
+    api.engine.ladder.tick()
     settled(api, Stage.NEEDS_HUMAN)
     repair = api.engine.ladder.repair(NODE)
     assert repair is not None and repair.done == ("reset_gpu", "reboot")
@@ -354,21 +378,32 @@ def test_a_node_a_person_took_back_before_its_reboot_leaves_the_ladder_and_is_no
     assert len(moves(api)) == 2 and cluster.boot.reboots == 0
 
 
+STOPPING = pod("stopping", NODE)
+STOPPING["metadata"]["deletionTimestamp"] = "2999-01-01T00:00:00Z"  # its grace period
+
+
 @pytest.mark.parametrize(
-    ("kept", "why"),
+    ("kept", "why", "audited"),
     [
-        (pod("pinned", NODE, labels={names.VETO_LABEL: names.VETO_VALUE}), "ml/pinned (veto)"),
-        (pod("dns", NODE, namespace="kube-system"), "kube-system/dns (system namespace)"),
+        (
+            pod("pinned", NODE, labels={names.VETO_LABEL: names.VETO_VALUE}),
+            "ml/pinned (veto)",
+            True,
+        ),
+        (pod("dns", NODE, namespace="kube-system"), "kube-system/dns (system namespace)", True),
+        (STOPPING, "ml/stopping (terminating until 2999-01-01T00:00:00+00:00)", False),
     ],
-    ids=["veto", "system-namespace"],
+    ids=["veto", "system-namespace", "terminating"],
 )
-def test_a_pod_the_drain_leaves_on_purpose_holds_the_reboot_until_it_is_gone(
+def test_a_pod_the_drain_leaves_on_the_node_holds_the_reboot_until_it_is_gone(
     cluster: Node,
     climb: Callable[..., Harness],
     kept: dict[str, Any],
     why: str,
+    audited: bool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, "gpuops.runtime.ladder")  # pods stopping: said at INFO
     cluster.gpu.ecc[UNCORRECTED] = 2
 
     def busy(uuid: str) -> None:
@@ -389,10 +424,12 @@ def test_a_pod_the_drain_leaves_on_purpose_holds_the_reboot_until_it_is_gone(
     repair = api.engine.ladder.repair(NODE)
     assert repair is not None and (repair.stage, repair.step) == (Stage.REMEDIATING, "reboot")
     assert repair.why == f"reboot held: 1 pod(s) still on the node that it would stop: {why}"
-    assert caplog.text.count(f"node {NODE}: its reboot waits: ") == 1
+    assert caplog.text.count(f"node {NODE}: its reboot waits: ") == 1  # 2 pods, then 1
     with api.lock:
         held = [d for d, _ in api.decisions if d.verdict.value == "suppressed:veto"]
-    assert [d.reason for d in held] == [f"remediation ladder: reboot of {NODE} held: {why}"]
+    assert [d.reason for d in held] == [f"remediation ladder: reboot of {NODE} held: {why}"][
+        : int(audited)
+    ]
     metrics = api.call(None, "GET", "/metrics").text
     assert 'gpuops_health_ladder_moves_total{move="reboot",result="held"} 2.0' in metrics
     meta = kept["metadata"]
