@@ -119,6 +119,7 @@ _NODE_COLUMNS = (
     ("stage", lambda r: r["stage"]),
     ("since", lambda r: when(r["since"])),
     ("gpu", lambda r: r["gpu"] or "-"),
+    ("domains", lambda r: ", ".join(r.get("domains") or []) or "-"),
     ("fault", lambda r: r["fault"] or "-"),
     ("done", lambda r: ", ".join(r["done"]) or "-"),
     ("why", lambda r: r["why"] or "-"),

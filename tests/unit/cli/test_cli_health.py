@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpuops.cli import cli
+from gpuops.cli.api_client import show
+from gpuops.cli.health import _NODE_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "health" / "xid-overrides.yaml"
@@ -81,3 +84,22 @@ def test_xids_prints_the_catalogue_in_force() -> None:
         "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT",
     ]
     assert err.endswith("; no overrides\n")
+
+
+def test_nodes_lists_each_nodes_failure_domains(capsys: pytest.CaptureFixture[str]) -> None:
+    row = {
+        "node": "gpu-7",
+        "stage": "quarantined",
+        "since": 1_700_000_000.0,
+        "gpu": "GPU-1",
+        "domains": ["pool=a100", "rack=r12"],
+        "fault": "XID 79",
+        "done": [],
+        "why": "deferred: paced repair in rack=r12: 1 unproven repair(s) at width 1",
+    }
+    show([row], False, [row, {**row, "node": "gpu-8", "domains": []}], _NODE_COLUMNS)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["NODE", "STAGE", "SINCE", "GPU", "DOMAINS"]
+    start = lines[0].index("DOMAINS")
+    assert lines[1][start:].startswith("pool=a100, rack=r12 ")
+    assert lines[2][start:].startswith("- ")
