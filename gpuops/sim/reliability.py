@@ -35,6 +35,7 @@ import logging
 import math
 import random
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuops.model.health.catalogue import XidCatalogue
@@ -52,6 +53,7 @@ from gpuops.sim.faults import (
 )
 from gpuops.sim.fleet import operations as ops
 from gpuops.sim.fleet.cluster import Cluster
+from gpuops.sim.fleet.report import p95
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,8 @@ class FaultPlan:
     floods_per_day: float = 2.0
     """Crashed jobs whose application XID reaches every node running jobs, per virtual day."""
     response_s: float = 4 * HOUR_S
-    """From a fault (without gpuops) or a hand-over (with) to a person acting on the node."""
+    """From a fault on a node still in service, or a hand-over by the remediation ladder, to
+    a person acting on the node."""
     fix_s: float = 1 * HOUR_S
     """A person's repair of a node whose fault a reset or a reboot heals (or none was
     found), diagnosis included."""
@@ -184,9 +187,9 @@ class ReliabilityFigures:
             "reboots": self.reboots,
             "hand_overs": self.hand_overs,
             "person_repairs": self.person_repairs,
-            "to_quarantine_median_s": _round(_median(self.to_quarantine_s), 1),
+            "to_quarantine_median_s": _round(median(self.to_quarantine_s), 1),
             "to_quarantine_p95_s": _round(p95(self.to_quarantine_s), 1),
-            "to_healthy_median_s": _round(_median(self.to_healthy_s), 1),
+            "to_healthy_median_s": _round(median(self.to_healthy_s), 1),
             "to_healthy_p95_s": _round(p95(self.to_healthy_s), 1),
             "unhealed": self.unhealed,
         }
@@ -196,16 +199,15 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _median(values: tuple[float, ...]) -> float | None:
+def median(values: tuple[float, ...]) -> float | None:
+    """The median, None without values."""
     return statistics.median(values) if values else None
 
 
-def p95(values: tuple[float, ...]) -> float | None:
-    """The 95th percentile (nearest rank), None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+def _restart_gpu_s(changed: Mapping[str, object]) -> float:
+    """What the restarts of the jobs a drain stopped cost (a fleet ``migrate``'s answer)."""
+    restart = changed.get("restart_gpu_s", 0.0)
+    return float(restart) if isinstance(restart, int | float) else 0.0
 
 
 def draw(
@@ -292,13 +294,13 @@ class Injector:
         nodes, self.cleared = self.cleared, []
         return nodes
 
-    def quarantined(self, node: str, at: float, restart_gpu_s: float = 0.0) -> None:
-        """The engine drained ``node`` at virtual second ``at``, its jobs' restarts costing
-        ``restart_gpu_s``: a true quarantine while the node has an open fault, whose
-        incidents left service then."""
+    def quarantined(self, node: str, at: float, changed: Mapping[str, object]) -> None:
+        """The engine drained ``node`` at virtual second ``at`` (``changed``: what the fleet's
+        ``migrate`` answered, the restarts of the jobs it stopped among it): a true quarantine
+        while the node has an open fault, whose incidents left service then."""
         self.quarantines[self.state.faulty(node)] += 1
         self._quarantined.add(node)
-        self.drain_gpu_s += restart_gpu_s
+        self.drain_gpu_s += _restart_gpu_s(changed)
         for incident in self.incidents:
             if incident.fault.node == node and incident.out_at is None and incident.fault.at <= at:
                 incident.out_at = at
@@ -403,9 +405,7 @@ class Injector:
                 log.info("node %s repaired by the person on call at %.0f s", node, now)
 
     def _repair(self, cluster: Cluster, node: str, now: float, handed: bool) -> None:
-        changed = ops.migrate(cluster, node)
-        restart = changed.get("restart_gpu_s", 0.0)
-        self.drain_gpu_s += float(restart) if isinstance(restart, int | float) else 0.0
+        self.drain_gpu_s += _restart_gpu_s(ops.migrate(cluster, node))
         parts = any(f.fix is Fix.REPLACE for f in self.state.open.get(node, []))
         self._fixing[node] = (now + (self.plan.replace_s if parts else self.plan.fix_s), handed)
         self.person_repairs += 1

@@ -7,13 +7,12 @@ Used by ``gpuops.cli.whatif`` and the benchmark. Pure: it reads ``RunReport`` va
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuops.sim.fleet.report import RunReport, waste_rows
-from gpuops.sim.reliability import FaultPlan, ReliabilityFigures, ladder_window_s, p95
+from gpuops.sim.fleet.report import RunReport, p95, waste_rows
+from gpuops.sim.reliability import FaultPlan, ReliabilityFigures, ladder_window_s, median
 from gpuops.sim.whatif import harm
 from gpuops.sim.whatif.both import Whatif
 from gpuops.sim.whatif.conclusion import conclusion
@@ -198,17 +197,13 @@ RELIABILITY: tuple[ReliabilityRow, ...] = (
     ("remediation: reboots", lambda f: f.reboots, number("d"), False),
     ("hand-overs by the ladder", lambda f: f.hand_overs, number("d"), False),
     ("repairs by a person", lambda f: f.person_repairs, number("d"), False),
-    ("time to quarantine, median", lambda f: _median(f.to_quarantine_s), duration, False),
+    ("time to quarantine, median", lambda f: median(f.to_quarantine_s), duration, False),
     ("time to quarantine, p95", lambda f: p95(f.to_quarantine_s), duration, False),
-    ("time to healthy service, median", lambda f: _median(f.to_healthy_s), duration, False),
+    ("time to healthy service, median", lambda f: median(f.to_healthy_s), duration, False),
     ("time to healthy service, p95", lambda f: p95(f.to_healthy_s), duration, False),
     ("faults not healed at the end", lambda f: f.unhealed, number("d"), False),
 )
 """The reliability what-if's rows (``--faults``): label, figure, format, change in points."""
-
-
-def _median(values: tuple[float, ...]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def fault_header(plan: FaultPlan) -> list[str]:

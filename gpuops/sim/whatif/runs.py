@@ -211,12 +211,7 @@ class _Tally:
             and decision.transition is Transition.FIRE
             and outcome.changed.get("drained") is True
         ):
-            restart = outcome.changed.get("restart_gpu_s", 0.0)
-            injector.quarantined(
-                node,
-                decision.at - self.start_s,
-                float(restart) if isinstance(restart, int | float) else 0.0,
-            )
+            injector.quarantined(node, decision.at - self.start_s, outcome.changed)
 
 
 def run_on(

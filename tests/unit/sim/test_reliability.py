@@ -23,7 +23,8 @@ from gpuops.sim.fleet.cluster import Cluster
 from gpuops.sim.fleet.config import FleetConfig
 from gpuops.sim.fleet.errors import Conflict
 from gpuops.sim.fleet.health import REBOOT_S, RESET_S, VALIDATE_S
-from gpuops.sim.reliability import FaultPlan, Injector, p95
+from gpuops.sim.fleet.report import p95
+from gpuops.sim.reliability import FaultPlan, Injector
 from gpuops.sim.whatif.runs import _Tally
 
 STEP_S = 15.0
@@ -104,9 +105,9 @@ def test_with_gpuops_the_fault_is_pushed_and_a_quarantine_counts_true_only_on_a_
     changed = ops.migrate(cluster, node)
     assert changed["drained"] is True
     quarantined_at = cluster.time
-    injector.quarantined(node, quarantined_at, float(changed["restart_gpu_s"]))  # type: ignore[arg-type]
+    injector.quarantined(node, quarantined_at, changed)
     other = next(n for n in cluster.nodes if n != node)
-    injector.quarantined(other, cluster.time)
+    injector.quarantined(other, cluster.time, {})
     assert ops.reset_gpu(cluster, gpu)["reset"] is True
     assert not injector.state.faulty(node)  # a reset heals an HBM fault that a reset heals
     ops.validate(cluster, node)

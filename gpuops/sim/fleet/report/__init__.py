@@ -16,7 +16,7 @@ from gpuops.sim.fleet.report.figures import (
     RunReport,
     WasteFigures,
 )
-from gpuops.sim.fleet.report.recorder import Recorder
+from gpuops.sim.fleet.report.recorder import Recorder, p95
 from gpuops.sim.fleet.report.table import table, waste_rows
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Recorder",
     "RunReport",
     "WasteFigures",
+    "p95",
     "table",
     "waste_rows",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,8 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _p95(values: list[float]) -> float | None:
+def p95(values: Sequence[float]) -> float | None:
+    """The 95th percentile (nearest rank), None without values."""
     if not values:
         return None
     ordered = sorted(values)
@@ -220,9 +222,9 @@ class Recorder:
             pc: ClassFigures(
                 completed=len(rows) - culled_in[pc],
                 jct_mean_s=_mean([j for _, j in rows]),
-                jct_p95_s=_p95([j for _, j in rows]),
+                jct_p95_s=p95([j for _, j in rows]),
                 wait_mean_s=_mean([w for w, _ in rows]),
-                wait_p95_s=_p95([w for w, _ in rows]),
+                wait_p95_s=p95([w for w, _ in rows]),
                 culled=culled_in[pc],
                 preemptions=preempted_in.get(pc, 0),
                 restarts=restarts_in.get(pc, 0),
@@ -286,7 +288,7 @@ class Recorder:
             jobs_completed=len(finished),
             jobs_queued_at_end=queued,
             jct_mean_s=_mean([jct for *_, jct in done]),
-            jct_p95_s=_p95([jct for *_, jct in done]),
+            jct_p95_s=p95([jct for *_, jct in done]),
             wait_mean_s=_mean([wait for *_, wait, _ in done]),
             preemptions=sum(preemptions.values()),
             reclaims=reclaims,
@@ -326,7 +328,7 @@ def _quality(rows: list[tuple[float, float, float]], has_objective: bool) -> dic
         return {}
     served = sum(secs for secs, _, _ in rows)
     return {
-        "slowdown_p95": _p95([slowed / secs for secs, slowed, _ in rows]),
+        "slowdown_p95": p95([slowed / secs for secs, slowed, _ in rows]),
         "over_objective": (
             sum(over for *_, over in rows) / served if has_objective and served > 0 else None
         ),
