@@ -183,6 +183,10 @@ class Migrated(Result):
     """Pods left running on purpose (a veto, a system namespace) that a reboot would stop."""
     stopping: list[str] = []
     """Pods found terminating within their grace period, that a reboot would cut short."""
+    emptied: bool = False
+    """The drain ran to its end (True): every pod is gone but those ``held``, ``kept`` or
+    ``stopping``. False: not drained (a GPU-level fault, a node taken back) or the drain
+    failed: what is on the node is not known."""
     api_calls: int = 0
 
 
@@ -380,7 +384,7 @@ class KubernetesExecutor:
             log.warning("node %s: cordoned, then the drain failed: %s", name, exc)
             failed = f"cordoned; the drain failed: {exc}"
             return _migrated(name, cordoned, failed, DrainReport(), calls, self)
-        return _migrated(name, cordoned, why, report, calls, self)
+        return _migrated(name, cordoned, why, report, calls, self, emptied=only is None)
 
     # --- workloads: reclaim --------------------------------------------------------------
 
@@ -443,7 +447,9 @@ def _migrated(
     report: DrainReport,
     calls: int,
     k: KubernetesExecutor,
+    emptied: bool = False,
 ) -> Migrated:
+    """What a ``migrate`` did; ``emptied``: its drain of the whole node ran to its end."""
     said: dict[str, Any] = {"why": why} if why else {}
     if report.kept:
         said["kept"] = report.kept
@@ -457,6 +463,7 @@ def _migrated(
         skipped=report.skipped,
         held=report.held,
         budgets=report.budgets,
+        emptied=emptied,
         api_calls=k.client.calls - calls,
         **said,
     )

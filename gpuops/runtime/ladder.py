@@ -532,8 +532,10 @@ class RepairLadder:
         agent's), the quarantine's executor drains the whole node: the quarantine evicted
         only the faulty GPU's pods. (True, ""): empty; None: held by pods still on the node
         (a disruption budget, a pod left to complete, a vetoed pod or one in a system
-        namespace: the next tick tries again); (False, why): the drain failed; a string: the
-        node is no longer gpuops' (someone else lifted its cordon): it leaves the ladder."""
+        namespace: the next tick tries again); (False, why): the drain failed, or its executor
+        does not say it emptied the node (``emptied``: nothing is rebooted on a guess); a
+        string: the node is no longer gpuops' (someone else lifted its cordon): it leaves the
+        ladder."""
         node = {k: v for k, v in reboot.target.labels.items() if k != "uuid"}
         drain = reboot.but(
             id=decision_id(
@@ -561,6 +563,9 @@ class RepairLadder:
         if kept or held or stopping:
             self._hold(repair, reboot, kept, held, stopping)
             return None
+        if changed.get("emptied") is not True:  # what runs on the node is not known
+            why = changed.get("why") or f"{repair.executor} does not say it emptied the node"
+            return False, f"the drain before the reboot did not empty the node: {why}"
         return True, ""
 
     def _hold(

@@ -234,6 +234,35 @@ def test_a_reset_that_fails_is_followed_by_a_drain_and_a_reboot_through_the_agen
     assert cluster.boot.reboots == 1
 
 
+class NoEviction:
+    """The API server's permissions with evictions taken away (an RBAC change, a webhook)."""
+
+    def __contains__(self, item: object) -> bool:
+        return item != ("create", "", "pods/eviction")
+
+
+def test_a_drain_that_fails_before_the_reboot_holds_it_and_hands_the_node_over(
+    cluster: Node, climb: Callable[..., Harness]
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2
+
+    def busy(uuid: str) -> None:
+        cluster.api.allowed = NoEviction()  # type: ignore[assignment]
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy
+    api = climb()
+    fault(api, cluster)
+    settled(api, Stage.NEEDS_HUMAN)
+    assert cluster.boot.reboots == 0  # serve-b still runs on the node: never rebooted under it
+    assert not cluster.evicted("serve-b")
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and "the drain before the reboot did not empty the node" in (
+        repair.why
+    )
+    assert ("reboot", "nvml-agent", True) not in moves(api)
+
+
 def test_pods_a_disruption_budget_holds_hold_the_reboot_until_it_lets_them_go(
     cluster: Node, climb: Callable[..., Harness]
 ) -> None:
