@@ -12,11 +12,13 @@ handled in full.
 
 An event older than its node's last return to service (a ``resume`` that succeeded, told by
 the gate's outcome hook and kept in the store) or older than ``health.max_event_age`` never
-acts: a replayed old fault does not take a repaired node out again. Nor does an event from
-before its node's last reboot: the agent tags each event with the boot it was seen in and
-sends its node's boot now with each request; an event of another boot is kept by its id only
-(a fault that outlives the reboot, NVML reports again). What it does with every event is
-logged and counted (``gpuops_health_events_total{kind,outcome}``).
+acts: a replayed old fault does not take a repaired node out again. The agent tags each
+event with the boot it was seen in and sends its node's boot now with each request: an
+application's XID of another boot is kept by its id only (its process is gone), while a lost
+GPU or an XID of the hardware or the driver from before the reboot still acts (the reboot may
+be the fault's own doing, and a GPU gone after it is never reported again; one the reboot
+healed passes the ladder's health check). What it does with every event is logged and
+counted (``gpuops_health_events_total{kind,outcome}``).
 
 The labels an agent sends with its node are kept only where ``health.ladder.pacing.domains``
 names them (its failure domains), at most ``max_domain_values`` values of each; the others
@@ -38,7 +40,7 @@ from dataclasses import dataclass, replace
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuops.model.decisions import Decision, Outcome, Transition
-from gpuops.model.health.catalogue import XidCatalogue
+from gpuops.model.health.catalogue import XidCatalogue, XidClass
 from gpuops.model.health.events import FAULT_ALERT, EventKind, Fault, HealthEvent, fault_alert
 from gpuops.model.health.faults import XidEvent, xid_faults
 from gpuops.model.health.pacing import DEFAULT, POLICY
@@ -187,18 +189,29 @@ class HealthInbox:
             ignored: list[str] = []  # each label left out, by name
             for event in fresh.values():
                 if boot_id and event.boot_id and event.boot_id != boot_id:
-                    log.info(
+                    if not self._outlives_reboot(event):
+                        log.info(
+                            "health event %s of GPU %s on %s is from before the node's reboot "
+                            "(boot %s, now %s): its process is gone, it does not act",
+                            event.id,
+                            event.gpu,
+                            event.node,
+                            event.boot_id,
+                            boot_id,
+                        )
+                        outcomes.append((event, "before_reboot"))
+                        fresh[event.id] = replace(event, kind=EventKind.EARLIER_BOOT)
+                        continue
+                    log.warning(
                         "health event %s of GPU %s on %s is from before the node's reboot "
-                        "(boot %s, now %s): it does not act",
+                        "(boot %s, now %s): a fault of the GPU, it acts (one the reboot healed "
+                        "passes the health check)",
                         event.id,
                         event.gpu,
                         event.node,
                         event.boot_id,
                         boot_id,
                     )
-                    outcomes.append((event, "before_reboot"))
-                    fresh[event.id] = replace(event, kind=EventKind.EARLIER_BOOT)
-                    continue
                 if event.node not in returns:
                     returns[event.node] = self._store.health_returned(event.node)
                 returned = returns[event.node]
@@ -296,6 +309,16 @@ class HealthInbox:
                 fault if len(labels) == len(fault.labels) else replace(fault, labels=tuple(labels))
             )
         return bounded, added, over
+
+    def _outlives_reboot(self, event: HealthEvent) -> bool:
+        """Whether ``event``, from before its node's reboot, may still say something of the
+        GPU: a lost GPU, or an XID of the hardware or the driver (the reboot that followed may
+        be the fault's own doing, and a GPU gone after it is never reported again). An
+        application's XID, or one the catalogue does not know, said what its process did."""
+        if event.kind is EventKind.GPU_LOST:
+            return True
+        entry = None if event.xid is None else self.catalogue.entry(event.xid)
+        return entry is not None and entry.xid_class is not XidClass.APPLICATION
 
     def _take(
         self,

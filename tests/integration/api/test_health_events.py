@@ -308,10 +308,13 @@ def test_the_values_kept_of_a_domain_are_bounded_also_after_a_restart(tmp_path: 
         )
 
 
-def test_an_event_from_before_its_nodes_reboot_never_acts(api: Harness) -> None:
-    """The agent tags each event with the boot it was seen in and sends its boot now: what its
-    queue kept from before a reboot is recorded and skipped, counts in no XID's window, and a
-    fault that outlives the reboot acts once NVML reports it again."""
+def test_an_application_xid_from_before_its_nodes_reboot_never_acts_a_hardware_fault_does(
+    api: Harness,
+) -> None:
+    """The agent tags each event with the boot it was seen in and sends its boot now: an
+    application's XID its queue kept from before a reboot is recorded and skipped and counts
+    in no XID's window; a GPU fallen off the bus before the reboot still acts (the reboot may
+    be its own doing, and the GPU, gone, is never reported again)."""
 
     def send(*events: dict[str, Any], boot: str | None) -> Any:
         body: dict[str, Any] = {"events": list(events)}
@@ -325,10 +328,11 @@ def test_an_event_from_before_its_nodes_reboot_never_acts(api: Harness) -> None:
     assert send(fallen, boot="boot-2") == {
         "accepted": 1,
         "duplicates": 0,
-        "faults": 0,
-        "skipped": 1,
+        "faults": 1,
+        "skipped": 0,
     }
     assert send(fallen, boot="boot-2")["duplicates"] == 1
+    assert quarantined(api) == ["n9"]
     crashes = [
         {**event(api, f"c-{i}", "n8", "GPU-8", 45, ago=30.0 * (i + 2)), "boot_id": "boot-1"}
         for i in range(9)
@@ -336,16 +340,16 @@ def test_an_event_from_before_its_nodes_reboot_never_acts(api: Harness) -> None:
     assert send(*crashes, boot="boot-2")["skipped"] == 9
     tenth = {**event(api, "c-9", "n8", "GPU-8", 45), "boot_id": "boot-2"}
     assert send(tenth, boot="boot-2")["faults"] == 0  # the earlier boot's nine do not count
-    assert quarantined(api) == []
+    assert quarantined(api) == ["n9"]
     said(
         api,
-        "(skipped b-1 (GPU-9 on n9): from before the node's reboot)",
-        'gpuops_health_events_total{kind="xid",outcome="before_reboot"} 10.0',
+        "(GPU-9 on n9: XID 79 (GPU has fallen off the bus) x1: GpuFault raised (quarantine))",
+        'gpuops_health_events_total{kind="xid",outcome="before_reboot"} 9.0',
     )
-
-    again = {**event(api, "b-2", "n9", "GPU-9", 79), "boot_id": "boot-2"}
-    assert send(again, boot="boot-2")["faults"] == 1  # reported again after the reboot
-    assert quarantined(api) == ["n9"]
+    pushes = [
+        d["message"] for d in api.operations() if d["event"]["action"] == "receive_health_events"
+    ]
+    assert any("skipped c-0 (GPU-8 on n8): from before the node's reboot" in m for m in pushes)
     older_agent = event(api, "o-1", "n7", "GPU-7", 79)  # no boot id: acts as it always did
     assert send(older_agent, boot="boot-2")["faults"] == 1
     no_boot_now = {**event(api, "o-2", "n6", "GPU-6", 79), "boot_id": "boot-1"}
