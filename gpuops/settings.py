@@ -503,11 +503,15 @@ class LadderSettings(_Model):
     executor); None: the log and the audit only."""
     pacing: PacingSettings = PacingSettings()
     """How fast repairs start in one failure domain, and how much of it may be out."""
+    reboot_hold: float = Field(default=1800.0, gt=0)
+    """How long pods still on a node may hold its reboot through the node agent or a command
+    (a veto, a system namespace, a disruption budget, pods stopping) before the node goes to a
+    human instead (a duration: ``30m``): a hold never freezes the node's failure domain."""
     interval: float = Field(default=10.0, gt=0)
     """Seconds between two looks at the nodes on the ladder (a step that ended moves its node
     on at once; this picks up what the kill switch or pause held)."""
 
-    _t = field_validator("window", "interval", mode="before")(_seconds)
+    _t = field_validator("window", "interval", "reboot_hold", mode="before")(_seconds)
 
     @field_validator("steps", mode="after")
     @classmethod

@@ -533,9 +533,9 @@ class RepairLadder:
         only the faulty GPU's pods. (True, ""): empty; None: held by pods still on the node
         (a disruption budget, a pod left to complete, a vetoed pod or one in a system
         namespace: the next tick tries again); (False, why): the drain failed, or its executor
-        does not say it emptied the node (``emptied``: nothing is rebooted on a guess); a
-        string: the node is no longer gpuops' (someone else lifted its cordon): it leaves the
-        ladder."""
+        says it did not empty the node (``emptied: false``: nothing is rebooted on a guess);
+        a string: the node is no longer gpuops' (someone else lifted its cordon): it leaves
+        the ladder."""
         node = {k: v for k, v in reboot.target.labels.items() if k != "uuid"}
         drain = reboot.but(
             id=decision_id(
@@ -561,10 +561,18 @@ class RepairLadder:
             *(str(p) for p in changed.get("stopping") or []),
         ]
         if kept or held or stopping:
+            pods = [*kept, *held, *stopping]
+            since = repair.held_since if repair.why.startswith(HELD) else None
+            limit = self.settings.reboot_hold
+            if since is not None and self._clock() - since >= limit:
+                return False, (
+                    f"its reboot was held {limit:g} s (health.ladder.reboot_hold) by "
+                    f"{len(pods)} pod(s) still on the node: {_shown(pods)}"
+                )
             self._hold(repair, reboot, kept, held, stopping)
             return None
-        if changed.get("emptied") is not True:  # what runs on the node is not known
-            why = changed.get("why") or f"{repair.executor} does not say it emptied the node"
+        if changed.get("emptied") is False:  # the drain failed: what runs there is not known
+            why = changed.get("why") or "its drain did not run to its end"
             return False, f"the drain before the reboot did not empty the node: {why}"
         return True, ""
 
@@ -600,7 +608,8 @@ class RepairLadder:
                     )
                 )
         if repair.why != why:
-            self._save(replace(repair, why=why))
+            since = repair.held_since if repair.why.startswith(HELD) else self._clock()
+            self._save(replace(repair, why=why, held_since=since))
 
     def _leave(self, repair: Repair, move: Move, why: str) -> None:
         """Someone else took ``repair``'s node back during its repair: it leaves the ladder,

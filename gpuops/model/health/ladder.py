@@ -139,6 +139,8 @@ class Repair:
     """Returned, and healthy for the pacing's dwell since: its repair held."""
     quarantined_at: float | None = None
     """When this climb's quarantine reached the ladder (the time to return counts from it)."""
+    held_since: float | None = None
+    """When pods still on the node began to hold its reboot (``why`` says which)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -490,3 +490,33 @@ def test_the_labels_an_agent_sends_never_choose_the_pods_evicted(
     assert push(api, sent).json()["faults"] == 1
     settled(api, Stage.RETURNED)
     assert cluster.evicted("train-a") and not cluster.evicted("serve-b")
+
+
+def test_a_reboot_held_past_reboot_hold_hands_the_node_to_a_human(
+    cluster: Node, climb: Callable[..., Harness]
+) -> None:
+    cluster.gpu.ecc[UNCORRECTED] = 2
+
+    def busy(uuid: str) -> None:
+        raise AgentError(409, f"nvidia-smi --gpu-reset: GPU {uuid} is in use")
+
+    cluster.reset = busy
+    cluster.api.put("", "pods", pod("pinned", NODE, labels={names.VETO_LABEL: names.VETO_VALUE}))
+    api = climb()
+    fault(api, cluster)
+    wait_for(lambda: ("migrate", "kubernetes", True) in moves(api), 60, "the drain")
+    assert api.engine.ladder.wait_idle(30)
+    api.clock.advance(1799)  # within health.ladder.reboot_hold (30 minutes): held again
+    api.engine.ladder.tick()
+    assert api.engine.ladder.wait_idle(30)
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None and repair.stage is Stage.REMEDIATING
+    assert repair.why.startswith("reboot held: ")
+    api.clock.advance(1)  # the hold has lasted reboot_hold: the node goes to a human
+    api.engine.ladder.tick()
+    settled(api, Stage.NEEDS_HUMAN)
+    assert cluster.boot.reboots == 0  # never rebooted under the vetoed pod
+    repair = api.engine.ladder.repair(NODE)
+    assert repair is not None
+    assert "its reboot was held 1800 s (health.ladder.reboot_hold) by 1 pod(s)" in repair.why
+    assert "ml/pinned (veto)" in repair.why
